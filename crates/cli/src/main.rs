@@ -1,0 +1,161 @@
+//! `agentry`: chat with an agent, run headless turns, browse sessions, and
+//! run every service in one process.
+
+mod client;
+mod render;
+mod session_cmds;
+mod turn;
+mod up;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agentry",
+    version,
+    about = "A self-hosted runtime for tool-using LLM agents",
+    long_about = "A self-hosted runtime for tool-using LLM agents.\n\n\
+        Start everything with `agentry up`, then talk to the agent with \
+        `agentry chat` or `agentry run \"...\"`. Point it at any \
+        OpenAI-compatible model with AGENTRY_LLM_BASE_URL and AGENTRY_LLM_MODEL."
+)]
+struct Cli {
+    /// Directory holding default.toml, local.toml and system.md
+    /// [default: $AGENTRY_CONFIG_DIR, else ./config when present]
+    #[arg(long, global = true, value_name = "DIR")]
+    config_dir: Option<PathBuf>,
+
+    /// The orchestrator to talk to [default: $AGENTRY_ORCHESTRATOR_URL, else the configured url]
+    #[arg(long, global = true, value_name = "URL")]
+    orchestrator: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run all four services in this process (stop with Ctrl+C)
+    Up,
+    /// Run one service on its own
+    Serve {
+        /// Which service
+        service: Service,
+    },
+    /// Chat with the agent interactively (or one message per line from a pipe)
+    Chat {
+        /// Continue this session instead of starting a new one
+        #[arg(long, short)]
+        session: Option<String>,
+    },
+    /// Run one turn headless and print the final answer
+    Run {
+        /// Continue this session instead of starting a new one
+        #[arg(long, short)]
+        session: Option<String>,
+        /// How tool calls that need confirmation are handled
+        #[arg(long, value_enum, default_value_t = Approve::Policy)]
+        approve: Approve,
+        /// Print every event as one JSON object per line instead
+        #[arg(long)]
+        json: bool,
+        /// The message for the agent
+        prompt: String,
+    },
+    /// List and inspect sessions
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
+    },
+    /// List the tools the agent can use
+    Tools,
+}
+
+#[derive(Subcommand, Debug)]
+enum SessionsCommand {
+    /// List sessions, most recent first
+    List {
+        /// How many to show
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Show a session's conversation
+    Show {
+        /// The session id
+        id: String,
+        /// Print every event as one JSON object per line
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Service {
+    Orchestrator,
+    SessionStore,
+    ToolRunner,
+    Scheduler,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Approve {
+    /// Approve every call the policy does not deny
+    Always,
+    /// Refuse every call that would need confirmation
+    Never,
+    /// Follow the configured policy
+    Policy,
+}
+
+fn load_config(cli: &Cli) -> anyhow::Result<agentry_runtime::Config> {
+    let source = agentry_runtime::ConfigSource::from_process(cli.config_dir.clone());
+    let mut config = agentry_runtime::Config::load(&source)?;
+    if let Some(url) = &cli.orchestrator {
+        config.orchestrator.url = url.clone();
+    }
+    Ok(config)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli).await {
+        Ok(code) => code,
+        Err(e)
+            if e
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("agentry: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = load_config(&cli)?;
+    match cli.command {
+        Command::Up => up::up(&config).await.map(|()| ExitCode::SUCCESS),
+        Command::Serve { service } => up::serve(&config, service)
+            .await
+            .map(|()| ExitCode::SUCCESS),
+        Command::Chat { session } => turn::chat(&config, session).await,
+        Command::Run {
+            session,
+            approve,
+            json,
+            prompt,
+        } => turn::run(&config, session, approve, json, prompt).await,
+        Command::Sessions { command } => match command {
+            SessionsCommand::List { limit } => session_cmds::list(&config, limit).await,
+            SessionsCommand::Show { id, json } => session_cmds::show(&config, &id, json).await,
+        }
+        .map(|()| ExitCode::SUCCESS),
+        Command::Tools => session_cmds::tools(&config).await.map(|()| ExitCode::SUCCESS),
+    }
+}

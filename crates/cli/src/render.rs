@@ -1,0 +1,239 @@
+//! Showing session events to a person, and as JSON lines for scripts.
+
+use agentry_proto::sessions::v1::{self as pb, event::Kind};
+use serde_json::{Value, json};
+use std::io::Write;
+
+fn time_of(event: &pb::Event) -> Value {
+    event
+        .time
+        .as_ref()
+        .map(|t| json!(t.seconds as f64 + f64::from(t.nanos) / 1e9))
+        .unwrap_or(Value::Null)
+}
+
+fn usage_json(u: Option<&pb::TokenUsage>) -> Value {
+    u.map(|u| {
+        json!({
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+        })
+    })
+    .unwrap_or(Value::Null)
+}
+
+fn enum_name<E: TryFrom<i32>>(value: i32, name: impl Fn(E) -> &'static str) -> String {
+    E::try_from(value)
+        .map(|e| name(e).to_string())
+        .unwrap_or_else(|_| value.to_string())
+}
+
+/// One event as a JSON object: `session_id`, `seq`, `turn_id`, `time`
+/// (seconds since the epoch), `type`, and the kind's own fields.
+pub fn event_json(event: &pb::Event) -> Value {
+    let mut out = json!({
+        "session_id": event.session_id,
+        "seq": event.seq,
+        "turn_id": event.turn_id,
+        "time": time_of(event),
+    });
+    let body = match &event.kind {
+        None => json!({"type": "unknown"}),
+        Some(kind) => match kind {
+            Kind::UserMessage(m) => json!({"type": "user_message", "text": m.text}),
+            Kind::ModelTextDelta(d) => json!({"type": "model_text_delta", "text": d.text}),
+            Kind::ModelMessage(m) => json!({
+                "type": "model_message", "text": m.text, "finish_reason": m.finish_reason,
+                "usage": usage_json(m.usage.as_ref()), "model": m.model, "step": m.step,
+            }),
+            Kind::ToolCallRequested(c) => json!({
+                "type": "tool_call_requested", "call_id": c.call_id, "tool": c.tool,
+                "arguments": c.arguments_json,
+            }),
+            Kind::ApprovalRequested(a) => json!({
+                "type": "approval_requested", "call_id": a.call_id, "tool": a.tool,
+                "arguments": a.arguments_json, "matched_rule": a.matched_rule,
+            }),
+            Kind::ApprovalDecided(a) => json!({
+                "type": "approval_decided", "call_id": a.call_id,
+                "decision": enum_name(a.decision, |d: pb::ApprovalDecision| d.as_str_name()),
+                "reason": a.reason, "edited_arguments": a.edited_arguments_json,
+            }),
+            Kind::ToolOutputChunk(c) => json!({
+                "type": "tool_output_chunk", "call_id": c.call_id,
+                "stream": enum_name(c.stream, |s: pb::OutputStream| s.as_str_name()),
+                "text": c.text,
+            }),
+            Kind::ToolResult(r) => json!({
+                "type": "tool_result", "call_id": r.call_id, "tool": r.tool, "output": r.output,
+                "is_error": r.is_error, "exit_code": r.exit_code, "duration_ms": r.duration_ms,
+                "runner_id": r.runner_id,
+            }),
+            Kind::ReminderDue(r) => json!({
+                "type": "reminder_due", "reminder_id": r.reminder_id, "firing_id": r.firing_id,
+                "message": r.message, "kind": r.kind, "late_ms": r.late_ms,
+            }),
+            Kind::Error(e) => json!({
+                "type": "error",
+                "source": enum_name(e.source, |s: pb::ErrorSource| s.as_str_name()),
+                "message": e.message, "retryable": e.retryable,
+            }),
+            Kind::TurnFinished(t) => json!({
+                "type": "turn_finished",
+                "outcome": outcome_name(t.outcome),
+                "message": t.message, "steps": t.steps, "usage": usage_json(t.usage.as_ref()),
+            }),
+            Kind::CancelRequested(c) => json!({"type": "cancel_requested", "reason": c.reason}),
+        },
+    };
+    if let (Value::Object(out), Value::Object(body)) = (&mut out, body) {
+        out.extend(body);
+    }
+    out
+}
+
+/// The outcome's short name: completed, cancelled, failed or step_limit.
+pub fn outcome_name(outcome: i32) -> &'static str {
+    match pb::TurnOutcome::try_from(outcome) {
+        Ok(pb::TurnOutcome::Completed) => "completed",
+        Ok(pb::TurnOutcome::Cancelled) => "cancelled",
+        Ok(pb::TurnOutcome::Failed) => "failed",
+        Ok(pb::TurnOutcome::StepLimit) => "step_limit",
+        Ok(pb::TurnOutcome::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+/// A one-line summary of a tool's arguments.
+fn short_args(tool: &str, arguments: &str) -> String {
+    let value: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
+    let main = match tool {
+        "bash" => value.get("command"),
+        _ => value.get("path"),
+    };
+    let text = match main.and_then(Value::as_str) {
+        Some(s) => s.to_string(),
+        None => arguments.to_string(),
+    };
+    shorten(&text, 100)
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let cut: String = one_line.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+/// Renders events for a person.
+///
+/// `answer` receives the model's text as it streams; `activity` receives tool
+/// calls, results, errors and turn summaries. For `agentry run` the first is
+/// stdout and the second stderr, so stdout holds the answer alone.
+pub struct Renderer<A: Write, B: Write> {
+    answer: A,
+    activity: B,
+    /// Whether the answer stream ended mid-line.
+    mid_line: bool,
+    /// Show user messages (when replaying a session).
+    pub show_user: bool,
+}
+
+impl<A: Write, B: Write> Renderer<A, B> {
+    /// A renderer writing to `answer` and `activity`.
+    pub fn new(answer: A, activity: B) -> Self {
+        Self {
+            answer,
+            activity,
+            mid_line: false,
+            show_user: false,
+        }
+    }
+
+    fn end_line(&mut self) {
+        if self.mid_line {
+            let _ = writeln!(self.answer);
+            let _ = self.answer.flush();
+            self.mid_line = false;
+        }
+    }
+
+    /// Shows one event.
+    pub fn event(&mut self, event: &pb::Event) {
+        let Some(kind) = &event.kind else { return };
+        match kind {
+            Kind::UserMessage(m) => {
+                if self.show_user {
+                    self.end_line();
+                    let _ = writeln!(self.activity, "you> {}", m.text);
+                }
+            }
+            Kind::ModelTextDelta(d) => {
+                let _ = write!(self.answer, "{}", d.text);
+                let _ = self.answer.flush();
+                self.mid_line = !d.text.ends_with('\n');
+            }
+            Kind::ModelMessage(_) => self.end_line(),
+            Kind::ToolCallRequested(c) => {
+                self.end_line();
+                let _ = writeln!(self.activity, "  → {} {}", c.tool, short_args(&c.tool, &c.arguments_json));
+            }
+            Kind::ApprovalRequested(a) => {
+                self.end_line();
+                let _ = writeln!(self.activity, "  ? {} needs approval ({})", a.tool, a.matched_rule);
+            }
+            Kind::ApprovalDecided(a) => {
+                let decision = enum_name(a.decision, |d: pb::ApprovalDecision| d.as_str_name());
+                let _ = writeln!(self.activity, "  ✓ {decision} {}", a.call_id);
+            }
+            Kind::ToolOutputChunk(_) => {}
+            Kind::ToolResult(r) => {
+                let mark = if r.is_error { "✗" } else { "←" };
+                let runner = if r.runner_id.is_empty() {
+                    String::new()
+                } else {
+                    format!("  [{} ms on {}]", r.duration_ms, r.runner_id)
+                };
+                let _ = writeln!(self.activity, "  {mark} {}{runner}", shorten(&r.output, 120));
+            }
+            Kind::ReminderDue(r) => {
+                self.end_line();
+                let _ = writeln!(self.activity, "⏰ reminder: {}", r.message);
+            }
+            Kind::Error(e) => {
+                self.end_line();
+                let _ = writeln!(self.activity, "error: {}", e.message);
+            }
+            Kind::TurnFinished(t) => {
+                self.end_line();
+                let usage = t
+                    .usage
+                    .as_ref()
+                    .filter(|u| u.total_tokens > 0)
+                    .map(|u| format!(", {} tokens", u.total_tokens))
+                    .unwrap_or_default();
+                match pb::TurnOutcome::try_from(t.outcome) {
+                    Ok(pb::TurnOutcome::Completed) => {}
+                    Ok(pb::TurnOutcome::Cancelled) => {
+                        let _ = writeln!(self.activity, "(turn cancelled)");
+                    }
+                    Ok(pb::TurnOutcome::StepLimit) => {
+                        let _ = writeln!(self.activity, "(step limit reached: {})", t.message);
+                    }
+                    Ok(pb::TurnOutcome::Failed) => {
+                        let _ = writeln!(self.activity, "(turn failed: {})", t.message);
+                    }
+                    Ok(pb::TurnOutcome::Unspecified) | Err(_) => {}
+                }
+                let _ = writeln!(self.activity, "  ({} step{}{usage})", t.steps, if t.steps == 1 { "" } else { "s" });
+                let _ = self.activity.flush();
+            }
+            Kind::CancelRequested(_) => {
+                self.end_line();
+            }
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! `agentry run` and `agentry chat`: submitting messages and following the
+//! session's events until the turn ends.
+
+use crate::client::{connect, print_line, status_error};
+use crate::render::{Renderer, event_json};
+use crate::Approve;
+use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
+use agentry_proto::sessions::v1::{self as spb, event::Kind};
+use agentry_runtime::Config;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use tonic::Streaming;
+
+/// Exit code of a failed turn.
+const EXIT_FAILED: u8 = 1;
+/// Exit code of a turn that hit the step limit.
+const EXIT_STEP_LIMIT: u8 = 3;
+/// Exit code of a cancelled turn.
+const EXIT_CANCELLED: u8 = 130;
+
+fn exit_code(outcome: i32) -> ExitCode {
+    match spb::TurnOutcome::try_from(outcome) {
+        Ok(spb::TurnOutcome::Completed) => ExitCode::SUCCESS,
+        Ok(spb::TurnOutcome::StepLimit) => ExitCode::from(EXIT_STEP_LIMIT),
+        Ok(spb::TurnOutcome::Cancelled) => ExitCode::from(EXIT_CANCELLED),
+        Ok(spb::TurnOutcome::Failed | spb::TurnOutcome::Unspecified) | Err(_) => {
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+/// Opens the named session, or creates a new one.
+async fn open_session(
+    client: &mut OrchestratorClient<Channel>,
+    session: Option<String>,
+) -> anyhow::Result<spb::Session> {
+    match session {
+        Some(id) => client
+            .get_session(pb::GetSessionRequest { session_id: id.clone() })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| status_error(&format!("cannot open session {id}"), s)),
+        None => client
+            .create_session(pb::CreateSessionRequest::default())
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| status_error("cannot create a session", s)),
+    }
+}
+
+async fn subscribe(
+    client: &mut OrchestratorClient<Channel>,
+    session: &spb::Session,
+) -> anyhow::Result<Streaming<spb::Event>> {
+    client
+        .subscribe(pb::SubscribeRequest {
+            session_id: session.id.clone(),
+            from_seq: session.event_count + 1,
+        })
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|s| status_error("cannot follow the session", s))
+}
+
+fn user_input(text: String, approve: Approve) -> pb::Input {
+    let approval_mode = match approve {
+        Approve::Always => pb::ApprovalMode::Always,
+        Approve::Never => pb::ApprovalMode::Never,
+        Approve::Policy => pb::ApprovalMode::Policy,
+    };
+    pb::Input {
+        kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
+            text,
+            approval_mode: approval_mode as i32,
+        })),
+    }
+}
+
+fn cancel_input() -> pb::Input {
+    pb::Input {
+        kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
+            reason: "interrupted by the user".into(),
+        })),
+    }
+}
+
+/// `agentry run`: one turn, headless.
+pub async fn run(
+    config: &Config,
+    session: Option<String>,
+    approve: Approve,
+    json: bool,
+    prompt: String,
+) -> anyhow::Result<ExitCode> {
+    let mut client = connect(config).await?;
+    let session = open_session(&mut client, session).await?;
+    let mut events = subscribe(&mut client, &session).await?;
+    let submitted = client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(user_input(prompt, approve)),
+        })
+        .await
+        .map_err(|s| status_error("the message was not accepted", s))?
+        .into_inner();
+    let mut renderer = Renderer::new(std::io::stdout(), std::io::stderr());
+    let mut cancelled = false;
+    loop {
+        let next = tokio::select! {
+            next = events.message() => next,
+            _ = tokio::signal::ctrl_c(), if !cancelled => {
+                cancelled = true;
+                eprintln!("\ncancelling the turn…");
+                client
+                    .submit(pb::SubmitRequest { session_id: session.id.clone(), input: Some(cancel_input()) })
+                    .await
+                    .map_err(|s| status_error("cannot cancel", s))?;
+                continue;
+            }
+        };
+        let event = match next {
+            Ok(Some(event)) => event,
+            Ok(None) => anyhow::bail!("the orchestrator closed the event stream before the turn finished"),
+            Err(status) => return Err(status_error("lost the event stream", status)),
+        };
+        if event.seq < submitted.seq {
+            continue;
+        }
+        if json {
+            print_line(event_json(&event))?;
+        } else {
+            renderer.event(&event);
+        }
+        if let Some(Kind::TurnFinished(finished)) = &event.kind {
+            if event.turn_id == submitted.turn_id {
+                if !json {
+                    eprintln!("session: {}", session.id);
+                }
+                return Ok(exit_code(finished.outcome));
+            }
+        }
+    }
+}
+
+/// `agentry chat`: interactive, or one message per line from a pipe.
+pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<ExitCode> {
+    let mut client = connect(config).await?;
+    let session = open_session(&mut client, session).await?;
+    let interactive = std::io::stdin().is_terminal();
+    let mut events = subscribe(&mut client, &session).await?;
+    if interactive {
+        let resumed = if session.user_message_count > 0 {
+            format!(" ({} earlier messages)", session.user_message_count)
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "session {}{resumed}. Type a message; /help for commands, Ctrl+D to leave.",
+            session.id
+        );
+    }
+    // Print events as they come and report finished turns.
+    let (finished_tx, mut finished) = mpsc::unbounded_channel::<(String, i32)>();
+    let printer = tokio::spawn(async move {
+        let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
+        loop {
+            match events.message().await {
+                Ok(Some(event)) => {
+                    renderer.event(&event);
+                    if let Some(Kind::TurnFinished(f)) = &event.kind {
+                        let _ = finished_tx.send((event.turn_id.clone(), f.outcome));
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(status) => return Err(status_error("lost the event stream", status)),
+            }
+        }
+    });
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut last_outcome = spb::TurnOutcome::Completed as i32;
+    loop {
+        if interactive {
+            eprint!("you> ");
+        }
+        let line = tokio::select! {
+            line = lines.next_line() => line?,
+            _ = tokio::signal::ctrl_c() => None,
+        };
+        let Some(line) = line else { break };
+        let text = line.trim();
+        match text {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/help" => {
+                eprintln!("/session  show this session's id\n/exit     leave (also Ctrl+D)\nCtrl+C during a turn cancels it.");
+                continue;
+            }
+            "/session" => {
+                eprintln!("{}", session.id);
+                continue;
+            }
+            _ => {}
+        }
+        let submitted = client
+            .submit(pb::SubmitRequest {
+                session_id: session.id.clone(),
+                input: Some(user_input(text.to_string(), Approve::Policy)),
+            })
+            .await;
+        let turn_id = match submitted {
+            Ok(r) => r.into_inner().turn_id,
+            Err(status) => {
+                eprintln!("agentry: {}", status.message());
+                continue;
+            }
+        };
+        let mut cancelled = false;
+        loop {
+            tokio::select! {
+                done = finished.recv() => match done {
+                    Some((id, outcome)) if id == turn_id => { last_outcome = outcome; break; }
+                    Some(_) => continue,
+                    None => {
+                        return match printer.await {
+                            Ok(Err(e)) => Err(e),
+                            _ => Err(anyhow::anyhow!("the event stream ended")),
+                        };
+                    }
+                },
+                _ = tokio::signal::ctrl_c(), if !cancelled => {
+                    cancelled = true;
+                    if let Err(status) = client
+                        .submit(pb::SubmitRequest { session_id: session.id.clone(), input: Some(cancel_input()) })
+                        .await
+                    {
+                        eprintln!("agentry: {}", status.message());
+                    }
+                }
+            }
+        }
+    }
+    printer.abort();
+    if interactive {
+        eprintln!("bye. Resume with: agentry chat --session {}", session.id);
+    }
+    Ok(exit_code(last_outcome))
+}

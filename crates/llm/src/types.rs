@@ -1,0 +1,257 @@
+//! Request and response types, independent of the wire format.
+
+use serde_json::{Value, json};
+
+/// One chat-completion request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    /// The conversation so far, oldest first.
+    pub messages: Vec<Message>,
+    /// Tools the model may call; the `tools` key is omitted from the request when empty.
+    pub tools: Vec<ToolDefinition>,
+    /// Sampling temperature; the server default is used when `None`.
+    pub temperature: Option<f32>,
+}
+
+/// A message of the conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// Instructions for the model.
+    System {
+        /// Message text.
+        content: String,
+    },
+    /// Input from the user.
+    User {
+        /// Message text.
+        content: String,
+    },
+    /// A previous answer of the model, possibly with tool calls.
+    Assistant {
+        /// Text of the answer (may be empty when the model only called tools).
+        content: String,
+        /// Tool calls the model made in this turn.
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The result of a tool call.
+    Tool {
+        /// The [`ToolCall::id`] this message answers.
+        tool_call_id: String,
+        /// The tool's output.
+        content: String,
+    },
+}
+
+/// A call of a tool requested by the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// Identifier chosen by the server (or `call_<index>` when it sent none).
+    pub id: String,
+    /// Name of the tool.
+    pub name: String,
+    /// Arguments as raw JSON text, exactly as assembled from the stream (may be invalid JSON).
+    pub arguments: String,
+}
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolDefinition {
+    /// Name of the tool.
+    pub name: String,
+    /// What the tool does, for the model.
+    pub description: String,
+    /// JSON schema of the arguments object.
+    pub parameters: Value,
+}
+
+/// An item of a [`crate::ChatStream`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// A piece of answer text, yielded as soon as it arrives (never empty).
+    TextDelta(String),
+    /// The whole response; always the last item of a successful stream.
+    Completed(Completion),
+}
+
+/// The assembled result of a streamed response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The concatenation of all text deltas.
+    pub text: String,
+    /// Tool calls, ordered by their stream index.
+    pub tool_calls: Vec<ToolCall>,
+    /// Why the model stopped: "stop", "tool_calls", "length", ...
+    pub finish_reason: String,
+    /// Token accounting, when the server reported it.
+    pub usage: Option<Usage>,
+    /// The model that answered, as reported by the server (else the configured model).
+    pub model: String,
+}
+
+/// Token accounting of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Tokens of the prompt.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub completion_tokens: u64,
+    /// Sum of both, as reported by the server.
+    pub total_tokens: u64,
+}
+
+impl Message {
+    /// Shorthand for [`Message::System`].
+    pub fn system(content: impl Into<String>) -> Self {
+        Message::System {
+            content: content.into(),
+        }
+    }
+
+    /// Shorthand for [`Message::User`].
+    pub fn user(content: impl Into<String>) -> Self {
+        Message::User {
+            content: content.into(),
+        }
+    }
+
+    /// Shorthand for an [`Message::Assistant`] without tool calls.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Message::Assistant {
+            content: content.into(),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    /// Shorthand for [`Message::Tool`].
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        Message::Tool {
+            tool_call_id: tool_call_id.into(),
+            content: content.into(),
+        }
+    }
+
+    /// The OpenAI wire representation of this message.
+    pub fn to_wire(&self) -> Value {
+        match self {
+            Message::System { content } => json!({"role": "system", "content": content}),
+            Message::User { content } => json!({"role": "user", "content": content}),
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => {
+                if tool_calls.is_empty() {
+                    json!({"role": "assistant", "content": content})
+                } else {
+                    let calls: Vec<Value> = tool_calls.iter().map(ToolCall::to_wire).collect();
+                    let content = if content.is_empty() {
+                        Value::Null
+                    } else {
+                        Value::String(content.clone())
+                    };
+                    json!({"role": "assistant", "content": content, "tool_calls": calls})
+                }
+            }
+            Message::Tool {
+                tool_call_id,
+                content,
+            } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
+        }
+    }
+}
+
+impl ToolCall {
+    /// The OpenAI wire representation of this call (empty arguments are sent as `{}`, which
+    /// strict servers require).
+    pub fn to_wire(&self) -> Value {
+        let arguments = if self.arguments.trim().is_empty() {
+            "{}"
+        } else {
+            self.arguments.as_str()
+        };
+        json!({
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        })
+    }
+}
+
+impl ToolDefinition {
+    /// The OpenAI wire representation of this tool.
+    pub fn to_wire(&self) -> Value {
+        json!({
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        })
+    }
+}
+
+impl ChatRequest {
+    /// A request with these messages, no tools and the default temperature.
+    pub fn new(messages: Vec<Message>) -> Self {
+        ChatRequest {
+            messages,
+            tools: Vec::new(),
+            temperature: None,
+        }
+    }
+
+    /// The streaming request body sent to `{base_url}/chat/completions`.
+    pub fn to_wire(&self, model: &str) -> Value {
+        let mut body = json!({
+            "model": model,
+            "messages": self.messages.iter().map(Message::to_wire).collect::<Vec<_>>(),
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        if let Value::Object(map) = &mut body {
+            if !self.tools.is_empty() {
+                map.insert(
+                    "tools".into(),
+                    Value::Array(self.tools.iter().map(ToolDefinition::to_wire).collect()),
+                );
+            }
+            if let Some(t) = self.temperature {
+                // Go through f64 via the decimal representation so 0.7f32 becomes 0.7, not
+                // 0.699999988079071.
+                let t: f64 = t.to_string().parse().unwrap_or(f64::from(t));
+                map.insert("temperature".into(), json!(t));
+            }
+        }
+        body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temperature_is_not_widened_noisily() {
+        let mut req = ChatRequest::new(vec![Message::user("hi")]);
+        req.temperature = Some(0.7);
+        assert_eq!(req.to_wire("m")["temperature"], json!(0.7));
+    }
+
+    #[test]
+    fn assistant_with_only_tool_calls_has_null_content() {
+        let m = Message::Assistant {
+            content: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                name: "f".into(),
+                arguments: String::new(),
+            }],
+        };
+        assert_eq!(
+            m.to_wire(),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ]})
+        );
+    }
+}

@@ -1,0 +1,464 @@
+//! The effect runner: one actor per session performs the reducer's effects
+//! (append to the store, call the model, run tools) and feeds their outcomes
+//! back as inputs.
+
+use crate::deps::Deps;
+use crate::reducer::{Effect, Input, SessionState};
+use agentry_llm::{ChatRequest, Message, StreamEvent, ToolCall};
+use agentry_proto::sessions::v1 as pb;
+use agentry_proto::tools::v1::{ExecuteRequest, execute_response};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+use tonic::Status;
+
+/// Inputs a client may submit.
+#[derive(Debug, Clone)]
+pub enum SubmitInput {
+    /// A message from the person.
+    User {
+        /// The text.
+        text: String,
+    },
+    /// Stop the running turn.
+    Cancel {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What a successful submit reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// The turn the input started or belongs to.
+    pub turn_id: String,
+    /// The seq of the event recording the input.
+    pub seq: u64,
+}
+
+/// A request to a session actor.
+pub(crate) struct Command {
+    pub input: SubmitInput,
+    pub reply: oneshot::Sender<Result<Submitted, Status>>,
+}
+
+/// A handle to a running session actor.
+#[derive(Clone)]
+pub(crate) struct SessionHandle {
+    pub commands: mpsc::Sender<Command>,
+}
+
+/// Outcomes of in-flight work, tagged with the task that produced them.
+type Outcome = (u64, Input);
+
+pub(crate) struct Actor {
+    session_id: String,
+    state: SessionState,
+    next_seq: u64,
+    deps: Arc<Deps>,
+    outcomes_tx: mpsc::Sender<Outcome>,
+    outcomes: mpsc::Receiver<Outcome>,
+    in_flight: Option<(u64, AbortHandle)>,
+    tasks_started: u64,
+}
+
+/// The store could not record an event: the actor stops, and the session is
+/// reloaded from its log on next use.
+#[derive(Debug)]
+struct Broken(Status);
+
+fn now() -> prost_types::Timestamp {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// How many ready outcomes are folded into one store append at most.
+const MAX_BATCH: usize = 512;
+
+impl Actor {
+    /// Starts the actor of a session whose log holds `event_count` events.
+    pub(crate) fn spawn(
+        session_id: String,
+        state: SessionState,
+        event_count: u64,
+        deps: Arc<Deps>,
+    ) -> SessionHandle {
+        let (commands_tx, commands) = mpsc::channel(64);
+        let (outcomes_tx, outcomes) = mpsc::channel(1024);
+        let actor = Actor {
+            session_id,
+            state,
+            next_seq: event_count + 1,
+            deps,
+            outcomes_tx,
+            outcomes,
+            in_flight: None,
+            tasks_started: 0,
+        };
+        tokio::spawn(actor.run(commands));
+        SessionHandle {
+            commands: commands_tx,
+        }
+    }
+
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        // A turn left unfinished by an earlier process is closed first.
+        if !self.state.is_idle() {
+            tracing::warn!(session_id = %self.session_id, "closing a turn interrupted by a restart");
+            let effects = self.state.step(Input::Interrupted).unwrap_or_default();
+            if let Err(Broken(status)) = self.run_effects(effects).await {
+                tracing::error!(session_id = %self.session_id, error = %status.message(), "cannot close the interrupted turn");
+                return;
+            }
+        }
+        loop {
+            let result = tokio::select! {
+                command = commands.recv() => match command {
+                    Some(command) => self.handle_command(command).await,
+                    None => break,
+                },
+                Some(outcome) = self.outcomes.recv() => self.handle_outcome(outcome).await,
+            };
+            if let Err(Broken(status)) = result {
+                tracing::error!(session_id = %self.session_id, error = %status.message(), "session actor stopped: the session store refused an append");
+                self.abort_in_flight();
+                return;
+            }
+        }
+        self.abort_in_flight();
+    }
+
+    async fn handle_command(&mut self, command: Command) -> Result<(), Broken> {
+        let input = match command.input {
+            SubmitInput::User { text } => Input::UserMessage {
+                turn_id: uuid::Uuid::now_v7().to_string(),
+                text,
+            },
+            SubmitInput::Cancel { reason } => Input::Cancel { reason },
+        };
+        let effects = match self.state.step(input) {
+            Ok(effects) => effects,
+            Err(refusal) => {
+                let _ = command
+                    .reply
+                    .send(Err(Status::failed_precondition(refusal.to_string())));
+                return Ok(());
+            }
+        };
+        let turn_id = self.state.turn_id().map(str::to_string);
+        match self.run_effects(effects).await {
+            Ok(first_seq) => {
+                let turn_id = turn_id.unwrap_or_default();
+                let _ = command.reply.send(Ok(Submitted {
+                    turn_id,
+                    seq: first_seq.unwrap_or(self.next_seq - 1),
+                }));
+                Ok(())
+            }
+            Err(Broken(status)) => {
+                let _ = command.reply.send(Err(status.clone()));
+                Err(Broken(status))
+            }
+        }
+    }
+
+    async fn handle_outcome(&mut self, (task, input): Outcome) -> Result<(), Broken> {
+        let mut effects = Vec::new();
+        self.fold_outcome(task, input, &mut effects);
+        // Fold whatever else is ready into the same append (streamed text
+        // arrives much faster than one durable write per delta).
+        let mut folded = 1;
+        while folded < MAX_BATCH {
+            let Ok((task, input)) = self.outcomes.try_recv() else {
+                break;
+            };
+            self.fold_outcome(task, input, &mut effects);
+            folded += 1;
+        }
+        self.run_effects(effects).await.map(|_| ())
+    }
+
+    fn fold_outcome(&mut self, task: u64, input: Input, effects: &mut Vec<Effect>) {
+        let current = self.in_flight.as_ref().map(|(id, _)| *id);
+        if current != Some(task) {
+            return; // Output of work that was cancelled.
+        }
+        let finishes_task = matches!(
+            input,
+            Input::ModelDone(_) | Input::ModelFailed { .. } | Input::ToolDone(_)
+        );
+        match self.state.step(input) {
+            Ok(more) => effects.extend(more),
+            Err(refusal) => {
+                tracing::debug!(session_id = %self.session_id, %refusal, "dropped an outcome");
+            }
+        }
+        if finishes_task && self.in_flight.as_ref().map(|(id, _)| *id) == Some(task) {
+            self.in_flight = None;
+        }
+    }
+
+    fn abort_in_flight(&mut self) {
+        if let Some((_, handle)) = self.in_flight.take() {
+            handle.abort();
+        }
+    }
+
+    /// Runs effects in order; consecutive records become one append.
+    /// Returns the seq of the first recorded event.
+    async fn run_effects(&mut self, effects: Vec<Effect>) -> Result<Option<u64>, Broken> {
+        let mut first_seq = None;
+        let mut batch: Vec<pb::Event> = Vec::new();
+        for effect in effects {
+            if let Effect::Record { turn_id, events } = effect {
+                let time = now();
+                batch.extend(events.into_iter().map(|kind| pb::Event {
+                    turn_id: turn_id.clone(),
+                    time: Some(time),
+                    kind: Some(kind),
+                    ..Default::default()
+                }));
+                continue;
+            }
+            if !batch.is_empty() {
+                let seq = self.append(std::mem::take(&mut batch)).await?;
+                first_seq.get_or_insert(seq);
+            }
+            match effect {
+                Effect::Record { .. } => {}
+                Effect::CallModel { history } => self.start_model_call(history),
+                Effect::RunTool(call) => self.start_tool_call(call),
+                Effect::AbortInFlight => self.abort_in_flight(),
+            }
+        }
+        if !batch.is_empty() {
+            let seq = self.append(batch).await?;
+            first_seq.get_or_insert(seq);
+        }
+        Ok(first_seq)
+    }
+
+    /// Appends durably, retrying while the store is unreachable for a while.
+    async fn append(&mut self, events: Vec<pb::Event>) -> Result<u64, Broken> {
+        let first = self.next_seq;
+        let count = events.len() as u64;
+        let request = pb::AppendRequest {
+            session_id: self.session_id.clone(),
+            expected_seq: first,
+            events,
+        };
+        let mut delay = Duration::from_millis(50);
+        let deadline = Instant::now() + self.deps.store_retry_window;
+        loop {
+            match self.deps.store.clone().append(request.clone()).await {
+                Ok(_) => {
+                    self.next_seq += count;
+                    return Ok(first);
+                }
+                Err(status)
+                    if status.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
+                {
+                    tracing::warn!(session_id = %self.session_id, error = %status.message(), "session store unavailable; retrying append");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                Err(status) => {
+                    return Err(Broken(Status::new(
+                        status.code(),
+                        format!(
+                            "cannot record events in the session store at {}: {}",
+                            self.deps.store_url,
+                            status.message()
+                        ),
+                    )));
+                }
+            }
+        }
+    }
+
+    fn next_task(&mut self) -> (u64, mpsc::Sender<Outcome>) {
+        self.tasks_started += 1;
+        (self.tasks_started, self.outcomes_tx.clone())
+    }
+
+    fn start_model_call(&mut self, history: Vec<Message>) {
+        self.abort_in_flight();
+        let (task, tx) = self.next_task();
+        let deps = self.deps.clone();
+        let session_id = self.session_id.clone();
+        let handle = tokio::spawn(async move {
+            model_call(deps, session_id, history, task, tx).await;
+        });
+        self.in_flight = Some((task, handle.abort_handle()));
+    }
+
+    fn start_tool_call(&mut self, call: ToolCall) {
+        self.abort_in_flight();
+        let (task, tx) = self.next_task();
+        let deps = self.deps.clone();
+        let session_id = self.session_id.clone();
+        let handle = tokio::spawn(async move {
+            let result = tool_call(&deps, &session_id, call, task, &tx).await;
+            let _ = tx.send((task, Input::ToolDone(result))).await;
+        });
+        self.in_flight = Some((task, handle.abort_handle()));
+    }
+}
+
+async fn model_call(
+    deps: Arc<Deps>,
+    session_id: String,
+    history: Vec<Message>,
+    task: u64,
+    tx: mpsc::Sender<Outcome>,
+) {
+    let tools = deps.tool_definitions().await;
+    let mut messages = Vec::with_capacity(history.len() + 1);
+    messages.push(Message::System {
+        content: deps.system_prompt.clone(),
+    });
+    messages.extend(history);
+    let request = ChatRequest {
+        messages,
+        tools,
+        temperature: deps.temperature,
+    };
+    let started = Instant::now();
+    let failed = |message: String, retryable: bool| {
+        (
+            task,
+            Input::ModelFailed {
+                message: format!("model call failed: {message}"),
+                retryable,
+            },
+        )
+    };
+    let mut stream = match deps.llm.stream(request).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            let _ = tx.send(failed(e.to_string(), e.is_retryable())).await;
+            return;
+        }
+    };
+    while let Some(item) = stream.next().await {
+        let outcome = match item {
+            Ok(StreamEvent::TextDelta(text)) => (task, Input::ModelDelta(text)),
+            Ok(StreamEvent::Completed(completion)) => {
+                tracing::debug!(%session_id, elapsed_ms = started.elapsed().as_millis() as u64, "model call finished");
+                let _ = tx.send((task, Input::ModelDone(completion))).await;
+                return;
+            }
+            Err(e) => {
+                let _ = tx.send(failed(e.to_string(), e.is_retryable())).await;
+                return;
+            }
+        };
+        if tx.send(outcome).await.is_err() {
+            return;
+        }
+    }
+    let _ = tx
+        .send(failed(
+            "the model stream ended without a complete response".into(),
+            true,
+        ))
+        .await;
+}
+
+fn tool_error(call: &ToolCall, output: String, started: Instant) -> pb::ToolResult {
+    pb::ToolResult {
+        call_id: call.id.clone(),
+        tool: call.name.clone(),
+        output,
+        is_error: true,
+        exit_code: None,
+        duration_ms: started.elapsed().as_millis() as u64,
+        runner_id: String::new(),
+    }
+}
+
+async fn tool_call(
+    deps: &Deps,
+    session_id: &str,
+    call: ToolCall,
+    task: u64,
+    tx: &mpsc::Sender<Outcome>,
+) -> pb::ToolResult {
+    let started = Instant::now();
+    let request = ExecuteRequest {
+        call_id: call.id.clone(),
+        session_id: session_id.to_string(),
+        tool: call.name.clone(),
+        arguments_json: call.arguments.clone(),
+        timeout_ms: 0,
+    };
+    let mut stream = match deps.tools.clone().execute(request).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            return tool_error(
+                &call,
+                format!(
+                    "error: the tool runner at {} could not run {}: {}",
+                    deps.tool_runner_url,
+                    call.name,
+                    status.message()
+                ),
+                started,
+            );
+        }
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(message)) => match message.kind {
+                Some(execute_response::Kind::Chunk(chunk)) => {
+                    let stream = pb::OutputStream::try_from(chunk.stream)
+                        .unwrap_or(pb::OutputStream::Unspecified);
+                    let input = Input::ToolChunk {
+                        call_id: call.id.clone(),
+                        stream,
+                        text: chunk.text,
+                    };
+                    if tx.send((task, input)).await.is_err() {
+                        return tool_error(&call, "error: cancelled".into(), started);
+                    }
+                }
+                Some(execute_response::Kind::Result(result)) => {
+                    return pb::ToolResult {
+                        call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        output: result.output,
+                        is_error: result.is_error,
+                        exit_code: result.exit_code,
+                        duration_ms: result.duration_ms,
+                        runner_id: result.runner_id,
+                    };
+                }
+                None => {}
+            },
+            Ok(None) => {
+                return tool_error(
+                    &call,
+                    "error: the tool runner ended the call without a result".into(),
+                    started,
+                );
+            }
+            Err(status) => {
+                return tool_error(
+                    &call,
+                    format!(
+                        "error: lost the tool runner during the call ({}); the call may or may not have completed",
+                        status.message()
+                    ),
+                    started,
+                );
+            }
+        }
+    }
+}

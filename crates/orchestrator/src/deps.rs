@@ -1,0 +1,109 @@
+//! What every session actor shares: clients of the other services and of
+//! the model, and the agent's settings.
+
+use agentry_llm::{ChatClient, ToolDefinition};
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_proto::tools::v1::ListToolsRequest;
+use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
+use std::time::Duration;
+use tokio::sync::RwLock;
+use tonic::transport::Channel;
+
+/// Shared dependencies of the session actors.
+pub struct Deps {
+    /// The session store.
+    pub store: SessionStoreClient<Channel>,
+    /// Where the session store is, for messages.
+    pub store_url: String,
+    /// The tool runner(s).
+    pub tools: ToolRunnerClient<Channel>,
+    /// Where the tool runner is, for messages.
+    pub tool_runner_url: String,
+    /// The model.
+    pub llm: ChatClient,
+    /// System instructions.
+    pub system_prompt: String,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Model calls allowed per turn.
+    pub max_steps: u32,
+    /// How long an append keeps retrying while the store is unavailable.
+    pub store_retry_window: Duration,
+    tool_cache: RwLock<Option<Vec<ToolDefinition>>>,
+}
+
+impl Deps {
+    /// Bundles the dependencies.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        store: SessionStoreClient<Channel>,
+        store_url: String,
+        tools: ToolRunnerClient<Channel>,
+        tool_runner_url: String,
+        llm: ChatClient,
+        system_prompt: String,
+        temperature: Option<f32>,
+        max_steps: u32,
+    ) -> Self {
+        Deps {
+            store,
+            store_url,
+            tools,
+            tool_runner_url,
+            llm,
+            system_prompt,
+            temperature,
+            max_steps,
+            store_retry_window: Duration::from_secs(10),
+            tool_cache: RwLock::new(None),
+        }
+    }
+
+    /// The tools as the model sees them, fetched from the runner once.
+    pub async fn tool_definitions(&self) -> Vec<ToolDefinition> {
+        if let Some(cached) = self.tool_cache.read().await.as_ref() {
+            return cached.clone();
+        }
+        match self.fetch_tools().await {
+            Ok(tools) => {
+                *self.tool_cache.write().await = Some(tools.clone());
+                tools
+            }
+            Err(status) => {
+                tracing::warn!(
+                    url = %self.tool_runner_url,
+                    error = %status.message(),
+                    "cannot list tools; calling the model without tools"
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// Asks the tool runner for its tools.
+    pub async fn fetch_tools(&self) -> Result<Vec<ToolDefinition>, tonic::Status> {
+        let response = self
+            .tools
+            .clone()
+            .list_tools(ListToolsRequest {})
+            .await?
+            .into_inner();
+        response
+            .tools
+            .into_iter()
+            .map(|t| {
+                let parameters = serde_json::from_str(&t.parameters_json_schema).map_err(|e| {
+                    tonic::Status::internal(format!(
+                        "tool {} has an invalid JSON schema: {e}",
+                        t.name
+                    ))
+                })?;
+                Ok(ToolDefinition {
+                    name: t.name,
+                    description: t.description,
+                    parameters,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,102 @@
+//! The orchestrator: one actor per session runs the agent's state machine
+//! (a pure reducer, [`reducer`]) and performs its effects ([`actor`]):
+//! calling the model, running tools on the tool runner, and appending every
+//! event to the session store before anyone sees it.
+
+pub mod actor;
+pub mod deps;
+pub mod reducer;
+pub mod service;
+
+#[cfg(test)]
+mod reducer_tests;
+
+pub use deps::Deps;
+pub use service::OrchestratorService;
+
+use agentry_llm::{ChatClient, ProviderConfig};
+use agentry_proto::orchestrator::v1::orchestrator_server::OrchestratorServer;
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
+use agentry_runtime::Config;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::service::Routes;
+use tonic::transport::{Channel, Endpoint};
+
+/// Why the orchestrator could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A setting is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// Serving failed.
+    #[error(transparent)]
+    Serve(#[from] agentry_runtime::ServeError),
+}
+
+/// A channel that connects on first use (and reconnects), so services may
+/// start in any order.
+pub fn lazy_channel(url: &str, what: &str) -> Result<Channel, RunError> {
+    Ok(Endpoint::from_shared(url.to_string())
+        .map_err(|e| RunError::Config(format!("invalid {what} URL {url:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+/// Builds the shared dependencies from the configuration.
+pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
+    let store = SessionStoreClient::new(lazy_channel(&config.session_store.url, "session store")?)
+        .max_decoding_message_size(64 * 1024 * 1024);
+    let tools = ToolRunnerClient::new(lazy_channel(&config.tool_runner.url, "tool runner")?);
+    let llm = ChatClient::new(ProviderConfig {
+        base_url: config.llm.base_url.clone(),
+        api_key: (!config.llm.api_key.is_empty()).then(|| config.llm.api_key.clone()),
+        model: config.llm.model.clone(),
+        request_timeout: Duration::from_secs(config.llm.request_timeout_secs),
+        connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
+    })
+    .map_err(|e| RunError::Config(e.to_string()))?;
+    let system_prompt = config
+        .system_prompt()
+        .map_err(|e| RunError::Config(e.to_string()))?;
+    Ok(Deps::new(
+        store,
+        config.session_store.url.clone(),
+        tools,
+        config.tool_runner.url.clone(),
+        llm,
+        system_prompt,
+        config.llm.temperature,
+        config.agent.max_steps,
+    ))
+}
+
+/// Serves the orchestrator on `listener` until `shutdown`.
+pub async fn run(
+    config: &Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RunError> {
+    let deps = Arc::new(deps_from_config(config)?);
+    tracing::info!(
+        model = %config.llm.model,
+        llm = %config.llm.base_url,
+        store = %config.session_store.url,
+        tool_runner = %config.tool_runner.url,
+        "orchestrator ready"
+    );
+    let service = OrchestratorServer::new(OrchestratorService::new(deps));
+    agentry_runtime::serve(
+        listener,
+        Routes::new(service),
+        &[OrchestratorServer::<OrchestratorService>::NAME],
+        shutdown,
+    )
+    .await?;
+    Ok(())
+}

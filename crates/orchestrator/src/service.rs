@@ -1,0 +1,341 @@
+//! The gRPC face of the orchestrator and the registry of session actors.
+
+use crate::actor::{Actor, Command, SessionHandle, SubmitInput, Submitted};
+use crate::deps::Deps;
+use crate::reducer::SessionState;
+use agentry_proto::orchestrator::v1 as pb;
+use agentry_proto::orchestrator::v1::orchestrator_server::Orchestrator;
+use agentry_proto::sessions::v1 as spb;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+/// The longest user message accepted, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// The Orchestrator gRPC service.
+#[derive(Clone)]
+pub struct OrchestratorService {
+    deps: Arc<Deps>,
+    sessions: Arc<Mutex<HashMap<String, SessionHandle>>>,
+}
+
+fn store_status(url: &str, status: Status) -> Status {
+    match status.code() {
+        tonic::Code::Unavailable => Status::unavailable(format!(
+            "the session store at {url} is unavailable: {}",
+            status.message()
+        )),
+        _ => status,
+    }
+}
+
+impl OrchestratorService {
+    /// A service over `deps`.
+    pub fn new(deps: Arc<Deps>) -> Self {
+        Self {
+            deps,
+            sessions: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The actor of a session, loading the session from its log if needed.
+    async fn session(&self, session_id: &str) -> Result<SessionHandle, Status> {
+        let mut sessions = self.sessions.lock().await;
+        if let Some(handle) = sessions.get(session_id) {
+            if !handle.commands.is_closed() {
+                return Ok(handle.clone());
+            }
+        }
+        let mut events = Vec::new();
+        let mut from = 1;
+        loop {
+            let page = self
+                .deps
+                .store
+                .clone()
+                .read(spb::ReadRequest {
+                    session_id: session_id.to_string(),
+                    from_seq: from,
+                    limit: 0,
+                })
+                .await
+                .map_err(|s| store_status(&self.deps.store_url, s))?
+                .into_inner();
+            from = page.next_seq;
+            events.extend(page.events);
+            if !page.has_more {
+                break;
+            }
+        }
+        let state = SessionState::replay(self.deps.max_steps, &events);
+        let handle = Actor::spawn(
+            session_id.to_string(),
+            state,
+            events.len() as u64,
+            self.deps.clone(),
+        );
+        sessions.insert(session_id.to_string(), handle.clone());
+        Ok(handle)
+    }
+
+    /// Submits one input to a session.
+    pub async fn submit_input(
+        &self,
+        session_id: &str,
+        input: SubmitInput,
+    ) -> Result<Submitted, Status> {
+        // One retry covers an actor that stopped (store trouble) just now.
+        for _ in 0..2 {
+            let handle = self.session(session_id).await?;
+            let (reply, answer) = oneshot::channel();
+            let command = Command {
+                input: input.clone(),
+                reply,
+            };
+            if handle.commands.send(command).await.is_err() {
+                continue;
+            }
+            match answer.await {
+                Ok(result) => return result,
+                Err(_) => continue,
+            }
+        }
+        Err(Status::unavailable(format!(
+            "session {session_id} could not take the input; the session store at {} may be down",
+            self.deps.store_url
+        )))
+    }
+
+    async fn watch(
+        &self,
+        session_id: String,
+        from_seq: u64,
+    ) -> Result<Streaming<spb::Event>, Status> {
+        self.deps
+            .store
+            .clone()
+            .watch(spb::WatchRequest {
+                session_id,
+                from_seq,
+            })
+            .await
+            .map(Response::into_inner)
+            .map_err(|s| store_status(&self.deps.store_url, s))
+    }
+
+    async fn create(&self, session_id: String, title: String) -> Result<spb::Session, Status> {
+        self.deps
+            .store
+            .clone()
+            .create_session(spb::CreateSessionRequest { session_id, title })
+            .await
+            .map(Response::into_inner)
+            .map_err(|s| store_status(&self.deps.store_url, s))
+    }
+
+    async fn get(&self, session_id: String) -> Result<spb::Session, Status> {
+        self.deps
+            .store
+            .clone()
+            .get_session(spb::GetSessionRequest { session_id })
+            .await
+            .map(Response::into_inner)
+            .map_err(|s| store_status(&self.deps.store_url, s))
+    }
+}
+
+/// Checks an input from a client and turns it into a [`SubmitInput`].
+fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
+    let kind = input
+        .and_then(|i| i.kind)
+        .ok_or_else(|| Status::invalid_argument("the input is empty: set user_message, approval or cancel"))?;
+    match kind {
+        pb::input::Kind::UserMessage(m) => {
+            if m.text.trim().is_empty() {
+                return Err(Status::invalid_argument("the message is empty"));
+            }
+            if m.text.len() > MAX_MESSAGE_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "the message is {} bytes; at most {MAX_MESSAGE_BYTES} are accepted",
+                    m.text.len()
+                )));
+            }
+            Ok(SubmitInput::User { text: m.text })
+        }
+        pb::input::Kind::Cancel(c) => Ok(SubmitInput::Cancel { reason: c.reason }),
+        pb::input::Kind::Approval(a) => Err(Status::failed_precondition(format!(
+            "no approval is pending for call {:?}",
+            a.call_id
+        ))),
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Orchestrator for OrchestratorService {
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<spb::Session>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(self.create(req.session_id, req.title).await?))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<spb::Session>, Status> {
+        Ok(Response::new(self.get(request.into_inner().session_id).await?))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<spb::ListSessionsRequest>,
+    ) -> Result<Response<spb::ListSessionsResponse>, Status> {
+        self.deps
+            .store
+            .clone()
+            .list_sessions(request.into_inner())
+            .await
+            .map_err(|s| store_status(&self.deps.store_url, s))
+    }
+
+    async fn submit(
+        &self,
+        request: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
+        let req = request.into_inner();
+        let input = parse_input(req.input)?;
+        let submitted = self.submit_input(&req.session_id, input).await?;
+        Ok(Response::new(pb::SubmitResponse {
+            turn_id: submitted.turn_id,
+            seq: submitted.seq,
+        }))
+    }
+
+    type SubscribeStream = BoxStream<spb::Event>;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let req = request.into_inner();
+        let events = self.watch(req.session_id, req.from_seq).await?;
+        Ok(Response::new(Box::pin(events)))
+    }
+
+    type ChatStream = BoxStream<pb::ChatResponse>;
+
+    async fn chat(
+        &self,
+        request: Request<Streaming<pb::ChatRequest>>,
+    ) -> Result<Response<Self::ChatStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the chat stream closed before attaching"))?;
+        let Some(pb::chat_request::Kind::Attach(attach)) = first.kind else {
+            return Err(Status::invalid_argument(
+                "the first message of a chat stream must be `attach`",
+            ));
+        };
+        let session = match (attach.create, attach.session_id.is_empty()) {
+            (true, true) => self.create(String::new(), String::new()).await?,
+            (true, false) => match self.get(attach.session_id.clone()).await {
+                Err(status) if status.code() == tonic::Code::NotFound => {
+                    self.create(attach.session_id, String::new()).await?
+                }
+                other => other?,
+            },
+            (false, _) => self.get(attach.session_id).await?,
+        };
+        let events = self.watch(session.id.clone(), attach.from_seq).await?;
+        let (tx, rx) = mpsc::channel(256);
+        let _ = tx
+            .send(Ok(pb::ChatResponse {
+                kind: Some(pb::chat_response::Kind::Attached(session.clone())),
+            }))
+            .await;
+        // Forward the session's events.
+        let events_tx = tx.clone();
+        tokio::spawn(async move {
+            let mut events = events;
+            while let Some(item) = events.next().await {
+                let message = item.map(|event| pb::ChatResponse {
+                    kind: Some(pb::chat_response::Kind::Event(event)),
+                });
+                if events_tx.send(message).await.is_err() {
+                    return;
+                }
+            }
+        });
+        // Take inputs until the client closes its side.
+        let this = self.clone();
+        let session_id = session.id;
+        tokio::spawn(async move {
+            while let Ok(Some(message)) = inbound.message().await {
+                let outcome = match message.kind {
+                    Some(pb::chat_request::Kind::Input(input)) => match parse_input(Some(input)) {
+                        Ok(input) => this.submit_input(&session_id, input).await.map(|_| ()),
+                        Err(status) => Err(status),
+                    },
+                    Some(pb::chat_request::Kind::Attach(_)) => Err(Status::invalid_argument(
+                        "this chat stream is already attached",
+                    )),
+                    None => Err(Status::invalid_argument("empty chat message")),
+                };
+                if let Err(status) = outcome {
+                    let rejected = pb::ChatResponse {
+                        kind: Some(pb::chat_response::Kind::Rejected(pb::InputRejected {
+                            code: status.code() as i32,
+                            message: status.message().to_string(),
+                        })),
+                    };
+                    if tx.send(Ok(rejected)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        let specs = self
+            .deps
+            .tools
+            .clone()
+            .list_tools(agentry_proto::tools::v1::ListToolsRequest {})
+            .await
+            .map_err(|s| {
+                Status::unavailable(format!(
+                    "cannot list tools from the tool runner at {}: {}",
+                    self.deps.tool_runner_url,
+                    s.message()
+                ))
+            })?
+            .into_inner();
+        let tools = specs
+            .tools
+            .into_iter()
+            .map(|t| pb::ToolInfo {
+                name: t.name,
+                description: t.description,
+                parameters_json_schema: t.parameters_json_schema,
+                read_only: t.read_only,
+                sensitive: t.sensitive,
+            })
+            .collect();
+        Ok(Response::new(pb::ListToolsResponse { tools }))
+    }
+}

@@ -1,0 +1,592 @@
+//! Layered configuration: built-in defaults ← `config/default.toml` ←
+//! `config/local.toml` ← `AGENTRY_*` environment variables, later wins.
+//!
+//! Every layer is parsed and checked on its own, so an error names the file
+//! (or variable), the key and the reason.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The defaults, compiled in so the binaries work without a config directory.
+pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
+/// The default system instructions, compiled in for the same reason.
+pub const DEFAULT_SYSTEM_PROMPT: &str = include_str!("../../../config/default_system.md");
+
+/// A configuration problem, reported at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A file could not be read.
+    #[error("cannot read config file {path}: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A file (or the built-in defaults) is not valid.
+    #[error("invalid config in {source_name}: {reason}")]
+    Invalid {
+        /// The file or layer name.
+        source_name: String,
+        /// What is wrong, with the key where known.
+        reason: String,
+    },
+    /// An environment variable has a bad value.
+    #[error("invalid value for {var}={value:?}: {reason}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// Its value (never printed for secrets).
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The resolved configuration of every service.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where sessions, reminders and workspaces are kept; empty for the default.
+    #[serde(default)]
+    pub data_dir: String,
+    /// The model server.
+    pub llm: LlmConfig,
+    /// The agent loop.
+    pub agent: AgentConfig,
+    /// The orchestrator service.
+    pub orchestrator: Endpoint,
+    /// The session store service.
+    pub session_store: Endpoint,
+    /// The tool runner service.
+    pub tool_runner: ToolRunnerConfig,
+    /// The scheduler service.
+    pub scheduler: Endpoint,
+    /// Logging.
+    pub log: LogConfig,
+    /// The directory the files were read from, if any.
+    #[serde(skip)]
+    pub config_dir: Option<PathBuf>,
+}
+
+/// The model server.
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// OpenAI-compatible base URL, e.g. `http://localhost:11434/v1`.
+    pub base_url: String,
+    /// The model name sent with each request.
+    pub model: String,
+    /// Bearer token; empty for none.
+    #[serde(default)]
+    pub api_key: String,
+    /// Longest a model call may take.
+    pub request_timeout_secs: u64,
+    /// Longest connecting may take.
+    pub connect_timeout_secs: u64,
+    /// Sampling temperature, when set.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+}
+
+impl std::fmt::Debug for LlmConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &if self.api_key.is_empty() { "" } else { "<redacted>" })
+            .field("request_timeout_secs", &self.request_timeout_secs)
+            .field("connect_timeout_secs", &self.connect_timeout_secs)
+            .field("temperature", &self.temperature)
+            .finish()
+    }
+}
+
+/// The agent loop.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Model calls allowed in one turn.
+    pub max_steps: u32,
+}
+
+/// Where a service listens and where others reach it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    /// The socket address the service binds.
+    pub listen: SocketAddr,
+    /// The URL clients dial.
+    pub url: String,
+}
+
+/// The tool runner.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ToolRunnerConfig {
+    /// The socket address the service binds.
+    pub listen: SocketAddr,
+    /// The URL the orchestrator dials.
+    pub url: String,
+    /// Root of the session workspaces; empty for `<data_dir>/workspaces`.
+    #[serde(default)]
+    pub workspace_root: String,
+    /// Default shell timeout.
+    pub default_timeout_secs: u64,
+    /// Largest shell timeout a call may ask for.
+    pub max_timeout_secs: u64,
+    /// Largest tool output kept, in bytes.
+    pub max_output_bytes: usize,
+    /// Largest file `read_file` returns, in bytes.
+    pub max_read_bytes: u64,
+}
+
+/// Log output.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where to look for configuration, and the environment to apply.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    /// The config directory; `None` reads no files (built-in defaults only).
+    pub dir: Option<PathBuf>,
+    /// Environment variables to apply (tests pass their own map; binaries
+    /// pass the process environment).
+    pub env: BTreeMap<String, String>,
+}
+
+impl ConfigSource {
+    /// The directory from `AGENTRY_CONFIG_DIR`, else `./config` when it
+    /// exists, with the process environment.
+    pub fn from_process(dir_override: Option<PathBuf>) -> Self {
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        let dir = dir_override
+            .or_else(|| env.get("AGENTRY_CONFIG_DIR").map(PathBuf::from))
+            .or_else(|| {
+                let local = PathBuf::from("config");
+                local.is_dir().then_some(local)
+            });
+        Self { dir, env }
+    }
+}
+
+/// Environment variables and the key each one sets.
+const ENV_KEYS: &[(&str, &[&str])] = &[
+    ("AGENTRY_DATA_DIR", &["data_dir"]),
+    ("AGENTRY_LLM_BASE_URL", &["llm", "base_url"]),
+    ("AGENTRY_LLM_MODEL", &["llm", "model"]),
+    ("AGENTRY_LLM_API_KEY", &["llm", "api_key"]),
+    ("AGENTRY_MAX_STEPS", &["agent", "max_steps"]),
+    ("AGENTRY_ORCHESTRATOR_URL", &["orchestrator", "url"]),
+    ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
+    ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
+    ("AGENTRY_SESSION_STORE_LISTEN", &["session_store", "listen"]),
+    ("AGENTRY_TOOL_RUNNER_URL", &["tool_runner", "url"]),
+    ("AGENTRY_TOOL_RUNNER_LISTEN", &["tool_runner", "listen"]),
+    ("AGENTRY_WORKSPACE_ROOT", &["tool_runner", "workspace_root"]),
+    ("AGENTRY_SCHEDULER_URL", &["scheduler", "url"]),
+    ("AGENTRY_SCHEDULER_LISTEN", &["scheduler", "listen"]),
+    ("AGENTRY_LOG_FORMAT", &["log", "format"]),
+];
+
+impl Config {
+    /// Resolves the configuration from its layers.
+    pub fn load(source: &ConfigSource) -> Result<Config, ConfigError> {
+        let mut merged = parse_layer("built-in defaults", DEFAULT_TOML)?;
+        check_layer("built-in defaults", &merged)?;
+        if let Some(dir) = &source.dir {
+            for name in ["default.toml", "local.toml"] {
+                let path = dir.join(name);
+                let text = match std::fs::read_to_string(&path) {
+                    Ok(text) => text,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        return Err(ConfigError::Read {
+                            path,
+                            reason: e.to_string(),
+                        });
+                    }
+                };
+                let label = path.display().to_string();
+                let layer = parse_layer(&label, &text)?;
+                // Check the layer over the defaults so that a layer may set
+                // only some keys, yet errors still name this file.
+                let mut candidate = merged.clone();
+                merge(&mut candidate, layer);
+                check_layer(&label, &candidate)?;
+                merged = candidate;
+            }
+        }
+        for (var, path) in ENV_KEYS {
+            let Some(value) = source.env.get(*var) else {
+                continue;
+            };
+            let mut candidate = merged.clone();
+            set_path(&mut candidate, path, env_value(&merged, path, value));
+            check_layer(var, &candidate).map_err(|e| ConfigError::Env {
+                var: (*var).to_string(),
+                value: if var.ends_with("_API_KEY") {
+                    "<redacted>".to_string()
+                } else {
+                    value.clone()
+                },
+                reason: match e {
+                    ConfigError::Invalid { reason, .. } => reason,
+                    other => other.to_string(),
+                },
+            })?;
+            merged = candidate;
+        }
+        let mut config = deserialize("merged configuration", &merged)?;
+        config.config_dir = source.dir.clone();
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+            source_name: "configuration".into(),
+            reason: format!("{key}: {reason}"),
+        };
+        if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://"))
+        {
+            return Err(invalid(
+                "llm.base_url",
+                &format!(
+                    "{:?} is not an http(s) URL (e.g. http://localhost:11434/v1)",
+                    self.llm.base_url
+                ),
+            ));
+        }
+        if self.llm.model.trim().is_empty() {
+            return Err(invalid("llm.model", "must not be empty"));
+        }
+        if self.agent.max_steps == 0 {
+            return Err(invalid("agent.max_steps", "must be at least 1"));
+        }
+        if self.tool_runner.default_timeout_secs == 0
+            || self.tool_runner.default_timeout_secs > self.tool_runner.max_timeout_secs
+        {
+            return Err(invalid(
+                "tool_runner.default_timeout_secs",
+                "must be between 1 and tool_runner.max_timeout_secs",
+            ));
+        }
+        for (key, url) in [
+            ("orchestrator.url", &self.orchestrator.url),
+            ("session_store.url", &self.session_store.url),
+            ("tool_runner.url", &self.tool_runner.url),
+            ("scheduler.url", &self.scheduler.url),
+        ] {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid(
+                    key,
+                    &format!("{url:?} is not an http(s) URL (e.g. http://127.0.0.1:50051)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The data directory, resolved.
+    pub fn data_dir(&self) -> PathBuf {
+        if !self.data_dir.is_empty() {
+            return PathBuf::from(&self.data_dir);
+        }
+        if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+            return PathBuf::from(xdg).join("agentry");
+        }
+        match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".local/share/agentry"),
+            None => PathBuf::from(".agentry"),
+        }
+    }
+
+    /// The root of the session workspaces, resolved.
+    pub fn workspace_root(&self) -> PathBuf {
+        if self.tool_runner.workspace_root.is_empty() {
+            self.data_dir().join("workspaces")
+        } else {
+            PathBuf::from(&self.tool_runner.workspace_root)
+        }
+    }
+
+    /// The system instructions: `system.md` in the config directory when
+    /// non-empty, else `default_system.md` there, else the built-in text.
+    pub fn system_prompt(&self) -> Result<String, ConfigError> {
+        let Some(dir) = &self.config_dir else {
+            return Ok(DEFAULT_SYSTEM_PROMPT.to_string());
+        };
+        for name in ["system.md", "default_system.md"] {
+            match read_optional(&dir.join(name))? {
+                Some(text) if !text.trim().is_empty() => return Ok(text),
+                _ => continue,
+            }
+        }
+        Ok(DEFAULT_SYSTEM_PROMPT.to_string())
+    }
+
+    /// The model call timeout.
+    pub fn llm_request_timeout(&self) -> Duration {
+        Duration::from_secs(self.llm.request_timeout_secs)
+    }
+}
+
+fn read_optional(path: &Path) -> Result<Option<String>, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ConfigError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn parse_layer(label: &str, text: &str) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>()
+        .map_err(|e| ConfigError::Invalid {
+            source_name: label.to_string(),
+            reason: describe_toml_error(&e, text),
+        })
+}
+
+fn check_layer(label: &str, table: &toml::Table) -> Result<(), ConfigError> {
+    deserialize(label, table).map(|_| ())
+}
+
+fn deserialize(label: &str, table: &toml::Table) -> Result<Config, ConfigError> {
+    let text = toml::to_string(table).map_err(|e| ConfigError::Invalid {
+        source_name: label.to_string(),
+        reason: e.to_string(),
+    })?;
+    toml::from_str::<Config>(&text).map_err(|e| ConfigError::Invalid {
+        source_name: label.to_string(),
+        reason: describe_toml_error(&e, &text),
+    })
+}
+
+/// Names the key an error is about, from the error's span in `text`.
+fn describe_toml_error(e: &toml::de::Error, text: &str) -> String {
+    let message = e.message().trim().to_string();
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let key = key_at(text, span.start);
+    match key {
+        Some(key) => format!("{key}: {message}"),
+        None => message,
+    }
+}
+
+/// The dotted key whose line contains byte offset `at`.
+fn key_at(text: &str, at: usize) -> Option<String> {
+    let mut table = String::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') && trimmed.ends_with(']') {
+            table = trimmed.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+        }
+        let end = offset + line.len();
+        if at >= offset && at < end.max(offset + 1) {
+            if let Some((key, _)) = trimmed.split_once('=') {
+                let key = key.trim();
+                return Some(if table.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{table}.{key}")
+                });
+            }
+            return (!table.is_empty()).then_some(table);
+        }
+        offset = end;
+    }
+    None
+}
+
+fn merge(base: &mut toml::Table, layer: toml::Table) {
+    for (key, value) in layer {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(base_table)), toml::Value::Table(layer_table)) => {
+                merge(base_table, layer_table);
+            }
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[&str], value: toml::Value) {
+    match path {
+        [] => {}
+        [last] => {
+            table.insert((*last).to_string(), value);
+        }
+        [first, rest @ ..] => {
+            let entry = table
+                .entry((*first).to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let toml::Value::Table(inner) = entry {
+                set_path(inner, rest, value);
+            }
+        }
+    }
+}
+
+/// Converts an environment string to the TOML type the key already has.
+fn env_value(table: &toml::Table, path: &[&str], raw: &str) -> toml::Value {
+    let mut current: Option<&toml::Value> = None;
+    let mut scope = table;
+    for (i, key) in path.iter().enumerate() {
+        match scope.get(*key) {
+            Some(toml::Value::Table(inner)) if i + 1 < path.len() => scope = inner,
+            Some(value) if i + 1 == path.len() => current = Some(value),
+            _ => break,
+        }
+    }
+    match current {
+        Some(toml::Value::Integer(_)) => raw
+            .trim()
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .unwrap_or_else(|_| toml::Value::String(raw.to_string())),
+        Some(toml::Value::Float(_)) => raw
+            .trim()
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .unwrap_or_else(|_| toml::Value::String(raw.to_string())),
+        Some(toml::Value::Boolean(_)) => match raw.trim() {
+            "true" | "1" | "yes" => toml::Value::Boolean(true),
+            "false" | "0" | "no" => toml::Value::Boolean(false),
+            _ => toml::Value::String(raw.to_string()),
+        },
+        _ => toml::Value::String(raw.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn source(dir: Option<&Path>, env: &[(&str, &str)]) -> ConfigSource {
+        ConfigSource {
+            dir: dir.map(Path::to_path_buf),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn defaults_load() {
+        let config = Config::load(&source(None, &[])).unwrap();
+        assert_eq!(config.llm.base_url, "http://localhost:11434/v1");
+        assert_eq!(config.agent.max_steps, 15);
+        assert_eq!(config.orchestrator.url, "http://127.0.0.1:50051");
+        assert_eq!(config.log.format, LogFormat::Text);
+    }
+
+    #[test]
+    fn layers_apply_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("default.toml"),
+            "[llm]\nmodel = \"from-default\"\nbase_url = \"http://a/v1\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("local.toml"),
+            "[llm]\nmodel = \"from-local\"\n[agent]\nmax_steps = 3\n",
+        )
+        .unwrap();
+        let config = Config::load(&source(
+            Some(dir.path()),
+            &[("AGENTRY_MAX_STEPS", "7"), ("AGENTRY_LLM_API_KEY", "sk-1")],
+        ))
+        .unwrap();
+        assert_eq!(config.llm.model, "from-local");
+        assert_eq!(config.llm.base_url, "http://a/v1");
+        assert_eq!(config.agent.max_steps, 7);
+        assert_eq!(config.llm.api_key, "sk-1");
+        assert!(!format!("{config:?}").contains("sk-1"));
+    }
+
+    #[test]
+    fn bad_file_names_file_key_and_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("local.toml"), "[agent]\nmax_steps = \"many\"\n").unwrap();
+        let err = Config::load(&source(Some(dir.path()), &[])).unwrap_err().to_string();
+        assert!(err.contains("local.toml"), "{err}");
+        assert!(err.contains("max_steps"), "{err}");
+        assert!(err.contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn unknown_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("default.toml"), "[llm]\nmodle = \"x\"\n").unwrap();
+        let err = Config::load(&source(Some(dir.path()), &[])).unwrap_err().to_string();
+        assert!(err.contains("default.toml"), "{err}");
+        assert!(err.contains("modle"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_is_reported_with_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("local.toml"), "[llm\n").unwrap();
+        let err = Config::load(&source(Some(dir.path()), &[])).unwrap_err().to_string();
+        assert!(err.contains("local.toml"), "{err}");
+    }
+
+    #[test]
+    fn bad_env_value_names_variable() {
+        let err = Config::load(&source(None, &[("AGENTRY_MAX_STEPS", "lots")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("AGENTRY_MAX_STEPS"), "{err}");
+        assert!(err.contains("lots"), "{err}");
+        let err = Config::load(&source(None, &[("AGENTRY_LLM_BASE_URL", "localhost:1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("llm.base_url"), "{err}");
+        let err = Config::load(&source(None, &[("AGENTRY_ORCHESTRATOR_LISTEN", "nowhere")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("AGENTRY_ORCHESTRATOR_LISTEN"), "{err}");
+    }
+
+    #[test]
+    fn system_prompt_prefers_non_empty_system_md() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+        assert_eq!(config.system_prompt().unwrap(), DEFAULT_SYSTEM_PROMPT);
+        std::fs::write(dir.path().join("default_system.md"), "default one").unwrap();
+        std::fs::write(dir.path().join("system.md"), "  \n").unwrap();
+        assert_eq!(config.system_prompt().unwrap(), "default one");
+        std::fs::write(dir.path().join("system.md"), "mine").unwrap();
+        assert_eq!(config.system_prompt().unwrap(), "mine");
+        config.config_dir = None;
+        assert_eq!(config.system_prompt().unwrap(), DEFAULT_SYSTEM_PROMPT);
+    }
+}

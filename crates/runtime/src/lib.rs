@@ -1,0 +1,10 @@
+//! What every Agentry service binary needs: layered configuration, logging
+//! set-up, and a gRPC server bootstrap with health, reflection and graceful
+//! shutdown.
+
+pub mod config;
+pub mod serve;
+pub mod telemetry;
+
+pub use config::{Config, ConfigError, ConfigSource};
+pub use serve::{ServeError, serve, shutdown_signal};

@@ -1,0 +1,121 @@
+//! The gRPC server bootstrap every service uses.
+
+use std::future::Future;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+
+/// How long open calls may take to finish once shutdown begins.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// Reflection could not be set up from the descriptor set.
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(String),
+    /// The transport failed.
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Binds `addr`, with a clear error when it is taken.
+pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|e| ServeError::Bind {
+        addr: addr.to_string(),
+        reason: if e.kind() == std::io::ErrorKind::AddrInUse {
+            "the address is already in use (is another Agentry running?)".to_string()
+        } else {
+            e.to_string()
+        },
+    })
+}
+
+/// Serves `routes` on `listener` together with `grpc.health.v1` (reporting
+/// each of `service_names` as SERVING) and server reflection, until
+/// `shutdown` completes; then stops accepting and drains open calls.
+pub async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    service_names: &[&str],
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    for name in service_names {
+        reporter
+            .set_service_status(*name, ServingStatus::Serving)
+            .await;
+    }
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(agentry_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let local = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    tracing::info!(addr = %local, services = ?service_names, "serving gRPC");
+    let (stopping_tx, stopping) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::builder()
+        .add_routes(routes)
+        .add_service(health)
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            shutdown.await;
+            let _ = stopping_tx.send(());
+        });
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => result?,
+        () = async {
+            // Only reached after shutdown began: give open calls a grace period.
+            if stopping.await.is_ok() {
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(addr = %local, grace_secs = SHUTDOWN_GRACE.as_secs(), "open calls did not finish in time; closing them");
+        }
+    }
+    tracing::info!(addr = %local, "gRPC server stopped");
+    Ok(())
+}
+
+/// Completes on Ctrl+C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("interrupt received, shutting down"),
+        () = term => tracing::info!("SIGTERM received, shutting down"),
+    }
+}

@@ -1,0 +1,60 @@
+//! The session store: sessions and their append-only event logs in SQLite,
+//! served over gRPC (`agentry.sessions.v1.SessionStore`).
+
+pub mod service;
+pub mod store;
+
+pub use service::SessionStoreService;
+pub use store::{Store, StoreError};
+
+use agentry_proto::sessions::v1::session_store_server::SessionStoreServer;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::service::Routes;
+
+/// The file name of the store's database inside the data directory.
+pub const DB_FILE: &str = "sessions.db";
+
+/// Opens the store under `data_dir` and serves it on `listener` until `shutdown`.
+pub async fn run(
+    data_dir: &Path,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RunError> {
+    let path = data_dir.join(DB_FILE);
+    let store = tokio::task::spawn_blocking(move || Store::open(&path))
+        .await
+        .map_err(|e| RunError::Startup(e.to_string()))??;
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = closing_tx.send(true);
+    };
+    let service = SessionStoreServer::new(SessionStoreService::new(Arc::new(store), closing))
+        .max_decoding_message_size(64 * 1024 * 1024);
+    agentry_runtime::serve(
+        listener,
+        Routes::new(service),
+        &[SessionStoreServer::<SessionStoreService>::NAME],
+        shutdown,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Why the service stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Opening the store failed.
+    #[error("cannot open the session store: {0}")]
+    Store(#[from] StoreError),
+    /// Serving failed.
+    #[error(transparent)]
+    Serve(#[from] agentry_runtime::ServeError),
+    /// The opening task died.
+    #[error("session store start-up failed: {0}")]
+    Startup(String),
+}

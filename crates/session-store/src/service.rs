@@ -1,0 +1,243 @@
+//! The gRPC face of the store.
+
+use crate::store::{MAX_READ_EVENTS, Store, StoreError};
+use agentry_proto::sessions::v1 as pb;
+use agentry_proto::sessions::v1::session_store_server::SessionStore;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+/// Maps a store error to the gRPC status a client should see.
+pub fn status_of(e: StoreError) -> Status {
+    let retryable = e.is_retryable();
+    match e {
+        StoreError::NotFound(_) => Status::not_found(e.to_string()),
+        StoreError::AlreadyExists(_) => Status::already_exists(e.to_string()),
+        StoreError::Conflict { .. } => Status::failed_precondition(e.to_string()),
+        StoreError::InvalidArgument(_) => Status::invalid_argument(e.to_string()),
+        StoreError::Database(_) if retryable => Status::unavailable(e.to_string()),
+        StoreError::Database(_) | StoreError::Corrupt { .. } => Status::internal(e.to_string()),
+    }
+}
+
+/// Runs a blocking store call off the async threads.
+async fn blocking<T: Send + 'static>(
+    store: &Arc<Store>,
+    f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Status> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(|e| Status::internal(format!("store task failed: {e}")))?
+        .map_err(status_of)
+}
+
+/// The SessionStore gRPC service.
+#[derive(Clone)]
+pub struct SessionStoreService {
+    store: Arc<Store>,
+    closing: watch::Receiver<bool>,
+}
+
+impl SessionStoreService {
+    /// Serves `store`; open Watch streams end when `closing` turns true.
+    pub fn new(store: Arc<Store>, closing: watch::Receiver<bool>) -> Self {
+        Self { store, closing }
+    }
+}
+
+type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Event, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl SessionStore for SessionStoreService {
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let req = request.into_inner();
+        let session =
+            blocking(&self.store, move |s| s.create_session(&req.session_id, &req.title)).await?;
+        Ok(Response::new(session))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let id = request.into_inner().session_id;
+        Ok(Response::new(blocking(&self.store, move |s| s.get_session(&id)).await?))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let req = request.into_inner();
+        let (sessions, total) =
+            blocking(&self.store, move |s| s.list_sessions(req.limit, req.offset)).await?;
+        Ok(Response::new(pb::ListSessionsResponse { sessions, total }))
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let id = request.into_inner().session_id;
+        let deleted_events = blocking(&self.store, move |s| s.delete_session(&id)).await?;
+        Ok(Response::new(pb::DeleteSessionResponse { deleted_events }))
+    }
+
+    async fn fork_session(
+        &self,
+        request: Request<pb::ForkSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let req = request.into_inner();
+        let session = blocking(&self.store, move |s| {
+            s.fork_session(&req.session_id, req.up_to_seq, &req.new_session_id)
+        })
+        .await?;
+        Ok(Response::new(session))
+    }
+
+    async fn append(
+        &self,
+        request: Request<pb::AppendRequest>,
+    ) -> Result<Response<pb::AppendResponse>, Status> {
+        let req = request.into_inner();
+        let stored = blocking(&self.store, move |s| {
+            s.append(&req.session_id, req.expected_seq, req.events)
+        })
+        .await?;
+        let last_seq = stored.last().map(|e| e.seq).unwrap_or_default();
+        Ok(Response::new(pb::AppendResponse { last_seq }))
+    }
+
+    async fn read(
+        &self,
+        request: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
+        let req = request.into_inner();
+        let from = req.from_seq.max(1);
+        let (events, has_more) =
+            blocking(&self.store, move |s| s.read(&req.session_id, from, req.limit)).await?;
+        let next_seq = events.last().map(|e| e.seq + 1).unwrap_or(from);
+        Ok(Response::new(pb::ReadResponse {
+            events,
+            next_seq,
+            has_more,
+        }))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let req = request.into_inner();
+        // Subscribe before the first read so nothing committed in between is missed.
+        let live = self.store.subscribe();
+        let id = req.session_id.clone();
+        blocking(&self.store, move |s| s.get_session(&id)).await?;
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(watch_session(
+            self.store.clone(),
+            req.session_id,
+            req.from_seq.max(1),
+            live,
+            tx,
+            self.closing.clone(),
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Sends stored events from `next`, then live ones, with no gap or duplicate.
+async fn watch_session(
+    store: Arc<Store>,
+    session_id: String,
+    mut next: u64,
+    mut live: broadcast::Receiver<crate::store::Appended>,
+    tx: mpsc::Sender<Result<pb::Event, Status>>,
+    mut closing: watch::Receiver<bool>,
+) {
+    if catch_up(&store, &session_id, &mut next, &tx).await.is_err() {
+        return;
+    }
+    loop {
+        let batch = tokio::select! {
+            batch = live.recv() => batch,
+            () = tx.closed() => return,
+            () = closing_requested(&mut closing) => {
+                let _ = tx.send(Err(Status::unavailable("the session store is shutting down"))).await;
+                return;
+            }
+        };
+        match batch {
+            Ok(batch) => {
+                for e in batch.iter().filter(|e| e.session_id == session_id) {
+                    if e.seq < next {
+                        continue;
+                    }
+                    if e.seq > next {
+                        // Missed something: read it from the log.
+                        if catch_up(&store, &session_id, &mut next, &tx).await.is_err() {
+                            return;
+                        }
+                        if e.seq < next {
+                            continue;
+                        }
+                    }
+                    if tx.send(Ok(e.clone())).await.is_err() {
+                        return;
+                    }
+                    next = e.seq + 1;
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                if catch_up(&store, &session_id, &mut next, &tx).await.is_err() {
+                    return;
+                }
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+async fn catch_up(
+    store: &Arc<Store>,
+    session_id: &str,
+    next: &mut u64,
+    tx: &mpsc::Sender<Result<pb::Event, Status>>,
+) -> Result<(), ()> {
+    loop {
+        let id = session_id.to_string();
+        let from = *next;
+        let page = blocking(store, move |s| s.read(&id, from, MAX_READ_EVENTS)).await;
+        let (events, more) = match page {
+            Ok(page) => page,
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                return Err(());
+            }
+        };
+        for e in events {
+            *next = e.seq + 1;
+            if tx.send(Ok(e)).await.is_err() {
+                return Err(());
+            }
+        }
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+/// Completes once the service starts closing (never, if nobody can close it).
+async fn closing_requested(closing: &mut watch::Receiver<bool>) {
+    if closing.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}

@@ -1,0 +1,624 @@
+//! The SQLite event store: sessions plus an append-only, gap-free event log
+//! per session. Appends are durable (`synchronous=FULL` in WAL mode) before
+//! they return.
+
+use agentry_proto::sessions::v1::{Event, Session, event};
+use prost::Message;
+use rusqlite::{Connection, OptionalExtension, params};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::broadcast;
+
+/// The longest title or preview kept, in characters.
+const PREVIEW_CHARS: usize = 120;
+/// The most events one `append` may carry.
+pub const MAX_APPEND_EVENTS: usize = 10_000;
+/// The most events one `read` returns.
+pub const MAX_READ_EVENTS: u32 = 10_000;
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The session does not exist.
+    #[error("session {0:?} not found")]
+    NotFound(String),
+    /// The session already exists.
+    #[error("session {0:?} already exists")]
+    AlreadyExists(String),
+    /// An append did not start at the log's next seq.
+    #[error(
+        "append to session {session_id:?} expected next seq {expected} but the log's next seq is {actual}"
+    )]
+    Conflict {
+        /// The session.
+        session_id: String,
+        /// The seq the caller expected.
+        expected: u64,
+        /// The log's actual next seq.
+        actual: u64,
+    },
+    /// The request is malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// SQLite failed.
+    #[error("database error: {0}")]
+    Database(#[from] rusqlite::Error),
+    /// A stored event could not be decoded.
+    #[error("stored event {session_id}/{seq} is corrupt: {reason}")]
+    Corrupt {
+        /// The session.
+        session_id: String,
+        /// The seq.
+        seq: u64,
+        /// The decode error.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same call may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Database(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ),
+            StoreError::Database(_) => false,
+            StoreError::NotFound(_)
+            | StoreError::AlreadyExists(_)
+            | StoreError::Conflict { .. }
+            | StoreError::InvalidArgument(_)
+            | StoreError::Corrupt { .. } => false,
+        }
+    }
+}
+
+/// Events appended in one call, broadcast to watchers after commit.
+pub type Appended = Arc<Vec<Event>>;
+
+/// The store. Cheap to share behind an `Arc`; every method blocks on SQLite,
+/// so async callers run them on a blocking thread.
+pub struct Store {
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
+    appended: broadcast::Sender<Appended>,
+}
+
+/// Checks a session id: 1–64 letters, digits, `-` or `_`.
+pub fn validate_session_id(id: &str) -> Result<(), StoreError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidArgument(format!(
+            "invalid session id {id:?}: use 1-64 letters, digits, '-' or '_'"
+        )))
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Milliseconds since the epoch as a protobuf timestamp.
+pub fn timestamp_from_ms(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+fn ms_from_timestamp(ts: &prost_types::Timestamp) -> i64 {
+    ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000)
+}
+
+/// The stable name of an event's kind, kept in its own column.
+pub fn kind_name(kind: &event::Kind) -> &'static str {
+    match kind {
+        event::Kind::UserMessage(_) => "user_message",
+        event::Kind::ModelTextDelta(_) => "model_text_delta",
+        event::Kind::ModelMessage(_) => "model_message",
+        event::Kind::ToolCallRequested(_) => "tool_call_requested",
+        event::Kind::ApprovalRequested(_) => "approval_requested",
+        event::Kind::ApprovalDecided(_) => "approval_decided",
+        event::Kind::ToolOutputChunk(_) => "tool_output_chunk",
+        event::Kind::ToolResult(_) => "tool_result",
+        event::Kind::ReminderDue(_) => "reminder_due",
+        event::Kind::Error(_) => "error",
+        event::Kind::TurnFinished(_) => "turn_finished",
+        event::Kind::CancelRequested(_) => "cancel_requested",
+    }
+}
+
+fn preview_of(text: &str) -> String {
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let mut out: String = line.chars().take(PREVIEW_CHARS).collect();
+    if line.chars().count() > PREVIEW_CHARS {
+        out.push('…');
+    }
+    out
+}
+
+const SESSION_COLUMNS: &str =
+    "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from";
+
+fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
+    Ok(Session {
+        id: row.get(0)?,
+        title: row.get(1)?,
+        created_at: Some(timestamp_from_ms(row.get(2)?)),
+        updated_at: Some(timestamp_from_ms(row.get(3)?)),
+        event_count: row.get::<_, i64>(4)? as u64,
+        user_message_count: row.get::<_, i64>(5)? as u64,
+        preview: row.get(6)?,
+        forked_from: row.get(7)?,
+    })
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::InvalidArgument(format!(
+                    "cannot create data directory {}: {e}",
+                    parent.display()
+                ))
+            })?;
+        }
+        let writer = Connection::open(path)?;
+        writer.busy_timeout(std::time::Duration::from_secs(5))?;
+        writer.pragma_update(None, "journal_mode", "WAL")?;
+        writer.pragma_update(None, "synchronous", "FULL")?;
+        writer.pragma_update(None, "foreign_keys", "ON")?;
+        writer.execute_batch(
+            "CREATE TABLE IF NOT EXISTS sessions (
+                id TEXT PRIMARY KEY,
+                title TEXT NOT NULL DEFAULT '',
+                created_ms INTEGER NOT NULL,
+                updated_ms INTEGER NOT NULL,
+                event_count INTEGER NOT NULL DEFAULT 0,
+                user_message_count INTEGER NOT NULL DEFAULT 0,
+                preview TEXT NOT NULL DEFAULT '',
+                forked_from TEXT NOT NULL DEFAULT ''
+            );
+            CREATE INDEX IF NOT EXISTS sessions_by_update ON sessions(updated_ms DESC, id);
+            CREATE TABLE IF NOT EXISTS events (
+                session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+                seq INTEGER NOT NULL,
+                kind TEXT NOT NULL,
+                turn_id TEXT NOT NULL,
+                time_ms INTEGER NOT NULL,
+                body BLOB NOT NULL,
+                PRIMARY KEY (session_id, seq)
+            ) WITHOUT ROWID;
+            PRAGMA user_version = 1;",
+        )?;
+        let reader = Connection::open(path)?;
+        reader.busy_timeout(std::time::Duration::from_secs(5))?;
+        let (appended, _) = broadcast::channel(1024);
+        Ok(Store {
+            writer: Mutex::new(writer),
+            reader: Mutex::new(reader),
+            appended,
+        })
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Connection> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn reader(&self) -> MutexGuard<'_, Connection> {
+        self.reader.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Receives every batch of events appended after this call, in commit order.
+    pub fn subscribe(&self) -> broadcast::Receiver<Appended> {
+        self.appended.subscribe()
+    }
+
+    /// Creates a session with `id` (generated when empty).
+    pub fn create_session(&self, id: &str, title: &str) -> Result<Session, StoreError> {
+        let id = if id.is_empty() {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            validate_session_id(id)?;
+            id.to_string()
+        };
+        let now = now_ms();
+        let title = preview_of(title);
+        let conn = self.writer();
+        let inserted = conn.execute(
+            "INSERT INTO sessions (id, title, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?3)
+             ON CONFLICT(id) DO NOTHING",
+            params![id, title, now],
+        )?;
+        if inserted == 0 {
+            return Err(StoreError::AlreadyExists(id));
+        }
+        Self::session_in(&conn, &id)
+    }
+
+    fn session_in(conn: &Connection, id: &str) -> Result<Session, StoreError> {
+        conn.query_row(
+            &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
+            [id],
+            session_from_row,
+        )
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
+    /// Returns one session.
+    pub fn get_session(&self, id: &str) -> Result<Session, StoreError> {
+        Self::session_in(&self.reader(), id)
+    }
+
+    /// Lists sessions, most recently updated first, with the total count.
+    pub fn list_sessions(&self, limit: u32, offset: u32) -> Result<(Vec<Session>, u64), StoreError> {
+        let limit = match limit {
+            0 => 50,
+            n => n.min(1000),
+        };
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY updated_ms DESC, id DESC LIMIT ?1 OFFSET ?2"
+        ))?;
+        let sessions = stmt
+            .query_map(params![limit, offset], session_from_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        let total: i64 = conn.query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))?;
+        Ok((sessions, total as u64))
+    }
+
+    /// Deletes a session and its log; returns how many events went with it.
+    pub fn delete_session(&self, id: &str) -> Result<u64, StoreError> {
+        let mut conn = self.writer();
+        let tx = conn.transaction()?;
+        let count: Option<i64> = tx
+            .query_row("SELECT event_count FROM sessions WHERE id = ?1", [id], |r| r.get(0))
+            .optional()?;
+        let Some(count) = count else {
+            return Err(StoreError::NotFound(id.to_string()));
+        };
+        tx.execute("DELETE FROM events WHERE session_id = ?1", [id])?;
+        tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+        tx.commit()?;
+        Ok(count as u64)
+    }
+
+    /// Copies a session's events up to `up_to_seq` (0: all) into a new session.
+    pub fn fork_session(
+        &self,
+        id: &str,
+        up_to_seq: u64,
+        new_id: &str,
+    ) -> Result<Session, StoreError> {
+        let new_id = if new_id.is_empty() {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            validate_session_id(new_id)?;
+            new_id.to_string()
+        };
+        let mut conn = self.writer();
+        let tx = conn.transaction()?;
+        let source = Self::session_in(&tx, id)?;
+        let last = if up_to_seq == 0 {
+            source.event_count
+        } else if up_to_seq > source.event_count {
+            return Err(StoreError::InvalidArgument(format!(
+                "cannot fork session {id:?} at seq {up_to_seq}: its log ends at seq {}",
+                source.event_count
+            )));
+        } else {
+            up_to_seq
+        };
+        let now = now_ms();
+        let inserted = tx.execute(
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from)
+             VALUES (?1, ?2, ?3, ?3, ?4) ON CONFLICT(id) DO NOTHING",
+            params![new_id, source.title, now, id],
+        )?;
+        if inserted == 0 {
+            return Err(StoreError::AlreadyExists(new_id));
+        }
+        let events = Self::read_in(&tx, id, 1, last)?;
+        let renamed: Vec<Event> = events
+            .into_iter()
+            .map(|mut e| {
+                e.session_id = new_id.clone();
+                e
+            })
+            .collect();
+        Self::insert_events(&tx, &new_id, 0, &renamed, now)?;
+        let session = Self::session_in(&tx, &new_id)?;
+        tx.commit()?;
+        Ok(session)
+    }
+
+    /// Appends `events` at seq `expected_seq`.. atomically and durably, and
+    /// returns them as stored (with session id and seq set).
+    pub fn append(
+        &self,
+        session_id: &str,
+        expected_seq: u64,
+        mut events: Vec<Event>,
+    ) -> Result<Vec<Event>, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::InvalidArgument(
+                "append needs at least one event".into(),
+            ));
+        }
+        if events.len() > MAX_APPEND_EVENTS {
+            return Err(StoreError::InvalidArgument(format!(
+                "append carries {} events; at most {MAX_APPEND_EVENTS} per call",
+                events.len()
+            )));
+        }
+        if let Some(i) = events.iter().position(|e| e.kind.is_none()) {
+            return Err(StoreError::InvalidArgument(format!(
+                "event {i} of the append has no kind"
+            )));
+        }
+        let now = now_ms();
+        let mut conn = self.writer();
+        let tx = conn.transaction()?;
+        let count: Option<i64> = tx
+            .query_row(
+                "SELECT event_count FROM sessions WHERE id = ?1",
+                [session_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(count) = count else {
+            return Err(StoreError::NotFound(session_id.to_string()));
+        };
+        let actual = count as u64 + 1;
+        if expected_seq != actual {
+            return Err(StoreError::Conflict {
+                session_id: session_id.to_string(),
+                expected: expected_seq,
+                actual,
+            });
+        }
+        for (i, e) in events.iter_mut().enumerate() {
+            e.session_id = session_id.to_string();
+            e.seq = actual + i as u64;
+            if e.time.is_none() {
+                e.time = Some(timestamp_from_ms(now));
+            }
+        }
+        Self::insert_events(&tx, session_id, count as u64, &events, now)?;
+        tx.commit()?;
+        drop(conn);
+        let events = Arc::new(events);
+        // No watcher is fine: the send fails only when nobody listens.
+        let _ = self.appended.send(events.clone());
+        Ok(Arc::unwrap_or_clone(events))
+    }
+
+    fn insert_events(
+        tx: &Connection,
+        session_id: &str,
+        count_before: u64,
+        events: &[Event],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut user_messages = 0i64;
+        let mut first_user_text: Option<&str> = None;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO events (session_id, seq, kind, turn_id, time_ms, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            for e in events {
+                let Some(kind) = &e.kind else { continue };
+                if let event::Kind::UserMessage(m) = kind {
+                    user_messages += 1;
+                    first_user_text.get_or_insert(m.text.as_str());
+                }
+                let time = e.time.as_ref().map(ms_from_timestamp).unwrap_or(now);
+                insert.execute(params![
+                    session_id,
+                    e.seq as i64,
+                    kind_name(kind),
+                    e.turn_id,
+                    time,
+                    e.encode_to_vec()
+                ])?;
+            }
+        }
+        let preview = first_user_text.map(preview_of).unwrap_or_default();
+        tx.execute(
+            "UPDATE sessions SET
+                event_count = ?2,
+                updated_ms = ?3,
+                user_message_count = user_message_count + ?4,
+                preview = CASE WHEN preview = '' THEN ?5 ELSE preview END,
+                title = CASE WHEN title = '' THEN ?5 ELSE title END
+             WHERE id = ?1",
+            params![
+                session_id,
+                (count_before + events.len() as u64) as i64,
+                now,
+                user_messages,
+                preview
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Reads up to `limit` events from `from_seq`; returns them and whether
+    /// more follow.
+    pub fn read(
+        &self,
+        session_id: &str,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<(Vec<Event>, bool), StoreError> {
+        let limit = match limit {
+            0 => 1000,
+            n => n.min(MAX_READ_EVENTS),
+        };
+        let from = from_seq.max(1);
+        let conn = self.reader();
+        let session = Self::session_in(&conn, session_id)?;
+        let to = session.event_count.min(from.saturating_add(u64::from(limit)) - 1);
+        let events = Self::read_in(&conn, session_id, from, to)?;
+        Ok((events, to < session.event_count))
+    }
+
+    fn read_in(
+        conn: &Connection,
+        session_id: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        if from > to {
+            return Ok(Vec::new());
+        }
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, body FROM events WHERE session_id = ?1 AND seq BETWEEN ?2 AND ?3 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map(params![session_id, from as i64, to as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+        })?;
+        let mut events = Vec::new();
+        for row in rows {
+            let (seq, body) = row?;
+            let event = Event::decode(body.as_slice()).map_err(|e| StoreError::Corrupt {
+                session_id: session_id.to_string(),
+                seq: seq as u64,
+                reason: e.to_string(),
+            })?;
+            events.push(event);
+        }
+        Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use agentry_proto::sessions::v1::{ModelTextDelta, UserMessage};
+    use pretty_assertions::assert_eq;
+
+    fn user(text: &str) -> Event {
+        Event {
+            turn_id: "t1".into(),
+            kind: Some(event::Kind::UserMessage(UserMessage { text: text.into() })),
+            ..Default::default()
+        }
+    }
+
+    fn delta(text: &str) -> Event {
+        Event {
+            turn_id: "t1".into(),
+            kind: Some(event::Kind::ModelTextDelta(ModelTextDelta { text: text.into() })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn append_assigns_gap_free_seqs_and_enforces_expected_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        store.create_session("s1", "").unwrap();
+        let stored = store.append("s1", 1, vec![user("hello"), delta("hi")]).unwrap();
+        assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2]);
+        assert!(stored.iter().all(|e| e.session_id == "s1" && e.time.is_some()));
+        let err = store.append("s1", 2, vec![delta("x")]).unwrap_err();
+        assert!(matches!(err, StoreError::Conflict { expected: 2, actual: 3, .. }), "{err}");
+        let err = store.append("s1", 4, vec![delta("x")]).unwrap_err();
+        assert!(matches!(err, StoreError::Conflict { expected: 4, actual: 3, .. }), "{err}");
+        store.append("s1", 3, vec![delta("!")]).unwrap();
+        let (events, more) = store.read("s1", 2, 0).unwrap();
+        assert!(!more);
+        assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2, 3]);
+        let (page, more) = store.read("s1", 1, 2).unwrap();
+        assert_eq!(page.len(), 2);
+        assert!(more);
+    }
+
+    #[test]
+    fn bad_appends_are_refused_and_store_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        store.create_session("s1", "").unwrap();
+        assert!(matches!(
+            store.append("nope", 1, vec![user("x")]).unwrap_err(),
+            StoreError::NotFound(_)
+        ));
+        assert!(matches!(
+            store.append("s1", 1, vec![]).unwrap_err(),
+            StoreError::InvalidArgument(_)
+        ));
+        let no_kind = Event::default();
+        assert!(matches!(
+            store.append("s1", 1, vec![user("a"), no_kind]).unwrap_err(),
+            StoreError::InvalidArgument(_)
+        ));
+        assert_eq!(store.get_session("s1").unwrap().event_count, 0);
+        assert!(matches!(
+            store.create_session("bad id!", "").unwrap_err(),
+            StoreError::InvalidArgument(_)
+        ));
+        assert!(matches!(
+            store.create_session("s1", "").unwrap_err(),
+            StoreError::AlreadyExists(_)
+        ));
+    }
+
+    #[test]
+    fn data_survives_reopen_and_listing_is_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let store = Store::open(&path).unwrap();
+            store.create_session("a", "").unwrap();
+            store.create_session("b", "Given title").unwrap();
+            store.append("a", 1, vec![user("first question\nmore")]).unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let (sessions, total) = store.list_sessions(0, 0).unwrap();
+        assert_eq!(total, 2);
+        assert_eq!(sessions[0].id, "a");
+        assert_eq!(sessions[0].title, "first question");
+        assert_eq!(sessions[0].preview, "first question");
+        assert_eq!(sessions[0].user_message_count, 1);
+        assert_eq!(sessions[0].event_count, 1);
+        assert_eq!(sessions[1].title, "Given title");
+        let (events, _) = store.read("a", 0, 0).unwrap();
+        assert_eq!(events, vec![Event { seq: 1, session_id: "a".into(), ..events[0].clone() }]);
+    }
+
+    #[test]
+    fn delete_and_fork() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        store.create_session("a", "").unwrap();
+        store.append("a", 1, vec![user("q"), delta("x"), delta("y")]).unwrap();
+        let fork = store.fork_session("a", 2, "f").unwrap();
+        assert_eq!(fork.event_count, 2);
+        assert_eq!(fork.forked_from, "a");
+        let (events, _) = store.read("f", 1, 0).unwrap();
+        assert!(events.iter().all(|e| e.session_id == "f"));
+        assert!(matches!(
+            store.fork_session("a", 9, "g").unwrap_err(),
+            StoreError::InvalidArgument(_)
+        ));
+        assert_eq!(store.delete_session("a").unwrap(), 3);
+        assert!(matches!(store.get_session("a").unwrap_err(), StoreError::NotFound(_)));
+        assert!(matches!(store.read("a", 1, 0).unwrap_err(), StoreError::NotFound(_)));
+        assert_eq!(store.read("f", 1, 0).unwrap().0.len(), 2);
+    }
+}

@@ -1,0 +1,223 @@
+//! `agentry-fake-model [--listen 127.0.0.1:PORT] [--script FILE.json]`
+//!
+//! Runs the testkit's fake OpenAI-compatible model server until killed. Without `--script` it
+//! echoes the last user message; with it, it cycles through the replies of the JSON file, an
+//! array whose items are one of:
+//!
+//! ```json
+//! {"text": "Hello!"}
+//! {"tool_call": {"name": "read_file", "arguments": {"path": "a.txt"}, "id": "call_1"}}
+//! {"error": {"status": 503, "message": "overloaded"}}
+//! ```
+//!
+//! (`id` is optional.) Prints `listening on http://ADDR/v1` once ready.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use agentry_testkit::fake_model::{FakeModel, Fallback, Reply};
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+const USAGE: &str = "usage: agentry-fake-model [--listen 127.0.0.1:PORT] [--script FILE.json]";
+
+struct Args {
+    listen: SocketAddr,
+    script: Option<PathBuf>,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<Args>> {
+    let mut parsed = Args {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        script: None,
+    };
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_string(), Some(value.to_string()))
+            }
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| -> anyhow::Result<String> {
+            match inline.clone().or_else(|| args.next()) {
+                Some(v) => Ok(v),
+                None => bail!("{name} needs a value\n{USAGE}"),
+            }
+        };
+        match flag.as_str() {
+            "--listen" => {
+                let v = value("--listen")?;
+                parsed.listen = v.parse().with_context(|| {
+                    format!("--listen: '{v}' is not an address like 127.0.0.1:8080")
+                })?;
+            }
+            "--script" => parsed.script = Some(PathBuf::from(value("--script")?)),
+            "-h" | "--help" => return Ok(None),
+            other => bail!("unknown argument '{other}'\n{USAGE}"),
+        }
+    }
+    Ok(Some(parsed))
+}
+
+fn parse_reply(n: usize, item: &Value) -> anyhow::Result<Reply> {
+    if let Some(text) = item.get("text") {
+        let text = text
+            .as_str()
+            .with_context(|| format!("reply {n}: \"text\" must be a string"))?;
+        return Ok(Reply::text(text));
+    }
+    if let Some(call) = item.get("tool_call") {
+        let name = call
+            .get("name")
+            .and_then(Value::as_str)
+            .with_context(|| format!("reply {n}: \"tool_call\" needs a string \"name\""))?;
+        let arguments = call
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default()));
+        let id = match call.get("id").and_then(Value::as_str) {
+            Some(id) => id.to_string(),
+            None => format!("call_{n}"),
+        };
+        return Ok(Reply::tool_call(&id, name, arguments));
+    }
+    if let Some(error) = item.get("error") {
+        let status = error
+            .get("status")
+            .and_then(Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok())
+            .unwrap_or(500);
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("fake model error");
+        return Ok(Reply::error(status, message));
+    }
+    bail!("reply {n}: expected an object with \"text\", \"tool_call\" or \"error\", got {item}")
+}
+
+fn load_script(path: &PathBuf) -> anyhow::Result<Vec<Reply>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read script {}", path.display()))?;
+    let value: Value = serde_json::from_str(&text)
+        .with_context(|| format!("script {} is not valid JSON", path.display()))?;
+    let items = value
+        .as_array()
+        .with_context(|| format!("script {} must be a JSON array of replies", path.display()))?;
+    if items.is_empty() {
+        bail!("script {} contains no replies", path.display());
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(n, item)| parse_reply(n, item))
+        .collect()
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentry-fake-model: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let Some(args) = parse_args(std::env::args().skip(1))? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    let fallback = match &args.script {
+        Some(path) => Fallback::Script(load_script(path)?),
+        None => Fallback::Echo,
+    };
+    let fake = FakeModel::start_on(args.listen).await?;
+    fake.set_fallback(fallback);
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "listening on {}", fake.base_url())?;
+    stdout.flush()?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot wait for ctrl-c")?;
+    drop(fake);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    fn args(list: &[&str]) -> anyhow::Result<Option<Args>> {
+        parse_args(list.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_arguments() {
+        let a = args(&[]).unwrap().unwrap();
+        assert_eq!(a.listen, SocketAddr::from(([127, 0, 0, 1], 0)));
+        assert!(a.script.is_none());
+        let a = args(&["--listen", "127.0.0.1:9999", "--script=s.json"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.listen.port(), 9999);
+        assert_eq!(a.script, Some(PathBuf::from("s.json")));
+        assert!(args(&["--help"]).unwrap().is_none());
+        assert!(args(&["--listen"]).is_err());
+        assert!(args(&["--listen", "nope"]).is_err());
+        assert!(args(&["--frobnicate"]).is_err());
+    }
+
+    #[test]
+    fn parses_script_items() {
+        assert_eq!(
+            parse_reply(0, &json!({"text": "hi"})).unwrap(),
+            Reply::text("hi")
+        );
+        assert_eq!(
+            parse_reply(
+                3,
+                &json!({"tool_call": {"name": "f", "arguments": {"a": 1}}})
+            )
+            .unwrap(),
+            Reply::tool_call("call_3", "f", json!({"a": 1}))
+        );
+        assert_eq!(
+            parse_reply(
+                0,
+                &json!({"tool_call": {"id": "x", "name": "f", "arguments": {}}})
+            )
+            .unwrap(),
+            Reply::tool_call("x", "f", json!({}))
+        );
+        assert_eq!(
+            parse_reply(0, &json!({"error": {"status": 503, "message": "busy"}})).unwrap(),
+            Reply::error(503, "busy")
+        );
+        assert!(parse_reply(0, &json!({"nope": 1})).is_err());
+        assert!(parse_reply(0, &json!({"text": 5})).is_err());
+    }
+
+    #[test]
+    fn loads_a_script_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("script.json");
+        std::fs::write(
+            &path,
+            r#"[{"text": "a"}, {"error": {"status": 500, "message": "m"}}]"#,
+        )
+        .unwrap();
+        assert_eq!(load_script(&path).unwrap().len(), 2);
+        std::fs::write(&path, "[]").unwrap();
+        assert!(load_script(&path).is_err());
+        std::fs::write(&path, "{").unwrap();
+        assert!(load_script(&path).is_err());
+    }
+}

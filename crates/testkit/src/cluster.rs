@@ -1,0 +1,229 @@
+//! Every Agentry service, started in this process on ephemeral ports, with
+//! its data in a temporary directory. Each service runs its real gRPC server
+//! and the services talk to each other over real TCP connections.
+
+use crate::fake_model::FakeModel;
+use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_runtime::{Config, ConfigSource};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// Which service, for starting and stopping one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// The session store.
+    SessionStore,
+    /// The tool runner.
+    ToolRunner,
+    /// The scheduler.
+    Scheduler,
+    /// The orchestrator.
+    Orchestrator,
+}
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+/// A whole Agentry cluster for one test.
+pub struct Cluster {
+    /// The fake model every model call goes to.
+    pub model: FakeModel,
+    /// The configuration the services run with.
+    pub config: Config,
+    dir: tempfile::TempDir,
+    running: Vec<(Service, Running)>,
+}
+
+async fn ephemeral() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    Ok(listener.local_addr()?)
+}
+
+impl Cluster {
+    /// Starts every service against a fresh fake model.
+    pub async fn start() -> anyhow::Result<Cluster> {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Starts every service; `adjust` may change the configuration first.
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> anyhow::Result<Cluster> {
+        let model = FakeModel::start().await?;
+        let dir = tempfile::tempdir()?;
+        let mut config = Config::load(&ConfigSource::default())?;
+        config.data_dir = dir.path().join("data").display().to_string();
+        config.tool_runner.workspace_root = dir.path().join("workspaces").display().to_string();
+        config.llm.base_url = model.base_url();
+        config.llm.model = "fake-model".into();
+        config.llm.request_timeout_secs = 30;
+        for endpoint in [
+            &mut config.orchestrator.listen,
+            &mut config.session_store.listen,
+            &mut config.scheduler.listen,
+            &mut config.tool_runner.listen,
+        ] {
+            *endpoint = ephemeral().await?;
+        }
+        config.orchestrator.url = format!("http://{}", config.orchestrator.listen);
+        config.session_store.url = format!("http://{}", config.session_store.listen);
+        config.scheduler.url = format!("http://{}", config.scheduler.listen);
+        config.tool_runner.url = format!("http://{}", config.tool_runner.listen);
+        adjust(&mut config);
+        let mut cluster = Cluster {
+            model,
+            config,
+            dir,
+            running: Vec::new(),
+        };
+        for service in [
+            Service::SessionStore,
+            Service::ToolRunner,
+            Service::Scheduler,
+            Service::Orchestrator,
+        ] {
+            cluster.start_service(service).await?;
+        }
+        Ok(cluster)
+    }
+
+    /// The data directory (holds `sessions.db`).
+    pub fn data_dir(&self) -> PathBuf {
+        self.config.data_dir()
+    }
+
+    /// The root of the session workspaces.
+    pub fn workspace_root(&self) -> PathBuf {
+        self.config.workspace_root()
+    }
+
+    /// The temporary directory everything lives in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts one service on its configured address and waits until it
+    /// accepts connections.
+    pub async fn start_service(&mut self, service: Service) -> anyhow::Result<()> {
+        let config = self.config.clone();
+        let addr = match service {
+            Service::SessionStore => config.session_store.listen,
+            Service::ToolRunner => config.tool_runner.listen,
+            Service::Scheduler => config.scheduler.listen,
+            Service::Orchestrator => config.orchestrator.listen,
+        };
+        let listener = bind_retrying(addr).await?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let task: JoinHandle<anyhow::Result<()>> = match service {
+            Service::SessionStore => tokio::spawn(async move {
+                agentry_session_store::run(&config.data_dir(), listener, shutdown).await?;
+                Ok(())
+            }),
+            Service::ToolRunner => tokio::spawn(async move {
+                let limits = agentry_tool_runner::Limits::from_config(&config);
+                agentry_tool_runner::run(
+                    config.workspace_root(),
+                    limits,
+                    format!("runner-{}", addr.port()),
+                    listener,
+                    shutdown,
+                )
+                .await?;
+                Ok(())
+            }),
+            Service::Scheduler => tokio::spawn(async move {
+                agentry_scheduler::run(listener, shutdown).await?;
+                Ok(())
+            }),
+            Service::Orchestrator => tokio::spawn(async move {
+                agentry_orchestrator::run(&config, listener, shutdown).await?;
+                Ok(())
+            }),
+        };
+        self.running.push((service, Running { stop, task }));
+        Ok(())
+    }
+
+    /// Stops one service gracefully and waits until it has stopped.
+    pub async fn stop_service(&mut self, service: Service) -> anyhow::Result<()> {
+        let Some(i) = self.running.iter().position(|(s, _)| *s == service) else {
+            anyhow::bail!("{service:?} is not running");
+        };
+        let (_, running) = self.running.remove(i);
+        let _ = running.stop.send(());
+        tokio::time::timeout(Duration::from_secs(15), running.task)
+            .await
+            .map_err(|_| anyhow::anyhow!("{service:?} did not stop within 15 s"))???;
+        Ok(())
+    }
+
+    /// Stops and restarts one service on the same address and data.
+    pub async fn restart_service(&mut self, service: Service) -> anyhow::Result<()> {
+        self.stop_service(service).await?;
+        self.start_service(service).await
+    }
+
+    /// A client of the orchestrator.
+    pub async fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<Channel>> {
+        Ok(OrchestratorClient::new(connect(&self.config.orchestrator.url).await?))
+    }
+
+    /// A client of the session store.
+    pub async fn store(&self) -> anyhow::Result<SessionStoreClient<Channel>> {
+        Ok(SessionStoreClient::new(connect(&self.config.session_store.url).await?))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, running) in self.running.drain(..) {
+            running.task.abort();
+        }
+    }
+}
+
+/// Binds `addr`, retrying briefly while a just-stopped server releases it.
+async fn bind_retrying(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    let mut last = None;
+    for _ in 0..50 {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    Err(anyhow::anyhow!(
+        "cannot bind {addr}: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    ))
+}
+
+/// Connects to a gRPC server, retrying for a few seconds while it starts.
+pub async fn connect(url: &str) -> anyhow::Result<Channel> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?;
+    let mut last = None;
+    for _ in 0..50 {
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(channel),
+            Err(e) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    Err(anyhow::anyhow!(
+        "cannot connect to {url}: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    ))
+}

@@ -1,0 +1,896 @@
+//! A fake OpenAI-compatible model server for tests.
+//!
+//! [`FakeModel`] listens on real HTTP (127.0.0.1, ephemeral port by default), answers
+//! `POST /v1/chat/completions` with scripted [`Reply`]s streamed exactly like the OpenAI API
+//! (`data: {chunk}\n\n` server-sent events ending with `data: [DONE]`), and records every
+//! request body and its headers.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use agentry_testkit::fake_model::{FakeModel, Reply, finish, text, usage};
+//! let fake = FakeModel::start().await?;
+//! fake.push(Reply::text("Hello there"));
+//! fake.push(Reply::stream(vec![text("Hi"), finish("stop"), usage(3, 1)]));
+//! // ... point a client at fake.base_url() ...
+//! assert_eq!(fake.requests().len(), 0);
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// One piece of a streamed reply; build them with [`text`], [`tool_call`], [`finish`],
+/// [`usage`], [`pause`], [`cut`] and [`raw`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chunk(ChunkKind);
+
+#[derive(Clone, Debug, PartialEq)]
+enum ChunkKind {
+    Text(String),
+    ToolCall {
+        index: u32,
+        id: String,
+        name: String,
+        fragments: Vec<String>,
+    },
+    Finish(String),
+    Usage {
+        prompt: u64,
+        completion: u64,
+    },
+    Pause(Duration),
+    Cut,
+    Raw(String),
+}
+
+/// A text delta (`delta.content`).
+pub fn text(s: &str) -> Chunk {
+    Chunk(ChunkKind::Text(s.to_string()))
+}
+
+/// A tool call at stream position `index`: the first event carries `id`, `name` and the first
+/// argument fragment, every other fragment is its own event. An empty `id` omits the `id`
+/// field (to test servers that send none).
+pub fn tool_call(index: u32, id: &str, name: &str, args_fragments: &[&str]) -> Chunk {
+    Chunk(ChunkKind::ToolCall {
+        index,
+        id: id.to_string(),
+        name: name.to_string(),
+        fragments: args_fragments.iter().map(|f| f.to_string()).collect(),
+    })
+}
+
+/// A chunk with an empty delta and this `finish_reason` ("stop", "tool_calls", "length").
+pub fn finish(reason: &str) -> Chunk {
+    Chunk(ChunkKind::Finish(reason.to_string()))
+}
+
+/// The usage chunk (`choices: []`), with `total_tokens = prompt + completion`.
+pub fn usage(prompt: u64, completion: u64) -> Chunk {
+    Chunk(ChunkKind::Usage { prompt, completion })
+}
+
+/// Wait `d` before sending the next chunk.
+pub fn pause(d: Duration) -> Chunk {
+    Chunk(ChunkKind::Pause(d))
+}
+
+/// Abort the HTTP body here: the connection is dropped without the final chunk of the chunked
+/// encoding and without `data: [DONE]`.
+pub fn cut() -> Chunk {
+    Chunk(ChunkKind::Cut)
+}
+
+/// Send `data: <data>` verbatim (for malformed-chunk tests).
+pub fn raw(data: &str) -> Chunk {
+    Chunk(ChunkKind::Raw(data.to_string()))
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum ReplyKind {
+    Stream(Vec<Chunk>),
+    Error { status: u16, message: String },
+}
+
+/// A scripted answer to one chat-completions request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    kind: ReplyKind,
+    delay: Option<Duration>,
+}
+
+/// Splits `s` into at most `parts` non-empty pieces on character boundaries.
+fn split_in(s: &str, parts: usize) -> Vec<String> {
+    let chars: Vec<char> = s.chars().collect();
+    if chars.is_empty() {
+        return Vec::new();
+    }
+    let size = chars.len().div_ceil(parts.max(1));
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+impl Reply {
+    /// A streamed reply: a role chunk, then `chunks`, then `data: [DONE]` (unless a [`cut`]
+    /// ends the body first).
+    pub fn stream(chunks: Vec<Chunk>) -> Reply {
+        Reply {
+            kind: ReplyKind::Stream(chunks),
+            delay: None,
+        }
+    }
+
+    /// `s` in up to 3 text deltas, finish reason "stop", usage (10 prompt tokens, one
+    /// completion token per whitespace-separated word) and `[DONE]`.
+    pub fn text(s: &str) -> Reply {
+        let mut chunks: Vec<Chunk> = split_in(s, 3).iter().map(|p| text(p)).collect();
+        chunks.push(finish("stop"));
+        chunks.push(usage(10, s.split_whitespace().count().max(1) as u64));
+        Reply::stream(chunks)
+    }
+
+    /// One tool call (index 0) whose JSON arguments are split over up to 3 deltas, finish
+    /// reason "tool_calls", usage (10 prompt tokens, 5 completion tokens) and `[DONE]`.
+    pub fn tool_call(id: &str, name: &str, args: Value) -> Reply {
+        let args = split_in(&args.to_string(), 3);
+        let fragments: Vec<&str> = args.iter().map(String::as_str).collect();
+        Reply::stream(vec![
+            tool_call(0, id, name, &fragments),
+            finish("tool_calls"),
+            usage(10, 5),
+        ])
+    }
+
+    /// An HTTP error with body `{"error":{"message":..,"type":..,"param":null,"code":null}}`.
+    pub fn error(status: u16, message: &str) -> Reply {
+        Reply {
+            kind: ReplyKind::Error {
+                status,
+                message: message.to_string(),
+            },
+            delay: None,
+        }
+    }
+
+    /// Wait `d` before sending the response headers.
+    pub fn delay(mut self, d: Duration) -> Reply {
+        self.delay = Some(d);
+        self
+    }
+}
+
+/// What the server answers when no scripted reply is queued.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Fallback {
+    /// HTTP 500 `{"error":{"message":"fake model: no scripted reply left"}}` (the default).
+    #[default]
+    Error,
+    /// A text reply `echo: <content of the last user message>`.
+    Echo,
+    /// Cycle through these replies forever (an empty list behaves like [`Fallback::Error`]).
+    Script(Vec<Reply>),
+}
+
+#[derive(Default)]
+struct Inner {
+    queue: VecDeque<Reply>,
+    requests: Vec<Value>,
+    headers: Vec<Vec<(String, String)>>,
+    fallback: Fallback,
+    script_pos: usize,
+}
+
+#[derive(Default)]
+struct Shared {
+    inner: Mutex<Inner>,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running fake model server; dropping it shuts the server down.
+pub struct FakeModel {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for FakeModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeModel")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FakeModel {
+    /// Starts a server on an ephemeral port of 127.0.0.1.
+    pub async fn start() -> anyhow::Result<FakeModel> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Starts a server on `addr` (port 0 picks a free port).
+    pub async fn start_on(addr: SocketAddr) -> anyhow::Result<FakeModel> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("fake model: cannot listen on {addr}: {e}"))?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::default());
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/models", get(models))
+            .fallback(not_found)
+            .with_state(shared.clone());
+        let (shutdown, shutdown_rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = shutdown_rx.await;
+            });
+            if let Err(e) = server.await {
+                eprintln!("fake model server on {addr} failed: {e}");
+            }
+        });
+        Ok(FakeModel {
+            addr,
+            shared,
+            shutdown: Some(shutdown),
+            task,
+        })
+    }
+
+    /// The API root to configure clients with: `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Queues a reply; each chat-completions request consumes one, first in first out.
+    pub fn push(&self, reply: Reply) {
+        self.shared.lock().queue.push_back(reply);
+    }
+
+    /// How many queued replies have not been consumed yet.
+    pub fn pending(&self) -> usize {
+        self.shared.lock().queue.len()
+    }
+
+    /// The JSON bodies of all chat-completions requests received so far, in order (a body that
+    /// is not JSON is recorded as a JSON string).
+    pub fn requests(&self) -> Vec<Value> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// The headers of all chat-completions requests (lower-case names), in order.
+    pub fn request_headers(&self) -> Vec<Vec<(String, String)>> {
+        self.shared.lock().headers.clone()
+    }
+
+    /// Sets what to answer when the queue is empty.
+    pub fn set_fallback(&self, fallback: Fallback) {
+        let mut inner = self.shared.lock();
+        inner.fallback = fallback;
+        inner.script_pos = 0;
+    }
+}
+
+impl Drop for FakeModel {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        // Stop accepting at once; streams already being served end with their tasks.
+        self.task.abort();
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn error_response(status: u16, message: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let kind = if status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": kind, "param": null, "code": null}}),
+    )
+}
+
+async fn not_found(request: Request) -> Response {
+    let message = format!(
+        "fake model: no route for {} {}",
+        request.method(),
+        request.uri().path()
+    );
+    error_response(404, &message)
+}
+
+async fn models() -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [
+            {"id": "fake-model", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
+            {"id": "fake-model-large", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
+        ]}),
+    )
+}
+
+/// The text of the last user message of a request body.
+fn last_user_message(body: &Value) -> String {
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return String::new();
+    };
+    let Some(message) = messages
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+    else {
+        return String::new();
+    };
+    match message.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        // Content parts: [{"type":"text","text":"..."}]
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let captured: Vec<(String, String)> = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_string(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let reply = {
+        let mut inner = shared.lock();
+        inner.requests.push(request.clone());
+        inner.headers.push(captured);
+        match inner.queue.pop_front() {
+            Some(reply) => Some(reply),
+            None => match &inner.fallback {
+                Fallback::Error => None,
+                Fallback::Echo => Some(Reply::text(&format!(
+                    "echo: {}",
+                    last_user_message(&request)
+                ))),
+                Fallback::Script(replies) if replies.is_empty() => None,
+                Fallback::Script(replies) => {
+                    let reply = replies[inner.script_pos % replies.len()].clone();
+                    inner.script_pos = inner.script_pos.wrapping_add(1);
+                    Some(reply)
+                }
+            },
+        }
+    };
+    let Some(reply) = reply else {
+        return error_response(500, "fake model: no scripted reply left");
+    };
+    if !request.is_object() {
+        return error_response(400, "fake model: the request body is not a JSON object");
+    }
+    if let Some(d) = reply.delay {
+        tokio::time::sleep(d).await;
+    }
+    let chunks = match reply.kind {
+        ReplyKind::Error { status, message } => return error_response(status, &message),
+        ReplyKind::Stream(chunks) => chunks,
+    };
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("fake-model")
+        .to_string();
+    let id = format!(
+        "chatcmpl-fake-{}",
+        shared.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    let framer = Framer {
+        id,
+        model,
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    };
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    tokio::spawn(send_stream(framer, chunks, tx));
+    let mut response = Response::new(Body::from_stream(ReceiverStream::new(rx)));
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// Writes the SSE events of a streamed reply into `tx`; stops early when the client is gone.
+async fn send_stream(
+    framer: Framer,
+    chunks: Vec<Chunk>,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    let send = |bytes: Bytes| {
+        let tx = tx.clone();
+        async move { tx.send(Ok(bytes)).await.is_ok() }
+    };
+    if !send(framer.role()).await {
+        return;
+    }
+    for chunk in chunks {
+        match chunk.0 {
+            ChunkKind::Pause(d) => tokio::time::sleep(d).await,
+            ChunkKind::Cut => {
+                // Let the server flush what was sent so far (it flushes when the body has
+                // nothing ready), then abort the connection mid-body with an error item.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let _ = tx
+                    .send(Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "fake model: stream cut",
+                    )))
+                    .await;
+                return;
+            }
+            other => {
+                for event in framer.events(&other) {
+                    if !send(event).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    let _ = send(sse("[DONE]")).await;
+}
+
+/// `data: <data>\n\n`.
+fn sse(data: &str) -> Bytes {
+    Bytes::from(format!("data: {data}\n\n"))
+}
+
+/// Renders chunks with the envelope fields of one response.
+struct Framer {
+    id: String,
+    model: String,
+    created: u64,
+}
+
+impl Framer {
+    fn envelope(&self, choices: Value, usage: Value) -> Bytes {
+        sse(&json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_fake",
+            "choices": choices,
+            "usage": usage,
+        })
+        .to_string())
+    }
+
+    fn delta(&self, delta: Value, finish_reason: Value) -> Bytes {
+        self.envelope(
+            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]),
+            Value::Null,
+        )
+    }
+
+    fn role(&self) -> Bytes {
+        self.delta(
+            json!({"role": "assistant", "content": "", "refusal": null}),
+            Value::Null,
+        )
+    }
+
+    fn events(&self, chunk: &ChunkKind) -> Vec<Bytes> {
+        match chunk {
+            ChunkKind::Text(s) => vec![self.delta(json!({"content": s}), Value::Null)],
+            ChunkKind::ToolCall {
+                index,
+                id,
+                name,
+                fragments,
+            } => {
+                let first_args = fragments.first().map(String::as_str).unwrap_or("");
+                let mut first = json!({
+                    "index": index,
+                    "type": "function",
+                    "function": {"name": name, "arguments": first_args},
+                });
+                if !id.is_empty()
+                    && let Some(obj) = first.as_object_mut()
+                {
+                    obj.insert("id".into(), json!(id));
+                }
+                let mut events = vec![self.delta(json!({"tool_calls": [first]}), Value::Null)];
+                events.extend(fragments.iter().skip(1).map(|fragment| {
+                    self.delta(
+                        json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}),
+                        Value::Null,
+                    )
+                }));
+                events
+            }
+            ChunkKind::Finish(reason) => vec![self.delta(json!({}), json!(reason))],
+            ChunkKind::Usage { prompt, completion } => vec![self.envelope(
+                json!([]),
+                json!({
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt + completion,
+                }),
+            )],
+            ChunkKind::Raw(data) => vec![sse(data)],
+            ChunkKind::Pause(_) | ChunkKind::Cut => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    struct RawResponse {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    }
+
+    impl RawResponse {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        }
+
+        /// The `data:` payloads, checking the `data: ...\n\n` framing on the way.
+        fn events(&self) -> Vec<String> {
+            assert!(self.body.ends_with("\n\n"), "body: {:?}", self.body);
+            self.body
+                .split_terminator("\n\n")
+                .map(|event| {
+                    let data = event.strip_prefix("data: ").expect("event without data");
+                    assert!(!data.contains('\n'), "multi-line event {event:?}");
+                    data.to_string()
+                })
+                .collect()
+        }
+
+        fn json_events(&self) -> Vec<Value> {
+            self.events()
+                .iter()
+                .filter(|e| *e != "[DONE]")
+                .map(|e| serde_json::from_str(e).unwrap())
+                .collect()
+        }
+    }
+
+    /// A minimal HTTP/1.0 exchange (close-delimited body, no chunked encoding).
+    async fn http(
+        fake: &FakeModel,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> RawResponse {
+        let mut stream = tokio::net::TcpStream::connect(fake.addr()).await.unwrap();
+        let mut request = format!("{method} {path} HTTP/1.0\r\nHost: test\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").expect("no header end");
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .expect("bad status line");
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_lowercase(), v.trim().to_string()))
+            .collect();
+        RawResponse {
+            status,
+            headers,
+            body: body.to_string(),
+        }
+    }
+
+    async fn chat(fake: &FakeModel, body: &Value) -> RawResponse {
+        http(
+            fake,
+            "POST",
+            "/v1/chat/completions",
+            &[("Content-Type", "application/json")],
+            &body.to_string(),
+        )
+        .await
+    }
+
+    fn req(model: &str, user: &str) -> Value {
+        json!({"model": model, "stream": true, "messages": [
+            {"role": "system", "content": "be nice"},
+            {"role": "user", "content": user},
+        ]})
+    }
+
+    fn delta(event: &Value) -> &Value {
+        &event["choices"][0]["delta"]
+    }
+
+    #[tokio::test]
+    async fn text_reply_is_framed_like_openai() {
+        let fake = FakeModel::start().await.unwrap();
+        assert!(fake.base_url().starts_with("http://127.0.0.1:"));
+        assert!(fake.base_url().ends_with("/v1"));
+        fake.push(Reply::text("abcdef"));
+        let response = chat(&fake, &req("my-model", "hi")).await;
+        assert_eq!(response.status, 200);
+        assert_eq!(response.header("content-type"), Some("text/event-stream"));
+        let events = response.events();
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        let chunks = response.json_events();
+        // role, 3 deltas, finish, usage
+        assert_eq!(chunks.len(), 6, "{chunks:#?}");
+        for chunk in &chunks {
+            assert_eq!(chunk["object"], json!("chat.completion.chunk"));
+            assert_eq!(chunk["model"], json!("my-model"));
+            assert_eq!(chunk["id"], chunks[0]["id"]);
+            assert!(chunk["created"].is_u64());
+        }
+        assert_eq!(delta(&chunks[0])["role"], json!("assistant"));
+        let text: String = chunks[1..4]
+            .iter()
+            .map(|c| delta(c)["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, "abcdef");
+        assert_eq!(chunks[4]["choices"][0]["finish_reason"], json!("stop"));
+        assert_eq!(chunks[3]["choices"][0]["finish_reason"], Value::Null);
+        assert_eq!(chunks[5]["choices"], json!([]));
+        assert_eq!(
+            chunks[5]["usage"],
+            json!({"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11})
+        );
+    }
+
+    #[tokio::test]
+    async fn tool_call_chunk_sends_id_and_name_first_then_fragments() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::stream(vec![
+            tool_call(2, "call_9", "grep", &["{\"q\"", ":\"x\"", "}"]),
+            tool_call(3, "", "noid", &["{}"]),
+            finish("tool_calls"),
+        ]));
+        let chunks = chat(&fake, &req("m", "hi")).await.json_events();
+        let calls: Vec<&Value> = chunks[1..5]
+            .iter()
+            .map(|c| &delta(c)["tool_calls"][0])
+            .collect();
+        assert_eq!(
+            calls[0],
+            &json!({"index": 2, "id": "call_9", "type": "function",
+                    "function": {"name": "grep", "arguments": "{\"q\""}})
+        );
+        assert_eq!(
+            calls[1],
+            &json!({"index": 2, "function": {"arguments": ":\"x\""}})
+        );
+        assert_eq!(
+            calls[2],
+            &json!({"index": 2, "function": {"arguments": "}"}})
+        );
+        assert_eq!(
+            calls[3],
+            &json!({"index": 3, "type": "function", "function": {"name": "noid", "arguments": "{}"}})
+        );
+        assert_eq!(
+            chunks[5]["choices"][0]["finish_reason"],
+            json!("tool_calls")
+        );
+    }
+
+    #[tokio::test]
+    async fn convenience_tool_call_splits_arguments() {
+        let fake = FakeModel::start().await.unwrap();
+        let args = json!({"path": "/tmp/some/file.txt"});
+        fake.push(Reply::tool_call("c1", "read", args.clone()));
+        let chunks = chat(&fake, &req("m", "hi")).await.json_events();
+        let fragments: Vec<&str> = chunks
+            .iter()
+            .filter_map(|c| delta(c)["tool_calls"][0]["function"]["arguments"].as_str())
+            .collect();
+        assert!(fragments.len() > 1, "{fragments:?}");
+        let joined: Value = serde_json::from_str(&fragments.concat()).unwrap();
+        assert_eq!(joined, args);
+    }
+
+    #[tokio::test]
+    async fn raw_and_cut_are_sent_verbatim_without_done() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::stream(vec![
+            text("a"),
+            raw("{broken"),
+            cut(),
+            text("never"),
+        ]));
+        let events = chat(&fake, &req("m", "hi")).await.events();
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert_eq!(events[2], "{broken");
+        assert!(!events.iter().any(|e| e == "[DONE]" || e.contains("never")));
+    }
+
+    #[tokio::test]
+    async fn replies_are_consumed_in_order_and_requests_captured() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::text("one"));
+        fake.push(Reply::error(404, "model 'x' not found"));
+        assert_eq!(fake.pending(), 2);
+        let first = chat(&fake, &req("m", "first")).await;
+        assert_eq!(
+            first.json_events()[1]["choices"][0]["delta"]["content"],
+            json!("o")
+        );
+        let second = http(
+            &fake,
+            "POST",
+            "/v1/chat/completions",
+            &[("Authorization", "Bearer k")],
+            &req("m", "second").to_string(),
+        )
+        .await;
+        assert_eq!(second.status, 404);
+        assert_eq!(second.header("content-type"), Some("application/json"));
+        let body: Value = serde_json::from_str(&second.body).unwrap();
+        assert_eq!(body["error"]["message"], json!("model 'x' not found"));
+        assert_eq!(fake.pending(), 0);
+
+        assert_eq!(fake.requests(), vec![req("m", "first"), req("m", "second")]);
+        let headers = fake.request_headers();
+        assert_eq!(headers.len(), 2);
+        assert!(
+            headers[1]
+                .iter()
+                .any(|(n, v)| n == "authorization" && v == "Bearer k"),
+            "{headers:?}"
+        );
+        assert!(!headers[0].iter().any(|(n, _)| n == "authorization"));
+    }
+
+    #[tokio::test]
+    async fn fallbacks() {
+        let fake = FakeModel::start().await.unwrap();
+        let response = chat(&fake, &req("m", "x")).await;
+        assert_eq!(response.status, 500);
+        let body: Value = serde_json::from_str(&response.body).unwrap();
+        assert_eq!(
+            body["error"]["message"],
+            json!("fake model: no scripted reply left")
+        );
+
+        fake.set_fallback(Fallback::Echo);
+        let chunks = chat(&fake, &req("m", "ping pong")).await.json_events();
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| delta(c)["content"].as_str())
+            .collect();
+        assert_eq!(text, "echo: ping pong");
+
+        fake.set_fallback(Fallback::Script(vec![
+            Reply::text("A"),
+            Reply::error(503, "busy"),
+        ]));
+        let statuses = [
+            chat(&fake, &req("m", "1")).await.status,
+            chat(&fake, &req("m", "2")).await.status,
+            chat(&fake, &req("m", "3")).await.status,
+        ];
+        assert_eq!(statuses, [200, 503, 200]);
+        // Queued replies take precedence over the fallback.
+        fake.push(Reply::error(418, "teapot"));
+        assert_eq!(chat(&fake, &req("m", "4")).await.status, 418);
+        assert_eq!(chat(&fake, &req("m", "5")).await.status, 503);
+    }
+
+    #[tokio::test]
+    async fn delay_holds_back_the_headers() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::text("x").delay(Duration::from_millis(200)));
+        let started = std::time::Instant::now();
+        let response = chat(&fake, &req("m", "x")).await;
+        assert_eq!(response.status, 200);
+        assert!(started.elapsed() >= Duration::from_millis(200));
+    }
+
+    #[tokio::test]
+    async fn models_and_unknown_paths() {
+        let fake = FakeModel::start().await.unwrap();
+        let models = http(&fake, "GET", "/v1/models", &[], "").await;
+        assert_eq!(models.status, 200);
+        let body: Value = serde_json::from_str(&models.body).unwrap();
+        assert_eq!(body["object"], json!("list"));
+        assert_eq!(body["data"][0]["id"], json!("fake-model"));
+
+        let missing = http(&fake, "GET", "/v2/whatever", &[], "").await;
+        assert_eq!(missing.status, 404);
+        let body: Value = serde_json::from_str(&missing.body).unwrap();
+        assert_eq!(
+            body["error"]["message"],
+            json!("fake model: no route for GET /v2/whatever")
+        );
+        assert!(fake.requests().is_empty());
+    }
+
+    #[tokio::test]
+    async fn dropping_stops_the_server() {
+        let fake = FakeModel::start().await.unwrap();
+        let addr = fake.addr();
+        drop(fake);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    #[test]
+    fn split_in_keeps_characters_whole() {
+        assert_eq!(split_in("héllo", 3), vec!["hé", "ll", "o"]);
+        assert_eq!(split_in("ab", 3), vec!["a", "b"]);
+        assert!(split_in("", 3).is_empty());
+    }
+}

@@ -1,0 +1,140 @@
+//! The tool runner: executes the agent's tools (shell and files) confined to
+//! the session's workspace, and serves them over gRPC
+//! (`agentry.tools.v1.ToolRunner`). Stateless: any number of replicas may
+//! share one workspace volume.
+
+pub mod output;
+pub mod service;
+pub mod tools;
+pub mod workspace;
+
+pub use service::ToolRunnerService;
+
+use agentry_proto::tools::v1::tool_runner_server::ToolRunnerServer;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::service::Routes;
+
+/// Why a tool call failed. Each of these goes back to the model as the
+/// tool's error output, so it can correct the call.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ToolError {
+    /// No tool has that name.
+    #[error("unknown tool {name:?}; available tools: {available}")]
+    UnknownTool {
+        /// The name asked for.
+        name: String,
+        /// The names that exist.
+        available: String,
+    },
+    /// The arguments do not fit the tool's schema.
+    #[error("{0}")]
+    InvalidArguments(String),
+    /// The request itself is malformed (not the model's fault).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A path leads outside the session's workspace.
+    #[error("path {path:?} is outside the workspace: {reason}")]
+    PathOutsideWorkspace {
+        /// The path as given.
+        path: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The file is not text.
+    #[error("{0} is a binary file; read_file only returns text")]
+    Binary(String),
+    /// The file is too large.
+    #[error("{0}")]
+    TooLarge(String),
+    /// An I/O failure.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl ToolError {
+    /// Whether the same call may succeed when retried unchanged.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ToolError::Io(_) => true,
+            ToolError::UnknownTool { .. }
+            | ToolError::InvalidArguments(_)
+            | ToolError::InvalidRequest(_)
+            | ToolError::PathOutsideWorkspace { .. }
+            | ToolError::Binary(_)
+            | ToolError::TooLarge(_) => false,
+        }
+    }
+}
+
+/// Bounds on tool calls.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Shell timeout when the call names none.
+    pub default_timeout: Duration,
+    /// The largest shell timeout a call may ask for.
+    pub max_timeout: Duration,
+    /// Largest output kept, in bytes.
+    pub max_output_bytes: usize,
+    /// Largest file `read_file` returns whole, in bytes.
+    pub max_read_bytes: u64,
+}
+
+impl Limits {
+    /// The limits from the configuration.
+    pub fn from_config(config: &agentry_runtime::Config) -> Self {
+        let t = &config.tool_runner;
+        Limits {
+            default_timeout: Duration::from_secs(t.default_timeout_secs),
+            max_timeout: Duration::from_secs(t.max_timeout_secs),
+            max_output_bytes: t.max_output_bytes,
+            max_read_bytes: t.max_read_bytes,
+        }
+    }
+}
+
+/// How a runner identifies itself in results: `AGENTRY_RUNNER_ID`, else the
+/// host name and process id.
+pub fn default_runner_id() -> String {
+    if let Ok(id) = std::env::var("AGENTRY_RUNNER_ID") {
+        if !id.is_empty() {
+            return id;
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "runner".to_string());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Serves the tool runner on `listener` until `shutdown`.
+pub async fn run(
+    workspace_root: PathBuf,
+    limits: Limits,
+    runner_id: String,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), agentry_runtime::ServeError> {
+    std::fs::create_dir_all(&workspace_root).map_err(|e| agentry_runtime::ServeError::Bind {
+        addr: listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        reason: format!(
+            "cannot create the workspace root {}: {e}",
+            workspace_root.display()
+        ),
+    })?;
+    tracing::info!(runner_id, workspace_root = %workspace_root.display(), "tool runner ready");
+    let service = ToolRunnerServer::new(ToolRunnerService::new(workspace_root, limits, runner_id));
+    agentry_runtime::serve(
+        listener,
+        Routes::new(service),
+        &[ToolRunnerServer::<ToolRunnerService>::NAME],
+        shutdown,
+    )
+    .await
+}

@@ -1,0 +1,156 @@
+//! The gRPC face of the tool runner.
+
+use crate::tools::{self, ToolOutcome};
+use crate::workspace::Workspace;
+use crate::{Limits, ToolError};
+use agentry_proto::tools::v1 as pb;
+use agentry_proto::tools::v1::tool_runner_server::ToolRunner;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+/// The ToolRunner gRPC service.
+#[derive(Clone)]
+pub struct ToolRunnerService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    workspace_root: PathBuf,
+    limits: Limits,
+    runner_id: String,
+}
+
+impl ToolRunnerService {
+    /// A runner working under `workspace_root`.
+    pub fn new(workspace_root: PathBuf, limits: Limits, runner_id: String) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                workspace_root,
+                limits,
+                runner_id,
+            }),
+        }
+    }
+}
+
+type ExecuteStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ExecuteResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ToolRunner for ToolRunnerService {
+    async fn list_tools(
+        &self,
+        _request: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        let tools = tools::specs()
+            .into_iter()
+            .map(|s| pb::ToolSpec {
+                name: s.name.to_string(),
+                description: s.description.to_string(),
+                parameters_json_schema: s.schema.to_string(),
+                read_only: s.read_only,
+                parallel_safe: s.parallel_safe,
+                sensitive: s.sensitive,
+            })
+            .collect();
+        Ok(Response::new(pb::ListToolsResponse {
+            tools,
+            runner_id: self.inner.runner_id.clone(),
+        }))
+    }
+
+    type ExecuteStream = ExecuteStream;
+
+    async fn execute(
+        &self,
+        request: Request<pb::ExecuteRequest>,
+    ) -> Result<Response<Self::ExecuteStream>, Status> {
+        let req = request.into_inner();
+        if req.tool.is_empty() {
+            return Err(Status::invalid_argument("tool must be set"));
+        }
+        let workspace = Workspace::open(&self.inner.workspace_root, &req.session_id)
+            .map_err(|e| match e {
+                ToolError::InvalidRequest(m) => Status::invalid_argument(m),
+                other => Status::internal(other.to_string()),
+            })?;
+        let (tx, rx) = mpsc::channel(64);
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let call_id = req.call_id.clone();
+            let tool = req.tool.clone();
+            let started = Instant::now();
+            tracing::debug!(call_id, tool, "tool call started");
+            let (sink, mut chunks) = mpsc::channel(64);
+            let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
+            let run = tools::execute(
+                &req.tool,
+                &req.arguments_json,
+                &workspace,
+                &inner.limits,
+                timeout,
+                sink,
+            );
+            tokio::pin!(run);
+            let outcome = loop {
+                tokio::select! {
+                    Some((stream, text)) = chunks.recv() => {
+                        let chunk = pb::ExecuteResponse {
+                            kind: Some(pb::execute_response::Kind::Chunk(pb::OutputChunk {
+                                stream: stream as i32,
+                                text,
+                            })),
+                        };
+                        if tx.send(Ok(chunk)).await.is_err() {
+                            // The caller went away: dropping `run` kills the call.
+                            tracing::info!(call_id, tool, "tool call cancelled by the caller");
+                            return;
+                        }
+                    }
+                    outcome = &mut run => break outcome,
+                    () = tx.closed() => {
+                        tracing::info!(call_id, tool, "tool call cancelled by the caller");
+                        return;
+                    }
+                }
+            };
+            // Forward output produced just before the end.
+            while let Ok((stream, text)) = chunks.try_recv() {
+                let chunk = pb::ExecuteResponse {
+                    kind: Some(pb::execute_response::Kind::Chunk(pb::OutputChunk {
+                        stream: stream as i32,
+                        text,
+                    })),
+                };
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            let outcome = outcome.unwrap_or_else(|e| ToolOutcome {
+                output: e.to_string(),
+                is_error: true,
+                ..ToolOutcome::default()
+            });
+            let duration_ms = started.elapsed().as_millis() as u64;
+            tracing::debug!(call_id, tool, is_error = outcome.is_error, duration_ms, "tool call finished");
+            let result = pb::ExecuteResponse {
+                kind: Some(pb::execute_response::Kind::Result(pb::ExecuteResult {
+                    output: outcome.output,
+                    is_error: outcome.is_error,
+                    exit_code: outcome.exit_code,
+                    duration_ms,
+                    runner_id: inner.runner_id.clone(),
+                    truncated: outcome.truncated,
+                    timed_out: outcome.timed_out,
+                })),
+            };
+            let _ = tx.send(Ok(result)).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,427 @@
+//! The tools: their descriptions for the model and their execution.
+
+use crate::output::CappedOutput;
+use crate::workspace::Workspace;
+use crate::{Limits, ToolError};
+use agentry_proto::sessions::v1::OutputStream;
+use serde::Deserialize;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
+
+/// A tool's description and flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// The tool's name.
+    pub name: &'static str,
+    /// What it does, for the model.
+    pub description: &'static str,
+    /// JSON Schema of its arguments.
+    pub schema: serde_json::Value,
+    /// It changes nothing.
+    pub read_only: bool,
+    /// It may run concurrently with other parallel-safe calls.
+    pub parallel_safe: bool,
+    /// It is sensitive.
+    pub sensitive: bool,
+}
+
+/// What a finished call reports.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ToolOutcome {
+    /// The text for the model.
+    pub output: String,
+    /// The call failed.
+    pub is_error: bool,
+    /// The process exit code, when a process exited.
+    pub exit_code: Option<i32>,
+    /// The output was cut.
+    pub truncated: bool,
+    /// The call hit its deadline.
+    pub timed_out: bool,
+}
+
+/// Live output of a running call.
+pub type OutputSink = mpsc::Sender<(OutputStream, String)>;
+
+/// The tools this runner offers, sorted by name.
+pub fn specs() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: "bash",
+            description: "Run a bash command in the session's workspace directory and return its \
+                combined stdout and stderr. Standard input is closed. The command is killed \
+                (with every process it started) when it exceeds its timeout.",
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The bash command line to run."},
+                    "timeout_secs": {"type": "integer", "minimum": 1, "description": "Optional timeout in seconds."}
+                },
+                "required": ["command"],
+                "additionalProperties": false
+            }),
+            read_only: false,
+            parallel_safe: false,
+            sensitive: true,
+        },
+        ToolSpec {
+            name: "read_file",
+            description: "Read a text file in the workspace. Paths are relative to the workspace. \
+                Optionally read only `limit` lines starting at line `offset` (1-based).",
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path relative to the workspace."},
+                    "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)."},
+                    "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read."}
+                },
+                "required": ["path"],
+                "additionalProperties": false
+            }),
+            read_only: true,
+            parallel_safe: true,
+            sensitive: false,
+        },
+        ToolSpec {
+            name: "write_file",
+            description: "Create or replace a text file in the workspace with the given content, \
+                creating parent directories. The write is atomic.",
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path relative to the workspace."},
+                    "content": {"type": "string", "description": "The full new content of the file."}
+                },
+                "required": ["path", "content"],
+                "additionalProperties": false
+            }),
+            read_only: false,
+            parallel_safe: false,
+            sensitive: true,
+        },
+    ]
+}
+
+fn parse_args<T: for<'de> Deserialize<'de>>(tool: &str, json: &str) -> Result<T, ToolError> {
+    let json = if json.trim().is_empty() { "{}" } else { json };
+    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
+        ToolError::InvalidArguments(format!("arguments of {tool} are not valid JSON: {e}"))
+    })?;
+    if !value.is_object() {
+        return Err(ToolError::InvalidArguments(format!(
+            "arguments of {tool} must be a JSON object, got {value}"
+        )));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ToolError::InvalidArguments(format!("invalid arguments for {tool}: {e}")))
+}
+
+/// Runs `tool` with `arguments_json` in `workspace`.
+pub async fn execute(
+    tool: &str,
+    arguments_json: &str,
+    workspace: &Workspace,
+    limits: &Limits,
+    timeout: Option<Duration>,
+    sink: OutputSink,
+) -> Result<ToolOutcome, ToolError> {
+    match tool {
+        "bash" => {
+            let args: BashArgs = parse_args(tool, arguments_json)?;
+            let timeout = args
+                .timeout_secs
+                .map(Duration::from_secs)
+                .or(timeout)
+                .unwrap_or(limits.default_timeout)
+                .min(limits.max_timeout);
+            bash(&args.command, workspace.root(), timeout, limits, sink).await
+        }
+        "read_file" => {
+            let args: ReadArgs = parse_args(tool, arguments_json)?;
+            read_file(workspace, &args, limits).await
+        }
+        "write_file" => {
+            let args: WriteArgs = parse_args(tool, arguments_json)?;
+            write_file(workspace, &args).await
+        }
+        other => Err(ToolError::UnknownTool {
+            name: other.to_string(),
+            available: specs().iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
+        }),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BashArgs {
+    command: String,
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+}
+
+/// Environment variables that never reach a command.
+fn is_secret_var(name: &str) -> bool {
+    name.starts_with("AGENTRY_")
+        || name.ends_with("_API_KEY")
+        || name.ends_with("_TOKEN")
+        || name.ends_with("_SECRET")
+}
+
+/// Kills a whole process group when dropped, so that a cancelled call leaves
+/// no process behind.
+struct GroupKill(Option<nix::unistd::Pid>);
+
+impl GroupKill {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            // ESRCH (already gone) is the normal case after a clean exit.
+            let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn pump(
+    mut reader: impl AsyncRead + Unpin,
+    stream: OutputStream,
+    sink: OutputSink,
+    merged: mpsc::UnboundedSender<Vec<u8>>,
+) {
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let bytes = buf[..n].to_vec();
+                // The sink may be gone (nobody listening to live output).
+                let _ = sink
+                    .send((stream, String::from_utf8_lossy(&bytes).into_owned()))
+                    .await;
+                let _ = merged.send(bytes);
+            }
+        }
+    }
+}
+
+async fn bash(
+    command: &str,
+    cwd: &Path,
+    timeout: Duration,
+    limits: &Limits,
+    sink: OutputSink,
+) -> Result<ToolOutcome, ToolError> {
+    if command.trim().is_empty() {
+        return Err(ToolError::InvalidArguments("command must not be empty".into()));
+    }
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(is_secret_var) {
+            cmd.env_remove(&name);
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| ToolError::Io(format!("cannot start bash: {e}")))?;
+    let mut group = GroupKill(
+        child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(nix::unistd::Pid::from_raw),
+    );
+    let (merged_tx, mut merged_rx) = mpsc::unbounded_channel();
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        pumps.push(tokio::spawn(pump(out, OutputStream::Stdout, sink.clone(), merged_tx.clone())));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.push(tokio::spawn(pump(err, OutputStream::Stderr, sink, merged_tx.clone())));
+    }
+    drop(merged_tx);
+    let mut output = CappedOutput::new(limits.max_output_bytes);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let waited = loop {
+        tokio::select! {
+            Some(bytes) = merged_rx.recv() => output.push(&bytes),
+            status = child.wait() => break Some(status),
+            () = &mut deadline => break None,
+        }
+    };
+    // Whatever happened, nothing the command started may outlive the call;
+    // this also closes pipes that background processes still hold.
+    group.kill();
+    for p in pumps {
+        let _ = p.await;
+    }
+    while let Ok(bytes) = merged_rx.try_recv() {
+        output.push(&bytes);
+    }
+    let (mut text, truncated) = output.finish();
+    match waited {
+        Some(Ok(status)) => {
+            let code = status.code();
+            if text.is_empty() {
+                text.push_str("(no output)");
+            }
+            let is_error = !status.success();
+            if is_error {
+                match code {
+                    Some(c) => text.push_str(&format!("\n[exit code: {c}]")),
+                    None => text.push_str("\n[killed by a signal]"),
+                }
+            }
+            Ok(ToolOutcome {
+                output: text,
+                is_error,
+                exit_code: code,
+                truncated,
+                timed_out: false,
+            })
+        }
+        Some(Err(e)) => Err(ToolError::Io(format!("waiting for bash failed: {e}"))),
+        None => {
+            let _ = child.kill().await;
+            text.push_str(&format!(
+                "\n[timed out after {}s; the command and its processes were killed]",
+                timeout.as_secs_f64()
+            ));
+            Ok(ToolOutcome {
+                output: text,
+                is_error: true,
+                exit_code: None,
+                truncated,
+                timed_out: true,
+            })
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadArgs {
+    path: String,
+    #[serde(default)]
+    offset: Option<usize>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Files larger than this are never loaded whole.
+const MAX_SCAN_BYTES: u64 = 64 * 1024 * 1024;
+
+async fn read_file(
+    workspace: &Workspace,
+    args: &ReadArgs,
+    limits: &Limits,
+) -> Result<ToolOutcome, ToolError> {
+    let path = workspace.resolve(&args.path)?;
+    let shown = workspace.display(&path);
+    let meta = tokio::fs::metadata(&path).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            ToolError::Io(format!("{shown}: no such file in the workspace"))
+        }
+        _ => ToolError::Io(format!("{shown}: {e}")),
+    })?;
+    if meta.is_dir() {
+        return Err(ToolError::Io(format!("{shown} is a directory, not a file")));
+    }
+    let ranged = args.offset.is_some() || args.limit.is_some();
+    if meta.len() > MAX_SCAN_BYTES || (!ranged && meta.len() > limits.max_read_bytes) {
+        return Err(ToolError::TooLarge(format!(
+            "{shown} is {} bytes, over the {}-byte limit; read a line range with offset and limit",
+            meta.len(),
+            if ranged { MAX_SCAN_BYTES } else { limits.max_read_bytes }
+        )));
+    }
+    let bytes = tokio::fs::read(&path)
+        .await
+        .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+    if bytes.iter().take(8192).any(|b| *b == 0) {
+        return Err(ToolError::Binary(shown));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| ToolError::Binary(shown.clone()))?;
+    let selected = if ranged {
+        let offset = args.offset.unwrap_or(1).max(1);
+        let limit = args.limit.unwrap_or(usize::MAX);
+        let total = text.lines().count();
+        if offset > total.max(1) {
+            return Err(ToolError::InvalidArguments(format!(
+                "offset {offset} is past the end of {shown} ({total} lines)"
+            )));
+        }
+        text.split_inclusive('\n')
+            .skip(offset - 1)
+            .take(limit)
+            .collect::<String>()
+    } else {
+        text
+    };
+    let mut capped = CappedOutput::new(limits.max_read_bytes as usize);
+    capped.push(selected.as_bytes());
+    let (output, truncated) = capped.finish();
+    Ok(ToolOutcome {
+        output,
+        truncated,
+        ..ToolOutcome::default()
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    content: String,
+}
+
+async fn write_file(workspace: &Workspace, args: &WriteArgs) -> Result<ToolOutcome, ToolError> {
+    let path = workspace.resolve(&args.path)?;
+    let shown = workspace.display(&path);
+    if path.is_dir() {
+        return Err(ToolError::Io(format!("{shown} is a directory")));
+    }
+    let parent = path
+        .parent()
+        .ok_or_else(|| ToolError::InvalidArguments(format!("{shown} has no parent directory")))?
+        .to_path_buf();
+    tokio::fs::create_dir_all(&parent)
+        .await
+        .map_err(|e| ToolError::Io(format!("cannot create the directories of {shown}: {e}")))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = parent.join(format!(".{name}.agentry-{}.tmp", std::process::id()));
+    let content = args.content.as_bytes().to_vec();
+    let len = content.len();
+    let result = async {
+        tokio::fs::write(&tmp, &content).await?;
+        let file = tokio::fs::File::open(&tmp).await?;
+        file.sync_all().await?;
+        tokio::fs::rename(&tmp, &path).await
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return Err(ToolError::Io(format!("cannot write {shown}: {e}")));
+    }
+    Ok(ToolOutcome {
+        output: format!("wrote {len} bytes to {shown}"),
+        ..ToolOutcome::default()
+    })
+}

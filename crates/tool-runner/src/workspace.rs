@@ -1,0 +1,151 @@
+//! Confinement of every path a tool touches to the session's workspace.
+
+use crate::ToolError;
+use std::path::{Component, Path, PathBuf};
+
+/// A session's workspace directory.
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    root: PathBuf,
+}
+
+impl Workspace {
+    /// Opens (creating if needed) the workspace of `session_id` under `root`.
+    pub fn open(root: &Path, session_id: &str) -> Result<Workspace, ToolError> {
+        let valid = !session_id.is_empty()
+            && session_id.len() <= 64
+            && session_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !valid {
+            return Err(ToolError::InvalidRequest(format!(
+                "invalid session id {session_id:?}: use 1-64 letters, digits, '-' or '_'"
+            )));
+        }
+        let dir = root.join(session_id);
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            ToolError::Io(format!("cannot create workspace {}: {e}", dir.display()))
+        })?;
+        let root = dir.canonicalize().map_err(|e| {
+            ToolError::Io(format!("cannot open workspace {}: {e}", dir.display()))
+        })?;
+        Ok(Workspace { root })
+    }
+
+    /// The workspace directory (canonical).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Resolves `path` (relative to the workspace) to a location inside it.
+    ///
+    /// Refuses empty and absolute paths, any `..` component, and paths whose
+    /// existing part leads outside through a symbolic link. The target itself
+    /// need not exist.
+    pub fn resolve(&self, path: &str) -> Result<PathBuf, ToolError> {
+        let refuse = |why: &str| ToolError::PathOutsideWorkspace {
+            path: path.to_string(),
+            reason: why.to_string(),
+        };
+        if path.trim().is_empty() {
+            return Err(ToolError::InvalidArguments("path must not be empty".into()));
+        }
+        if path.contains('\0') {
+            return Err(ToolError::InvalidArguments(
+                "path must not contain NUL bytes".into(),
+            ));
+        }
+        let rel = Path::new(path);
+        let mut clean = PathBuf::new();
+        for component in rel.components() {
+            match component {
+                Component::Normal(part) => clean.push(part),
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    return Err(refuse("'..' is not allowed; use a path inside the workspace"));
+                }
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(refuse(
+                        "absolute paths are not allowed; use a path relative to the workspace",
+                    ));
+                }
+            }
+        }
+        let joined = self.root.join(&clean);
+        // Follow symbolic links through the longest part that exists.
+        let mut existing = joined.as_path();
+        let mut rest = Vec::new();
+        loop {
+            match existing.symlink_metadata() {
+                Ok(_) => break,
+                Err(_) => match (existing.parent(), existing.file_name()) {
+                    (Some(parent), Some(name)) => {
+                        rest.push(name.to_os_string());
+                        existing = parent;
+                    }
+                    _ => return Err(refuse("it has no existing ancestor")),
+                },
+            }
+        }
+        let real = existing.canonicalize().map_err(|e| {
+            // A dangling symbolic link: we cannot tell where it leads.
+            refuse(&format!("it cannot be resolved ({e})"))
+        })?;
+        if !real.starts_with(&self.root) {
+            return Err(refuse("a symbolic link leads outside the workspace"));
+        }
+        let mut resolved = real;
+        for name in rest.into_iter().rev() {
+            resolved.push(name);
+        }
+        Ok(resolved)
+    }
+
+    /// `path` relative to the workspace, for messages.
+    pub fn display(&self, path: &Path) -> String {
+        path.strip_prefix(&self.root)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| path.display().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn outside(e: ToolError) -> bool {
+        matches!(e, ToolError::PathOutsideWorkspace { .. })
+    }
+
+    #[test]
+    fn paths_inside_resolve() {
+        let root = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(root.path(), "s1").unwrap();
+        let p = ws.resolve("a/b.txt").unwrap();
+        assert_eq!(p, ws.root().join("a/b.txt"));
+        assert_eq!(ws.resolve("./c").unwrap(), ws.root().join("c"));
+        std::fs::create_dir(ws.root().join("d")).unwrap();
+        std::os::unix::fs::symlink(ws.root().join("d"), ws.root().join("link")).unwrap();
+        assert_eq!(ws.resolve("link/x").unwrap(), ws.root().join("d/x"));
+    }
+
+    #[test]
+    fn escapes_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(root.path(), "s1").unwrap();
+        assert!(outside(ws.resolve("../s2/x").unwrap_err()));
+        assert!(outside(ws.resolve("a/../../x").unwrap_err()));
+        assert!(outside(ws.resolve("/etc/passwd").unwrap_err()));
+        std::os::unix::fs::symlink("/etc", ws.root().join("etc")).unwrap();
+        assert!(outside(ws.resolve("etc/passwd").unwrap_err()));
+        assert!(outside(ws.resolve("etc").unwrap_err()));
+        std::os::unix::fs::symlink("/nonexistent/x", ws.root().join("dangling")).unwrap();
+        assert!(outside(ws.resolve("dangling").unwrap_err()));
+        assert!(matches!(ws.resolve("").unwrap_err(), ToolError::InvalidArguments(_)));
+        assert!(matches!(
+            Workspace::open(root.path(), "../x").unwrap_err(),
+            ToolError::InvalidRequest(_)
+        ));
+    }
+}

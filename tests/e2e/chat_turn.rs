@@ -1,0 +1,213 @@
+//! One complete chat turn across the real services.
+
+use crate::support::*;
+use agentry_proto::orchestrator::v1 as pb;
+use agentry_proto::sessions::v1::{TurnOutcome, event::Kind};
+use agentry_testkit::cluster::Service;
+use agentry_testkit::fake_model::{Reply, finish, text, usage};
+use agentry_testkit::Cluster;
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
+    let mut cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::tool_call(
+        "call_1",
+        "bash",
+        json!({"command": "echo $((6*7))"}),
+    ));
+    cluster.model.push(Reply::stream(vec![
+        text("6*7 "),
+        text("is "),
+        text("42."),
+        finish("stop"),
+        usage(30, 4),
+    ]));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "what is 6*7?").await;
+    let received = until_finished(&mut events, &turn).await;
+
+    // Every event, in order, gap-free.
+    assert_eq!(
+        kinds(&received),
+        vec![
+            "user_message",
+            "model_message",
+            "tool_call_requested",
+            "tool_output_chunk",
+            "tool_result",
+            "model_text_delta",
+            "model_text_delta",
+            "model_text_delta",
+            "model_message",
+            "turn_finished",
+        ]
+    );
+    let seqs: Vec<u64> = received.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=received.len() as u64).collect::<Vec<_>>());
+    assert!(received.iter().all(|e| e.turn_id == turn && e.session_id == session.id));
+    assert!(received.iter().all(|e| e.time.is_some()));
+
+    // The tool really ran.
+    let results = tool_results(&received);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].output, "42\n");
+    assert!(!results[0].is_error);
+    assert_eq!(results[0].exit_code, Some(0));
+    assert!(results[0].runner_id.starts_with("runner-"), "{}", results[0].runner_id);
+
+    // The answer streamed, then the turn completed with usage summed.
+    let streamed: String = received
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::ModelTextDelta(d)) => Some(d.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, "6*7 is 42.");
+    let done = finished(&received);
+    assert_eq!(done.outcome, TurnOutcome::Completed as i32);
+    assert_eq!(done.message, "6*7 is 42.");
+    assert_eq!(done.steps, 2);
+    let usage = done.usage.unwrap();
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (40, 9));
+
+    // What the model was sent.
+    let requests = cluster.model.requests();
+    assert_eq!(requests.len(), 2);
+    let tools: Vec<&str> = requests[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, vec!["bash", "read_file", "write_file"]);
+    assert_eq!(requests[0]["model"], "fake-model");
+    assert_eq!(requests[0]["stream"], true);
+    let second = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(second.len(), 4);
+    assert_eq!(second[0]["role"], "system");
+    assert_eq!(second[1], json!({"role": "user", "content": "what is 6*7?"}));
+    assert_eq!(second[2]["role"], "assistant");
+    assert_eq!(second[2]["tool_calls"][0]["id"], "call_1");
+    assert_eq!(second[2]["tool_calls"][0]["function"]["name"], "bash");
+    let args: serde_json::Value =
+        serde_json::from_str(second[2]["tool_calls"][0]["function"]["arguments"].as_str().unwrap())
+            .unwrap();
+    assert_eq!(args, json!({"command": "echo $((6*7))"}));
+    assert_eq!(
+        second[3],
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "42\n"})
+    );
+
+    // The log holds exactly what subscribers saw, and survives a restart of
+    // the session store.
+    let mut store = cluster.store().await.unwrap();
+    let stored = read_log(&mut store, &session.id).await;
+    assert_eq!(stored, received);
+    cluster.restart_service(Service::SessionStore).await.unwrap();
+    let mut store = cluster.store().await.unwrap();
+    let reread = read_log(&mut store, &session.id).await;
+    assert_eq!(reread, received);
+    let listed = client
+        .get_session(pb::GetSessionRequest { session_id: session.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.event_count, received.len() as u64);
+    assert_eq!(listed.title, "what is 6*7?");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conversation_continues_across_an_orchestrator_restart() {
+    let mut cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::text("Hello Ada."));
+    cluster.model.push(Reply::text("Your name is Ada."));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "my name is Ada").await;
+    until_finished(&mut events, &turn).await;
+
+    cluster.restart_service(Service::Orchestrator).await.unwrap();
+    let mut client = cluster.orchestrator().await.unwrap();
+    let mut events = client
+        .subscribe(pb::SubscribeRequest { session_id: session.id.clone(), from_seq: 1 })
+        .await
+        .unwrap()
+        .into_inner();
+    let turn = send(&mut client, &session.id, "what is my name?").await;
+    let all = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&all).message, "Your name is Ada.");
+    // The new orchestrator rebuilt the conversation from the log.
+    let messages = cluster.model.requests()[1]["messages"].clone();
+    assert_eq!(
+        messages,
+        json!([
+            messages[0].clone(),
+            {"role": "user", "content": "my name is Ada"},
+            {"role": "assistant", "content": "Hello Ada."},
+            {"role": "user", "content": "what is my name?"},
+        ])
+    );
+    assert_eq!(messages[0]["role"], "system");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_stream_attaches_takes_inputs_and_rejects_bad_ones() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::text("hi there"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(pb::ChatRequest {
+        kind: Some(pb::chat_request::Kind::Attach(pb::Attach {
+            session_id: "chat-1".into(),
+            create: true,
+            from_seq: 1,
+        })),
+    })
+    .await
+    .unwrap();
+    let mut responses = client
+        .chat(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = responses.message().await.unwrap().unwrap();
+    match first.kind {
+        Some(pb::chat_response::Kind::Attached(s)) => assert_eq!(s.id, "chat-1"),
+        other => panic!("expected attached, got {other:?}"),
+    }
+    // An empty message is rejected on the stream, which stays open.
+    tx.send(pb::ChatRequest { kind: Some(pb::chat_request::Kind::Input(user("  "))) })
+        .await
+        .unwrap();
+    let rejected = responses.message().await.unwrap().unwrap();
+    match rejected.kind {
+        Some(pb::chat_response::Kind::Rejected(r)) => {
+            assert_eq!(r.code, tonic::Code::InvalidArgument as i32);
+            assert!(r.message.contains("empty"), "{}", r.message);
+        }
+        other => panic!("expected rejected, got {other:?}"),
+    }
+    tx.send(pb::ChatRequest { kind: Some(pb::chat_request::Kind::Input(user("hello"))) })
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(message) = responses.message().await.unwrap() {
+            if let Some(pb::chat_response::Kind::Event(e)) = message.kind {
+                let last = matches!(e.kind, Some(Kind::TurnFinished(_)));
+                seen.push(e);
+                if last {
+                    break;
+                }
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(kinds(&seen).first(), Some(&"user_message"));
+    assert_eq!(finished(&seen).message, "hi there");
+}

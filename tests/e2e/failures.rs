@@ -1,0 +1,148 @@
+//! Model and tool failures end up as information, never as a broken session.
+
+use crate::support::*;
+use agentry_proto::sessions::v1::{ErrorSource, TurnOutcome, event::Kind};
+use agentry_testkit::Cluster;
+use agentry_testkit::fake_model::{Reply, cut, raw, text};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+fn error_message(events: &[agentry_proto::sessions::v1::Event]) -> String {
+    events
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::Error(err)) => {
+                assert_eq!(err.source, ErrorSource::Model as i32);
+                Some(err.message.clone())
+            }
+            _ => None,
+        })
+        .expect("an error event")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn model_failures_end_the_turn_with_a_clear_error_and_the_session_stays_usable() {
+    let cluster = Cluster::start().await.unwrap();
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+
+    let cases: Vec<(Reply, &str)> = vec![
+        (Reply::error(500, "the GPU caught fire"), "HTTP 500"),
+        (Reply::error(404, "model 'fake-model' not found"), "not found"),
+        (Reply::stream(vec![text("partial answer"), cut()]), "ended"),
+        (Reply::stream(vec![raw("{this is not json")]), "malformed"),
+    ];
+    for (reply, expected) in cases {
+        cluster.model.push(reply);
+        let turn = send(&mut client, &session.id, "hello?").await;
+        let got = until_finished(&mut events, &turn).await;
+        let done = finished(&got);
+        assert_eq!(done.outcome, TurnOutcome::Failed as i32, "{got:#?}");
+        let message = error_message(&got).to_lowercase();
+        assert!(message.contains(&expected.to_lowercase()), "{message:?} lacks {expected:?}");
+    }
+    // After all that, the next turn works.
+    cluster.model.push(Reply::text("all good now"));
+    let turn = send(&mut client, &session.id, "try again").await;
+    let got = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&got).outcome, TurnOutcome::Completed as i32);
+    assert_eq!(finished(&got).message, "all good now");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_model_server_is_named_in_the_error() {
+    let cluster = Cluster::start_with(|c| c.llm.base_url = "http://127.0.0.1:9/v1".into())
+        .await
+        .unwrap();
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "anyone there?").await;
+    let got = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&got).outcome, TurnOutcome::Failed as i32);
+    let message = error_message(&got);
+    assert!(message.contains("127.0.0.1:9"), "{message}");
+    assert!(message.contains("cannot reach"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_tool_calls_go_back_to_the_model_as_tool_errors() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::tool_call("c1", "launch_rockets", json!({"count": 3})));
+    cluster.model.push(Reply::tool_call("c2", "bash", json!({"cmd": "ls"})));
+    cluster.model.push(Reply::tool_call("c3", "read_file", json!({"path": "../../etc/passwd"})));
+    cluster.model.push(Reply::tool_call("c4", "bash", json!({"command": "exit 3"})));
+    cluster.model.push(Reply::text("I could not do it."));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "do things").await;
+    let got = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&got).outcome, TurnOutcome::Completed as i32);
+    let results = tool_results(&got);
+    assert_eq!(results.len(), 4);
+    assert!(results.iter().all(|r| r.is_error), "{results:#?}");
+    assert!(results[0].output.contains("unknown tool \"launch_rockets\""), "{}", results[0].output);
+    assert!(results[0].output.contains("bash"), "{}", results[0].output);
+    assert!(results[1].output.contains("command"), "{}", results[1].output);
+    assert!(results[2].output.contains("outside the workspace"), "{}", results[2].output);
+    assert_eq!(results[3].exit_code, Some(3));
+    // Each error reached the model as that call's tool message.
+    let requests = cluster.model.requests();
+    assert_eq!(requests.len(), 5);
+    for (i, result) in results.iter().enumerate() {
+        let messages = requests[i + 1]["messages"].as_array().unwrap();
+        let last = messages.last().unwrap();
+        assert_eq!(last["role"], "tool");
+        assert_eq!(last["tool_call_id"], result.call_id.as_str());
+        assert_eq!(last["content"], result.output.as_str());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_outage_between_turns_loses_nothing() {
+    let mut cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::text("first"));
+    cluster.model.push(Reply::text("second"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "one").await;
+    until_finished(&mut events, &turn).await;
+
+    // While the store is down, inputs are refused with a clear error.
+    cluster
+        .stop_service(agentry_testkit::cluster::Service::SessionStore)
+        .await
+        .unwrap();
+    let mut client2 = cluster.orchestrator().await.unwrap();
+    let err = client2
+        .get_session(agentry_proto::orchestrator::v1::GetSessionRequest {
+            session_id: session.id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(err.message().contains("session store"), "{}", err.message());
+    cluster
+        .start_service(agentry_testkit::cluster::Service::SessionStore)
+        .await
+        .unwrap();
+
+    let mut events = client
+        .subscribe(agentry_proto::orchestrator::v1::SubscribeRequest {
+            session_id: session.id.clone(),
+            from_seq: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let turn = send(&mut client, &session.id, "two").await;
+    let all = until_finished(&mut events, &turn).await;
+    let users: Vec<String> = all
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::UserMessage(m)) => Some(m.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(users, vec!["one", "two"]);
+    assert_eq!(finished(&all).message, "second");
+}

@@ -1,0 +1,11 @@
+//! End-to-end tests: every service runs for real (in-process, on loopback
+//! ports, talking gRPC over TCP), the model is the test kit's fake server
+//! speaking OpenAI's streaming wire format, and bash really runs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+mod chat_turn;
+mod failures;
+mod turn_control;

@@ -1,0 +1,125 @@
+//! Helpers shared by the end-to-end tests.
+
+use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
+use agentry_proto::sessions::v1::{self as spb, event::Kind};
+use std::time::Duration;
+use tonic::Streaming;
+use tonic::transport::Channel;
+
+/// A user-message input.
+pub fn user(text: &str) -> pb::Input {
+    pb::Input {
+        kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
+            text: text.to_string(),
+            approval_mode: pb::ApprovalMode::Always as i32,
+        })),
+    }
+}
+
+/// Creates a session and subscribes to it from the start.
+pub async fn new_session(
+    client: &mut OrchestratorClient<Channel>,
+) -> (spb::Session, Streaming<spb::Event>) {
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let events = client
+        .subscribe(pb::SubscribeRequest {
+            session_id: session.id.clone(),
+            from_seq: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (session, events)
+}
+
+/// Submits a message and returns the turn id.
+pub async fn send(client: &mut OrchestratorClient<Channel>, session_id: &str, text: &str) -> String {
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(user(text)),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .turn_id
+}
+
+/// Reads events until the turn `turn_id` finishes; returns every event read.
+pub async fn until_finished(events: &mut Streaming<spb::Event>, turn_id: &str) -> Vec<spb::Event> {
+    let mut out = Vec::new();
+    let result = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(event) = events.message().await.unwrap() {
+            let done = matches!(event.kind, Some(Kind::TurnFinished(_))) && event.turn_id == turn_id;
+            out.push(event);
+            if done {
+                return;
+            }
+        }
+        panic!("the event stream ended before turn {turn_id} finished");
+    })
+    .await;
+    assert!(result.is_ok(), "turn {turn_id} did not finish in 30 s; events so far: {out:#?}");
+    out
+}
+
+/// The kind names of events, for comparing sequences.
+pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
+    events
+        .iter()
+        .map(|e| match e.kind.as_ref().unwrap() {
+            Kind::UserMessage(_) => "user_message",
+            Kind::ModelTextDelta(_) => "model_text_delta",
+            Kind::ModelMessage(_) => "model_message",
+            Kind::ToolCallRequested(_) => "tool_call_requested",
+            Kind::ApprovalRequested(_) => "approval_requested",
+            Kind::ApprovalDecided(_) => "approval_decided",
+            Kind::ToolOutputChunk(_) => "tool_output_chunk",
+            Kind::ToolResult(_) => "tool_result",
+            Kind::ReminderDue(_) => "reminder_due",
+            Kind::Error(_) => "error",
+            Kind::TurnFinished(_) => "turn_finished",
+            Kind::CancelRequested(_) => "cancel_requested",
+        })
+        .collect()
+}
+
+/// The last event, which must be a TurnFinished.
+pub fn finished(events: &[spb::Event]) -> spb::TurnFinished {
+    match events.last().and_then(|e| e.kind.clone()) {
+        Some(Kind::TurnFinished(f)) => f,
+        other => panic!("last event is not turn_finished: {other:?}"),
+    }
+}
+
+/// All tool results among `events`.
+pub fn tool_results(events: &[spb::Event]) -> Vec<spb::ToolResult> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::ToolResult(r)) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Reads a session's whole log from the store.
+pub async fn read_log(
+    store: &mut agentry_proto::sessions::v1::session_store_client::SessionStoreClient<Channel>,
+    session_id: &str,
+) -> Vec<spb::Event> {
+    store
+        .read(spb::ReadRequest {
+            session_id: session_id.to_string(),
+            from_seq: 1,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events
+}

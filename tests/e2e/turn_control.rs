@@ -1,0 +1,142 @@
+//! Step limit, busy sessions and cancellation.
+
+use crate::support::*;
+use agentry_proto::orchestrator::v1 as pb;
+use agentry_proto::sessions::v1::{TurnOutcome, event::Kind};
+use agentry_testkit::Cluster;
+use agentry_testkit::fake_model::{Fallback, Reply};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_that_never_stops_calling_tools_hits_the_step_limit() {
+    let cluster = Cluster::start_with(|c| c.agent.max_steps = 3).await.unwrap();
+    cluster.model.set_fallback(Fallback::Script(vec![Reply::tool_call(
+        "again",
+        "bash",
+        json!({"command": "true"}),
+    )]));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "loop forever").await;
+    let got = until_finished(&mut events, &turn).await;
+    let done = finished(&got);
+    assert_eq!(done.outcome, TurnOutcome::StepLimit as i32);
+    assert_eq!(done.steps, 3);
+    assert!(done.message.contains("step limit"), "{}", done.message);
+    assert_eq!(cluster.model.requests().len(), 3);
+    assert_eq!(tool_results(&got).len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_message_during_a_turn_is_refused() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster
+        .model
+        .push(Reply::text("slow answer").delay(Duration::from_millis(800)));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "first").await;
+    let err = client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(user("second")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(err.message().contains("already running"), "{}", err.message());
+    let got = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&got).message, "slow answer");
+    // Bad inputs are refused up front.
+    for (input, code) in [
+        (None, tonic::Code::InvalidArgument),
+        (Some(user("")), tonic::Code::InvalidArgument),
+        (Some(user(&"x".repeat(2 * 1024 * 1024))), tonic::Code::InvalidArgument),
+    ] {
+        let err = client
+            .submit(pb::SubmitRequest { session_id: session.id.clone(), input })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "{}", err.message());
+    }
+    let err = client
+        .submit(pb::SubmitRequest { session_id: "no-such-session".into(), input: Some(user("hi")) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{}", err.message());
+}
+
+fn process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::tool_call(
+        "long",
+        "bash",
+        json!({"command": "sleep 300 & echo $! > bg.pid; echo started; wait"}),
+    ));
+    cluster.model.push(Reply::text("next answer"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "run something long").await;
+    // Wait until the command is running.
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(e) = events.message().await.unwrap() {
+            let started = matches!(&e.kind, Some(Kind::ToolOutputChunk(c)) if c.text.contains("started"));
+            seen.push(e);
+            if started {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let pid_file = cluster.workspace_root().join(&session.id).join("bg.pid");
+    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(process_alive(pid));
+
+    let started = Instant::now();
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::Cancel(pb::CancelInput { reason: "changed my mind".into() })),
+            }),
+        })
+        .await
+        .unwrap();
+    let rest = until_finished(&mut events, &turn).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(finished(&rest).outcome, TurnOutcome::Cancelled as i32);
+    assert_eq!(kinds(&rest), vec!["cancel_requested", "tool_result", "turn_finished"]);
+    assert!(tool_results(&rest)[0].is_error);
+    // The background child of the killed command is gone too.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_alive(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!process_alive(pid), "process {pid} outlived the cancelled call");
+
+    // Cancelling with nothing running is refused; the next turn works.
+    let err = client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(pb::Input { kind: Some(pb::input::Kind::Cancel(pb::CancelInput::default())) }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    let turn = send(&mut client, &session.id, "and now?").await;
+    let got = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&got).message, "next answer");
+    // The model saw the cancelled call answered with an error.
+    let last = &cluster.model.requests()[1]["messages"];
+    let tool_msg = last.as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(tool_msg["tool_call_id"], "long");
+}
