@@ -3,9 +3,9 @@
 use crate::support::*;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1::{TurnOutcome, event::Kind};
+use agentry_testkit::Cluster;
 use agentry_testkit::cluster::Service;
 use agentry_testkit::fake_model::{Reply, finish, text, usage};
-use agentry_testkit::Cluster;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
@@ -47,7 +47,11 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
     );
     let seqs: Vec<u64> = received.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=received.len() as u64).collect::<Vec<_>>());
-    assert!(received.iter().all(|e| e.turn_id == turn && e.session_id == session.id));
+    assert!(
+        received
+            .iter()
+            .all(|e| e.turn_id == turn && e.session_id == session.id)
+    );
     assert!(received.iter().all(|e| e.time.is_some()));
 
     // The tool really ran.
@@ -56,7 +60,11 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
     assert_eq!(results[0].output, "42\n");
     assert!(!results[0].is_error);
     assert_eq!(results[0].exit_code, Some(0));
-    assert!(results[0].runner_id.starts_with("runner-"), "{}", results[0].runner_id);
+    assert!(
+        results[0].runner_id.starts_with("runner-"),
+        "{}",
+        results[0].runner_id
+    );
 
     // The answer streamed, then the turn completed with usage summed.
     let streamed: String = received
@@ -89,13 +97,19 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
     let second = requests[1]["messages"].as_array().unwrap();
     assert_eq!(second.len(), 4);
     assert_eq!(second[0]["role"], "system");
-    assert_eq!(second[1], json!({"role": "user", "content": "what is 6*7?"}));
+    assert_eq!(
+        second[1],
+        json!({"role": "user", "content": "what is 6*7?"})
+    );
     assert_eq!(second[2]["role"], "assistant");
     assert_eq!(second[2]["tool_calls"][0]["id"], "call_1");
     assert_eq!(second[2]["tool_calls"][0]["function"]["name"], "bash");
-    let args: serde_json::Value =
-        serde_json::from_str(second[2]["tool_calls"][0]["function"]["arguments"].as_str().unwrap())
-            .unwrap();
+    let args: serde_json::Value = serde_json::from_str(
+        second[2]["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(args, json!({"command": "echo $((6*7))"}));
     assert_eq!(
         second[3],
@@ -107,12 +121,17 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
     let mut store = cluster.store().await.unwrap();
     let stored = read_log(&mut store, &session.id).await;
     assert_eq!(stored, received);
-    cluster.restart_service(Service::SessionStore).await.unwrap();
+    cluster
+        .restart_service(Service::SessionStore)
+        .await
+        .unwrap();
     let mut store = cluster.store().await.unwrap();
     let reread = read_log(&mut store, &session.id).await;
     assert_eq!(reread, received);
     let listed = client
-        .get_session(pb::GetSessionRequest { session_id: session.id.clone() })
+        .get_session(pb::GetSessionRequest {
+            session_id: session.id.clone(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -130,10 +149,16 @@ async fn conversation_continues_across_an_orchestrator_restart() {
     let turn = send(&mut client, &session.id, "my name is Ada").await;
     until_finished(&mut events, &turn).await;
 
-    cluster.restart_service(Service::Orchestrator).await.unwrap();
+    cluster
+        .restart_service(Service::Orchestrator)
+        .await
+        .unwrap();
     let mut client = cluster.orchestrator().await.unwrap();
     let mut events = client
-        .subscribe(pb::SubscribeRequest { session_id: session.id.clone(), from_seq: 1 })
+        .subscribe(pb::SubscribeRequest {
+            session_id: session.id.clone(),
+            from_seq: 1,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -180,9 +205,11 @@ async fn chat_stream_attaches_takes_inputs_and_rejects_bad_ones() {
         other => panic!("expected attached, got {other:?}"),
     }
     // An empty message is rejected on the stream, which stays open.
-    tx.send(pb::ChatRequest { kind: Some(pb::chat_request::Kind::Input(user("  "))) })
-        .await
-        .unwrap();
+    tx.send(pb::ChatRequest {
+        kind: Some(pb::chat_request::Kind::Input(user("  "))),
+    })
+    .await
+    .unwrap();
     let rejected = responses.message().await.unwrap().unwrap();
     match rejected.kind {
         Some(pb::chat_response::Kind::Rejected(r)) => {
@@ -191,9 +218,11 @@ async fn chat_stream_attaches_takes_inputs_and_rejects_bad_ones() {
         }
         other => panic!("expected rejected, got {other:?}"),
     }
-    tx.send(pb::ChatRequest { kind: Some(pb::chat_request::Kind::Input(user("hello"))) })
-        .await
-        .unwrap();
+    tx.send(pb::ChatRequest {
+        kind: Some(pb::chat_request::Kind::Input(user("hello"))),
+    })
+    .await
+    .unwrap();
     let mut seen = Vec::new();
     tokio::time::timeout(std::time::Duration::from_secs(30), async {
         while let Some(message) = responses.message().await.unwrap() {

@@ -28,7 +28,10 @@ async fn model_failures_end_the_turn_with_a_clear_error_and_the_session_stays_us
 
     let cases: Vec<(Reply, &str)> = vec![
         (Reply::error(500, "the GPU caught fire"), "HTTP 500"),
-        (Reply::error(404, "model 'fake-model' not found"), "not found"),
+        (
+            Reply::error(404, "model 'fake-model' not found"),
+            "not found",
+        ),
         (Reply::stream(vec![text("partial answer"), cut()]), "ended"),
         (Reply::stream(vec![raw("{this is not json")]), "malformed"),
     ];
@@ -39,7 +42,10 @@ async fn model_failures_end_the_turn_with_a_clear_error_and_the_session_stays_us
         let done = finished(&got);
         assert_eq!(done.outcome, TurnOutcome::Failed as i32, "{got:#?}");
         let message = error_message(&got).to_lowercase();
-        assert!(message.contains(&expected.to_lowercase()), "{message:?} lacks {expected:?}");
+        assert!(
+            message.contains(&expected.to_lowercase()),
+            "{message:?} lacks {expected:?}"
+        );
     }
     // After all that, the next turn works.
     cluster.model.push(Reply::text("all good now"));
@@ -67,10 +73,22 @@ async fn unreachable_model_server_is_named_in_the_error() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_tool_calls_go_back_to_the_model_as_tool_errors() {
     let cluster = Cluster::start().await.unwrap();
-    cluster.model.push(Reply::tool_call("c1", "launch_rockets", json!({"count": 3})));
-    cluster.model.push(Reply::tool_call("c2", "bash", json!({"cmd": "ls"})));
-    cluster.model.push(Reply::tool_call("c3", "read_file", json!({"path": "../../etc/passwd"})));
-    cluster.model.push(Reply::tool_call("c4", "bash", json!({"command": "exit 3"})));
+    cluster.model.push(Reply::tool_call(
+        "c1",
+        "launch_rockets",
+        json!({"count": 3}),
+    ));
+    cluster
+        .model
+        .push(Reply::tool_call("c2", "bash", json!({"cmd": "ls"})));
+    cluster.model.push(Reply::tool_call(
+        "c3",
+        "read_file",
+        json!({"path": "../../etc/passwd"}),
+    ));
+    cluster
+        .model
+        .push(Reply::tool_call("c4", "bash", json!({"command": "exit 3"})));
     cluster.model.push(Reply::text("I could not do it."));
     let mut client = cluster.orchestrator().await.unwrap();
     let (session, mut events) = new_session(&mut client).await;
@@ -80,10 +98,24 @@ async fn bad_tool_calls_go_back_to_the_model_as_tool_errors() {
     let results = tool_results(&got);
     assert_eq!(results.len(), 4);
     assert!(results.iter().all(|r| r.is_error), "{results:#?}");
-    assert!(results[0].output.contains("unknown tool \"launch_rockets\""), "{}", results[0].output);
+    assert!(
+        results[0]
+            .output
+            .contains("unknown tool \"launch_rockets\""),
+        "{}",
+        results[0].output
+    );
     assert!(results[0].output.contains("bash"), "{}", results[0].output);
-    assert!(results[1].output.contains("command"), "{}", results[1].output);
-    assert!(results[2].output.contains("outside the workspace"), "{}", results[2].output);
+    assert!(
+        results[1].output.contains("command"),
+        "{}",
+        results[1].output
+    );
+    assert!(
+        results[2].output.contains("outside the workspace"),
+        "{}",
+        results[2].output
+    );
     assert_eq!(results[3].exit_code, Some(3));
     // Each error reached the model as that call's tool message.
     let requests = cluster.model.requests();

@@ -37,7 +37,11 @@ pub async fn new_session(
 }
 
 /// Submits a message and returns the turn id.
-pub async fn send(client: &mut OrchestratorClient<Channel>, session_id: &str, text: &str) -> String {
+pub async fn send(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+    text: &str,
+) -> String {
     client
         .submit(pb::SubmitRequest {
             session_id: session_id.to_string(),
@@ -54,7 +58,8 @@ pub async fn until_finished(events: &mut Streaming<spb::Event>, turn_id: &str) -
     let mut out = Vec::new();
     let result = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(event) = events.message().await.unwrap() {
-            let done = matches!(event.kind, Some(Kind::TurnFinished(_))) && event.turn_id == turn_id;
+            let done =
+                matches!(event.kind, Some(Kind::TurnFinished(_))) && event.turn_id == turn_id;
             out.push(event);
             if done {
                 return;
@@ -63,7 +68,10 @@ pub async fn until_finished(events: &mut Streaming<spb::Event>, turn_id: &str) -
         panic!("the event stream ended before turn {turn_id} finished");
     })
     .await;
-    assert!(result.is_ok(), "turn {turn_id} did not finish in 30 s; events so far: {out:#?}");
+    assert!(
+        result.is_ok(),
+        "turn {turn_id} did not finish in 30 s; events so far: {out:#?}"
+    );
     out
 }
 

@@ -11,12 +11,16 @@ use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_model_that_never_stops_calling_tools_hits_the_step_limit() {
-    let cluster = Cluster::start_with(|c| c.agent.max_steps = 3).await.unwrap();
-    cluster.model.set_fallback(Fallback::Script(vec![Reply::tool_call(
-        "again",
-        "bash",
-        json!({"command": "true"}),
-    )]));
+    let cluster = Cluster::start_with(|c| c.agent.max_steps = 3)
+        .await
+        .unwrap();
+    cluster
+        .model
+        .set_fallback(Fallback::Script(vec![Reply::tool_call(
+            "again",
+            "bash",
+            json!({"command": "true"}),
+        )]));
     let mut client = cluster.orchestrator().await.unwrap();
     let (session, mut events) = new_session(&mut client).await;
     let turn = send(&mut client, &session.id, "loop forever").await;
@@ -46,23 +50,36 @@ async fn a_second_message_during_a_turn_is_refused() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    assert!(err.message().contains("already running"), "{}", err.message());
+    assert!(
+        err.message().contains("already running"),
+        "{}",
+        err.message()
+    );
     let got = until_finished(&mut events, &turn).await;
     assert_eq!(finished(&got).message, "slow answer");
     // Bad inputs are refused up front.
     for (input, code) in [
         (None, tonic::Code::InvalidArgument),
         (Some(user("")), tonic::Code::InvalidArgument),
-        (Some(user(&"x".repeat(2 * 1024 * 1024))), tonic::Code::InvalidArgument),
+        (
+            Some(user(&"x".repeat(2 * 1024 * 1024))),
+            tonic::Code::InvalidArgument,
+        ),
     ] {
         let err = client
-            .submit(pb::SubmitRequest { session_id: session.id.clone(), input })
+            .submit(pb::SubmitRequest {
+                session_id: session.id.clone(),
+                input,
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), code, "{}", err.message());
     }
     let err = client
-        .submit(pb::SubmitRequest { session_id: "no-such-session".into(), input: Some(user("hi")) })
+        .submit(pb::SubmitRequest {
+            session_id: "no-such-session".into(),
+            input: Some(user("hi")),
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "{}", err.message());
@@ -88,7 +105,8 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
     let mut seen = Vec::new();
     tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(e) = events.message().await.unwrap() {
-            let started = matches!(&e.kind, Some(Kind::ToolOutputChunk(c)) if c.text.contains("started"));
+            let started =
+                matches!(&e.kind, Some(Kind::ToolOutputChunk(c)) if c.text.contains("started"));
             seen.push(e);
             if started {
                 return;
@@ -98,7 +116,11 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
     .await
     .unwrap();
     let pid_file = cluster.workspace_root().join(&session.id).join("bg.pid");
-    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(process_alive(pid));
 
     let started = Instant::now();
@@ -106,7 +128,9 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
         .submit(pb::SubmitRequest {
             session_id: session.id.clone(),
             input: Some(pb::Input {
-                kind: Some(pb::input::Kind::Cancel(pb::CancelInput { reason: "changed my mind".into() })),
+                kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
+                    reason: "changed my mind".into(),
+                })),
             }),
         })
         .await
@@ -114,20 +138,28 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
     let rest = until_finished(&mut events, &turn).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(finished(&rest).outcome, TurnOutcome::Cancelled as i32);
-    assert_eq!(kinds(&rest), vec!["cancel_requested", "tool_result", "turn_finished"]);
+    assert_eq!(
+        kinds(&rest),
+        vec!["cancel_requested", "tool_result", "turn_finished"]
+    );
     assert!(tool_results(&rest)[0].is_error);
     // The background child of the killed command is gone too.
     let deadline = Instant::now() + Duration::from_secs(5);
     while process_alive(pid) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(!process_alive(pid), "process {pid} outlived the cancelled call");
+    assert!(
+        !process_alive(pid),
+        "process {pid} outlived the cancelled call"
+    );
 
     // Cancelling with nothing running is refused; the next turn works.
     let err = client
         .submit(pb::SubmitRequest {
             session_id: session.id.clone(),
-            input: Some(pb::Input { kind: Some(pb::input::Kind::Cancel(pb::CancelInput::default())) }),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::Cancel(pb::CancelInput::default())),
+            }),
         })
         .await
         .unwrap_err();
@@ -137,6 +169,11 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
     assert_eq!(finished(&got).message, "next answer");
     // The model saw the cancelled call answered with an error.
     let last = &cluster.model.requests()[1]["messages"];
-    let tool_msg = last.as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    let tool_msg = last
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap();
     assert_eq!(tool_msg["tool_call_id"], "long");
 }

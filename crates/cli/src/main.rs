@@ -124,8 +124,7 @@ async fn main() -> ExitCode {
     match dispatch(cli).await {
         Ok(code) => code,
         Err(e)
-            if e
-                .downcast_ref::<std::io::Error>()
+            if e.downcast_ref::<std::io::Error>()
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
         {
             ExitCode::SUCCESS
@@ -156,6 +155,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             SessionsCommand::Show { id, json } => session_cmds::show(&config, &id, json).await,
         }
         .map(|()| ExitCode::SUCCESS),
-        Command::Tools => session_cmds::tools(&config).await.map(|()| ExitCode::SUCCESS),
+        Command::Tools => session_cmds::tools(&config)
+            .await
+            .map(|()| ExitCode::SUCCESS),
     }
 }

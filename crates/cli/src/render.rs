@@ -179,11 +179,20 @@ impl<A: Write, B: Write> Renderer<A, B> {
             Kind::ModelMessage(_) => self.end_line(),
             Kind::ToolCallRequested(c) => {
                 self.end_line();
-                let _ = writeln!(self.activity, "  → {} {}", c.tool, short_args(&c.tool, &c.arguments_json));
+                let _ = writeln!(
+                    self.activity,
+                    "  → {} {}",
+                    c.tool,
+                    short_args(&c.tool, &c.arguments_json)
+                );
             }
             Kind::ApprovalRequested(a) => {
                 self.end_line();
-                let _ = writeln!(self.activity, "  ? {} needs approval ({})", a.tool, a.matched_rule);
+                let _ = writeln!(
+                    self.activity,
+                    "  ? {} needs approval ({})",
+                    a.tool, a.matched_rule
+                );
             }
             Kind::ApprovalDecided(a) => {
                 let decision = enum_name(a.decision, |d: pb::ApprovalDecision| d.as_str_name());
@@ -197,7 +206,11 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 } else {
                     format!("  [{} ms on {}]", r.duration_ms, r.runner_id)
                 };
-                let _ = writeln!(self.activity, "  {mark} {}{runner}", shorten(&r.output, 120));
+                let _ = writeln!(
+                    self.activity,
+                    "  {mark} {}{runner}",
+                    shorten(&r.output, 120)
+                );
             }
             Kind::ReminderDue(r) => {
                 self.end_line();
@@ -228,7 +241,12 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     }
                     Ok(pb::TurnOutcome::Unspecified) | Err(_) => {}
                 }
-                let _ = writeln!(self.activity, "  ({} step{}{usage})", t.steps, if t.steps == 1 { "" } else { "s" });
+                let _ = writeln!(
+                    self.activity,
+                    "  ({} step{}{usage})",
+                    t.steps,
+                    if t.steps == 1 { "" } else { "s" }
+                );
                 let _ = self.activity.flush();
             }
             Kind::CancelRequested(_) => {

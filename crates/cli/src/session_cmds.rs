@@ -30,12 +30,19 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
         .map_err(|s| status_error("cannot list sessions", s))?
         .into_inner();
     if response.sessions.is_empty() {
-        print_line(format!("no sessions yet; start one with `agentry chat`"))?;
+        print_line("no sessions yet; start one with `agentry chat`")?;
         return Ok(());
     }
-    print_line(format!("{:<38} {:>9} {:>7} {:>9}  TITLE", "ID", "UPDATED", "MSGS", "EVENTS"))?;
+    print_line(format!(
+        "{:<38} {:>9} {:>7} {:>9}  TITLE",
+        "ID", "UPDATED", "MSGS", "EVENTS"
+    ))?;
     for s in &response.sessions {
-        let title = if s.title.is_empty() { "(empty)" } else { &s.title };
+        let title = if s.title.is_empty() {
+            "(empty)"
+        } else {
+            &s.title
+        };
         print_line(format!(
             "{:<38} {:>9} {:>7} {:>9}  {}",
             s.id,
@@ -46,7 +53,11 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
         ))?;
     }
     if response.total > response.sessions.len() as u64 {
-        print_line(format!("({} of {} sessions; use --limit to see more)", response.sessions.len(), response.total))?;
+        print_line(format!(
+            "({} of {} sessions; use --limit to see more)",
+            response.sessions.len(),
+            response.total
+        ))?;
     }
     Ok(())
 }
@@ -55,22 +66,33 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
 pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
     let mut client = connect(config).await?;
     let session = client
-        .get_session(pb::GetSessionRequest { session_id: id.to_string() })
+        .get_session(pb::GetSessionRequest {
+            session_id: id.to_string(),
+        })
         .await
         .map_err(|s| status_error(&format!("cannot show session {id}"), s))?
         .into_inner();
     let mut events = client
-        .subscribe(pb::SubscribeRequest { session_id: id.to_string(), from_seq: 1 })
+        .subscribe(pb::SubscribeRequest {
+            session_id: id.to_string(),
+            from_seq: 1,
+        })
         .await
         .map_err(|s| status_error("cannot read the session", s))?
         .into_inner();
     if !json {
-        print_line(format!("session {} — {} ({} events)", session.id, session.title, session.event_count))?;
+        print_line(format!(
+            "session {} — {} ({} events)",
+            session.id, session.title, session.event_count
+        ))?;
     }
     let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
     renderer.show_user = true;
     // Replay what is stored now, then stop.
-    while session.event_count > 0 {
+    if session.event_count == 0 {
+        return Ok(());
+    }
+    loop {
         let Some(event) = events
             .message()
             .await
@@ -106,7 +128,12 @@ pub async fn tools(config: &Config) -> anyhow::Result<()> {
         if t.sensitive {
             flags.push("sensitive");
         }
-        print_line(format!("{:<12} [{}]\n    {}", t.name, flags.join(", "), t.description))?;
+        print_line(format!(
+            "{:<12} [{}]\n    {}",
+            t.name,
+            flags.join(", "),
+            t.description
+        ))?;
     }
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! `agentry run` and `agentry chat`: submitting messages and following the
 //! session's events until the turn ends.
 
+use crate::Approve;
 use crate::client::{connect, print_line, status_error};
 use crate::render::{Renderer, event_json};
-use crate::Approve;
 use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
 use agentry_proto::sessions::v1::{self as spb, event::Kind};
 use agentry_runtime::Config;
@@ -11,8 +11,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 use tonic::Streaming;
+use tonic::transport::Channel;
 
 /// Exit code of a failed turn.
 const EXIT_FAILED: u8 = 1;
@@ -39,7 +39,9 @@ async fn open_session(
 ) -> anyhow::Result<spb::Session> {
     match session {
         Some(id) => client
-            .get_session(pb::GetSessionRequest { session_id: id.clone() })
+            .get_session(pb::GetSessionRequest {
+                session_id: id.clone(),
+            })
             .await
             .map(|r| r.into_inner())
             .map_err(|s| status_error(&format!("cannot open session {id}"), s)),
@@ -123,7 +125,9 @@ pub async fn run(
         };
         let event = match next {
             Ok(Some(event)) => event,
-            Ok(None) => anyhow::bail!("the orchestrator closed the event stream before the turn finished"),
+            Ok(None) => {
+                anyhow::bail!("the orchestrator closed the event stream before the turn finished")
+            }
             Err(status) => return Err(status_error("lost the event stream", status)),
         };
         if event.seq < submitted.seq {
@@ -134,13 +138,13 @@ pub async fn run(
         } else {
             renderer.event(&event);
         }
-        if let Some(Kind::TurnFinished(finished)) = &event.kind {
-            if event.turn_id == submitted.turn_id {
-                if !json {
-                    eprintln!("session: {}", session.id);
-                }
-                return Ok(exit_code(finished.outcome));
+        if let Some(Kind::TurnFinished(finished)) = &event.kind
+            && event.turn_id == submitted.turn_id
+        {
+            if !json {
+                eprintln!("session: {}", session.id);
             }
+            return Ok(exit_code(finished.outcome));
         }
     }
 }
@@ -195,7 +199,9 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
             "" => continue,
             "/exit" | "/quit" => break,
             "/help" => {
-                eprintln!("/session  show this session's id\n/exit     leave (also Ctrl+D)\nCtrl+C during a turn cancels it.");
+                eprintln!(
+                    "/session  show this session's id\n/exit     leave (also Ctrl+D)\nCtrl+C during a turn cancels it."
+                );
                 continue;
             }
             "/session" => {

@@ -11,11 +11,9 @@ use tokio::sync::watch;
 type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 
 /// A shutdown future that completes when `rx` sees `true`.
-fn on_stop(mut rx: watch::Receiver<bool>) -> impl Future<Output = ()> + Send {
-    async move {
-        // An error means the sender is gone, which also means stop.
-        let _ = rx.wait_for(|stop| *stop).await;
-    }
+async fn on_stop(mut rx: watch::Receiver<bool>) {
+    // An error means the sender is gone, which also means stop.
+    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 async fn start(

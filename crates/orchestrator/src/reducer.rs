@@ -8,9 +8,7 @@
 //! cleanup is the `TurnFinished` event that returns it to `Idle`).
 
 use agentry_llm::{Completion, Message, ToolCall};
-use agentry_proto::sessions::v1::{
-    self as pb, ErrorSource, TokenUsage, TurnOutcome, event::Kind,
-};
+use agentry_proto::sessions::v1::{self as pb, ErrorSource, TokenUsage, TurnOutcome, event::Kind};
 use std::collections::VecDeque;
 
 /// Where a session is.
@@ -300,10 +298,8 @@ impl SessionState {
                 if text.trim().is_empty() {
                     return Err(Refusal::EmptyMessage);
                 }
-                let record = self.record(
-                    &turn_id,
-                    vec![Kind::UserMessage(pb::UserMessage { text })],
-                );
+                let record =
+                    self.record(&turn_id, vec![Kind::UserMessage(pb::UserMessage { text })]);
                 Ok(vec![
                     record,
                     Effect::CallModel {
@@ -355,11 +351,14 @@ impl SessionState {
                 let finished = self.finish(TurnOutcome::Failed, message);
                 Ok(vec![self.record(&turn_id, vec![error, finished])])
             }
-            (Phase::UseTools, Input::ToolChunk {
-                call_id,
-                stream,
-                text,
-            }) => Ok(vec![self.record(
+            (
+                Phase::UseTools,
+                Input::ToolChunk {
+                    call_id,
+                    stream,
+                    text,
+                },
+            ) => Ok(vec![self.record(
                 &turn_id,
                 vec![Kind::ToolOutputChunk(pb::ToolOutputChunk {
                     call_id,

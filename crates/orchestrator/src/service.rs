@@ -46,10 +46,10 @@ impl OrchestratorService {
     /// The actor of a session, loading the session from its log if needed.
     async fn session(&self, session_id: &str) -> Result<SessionHandle, Status> {
         let mut sessions = self.sessions.lock().await;
-        if let Some(handle) = sessions.get(session_id) {
-            if !handle.commands.is_closed() {
-                return Ok(handle.clone());
-            }
+        if let Some(handle) = sessions.get(session_id)
+            && !handle.commands.is_closed()
+        {
+            return Ok(handle.clone());
         }
         let mut events = Vec::new();
         let mut from = 1;
@@ -151,9 +151,9 @@ impl OrchestratorService {
 
 /// Checks an input from a client and turns it into a [`SubmitInput`].
 fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
-    let kind = input
-        .and_then(|i| i.kind)
-        .ok_or_else(|| Status::invalid_argument("the input is empty: set user_message, approval or cancel"))?;
+    let kind = input.and_then(|i| i.kind).ok_or_else(|| {
+        Status::invalid_argument("the input is empty: set user_message, approval or cancel")
+    })?;
     match kind {
         pb::input::Kind::UserMessage(m) => {
             if m.text.trim().is_empty() {
@@ -191,7 +191,9 @@ impl Orchestrator for OrchestratorService {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<spb::Session>, Status> {
-        Ok(Response::new(self.get(request.into_inner().session_id).await?))
+        Ok(Response::new(
+            self.get(request.into_inner().session_id).await?,
+        ))
     }
 
     async fn list_sessions(

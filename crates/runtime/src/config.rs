@@ -97,7 +97,14 @@ impl std::fmt::Debug for LlmConfig {
         f.debug_struct("LlmConfig")
             .field("base_url", &self.base_url)
             .field("model", &self.model)
-            .field("api_key", &if self.api_key.is_empty() { "" } else { "<redacted>" })
+            .field(
+                "api_key",
+                &if self.api_key.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
             .field("request_timeout_secs", &self.request_timeout_secs)
             .field("connect_timeout_secs", &self.connect_timeout_secs)
             .field("temperature", &self.temperature)
@@ -256,13 +263,13 @@ impl Config {
         }
         let mut config = deserialize("merged configuration", &merged)?;
         config.config_dir = source.dir.clone();
-        config.validate()?;
+        config.validate("configuration")?;
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self, label: &str) -> Result<(), ConfigError> {
         let invalid = |key: &str, reason: &str| ConfigError::Invalid {
-            source_name: "configuration".into(),
+            source_name: label.to_string(),
             reason: format!("{key}: {reason}"),
         };
         if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://"))
@@ -369,7 +376,7 @@ fn parse_layer(label: &str, text: &str) -> Result<toml::Table, ConfigError> {
 }
 
 fn check_layer(label: &str, table: &toml::Table) -> Result<(), ConfigError> {
-    deserialize(label, table).map(|_| ())
+    deserialize(label, table)?.validate(label)
 }
 
 fn deserialize(label: &str, table: &toml::Table) -> Result<Config, ConfigError> {
@@ -403,7 +410,10 @@ fn key_at(text: &str, at: usize) -> Option<String> {
     for line in text.split_inclusive('\n') {
         let trimmed = line.trim();
         if trimmed.starts_with('[') && trimmed.ends_with(']') {
-            table = trimmed.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+            table = trimmed
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_string();
         }
         let end = offset + line.len();
         if at >= offset && at < end.max(offset + 1) {
@@ -535,8 +545,14 @@ mod tests {
     #[test]
     fn bad_file_names_file_key_and_reason() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("local.toml"), "[agent]\nmax_steps = \"many\"\n").unwrap();
-        let err = Config::load(&source(Some(dir.path()), &[])).unwrap_err().to_string();
+        std::fs::write(
+            dir.path().join("local.toml"),
+            "[agent]\nmax_steps = \"many\"\n",
+        )
+        .unwrap();
+        let err = Config::load(&source(Some(dir.path()), &[]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("local.toml"), "{err}");
         assert!(err.contains("max_steps"), "{err}");
         assert!(err.contains("invalid type"), "{err}");
@@ -546,7 +562,9 @@ mod tests {
     fn unknown_key_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("default.toml"), "[llm]\nmodle = \"x\"\n").unwrap();
-        let err = Config::load(&source(Some(dir.path()), &[])).unwrap_err().to_string();
+        let err = Config::load(&source(Some(dir.path()), &[]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("default.toml"), "{err}");
         assert!(err.contains("modle"), "{err}");
     }
@@ -555,7 +573,9 @@ mod tests {
     fn syntax_error_is_reported_with_file() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("local.toml"), "[llm\n").unwrap();
-        let err = Config::load(&source(Some(dir.path()), &[])).unwrap_err().to_string();
+        let err = Config::load(&source(Some(dir.path()), &[]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("local.toml"), "{err}");
     }
 

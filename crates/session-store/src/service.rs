@@ -57,8 +57,10 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let req = request.into_inner();
-        let session =
-            blocking(&self.store, move |s| s.create_session(&req.session_id, &req.title)).await?;
+        let session = blocking(&self.store, move |s| {
+            s.create_session(&req.session_id, &req.title)
+        })
+        .await?;
         Ok(Response::new(session))
     }
 
@@ -67,7 +69,9 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let id = request.into_inner().session_id;
-        Ok(Response::new(blocking(&self.store, move |s| s.get_session(&id)).await?))
+        Ok(Response::new(
+            blocking(&self.store, move |s| s.get_session(&id)).await?,
+        ))
     }
 
     async fn list_sessions(
@@ -120,8 +124,10 @@ impl SessionStore for SessionStoreService {
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let req = request.into_inner();
         let from = req.from_seq.max(1);
-        let (events, has_more) =
-            blocking(&self.store, move |s| s.read(&req.session_id, from, req.limit)).await?;
+        let (events, has_more) = blocking(&self.store, move |s| {
+            s.read(&req.session_id, from, req.limit)
+        })
+        .await?;
         let next_seq = events.last().map(|e| e.seq + 1).unwrap_or(from);
         Ok(Response::new(pb::ReadResponse {
             events,

@@ -139,7 +139,11 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
 }
 
 fn preview_of(text: &str) -> String {
-    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
     let mut out: String = line.chars().take(PREVIEW_CHARS).collect();
     if line.chars().count() > PREVIEW_CHARS {
         out.push('…');
@@ -263,7 +267,11 @@ impl Store {
     }
 
     /// Lists sessions, most recently updated first, with the total count.
-    pub fn list_sessions(&self, limit: u32, offset: u32) -> Result<(Vec<Session>, u64), StoreError> {
+    pub fn list_sessions(
+        &self,
+        limit: u32,
+        offset: u32,
+    ) -> Result<(Vec<Session>, u64), StoreError> {
         let limit = match limit {
             0 => 50,
             n => n.min(1000),
@@ -284,7 +292,11 @@ impl Store {
         let mut conn = self.writer();
         let tx = conn.transaction()?;
         let count: Option<i64> = tx
-            .query_row("SELECT event_count FROM sessions WHERE id = ?1", [id], |r| r.get(0))
+            .query_row(
+                "SELECT event_count FROM sessions WHERE id = ?1",
+                [id],
+                |r| r.get(0),
+            )
             .optional()?;
         let Some(count) = count else {
             return Err(StoreError::NotFound(id.to_string()));
@@ -471,7 +483,9 @@ impl Store {
         let from = from_seq.max(1);
         let conn = self.reader();
         let session = Self::session_in(&conn, session_id)?;
-        let to = session.event_count.min(from.saturating_add(u64::from(limit)) - 1);
+        let to = session
+            .event_count
+            .min(from.saturating_add(u64::from(limit)) - 1);
         let events = Self::read_in(&conn, session_id, from, to)?;
         Ok((events, to < session.event_count))
     }
@@ -523,7 +537,9 @@ mod tests {
     fn delta(text: &str) -> Event {
         Event {
             turn_id: "t1".into(),
-            kind: Some(event::Kind::ModelTextDelta(ModelTextDelta { text: text.into() })),
+            kind: Some(event::Kind::ModelTextDelta(ModelTextDelta {
+                text: text.into(),
+            })),
             ..Default::default()
         }
     }
@@ -533,13 +549,39 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         store.create_session("s1", "").unwrap();
-        let stored = store.append("s1", 1, vec![user("hello"), delta("hi")]).unwrap();
+        let stored = store
+            .append("s1", 1, vec![user("hello"), delta("hi")])
+            .unwrap();
         assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2]);
-        assert!(stored.iter().all(|e| e.session_id == "s1" && e.time.is_some()));
+        assert!(
+            stored
+                .iter()
+                .all(|e| e.session_id == "s1" && e.time.is_some())
+        );
         let err = store.append("s1", 2, vec![delta("x")]).unwrap_err();
-        assert!(matches!(err, StoreError::Conflict { expected: 2, actual: 3, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                StoreError::Conflict {
+                    expected: 2,
+                    actual: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         let err = store.append("s1", 4, vec![delta("x")]).unwrap_err();
-        assert!(matches!(err, StoreError::Conflict { expected: 4, actual: 3, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                StoreError::Conflict {
+                    expected: 4,
+                    actual: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         store.append("s1", 3, vec![delta("!")]).unwrap();
         let (events, more) = store.read("s1", 2, 0).unwrap();
         assert!(!more);
@@ -586,7 +628,9 @@ mod tests {
             let store = Store::open(&path).unwrap();
             store.create_session("a", "").unwrap();
             store.create_session("b", "Given title").unwrap();
-            store.append("a", 1, vec![user("first question\nmore")]).unwrap();
+            store
+                .append("a", 1, vec![user("first question\nmore")])
+                .unwrap();
         }
         let store = Store::open(&path).unwrap();
         let (sessions, total) = store.list_sessions(0, 0).unwrap();
@@ -598,7 +642,14 @@ mod tests {
         assert_eq!(sessions[0].event_count, 1);
         assert_eq!(sessions[1].title, "Given title");
         let (events, _) = store.read("a", 0, 0).unwrap();
-        assert_eq!(events, vec![Event { seq: 1, session_id: "a".into(), ..events[0].clone() }]);
+        assert_eq!(
+            events,
+            vec![Event {
+                seq: 1,
+                session_id: "a".into(),
+                ..events[0].clone()
+            }]
+        );
     }
 
     #[test]
@@ -606,7 +657,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         store.create_session("a", "").unwrap();
-        store.append("a", 1, vec![user("q"), delta("x"), delta("y")]).unwrap();
+        store
+            .append("a", 1, vec![user("q"), delta("x"), delta("y")])
+            .unwrap();
         let fork = store.fork_session("a", 2, "f").unwrap();
         assert_eq!(fork.event_count, 2);
         assert_eq!(fork.forked_from, "a");
@@ -617,8 +670,14 @@ mod tests {
             StoreError::InvalidArgument(_)
         ));
         assert_eq!(store.delete_session("a").unwrap(), 3);
-        assert!(matches!(store.get_session("a").unwrap_err(), StoreError::NotFound(_)));
-        assert!(matches!(store.read("a", 1, 0).unwrap_err(), StoreError::NotFound(_)));
+        assert!(matches!(
+            store.get_session("a").unwrap_err(),
+            StoreError::NotFound(_)
+        ));
+        assert!(matches!(
+            store.read("a", 1, 0).unwrap_err(),
+            StoreError::NotFound(_)
+        ));
         assert_eq!(store.read("f", 1, 0).unwrap().0.len(), 2);
     }
 }

@@ -991,11 +991,11 @@ async fn watchers_joining_during_appends_see_every_event_exactly_once() {
             let last = append(&mut writer, "busy", seq, events).await.unwrap();
             assert_eq!(last, seq + n - 1);
             seq += n;
-            if seq > JOIN_AT {
-                // Tell the watchers to join, and keep appending meanwhile.
-                if let Some(tx) = ready_tx.take() {
-                    let _ = tx.send(());
-                }
+            // Past JOIN_AT, tell the watchers to join, and keep appending meanwhile.
+            if seq > JOIN_AT
+                && let Some(tx) = ready_tx.take()
+            {
+                let _ = tx.send(());
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }

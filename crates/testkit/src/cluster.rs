@@ -174,12 +174,16 @@ impl Cluster {
 
     /// A client of the orchestrator.
     pub async fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<Channel>> {
-        Ok(OrchestratorClient::new(connect(&self.config.orchestrator.url).await?))
+        Ok(OrchestratorClient::new(
+            connect(&self.config.orchestrator.url).await?,
+        ))
     }
 
     /// A client of the session store.
     pub async fn store(&self) -> anyhow::Result<SessionStoreClient<Channel>> {
-        Ok(SessionStoreClient::new(connect(&self.config.session_store.url).await?))
+        Ok(SessionStoreClient::new(
+            connect(&self.config.session_store.url).await?,
+        ))
     }
 }
 

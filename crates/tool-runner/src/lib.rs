@@ -99,10 +99,10 @@ impl Limits {
 /// How a runner identifies itself in results: `AGENTRY_RUNNER_ID`, else the
 /// host name and process id.
 pub fn default_runner_id() -> String {
-    if let Ok(id) = std::env::var("AGENTRY_RUNNER_ID") {
-        if !id.is_empty() {
-            return id;
-        }
+    if let Ok(id) = std::env::var("AGENTRY_RUNNER_ID")
+        && !id.is_empty()
+    {
+        return id;
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())

@@ -74,8 +74,8 @@ impl ToolRunner for ToolRunnerService {
         if req.tool.is_empty() {
             return Err(Status::invalid_argument("tool must be set"));
         }
-        let workspace = Workspace::open(&self.inner.workspace_root, &req.session_id)
-            .map_err(|e| match e {
+        let workspace =
+            Workspace::open(&self.inner.workspace_root, &req.session_id).map_err(|e| match e {
                 ToolError::InvalidRequest(m) => Status::invalid_argument(m),
                 other => Status::internal(other.to_string()),
             })?;
@@ -137,7 +137,13 @@ impl ToolRunner for ToolRunnerService {
                 ..ToolOutcome::default()
             });
             let duration_ms = started.elapsed().as_millis() as u64;
-            tracing::debug!(call_id, tool, is_error = outcome.is_error, duration_ms, "tool call finished");
+            tracing::debug!(
+                call_id,
+                tool,
+                is_error = outcome.is_error,
+                duration_ms,
+                "tool call finished"
+            );
             let result = pb::ExecuteResponse {
                 kind: Some(pb::execute_response::Kind::Result(pb::ExecuteResult {
                     output: outcome.output,

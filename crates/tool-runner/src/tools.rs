@@ -149,7 +149,11 @@ pub async fn execute(
         }
         other => Err(ToolError::UnknownTool {
             name: other.to_string(),
-            available: specs().iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
+            available: specs()
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+                .join(", "),
         }),
     }
 }
@@ -219,7 +223,9 @@ async fn bash(
     sink: OutputSink,
 ) -> Result<ToolOutcome, ToolError> {
     if command.trim().is_empty() {
-        return Err(ToolError::InvalidArguments("command must not be empty".into()));
+        return Err(ToolError::InvalidArguments(
+            "command must not be empty".into(),
+        ));
     }
     let mut cmd = tokio::process::Command::new("bash");
     cmd.arg("-c")
@@ -247,10 +253,20 @@ async fn bash(
     let (merged_tx, mut merged_rx) = mpsc::unbounded_channel();
     let mut pumps = Vec::new();
     if let Some(out) = child.stdout.take() {
-        pumps.push(tokio::spawn(pump(out, OutputStream::Stdout, sink.clone(), merged_tx.clone())));
+        pumps.push(tokio::spawn(pump(
+            out,
+            OutputStream::Stdout,
+            sink.clone(),
+            merged_tx.clone(),
+        )));
     }
     if let Some(err) = child.stderr.take() {
-        pumps.push(tokio::spawn(pump(err, OutputStream::Stderr, sink, merged_tx.clone())));
+        pumps.push(tokio::spawn(pump(
+            err,
+            OutputStream::Stderr,
+            sink,
+            merged_tx.clone(),
+        )));
     }
     drop(merged_tx);
     let mut output = CappedOutput::new(limits.max_output_bytes);
@@ -332,12 +348,14 @@ async fn read_file(
 ) -> Result<ToolOutcome, ToolError> {
     let path = workspace.resolve(&args.path)?;
     let shown = workspace.display(&path);
-    let meta = tokio::fs::metadata(&path).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => {
-            ToolError::Io(format!("{shown}: no such file in the workspace"))
-        }
-        _ => ToolError::Io(format!("{shown}: {e}")),
-    })?;
+    let meta = tokio::fs::metadata(&path)
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                ToolError::Io(format!("{shown}: no such file in the workspace"))
+            }
+            _ => ToolError::Io(format!("{shown}: {e}")),
+        })?;
     if meta.is_dir() {
         return Err(ToolError::Io(format!("{shown} is a directory, not a file")));
     }
@@ -346,7 +364,11 @@ async fn read_file(
         return Err(ToolError::TooLarge(format!(
             "{shown} is {} bytes, over the {}-byte limit; read a line range with offset and limit",
             meta.len(),
-            if ranged { MAX_SCAN_BYTES } else { limits.max_read_bytes }
+            if ranged {
+                MAX_SCAN_BYTES
+            } else {
+                limits.max_read_bytes
+            }
         )));
     }
     let bytes = tokio::fs::read(&path)

@@ -26,9 +26,9 @@ impl Workspace {
         std::fs::create_dir_all(&dir).map_err(|e| {
             ToolError::Io(format!("cannot create workspace {}: {e}", dir.display()))
         })?;
-        let root = dir.canonicalize().map_err(|e| {
-            ToolError::Io(format!("cannot open workspace {}: {e}", dir.display()))
-        })?;
+        let root = dir
+            .canonicalize()
+            .map_err(|e| ToolError::Io(format!("cannot open workspace {}: {e}", dir.display())))?;
         Ok(Workspace { root })
     }
 
@@ -62,7 +62,9 @@ impl Workspace {
                 Component::Normal(part) => clean.push(part),
                 Component::CurDir => {}
                 Component::ParentDir => {
-                    return Err(refuse("'..' is not allowed; use a path inside the workspace"));
+                    return Err(refuse(
+                        "'..' is not allowed; use a path inside the workspace",
+                    ));
                 }
                 Component::RootDir | Component::Prefix(_) => {
                     return Err(refuse(
@@ -142,7 +144,10 @@ mod tests {
         assert!(outside(ws.resolve("etc").unwrap_err()));
         std::os::unix::fs::symlink("/nonexistent/x", ws.root().join("dangling")).unwrap();
         assert!(outside(ws.resolve("dangling").unwrap_err()));
-        assert!(matches!(ws.resolve("").unwrap_err(), ToolError::InvalidArguments(_)));
+        assert!(matches!(
+            ws.resolve("").unwrap_err(),
+            ToolError::InvalidArguments(_)
+        ));
         assert!(matches!(
             Workspace::open(root.path(), "../x").unwrap_err(),
             ToolError::InvalidRequest(_)

@@ -272,10 +272,10 @@ async fn wait_gone(pid: i32) -> bool {
 async fn read_pid_file(path: &Path) -> i32 {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if let Ok(pid) = text.trim().parse::<i32>() {
-                return pid;
-            }
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(pid) = text.trim().parse::<i32>()
+        {
+            return pid;
         }
         assert!(
             Instant::now() < deadline,
@@ -602,7 +602,8 @@ async fn dropping_the_stream_kills_the_call_and_its_background_processes() {
         "the background process should still run"
     );
     let cmdline = std::fs::read_to_string(format!("/proc/{child}/cmdline")).unwrap();
-    assert!(cmdline.starts_with("sleep\0300"), "{cmdline:?}");
+    let argv: Vec<&str> = cmdline.split('\0').collect();
+    assert_eq!(argv[..2], ["sleep", "300"], "{cmdline:?}");
 
     drop(stream);
     assert!(

@@ -1,0 +1,336 @@
+//! The real `agentry` binary: `agentry up` in the background, then
+//! `agentry run`, `agentry sessions` and `agentry chat` against it, with the
+//! test kit's fake model as the LLM server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use agentry_testkit::fake_model::{FakeModel, Reply};
+use serde_json::json;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentry");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The environment of one isolated Agentry install.
+struct Install {
+    dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
+}
+
+impl Install {
+    fn new(model_url: &str) -> Install {
+        let dir = tempfile::tempdir().unwrap();
+        // An empty config directory: built-in defaults plus the environment.
+        std::fs::create_dir(dir.path().join("config")).unwrap();
+        let mut env = vec![
+            (
+                "AGENTRY_CONFIG_DIR".to_string(),
+                dir.path().join("config").display().to_string(),
+            ),
+            (
+                "AGENTRY_DATA_DIR".to_string(),
+                dir.path().join("data").display().to_string(),
+            ),
+            ("AGENTRY_LLM_BASE_URL".to_string(), model_url.to_string()),
+            ("AGENTRY_LLM_MODEL".to_string(), "fake-model".to_string()),
+            (
+                "AGENTRY_LLM_API_KEY".to_string(),
+                "sk-test-secret-123".to_string(),
+            ),
+        ];
+        for (name, var) in [
+            ("orchestrator", "ORCHESTRATOR"),
+            ("session-store", "SESSION_STORE"),
+            ("tool-runner", "TOOL_RUNNER"),
+            ("scheduler", "SCHEDULER"),
+        ] {
+            let _ = name;
+            let port = free_port();
+            env.push((format!("AGENTRY_{var}_LISTEN"), format!("127.0.0.1:{port}")));
+            env.push((
+                format!("AGENTRY_{var}_URL"),
+                format!("http://127.0.0.1:{port}"),
+            ));
+        }
+        Install { dir, env }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .current_dir(self.dir.path())
+            .env_remove("RUST_LOG");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    fn orchestrator_url(&self) -> String {
+        self.env
+            .iter()
+            .find(|(k, _)| k == "AGENTRY_ORCHESTRATOR_URL")
+            .unwrap()
+            .1
+            .clone()
+    }
+}
+
+/// `agentry up`, stopped with SIGTERM when dropped.
+struct Up(Child);
+
+impl Up {
+    fn start(install: &Install, log: &Path) -> Up {
+        let log = std::fs::File::create(log).unwrap();
+        let child = install
+            .command(&["up"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let up = Up(child);
+        // Ready when `agentry sessions list` gets an answer.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = install.run(&["sessions", "list"]);
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentry up did not come up: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        up
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentry up did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn up_then_run_prints_the_answer() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "c1",
+        "bash",
+        json!({"command": "echo $((6*7))"}),
+    ));
+    model.push(Reply::text("6*7 is 42."));
+    let install = Install::new(&model.base_url());
+    let log = install.dir.path().join("up.log");
+    let up = Up::start(&install, &log);
+
+    let out = tokio::task::spawn_blocking({
+        let cmd = install.command(&["run", "--approve", "always", "what is 6*7?"]);
+        move || {
+            let mut cmd = cmd;
+            cmd.stdin(Stdio::null()).output().unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    // stdout holds the answer alone; tool activity goes to stderr.
+    assert_eq!(stdout.trim(), "6*7 is 42.");
+    assert!(stderr.contains("bash echo $((6*7))"), "{stderr}");
+    assert!(stderr.contains("← 42"), "{stderr}");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1]["messages"][3]["content"], "42\n");
+    // The API key went to the model server as a bearer token...
+    let headers = model.request_headers();
+    assert!(
+        headers[0]
+            .iter()
+            .any(|(k, v)| k == "authorization" && v == "Bearer sk-test-secret-123")
+    );
+
+    // The session is listed and can be shown.
+    let (list, _) = text(&install.run(&["sessions", "list"]));
+    assert!(list.contains("what is 6*7?"), "{list}");
+    let id = list
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let (shown, _) = text(&install.run(&["sessions", "show", &id]));
+    assert!(shown.contains("you> what is 6*7?"), "{shown}");
+    assert!(shown.contains("6*7 is 42."), "{shown}");
+    let (json_lines, _) = text(&install.run(&["sessions", "show", &id, "--json"]));
+    let events: Vec<serde_json::Value> = json_lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.first().unwrap()["type"], "user_message");
+    assert_eq!(events.last().unwrap()["type"], "turn_finished");
+    assert_eq!(events.last().unwrap()["outcome"], "completed");
+
+    // `run --json` continues the session and prints every event as JSON.
+    model.push(Reply::text("still 42"));
+    let out = install.run(&["run", "--session", &id, "--json", "and again?"]);
+    assert!(out.status.success());
+    let (stdout, _) = text(&out);
+    let events: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "user_message");
+    assert_eq!(events[0]["text"], "and again?");
+    assert!(events.iter().all(|e| e["session_id"] == id.as_str()));
+    assert_eq!(events.last().unwrap()["message"], "still 42");
+
+    // A failing turn exits non-zero.
+    model.push(Reply::error(503, "overloaded"));
+    let out = install.run(&["run", "--session", &id, "hello?"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("overloaded"), "{}", text(&out).1);
+
+    // SIGTERM stops every service cleanly.
+    let status = up.stop();
+    assert!(status.success(), "agentry up exited with {status}");
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !logs.contains("sk-test-secret-123"),
+        "the API key leaked into the logs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_reads_one_message_per_line_from_a_pipe() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("Hello!"));
+    model.push(Reply::text("Goodbye!"));
+    let install = Install::new(&model.base_url());
+    let log = install.dir.path().join("up.log");
+    let _up = Up::start(&install, &log);
+    let out = tokio::task::spawn_blocking({
+        let mut cmd = install.command(&["chat"]);
+        move || {
+            use std::io::Write;
+            let mut child = cmd
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(b"hi\n\nbye\n")
+                .unwrap();
+            child.wait_with_output().unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('('))
+            .collect::<Vec<_>>(),
+        vec!["Hello!", "Goodbye!"]
+    );
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1]["messages"][3]["content"], "bye");
+}
+
+#[test]
+fn unreachable_orchestrator_gives_one_clear_line() {
+    let install = Install::new("http://127.0.0.1:9/v1");
+    let out = install.run(&["run", "hello"]);
+    assert_eq!(out.status.code(), Some(1));
+    let (_, stderr) = text(&out);
+    let url = install.orchestrator_url();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&url), "{stderr}");
+    assert!(stderr.contains("agentry up"), "{stderr}");
+    assert!(stderr.to_lowercase().contains("refused"), "{stderr}");
+}
+
+#[test]
+fn a_bad_config_file_fails_naming_file_key_and_reason() {
+    let install = Install::new("http://127.0.0.1:9/v1");
+    let path = install.dir.path().join("config/local.toml");
+    std::fs::write(&path, "[agent]\nmax_steps = -4\n").unwrap();
+    let out = install.run(&["up"]);
+    assert!(!out.status.success());
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("local.toml"), "{stderr}");
+    assert!(stderr.contains("agent.max_steps"), "{stderr}");
+    let install = Install::new("not a url");
+    let out = install.run(&["up"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).1.contains("AGENTRY_LLM_BASE_URL"),
+        "{}",
+        text(&out).1
+    );
+}
+
+#[test]
+fn a_taken_port_is_reported() {
+    let install = Install::new("http://127.0.0.1:9/v1");
+    let url = install.orchestrator_url();
+    let addr = url.trim_start_matches("http://");
+    let _holder = TcpListener::bind(addr).unwrap();
+    let out = install.run(&["up"]);
+    assert!(!out.status.success());
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains(addr) && stderr.contains("already in use"),
+        "{stderr}"
+    );
+}
