@@ -1,6 +1,6 @@
 //! The gRPC face of the store.
 
-use crate::store::{MAX_READ_EVENTS, Store, StoreError};
+use crate::store::{Change, MAX_READ_EVENTS, Store, StoreError};
 use agentry_proto::sessions::v1 as pb;
 use agentry_proto::sessions::v1::session_store_server::SessionStore;
 use std::pin::Pin;
@@ -165,7 +165,7 @@ async fn watch_session(
     store: Arc<Store>,
     session_id: String,
     mut next: u64,
-    mut live: broadcast::Receiver<crate::store::Appended>,
+    mut live: broadcast::Receiver<Change>,
     tx: mpsc::Sender<Result<pb::Event, Status>>,
     mut closing: watch::Receiver<bool>,
 ) {
@@ -182,7 +182,16 @@ async fn watch_session(
             }
         };
         match batch {
-            Ok(batch) => {
+            Ok(Change::Deleted(id)) if id == session_id => {
+                let _ = tx
+                    .send(Err(Status::not_found(format!(
+                        "session {session_id:?} was deleted"
+                    ))))
+                    .await;
+                return;
+            }
+            Ok(Change::Deleted(_)) => {}
+            Ok(Change::Appended(batch)) => {
                 for e in batch.iter().filter(|e| e.session_id == session_id) {
                     if e.seq < next {
                         continue;

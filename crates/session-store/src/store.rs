@@ -74,15 +74,21 @@ impl StoreError {
     }
 }
 
-/// Events appended in one call, broadcast to watchers after commit.
-pub type Appended = Arc<Vec<Event>>;
+/// A change to the store, broadcast to watchers after it is committed.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Events appended in one call.
+    Appended(Arc<Vec<Event>>),
+    /// A session was deleted.
+    Deleted(String),
+}
 
 /// The store. Cheap to share behind an `Arc`; every method blocks on SQLite,
 /// so async callers run them on a blocking thread.
 pub struct Store {
     writer: Mutex<Connection>,
     reader: Mutex<Connection>,
-    appended: broadcast::Sender<Appended>,
+    changes: broadcast::Sender<Change>,
 }
 
 /// Checks a session id: 1–64 letters, digits, `-` or `_`.
@@ -208,11 +214,11 @@ impl Store {
         )?;
         let reader = Connection::open(path)?;
         reader.busy_timeout(std::time::Duration::from_secs(5))?;
-        let (appended, _) = broadcast::channel(1024);
+        let (changes, _) = broadcast::channel(1024);
         Ok(Store {
             writer: Mutex::new(writer),
             reader: Mutex::new(reader),
-            appended,
+            changes,
         })
     }
 
@@ -224,9 +230,11 @@ impl Store {
         self.reader.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Receives every batch of events appended after this call, in commit order.
-    pub fn subscribe(&self) -> broadcast::Receiver<Appended> {
-        self.appended.subscribe()
+    /// Receives every change committed after this call. Changes of one
+    /// session may arrive out of seq order (they are sent after the write
+    /// lock is released); watchers fill gaps from the log.
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
     }
 
     /// Creates a session with `id` (generated when empty).
@@ -304,6 +312,8 @@ impl Store {
         tx.execute("DELETE FROM events WHERE session_id = ?1", [id])?;
         tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
         tx.commit()?;
+        drop(conn);
+        let _ = self.changes.send(Change::Deleted(id.to_string()));
         Ok(count as u64)
     }
 
@@ -413,7 +423,7 @@ impl Store {
         drop(conn);
         let events = Arc::new(events);
         // No watcher is fine: the send fails only when nobody listens.
-        let _ = self.appended.send(events.clone());
+        let _ = self.changes.send(Change::Appended(events.clone()));
         Ok(Arc::unwrap_or_clone(events))
     }
 

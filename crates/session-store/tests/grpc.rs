@@ -1039,6 +1039,29 @@ async fn watch_on_an_unknown_session_is_not_found() {
     assert_code(get(&mut client, "ghost").await, Code::NotFound);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_ends_with_not_found_when_the_session_is_deleted() {
+    let (_dir, _server, mut client) = start_fresh().await;
+    create(&mut client, "doomed", "").await;
+    append(&mut client, "doomed", 1, vec![user("hi")])
+        .await
+        .unwrap();
+    let mut stream = watch(&mut client, "doomed", 1).await.unwrap();
+    assert_eq!(next_event(&mut stream).await.seq, 1);
+    client
+        .delete_session(DeleteSessionRequest {
+            session_id: "doomed".into(),
+        })
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("the watch stream ended");
+    let status = ended.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    assert!(status.message().contains("deleted"), "{status:?}");
+}
+
 // ---------------------------------------------------------------------------
 // Concurrency
 // ---------------------------------------------------------------------------

@@ -7,8 +7,9 @@ use agentry_proto::sessions::v1::OutputStream;
 use serde::Deserialize;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 /// A tool's description and flags.
@@ -131,6 +132,11 @@ pub async fn execute(
     match tool {
         "bash" => {
             let args: BashArgs = parse_args(tool, arguments_json)?;
+            if args.timeout_secs == Some(0) {
+                return Err(ToolError::InvalidArguments(
+                    "timeout_secs must be at least 1".into(),
+                ));
+            }
             let timeout = args
                 .timeout_secs
                 .map(Duration::from_secs)
@@ -173,6 +179,9 @@ fn is_secret_var(name: &str) -> bool {
         || name.ends_with("_TOKEN")
         || name.ends_with("_SECRET")
 }
+
+/// How long the output readers may drain after the process group is gone.
+const PIPE_DRAIN: Duration = Duration::from_millis(500);
 
 /// Kills a whole process group when dropped, so that a cancelled call leaves
 /// no process behind.
@@ -270,6 +279,7 @@ async fn bash(
     }
     drop(merged_tx);
     let mut output = CappedOutput::new(limits.max_output_bytes);
+    let mut escaped = false;
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     let waited = loop {
@@ -282,13 +292,27 @@ async fn bash(
     // Whatever happened, nothing the command started may outlive the call;
     // this also closes pipes that background processes still hold.
     group.kill();
-    for p in pumps {
-        let _ = p.await;
+    // A process that left the group may still hold the pipes open: give the
+    // readers a moment to drain, then stop reading rather than wait for it.
+    for mut p in pumps {
+        if tokio::time::timeout(PIPE_DRAIN, &mut p).await.is_err() {
+            p.abort();
+            escaped = true;
+        }
     }
     while let Ok(bytes) = merged_rx.try_recv() {
         output.push(&bytes);
     }
     let (mut text, truncated) = output.finish();
+    if escaped {
+        tracing::warn!(
+            "a process started by a bash call left its process group and kept its output open"
+        );
+        text.push_str(
+            "\n[a background process left the command's process group and kept its output open; \
+             output after this point was not collected]",
+        );
+    }
     match waited {
         Some(Ok(status)) => {
             let code = status.code();
@@ -428,13 +452,29 @@ async fn write_file(workspace: &Workspace, args: &WriteArgs) -> Result<ToolOutco
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = parent.join(format!(".{name}.agentry-{}.tmp", std::process::id()));
+    // Unique per call, also across replicas sharing the volume (which may
+    // all run as pid 1), and created exclusively.
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = parent.join(format!(
+        ".{name}.agentry-{}-{}-{nanos}.tmp",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
     let content = args.content.as_bytes().to_vec();
     let len = content.len();
     let result = async {
-        tokio::fs::write(&tmp, &content).await?;
-        let file = tokio::fs::File::open(&tmp).await?;
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .await?;
+        file.write_all(&content).await?;
         file.sync_all().await?;
+        drop(file);
         tokio::fs::rename(&tmp, &path).await
     }
     .await;

@@ -455,6 +455,16 @@ async fn bash_nonzero_exit_is_an_error_with_its_exit_code() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_zero_timeout_is_refused() {
+    let runner = Runner::start(default_limits()).await;
+    let mut client = runner.client().await;
+    let args = json!({"command": "echo never", "timeout_secs": 0}).to_string();
+    let out = execute_request(&mut client, request("s1", "bash", &args)).await;
+    assert_error_mentions(&out.result, "timeout_secs must be at least 1");
+    assert!(!out.result.timed_out);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bash_killed_by_a_signal_is_an_error_without_exit_code() {
     let runner = Runner::start(default_limits()).await;
     let mut client = runner.client().await;
@@ -601,9 +611,16 @@ async fn dropping_the_stream_kills_the_call_and_its_background_processes() {
         process_alive(child),
         "the background process should still run"
     );
-    let cmdline = std::fs::read_to_string(format!("/proc/{child}/cmdline")).unwrap();
-    let argv: Vec<&str> = cmdline.split('\0').collect();
-    assert_eq!(argv[..2], ["sleep", "300"], "{cmdline:?}");
+    // The background child is (or is about to become) `sleep 300`.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let cmdline = std::fs::read_to_string(format!("/proc/{child}/cmdline")).unwrap();
+        if cmdline.split('\0').take(2).eq(["sleep", "300"]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{child} runs {cmdline:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     drop(stream);
     assert!(
@@ -1083,14 +1100,12 @@ async fn concurrent_calls_are_independent() {
 }
 
 // ---------------------------------------------------------------------------
-// Known bugs (ignored until fixed; run with `--ignored`)
+// Escaped processes and concurrent writes
 // ---------------------------------------------------------------------------
 
 /// A process that leaves the call's process group (`setsid`) but keeps its
-/// stdout keeps the call open until it exits: the timeout does not bound the
-/// wait for the output pumps (tools.rs, `for p in pumps { p.await }`).
+/// stdout open must not hold the call open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: the wait for output pumps is unbounded (tools.rs:269)"]
 async fn a_process_that_left_the_group_does_not_hold_the_call_open() {
     let runner = Runner::start(default_limits()).await;
     let mut client = runner.client().await;
@@ -1122,12 +1137,9 @@ async fn a_process_that_left_the_group_does_not_hold_the_call_open() {
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
 }
 
-/// write_file's temporary file is named after the process id only
-/// (tools.rs:409), so concurrent writes of one path collide: one of them
-/// fails with "No such file or directory" (its temporary file was renamed
-/// away by the other call).
+/// Concurrent writes of one path each use their own temporary file, so all
+/// succeed and the file holds one of them whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: write_file's temporary file name is not unique per call (tools.rs:409)"]
 async fn concurrent_writes_to_one_path_all_succeed() {
     let runner = Runner::start(default_limits()).await;
     let client = runner.client().await;
