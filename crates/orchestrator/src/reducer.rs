@@ -224,7 +224,10 @@ impl SessionState {
                     content: r.output.clone(),
                 });
                 if let Some(turn) = &mut self.turn {
-                    turn.pending.retain(|c| c.id != r.call_id);
+                    // Only the first match: a response may repeat an id.
+                    if let Some(i) = turn.pending.iter().position(|c| c.id == r.call_id) {
+                        turn.pending.remove(i);
+                    }
                     if turn.pending.is_empty() {
                         self.phase = Phase::Generate;
                     }
@@ -358,14 +361,23 @@ impl SessionState {
                     stream,
                     text,
                 },
-            ) => Ok(vec![self.record(
-                &turn_id,
-                vec![Kind::ToolOutputChunk(pb::ToolOutputChunk {
-                    call_id,
-                    stream: stream as i32,
-                    text,
-                })],
-            )]),
+            ) => {
+                let running = self.turn.as_ref().and_then(|t| t.pending.front());
+                if running.map(|c| c.id.as_str()) != Some(call_id.as_str()) {
+                    return Err(Refusal::Unexpected {
+                        input: "tool output",
+                        phase,
+                    });
+                }
+                Ok(vec![self.record(
+                    &turn_id,
+                    vec![Kind::ToolOutputChunk(pb::ToolOutputChunk {
+                        call_id,
+                        stream: stream as i32,
+                        text,
+                    })],
+                )])
+            }
             (Phase::UseTools, Input::ToolDone(result)) => {
                 let expected = self
                     .turn
