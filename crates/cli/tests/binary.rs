@@ -94,22 +94,32 @@ impl Install {
 struct Up(Child);
 
 impl Up {
-    fn start(install: &Install, log: &Path) -> Up {
-        let log = std::fs::File::create(log).unwrap();
+    /// Starts `agentry up`; `None` when it exited at once (for example
+    /// because another test took one of its ports in the meantime).
+    fn try_start(install: &Install, log: &Path) -> Option<Up> {
+        let log_file = std::fs::File::create(log).unwrap();
         let child = install
             .command(&["up"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(log_file)
             .spawn()
             .unwrap();
-        let up = Up(child);
+        let mut up = Up(child);
         // Ready when `agentry sessions list` gets an answer.
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            if let Some(status) = up.0.try_wait().unwrap() {
+                let logs = std::fs::read_to_string(log).unwrap_or_default();
+                assert!(
+                    logs.contains("already in use"),
+                    "agentry up exited with {status}: {logs}"
+                );
+                return None;
+            }
             let out = install.run(&["sessions", "list"]);
             if out.status.success() {
-                break;
+                return Some(up);
             }
             assert!(
                 Instant::now() < deadline,
@@ -118,7 +128,18 @@ impl Up {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        up
+    }
+
+    /// A fresh install with `agentry up` running against `model_url`.
+    fn start(model_url: &str) -> (Install, Up, std::path::PathBuf) {
+        for _ in 0..3 {
+            let install = Install::new(model_url);
+            let log = install.dir.path().join("up.log");
+            if let Some(up) = Up::try_start(&install, &log) {
+                return (install, up, log);
+            }
+        }
+        panic!("agentry up could not bind its ports three times in a row");
     }
 
     fn stop(mut self) -> std::process::ExitStatus {
@@ -161,9 +182,7 @@ async fn up_then_run_prints_the_answer() {
         json!({"command": "echo $((6*7))"}),
     ));
     model.push(Reply::text("6*7 is 42."));
-    let install = Install::new(&model.base_url());
-    let log = install.dir.path().join("up.log");
-    let up = Up::start(&install, &log);
+    let (install, up, log) = Up::start(&model.base_url());
 
     let out = tokio::task::spawn_blocking({
         let cmd = install.command(&["run", "--approve", "always", "what is 6*7?"]);
@@ -249,9 +268,7 @@ async fn chat_reads_one_message_per_line_from_a_pipe() {
     let model = FakeModel::start().await.unwrap();
     model.push(Reply::text("Hello!"));
     model.push(Reply::text("Goodbye!"));
-    let install = Install::new(&model.base_url());
-    let log = install.dir.path().join("up.log");
-    let _up = Up::start(&install, &log);
+    let (install, _up, _log) = Up::start(&model.base_url());
     let out = tokio::task::spawn_blocking({
         let mut cmd = install.command(&["chat"]);
         move || {

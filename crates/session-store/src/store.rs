@@ -6,6 +6,7 @@ use agentry_proto::sessions::v1::{Event, Session, event};
 use prost::Message;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::broadcast;
@@ -89,6 +90,9 @@ pub struct Store {
     writer: Mutex<Connection>,
     reader: Mutex<Connection>,
     changes: broadcast::Sender<Change>,
+    /// The last recency stamp given out: listings sort by it, so sessions
+    /// touched within the same millisecond still list in write order.
+    touched: AtomicI64,
 }
 
 /// Checks a session id: 1–64 letters, digits, `-` or `_`.
@@ -195,12 +199,13 @@ impl Store {
                 title TEXT NOT NULL DEFAULT '',
                 created_ms INTEGER NOT NULL,
                 updated_ms INTEGER NOT NULL,
+                touched INTEGER NOT NULL DEFAULT 0,
                 event_count INTEGER NOT NULL DEFAULT 0,
                 user_message_count INTEGER NOT NULL DEFAULT 0,
                 preview TEXT NOT NULL DEFAULT '',
                 forked_from TEXT NOT NULL DEFAULT ''
             );
-            CREATE INDEX IF NOT EXISTS sessions_by_update ON sessions(updated_ms DESC, id);
+            CREATE INDEX IF NOT EXISTS sessions_by_touch ON sessions(touched DESC);
             CREATE TABLE IF NOT EXISTS events (
                 session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
                 seq INTEGER NOT NULL,
@@ -212,6 +217,10 @@ impl Store {
             ) WITHOUT ROWID;
             PRAGMA user_version = 1;",
         )?;
+        let touched: i64 =
+            writer.query_row("SELECT COALESCE(MAX(touched), 0) FROM sessions", [], |r| {
+                r.get(0)
+            })?;
         let reader = Connection::open(path)?;
         reader.busy_timeout(std::time::Duration::from_secs(5))?;
         let (changes, _) = broadcast::channel(1024);
@@ -219,7 +228,13 @@ impl Store {
             writer: Mutex::new(writer),
             reader: Mutex::new(reader),
             changes,
+            touched: AtomicI64::new(touched),
         })
+    }
+
+    /// The next recency stamp (called with the write lock held).
+    fn touch(&self) -> i64 {
+        self.touched.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     fn writer(&self) -> MutexGuard<'_, Connection> {
@@ -249,9 +264,9 @@ impl Store {
         let title = preview_of(title);
         let conn = self.writer();
         let inserted = conn.execute(
-            "INSERT INTO sessions (id, title, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?3)
-             ON CONFLICT(id) DO NOTHING",
-            params![id, title, now],
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, touched)
+             VALUES (?1, ?2, ?3, ?3, ?4) ON CONFLICT(id) DO NOTHING",
+            params![id, title, now, self.touch()],
         )?;
         if inserted == 0 {
             return Err(StoreError::AlreadyExists(id));
@@ -286,7 +301,7 @@ impl Store {
         };
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY updated_ms DESC, id DESC LIMIT ?1 OFFSET ?2"
+            "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY touched DESC LIMIT ?1 OFFSET ?2"
         ))?;
         let sessions = stmt
             .query_map(params![limit, offset], session_from_row)?
@@ -345,9 +360,9 @@ impl Store {
         };
         let now = now_ms();
         let inserted = tx.execute(
-            "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from)
-             VALUES (?1, ?2, ?3, ?3, ?4) ON CONFLICT(id) DO NOTHING",
-            params![new_id, source.title, now, id],
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from, touched)
+             VALUES (?1, ?2, ?3, ?3, ?4, ?5) ON CONFLICT(id) DO NOTHING",
+            params![new_id, source.title, now, id, self.touch()],
         )?;
         if inserted == 0 {
             return Err(StoreError::AlreadyExists(new_id));
@@ -360,7 +375,7 @@ impl Store {
                 e
             })
             .collect();
-        Self::insert_events(&tx, &new_id, 0, &renamed, now)?;
+        Self::insert_events(&tx, &new_id, 0, &renamed, now, self.touch())?;
         let session = Self::session_in(&tx, &new_id)?;
         tx.commit()?;
         Ok(session)
@@ -418,7 +433,7 @@ impl Store {
                 e.time = Some(timestamp_from_ms(now));
             }
         }
-        Self::insert_events(&tx, session_id, count as u64, &events, now)?;
+        Self::insert_events(&tx, session_id, count as u64, &events, now, self.touch())?;
         tx.commit()?;
         drop(conn);
         let events = Arc::new(events);
@@ -433,6 +448,7 @@ impl Store {
         count_before: u64,
         events: &[Event],
         now: i64,
+        touched: i64,
     ) -> Result<(), StoreError> {
         let mut user_messages = 0i64;
         let mut first_user_text: Option<&str> = None;
@@ -463,6 +479,7 @@ impl Store {
             "UPDATE sessions SET
                 event_count = ?2,
                 updated_ms = ?3,
+                touched = ?6,
                 user_message_count = user_message_count + ?4,
                 preview = CASE WHEN preview = '' THEN ?5 ELSE preview END,
                 title = CASE WHEN title = '' THEN ?5 ELSE title END
@@ -472,7 +489,8 @@ impl Store {
                 (count_before + events.len() as u64) as i64,
                 now,
                 user_messages,
-                preview
+                preview,
+                touched
             ],
         )?;
         Ok(())

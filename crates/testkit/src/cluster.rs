@@ -40,11 +40,9 @@ pub struct Cluster {
     pub config: Config,
     dir: tempfile::TempDir,
     running: Vec<(Service, Running)>,
-}
-
-async fn ephemeral() -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    Ok(listener.local_addr()?)
+    /// Listeners bound at start-up and not yet handed to their service, so
+    /// that no other test can take the port in between.
+    reserved: Vec<(Service, TcpListener)>,
 }
 
 impl Cluster {
@@ -63,13 +61,16 @@ impl Cluster {
         config.llm.base_url = model.base_url();
         config.llm.model = "fake-model".into();
         config.llm.request_timeout_secs = 30;
-        for endpoint in [
-            &mut config.orchestrator.listen,
-            &mut config.session_store.listen,
-            &mut config.scheduler.listen,
-            &mut config.tool_runner.listen,
+        let mut reserved = Vec::new();
+        for (service, endpoint) in [
+            (Service::Orchestrator, &mut config.orchestrator.listen),
+            (Service::SessionStore, &mut config.session_store.listen),
+            (Service::Scheduler, &mut config.scheduler.listen),
+            (Service::ToolRunner, &mut config.tool_runner.listen),
         ] {
-            *endpoint = ephemeral().await?;
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            *endpoint = listener.local_addr()?;
+            reserved.push((service, listener));
         }
         config.orchestrator.url = format!("http://{}", config.orchestrator.listen);
         config.session_store.url = format!("http://{}", config.session_store.listen);
@@ -81,6 +82,7 @@ impl Cluster {
             config,
             dir,
             running: Vec::new(),
+            reserved,
         };
         for service in [
             Service::SessionStore,
@@ -118,7 +120,10 @@ impl Cluster {
             Service::Scheduler => config.scheduler.listen,
             Service::Orchestrator => config.orchestrator.listen,
         };
-        let listener = bind_retrying(addr).await?;
+        let listener = match self.reserved.iter().position(|(s, _)| *s == service) {
+            Some(i) => self.reserved.remove(i).1,
+            None => bind_retrying(addr).await?,
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
