@@ -124,7 +124,7 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
     assert!(process_alive(pid));
 
     let started = Instant::now();
-    client
+    let cancelled = client
         .submit(pb::SubmitRequest {
             session_id: session.id.clone(),
             input: Some(pb::Input {
@@ -134,7 +134,12 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
             }),
         })
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        cancelled.turn_id, turn,
+        "the cancel reports the turn it ended"
+    );
     let rest = until_finished(&mut events, &turn).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(finished(&rest).outcome, TurnOutcome::Cancelled as i32);

@@ -9,6 +9,7 @@ use agentry_proto::sessions::v1::{self as spb, event::Kind};
 use agentry_runtime::Config;
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 use tonic::Streaming;
@@ -53,18 +54,77 @@ async fn open_session(
     }
 }
 
-async fn subscribe(
-    client: &mut OrchestratorClient<Channel>,
-    session: &spb::Session,
-) -> anyhow::Result<Streaming<spb::Event>> {
-    client
-        .subscribe(pb::SubscribeRequest {
+/// A session's event stream that survives a restart of the orchestrator or
+/// the session store: on a broken stream it resubscribes from the next seq.
+struct Follower {
+    client: OrchestratorClient<Channel>,
+    session_id: String,
+    next_seq: u64,
+    stream: Option<Streaming<spb::Event>>,
+}
+
+/// How long a broken event stream is retried before giving up.
+const RECONNECT_FOR: Duration = Duration::from_secs(30);
+
+impl Follower {
+    async fn new(
+        client: &OrchestratorClient<Channel>,
+        session: &spb::Session,
+    ) -> anyhow::Result<Follower> {
+        let mut follower = Follower {
+            client: client.clone(),
             session_id: session.id.clone(),
-            from_seq: session.event_count + 1,
-        })
-        .await
-        .map(|r| r.into_inner())
-        .map_err(|s| status_error("cannot follow the session", s))
+            next_seq: session.event_count + 1,
+            stream: None,
+        };
+        follower.stream = Some(
+            follower
+                .subscribe()
+                .await
+                .map_err(|s| status_error("cannot follow the session", s))?,
+        );
+        Ok(follower)
+    }
+
+    async fn subscribe(&mut self) -> Result<Streaming<spb::Event>, tonic::Status> {
+        self.client
+            .subscribe(pb::SubscribeRequest {
+                session_id: self.session_id.clone(),
+                from_seq: self.next_seq,
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// The next event, reconnecting when the stream breaks.
+    async fn next(&mut self) -> anyhow::Result<spb::Event> {
+        let mut broken_since: Option<Instant> = None;
+        loop {
+            let failure = match &mut self.stream {
+                Some(stream) => match stream.message().await {
+                    Ok(Some(event)) => {
+                        self.next_seq = event.seq + 1;
+                        return Ok(event);
+                    }
+                    Ok(None) => "the event stream ended".to_string(),
+                    Err(status) => status.message().to_string(),
+                },
+                None => "not subscribed".to_string(),
+            };
+            self.stream = None;
+            let since = *broken_since.get_or_insert_with(|| {
+                eprintln!("({failure}; reconnecting…)");
+                Instant::now()
+            });
+            if since.elapsed() > RECONNECT_FOR {
+                anyhow::bail!("lost the session's event stream: {failure}");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if let Ok(stream) = self.subscribe().await {
+                self.stream = Some(stream);
+            }
+        }
+    }
 }
 
 fn user_input(text: String, approve: Approve) -> pb::Input {
@@ -99,7 +159,7 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     let mut client = connect(config).await?;
     let session = open_session(&mut client, session).await?;
-    let mut events = subscribe(&mut client, &session).await?;
+    let mut events = Follower::new(&client, &session).await?;
     let submitted = client
         .submit(pb::SubmitRequest {
             session_id: session.id.clone(),
@@ -112,7 +172,7 @@ pub async fn run(
     let mut cancelled = false;
     loop {
         let next = tokio::select! {
-            next = events.message() => next,
+            next = events.next() => next?,
             _ = tokio::signal::ctrl_c(), if !cancelled => {
                 cancelled = true;
                 eprintln!("\ncancelling the turn…");
@@ -123,13 +183,7 @@ pub async fn run(
                 continue;
             }
         };
-        let event = match next {
-            Ok(Some(event)) => event,
-            Ok(None) => {
-                anyhow::bail!("the orchestrator closed the event stream before the turn finished")
-            }
-            Err(status) => return Err(status_error("lost the event stream", status)),
-        };
+        let event = next;
         if event.seq < submitted.seq {
             continue;
         }
@@ -154,7 +208,7 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
     let mut client = connect(config).await?;
     let session = open_session(&mut client, session).await?;
     let interactive = std::io::stdin().is_terminal();
-    let mut events = subscribe(&mut client, &session).await?;
+    let mut events = Follower::new(&client, &session).await?;
     if interactive {
         let resumed = if session.user_message_count > 0 {
             format!(" ({} earlier messages)", session.user_message_count)
@@ -171,15 +225,13 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
     let printer = tokio::spawn(async move {
         let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
         loop {
-            match events.message().await {
-                Ok(Some(event)) => {
-                    renderer.event(&event);
-                    if let Some(Kind::TurnFinished(f)) = &event.kind {
-                        let _ = finished_tx.send((event.turn_id.clone(), f.outcome));
-                    }
-                }
-                Ok(None) => return Ok(()),
-                Err(status) => return Err(status_error("lost the event stream", status)),
+            let event = match events.next().await {
+                Ok(event) => event,
+                Err(e) => return Err::<(), _>(e),
+            };
+            renderer.event(&event);
+            if let Some(Kind::TurnFinished(f)) = &event.kind {
+                let _ = finished_tx.send((event.turn_id.clone(), f.outcome));
             }
         }
     });

@@ -136,6 +136,8 @@ impl Actor {
     }
 
     async fn handle_command(&mut self, command: Command) -> Result<(), Broken> {
+        // A cancel ends the turn it belongs to: remember which.
+        let turn_before = self.state.turn_id().map(str::to_string);
         let input = match command.input {
             SubmitInput::User { text } => Input::UserMessage {
                 turn_id: uuid::Uuid::now_v7().to_string(),
@@ -152,7 +154,7 @@ impl Actor {
                 return Ok(());
             }
         };
-        let turn_id = self.state.turn_id().map(str::to_string);
+        let turn_id = self.state.turn_id().map(str::to_string).or(turn_before);
         match self.run_effects(effects).await {
             Ok(first_seq) => {
                 let turn_id = turn_id.unwrap_or_default();
