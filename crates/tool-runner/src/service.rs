@@ -100,13 +100,7 @@ impl ToolRunner for ToolRunnerService {
             let outcome = loop {
                 tokio::select! {
                     Some((stream, text)) = chunks.recv() => {
-                        let chunk = pb::ExecuteResponse {
-                            kind: Some(pb::execute_response::Kind::Chunk(pb::OutputChunk {
-                                stream: stream as i32,
-                                text,
-                            })),
-                        };
-                        if tx.send(Ok(chunk)).await.is_err() {
+                        if tx.send(Ok(chunk_message(stream, text))).await.is_err() {
                             // The caller went away: dropping `run` kills the call.
                             tracing::info!(call_id, tool, "tool call cancelled by the caller");
                             return;
@@ -121,13 +115,7 @@ impl ToolRunner for ToolRunnerService {
             };
             // Forward output produced just before the end.
             while let Ok((stream, text)) = chunks.try_recv() {
-                let chunk = pb::ExecuteResponse {
-                    kind: Some(pb::execute_response::Kind::Chunk(pb::OutputChunk {
-                        stream: stream as i32,
-                        text,
-                    })),
-                };
-                if tx.send(Ok(chunk)).await.is_err() {
+                if tx.send(Ok(chunk_message(stream, text))).await.is_err() {
                     return;
                 }
             }
@@ -158,5 +146,17 @@ impl ToolRunner for ToolRunnerService {
             let _ = tx.send(Ok(result)).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn chunk_message(
+    stream: agentry_proto::sessions::v1::OutputStream,
+    text: String,
+) -> pb::ExecuteResponse {
+    pb::ExecuteResponse {
+        kind: Some(pb::execute_response::Kind::Chunk(pb::OutputChunk {
+            stream: stream as i32,
+            text,
+        })),
     }
 }
