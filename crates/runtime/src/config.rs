@@ -57,6 +57,8 @@ pub struct Config {
     pub llm: LlmConfig,
     /// The agent loop.
     pub agent: AgentConfig,
+    /// Which tool calls are allowed, denied or need a person.
+    pub policy: PolicyConfig,
     /// The orchestrator service.
     pub orchestrator: Endpoint,
     /// The session store service.
@@ -76,7 +78,10 @@ pub struct Config {
 #[derive(Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LlmConfig {
-    /// OpenAI-compatible base URL, e.g. `http://localhost:11434/v1`.
+    /// The wire protocol.
+    pub provider: LlmProvider,
+    /// Base URL, e.g. `http://localhost:11434/v1` (OpenAI-compatible) or
+    /// `http://localhost:11434` (Ollama's native API).
     pub base_url: String,
     /// The model name sent with each request.
     pub model: String,
@@ -90,6 +95,61 @@ pub struct LlmConfig {
     /// Sampling temperature, when set.
     #[serde(default)]
     pub temperature: Option<f32>,
+    /// Retries before any output was streamed.
+    pub max_retries: u32,
+}
+
+/// The model server's wire protocol.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LlmProvider {
+    /// OpenAI-compatible `/chat/completions` with SSE streaming.
+    Openai,
+    /// Ollama's native `/api/chat` with NDJSON streaming.
+    Ollama,
+}
+
+/// What a policy does with a tool call.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyDecision {
+    /// Run it.
+    Allow,
+    /// Ask a person first.
+    Confirm,
+    /// Refuse it; the model is told why.
+    Deny,
+}
+
+/// The tool-call policy.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// The default decision per tool name.
+    #[serde(default)]
+    pub tools: std::collections::BTreeMap<String, PolicyDecision>,
+    /// Rules refining the defaults.
+    #[serde(default)]
+    pub rules: Vec<PolicyRule>,
+}
+
+/// One policy rule.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRule {
+    /// The tool name, or `*` for every tool.
+    pub tool: String,
+    /// For `bash`: a glob matched against each simple command.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// For file tools: a glob matched against the path argument.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// What to do when it matches.
+    pub decision: PolicyDecision,
+    /// Why, shown to the person and (on a deny) to the model.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 impl std::fmt::Debug for LlmConfig {
@@ -108,6 +168,8 @@ impl std::fmt::Debug for LlmConfig {
             .field("request_timeout_secs", &self.request_timeout_secs)
             .field("connect_timeout_secs", &self.connect_timeout_secs)
             .field("temperature", &self.temperature)
+            .field("provider", &self.provider)
+            .field("max_retries", &self.max_retries)
             .finish()
     }
 }
@@ -200,6 +262,7 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_LLM_BASE_URL", &["llm", "base_url"]),
     ("AGENTRY_LLM_MODEL", &["llm", "model"]),
     ("AGENTRY_LLM_API_KEY", &["llm", "api_key"]),
+    ("AGENTRY_LLM_PROVIDER", &["llm", "provider"]),
     ("AGENTRY_MAX_STEPS", &["agent", "max_steps"]),
     ("AGENTRY_ORCHESTRATOR_URL", &["orchestrator", "url"]),
     ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
