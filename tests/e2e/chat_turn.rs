@@ -36,7 +36,10 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
             "user_message",
             "model_message",
             "tool_call_requested",
+            "tool_call_state",
+            "tool_call_state",
             "tool_output_chunk",
+            "tool_call_state",
             "tool_result",
             "model_text_delta",
             "model_text_delta",
@@ -239,4 +242,40 @@ async fn chat_stream_attaches_takes_inputs_and_rejects_bad_ones() {
     .unwrap();
     assert_eq!(kinds(&seen).first(), Some(&"user_message"));
     assert_eq!(finished(&seen).message, "hi there");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ollama_native_provider_runs_a_tool_turn() {
+    // The native API lives at the server root, not under /v1.
+    let cluster = Cluster::start_with(|c| {
+        c.llm.provider = agentry_runtime::config::LlmProvider::Ollama;
+        c.llm.base_url = c.llm.base_url.trim_end_matches("/v1").to_string();
+    })
+    .await
+    .unwrap();
+    cluster.model.push(Reply::tool_call(
+        "ignored",
+        "bash",
+        json!({"command": "echo $((6*7))"}),
+    ));
+    cluster.model.push(Reply::text("It is 42."));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "what is 6*7?").await;
+    let got = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&got).message, "It is 42.");
+    assert_eq!(tool_results(&got)[0].output, "42\n");
+    assert_eq!(
+        cluster.model.request_paths(),
+        vec!["/api/chat", "/api/chat"]
+    );
+    let second = &cluster.model.requests()[1];
+    let messages = second["messages"].as_array().unwrap();
+    // Tool call arguments travel as an object on this API.
+    assert_eq!(
+        messages[2]["tool_calls"][0]["function"]["arguments"],
+        json!({"command": "echo $((6*7))"})
+    );
+    assert_eq!(messages[3]["role"], "tool");
+    assert_eq!(messages[3]["content"], "42\n");
 }

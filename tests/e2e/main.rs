@@ -6,6 +6,7 @@
 
 mod support;
 
+mod approvals;
 mod chat_turn;
 mod failures;
 mod turn_control;

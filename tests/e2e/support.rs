@@ -11,7 +11,7 @@ pub fn user(text: &str) -> pb::Input {
     pb::Input {
         kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
             text: text.to_string(),
-            approval_mode: pb::ApprovalMode::Always as i32,
+            approval_mode: agentry_proto::sessions::v1::ApprovalMode::Always as i32,
         })),
     }
 }
@@ -92,6 +92,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::Error(_) => "error",
             Kind::TurnFinished(_) => "turn_finished",
             Kind::CancelRequested(_) => "cancel_requested",
+            Kind::ToolCallState(_) => "tool_call_state",
         })
         .collect()
 }

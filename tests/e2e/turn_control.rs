@@ -95,7 +95,7 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
     cluster.model.push(Reply::tool_call(
         "long",
         "bash",
-        json!({"command": "sleep 300 & echo $! > bg.pid; echo started; wait"}),
+        json!({"command": "sleep 100 & echo $! > bg.pid; echo started; wait"}),
     ));
     cluster.model.push(Reply::text("next answer"));
     let mut client = cluster.orchestrator().await.unwrap();
@@ -141,15 +141,25 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
         "the cancel reports the turn it ended"
     );
     let rest = until_finished(&mut events, &turn).await;
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the cancel took {:?}",
+        started.elapsed()
+    );
     assert_eq!(finished(&rest).outcome, TurnOutcome::Cancelled as i32);
     assert_eq!(
         kinds(&rest),
-        vec!["cancel_requested", "tool_result", "turn_finished"]
+        vec![
+            "cancel_requested",
+            "tool_call_state",
+            "tool_result",
+            "turn_finished"
+        ]
     );
     assert!(tool_results(&rest)[0].is_error);
     // The background child of the killed command is gone too.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Killed within a second of the cancel.
+    let deadline = started + Duration::from_secs(1);
     while process_alive(pid) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -1,6 +1,7 @@
 //! `agentry`: chat with an agent, run headless turns, browse sessions, and
 //! run every service in one process.
 
+mod approval;
 mod client;
 mod render;
 mod session_cmds;

@@ -85,12 +85,30 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "message": t.message, "steps": t.steps, "usage": usage_json(t.usage.as_ref()),
             }),
             Kind::CancelRequested(c) => json!({"type": "cancel_requested", "reason": c.reason}),
+            Kind::ToolCallState(t) => json!({
+                "type": "tool_call_state", "call_id": t.call_id,
+                "phase": phase_name(t.phase), "detail": t.detail,
+            }),
         },
     };
     if let (Value::Object(out), Value::Object(body)) = (&mut out, body) {
         out.extend(body);
     }
     out
+}
+
+/// A tool call phase's short name.
+pub fn phase_name(phase: i32) -> &'static str {
+    match pb::ToolCallPhase::try_from(phase) {
+        Ok(pb::ToolCallPhase::Validating) => "validating",
+        Ok(pb::ToolCallPhase::AwaitingApproval) => "awaiting_approval",
+        Ok(pb::ToolCallPhase::Scheduled) => "scheduled",
+        Ok(pb::ToolCallPhase::Executing) => "executing",
+        Ok(pb::ToolCallPhase::Success) => "success",
+        Ok(pb::ToolCallPhase::Error) => "error",
+        Ok(pb::ToolCallPhase::Cancelled) => "cancelled",
+        Ok(pb::ToolCallPhase::Unspecified) | Err(_) => "unknown",
+    }
 }
 
 /// The outcome's short name: completed, cancelled, failed or step_limit.
@@ -140,6 +158,10 @@ pub struct Renderer<A: Write, B: Write> {
     mid_line: bool,
     /// Show user messages (when replaying a session).
     pub show_user: bool,
+    /// Show approval requests (off where the caller asks the question itself).
+    pub show_approvals: bool,
+    /// Token counts of the model calls of the current turn.
+    step_tokens: Vec<u64>,
 }
 
 impl<A: Write, B: Write> Renderer<A, B> {
@@ -150,6 +172,8 @@ impl<A: Write, B: Write> Renderer<A, B> {
             activity,
             mid_line: false,
             show_user: false,
+            show_approvals: true,
+            step_tokens: Vec::new(),
         }
     }
 
@@ -176,7 +200,11 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 let _ = self.answer.flush();
                 self.mid_line = !d.text.ends_with('\n');
             }
-            Kind::ModelMessage(_) => self.end_line(),
+            Kind::ModelMessage(m) => {
+                self.step_tokens
+                    .push(m.usage.as_ref().map(|u| u.total_tokens).unwrap_or(0));
+                self.end_line();
+            }
             Kind::ToolCallRequested(c) => {
                 self.end_line();
                 let _ = writeln!(
@@ -187,16 +215,32 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 );
             }
             Kind::ApprovalRequested(a) => {
-                self.end_line();
-                let _ = writeln!(
-                    self.activity,
-                    "  ? {} needs approval ({})",
-                    a.tool, a.matched_rule
-                );
+                if self.show_approvals {
+                    self.end_line();
+                    let _ = writeln!(
+                        self.activity,
+                        "  ? {} {} needs approval ({})",
+                        a.tool,
+                        short_args(&a.tool, &a.arguments_json),
+                        a.matched_rule
+                    );
+                }
             }
             Kind::ApprovalDecided(a) => {
-                let decision = enum_name(a.decision, |d: pb::ApprovalDecision| d.as_str_name());
-                let _ = writeln!(self.activity, "  ✓ {decision} {}", a.call_id);
+                let what = match pb::ApprovalDecision::try_from(a.decision) {
+                    Ok(pb::ApprovalDecision::Approve) => "approved".to_string(),
+                    Ok(pb::ApprovalDecision::ApproveForSession) => {
+                        "approved for this session".to_string()
+                    }
+                    Ok(pb::ApprovalDecision::Deny) if a.reason.is_empty() => "denied".to_string(),
+                    Ok(pb::ApprovalDecision::Deny) => format!("denied: {}", a.reason),
+                    Ok(pb::ApprovalDecision::Edit) => {
+                        format!("edited to {}", shorten(&a.edited_arguments_json, 100))
+                    }
+                    Ok(pb::ApprovalDecision::Unspecified) | Err(_) => "decided".to_string(),
+                };
+                self.end_line();
+                let _ = writeln!(self.activity, "  ✓ {what}");
             }
             Kind::ToolOutputChunk(_) => {}
             Kind::ToolResult(r) => {
@@ -222,11 +266,30 @@ impl<A: Write, B: Write> Renderer<A, B> {
             }
             Kind::TurnFinished(t) => {
                 self.end_line();
+                // Tokens per model call, then the turn's total.
+                let steps = std::mem::take(&mut self.step_tokens);
                 let usage = t
                     .usage
                     .as_ref()
                     .filter(|u| u.total_tokens > 0)
-                    .map(|u| format!(", {} tokens", u.total_tokens))
+                    .map(|u| {
+                        let per_step = if steps.len() > 1 && steps.len() == t.steps as usize {
+                            format!(
+                                " = {}",
+                                steps
+                                    .iter()
+                                    .map(u64::to_string)
+                                    .collect::<Vec<_>>()
+                                    .join(" + ")
+                            )
+                        } else {
+                            String::new()
+                        };
+                        format!(
+                            ", {} tokens{per_step} ({} in, {} out)",
+                            u.total_tokens, u.prompt_tokens, u.completion_tokens
+                        )
+                    })
                     .unwrap_or_default();
                 match pb::TurnOutcome::try_from(t.outcome) {
                     Ok(pb::TurnOutcome::Completed) => {}
@@ -252,6 +315,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             Kind::CancelRequested(_) => {
                 self.end_line();
             }
+            Kind::ToolCallState(_) => {}
         }
     }
 }

@@ -25,7 +25,11 @@ fn ago(ts: Option<&prost_types::Timestamp>) -> String {
 pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
     let mut client = connect(config).await?;
     let response = client
-        .list_sessions(spb::ListSessionsRequest { limit, offset: 0 })
+        .list_sessions(spb::ListSessionsRequest {
+            limit,
+            offset: 0,
+            only_open_turns: false,
+        })
         .await
         .map_err(|s| status_error("cannot list sessions", s))?
         .into_inner();

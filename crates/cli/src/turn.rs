@@ -2,6 +2,7 @@
 //! session's events until the turn ends.
 
 use crate::Approve;
+use crate::approval;
 use crate::client::{connect, print_line, status_error};
 use crate::render::{Renderer, event_json};
 use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
@@ -19,6 +20,8 @@ use tonic::transport::Channel;
 const EXIT_FAILED: u8 = 1;
 /// Exit code of a turn that hit the step limit.
 const EXIT_STEP_LIMIT: u8 = 3;
+/// Exit code of a turn stopped because a call needed a person and none could answer.
+const EXIT_NEEDS_APPROVAL: u8 = 4;
 /// Exit code of a cancelled turn.
 const EXIT_CANCELLED: u8 = 130;
 
@@ -129,9 +132,9 @@ impl Follower {
 
 fn user_input(text: String, approve: Approve) -> pb::Input {
     let approval_mode = match approve {
-        Approve::Always => pb::ApprovalMode::Always,
-        Approve::Never => pb::ApprovalMode::Never,
-        Approve::Policy => pb::ApprovalMode::Policy,
+        Approve::Always => spb::ApprovalMode::Always,
+        Approve::Never => spb::ApprovalMode::Never,
+        Approve::Policy => spb::ApprovalMode::Policy,
     };
     pb::Input {
         kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
@@ -169,7 +172,10 @@ pub async fn run(
         .map_err(|s| status_error("the message was not accepted", s))?
         .into_inner();
     let mut renderer = Renderer::new(std::io::stdout(), std::io::stderr());
+    renderer.show_approvals = !std::io::stdin().is_terminal();
     let mut cancelled = false;
+    let mut needs_person = false;
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     loop {
         let next = tokio::select! {
             next = events.next() => next?,
@@ -192,14 +198,97 @@ pub async fn run(
         } else {
             renderer.event(&event);
         }
-        if let Some(Kind::TurnFinished(finished)) = &event.kind
-            && event.turn_id == submitted.turn_id
-        {
-            if !json {
-                eprintln!("session: {}", session.id);
+        match &event.kind {
+            Some(Kind::ApprovalRequested(request)) if event.turn_id == submitted.turn_id => {
+                if std::io::stdin().is_terminal() && !json {
+                    let input = ask_on_terminal(request, &mut lines).await?;
+                    if let Err(status) = client.submit(approval_submit(&session.id, input)).await {
+                        eprintln!("agentry: {}", status.message());
+                    }
+                } else if !needs_person {
+                    needs_person = true;
+                    eprintln!(
+                        "agentry: {} needs a person's approval ({}), and nobody can answer here; \
+                         stopping the turn. Re-run with --approve always, or use `agentry chat`.",
+                        request.tool, request.matched_rule
+                    );
+                    client
+                        .submit(pb::SubmitRequest {
+                            session_id: session.id.clone(),
+                            input: Some(cancel_input()),
+                        })
+                        .await
+                        .map_err(|s| status_error("cannot cancel", s))?;
+                }
             }
-            return Ok(exit_code(finished.outcome));
+            Some(Kind::TurnFinished(finished)) if event.turn_id == submitted.turn_id => {
+                if !json {
+                    eprintln!("session: {}", session.id);
+                }
+                if needs_person {
+                    return Ok(ExitCode::from(EXIT_NEEDS_APPROVAL));
+                }
+                return Ok(exit_code(finished.outcome));
+            }
+            _ => {}
         }
+    }
+}
+
+/// Asks on the terminal until the person gives a usable answer.
+async fn ask_on_terminal(
+    request: &spb::ApprovalRequested,
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>,
+) -> anyhow::Result<pb::ApprovalInput> {
+    eprint!("{}{}", approval::describe(request), approval::QUESTION);
+    loop {
+        let Some(line) = lines.next_line().await? else {
+            anyhow::bail!("standard input closed while a tool call waited for approval");
+        };
+        match approval::answer(request, &line).await {
+            approval::Answer::Decide(input) => return Ok(input),
+            approval::Answer::DenyAskReason => {
+                eprint!("  Reason for the agent (optional, Enter to skip): ");
+                let reason = lines.next_line().await?.unwrap_or_default();
+                return Ok(approval::deny(&request.call_id, &reason));
+            }
+            approval::Answer::Again(why) => eprint!("  {why}\n{}", approval::QUESTION),
+        }
+    }
+}
+
+/// What the event printer tells the chat loop.
+enum Notice {
+    /// A turn ended.
+    Finished { turn_id: String, outcome: i32 },
+    /// A call waits for a decision.
+    Approval(spb::ApprovalRequested),
+    /// A call is no longer waiting (someone answered, or the turn ended).
+    Resolved(String),
+}
+
+/// The question the chat is asking, if any.
+enum Asking {
+    Nothing,
+    Approval(spb::ApprovalRequested),
+    DenyReason(spb::ApprovalRequested),
+}
+
+fn is_resolution(kind: &Kind) -> Option<String> {
+    match kind {
+        Kind::ToolCallState(s) if s.phase != spb::ToolCallPhase::AwaitingApproval as i32 => {
+            Some(s.call_id.clone())
+        }
+        _ => None,
+    }
+}
+
+fn approval_submit(session_id: &str, input: pb::ApprovalInput) -> pb::SubmitRequest {
+    pb::SubmitRequest {
+        session_id: session_id.to_string(),
+        input: Some(pb::Input {
+            kind: Some(pb::input::Kind::Approval(input)),
+        }),
     }
 }
 
@@ -208,7 +297,14 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
     let mut client = connect(config).await?;
     let session = open_session(&mut client, session).await?;
     let interactive = std::io::stdin().is_terminal();
-    let mut events = Follower::new(&client, &session).await?;
+    // With a turn still open (e.g. an approval left pending), read the log
+    // from the start, silently, to find what is still waiting.
+    let history_end = session.event_count;
+    let mut start = session.clone();
+    if session.turn_open {
+        start.event_count = 0;
+    }
+    let mut events = Follower::new(&client, &start).await?;
     if interactive {
         let resumed = if session.user_message_count > 0 {
             format!(" ({} earlier messages)", session.user_message_count)
@@ -220,82 +316,190 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
             session.id
         );
     }
-    // Print events as they come and report finished turns.
-    let (finished_tx, mut finished) = mpsc::unbounded_channel::<(String, i32)>();
+    let (notices_tx, mut notices) = mpsc::unbounded_channel::<Notice>();
+    let mut open_turn: Option<String> = None;
     let printer = tokio::spawn(async move {
         let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
+        renderer.show_approvals = false;
+        let mut pending: Vec<spb::ApprovalRequested> = Vec::new();
         loop {
             let event = match events.next().await {
                 Ok(event) => event,
                 Err(e) => return Err::<(), _>(e),
             };
+            let Some(kind) = &event.kind else { continue };
+            if event.seq <= history_end {
+                // History: only track what still waits for a decision.
+                match kind {
+                    Kind::ApprovalRequested(a) => {
+                        pending.retain(|p| p.call_id != a.call_id);
+                        pending.push(a.clone());
+                    }
+                    Kind::TurnFinished(_) => pending.clear(),
+                    other => {
+                        if let Some(id) = is_resolution(other) {
+                            pending.retain(|p| p.call_id != id);
+                        }
+                    }
+                }
+                if event.seq == history_end {
+                    for a in pending.drain(..) {
+                        let _ = notices_tx.send(Notice::Approval(a));
+                    }
+                }
+                continue;
+            }
             renderer.event(&event);
-            if let Some(Kind::TurnFinished(f)) = &event.kind {
-                let _ = finished_tx.send((event.turn_id.clone(), f.outcome));
+            let notice = match kind {
+                Kind::TurnFinished(f) => Some(Notice::Finished {
+                    turn_id: event.turn_id.clone(),
+                    outcome: f.outcome,
+                }),
+                Kind::ApprovalRequested(a) => Some(Notice::Approval(a.clone())),
+                other => is_resolution(other).map(Notice::Resolved),
+            };
+            if let Some(notice) = notice {
+                let _ = notices_tx.send(notice);
             }
         }
     });
+    if session.turn_open {
+        open_turn = Some(String::new());
+    }
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut last_outcome = spb::TurnOutcome::Completed as i32;
+    let mut asking = Asking::Nothing;
+    let mut queued: Vec<spb::ApprovalRequested> = Vec::new();
+    let mut cancelled = false;
+    let mut prompt_shown = false;
     loop {
-        if interactive {
+        // Move to the next queued question when free.
+        if matches!(asking, Asking::Nothing) && !queued.is_empty() {
+            let next = queued.remove(0);
+            eprint!("{}{}", approval::describe(&next), approval::QUESTION);
+            asking = Asking::Approval(next);
+        }
+        let idle = open_turn.is_none();
+        let read_input = idle || !matches!(asking, Asking::Nothing);
+        if interactive && idle && matches!(asking, Asking::Nothing) && !prompt_shown {
             eprint!("you> ");
+            prompt_shown = true;
         }
-        let line = tokio::select! {
-            line = lines.next_line() => line?,
-            _ = tokio::signal::ctrl_c() => None,
-        };
-        let Some(line) = line else { break };
-        let text = line.trim();
-        match text {
-            "" => continue,
-            "/exit" | "/quit" => break,
-            "/help" => {
-                eprintln!(
-                    "/session  show this session's id\n/exit     leave (also Ctrl+D)\nCtrl+C during a turn cancels it."
-                );
-                continue;
-            }
-            "/session" => {
-                eprintln!("{}", session.id);
-                continue;
-            }
-            _ => {}
-        }
-        let submitted = client
-            .submit(pb::SubmitRequest {
-                session_id: session.id.clone(),
-                input: Some(user_input(text.to_string(), Approve::Policy)),
-            })
-            .await;
-        let turn_id = match submitted {
-            Ok(r) => r.into_inner().turn_id,
-            Err(status) => {
-                eprintln!("agentry: {}", status.message());
-                continue;
-            }
-        };
-        let mut cancelled = false;
-        loop {
-            tokio::select! {
-                done = finished.recv() => match done {
-                    Some((id, outcome)) if id == turn_id => { last_outcome = outcome; break; }
-                    Some(_) => continue,
-                    None => {
-                        return match printer.await {
-                            Ok(Err(e)) => Err(e),
-                            _ => Err(anyhow::anyhow!("the event stream ended")),
-                        };
+        tokio::select! {
+            line = lines.next_line(), if read_input => {
+                prompt_shown = false;
+                let Some(line) = line? else {
+                    if open_turn.is_some() {
+                        // Input ended while a question was open: nobody is
+                        // left to answer, so stop the turn and wait for it.
+                        let _ = client.submit(pb::SubmitRequest { session_id: session.id.clone(), input: Some(cancel_input()) }).await;
+                        while let Some(n) = notices.recv().await {
+                            if let Notice::Finished { outcome, .. } = n { last_outcome = outcome; break; }
+                        }
                     }
-                },
-                _ = tokio::signal::ctrl_c(), if !cancelled => {
+                    break;
+                };
+                match std::mem::replace(&mut asking, Asking::Nothing) {
+                    Asking::Approval(request) => match approval::answer(&request, &line).await {
+                        approval::Answer::Decide(input) => {
+                            if let Err(status) = client.submit(approval_submit(&session.id, input)).await {
+                                eprintln!("agentry: {}", status.message());
+                            }
+                        }
+                        approval::Answer::DenyAskReason => {
+                            eprint!("  Reason for the agent (optional, Enter to skip): ");
+                            asking = Asking::DenyReason(request);
+                        }
+                        approval::Answer::Again(why) => {
+                            eprint!("  {why}\n{}", approval::QUESTION);
+                            asking = Asking::Approval(request);
+                        }
+                    },
+                    Asking::DenyReason(request) => {
+                        let input = approval::deny(&request.call_id, &line);
+                        if let Err(status) = client.submit(approval_submit(&session.id, input)).await {
+                            eprintln!("agentry: {}", status.message());
+                        }
+                    }
+                    Asking::Nothing => {
+                        let text = line.trim();
+                        match text {
+                            "" => continue,
+                            "/exit" | "/quit" | "exit" | "quit" => break,
+                            "/help" => {
+                                eprintln!("/session  show this session's id\n/exit     leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.");
+                                continue;
+                            }
+                            "/session" => {
+                                eprintln!("{}", session.id);
+                                continue;
+                            }
+                            _ => {}
+                        }
+                        let submitted = client
+                            .submit(pb::SubmitRequest {
+                                session_id: session.id.clone(),
+                                input: Some(user_input(text.to_string(), Approve::Policy)),
+                            })
+                            .await;
+                        match submitted {
+                            Ok(r) => {
+                                open_turn = Some(r.into_inner().turn_id);
+                                cancelled = false;
+                            }
+                            Err(status) => eprintln!("agentry: {}", status.message()),
+                        }
+                    }
+                }
+            }
+            notice = notices.recv() => match notice {
+                Some(Notice::Finished { turn_id, outcome }) => {
+                    if open_turn.as_deref().is_some_and(|t| t.is_empty() || t == turn_id) {
+                        open_turn = None;
+                        last_outcome = outcome;
+                        asking = Asking::Nothing;
+                        queued.clear();
+                    }
+                }
+                Some(Notice::Approval(request)) => {
+                    if open_turn.is_none() {
+                        open_turn = Some(String::new());
+                    }
+                    let already = matches!(&asking, Asking::Approval(a) | Asking::DenyReason(a) if a.call_id == request.call_id)
+                        || queued.iter().any(|q| q.call_id == request.call_id);
+                    if !already {
+                        queued.push(request);
+                    }
+                }
+                Some(Notice::Resolved(call_id)) => {
+                    queued.retain(|q| q.call_id != call_id);
+                    if matches!(&asking, Asking::Approval(a) | Asking::DenyReason(a) if a.call_id == call_id) {
+                        eprintln!("\n  (answered)");
+                        asking = Asking::Nothing;
+                    }
+                }
+                None => {
+                    return match printer.await {
+                        Ok(Err(e)) => Err(e),
+                        _ => Err(anyhow::anyhow!("the event stream ended")),
+                    };
+                }
+            },
+            _ = tokio::signal::ctrl_c() => {
+                if open_turn.is_some() && !cancelled {
                     cancelled = true;
+                    asking = Asking::Nothing;
+                    queued.clear();
+                    eprintln!("\ncancelling the turn…");
                     if let Err(status) = client
                         .submit(pb::SubmitRequest { session_id: session.id.clone(), input: Some(cancel_input()) })
                         .await
                     {
                         eprintln!("agentry: {}", status.message());
                     }
+                } else if open_turn.is_none() {
+                    eprintln!();
+                    break;
                 }
             }
         }

@@ -248,10 +248,14 @@ async fn up_then_run_prints_the_answer() {
     assert_eq!(events.last().unwrap()["message"], "still 42");
 
     // A failing turn exits non-zero.
-    model.push(Reply::error(503, "overloaded"));
+    model.push(Reply::error(400, "the prompt is too long"));
     let out = install.run(&["run", "--session", &id, "hello?"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out).1.contains("overloaded"), "{}", text(&out).1);
+    assert!(
+        text(&out).1.contains("the prompt is too long"),
+        "{}",
+        text(&out).1
+    );
 
     // SIGTERM stops every service cleanly.
     let status = up.stop();
@@ -349,5 +353,177 @@ fn a_taken_port_is_reported() {
     assert!(
         stderr.contains(addr) && stderr.contains("already in use"),
         "{stderr}"
+    );
+}
+
+/// Runs `agentry` with `input` on a pipe as its standard input.
+async fn run_with_input(
+    install: &Install,
+    args: &[&str],
+    input: &'static [u8],
+    extra_env: &[(&str, &str)],
+) -> Output {
+    let mut cmd = install.command(args);
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_asks_before_a_sensitive_call_and_takes_the_answer() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "t1",
+        "bash",
+        json!({"command": "touch approved.txt && echo done"}),
+    ));
+    model.push(Reply::text("Created it."));
+    model.push(Reply::tool_call(
+        "t2",
+        "bash",
+        json!({"command": "make deploy"}),
+    ));
+    model.push(Reply::text("Understood, not deploying."));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let out = run_with_input(
+        &install,
+        &["chat"],
+        b"create the file\ny\nnow deploy\nn\nnot today\n",
+        &[],
+    )
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // The question showed the command and the rule that asked.
+    assert!(
+        stderr.contains("$ touch approved.txt && echo done"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("default for bash"), "{stderr}");
+    assert!(
+        stderr.contains("Allow? [y]es / [n]o / [a]lways in this session / [e]dit"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("Created it."), "{stdout}");
+    assert!(stdout.contains("✓ approved"), "{stdout}");
+    assert!(stdout.contains("✓ denied: not today"), "{stdout}");
+    assert!(stdout.contains("Understood, not deploying."), "{stdout}");
+    // The approved command really ran; the denied one's reason reached the model.
+    let requests = model.requests();
+    assert_eq!(requests.len(), 4);
+    let last = requests[3]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(
+        last["content"].as_str().unwrap().contains("not today"),
+        "{last}"
+    );
+    let data = install.dir.path().join("data/workspaces");
+    let made = std::fs::read_dir(&data)
+        .unwrap()
+        .any(|d| d.unwrap().path().join("approved.txt").exists());
+    assert!(made, "approved.txt was not created");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_edits_arguments_in_the_editor() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "t1",
+        "bash",
+        json!({"command": "echo original"}),
+    ));
+    model.push(Reply::text("ok"));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    // `echo` is allowed by default, so ask for something that needs approval.
+    model.push(Reply::tool_call(
+        "t2",
+        "bash",
+        json!({"command": "make original"}),
+    ));
+    model.push(Reply::text("edited run done"));
+    let out = run_with_input(
+        &install,
+        &["chat"],
+        b"first\nsecond\ne\n",
+        &[("EDITOR", "sed -i 's/make original/echo edited/'")],
+    )
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("edited to"), "{stdout}");
+    let requests = model.requests();
+    let last = requests[3]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let content = last["content"].as_str().unwrap();
+    assert!(content.contains("edited the arguments"), "{content}");
+    assert!(content.ends_with("edited\n"), "{content}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_without_a_person_stops_with_a_distinct_exit_code() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "t1",
+        "bash",
+        json!({"command": "make all"}),
+    ));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let out = install.run(&["run", "build it"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("needs a person's approval"), "{stderr}");
+    assert!(stderr.contains("--approve always"), "{stderr}");
+    // The session is not left waiting: the next turn works.
+    model.push(Reply::tool_call(
+        "t2",
+        "bash",
+        json!({"command": "make all"}),
+    ));
+    model.push(Reply::text("refused as asked"));
+    let list = text(&install.run(&["sessions", "list"])).0;
+    let id = list
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let out = install.run(&["run", "--session", &id, "--approve", "never", "build it"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let requests = model.requests();
+    let last = requests.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .contains("needs a person's approval"),
+        "{last}"
     );
 }

@@ -1,83 +1,66 @@
-//! The HTTP client and the stream driver.
+//! The HTTP client: request sending, error answers and retries.
 
-use std::collections::VecDeque;
 use std::error::Error as _;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
-use crate::assemble::{Assembler, Step, snippet, stream_error};
-use crate::{ChatRequest, LlmError, StreamEvent};
+use crate::assemble::snippet;
+use crate::retry::{backoff, parse_retry_after, should_retry};
+use crate::{ChatRequest, LlmError, Provider, ProviderConfig, StreamEvent, ollama, openai};
 
 /// Longest error body quoted in [`LlmError::Http`].
 const MAX_ERROR_BODY_CHARS: usize = 2000;
-
-/// Where and how to reach an OpenAI-compatible model server.
-#[derive(Clone)]
-pub struct ProviderConfig {
-    /// API root, e.g. `http://localhost:11434/v1`; requests go to `{base_url}/chat/completions`
-    /// (a trailing slash is tolerated).
-    pub base_url: String,
-    /// Sent as `Authorization: Bearer <key>` when set and non-empty.
-    pub api_key: Option<String>,
-    /// Model name sent with every request.
-    pub model: String,
-    /// Longest wait for the response headers, and for each following piece of the stream.
-    pub request_timeout: Duration,
-    /// Longest wait for the TCP/TLS connection.
-    pub connect_timeout: Duration,
-}
-
-impl fmt::Debug for ProviderConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ProviderConfig")
-            .field("base_url", &self.base_url)
-            .field(
-                "api_key",
-                &self.api_key.as_ref().map(|k| {
-                    if k.is_empty() {
-                        "<empty>"
-                    } else {
-                        "<redacted>"
-                    }
-                }),
-            )
-            .field("model", &self.model)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .finish()
-    }
-}
 
 /// The stream of a chat completion: text deltas as they arrive, then one
 /// [`StreamEvent::Completed`]. An `Err` item ends the stream.
 pub type ChatStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, LlmError>> + Send>>;
 
-/// A client of one model on one OpenAI-compatible server. Cloning is cheap and shares the
-/// connection pool.
+/// A client of one model on one server. Cloning is cheap and shares the connection pool.
 #[derive(Clone)]
 pub struct ChatClient {
     http: reqwest::Client,
+    provider: Provider,
     url: Arc<str>,
     model: Arc<str>,
     auth: Option<HeaderValue>,
     request_timeout: Duration,
+    max_retries: u32,
+    retry_base_delay: Duration,
 }
 
 impl fmt::Debug for ChatClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChatClient")
+            .field("provider", &self.provider)
             .field("url", &self.url)
             .field("model", &self.model)
             .field("authenticated", &self.auth.is_some())
             .field("request_timeout", &self.request_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("retry_base_delay", &self.retry_base_delay)
             .finish()
+    }
+}
+
+/// A failed attempt, before any output reached the caller.
+struct Failure {
+    err: LlmError,
+    /// The server's `Retry-After`, when it sent one.
+    retry_after: Option<Duration>,
+}
+
+impl From<LlmError> for Failure {
+    fn from(err: LlmError) -> Self {
+        Failure {
+            err,
+            retry_after: None,
+        }
     }
 }
 
@@ -93,7 +76,10 @@ impl ChatClient {
         if base.is_empty() {
             return Err(LlmError::InvalidConfig("base_url is empty".into()));
         }
-        let url = format!("{base}/chat/completions");
+        let url = match cfg.provider {
+            Provider::OpenAi => format!("{base}/chat/completions"),
+            Provider::Ollama => format!("{base}/api/chat"),
+        };
         let parsed = reqwest::Url::parse(&url).map_err(|e| {
             LlmError::InvalidConfig(format!(
                 "base_url '{}' is not a valid URL: {e}",
@@ -105,6 +91,13 @@ impl ChatClient {
                 "base_url '{}' must start with http:// or https://",
                 cfg.base_url
             )));
+        }
+        if cfg.provider == Provider::Ollama && base.ends_with("/v1") {
+            tracing::warn!(
+                base_url = %cfg.base_url,
+                "the ollama provider expects the server root as base_url (e.g. \
+                 http://localhost:11434), not its OpenAI-compatible /v1 path"
+            );
         }
         if cfg.model.trim().is_empty() {
             return Err(LlmError::InvalidConfig("model is empty".into()));
@@ -137,10 +130,13 @@ impl ChatClient {
             .map_err(|e| LlmError::InvalidConfig(format!("cannot build the HTTP client: {e}")))?;
         Ok(ChatClient {
             http,
+            provider: cfg.provider,
             url: url.into(),
             model: cfg.model.into(),
             auth,
             request_timeout: cfg.request_timeout,
+            max_retries: cfg.max_retries,
+            retry_base_delay: cfg.retry_base_delay,
         })
     }
 
@@ -149,34 +145,96 @@ impl ChatClient {
         &self.model
     }
 
-    /// The full chat-completions URL requests are sent to.
+    /// The configured wire protocol.
+    pub fn provider(&self) -> Provider {
+        self.provider
+    }
+
+    /// The full URL requests are sent to (`.../chat/completions` or `.../api/chat`).
     pub fn url(&self) -> &str {
         &self.url
     }
 
-    /// Sends `req` as a streaming request and returns once the response headers arrived.
+    /// Sends `req` as a streaming request and returns once the first item of the answer is
+    /// available (a text delta, the completion, or an error of the stream).
     ///
-    /// A non-2xx answer becomes [`LlmError::Http`] with the server's error message. Errors that
-    /// happen later are items of the returned stream.
+    /// Failures before that point are retried up to `max_retries` times with exponential
+    /// backoff (or after the server's `Retry-After`): connection errors, timeouts, HTTP 408,
+    /// 429 and 5xx, and streams that break before their first event. Once an item was
+    /// returned nothing is retried: later errors are items of the returned stream.
     ///
     /// # Errors
     ///
-    /// [`LlmError::Connect`] when the server cannot be reached, [`LlmError::Timeout`] when the
-    /// headers do not arrive within the request timeout, [`LlmError::Http`] for non-2xx answers.
+    /// The error of the last attempt: [`LlmError::Connect`] when the server cannot be reached,
+    /// [`LlmError::Timeout`] when the headers do not arrive within the request timeout,
+    /// [`LlmError::Http`] for non-2xx answers, [`LlmError::Malformed`] or
+    /// [`LlmError::Truncated`] for a bad complete (non-streamed) answer.
     pub async fn stream(&self, req: ChatRequest) -> Result<ChatStream, LlmError> {
-        let body = req.to_wire(&self.model);
+        let body = match self.provider {
+            Provider::OpenAi => req.to_wire(&self.model),
+            Provider::Ollama => req.to_ollama_wire(&self.model),
+        };
+        let body = serde_json::to_vec(&body)
+            .map_err(|e| LlmError::InvalidConfig(format!("cannot serialize the request: {e}")))?;
         tracing::debug!(
+            provider = %self.provider,
             url = %self.url,
             model = %self.model,
             messages = req.messages.len(),
             tools = req.tools.len(),
-            "sending chat completion request"
+            "sending chat request"
         );
+        let mut retry = 0u32;
+        loop {
+            let failure = match self.attempt(&body).await {
+                Err(failure) => failure,
+                Ok(mut stream) => match stream.next().await {
+                    Some(Err(err)) if retry < self.max_retries && should_retry(&err) => {
+                        Failure::from(err)
+                    }
+                    Some(first) => {
+                        return Ok(Box::pin(
+                            futures::stream::once(async move { first }).chain(stream),
+                        ));
+                    }
+                    None => return Ok(stream),
+                },
+            };
+            if retry >= self.max_retries || !should_retry(&failure.err) {
+                if retry > 0 {
+                    tracing::debug!(retries = retry, error = %failure.err, "model request failed after retries");
+                }
+                return Err(failure.err);
+            }
+            retry += 1;
+            let delay = failure
+                .retry_after
+                .unwrap_or_else(|| backoff(self.retry_base_delay, retry));
+            tracing::warn!(
+                url = %self.url,
+                retry,
+                max_retries = self.max_retries,
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                server_retry_after = failure.retry_after.is_some(),
+                error = %failure.err,
+                "model request failed; retrying"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One request: the stream of a 2xx answer, or why there is none.
+    async fn attempt(&self, body: &[u8]) -> Result<ChatStream, Failure> {
+        let accept = match self.provider {
+            Provider::OpenAi => "text/event-stream",
+            Provider::Ollama => "application/x-ndjson",
+        };
         let mut builder = self
             .http
             .post(&*self.url)
-            .header(ACCEPT, "text/event-stream")
-            .json(&body);
+            .header(ACCEPT, accept)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body.to_vec());
         if let Some(auth) = &self.auth {
             builder = builder.header(AUTHORIZATION, auth.clone());
         }
@@ -185,37 +243,49 @@ impl ChatClient {
                 tracing::debug!(url = %self.url, after = ?self.request_timeout, "no response headers in time");
                 return Err(LlmError::Timeout {
                     after: self.request_timeout,
-                });
+                }
+                .into());
             }
-            Ok(Err(e)) => return Err(self.send_error(&e)),
+            Ok(Err(e)) => return Err(self.send_error(&e).into()),
             Ok(Ok(r)) => r,
         };
         let status = response.status();
         tracing::debug!(url = %self.url, status = status.as_u16(), "model server answered");
         if !status.is_success() {
-            return Err(self.http_error(response).await);
+            let retry_after = response
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, SystemTime::now()));
+            let err = self.http_error(response).await;
+            return Err(Failure { err, retry_after });
         }
-        let is_json = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
-        if is_json {
-            // The server ignored "stream": true and sent one complete response.
-            return self.whole_response(response).await;
+        match self.provider {
+            Provider::Ollama => Ok(ollama::ndjson_stream(
+                response,
+                &self.model,
+                self.request_timeout,
+            )),
+            Provider::OpenAi => {
+                let is_json = response
+                    .headers()
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+                if is_json {
+                    // The server ignored "stream": true and sent one complete response.
+                    openai::whole_response(response, &self.model, self.request_timeout)
+                        .await
+                        .map_err(Failure::from)
+                } else {
+                    Ok(openai::sse_stream(
+                        response,
+                        &self.model,
+                        self.request_timeout,
+                    ))
+                }
+            }
         }
-        let events = response.bytes_stream().eventsource();
-        let driver = Driver {
-            events: Box::pin(events),
-            assembler: Some(Assembler::new(&self.model)),
-            pending: VecDeque::new(),
-            timeout: self.request_timeout,
-            done: false,
-        };
-        Ok(Box::pin(futures::stream::unfold(
-            driver,
-            |mut d| async move { d.next_item().await.map(|item| (item, d)) },
-        )))
     }
 
     fn send_error(&self, e: &reqwest::Error) -> LlmError {
@@ -265,147 +335,14 @@ impl ChatClient {
             message,
         }
     }
-
-    async fn whole_response(&self, response: reqwest::Response) -> Result<ChatStream, LlmError> {
-        let body = match tokio::time::timeout(self.request_timeout, response.text()).await {
-            Err(_) => {
-                return Err(LlmError::Timeout {
-                    after: self.request_timeout,
-                });
-            }
-            Ok(Err(e)) => return Err(LlmError::Truncated(error_chain(&e))),
-            Ok(Ok(body)) => body,
-        };
-        let value: Value = serde_json::from_str(&body).map_err(|e| {
-            LlmError::Malformed(format!(
-                "invalid JSON response ({e}): {}",
-                snippet(&body, 200)
-            ))
-        })?;
-        if let Some(error) = value.get("error") {
-            return Err(stream_error(error));
-        }
-        // Re-shape the complete response as a single chunk: `message` becomes `delta`.
-        let mut chunk = value.clone();
-        if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
-            for choice in choices {
-                if let Some(obj) = choice.as_object_mut()
-                    && let Some(message) = obj.remove("message")
-                {
-                    obj.insert("delta".into(), message);
-                }
-            }
-        }
-        let mut assembler = Assembler::new(&self.model);
-        let mut items: Vec<Result<StreamEvent, LlmError>> = Vec::new();
-        match assembler.handle(&chunk.to_string())? {
-            Step::Continue(events) => items.extend(events.into_iter().map(Ok)),
-            Step::Done => {}
-        }
-        let completion = assembler.into_completion();
-        items.push(Ok(StreamEvent::Completed(completion)));
-        Ok(Box::pin(futures::stream::iter(items)))
-    }
 }
 
-type EventResult = Result<Event, EventStreamError<reqwest::Error>>;
-
-/// State of a [`ChatStream`] being consumed.
-struct Driver {
-    events: Pin<Box<dyn Stream<Item = EventResult> + Send>>,
-    assembler: Option<Assembler>,
-    pending: VecDeque<StreamEvent>,
-    timeout: Duration,
-    done: bool,
-}
-
-impl Driver {
-    async fn next_item(&mut self) -> Option<Result<StreamEvent, LlmError>> {
-        loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Some(Ok(event));
-            }
-            if self.done {
-                return None;
-            }
-            let next = tokio::time::timeout(self.timeout, self.events.next()).await;
-            let outcome = match next {
-                Err(_) => self.end_early(LlmError::Timeout {
-                    after: self.timeout,
-                }),
-                Ok(None) => self.end_early(LlmError::Truncated(
-                    "the server closed the stream without a finish reason or [DONE]".into(),
-                )),
-                Ok(Some(Err(EventStreamError::Transport(e)))) => {
-                    let err = if e.is_timeout() {
-                        LlmError::Timeout {
-                            after: self.timeout,
-                        }
-                    } else {
-                        LlmError::Truncated(format!("the connection broke: {}", error_chain(&e)))
-                    };
-                    self.end_early(err)
-                }
-                Ok(Some(Err(EventStreamError::Utf8(e)))) => self.fail(LlmError::Malformed(
-                    format!("stream is not valid UTF-8: {e}"),
-                )),
-                Ok(Some(Err(EventStreamError::Parser(e)))) => self.fail(LlmError::Malformed(
-                    format!("invalid server-sent event: {e}"),
-                )),
-                Ok(Some(Ok(event))) => match self.assembler.as_mut().map(|a| a.handle(&event.data))
-                {
-                    Some(Ok(Step::Continue(events))) => {
-                        self.pending.extend(events);
-                        continue;
-                    }
-                    Some(Ok(Step::Done)) => self.complete(),
-                    Some(Err(e)) => self.fail(e),
-                    None => self.fail(LlmError::Malformed("stream already completed".into())),
-                },
-            };
-            return Some(outcome);
-        }
-    }
-
-    /// The stream stopped before `[DONE]`: fine if the answer was finished, else `err`.
-    fn end_early(&mut self, err: LlmError) -> Result<StreamEvent, LlmError> {
-        if self.assembler.as_ref().is_some_and(Assembler::finished) {
-            tracing::debug!(reason = %err, "model stream ended after the finish reason but before [DONE]");
-            self.complete()
-        } else {
-            self.fail(err)
-        }
-    }
-
-    /// Marks the stream as over and releases the connection.
-    fn finish(&mut self) {
-        self.done = true;
-        self.events = Box::pin(futures::stream::empty());
-    }
-
-    fn fail(&mut self, err: LlmError) -> Result<StreamEvent, LlmError> {
-        tracing::debug!(error = %err, "model stream failed");
-        self.finish();
-        self.assembler = None;
-        Err(err)
-    }
-
-    fn complete(&mut self) -> Result<StreamEvent, LlmError> {
-        self.finish();
-        match self.assembler.take() {
-            Some(assembler) => {
-                let completion = assembler.into_completion();
-                tracing::debug!(
-                    model = %completion.model,
-                    finish_reason = %completion.finish_reason,
-                    tool_calls = completion.tool_calls.len(),
-                    usage = ?completion.usage,
-                    "model stream completed"
-                );
-                Ok(StreamEvent::Completed(completion))
-            }
-            None => Err(LlmError::Malformed("stream already completed".into())),
-        }
+/// The error for a body stream that broke after the headers arrived.
+pub(crate) fn transport_error(e: &reqwest::Error, timeout: Duration) -> LlmError {
+    if e.is_timeout() {
+        LlmError::Timeout { after: timeout }
+    } else {
+        LlmError::Truncated(format!("the connection broke: {}", error_chain(e)))
     }
 }
 
@@ -449,7 +386,7 @@ fn connect_reason(e: &reqwest::Error) -> String {
 }
 
 /// The messages of an error and its causes, without repetitions.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = current {
@@ -467,13 +404,9 @@ mod tests {
     use super::*;
 
     fn cfg(base_url: &str) -> ProviderConfig {
-        ProviderConfig {
-            base_url: base_url.into(),
-            api_key: Some("sk-secret".into()),
-            model: "m".into(),
-            request_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(1),
-        }
+        let mut cfg = ProviderConfig::new(Provider::OpenAi, base_url, "m");
+        cfg.api_key = Some("sk-secret".into());
+        cfg
     }
 
     #[test]
@@ -483,6 +416,33 @@ mod tests {
             a.ok().as_deref(),
             Some("http://localhost:11434/v1/chat/completions")
         );
+    }
+
+    #[test]
+    fn ollama_url_is_the_native_chat_endpoint() {
+        let mut c = cfg("http://localhost:11434/");
+        c.provider = Provider::Ollama;
+        let client = ChatClient::new(c).ok();
+        assert_eq!(
+            client.as_ref().map(ChatClient::url),
+            Some("http://localhost:11434/api/chat")
+        );
+        assert_eq!(
+            client.as_ref().map(ChatClient::provider),
+            Some(Provider::Ollama)
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let c = ProviderConfig::new(Provider::Ollama, "http://x", "m");
+        assert_eq!(c.max_retries, 3);
+        assert_eq!(c.retry_base_delay, Duration::from_millis(500));
+        assert_eq!(c.request_timeout, Duration::from_secs(300));
+        assert_eq!(c.connect_timeout, Duration::from_secs(10));
+        assert_eq!(c.api_key, None);
+        assert_eq!(Provider::default(), Provider::OpenAi);
+        assert_eq!(Provider::Ollama.to_string(), "ollama");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// Everything that can go wrong while talking to an OpenAI-compatible model server.
+/// Everything that can go wrong while talking to a model server.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {
     /// The HTTP connection could not be established (refused, DNS failure, TLS failure, connect
@@ -31,7 +31,8 @@ pub enum LlmError {
     /// The server sent something that is not a valid chat-completion stream.
     #[error("model server sent a malformed response: {0}")]
     Malformed(String),
-    /// The stream ended (or broke) before a finish reason or `[DONE]` was received.
+    /// The stream ended (or broke) before the answer was complete (no finish reason or `[DONE]`,
+    /// or no `"done": true` line from Ollama).
     #[error("model stream ended before the response was finished: {0}")]
     Truncated(String),
     /// The [`crate::ProviderConfig`] cannot be used.

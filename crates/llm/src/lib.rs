@@ -1,15 +1,22 @@
-//! OpenAI-compatible chat-completions client with streaming text and tool calls.
+//! Streaming chat client with tool calls, for OpenAI-compatible servers and Ollama's native API.
 //!
-//! [`ChatClient::stream`] posts a request with `"stream": true` to
-//! `{base_url}/chat/completions` and returns a [`ChatStream`] of [`StreamEvent::TextDelta`]s
+//! [`ChatClient::stream`] posts a streaming request — to `{base_url}/chat/completions` for
+//! [`Provider::OpenAi`] (server-sent events), to `{base_url}/api/chat` for [`Provider::Ollama`]
+//! (newline-delimited JSON) — and returns a [`ChatStream`] of [`StreamEvent::TextDelta`]s
 //! followed by one [`StreamEvent::Completed`] holding the assembled text, tool calls, finish
-//! reason and token usage.
+//! reason and token usage. Failures before the first event are retried with exponential
+//! backoff (see [`ProviderConfig::max_retries`]).
 
 mod assemble;
 mod client;
+mod config;
 mod error;
+mod ollama;
+mod openai;
+mod retry;
 mod types;
 
-pub use client::{ChatClient, ChatStream, ProviderConfig};
+pub use client::{ChatClient, ChatStream};
+pub use config::{Provider, ProviderConfig};
 pub use error::LlmError;
 pub use types::{ChatRequest, Completion, Message, StreamEvent, ToolCall, ToolDefinition, Usage};

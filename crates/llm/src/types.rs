@@ -200,7 +200,8 @@ impl ChatRequest {
         }
     }
 
-    /// The streaming request body sent to `{base_url}/chat/completions`.
+    /// The streaming request body sent to an OpenAI-compatible `{base_url}/chat/completions`
+    /// (see [`ChatRequest::to_ollama_wire`] for Ollama's native API).
     pub fn to_wire(&self, model: &str) -> Value {
         let mut body = json!({
             "model": model,
@@ -216,14 +217,17 @@ impl ChatRequest {
                 );
             }
             if let Some(t) = self.temperature {
-                // Go through f64 via the decimal representation so 0.7f32 becomes 0.7, not
-                // 0.699999988079071.
-                let t: f64 = t.to_string().parse().unwrap_or(f64::from(t));
-                map.insert("temperature".into(), json!(t));
+                map.insert("temperature".into(), json!(decimal(t)));
             }
         }
         body
     }
+}
+
+/// `t` widened through its decimal representation, so 0.7f32 becomes 0.7, not
+/// 0.699999988079071.
+pub(crate) fn decimal(t: f32) -> f64 {
+    t.to_string().parse().unwrap_or(f64::from(t))
 }
 
 #[cfg(test)]

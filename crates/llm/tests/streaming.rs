@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use agentry_llm::{
-    ChatClient, ChatRequest, ChatStream, Completion, LlmError, Message, ProviderConfig,
+    ChatClient, ChatRequest, ChatStream, Completion, LlmError, Message, Provider, ProviderConfig,
     StreamEvent, ToolCall, ToolDefinition, Usage,
 };
 use agentry_testkit::fake_model::{
@@ -14,14 +14,13 @@ use futures::StreamExt;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
+/// No retries: these tests look at single exchanges (see `retries.rs` for retrying).
 fn config(base_url: &str) -> ProviderConfig {
-    ProviderConfig {
-        base_url: base_url.to_string(),
-        api_key: None,
-        model: "test-model".to_string(),
-        request_timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(2),
-    }
+    let mut cfg = ProviderConfig::new(Provider::OpenAi, base_url, "test-model");
+    cfg.request_timeout = Duration::from_secs(10);
+    cfg.connect_timeout = Duration::from_secs(2);
+    cfg.max_retries = 0;
+    cfg
 }
 
 fn client(fake: &FakeModel) -> ChatClient {

@@ -5,9 +5,10 @@
 use crate::deps::Deps;
 use crate::reducer::{Effect, Input, SessionState};
 use agentry_llm::{ChatRequest, Message, StreamEvent, ToolCall};
-use agentry_proto::sessions::v1 as pb;
+use agentry_proto::sessions::v1::{self as pb, ApprovalDecision, ApprovalMode};
 use agentry_proto::tools::v1::{ExecuteRequest, execute_response};
 use futures::StreamExt;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -21,6 +22,19 @@ pub enum SubmitInput {
     User {
         /// The text.
         text: String,
+        /// How the turn's tool calls are approved.
+        approval_mode: ApprovalMode,
+    },
+    /// A decision on a call awaiting approval.
+    Approval {
+        /// The call.
+        call_id: String,
+        /// The decision.
+        decision: ApprovalDecision,
+        /// Why.
+        reason: String,
+        /// Replacement arguments, for an edit.
+        edited_arguments_json: String,
     },
     /// Stop the running turn.
     Cancel {
@@ -60,7 +74,8 @@ pub(crate) struct Actor {
     deps: Arc<Deps>,
     outcomes_tx: mpsc::Sender<Outcome>,
     outcomes: mpsc::Receiver<Outcome>,
-    in_flight: Option<(u64, AbortHandle)>,
+    /// Model and tool calls running now, by task id.
+    in_flight: HashMap<u64, AbortHandle>,
     tasks_started: u64,
 }
 
@@ -99,7 +114,7 @@ impl Actor {
             deps,
             outcomes_tx,
             outcomes,
-            in_flight: None,
+            in_flight: HashMap::new(),
             tasks_started: 0,
         };
         tokio::spawn(actor.run(commands));
@@ -139,18 +154,36 @@ impl Actor {
         // A cancel ends the turn it belongs to: remember which.
         let turn_before = self.state.turn_id().map(str::to_string);
         let input = match command.input {
-            SubmitInput::User { text } => Input::UserMessage {
+            SubmitInput::User {
+                text,
+                approval_mode,
+            } => Input::UserMessage {
                 turn_id: uuid::Uuid::now_v7().to_string(),
                 text,
+                approval_mode,
+            },
+            SubmitInput::Approval {
+                call_id,
+                decision,
+                reason,
+                edited_arguments_json,
+            } => Input::Approval {
+                call_id,
+                decision,
+                reason,
+                edited_arguments_json,
             },
             SubmitInput::Cancel { reason } => Input::Cancel { reason },
         };
         let effects = match self.state.step(input) {
             Ok(effects) => effects,
             Err(refusal) => {
-                let _ = command
-                    .reply
-                    .send(Err(Status::failed_precondition(refusal.to_string())));
+                let status = if refusal.is_invalid_argument() {
+                    Status::invalid_argument(refusal.to_string())
+                } else {
+                    Status::failed_precondition(refusal.to_string())
+                };
+                let _ = command.reply.send(Err(status));
                 return Ok(());
             }
         };
@@ -188,8 +221,7 @@ impl Actor {
     }
 
     fn fold_outcome(&mut self, task: u64, input: Input, effects: &mut Vec<Effect>) {
-        let current = self.in_flight.as_ref().map(|(id, _)| *id);
-        if current != Some(task) {
+        if !self.in_flight.contains_key(&task) {
             return; // Output of work that was cancelled.
         }
         let finishes_task = matches!(
@@ -202,13 +234,13 @@ impl Actor {
                 tracing::debug!(session_id = %self.session_id, %refusal, "dropped an outcome");
             }
         }
-        if finishes_task && self.in_flight.as_ref().map(|(id, _)| *id) == Some(task) {
-            self.in_flight = None;
+        if finishes_task {
+            self.in_flight.remove(&task);
         }
     }
 
     fn abort_in_flight(&mut self) {
-        if let Some((_, handle)) = self.in_flight.take() {
+        for (_, handle) in self.in_flight.drain() {
             handle.abort();
         }
     }
@@ -291,18 +323,16 @@ impl Actor {
     }
 
     fn start_model_call(&mut self, history: Vec<Message>) {
-        self.abort_in_flight();
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();
         let handle = tokio::spawn(async move {
             model_call(deps, session_id, history, task, tx).await;
         });
-        self.in_flight = Some((task, handle.abort_handle()));
+        self.in_flight.insert(task, handle.abort_handle());
     }
 
     fn start_tool_call(&mut self, call: ToolCall) {
-        self.abort_in_flight();
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();
@@ -310,7 +340,7 @@ impl Actor {
             let result = tool_call(&deps, &session_id, call, task, &tx).await;
             let _ = tx.send((task, Input::ToolDone(result))).await;
         });
-        self.in_flight = Some((task, handle.abort_handle()));
+        self.in_flight.insert(task, handle.abort_handle());
     }
 }
 
@@ -321,7 +351,14 @@ async fn model_call(
     task: u64,
     tx: mpsc::Sender<Outcome>,
 ) {
-    let tools = deps.tool_definitions().await;
+    let tools = deps.tools().await;
+    if tx
+        .send((task, Input::ToolCatalog(tools.flags.clone())))
+        .await
+        .is_err()
+    {
+        return;
+    }
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::System {
         content: deps.system_prompt.clone(),
@@ -329,7 +366,7 @@ async fn model_call(
     messages.extend(history);
     let request = ChatRequest {
         messages,
-        tools,
+        tools: tools.definitions.clone(),
         temperature: deps.temperature,
     };
     let started = Instant::now();

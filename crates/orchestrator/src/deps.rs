@@ -1,10 +1,14 @@
 //! What every session actor shares: clients of the other services and of
 //! the model, and the agent's settings.
 
+use crate::policy::Policy;
+use crate::reducer::ToolFlags;
 use agentry_llm::{ChatClient, ToolDefinition};
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_proto::tools::v1::ListToolsRequest;
 use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::RwLock;
 use tonic::transport::Channel;
@@ -29,7 +33,18 @@ pub struct Deps {
     pub max_steps: u32,
     /// How long an append keeps retrying while the store is unavailable.
     pub store_retry_window: Duration,
-    tool_cache: RwLock<Option<Vec<ToolDefinition>>>,
+    /// The tool-call policy.
+    pub policy: Arc<Policy>,
+    tool_cache: RwLock<Option<Arc<ToolSet>>>,
+}
+
+/// The tools the model may call.
+#[derive(Debug, Default)]
+pub struct ToolSet {
+    /// As offered to the model.
+    pub definitions: Vec<ToolDefinition>,
+    /// Their flags, by name.
+    pub flags: BTreeMap<String, ToolFlags>,
 }
 
 impl Deps {
@@ -44,6 +59,7 @@ impl Deps {
         system_prompt: String,
         temperature: Option<f32>,
         max_steps: u32,
+        policy: Arc<Policy>,
     ) -> Self {
         Deps {
             store,
@@ -55,17 +71,19 @@ impl Deps {
             temperature,
             max_steps,
             store_retry_window: Duration::from_secs(10),
+            policy,
             tool_cache: RwLock::new(None),
         }
     }
 
     /// The tools as the model sees them, fetched from the runner once.
-    pub async fn tool_definitions(&self) -> Vec<ToolDefinition> {
+    pub async fn tools(&self) -> Arc<ToolSet> {
         if let Some(cached) = self.tool_cache.read().await.as_ref() {
             return cached.clone();
         }
         match self.fetch_tools().await {
             Ok(tools) => {
+                let tools = Arc::new(tools);
                 *self.tool_cache.write().await = Some(tools.clone());
                 tools
             }
@@ -75,35 +93,37 @@ impl Deps {
                     error = %status.message(),
                     "cannot list tools; calling the model without tools"
                 );
-                Vec::new()
+                Arc::new(ToolSet::default())
             }
         }
     }
 
     /// Asks the tool runner for its tools.
-    pub async fn fetch_tools(&self) -> Result<Vec<ToolDefinition>, tonic::Status> {
+    pub async fn fetch_tools(&self) -> Result<ToolSet, tonic::Status> {
         let response = self
             .tools
             .clone()
             .list_tools(ListToolsRequest {})
             .await?
             .into_inner();
-        response
-            .tools
-            .into_iter()
-            .map(|t| {
-                let parameters = serde_json::from_str(&t.parameters_json_schema).map_err(|e| {
-                    tonic::Status::internal(format!(
-                        "tool {} has an invalid JSON schema: {e}",
-                        t.name
-                    ))
-                })?;
-                Ok(ToolDefinition {
-                    name: t.name,
-                    description: t.description,
-                    parameters,
-                })
-            })
-            .collect()
+        let mut set = ToolSet::default();
+        for t in response.tools {
+            let parameters = serde_json::from_str(&t.parameters_json_schema).map_err(|e| {
+                tonic::Status::internal(format!("tool {} has an invalid JSON schema: {e}", t.name))
+            })?;
+            set.flags.insert(
+                t.name.clone(),
+                ToolFlags {
+                    read_only: t.read_only,
+                    parallel_safe: t.parallel_safe,
+                },
+            );
+            set.definitions.push(ToolDefinition {
+                name: t.name,
+                description: t.description,
+                parameters,
+            });
+        }
+        Ok(set)
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod actor;
 pub mod deps;
+pub mod policy;
 pub mod reducer;
 pub mod service;
 
@@ -54,16 +55,24 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         .max_decoding_message_size(64 * 1024 * 1024);
     let tools = ToolRunnerClient::new(lazy_channel(&config.tool_runner.url, "tool runner")?);
     let llm = ChatClient::new(ProviderConfig {
+        provider: match config.llm.provider {
+            agentry_runtime::config::LlmProvider::Openai => agentry_llm::Provider::OpenAi,
+            agentry_runtime::config::LlmProvider::Ollama => agentry_llm::Provider::Ollama,
+        },
         base_url: config.llm.base_url.clone(),
         api_key: (!config.llm.api_key.is_empty()).then(|| config.llm.api_key.clone()),
         model: config.llm.model.clone(),
         request_timeout: Duration::from_secs(config.llm.request_timeout_secs),
         connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
+        max_retries: config.llm.max_retries,
+        retry_base_delay: ProviderConfig::DEFAULT_RETRY_BASE_DELAY,
     })
     .map_err(|e| RunError::Config(e.to_string()))?;
     let system_prompt = config
         .system_prompt()
         .map_err(|e| RunError::Config(e.to_string()))?;
+    let policy = policy::Policy::from_config(&config.policy)
+        .map_err(|e| RunError::Config(format!("invalid policy: {e}")))?;
     Ok(Deps::new(
         store,
         config.session_store.url.clone(),
@@ -73,6 +82,7 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         system_prompt,
         config.llm.temperature,
         config.agent.max_steps,
+        Arc::new(policy),
     ))
 }
 
@@ -90,7 +100,11 @@ pub async fn run(
         tool_runner = %config.tool_runner.url,
         "orchestrator ready"
     );
-    let service = OrchestratorServer::new(OrchestratorService::new(deps));
+    let orchestrator = OrchestratorService::new(deps);
+    // Sessions left mid-turn by an earlier process are recovered now.
+    let recovering = orchestrator.clone();
+    tokio::spawn(async move { recovering.recover_open_sessions().await });
+    let service = OrchestratorServer::new(orchestrator);
     agentry_runtime::serve(
         listener,
         Routes::new(service),

@@ -4,12 +4,20 @@
 //! the state itself only ever changes by [`SessionState::apply`]ing an event,
 //! so replaying a session's log rebuilds exactly the state that wrote it.
 //!
-//! States: `Idle → Generate → UseTools → Generate … → Idle` (the turn's
-//! cleanup is the `TurnFinished` event that returns it to `Idle`).
+//! Turn states: `Idle → Generate → UseTools ⇄ (awaiting approval) → Generate
+//! … → Idle`; the turn's cleanup is the `TurnFinished` event that returns it
+//! to `Idle`. Each tool call has its own forward-only lifecycle:
+//! `Validating → AwaitingApproval → Scheduled → Executing → Success | Error |
+//! Cancelled`, every change recorded as a `ToolCallState` event.
 
+use crate::policy::{Decision, Policy, SessionRule, session_rules_for};
 use agentry_llm::{Completion, Message, ToolCall};
-use agentry_proto::sessions::v1::{self as pb, ErrorSource, TokenUsage, TurnOutcome, event::Kind};
-use std::collections::VecDeque;
+use agentry_proto::sessions::v1::{
+    self as pb, ApprovalDecision, ApprovalMode, ErrorSource, TokenUsage, ToolCallPhase,
+    TurnOutcome, event::Kind,
+};
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
 
 /// Where a session is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,8 +26,114 @@ pub enum Phase {
     Idle,
     /// Waiting for the model's response.
     Generate,
-    /// Running the tool calls of the last model response, in order.
+    /// Handling the tool calls of the last model response.
     UseTools,
+}
+
+/// A tool's flags, as the tool runner describes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ToolFlags {
+    /// It changes nothing.
+    pub read_only: bool,
+    /// It may run concurrently with other parallel-safe calls.
+    pub parallel_safe: bool,
+}
+
+/// The lifecycle state of one tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallPhase {
+    /// Requested; being checked.
+    Validating,
+    /// Waiting for a person.
+    AwaitingApproval,
+    /// Allowed; waiting to run.
+    Scheduled,
+    /// Running on a tool runner.
+    Executing,
+    /// Finished without error.
+    Success,
+    /// Failed, denied, or its outcome is unknown.
+    Error,
+    /// Stopped by a cancel.
+    Cancelled,
+}
+
+impl CallPhase {
+    fn rank(self) -> u8 {
+        match self {
+            CallPhase::Validating => 0,
+            CallPhase::AwaitingApproval => 1,
+            CallPhase::Scheduled => 2,
+            CallPhase::Executing => 3,
+            CallPhase::Success | CallPhase::Error | CallPhase::Cancelled => 4,
+        }
+    }
+
+    /// Whether the call is over.
+    pub fn is_terminal(self) -> bool {
+        self.rank() == 4
+    }
+
+    /// Whether moving from `self` to `to` goes forward.
+    pub fn can_move_to(self, to: CallPhase) -> bool {
+        to.rank() > self.rank()
+    }
+
+    fn to_proto(self) -> ToolCallPhase {
+        match self {
+            CallPhase::Validating => ToolCallPhase::Validating,
+            CallPhase::AwaitingApproval => ToolCallPhase::AwaitingApproval,
+            CallPhase::Scheduled => ToolCallPhase::Scheduled,
+            CallPhase::Executing => ToolCallPhase::Executing,
+            CallPhase::Success => ToolCallPhase::Success,
+            CallPhase::Error => ToolCallPhase::Error,
+            CallPhase::Cancelled => ToolCallPhase::Cancelled,
+        }
+    }
+
+    fn from_proto(phase: i32) -> Option<CallPhase> {
+        match ToolCallPhase::try_from(phase).ok()? {
+            ToolCallPhase::Validating => Some(CallPhase::Validating),
+            ToolCallPhase::AwaitingApproval => Some(CallPhase::AwaitingApproval),
+            ToolCallPhase::Scheduled => Some(CallPhase::Scheduled),
+            ToolCallPhase::Executing => Some(CallPhase::Executing),
+            ToolCallPhase::Success => Some(CallPhase::Success),
+            ToolCallPhase::Error => Some(CallPhase::Error),
+            ToolCallPhase::Cancelled => Some(CallPhase::Cancelled),
+            ToolCallPhase::Unspecified => None,
+        }
+    }
+}
+
+/// One tool call of the current model response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    /// The call's id.
+    pub id: String,
+    /// The tool.
+    pub tool: String,
+    /// The arguments the model wrote.
+    pub arguments: String,
+    /// The arguments it runs with (a person may have edited them).
+    pub effective_arguments: String,
+    /// The tool changes nothing.
+    pub read_only: bool,
+    /// The tool may run concurrently with other parallel-safe calls.
+    pub parallel_safe: bool,
+    /// Where the call is.
+    pub phase: CallPhase,
+    /// Its result has been recorded.
+    pub answered: bool,
+}
+
+impl Call {
+    fn as_tool_call(&self) -> ToolCall {
+        ToolCall {
+            id: self.id.clone(),
+            name: self.tool.clone(),
+            arguments: self.effective_arguments.clone(),
+        }
+    }
 }
 
 /// The running turn.
@@ -31,11 +145,40 @@ pub struct Turn {
     pub steps: u32,
     /// Token usage so far.
     pub usage: TokenUsage,
-    /// Tool calls requested and not yet answered, in order.
-    pub pending: VecDeque<ToolCall>,
+    /// The tool calls of the latest model response, in the model's order.
+    pub calls: Vec<Call>,
+    /// Where the latest assistant message is in the history.
+    pub assistant_index: usize,
     /// The text of the last model response.
     pub last_text: String,
+    /// How tool calls needing confirmation are handled.
+    pub approval_mode: ApprovalMode,
+    /// Restarts of the orchestrator during this turn.
+    pub restarts: u32,
 }
+
+impl Turn {
+    fn call(&self, id: &str) -> Option<&Call> {
+        self.calls.iter().find(|c| c.id == id)
+    }
+
+    fn call_mut(&mut self, id: &str) -> Option<&mut Call> {
+        self.calls.iter_mut().find(|c| c.id == id)
+    }
+}
+
+/// The policy a session checks tool calls against. Two states compare equal
+/// when they share the same policy instance.
+#[derive(Debug, Clone)]
+pub struct PolicyRef(pub Arc<Policy>);
+
+impl PartialEq for PolicyRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+static ALLOW_ALL: LazyLock<Arc<Policy>> = LazyLock::new(|| Arc::new(Policy::allow_all()));
 
 /// A session's state: its phase, its running turn, and the conversation as
 /// the model sees it (a projection of the log).
@@ -49,6 +192,12 @@ pub struct SessionState {
     pub history: Vec<Message>,
     /// Model calls allowed per turn.
     pub max_steps: u32,
+    /// Calls a person approved for the rest of the session.
+    pub session_rules: Vec<SessionRule>,
+    /// The policy tool calls are checked against.
+    pub policy: PolicyRef,
+    /// The flags of the tools the model may call.
+    pub catalog: BTreeMap<String, ToolFlags>,
 }
 
 /// Something that happened, fed to [`SessionState::step`].
@@ -60,7 +209,11 @@ pub enum Input {
         turn_id: String,
         /// The text.
         text: String,
+        /// How this turn's tool calls are approved.
+        approval_mode: ApprovalMode,
     },
+    /// The tools the model was offered (sent before its answer).
+    ToolCatalog(BTreeMap<String, ToolFlags>),
     /// The model streamed text.
     ModelDelta(String),
     /// The model finished its response.
@@ -83,13 +236,24 @@ pub enum Input {
     },
     /// A tool call finished.
     ToolDone(pb::ToolResult),
+    /// A person decided on a call awaiting approval.
+    Approval {
+        /// The call.
+        call_id: String,
+        /// The decision.
+        decision: ApprovalDecision,
+        /// Their reason.
+        reason: String,
+        /// Replacement arguments, for an edit.
+        edited_arguments_json: String,
+    },
     /// The person asked to stop the turn.
     Cancel {
         /// Why, if they said.
         reason: String,
     },
     /// The session was loaded with a turn that never finished (the
-    /// orchestrator stopped mid-turn): close it.
+    /// orchestrator stopped mid-turn): recover it.
     Interrupted,
 }
 
@@ -111,7 +275,7 @@ pub enum Effect {
     },
     /// Run a tool call.
     RunTool(ToolCall),
-    /// Stop whatever model call or tool call is in flight.
+    /// Stop every model call and tool call in flight.
     AbortInFlight,
 }
 
@@ -127,6 +291,16 @@ pub enum Refusal {
     /// The message is empty.
     #[error("the message is empty")]
     EmptyMessage,
+    /// A decision for a call that is not waiting for one (unknown, already
+    /// decided, or from an earlier turn).
+    #[error("no approval is pending for call {call_id:?}")]
+    NoPendingApproval {
+        /// The call named.
+        call_id: String,
+    },
+    /// A decision that cannot be carried out as given.
+    #[error("{0}")]
+    InvalidDecision(String),
     /// An outcome arrived that the state does not expect (a stale result).
     #[error("unexpected {input} while the session is {phase:?}")]
     Unexpected {
@@ -137,32 +311,78 @@ pub enum Refusal {
     },
 }
 
+impl Refusal {
+    /// Whether the input itself was malformed (rather than ill-timed).
+    pub fn is_invalid_argument(&self) -> bool {
+        match self {
+            Refusal::EmptyMessage | Refusal::InvalidDecision(_) => true,
+            Refusal::Busy
+            | Refusal::NothingToCancel
+            | Refusal::NoPendingApproval { .. }
+            | Refusal::Unexpected { .. } => false,
+        }
+    }
+}
+
 fn add_usage(total: &mut TokenUsage, u: &TokenUsage) {
     total.prompt_tokens += u.prompt_tokens;
     total.completion_tokens += u.completion_tokens;
     total.total_tokens += u.total_tokens;
 }
 
+/// What one step produces: effects to run before recording (aborts), the
+/// events to record, then effects to run after they are stored.
+#[derive(Default)]
+struct Out {
+    before: Vec<Effect>,
+    events: Vec<Kind>,
+    after: Vec<Effect>,
+}
+
+/// Limit on model-call retries after orchestrator restarts within one turn.
+const MAX_RESTARTS_PER_TURN: u32 = 2;
+
+fn state_event(call_id: &str, phase: CallPhase, detail: impl Into<String>) -> Kind {
+    Kind::ToolCallState(pb::ToolCallState {
+        call_id: call_id.to_string(),
+        phase: phase.to_proto() as i32,
+        detail: detail.into(),
+    })
+}
+
 impl SessionState {
-    /// An idle session with an empty conversation.
+    /// An idle session with an empty conversation that allows every call.
     pub fn new(max_steps: u32) -> Self {
         SessionState {
             phase: Phase::Idle,
             turn: None,
             history: Vec::new(),
             max_steps: max_steps.max(1),
+            session_rules: Vec::new(),
+            policy: PolicyRef(ALLOW_ALL.clone()),
+            catalog: BTreeMap::new(),
         }
+    }
+
+    /// The same state checking calls against `policy`.
+    pub fn with_policy(mut self, policy: Arc<Policy>) -> Self {
+        self.policy = PolicyRef(policy);
+        self
     }
 
     /// Rebuilds the state from a session's stored events.
     pub fn replay<'a>(max_steps: u32, events: impl IntoIterator<Item = &'a pb::Event>) -> Self {
-        let mut state = SessionState::new(max_steps);
+        SessionState::new(max_steps).replayed(events)
+    }
+
+    /// Applies stored events to this (fresh) state.
+    pub fn replayed<'a>(mut self, events: impl IntoIterator<Item = &'a pb::Event>) -> Self {
         for event in events {
             if let Some(kind) = &event.kind {
-                state.apply(&event.turn_id, kind);
+                self.apply(&event.turn_id, kind);
             }
         }
-        state
+        self
     }
 
     /// Whether no turn is running.
@@ -173,6 +393,15 @@ impl SessionState {
     /// The running turn's id, if any.
     pub fn turn_id(&self) -> Option<&str> {
         self.turn.as_ref().map(|t| t.id.as_str())
+    }
+
+    /// The calls waiting for a person's decision.
+    pub fn awaiting_approval(&self) -> Vec<&Call> {
+        self.turn
+            .iter()
+            .flat_map(|t| t.calls.iter())
+            .filter(|c| c.phase == CallPhase::AwaitingApproval)
+            .collect()
     }
 
     /// Folds one event into the state. The only place the state changes.
@@ -186,8 +415,12 @@ impl SessionState {
                     id: turn_id.to_string(),
                     steps: 0,
                     usage: TokenUsage::default(),
-                    pending: VecDeque::new(),
+                    calls: Vec::new(),
+                    assistant_index: 0,
                     last_text: String::new(),
+                    approval_mode: ApprovalMode::try_from(m.approval_mode)
+                        .unwrap_or(ApprovalMode::Policy),
+                    restarts: 0,
                 });
                 self.phase = Phase::Generate;
             }
@@ -196,12 +429,15 @@ impl SessionState {
                     content: m.text.clone(),
                     tool_calls: Vec::new(),
                 });
+                let index = self.history.len() - 1;
                 if let Some(turn) = &mut self.turn {
                     turn.steps += 1;
                     if let Some(u) = &m.usage {
                         add_usage(&mut turn.usage, u);
                     }
                     turn.last_text = m.text.clone();
+                    turn.calls.clear();
+                    turn.assistant_index = index;
                 }
             }
             Kind::ToolCallRequested(c) => {
@@ -210,27 +446,77 @@ impl SessionState {
                     name: c.tool.clone(),
                     arguments: c.arguments_json.clone(),
                 };
-                if let Some(Message::Assistant { tool_calls, .. }) = self.history.last_mut() {
-                    tool_calls.push(call.clone());
-                }
                 if let Some(turn) = &mut self.turn {
-                    turn.pending.push_back(call);
+                    if let Some(Message::Assistant { tool_calls, .. }) =
+                        self.history.get_mut(turn.assistant_index)
+                    {
+                        tool_calls.push(call);
+                    }
+                    turn.calls.push(Call {
+                        id: c.call_id.clone(),
+                        tool: c.tool.clone(),
+                        arguments: c.arguments_json.clone(),
+                        effective_arguments: c.arguments_json.clone(),
+                        read_only: c.read_only,
+                        parallel_safe: c.parallel_safe,
+                        phase: CallPhase::Validating,
+                        answered: false,
+                    });
                 }
                 self.phase = Phase::UseTools;
             }
+            Kind::ToolCallState(s) => {
+                if let (Some(turn), Some(to)) = (&mut self.turn, CallPhase::from_proto(s.phase))
+                    && let Some(call) = turn.call_mut(&s.call_id)
+                    && call.phase.can_move_to(to)
+                {
+                    call.phase = to;
+                }
+            }
+            Kind::ApprovalDecided(d) => {
+                if let Some(turn) = &mut self.turn
+                    && let Some(call) = turn.call_mut(&d.call_id)
+                    && d.decision == ApprovalDecision::Edit as i32
+                {
+                    call.effective_arguments = d.edited_arguments_json.clone();
+                }
+                for a in &d.allowances {
+                    let rule = SessionRule {
+                        tool: a.tool.clone(),
+                        command: (!a.command.is_empty()).then(|| a.command.clone()),
+                        path: (!a.path.is_empty()).then(|| a.path.clone()),
+                    };
+                    if !self.session_rules.contains(&rule) {
+                        self.session_rules.push(rule);
+                    }
+                }
+            }
             Kind::ToolResult(r) => {
-                self.history.push(Message::Tool {
-                    tool_call_id: r.call_id.clone(),
-                    content: r.output.clone(),
-                });
-                if let Some(turn) = &mut self.turn {
-                    // Only the first match: a response may repeat an id.
-                    if let Some(i) = turn.pending.iter().position(|c| c.id == r.call_id) {
-                        turn.pending.remove(i);
-                    }
-                    if turn.pending.is_empty() {
-                        self.phase = Phase::Generate;
-                    }
+                let Some(turn) = &mut self.turn else { return };
+                let Some(index) = turn.calls.iter().position(|c| c.id == r.call_id) else {
+                    return;
+                };
+                // Keep tool messages in the model's call order, whatever
+                // order the calls finished in.
+                let before = turn.calls[..index].iter().filter(|c| c.answered).count();
+                let at = (turn.assistant_index + 1 + before).min(self.history.len());
+                self.history.insert(
+                    at,
+                    Message::Tool {
+                        tool_call_id: r.call_id.clone(),
+                        content: r.output.clone(),
+                    },
+                );
+                turn.calls[index].answered = true;
+                if turn.calls.iter().all(|c| c.answered) {
+                    self.phase = Phase::Generate;
+                }
+            }
+            Kind::Error(e) => {
+                if e.source == ErrorSource::Orchestrator as i32
+                    && let Some(turn) = &mut self.turn
+                {
+                    turn.restarts += 1;
                 }
             }
             Kind::TurnFinished(_) => {
@@ -239,23 +525,16 @@ impl SessionState {
             }
             Kind::ModelTextDelta(_)
             | Kind::ApprovalRequested(_)
-            | Kind::ApprovalDecided(_)
             | Kind::ToolOutputChunk(_)
             | Kind::ReminderDue(_)
-            | Kind::Error(_)
             | Kind::CancelRequested(_) => {}
         }
     }
 
-    /// Records `events` (applying each) and returns the Record effect.
-    fn record(&mut self, turn_id: &str, events: Vec<Kind>) -> Effect {
-        for kind in &events {
-            self.apply(turn_id, kind);
-        }
-        Effect::Record {
-            turn_id: turn_id.to_string(),
-            events,
-        }
+    /// Records `kind` (applying it at once).
+    fn emit(&mut self, out: &mut Out, turn_id: &str, kind: Kind) {
+        self.apply(turn_id, &kind);
+        out.events.push(kind);
     }
 
     fn finish(&self, outcome: TurnOutcome, message: String) -> Kind {
@@ -272,9 +551,193 @@ impl SessionState {
         })
     }
 
-    /// What to do after the last tool result of a step: call the model
-    /// again, or stop at the step limit.
-    fn after_tools(&mut self, turn_id: &str) -> Vec<Effect> {
+    fn into_effects(turn_id: &str, out: Out) -> Vec<Effect> {
+        let mut effects = out.before;
+        if !out.events.is_empty() {
+            effects.push(Effect::Record {
+                turn_id: turn_id.to_string(),
+                events: out.events,
+            });
+        }
+        effects.extend(out.after);
+        effects
+    }
+
+    /// A call's result, with its terminal state.
+    fn answer(&mut self, out: &mut Out, turn_id: &str, mut result: pb::ToolResult) {
+        let Some(call) = self
+            .turn
+            .as_ref()
+            .and_then(|t| t.call(&result.call_id))
+            .cloned()
+        else {
+            return;
+        };
+        if call.effective_arguments != call.arguments {
+            result.output = format!(
+                "[the person edited the arguments to {}]\n{}",
+                call.effective_arguments, result.output
+            );
+        }
+        let phase = if result.is_error {
+            CallPhase::Error
+        } else {
+            CallPhase::Success
+        };
+        if call.phase.can_move_to(phase) {
+            self.emit(out, turn_id, state_event(&call.id, phase, ""));
+        }
+        if result.tool.is_empty() {
+            result.tool = call.tool;
+        }
+        self.emit(out, turn_id, Kind::ToolResult(result));
+    }
+
+    /// An error result for a call that will not run.
+    fn refuse_call(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        call_id: &str,
+        phase: CallPhase,
+        output: String,
+    ) {
+        let tool = call_tool(self, call_id);
+        self.emit(out, turn_id, state_event(call_id, phase, output.clone()));
+        self.emit(
+            out,
+            turn_id,
+            Kind::ToolResult(pb::ToolResult {
+                call_id: call_id.to_string(),
+                tool,
+                output,
+                is_error: true,
+                ..Default::default()
+            }),
+        );
+    }
+
+    /// Checks one requested call: its arguments, then the policy.
+    fn validate(&mut self, out: &mut Out, turn_id: &str, call_id: &str) {
+        let Some(turn) = self.turn.as_ref() else {
+            return;
+        };
+        let Some(call) = turn.call(call_id) else {
+            return;
+        };
+        let (tool, args, read_only, mode) = (
+            call.tool.clone(),
+            call.effective_arguments.clone(),
+            call.read_only,
+            turn.approval_mode,
+        );
+        if let Err(reason) = check_arguments(&args) {
+            let output = format!("error: invalid arguments for {tool}: {reason}");
+            self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            return;
+        }
+        let verdict = self
+            .policy
+            .0
+            .check(&tool, &args, read_only, &self.session_rules);
+        match (verdict.decision, mode) {
+            (Decision::Deny, _) => {
+                let output = format!("error: denied by policy: {}", verdict.rule);
+                self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            }
+            (Decision::Confirm, ApprovalMode::Never) => {
+                let output = format!(
+                    "error: this call needs a person's approval ({}), and this turn runs without one",
+                    verdict.rule
+                );
+                self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            }
+            (Decision::Allow, _) => {
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(call_id, CallPhase::Scheduled, verdict.rule),
+                );
+            }
+            (Decision::Confirm, ApprovalMode::Always) => {
+                let detail = format!("approved for this turn ({})", verdict.rule);
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(call_id, CallPhase::Scheduled, detail),
+                );
+            }
+            (Decision::Confirm, ApprovalMode::Policy | ApprovalMode::Unspecified) => {
+                self.emit(
+                    out,
+                    turn_id,
+                    Kind::ApprovalRequested(pb::ApprovalRequested {
+                        call_id: call_id.to_string(),
+                        tool,
+                        arguments_json: args,
+                        matched_rule: verdict.rule,
+                    }),
+                );
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(call_id, CallPhase::AwaitingApproval, ""),
+                );
+            }
+        }
+    }
+
+    /// Starts whatever calls may run now, or moves on when all are done.
+    ///
+    /// Calls run in the model's order; a run of consecutive parallel-safe,
+    /// read-only calls runs concurrently; a call awaiting approval holds up
+    /// the calls after it.
+    fn dispatch(&mut self, out: &mut Out, turn_id: &str) {
+        let Some(turn) = self.turn.as_ref() else {
+            return;
+        };
+        let mut start = Vec::new();
+        for (i, call) in turn.calls.iter().enumerate() {
+            if call.phase.is_terminal() {
+                continue;
+            }
+            let concurrent = call.read_only && call.parallel_safe;
+            match call.phase {
+                // Reaching a call means every open call before it is concurrent.
+                CallPhase::Executing if concurrent => {}
+                CallPhase::Scheduled if concurrent => start.push(call.id.clone()),
+                CallPhase::Scheduled => {
+                    if turn.calls[..i].iter().all(|c| c.phase.is_terminal()) {
+                        start.push(call.id.clone());
+                    }
+                    break;
+                }
+                CallPhase::Executing
+                | CallPhase::Validating
+                | CallPhase::AwaitingApproval
+                | CallPhase::Success
+                | CallPhase::Error
+                | CallPhase::Cancelled => break,
+            }
+        }
+        for id in start {
+            self.emit(out, turn_id, state_event(&id, CallPhase::Executing, ""));
+            if let Some(call) = self.turn.as_ref().and_then(|t| t.call(&id)) {
+                out.after.push(Effect::RunTool(call.as_tool_call()));
+            }
+        }
+        let all_done = self
+            .turn
+            .as_ref()
+            .is_some_and(|t| t.calls.iter().all(|c| c.answered));
+        if all_done {
+            self.after_tools(out, turn_id);
+        }
+    }
+
+    /// After the last tool result of a step: call the model again, or stop
+    /// at the step limit.
+    fn after_tools(&mut self, out: &mut Out, turn_id: &str) {
         let steps = self.turn.as_ref().map(|t| t.steps).unwrap_or_default();
         if steps >= self.max_steps {
             let finished = self.finish(
@@ -283,11 +746,11 @@ impl SessionState {
                     "stopped after {steps} model calls (the step limit); send a message to continue"
                 ),
             );
-            vec![self.record(turn_id, vec![finished])]
+            self.emit(out, turn_id, finished);
         } else {
-            vec![Effect::CallModel {
+            out.after.push(Effect::CallModel {
                 history: self.history.clone(),
-            }]
+            });
         }
     }
 
@@ -296,63 +759,52 @@ impl SessionState {
     pub fn step(&mut self, input: Input) -> Result<Vec<Effect>, Refusal> {
         let phase = self.phase;
         let turn_id = self.turn_id().unwrap_or_default().to_string();
+        let mut out = Out::default();
         match (phase, input) {
-            (Phase::Idle, Input::UserMessage { turn_id, text }) => {
+            (
+                Phase::Idle,
+                Input::UserMessage {
+                    turn_id,
+                    text,
+                    approval_mode,
+                },
+            ) => {
                 if text.trim().is_empty() {
                     return Err(Refusal::EmptyMessage);
                 }
-                let record =
-                    self.record(&turn_id, vec![Kind::UserMessage(pb::UserMessage { text })]);
-                Ok(vec![
-                    record,
-                    Effect::CallModel {
-                        history: self.history.clone(),
-                    },
-                ])
+                let event = Kind::UserMessage(pb::UserMessage {
+                    text,
+                    approval_mode: approval_mode as i32,
+                });
+                self.emit(&mut out, &turn_id, event);
+                out.after.push(Effect::CallModel {
+                    history: self.history.clone(),
+                });
+                return Ok(Self::into_effects(&turn_id, out));
             }
-            (Phase::Generate | Phase::UseTools, Input::UserMessage { .. }) => Err(Refusal::Busy),
-            (Phase::Generate, Input::ModelDelta(text)) => Ok(vec![self.record(
-                &turn_id,
-                vec![Kind::ModelTextDelta(pb::ModelTextDelta { text })],
-            )]),
-            (Phase::Generate, Input::ModelDone(c)) => {
-                let step = self.turn.as_ref().map(|t| t.steps).unwrap_or_default() + 1;
-                let mut events = vec![Kind::ModelMessage(pb::ModelMessage {
-                    text: c.text.clone(),
-                    finish_reason: c.finish_reason.clone(),
-                    usage: c.usage.map(|u| TokenUsage {
-                        prompt_tokens: u.prompt_tokens,
-                        completion_tokens: u.completion_tokens,
-                        total_tokens: u.total_tokens,
-                    }),
-                    model: c.model.clone(),
-                    step,
-                })];
-                events.extend(c.tool_calls.iter().map(|call| {
-                    Kind::ToolCallRequested(pb::ToolCallRequested {
-                        call_id: call.id.clone(),
-                        tool: call.name.clone(),
-                        arguments_json: call.arguments.clone(),
-                    })
-                }));
-                let mut effects = vec![self.record(&turn_id, events)];
-                match c.tool_calls.first() {
-                    Some(first) => effects.push(Effect::RunTool(first.clone())),
-                    None => {
-                        let finished = self.finish(TurnOutcome::Completed, c.text);
-                        effects.push(self.record(&turn_id, vec![finished]));
-                    }
-                }
-                Ok(effects)
+            (Phase::Generate | Phase::UseTools, Input::UserMessage { .. }) => {
+                return Err(Refusal::Busy);
             }
+            (_, Input::ToolCatalog(catalog)) => {
+                self.catalog = catalog;
+            }
+            (Phase::Generate, Input::ModelDelta(text)) => {
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::ModelTextDelta(pb::ModelTextDelta { text }),
+                );
+            }
+            (Phase::Generate, Input::ModelDone(c)) => self.model_done(&mut out, &turn_id, c),
             (Phase::Generate, Input::ModelFailed { message, retryable }) => {
                 let error = Kind::Error(pb::Error {
                     source: ErrorSource::Model as i32,
                     message: message.clone(),
                     retryable,
                 });
+                self.emit(&mut out, &turn_id, error);
                 let finished = self.finish(TurnOutcome::Failed, message);
-                Ok(vec![self.record(&turn_id, vec![error, finished])])
+                self.emit(&mut out, &turn_id, finished);
             }
             (
                 Phase::UseTools,
@@ -362,99 +814,399 @@ impl SessionState {
                     text,
                 },
             ) => {
-                let running = self.turn.as_ref().and_then(|t| t.pending.front());
-                if running.map(|c| c.id.as_str()) != Some(call_id.as_str()) {
+                if !self.is_executing(&call_id) {
                     return Err(Refusal::Unexpected {
                         input: "tool output",
                         phase,
                     });
                 }
-                Ok(vec![self.record(
+                self.emit(
+                    &mut out,
                     &turn_id,
-                    vec![Kind::ToolOutputChunk(pb::ToolOutputChunk {
+                    Kind::ToolOutputChunk(pb::ToolOutputChunk {
                         call_id,
                         stream: stream as i32,
                         text,
-                    })],
-                )])
+                    }),
+                );
             }
             (Phase::UseTools, Input::ToolDone(result)) => {
-                let expected = self
-                    .turn
-                    .as_ref()
-                    .and_then(|t| t.pending.front())
-                    .map(|c| c.id.clone());
-                if expected.as_deref() != Some(result.call_id.as_str()) {
+                if !self.is_executing(&result.call_id) {
                     return Err(Refusal::Unexpected {
                         input: "tool result",
                         phase,
                     });
                 }
-                let mut effects = vec![self.record(&turn_id, vec![Kind::ToolResult(result)])];
-                let next = self.turn.as_ref().and_then(|t| t.pending.front()).cloned();
-                match next {
-                    Some(call) => effects.push(Effect::RunTool(call)),
-                    None => effects.extend(self.after_tools(&turn_id)),
+                self.answer(&mut out, &turn_id, result);
+                self.dispatch(&mut out, &turn_id);
+            }
+            (
+                _,
+                Input::Approval {
+                    call_id,
+                    decision,
+                    reason,
+                    edited_arguments_json,
+                },
+            ) => {
+                let pending = self
+                    .turn
+                    .as_ref()
+                    .and_then(|t| t.call(&call_id))
+                    .is_some_and(|c| c.phase == CallPhase::AwaitingApproval);
+                if !pending {
+                    return Err(Refusal::NoPendingApproval { call_id });
                 }
-                Ok(effects)
+                self.decide(
+                    &mut out,
+                    &turn_id,
+                    call_id,
+                    decision,
+                    reason,
+                    edited_arguments_json,
+                )?;
             }
             (Phase::Generate | Phase::UseTools, Input::Cancel { reason }) => {
-                let mut events = vec![Kind::CancelRequested(pb::CancelRequested { reason })];
-                events.extend(self.close_pending("cancelled before it finished"));
-                events.push(self.finish(TurnOutcome::Cancelled, "cancelled".to_string()));
-                Ok(vec![Effect::AbortInFlight, self.record(&turn_id, events)])
+                out.before.push(Effect::AbortInFlight);
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::CancelRequested(pb::CancelRequested { reason }),
+                );
+                for id in self.open_calls() {
+                    let output = "error: cancelled before it finished".to_string();
+                    self.refuse_call(&mut out, &turn_id, &id, CallPhase::Cancelled, output);
+                }
+                let finished = self.finish(TurnOutcome::Cancelled, "cancelled".to_string());
+                self.emit(&mut out, &turn_id, finished);
             }
-            (Phase::Idle, Input::Cancel { .. }) => Err(Refusal::NothingToCancel),
-            (Phase::Generate | Phase::UseTools, Input::Interrupted) => {
-                let message =
-                    "the orchestrator stopped during this turn; its outcome is unknown".to_string();
-                let mut events = vec![Kind::Error(pb::Error {
-                    source: ErrorSource::Orchestrator as i32,
-                    message: message.clone(),
-                    retryable: true,
-                })];
-                events.extend(self.close_pending(
-                    "the orchestrator stopped while this call was pending; it may or may not have run",
-                ));
-                events.push(self.finish(TurnOutcome::Failed, message));
-                Ok(vec![self.record(&turn_id, events)])
+            (Phase::Idle, Input::Cancel { .. }) => return Err(Refusal::NothingToCancel),
+            (Phase::Generate, Input::Interrupted) => {
+                let restarts = self.turn.as_ref().map(|t| t.restarts).unwrap_or_default();
+                if restarts >= MAX_RESTARTS_PER_TURN {
+                    let message = format!(
+                        "the orchestrator restarted {} times during this turn; giving up on it",
+                        restarts + 1
+                    );
+                    self.emit(&mut out, &turn_id, orchestrator_error(&message, false));
+                    let finished = self.finish(TurnOutcome::Failed, message);
+                    self.emit(&mut out, &turn_id, finished);
+                } else {
+                    let message = "the orchestrator restarted while the model was answering; \
+                                   asking the model again";
+                    self.emit(&mut out, &turn_id, orchestrator_error(message, true));
+                    out.after.push(Effect::CallModel {
+                        history: self.history.clone(),
+                    });
+                }
             }
-            (Phase::Idle, Input::Interrupted) => Ok(Vec::new()),
+            (Phase::UseTools, Input::Interrupted) => {
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    orchestrator_error(
+                        "the orchestrator restarted while tool calls were in progress",
+                        true,
+                    ),
+                );
+                self.recover_calls(&mut out, &turn_id);
+            }
+            (Phase::Idle, Input::Interrupted) => {}
             (
                 Phase::Idle | Phase::UseTools,
                 Input::ModelDelta(_) | Input::ModelDone(_) | Input::ModelFailed { .. },
-            ) => Err(Refusal::Unexpected {
-                input: "model output",
-                phase,
-            }),
+            ) => {
+                return Err(Refusal::Unexpected {
+                    input: "model output",
+                    phase,
+                });
+            }
             (Phase::Idle | Phase::Generate, Input::ToolChunk { .. } | Input::ToolDone(_)) => {
-                Err(Refusal::Unexpected {
+                return Err(Refusal::Unexpected {
                     input: "tool output",
                     phase,
-                })
+                });
+            }
+        }
+        Ok(Self::into_effects(&turn_id, out))
+    }
+
+    fn is_executing(&self, call_id: &str) -> bool {
+        self.turn
+            .as_ref()
+            .and_then(|t| t.call(call_id))
+            .is_some_and(|c| c.phase == CallPhase::Executing)
+    }
+
+    fn open_calls(&self) -> Vec<String> {
+        self.turn
+            .iter()
+            .flat_map(|t| t.calls.iter())
+            .filter(|c| !c.phase.is_terminal())
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    fn model_done(&mut self, out: &mut Out, turn_id: &str, c: Completion) {
+        let step = self.turn.as_ref().map(|t| t.steps).unwrap_or_default() + 1;
+        let message = Kind::ModelMessage(pb::ModelMessage {
+            text: c.text.clone(),
+            finish_reason: c.finish_reason.clone(),
+            usage: c.usage.map(|u| TokenUsage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+                total_tokens: u.total_tokens,
+            }),
+            model: c.model.clone(),
+            step,
+        });
+        self.emit(out, turn_id, message);
+        if c.tool_calls.is_empty() {
+            let finished = self.finish(TurnOutcome::Completed, c.text);
+            self.emit(out, turn_id, finished);
+            return;
+        }
+        // Ids must be unique within the response: the model's own ids are
+        // kept, repeats get a suffix.
+        let mut seen: Vec<String> = Vec::new();
+        let mut ids = Vec::new();
+        for call in &c.tool_calls {
+            let mut id = call.id.clone();
+            let mut n = 2;
+            while seen.contains(&id) {
+                id = format!("{}-{n}", call.id);
+                n += 1;
+            }
+            seen.push(id.clone());
+            let flags = self.catalog.get(&call.name).copied().unwrap_or_default();
+            self.emit(
+                out,
+                turn_id,
+                Kind::ToolCallRequested(pb::ToolCallRequested {
+                    call_id: id.clone(),
+                    tool: call.name.clone(),
+                    arguments_json: call.arguments.clone(),
+                    read_only: flags.read_only,
+                    parallel_safe: flags.parallel_safe,
+                }),
+            );
+            ids.push(id);
+        }
+        for id in &ids {
+            self.validate(out, turn_id, id);
+        }
+        self.dispatch(out, turn_id);
+    }
+
+    fn decide(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        call_id: String,
+        decision: ApprovalDecision,
+        reason: String,
+        edited: String,
+    ) -> Result<(), Refusal> {
+        let Some(call) = self.turn.as_ref().and_then(|t| t.call(&call_id)).cloned() else {
+            return Err(Refusal::NoPendingApproval { call_id });
+        };
+        let decided = |allowances: Vec<pb::SessionAllowance>, edited: String| {
+            Kind::ApprovalDecided(pb::ApprovalDecided {
+                call_id: call_id.clone(),
+                decision: decision as i32,
+                reason: reason.clone(),
+                edited_arguments_json: edited,
+                allowances,
+            })
+        };
+        match decision {
+            ApprovalDecision::Unspecified => {
+                return Err(Refusal::InvalidDecision(
+                    "the decision is not set: approve, approve for session, deny or edit".into(),
+                ));
+            }
+            ApprovalDecision::Approve => {
+                self.emit(out, turn_id, decided(Vec::new(), String::new()));
+                let detail = "approved by a person";
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(&call_id, CallPhase::Scheduled, detail),
+                );
+            }
+            ApprovalDecision::ApproveForSession => {
+                let allowances = session_rules_for(&call.tool, &call.effective_arguments)
+                    .into_iter()
+                    .map(|r| pb::SessionAllowance {
+                        tool: r.tool,
+                        command: r.command.unwrap_or_default(),
+                        path: r.path.unwrap_or_default(),
+                    })
+                    .collect();
+                self.emit(out, turn_id, decided(allowances, String::new()));
+                let detail = "approved by a person for this session";
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(&call_id, CallPhase::Scheduled, detail),
+                );
+                self.release_allowed(out, turn_id);
+            }
+            ApprovalDecision::Deny => {
+                self.emit(out, turn_id, decided(Vec::new(), String::new()));
+                let why = if reason.trim().is_empty() {
+                    "no reason given".to_string()
+                } else {
+                    reason.clone()
+                };
+                let output = format!("error: the person denied this call: {why}");
+                self.refuse_call(out, turn_id, &call_id, CallPhase::Error, output);
+            }
+            ApprovalDecision::Edit => {
+                if edited.trim().is_empty() {
+                    return Err(Refusal::InvalidDecision(
+                        "an edit needs the new arguments (a JSON object)".into(),
+                    ));
+                }
+                check_arguments(&edited).map_err(|e| {
+                    Refusal::InvalidDecision(format!("the edited arguments are invalid: {e}"))
+                })?;
+                self.emit(out, turn_id, decided(Vec::new(), edited.clone()));
+                // The edited call is checked by the policy again; the person's
+                // edit counts as approval unless the policy denies it.
+                let verdict =
+                    self.policy
+                        .0
+                        .check(&call.tool, &edited, call.read_only, &self.session_rules);
+                match verdict.decision {
+                    Decision::Deny => {
+                        let output = format!(
+                            "error: the edited call is denied by policy: {}",
+                            verdict.rule
+                        );
+                        self.refuse_call(out, turn_id, &call_id, CallPhase::Error, output);
+                    }
+                    Decision::Allow | Decision::Confirm => {
+                        let detail = "edited and approved by a person";
+                        self.emit(
+                            out,
+                            turn_id,
+                            state_event(&call_id, CallPhase::Scheduled, detail),
+                        );
+                    }
+                }
+            }
+        }
+        self.dispatch(out, turn_id);
+        Ok(())
+    }
+
+    /// Schedules waiting calls that the session's standing approvals now
+    /// allow (e.g. identical calls in the same response).
+    fn release_allowed(&mut self, out: &mut Out, turn_id: &str) {
+        let waiting: Vec<Call> = self.awaiting_approval().into_iter().cloned().collect();
+        for call in waiting {
+            let verdict = self.policy.0.check(
+                &call.tool,
+                &call.effective_arguments,
+                call.read_only,
+                &self.session_rules,
+            );
+            if verdict.decision == Decision::Allow {
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(&call.id, CallPhase::Scheduled, verdict.rule),
+                );
             }
         }
     }
 
-    /// Error results for every pending tool call, so the conversation never
-    /// holds a call without an answer.
-    fn close_pending(&self, why: &str) -> Vec<Kind> {
-        self.turn
+    /// After a restart: re-run read-only calls that were running, report
+    /// mutating ones as of unknown outcome, ask again for pending approvals,
+    /// and carry on.
+    fn recover_calls(&mut self, out: &mut Out, turn_id: &str) {
+        let calls: Vec<Call> = self
+            .turn
             .as_ref()
-            .map(|t| {
-                t.pending
-                    .iter()
-                    .map(|c| {
-                        Kind::ToolResult(pb::ToolResult {
-                            call_id: c.id.clone(),
-                            tool: c.name.clone(),
-                            output: format!("error: {why}"),
-                            is_error: true,
-                            ..Default::default()
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+            .map(|t| t.calls.clone())
+            .unwrap_or_default();
+        for call in calls {
+            match call.phase {
+                CallPhase::Executing if call.read_only => {
+                    out.after.push(Effect::RunTool(call.as_tool_call()));
+                }
+                CallPhase::Executing => {
+                    let output = format!(
+                        "error: outcome unknown: the runtime restarted while this {} call was \
+                         running; it may or may not have taken effect. Check before repeating it.",
+                        call.tool
+                    );
+                    self.refuse_call(out, turn_id, &call.id, CallPhase::Error, output);
+                }
+                CallPhase::AwaitingApproval => {
+                    let verdict = self.policy.0.check(
+                        &call.tool,
+                        &call.effective_arguments,
+                        call.read_only,
+                        &self.session_rules,
+                    );
+                    if verdict.decision == Decision::Allow {
+                        let id = call.id.clone();
+                        self.emit(
+                            out,
+                            turn_id,
+                            state_event(&id, CallPhase::Scheduled, verdict.rule),
+                        );
+                        continue;
+                    }
+                    self.emit(
+                        out,
+                        turn_id,
+                        Kind::ApprovalRequested(pb::ApprovalRequested {
+                            call_id: call.id.clone(),
+                            tool: call.tool.clone(),
+                            arguments_json: call.effective_arguments.clone(),
+                            matched_rule: verdict.rule,
+                        }),
+                    );
+                }
+                CallPhase::Validating => self.validate(out, turn_id, &call.id),
+                CallPhase::Scheduled
+                | CallPhase::Success
+                | CallPhase::Error
+                | CallPhase::Cancelled => {}
+            }
+        }
+        self.dispatch(out, turn_id);
+    }
+}
+
+fn call_tool(state: &SessionState, call_id: &str) -> String {
+    state
+        .turn
+        .as_ref()
+        .and_then(|t| t.call(call_id))
+        .map(|c| c.tool.clone())
+        .unwrap_or_default()
+}
+
+fn orchestrator_error(message: &str, retryable: bool) -> Kind {
+    Kind::Error(pb::Error {
+        source: ErrorSource::Orchestrator as i32,
+        message: message.to_string(),
+        retryable,
+    })
+}
+
+/// Tool arguments must be a JSON object (empty means `{}`).
+fn check_arguments(arguments: &str) -> Result<(), String> {
+    if arguments.trim().is_empty() {
+        return Ok(());
+    }
+    match serde_json::from_str::<serde_json::Value>(arguments) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        Ok(other) => Err(format!("expected a JSON object, got {other}")),
+        Err(e) => Err(format!("not valid JSON ({e})")),
     }
 }

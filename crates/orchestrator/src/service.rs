@@ -72,7 +72,9 @@ impl OrchestratorService {
                 break;
             }
         }
-        let state = SessionState::replay(self.deps.max_steps, &events);
+        let state = SessionState::new(self.deps.max_steps)
+            .with_policy(self.deps.policy.clone())
+            .replayed(&events);
         let handle = Actor::spawn(
             session_id.to_string(),
             state,
@@ -81,6 +83,42 @@ impl OrchestratorService {
         );
         sessions.insert(session_id.to_string(), handle.clone());
         Ok(handle)
+    }
+
+    /// Loads every session whose last turn never finished, so that each is
+    /// recovered (see [`SessionState::step`] with `Interrupted`) without
+    /// waiting for a client. Retries while the store is unreachable.
+    pub async fn recover_open_sessions(&self) {
+        let mut delay = std::time::Duration::from_millis(200);
+        let sessions = loop {
+            let listed = self
+                .deps
+                .store
+                .clone()
+                .list_sessions(spb::ListSessionsRequest {
+                    limit: 1000,
+                    offset: 0,
+                    only_open_turns: true,
+                })
+                .await;
+            match listed {
+                Ok(r) => break r.into_inner().sessions,
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(status) => {
+                    tracing::error!(error = %status.message(), "cannot list sessions to recover");
+                    return;
+                }
+            }
+        };
+        for session in sessions {
+            tracing::info!(session_id = %session.id, "recovering a session with an unfinished turn");
+            if let Err(status) = self.session(&session.id).await {
+                tracing::error!(session_id = %session.id, error = %status.message(), "cannot recover session");
+            }
+        }
     }
 
     /// Submits one input to a session.
@@ -165,13 +203,27 @@ fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
                     m.text.len()
                 )));
             }
-            Ok(SubmitInput::User { text: m.text })
+            Ok(SubmitInput::User {
+                text: m.text,
+                approval_mode: spb::ApprovalMode::try_from(m.approval_mode)
+                    .unwrap_or(spb::ApprovalMode::Policy),
+            })
         }
         pb::input::Kind::Cancel(c) => Ok(SubmitInput::Cancel { reason: c.reason }),
-        pb::input::Kind::Approval(a) => Err(Status::failed_precondition(format!(
-            "no approval is pending for call {:?}",
-            a.call_id
-        ))),
+        pb::input::Kind::Approval(a) => {
+            if a.call_id.is_empty() {
+                return Err(Status::invalid_argument("the approval names no call_id"));
+            }
+            let decision = spb::ApprovalDecision::try_from(a.decision).map_err(|_| {
+                Status::invalid_argument(format!("unknown approval decision {}", a.decision))
+            })?;
+            Ok(SubmitInput::Approval {
+                call_id: a.call_id,
+                decision,
+                reason: a.reason,
+                edited_arguments_json: a.edited_arguments_json,
+            })
+        }
     }
 }
 

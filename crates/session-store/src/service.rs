@@ -79,8 +79,10 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let req = request.into_inner();
-        let (sessions, total) =
-            blocking(&self.store, move |s| s.list_sessions(req.limit, req.offset)).await?;
+        let (sessions, total) = blocking(&self.store, move |s| {
+            s.list_sessions(req.limit, req.offset, req.only_open_turns)
+        })
+        .await?;
         Ok(Response::new(pb::ListSessionsResponse { sessions, total }))
     }
 

@@ -145,6 +145,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::Error(_) => "error",
         event::Kind::TurnFinished(_) => "turn_finished",
         event::Kind::CancelRequested(_) => "cancel_requested",
+        event::Kind::ToolCallState(_) => "tool_call_state",
     }
 }
 
@@ -161,8 +162,7 @@ fn preview_of(text: &str) -> String {
     out
 }
 
-const SESSION_COLUMNS: &str =
-    "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open";
 
 fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
     Ok(Session {
@@ -174,6 +174,7 @@ fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
         user_message_count: row.get::<_, i64>(5)? as u64,
         preview: row.get(6)?,
         forked_from: row.get(7)?,
+        turn_open: row.get::<_, i64>(8)? != 0,
     })
 }
 
@@ -200,6 +201,7 @@ impl Store {
                 created_ms INTEGER NOT NULL,
                 updated_ms INTEGER NOT NULL,
                 touched INTEGER NOT NULL DEFAULT 0,
+                turn_open INTEGER NOT NULL DEFAULT 0,
                 event_count INTEGER NOT NULL DEFAULT 0,
                 user_message_count INTEGER NOT NULL DEFAULT 0,
                 preview TEXT NOT NULL DEFAULT '',
@@ -294,6 +296,7 @@ impl Store {
         &self,
         limit: u32,
         offset: u32,
+        only_open_turns: bool,
     ) -> Result<(Vec<Session>, u64), StoreError> {
         let limit = match limit {
             0 => 50,
@@ -301,12 +304,19 @@ impl Store {
         };
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY touched DESC LIMIT ?1 OFFSET ?2"
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE turn_open >= ?3 ORDER BY touched DESC LIMIT ?1 OFFSET ?2"
         ))?;
         let sessions = stmt
-            .query_map(params![limit, offset], session_from_row)?
+            .query_map(
+                params![limit, offset, i64::from(only_open_turns)],
+                session_from_row,
+            )?
             .collect::<Result<Vec<_>, _>>()?;
-        let total: i64 = conn.query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))?;
+        let total: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM sessions WHERE turn_open >= ?1",
+            [i64::from(only_open_turns)],
+            |r| r.get(0),
+        )?;
         Ok((sessions, total as u64))
     }
 
@@ -451,6 +461,8 @@ impl Store {
         touched: i64,
     ) -> Result<(), StoreError> {
         let mut user_messages = 0i64;
+        // The last turn boundary in the batch decides; none keeps the flag.
+        let mut turn_open: Option<bool> = None;
         let mut first_user_text: Option<&str> = None;
         {
             let mut insert = tx.prepare_cached(
@@ -459,9 +471,14 @@ impl Store {
             )?;
             for e in events {
                 let Some(kind) = &e.kind else { continue };
-                if let event::Kind::UserMessage(m) = kind {
-                    user_messages += 1;
-                    first_user_text.get_or_insert(m.text.as_str());
+                match kind {
+                    event::Kind::UserMessage(m) => {
+                        user_messages += 1;
+                        first_user_text.get_or_insert(m.text.as_str());
+                        turn_open = Some(true);
+                    }
+                    event::Kind::TurnFinished(_) => turn_open = Some(false),
+                    _ => {}
                 }
                 let time = e.time.as_ref().map(ms_from_timestamp).unwrap_or(now);
                 insert.execute(params![
@@ -482,7 +499,8 @@ impl Store {
                 touched = ?6,
                 user_message_count = user_message_count + ?4,
                 preview = CASE WHEN preview = '' THEN ?5 ELSE preview END,
-                title = CASE WHEN title = '' THEN ?5 ELSE title END
+                title = CASE WHEN title = '' THEN ?5 ELSE title END,
+                turn_open = COALESCE(?7, turn_open)
              WHERE id = ?1",
             params![
                 session_id,
@@ -490,7 +508,8 @@ impl Store {
                 now,
                 user_messages,
                 preview,
-                touched
+                touched,
+                turn_open.map(i64::from)
             ],
         )?;
         Ok(())
@@ -557,7 +576,10 @@ mod tests {
     fn user(text: &str) -> Event {
         Event {
             turn_id: "t1".into(),
-            kind: Some(event::Kind::UserMessage(UserMessage { text: text.into() })),
+            kind: Some(event::Kind::UserMessage(UserMessage {
+                text: text.into(),
+                ..Default::default()
+            })),
             ..Default::default()
         }
     }
@@ -661,7 +683,7 @@ mod tests {
                 .unwrap();
         }
         let store = Store::open(&path).unwrap();
-        let (sessions, total) = store.list_sessions(0, 0).unwrap();
+        let (sessions, total) = store.list_sessions(0, 0, false).unwrap();
         assert_eq!(total, 2);
         assert_eq!(sessions[0].id, "a");
         assert_eq!(sessions[0].title, "first question");

@@ -98,6 +98,7 @@ fn user(text: &str) -> Event {
         turn_id: "turn-1".into(),
         kind: Some(event::Kind::UserMessage(pb::UserMessage {
             text: text.into(),
+            approval_mode: pb::ApprovalMode::Policy as i32,
         })),
         ..Default::default()
     }
@@ -147,7 +148,11 @@ async fn get(client: &mut Client, id: &str) -> Result<Session, Status> {
 
 async fn list(client: &mut Client, limit: u32, offset: u32) -> (Vec<Session>, u64) {
     let r = client
-        .list_sessions(ListSessionsRequest { limit, offset })
+        .list_sessions(ListSessionsRequest {
+            limit,
+            offset,
+            only_open_turns: false,
+        })
         .await
         .expect("ListSessions failed")
         .into_inner();
@@ -261,6 +266,7 @@ fn one_of_each_kind() -> Vec<Event> {
     let kinds = vec![
         Kind::UserMessage(pb::UserMessage {
             text: "List the files, please.\nThanks ✓".into(),
+            approval_mode: pb::ApprovalMode::Always as i32,
         }),
         Kind::ModelTextDelta(pb::ModelTextDelta {
             text: "Sure".into(),
@@ -276,6 +282,8 @@ fn one_of_each_kind() -> Vec<Event> {
             call_id: "c1".into(),
             tool: "bash".into(),
             arguments_json: r#"{"command":"ls"}"#.into(),
+            read_only: false,
+            parallel_safe: false,
         }),
         Kind::ApprovalRequested(pb::ApprovalRequested {
             call_id: "c1".into(),
@@ -288,6 +296,16 @@ fn one_of_each_kind() -> Vec<Event> {
             decision: pb::ApprovalDecision::Edit as i32,
             reason: "list hidden files too".into(),
             edited_arguments_json: r#"{"command":"ls -a"}"#.into(),
+            allowances: vec![pb::SessionAllowance {
+                tool: "bash".into(),
+                command: "ls -a".into(),
+                path: String::new(),
+            }],
+        }),
+        Kind::ToolCallState(pb::ToolCallState {
+            call_id: "c1".into(),
+            phase: pb::ToolCallPhase::Executing as i32,
+            detail: "approved".into(),
         }),
         Kind::ToolOutputChunk(pb::ToolOutputChunk {
             call_id: "c1".into(),
@@ -648,20 +666,21 @@ async fn append_sets_session_and_seq_and_keeps_the_rest() {
     assert_eq!(stored, expected);
 
     let session = get(&mut client, "s").await.unwrap();
-    assert_eq!(session.event_count, 12);
+    assert_eq!(session.event_count, one_of_each_kind().len() as u64);
     assert_eq!(session.user_message_count, 1);
     assert_eq!(session.preview, "List the files, please.");
 
     // The next append continues the log.
+    let next = one_of_each_kind().len() as u64 + 1;
     assert_eq!(
-        append(&mut client, "s", 13, vec![delta("more")])
+        append(&mut client, "s", next, vec![delta("more")])
             .await
             .unwrap(),
-        13
+        next
     );
     assert_eq!(
         seqs(&read_all(&mut client, "s").await),
-        (1..=13).collect::<Vec<_>>()
+        (1..=next).collect::<Vec<_>>()
     );
 }
 
@@ -856,7 +875,7 @@ async fn data_survives_a_server_restart() {
     append(
         &mut client,
         "chat",
-        13,
+        one_of_each_kind().len() as u64 + 1,
         vec![user("second"), delta("reply")],
     )
     .await
@@ -875,7 +894,7 @@ async fn data_survives_a_server_restart() {
     let events_before = read_all(&mut client, "chat").await;
     let fork_before = read_all(&mut client, "chat-fork").await;
     let list_before = list(&mut client, 0, 0).await;
-    assert_eq!(events_before.len(), 14);
+    assert_eq!(events_before.len(), one_of_each_kind().len() + 2);
     assert_eq!(list_before.1, 3);
     drop(client);
     server.stop().await;
@@ -887,14 +906,21 @@ async fn data_survives_a_server_restart() {
     assert_eq!(list(&mut client, 0, 0).await, list_before);
     // The log continues where it stopped.
     assert_code(
-        append(&mut client, "chat", 14, vec![delta("dup")]).await,
+        append(
+            &mut client,
+            "chat",
+            one_of_each_kind().len() as u64 + 2,
+            vec![delta("dup")],
+        )
+        .await,
         Code::FailedPrecondition,
     );
+    let next = one_of_each_kind().len() as u64 + 3;
     assert_eq!(
-        append(&mut client, "chat", 15, vec![delta("after")])
+        append(&mut client, "chat", next, vec![delta("after")])
             .await
             .unwrap(),
-        15
+        next
     );
     drop(client);
     server.stop().await;

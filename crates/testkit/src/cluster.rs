@@ -53,6 +53,24 @@ impl Cluster {
 
     /// Starts every service; `adjust` may change the configuration first.
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> anyhow::Result<Cluster> {
+        Self::start_only(
+            &[
+                Service::SessionStore,
+                Service::ToolRunner,
+                Service::Scheduler,
+                Service::Orchestrator,
+            ],
+            adjust,
+        )
+        .await
+    }
+
+    /// Starts only `services` (the others' addresses are reserved in the
+    /// configuration, e.g. for a test that runs one of them as a process).
+    pub async fn start_only(
+        services: &[Service],
+        adjust: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<Cluster> {
         let model = FakeModel::start().await?;
         let dir = tempfile::tempdir()?;
         let mut config = Config::load(&ConfigSource::default())?;
@@ -61,6 +79,10 @@ impl Cluster {
         config.llm.base_url = model.base_url();
         config.llm.model = "fake-model".into();
         config.llm.request_timeout_secs = 30;
+        // Scripted replies are consumed one per request: retries would eat
+        // the next test step's reply. The client's retries are tested on
+        // their own in agentry-llm.
+        config.llm.max_retries = 0;
         let mut reserved = Vec::new();
         for (service, endpoint) in [
             (Service::Orchestrator, &mut config.orchestrator.listen),
@@ -84,13 +106,8 @@ impl Cluster {
             running: Vec::new(),
             reserved,
         };
-        for service in [
-            Service::SessionStore,
-            Service::ToolRunner,
-            Service::Scheduler,
-            Service::Orchestrator,
-        ] {
-            cluster.start_service(service).await?;
+        for service in services {
+            cluster.start_service(*service).await?;
         }
         Ok(cluster)
     }
@@ -175,6 +192,14 @@ impl Cluster {
     pub async fn restart_service(&mut self, service: Service) -> anyhow::Result<()> {
         self.stop_service(service).await?;
         self.start_service(service).await
+    }
+
+    /// Releases the port reserved for `service`, so that another process
+    /// can bind it; returns its address.
+    pub fn release(&mut self, service: Service) -> Option<SocketAddr> {
+        let i = self.reserved.iter().position(|(s, _)| *s == service)?;
+        let (_, listener) = self.reserved.remove(i);
+        listener.local_addr().ok()
     }
 
     /// A client of the orchestrator.

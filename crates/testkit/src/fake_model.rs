@@ -1,9 +1,16 @@
-//! A fake OpenAI-compatible model server for tests.
+//! A fake model server for tests, speaking the OpenAI-compatible API and Ollama's native API.
 //!
-//! [`FakeModel`] listens on real HTTP (127.0.0.1, ephemeral port by default), answers
-//! `POST /v1/chat/completions` with scripted [`Reply`]s streamed exactly like the OpenAI API
-//! (`data: {chunk}\n\n` server-sent events ending with `data: [DONE]`), and records every
-//! request body and its headers.
+//! [`FakeModel`] listens on real HTTP (127.0.0.1, ephemeral port by default) and answers, from
+//! one queue of scripted [`Reply`]s:
+//!
+//! - `POST /v1/chat/completions` ([`FakeModel::base_url`]) streamed exactly like the OpenAI API:
+//!   `data: {chunk}\n\n` server-sent events ending with `data: [DONE]`;
+//! - `POST /api/chat` ([`FakeModel::root_url`]) streamed like Ollama: one JSON object per line
+//!   (`application/x-ndjson`), `{"model", "created_at", "message": {..}, "done": false}` for every
+//!   text delta or tool call, then a final `{"done": true, "done_reason", "prompt_eval_count",
+//!   "eval_count", ..}` line.
+//!
+//! It records every chat request: body, headers and path.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -92,12 +99,12 @@ pub fn pause(d: Duration) -> Chunk {
 }
 
 /// Abort the HTTP body here: the connection is dropped without the final chunk of the chunked
-/// encoding and without `data: [DONE]`.
+/// encoding and without `data: [DONE]` (Ollama: without the `"done": true` line).
 pub fn cut() -> Chunk {
     Chunk(ChunkKind::Cut)
 }
 
-/// Send `data: <data>` verbatim (for malformed-chunk tests).
+/// Send `data: <data>` verbatim (for malformed-chunk tests); on `/api/chat` the line `<data>`.
 pub fn raw(data: &str) -> Chunk {
     Chunk(ChunkKind::Raw(data.to_string()))
 }
@@ -108,11 +115,18 @@ enum ReplyKind {
     Error { status: u16, message: String },
 }
 
-/// A scripted answer to one chat-completions request.
+/// A scripted answer to one chat request (on either endpoint).
+///
+/// On `/api/chat` the chunks map to Ollama's format: each [`text`] is a line with
+/// `message.content`, each [`tool_call`] a line with one whole call in `message.tool_calls`
+/// (arguments as a JSON object, no id), [`finish`] and [`usage`] go into the final `done` line
+/// (`done_reason`, `prompt_eval_count`, `eval_count`; "tool_calls" becomes "stop", as Ollama
+/// reports it), [`raw`] is a verbatim line and [`cut`] ends the body without the `done` line.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reply {
     kind: ReplyKind,
     delay: Option<Duration>,
+    retry_after: Option<String>,
 }
 
 /// Splits `s` into at most `parts` non-empty pieces on character boundaries.
@@ -132,6 +146,7 @@ impl Reply {
         Reply {
             kind: ReplyKind::Stream(chunks),
             delay: None,
+            retry_after: None,
         }
     }
 
@@ -156,7 +171,8 @@ impl Reply {
         ])
     }
 
-    /// An HTTP error with body `{"error":{"message":..,"type":..,"param":null,"code":null}}`.
+    /// An HTTP error with body `{"error":{"message":..,"type":..,"param":null,"code":null}}`
+    /// (on `/api/chat`: `{"error": message}`, like Ollama).
     pub fn error(status: u16, message: &str) -> Reply {
         Reply {
             kind: ReplyKind::Error {
@@ -164,7 +180,19 @@ impl Reply {
                 message: message.to_string(),
             },
             delay: None,
+            retry_after: None,
         }
+    }
+
+    /// Send a `Retry-After: <secs>` header with the response.
+    pub fn retry_after(self, secs: u64) -> Reply {
+        self.retry_after_header(&secs.to_string())
+    }
+
+    /// Send this `Retry-After` header value verbatim (e.g. an HTTP date).
+    pub fn retry_after_header(mut self, value: &str) -> Reply {
+        self.retry_after = Some(value.to_string());
+        self
     }
 
     /// Wait `d` before sending the response headers.
@@ -191,6 +219,7 @@ struct Inner {
     queue: VecDeque<Reply>,
     requests: Vec<Value>,
     headers: Vec<Vec<(String, String)>>,
+    paths: Vec<String>,
     fallback: Fallback,
     script_pos: usize,
 }
@@ -239,6 +268,8 @@ impl FakeModel {
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/models", get(models))
+            .route("/api/chat", post(ollama_chat))
+            .route("/api/tags", get(ollama_tags))
             .fallback(not_found)
             .with_state(shared.clone());
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
@@ -258,9 +289,15 @@ impl FakeModel {
         })
     }
 
-    /// The API root to configure clients with: `http://127.0.0.1:PORT/v1`.
+    /// The API root to configure OpenAI-compatible clients with: `http://127.0.0.1:PORT/v1`.
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
+    }
+
+    /// The server root, to configure clients of Ollama's native API with
+    /// (`http://127.0.0.1:PORT`; they post to `{root}/api/chat`).
+    pub fn root_url(&self) -> String {
+        format!("http://{}", self.addr)
     }
 
     /// The address the server listens on.
@@ -268,7 +305,7 @@ impl FakeModel {
         self.addr
     }
 
-    /// Queues a reply; each chat-completions request consumes one, first in first out.
+    /// Queues a reply; each chat request (on either endpoint) consumes one, first in first out.
     pub fn push(&self, reply: Reply) {
         self.shared.lock().queue.push_back(reply);
     }
@@ -278,15 +315,26 @@ impl FakeModel {
         self.shared.lock().queue.len()
     }
 
-    /// The JSON bodies of all chat-completions requests received so far, in order (a body that
-    /// is not JSON is recorded as a JSON string).
+    /// The JSON bodies of all chat requests received so far, in order (a body that is not JSON
+    /// is recorded as a JSON string).
     pub fn requests(&self) -> Vec<Value> {
         self.shared.lock().requests.clone()
     }
 
-    /// The headers of all chat-completions requests (lower-case names), in order.
+    /// How many chat requests were received so far (on either endpoint).
+    pub fn request_count(&self) -> usize {
+        self.shared.lock().requests.len()
+    }
+
+    /// The headers of all chat requests (lower-case names), in order.
     pub fn request_headers(&self) -> Vec<Vec<(String, String)>> {
         self.shared.lock().headers.clone()
+    }
+
+    /// The paths all chat requests were sent to (`/v1/chat/completions` or `/api/chat`), in
+    /// order.
+    pub fn request_paths(&self) -> Vec<String> {
+        self.shared.lock().paths.clone()
     }
 
     /// Sets what to answer when the queue is empty.
@@ -316,17 +364,34 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
     response
 }
 
+/// The two wire protocols served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    OpenAi,
+    Ollama,
+}
+
 fn error_response(status: u16, message: &str) -> Response {
+    protocol_error(Protocol::OpenAi, status, message)
+}
+
+/// An error answer in the format of `protocol`.
+fn protocol_error(protocol: Protocol, status: u16, message: &str) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let kind = if status.is_client_error() {
-        "invalid_request_error"
-    } else {
-        "server_error"
-    };
-    json_response(
-        status,
-        &json!({"error": {"message": message, "type": kind, "param": null, "code": null}}),
-    )
+    match protocol {
+        Protocol::OpenAi => {
+            let kind = if status.is_client_error() {
+                "invalid_request_error"
+            } else {
+                "server_error"
+            };
+            json_response(
+                status,
+                &json!({"error": {"message": message, "type": kind, "param": null, "code": null}}),
+            )
+        }
+        Protocol::Ollama => json_response(status, &json!({"error": message})),
+    }
 }
 
 async fn not_found(request: Request) -> Response {
@@ -345,6 +410,21 @@ async fn models() -> Response {
             {"id": "fake-model", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
             {"id": "fake-model-large", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
         ]}),
+    )
+}
+
+async fn ollama_tags() -> Response {
+    let model = |name: &str| {
+        json!({
+            "name": name, "model": name, "modified_at": "2024-01-01T00:00:00Z", "size": 0,
+            "digest": "0000000000000000000000000000000000000000000000000000000000000000",
+            "details": {"format": "gguf", "family": "fake", "parameter_size": "0B",
+                        "quantization_level": "F16"},
+        })
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({"models": [model("fake-model"), model("fake-model-large")]}),
     )
 }
 
@@ -377,6 +457,32 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    chat(
+        shared,
+        Protocol::OpenAi,
+        "/v1/chat/completions",
+        headers,
+        body,
+    )
+    .await
+}
+
+async fn ollama_chat(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    chat(shared, Protocol::Ollama, "/api/chat", headers, body).await
+}
+
+/// Captures a chat request and answers it with the next scripted reply.
+async fn chat(
+    shared: Arc<Shared>,
+    protocol: Protocol,
+    path: &str,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let captured: Vec<(String, String)> = headers
@@ -392,6 +498,7 @@ async fn chat_completions(
         let mut inner = shared.lock();
         inner.requests.push(request.clone());
         inner.headers.push(captured);
+        inner.paths.push(path.to_string());
         match inner.queue.pop_front() {
             Some(reply) => Some(reply),
             None => match &inner.fallback {
@@ -410,45 +517,186 @@ async fn chat_completions(
         }
     };
     let Some(reply) = reply else {
-        return error_response(500, "fake model: no scripted reply left");
+        return protocol_error(protocol, 500, "fake model: no scripted reply left");
     };
     if !request.is_object() {
-        return error_response(400, "fake model: the request body is not a JSON object");
+        return protocol_error(
+            protocol,
+            400,
+            "fake model: the request body is not a JSON object",
+        );
     }
     if let Some(d) = reply.delay {
         tokio::time::sleep(d).await;
     }
-    let chunks = match reply.kind {
-        ReplyKind::Error { status, message } => return error_response(status, &message),
-        ReplyKind::Stream(chunks) => chunks,
+    let mut response = match reply.kind {
+        ReplyKind::Error { status, message } => protocol_error(protocol, status, &message),
+        ReplyKind::Stream(chunks) => {
+            let model = request
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or("fake-model")
+                .to_string();
+            let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+            let content_type = match protocol {
+                Protocol::OpenAi => {
+                    let id = format!(
+                        "chatcmpl-fake-{}",
+                        shared.next_id.fetch_add(1, Ordering::Relaxed)
+                    );
+                    let framer = Framer {
+                        id,
+                        model,
+                        created: SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0),
+                    };
+                    tokio::spawn(send_stream(framer, chunks, tx));
+                    "text/event-stream"
+                }
+                Protocol::Ollama => {
+                    tokio::spawn(send_ndjson(model, chunks, tx));
+                    "application/x-ndjson"
+                }
+            };
+            let mut response = Response::new(Body::from_stream(ReceiverStream::new(rx)));
+            let h = response.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response
+        }
     };
-    let model = request
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("fake-model")
-        .to_string();
-    let id = format!(
-        "chatcmpl-fake-{}",
-        shared.next_id.fetch_add(1, Ordering::Relaxed)
-    );
-    let framer = Framer {
-        id,
-        model,
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    };
-    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
-    tokio::spawn(send_stream(framer, chunks, tx));
-    let mut response = Response::new(Body::from_stream(ReceiverStream::new(rx)));
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some(value) = reply
+        .retry_after
+        .and_then(|v| HeaderValue::from_str(&v).ok())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
     response
+}
+
+/// Lets the server flush what was sent so far (it flushes when the body has nothing ready),
+/// then aborts the connection mid-body with an error item.
+async fn cut_body(tx: &mpsc::Sender<Result<Bytes, std::io::Error>>) {
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let _ = tx
+        .send(Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "fake model: stream cut",
+        )))
+        .await;
+}
+
+/// Writes the NDJSON lines of a streamed reply into `tx`, like Ollama's `/api/chat`; stops
+/// early when the client is gone.
+async fn send_ndjson(
+    model: String,
+    chunks: Vec<Chunk>,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    let send = |line: String| {
+        let tx = tx.clone();
+        async move { tx.send(Ok(Bytes::from(line + "\n"))).await.is_ok() }
+    };
+    let message_line = |message: Value| {
+        json!({
+            "model": model,
+            "created_at": rfc3339_now(),
+            "message": message,
+            "done": false,
+        })
+        .to_string()
+    };
+    let mut done_reason: Option<String> = None;
+    let mut counts: Option<(u64, u64)> = None;
+    for chunk in chunks {
+        let line = match chunk.0 {
+            ChunkKind::Pause(d) => {
+                tokio::time::sleep(d).await;
+                continue;
+            }
+            ChunkKind::Cut => {
+                cut_body(&tx).await;
+                return;
+            }
+            ChunkKind::Finish(reason) => {
+                done_reason = Some(reason);
+                continue;
+            }
+            ChunkKind::Usage { prompt, completion } => {
+                counts = Some((prompt, completion));
+                continue;
+            }
+            ChunkKind::Text(s) => message_line(json!({"role": "assistant", "content": s})),
+            ChunkKind::ToolCall {
+                name, fragments, ..
+            } => {
+                let arguments = fragments.concat();
+                let arguments = if arguments.trim().is_empty() {
+                    json!({})
+                } else {
+                    serde_json::from_str::<Value>(&arguments).unwrap_or(Value::String(arguments))
+                };
+                message_line(json!({
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"function": {"name": name, "arguments": arguments}}],
+                }))
+            }
+            ChunkKind::Raw(line) => line,
+        };
+        if !send(line).await {
+            return;
+        }
+    }
+    // Ollama reports "stop" when the model called tools.
+    let done_reason = match done_reason.as_deref() {
+        None | Some("tool_calls") => "stop".to_string(),
+        Some(other) => other.to_string(),
+    };
+    let mut done = json!({
+        "model": model,
+        "created_at": rfc3339_now(),
+        "message": {"role": "assistant", "content": ""},
+        "done": true,
+        "done_reason": done_reason,
+        "total_duration": 1_000_000,
+        "load_duration": 100_000,
+    });
+    if let (Some((prompt, completion)), Value::Object(map)) = (counts, &mut done) {
+        map.insert("prompt_eval_count".into(), json!(prompt));
+        map.insert("prompt_eval_duration".into(), json!(200_000));
+        map.insert("eval_count".into(), json!(completion));
+        map.insert("eval_duration".into(), json!(700_000));
+    }
+    let _ = send(done.to_string()).await;
+}
+
+/// The current UTC time like Ollama's `created_at`: `2024-07-22T20:33:28.123648Z`.
+fn rfc3339_now() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        now.subsec_micros()
+    )
 }
 
 /// Writes the SSE events of a streamed reply into `tx`; stops early when the client is gone.
@@ -468,15 +716,7 @@ async fn send_stream(
         match chunk.0 {
             ChunkKind::Pause(d) => tokio::time::sleep(d).await,
             ChunkKind::Cut => {
-                // Let the server flush what was sent so far (it flushes when the body has
-                // nothing ready), then abort the connection mid-body with an error item.
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                let _ = tx
-                    .send(Err(std::io::Error::new(
-                        std::io::ErrorKind::ConnectionAborted,
-                        "fake model: stream cut",
-                    )))
-                    .await;
+                cut_body(&tx).await;
                 return;
             }
             other => {
@@ -885,6 +1125,213 @@ mod tests {
         drop(fake);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    async fn ollama_chat(fake: &FakeModel, body: &Value) -> RawResponse {
+        http(
+            fake,
+            "POST",
+            "/api/chat",
+            &[("Content-Type", "application/json")],
+            &body.to_string(),
+        )
+        .await
+    }
+
+    /// The NDJSON lines of a body, checking that each ends with a newline.
+    fn lines(response: &RawResponse) -> Vec<String> {
+        assert!(response.body.ends_with('\n'), "body: {:?}", response.body);
+        response.body.lines().map(str::to_string).collect()
+    }
+
+    fn json_lines(response: &RawResponse) -> Vec<Value> {
+        lines(response)
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn ollama_text_reply_is_ndjson() {
+        let fake = FakeModel::start().await.unwrap();
+        assert_eq!(fake.root_url(), format!("http://{}", fake.addr()));
+        fake.push(Reply::text("abcdef"));
+        let response = ollama_chat(&fake, &req("llama3.2", "hi")).await;
+        assert_eq!(response.status, 200);
+        assert_eq!(
+            response.header("content-type"),
+            Some("application/x-ndjson")
+        );
+        let lines = json_lines(&response);
+        // 3 deltas, then the done line.
+        assert_eq!(lines.len(), 4, "{lines:#?}");
+        for line in &lines {
+            assert_eq!(line["model"], json!("llama3.2"));
+            let created = line["created_at"].as_str().unwrap();
+            assert!(created.ends_with('Z') && created.len() == 27, "{created}");
+        }
+        let text: String = lines[..3]
+            .iter()
+            .map(|l| {
+                assert_eq!(l["done"], json!(false));
+                assert_eq!(l["message"]["role"], json!("assistant"));
+                l["message"]["content"].as_str().unwrap()
+            })
+            .collect();
+        assert_eq!(text, "abcdef");
+        let done = &lines[3];
+        assert_eq!(done["done"], json!(true));
+        assert_eq!(done["done_reason"], json!("stop"));
+        assert_eq!(done["message"], json!({"role": "assistant", "content": ""}));
+        assert_eq!(done["prompt_eval_count"], json!(10));
+        assert_eq!(done["eval_count"], json!(1));
+        assert!(done["total_duration"].is_u64());
+    }
+
+    #[tokio::test]
+    async fn ollama_tool_call_is_one_whole_call_with_object_arguments() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::stream(vec![
+            tool_call(0, "call_9", "grep", &["{\"q\"", ":\"x\"}"]),
+            tool_call(1, "", "noargs", &[]),
+            finish("tool_calls"),
+        ]));
+        let lines = json_lines(&ollama_chat(&fake, &req("m", "hi")).await);
+        assert_eq!(lines.len(), 3, "{lines:#?}");
+        assert_eq!(
+            lines[0]["message"],
+            json!({"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "grep", "arguments": {"q": "x"}}}
+            ]})
+        );
+        assert_eq!(
+            lines[1]["message"]["tool_calls"],
+            json!([{"function": {"name": "noargs", "arguments": {}}}])
+        );
+        // Ollama reports "stop" after tool calls; no usage was scripted.
+        assert_eq!(lines[2]["done_reason"], json!("stop"));
+        assert_eq!(lines[2].get("eval_count"), None);
+    }
+
+    #[tokio::test]
+    async fn ollama_finish_reason_usage_raw_and_cut() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::stream(vec![
+            text("a"),
+            finish("length"),
+            usage(5, 6),
+        ]));
+        fake.push(Reply::stream(vec![
+            text("a"),
+            raw("{broken"),
+            cut(),
+            text("never"),
+        ]));
+        let lines = json_lines(&ollama_chat(&fake, &req("m", "hi")).await);
+        assert_eq!(lines[1]["done_reason"], json!("length"));
+        assert_eq!(
+            (&lines[1]["prompt_eval_count"], &lines[1]["eval_count"]),
+            (&json!(5), &json!(6))
+        );
+        let cut_lines = lines_of(&ollama_chat(&fake, &req("m", "hi")).await);
+        assert_eq!(cut_lines.len(), 2, "{cut_lines:?}");
+        assert_eq!(cut_lines[1], "{broken");
+        assert!(
+            !cut_lines
+                .iter()
+                .any(|l| l.contains("never") || l.contains("\"done\":true"))
+        );
+    }
+
+    /// The lines of a body that may end without a newline.
+    fn lines_of(response: &RawResponse) -> Vec<String> {
+        response.body.lines().map(str::to_string).collect()
+    }
+
+    #[tokio::test]
+    async fn ollama_errors_use_ollamas_error_body() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::error(404, "model 'x' not found"));
+        let response = ollama_chat(&fake, &req("m", "hi")).await;
+        assert_eq!(response.status, 404);
+        assert_eq!(response.header("content-type"), Some("application/json"));
+        let body: Value = serde_json::from_str(&response.body).unwrap();
+        assert_eq!(body, json!({"error": "model 'x' not found"}));
+        assert_eq!(response.header("retry-after"), None);
+
+        let response = ollama_chat(&fake, &req("m", "hi")).await;
+        assert_eq!(response.status, 500);
+        let body: Value = serde_json::from_str(&response.body).unwrap();
+        assert_eq!(body, json!({"error": "fake model: no scripted reply left"}));
+    }
+
+    #[tokio::test]
+    async fn retry_after_is_sent_on_both_endpoints() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::error(429, "slow down").retry_after(2));
+        fake.push(Reply::error(503, "busy").retry_after_header("Wed, 21 Oct 2015 07:28:00 GMT"));
+        let first = ollama_chat(&fake, &req("m", "hi")).await;
+        assert_eq!(first.status, 429);
+        assert_eq!(first.header("retry-after"), Some("2"));
+        let second = chat(&fake, &req("m", "hi")).await;
+        assert_eq!(second.status, 503);
+        assert_eq!(
+            second.header("retry-after"),
+            Some("Wed, 21 Oct 2015 07:28:00 GMT")
+        );
+        let body: Value = serde_json::from_str(&second.body).unwrap();
+        assert_eq!(body["error"]["message"], json!("busy"));
+    }
+
+    #[tokio::test]
+    async fn requests_on_both_endpoints_are_counted_with_their_paths() {
+        let fake = FakeModel::start().await.unwrap();
+        fake.set_fallback(Fallback::Echo);
+        let openai = chat(&fake, &req("m", "one")).await;
+        let ollama = ollama_chat(&fake, &req("m", "two")).await;
+        assert_eq!((openai.status, ollama.status), (200, 200));
+        let echoed: String = json_lines(&ollama)
+            .iter()
+            .filter_map(|l| l["message"]["content"].as_str())
+            .collect();
+        assert_eq!(echoed, "echo: two");
+        assert_eq!(fake.request_count(), 2);
+        assert_eq!(
+            fake.request_paths(),
+            vec!["/v1/chat/completions", "/api/chat"]
+        );
+        assert_eq!(fake.requests(), vec![req("m", "one"), req("m", "two")]);
+        assert_eq!(fake.request_headers().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn ollama_tags_lists_models() {
+        let fake = FakeModel::start().await.unwrap();
+        let response = http(&fake, "GET", "/api/tags", &[], "").await;
+        assert_eq!(response.status, 200);
+        let body: Value = serde_json::from_str(&response.body).unwrap();
+        assert_eq!(body["models"][0]["name"], json!("fake-model"));
+        assert_eq!(fake.request_count(), 0);
+    }
+
+    #[test]
+    fn rfc3339_now_has_the_expected_shape() {
+        let now = rfc3339_now();
+        let bytes = now.as_bytes();
+        assert_eq!(now.len(), 27, "{now}");
+        for (i, c) in [
+            (4, b'-'),
+            (7, b'-'),
+            (10, b'T'),
+            (13, b':'),
+            (16, b':'),
+            (19, b'.'),
+            (26, b'Z'),
+        ] {
+            assert_eq!(bytes[i], c, "{now}");
+        }
+        let year: u32 = now[..4].parse().unwrap();
+        assert!((2024..3000).contains(&year), "{now}");
     }
 
     #[test]

@@ -1,16 +1,19 @@
 //! `agentry-fake-model [--listen 127.0.0.1:PORT] [--script FILE.json]`
 //!
-//! Runs the testkit's fake OpenAI-compatible model server until killed. Without `--script` it
-//! echoes the last user message; with it, it cycles through the replies of the JSON file, an
-//! array whose items are one of:
+//! Runs the testkit's fake model server until killed: OpenAI-compatible at
+//! `http://ADDR/v1/chat/completions`, Ollama's native API at `http://ADDR/api/chat`. Without
+//! `--script` it echoes the last user message; with it, it cycles through the replies of the
+//! JSON file, an array whose items are one of:
 //!
 //! ```json
 //! {"text": "Hello!"}
 //! {"tool_call": {"name": "read_file", "arguments": {"path": "a.txt"}, "id": "call_1"}}
 //! {"error": {"status": 503, "message": "overloaded"}}
+//! {"error": {"status": 429, "message": "slow down", "retry_after": 2}}
 //! ```
 //!
-//! (`id` is optional.) Prints `listening on http://ADDR/v1` once ready.
+//! (`id` and `retry_after`, in seconds, are optional.) Prints `listening on http://ADDR/v1`
+//! once ready (for Ollama clients, use `http://ADDR`).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -93,7 +96,13 @@ fn parse_reply(n: usize, item: &Value) -> anyhow::Result<Reply> {
             .get("message")
             .and_then(Value::as_str)
             .unwrap_or("fake model error");
-        return Ok(Reply::error(status, message));
+        let reply = Reply::error(status, message);
+        return Ok(match error.get("retry_after") {
+            None => reply,
+            Some(secs) => reply.retry_after(secs.as_u64().with_context(|| {
+                format!("reply {n}: \"retry_after\" must be a number of seconds")
+            })?),
+        });
     }
     bail!("reply {n}: expected an object with \"text\", \"tool_call\" or \"error\", got {item}")
 }
@@ -201,6 +210,15 @@ mod tests {
             parse_reply(0, &json!({"error": {"status": 503, "message": "busy"}})).unwrap(),
             Reply::error(503, "busy")
         );
+        assert_eq!(
+            parse_reply(
+                0,
+                &json!({"error": {"status": 429, "message": "slow", "retry_after": 3}})
+            )
+            .unwrap(),
+            Reply::error(429, "slow").retry_after(3)
+        );
+        assert!(parse_reply(0, &json!({"error": {"retry_after": "soon"}})).is_err());
         assert!(parse_reply(0, &json!({"nope": 1})).is_err());
         assert!(parse_reply(0, &json!({"text": 5})).is_err());
     }

@@ -1,0 +1,136 @@
+//! Asking a person about a tool call that needs approval.
+
+use agentry_proto::orchestrator::v1 as pb;
+use agentry_proto::sessions::v1::{self as spb, ApprovalDecision};
+use serde_json::Value;
+use std::io::Write;
+
+/// What the person answered.
+pub enum Answer {
+    /// A decision to submit.
+    Decide(pb::ApprovalInput),
+    /// A deny: ask for the optional reason next.
+    DenyAskReason,
+    /// The input was not understood; ask again.
+    Again(String),
+}
+
+/// A readable description of the call: the command for bash, a diff-like
+/// view of the new content for writes, pretty JSON otherwise.
+pub fn describe(request: &spb::ApprovalRequested) -> String {
+    let args: Value = serde_json::from_str(&request.arguments_json).unwrap_or(Value::Null);
+    let mut out = format!("\n  {} wants to run {}", "the agent", request.tool);
+    if !request.matched_rule.is_empty() {
+        out.push_str(&format!("  ({})", request.matched_rule));
+    }
+    out.push('\n');
+    match (request.tool.as_str(), &args) {
+        ("bash", Value::Object(map)) => {
+            let command = map.get("command").and_then(Value::as_str).unwrap_or("");
+            out.push_str(&format!("    $ {command}\n"));
+        }
+        ("write_file", Value::Object(map)) => {
+            let path = map.get("path").and_then(Value::as_str).unwrap_or("?");
+            let content = map.get("content").and_then(Value::as_str).unwrap_or("");
+            out.push_str(&format!("    --- {path} (replaced)\n    +++ {path}\n"));
+            let lines: Vec<&str> = content.lines().collect();
+            for line in lines.iter().take(40) {
+                out.push_str(&format!("    +{line}\n"));
+            }
+            if lines.len() > 40 {
+                out.push_str(&format!("    … {} more lines\n", lines.len() - 40));
+            }
+        }
+        ("edit_file", Value::Object(map)) => {
+            let path = map.get("path").and_then(Value::as_str).unwrap_or("?");
+            out.push_str(&format!("    --- {path}\n    +++ {path}\n"));
+            for (key, sign) in [("old_string", '-'), ("new_string", '+')] {
+                let text = map.get(key).and_then(Value::as_str).unwrap_or("");
+                for line in text.lines() {
+                    out.push_str(&format!("    {sign}{line}\n"));
+                }
+            }
+        }
+        _ => {
+            let pretty = serde_json::to_string_pretty(&args)
+                .unwrap_or_else(|_| request.arguments_json.clone());
+            for line in pretty.lines() {
+                out.push_str(&format!("    {line}\n"));
+            }
+        }
+    }
+    out
+}
+
+/// The question after the description.
+pub const QUESTION: &str = "  Allow? [y]es / [n]o / [a]lways in this session / [e]dit: ";
+
+fn decision(call_id: &str, decision: ApprovalDecision) -> pb::ApprovalInput {
+    pb::ApprovalInput {
+        call_id: call_id.to_string(),
+        decision: decision as i32,
+        reason: String::new(),
+        edited_arguments_json: String::new(),
+    }
+}
+
+/// Interprets one line typed at the question.
+pub async fn answer(request: &spb::ApprovalRequested, line: &str) -> Answer {
+    match line.trim().to_lowercase().as_str() {
+        "y" | "yes" => Answer::Decide(decision(&request.call_id, ApprovalDecision::Approve)),
+        "a" | "always" => Answer::Decide(decision(
+            &request.call_id,
+            ApprovalDecision::ApproveForSession,
+        )),
+        "n" | "no" => Answer::DenyAskReason,
+        "e" | "edit" => match edit_arguments(&request.arguments_json).await {
+            Ok(edited) => Answer::Decide(pb::ApprovalInput {
+                edited_arguments_json: edited,
+                ..decision(&request.call_id, ApprovalDecision::Edit)
+            }),
+            Err(e) => Answer::Again(format!("{e:#}")),
+        },
+        _ => Answer::Again("please answer y, n, a or e".to_string()),
+    }
+}
+
+/// A deny with the reason typed (may be empty).
+pub fn deny(call_id: &str, reason: &str) -> pb::ApprovalInput {
+    pb::ApprovalInput {
+        reason: reason.trim().to_string(),
+        ..decision(call_id, ApprovalDecision::Deny)
+    }
+}
+
+/// Opens the arguments (pretty JSON) in `$VISUAL`/`$EDITOR` (default `vi`)
+/// and returns them edited, checked to be a JSON object.
+async fn edit_arguments(arguments_json: &str) -> anyhow::Result<String> {
+    let value: Value = serde_json::from_str(arguments_json).unwrap_or(Value::Null);
+    let pretty = serde_json::to_string_pretty(&value)?;
+    let dir = std::env::temp_dir().join(format!("agentry-edit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("arguments.json");
+    std::fs::write(&path, pretty.as_bytes())?;
+    let editor = std::env::var("VISUAL")
+        .or_else(|_| std::env::var("EDITOR"))
+        .unwrap_or_else(|_| "vi".to_string());
+    let _ = std::io::stderr().flush();
+    let status = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{editor} \"$1\""))
+        .arg("sh")
+        .arg(&path)
+        .status()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot start the editor {editor:?}: {e}"))?;
+    let edited = std::fs::read_to_string(&path)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !status.success() {
+        anyhow::bail!("the editor {editor:?} exited with {status}; nothing changed");
+    }
+    match serde_json::from_str::<Value>(&edited) {
+        Ok(Value::Object(map)) => Ok(Value::Object(map).to_string()),
+        Ok(_) => anyhow::bail!("the edited arguments must be a JSON object"),
+        Err(e) => anyhow::bail!("the edited arguments are not valid JSON: {e}"),
+    }
+}

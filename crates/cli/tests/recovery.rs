@@ -1,0 +1,500 @@
+//! Crash recovery with real processes: the orchestrator runs as an
+//! `agentry serve orchestrator` child process and is killed with SIGKILL
+//! (a) while the model streams, (b) while tools run, (c) while an approval
+//! is pending. The session store and tool runner keep running; after a
+//! restart the orchestrator rebuilds each session from its log on its own.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use agentry_proto::orchestrator::v1 as pb;
+use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
+use agentry_proto::sessions::v1::{
+    self as spb, ApprovalDecision, ApprovalMode, ErrorSource, TurnOutcome, event::Kind,
+};
+use agentry_proto::tools::v1 as tpb;
+use agentry_proto::tools::v1::tool_runner_server::{ToolRunner, ToolRunnerServer};
+use agentry_testkit::Cluster;
+use agentry_testkit::cluster::Service;
+use agentry_testkit::fake_model::{Reply, pause, text};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentry");
+
+/// The orchestrator as a child process.
+struct Orchestrator {
+    child: Option<Child>,
+    addr: SocketAddr,
+    env: Vec<(String, String)>,
+    config_dir: tempfile::TempDir,
+}
+
+impl Orchestrator {
+    fn new(cluster: &mut Cluster) -> Orchestrator {
+        let addr = cluster.release(Service::Orchestrator).unwrap();
+        let config_dir = tempfile::tempdir().unwrap();
+        let c = &cluster.config;
+        let env = vec![
+            (
+                "AGENTRY_CONFIG_DIR",
+                config_dir.path().display().to_string(),
+            ),
+            ("AGENTRY_DATA_DIR", cluster.data_dir().display().to_string()),
+            ("AGENTRY_LLM_BASE_URL", c.llm.base_url.clone()),
+            ("AGENTRY_LLM_MODEL", c.llm.model.clone()),
+            ("AGENTRY_ORCHESTRATOR_LISTEN", addr.to_string()),
+            ("AGENTRY_ORCHESTRATOR_URL", format!("http://{addr}")),
+            ("AGENTRY_SESSION_STORE_URL", c.session_store.url.clone()),
+            ("AGENTRY_TOOL_RUNNER_URL", c.tool_runner.url.clone()),
+            ("AGENTRY_SCHEDULER_URL", c.scheduler.url.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        Orchestrator {
+            child: None,
+            addr,
+            env,
+            config_dir,
+        }
+    }
+
+    async fn start(&mut self) -> OrchestratorClient<Channel> {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "orchestrator"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .env_remove("RUST_LOG");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let _ = &self.config_dir;
+        self.child = Some(cmd.spawn().unwrap());
+        let channel = agentry_testkit::cluster::connect(&format!("http://{}", self.addr))
+            .await
+            .unwrap();
+        OrchestratorClient::new(channel)
+    }
+
+    fn kill(&mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+}
+
+impl Drop for Orchestrator {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+async fn submit(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+    kind: pb::input::Kind,
+) -> pb::SubmitResponse {
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session_id.into(),
+            input: Some(pb::Input { kind: Some(kind) }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
+    pb::input::Kind::UserMessage(pb::UserInput {
+        text: text.into(),
+        approval_mode: mode as i32,
+    })
+}
+
+/// Follows the session's log in the store (which outlives the orchestrator).
+struct Log {
+    stream: tonic::Streaming<spb::Event>,
+    seen: Vec<spb::Event>,
+}
+
+impl Log {
+    async fn follow(cluster: &Cluster, session_id: &str) -> Log {
+        let stream = cluster
+            .store()
+            .await
+            .unwrap()
+            .watch(spb::WatchRequest {
+                session_id: session_id.into(),
+                from_seq: 1,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        Log {
+            stream,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads until an event matches; panics after 20 s.
+    async fn until(&mut self, what: &str, matches: impl Fn(&Kind) -> bool) -> spb::Event {
+        let found = tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(e) = self.stream.message().await.unwrap() {
+                self.seen.push(e.clone());
+                if e.kind.as_ref().is_some_and(&matches) {
+                    return e;
+                }
+            }
+            panic!("the log ended before {what}");
+        })
+        .await;
+        match found {
+            Ok(e) => e,
+            Err(_) => panic!("no {what} within 20 s; log so far: {:#?}", self.seen),
+        }
+    }
+
+    async fn finished(&mut self) -> spb::TurnFinished {
+        match self
+            .until("turn_finished", |k| matches!(k, Kind::TurnFinished(_)))
+            .await
+            .kind
+        {
+            Some(Kind::TurnFinished(f)) => f,
+            _ => unreachable!(),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_while_the_model_streams_the_turn_is_retried() {
+    let mut cluster = Cluster::start_only(
+        &[
+            Service::SessionStore,
+            Service::ToolRunner,
+            Service::Scheduler,
+        ],
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    let mut client = orchestrator.start().await;
+    cluster.model.push(Reply::stream(vec![
+        text("partial "),
+        pause(Duration::from_secs(30)),
+        text("never sent"),
+    ]));
+    cluster.model.push(Reply::text("the full answer"));
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    submit(
+        &mut client,
+        &session.id,
+        message("hello", ApprovalMode::Always),
+    )
+    .await;
+    log.until("the first delta", |k| matches!(k, Kind::ModelTextDelta(_)))
+        .await;
+
+    orchestrator.kill();
+    // Nobody submits anything: the restarted orchestrator recovers on its own.
+    let _client = orchestrator.start().await;
+    let done = log.finished().await;
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{:#?}",
+        log.seen
+    );
+    assert_eq!(done.message, "the full answer");
+    let restart_note = log.seen.iter().find_map(|e| match &e.kind {
+        Some(Kind::Error(err)) if err.source == ErrorSource::Orchestrator as i32 => {
+            Some(err.message.clone())
+        }
+        _ => None,
+    });
+    assert!(
+        restart_note.is_some_and(|m| m.contains("restarted")),
+        "{:#?}",
+        log.seen
+    );
+    assert_eq!(cluster.model.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_while_an_approval_is_pending_it_is_offered_again() {
+    let mut cluster = Cluster::start_only(
+        &[
+            Service::SessionStore,
+            Service::ToolRunner,
+            Service::Scheduler,
+        ],
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    let mut client = orchestrator.start().await;
+    cluster.model.push(Reply::tool_call(
+        "t1",
+        "bash",
+        json!({"command": "touch approved.txt && echo ran"}),
+    ));
+    cluster.model.push(Reply::text("all done"));
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    submit(
+        &mut client,
+        &session.id,
+        message("make it", ApprovalMode::Policy),
+    )
+    .await;
+    log.until("the approval request", |k| {
+        matches!(k, Kind::ApprovalRequested(_))
+    })
+    .await;
+
+    orchestrator.kill();
+    let mut client = orchestrator.start().await;
+    // The pending approval is offered again...
+    let again = log
+        .until(
+            "the approval offered again",
+            |k| matches!(k, Kind::ApprovalRequested(a) if a.call_id == "t1"),
+        )
+        .await;
+    assert!(again.seq > 1);
+    // ...and answering it continues the turn.
+    submit(
+        &mut client,
+        &session.id,
+        pb::input::Kind::Approval(pb::ApprovalInput {
+            call_id: "t1".into(),
+            decision: ApprovalDecision::Approve as i32,
+            reason: String::new(),
+            edited_arguments_json: String::new(),
+        }),
+    )
+    .await;
+    let done = log.finished().await;
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{:#?}",
+        log.seen
+    );
+    assert!(
+        cluster
+            .workspace_root()
+            .join(&session.id)
+            .join("approved.txt")
+            .exists()
+    );
+}
+
+/// A tool runner double speaking our own gRPC contract: the first call of
+/// each call id hangs (so the orchestrator can be killed mid-call); a
+/// repeated call answers at once.
+#[derive(Clone, Default)]
+struct HangingRunner {
+    calls: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+type ExecStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<tpb::ExecuteResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ToolRunner for HangingRunner {
+    async fn list_tools(
+        &self,
+        _request: Request<tpb::ListToolsRequest>,
+    ) -> Result<Response<tpb::ListToolsResponse>, Status> {
+        let tool = |name: &str, read_only: bool| tpb::ToolSpec {
+            name: name.into(),
+            description: format!("{name} (test double)"),
+            parameters_json_schema: json!({"type": "object"}).to_string(),
+            read_only,
+            parallel_safe: read_only,
+            sensitive: !read_only,
+        };
+        Ok(Response::new(tpb::ListToolsResponse {
+            tools: vec![tool("slow_read", true), tool("slow_write", false)],
+            runner_id: "hanging-runner".into(),
+        }))
+    }
+
+    type ExecuteStream = ExecStream;
+
+    async fn execute(
+        &self,
+        request: Request<tpb::ExecuteRequest>,
+    ) -> Result<Response<Self::ExecuteStream>, Status> {
+        let req = request.into_inner();
+        let first = {
+            let mut calls = self.calls.lock().unwrap();
+            let first = !calls.iter().any(|(id, _)| *id == req.call_id);
+            calls.push((req.call_id.clone(), req.tool.clone()));
+            first
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let chunk = tpb::ExecuteResponse {
+                kind: Some(tpb::execute_response::Kind::Chunk(tpb::OutputChunk {
+                    stream: spb::OutputStream::Stdout as i32,
+                    text: "working\n".into(),
+                })),
+            };
+            if tx.send(Ok(chunk)).await.is_err() {
+                return;
+            }
+            if first {
+                // Hang until the caller goes away.
+                tx.closed().await;
+                return;
+            }
+            let result = tpb::ExecuteResponse {
+                kind: Some(tpb::execute_response::Kind::Result(tpb::ExecuteResult {
+                    output: format!("fresh result of {}", req.tool),
+                    runner_id: "hanging-runner".into(),
+                    ..Default::default()
+                })),
+            };
+            let _ = tx.send(Ok(result)).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_while_tools_run_read_only_calls_rerun_and_mutating_ones_report_unknown() {
+    let mut cluster = Cluster::start_only(&[Service::SessionStore, Service::Scheduler], |_| {})
+        .await
+        .unwrap();
+    let runner = HangingRunner::default();
+    let runner_addr = cluster.release(Service::ToolRunner).unwrap();
+    let listener = tokio::net::TcpListener::bind(runner_addr).await.unwrap();
+    let serve = runner.clone();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(ToolRunnerServer::new(serve))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+    });
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    let mut client = orchestrator.start().await;
+    cluster
+        .model
+        .push(Reply::tool_call("r1", "slow_read", json!({})));
+    cluster
+        .model
+        .push(Reply::tool_call("w1", "slow_write", json!({})));
+    cluster.model.push(Reply::text("done"));
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    submit(
+        &mut client,
+        &session.id,
+        message("go", ApprovalMode::Always),
+    )
+    .await;
+
+    // (1) Killed while a read-only call runs: it is run again.
+    log.until(
+        "r1 running",
+        |k| matches!(k, Kind::ToolOutputChunk(c) if c.call_id == "r1"),
+    )
+    .await;
+    orchestrator.kill();
+    orchestrator.start().await;
+    let r1 = log
+        .until(
+            "r1's result",
+            |k| matches!(k, Kind::ToolResult(r) if r.call_id == "r1"),
+        )
+        .await;
+    match r1.kind {
+        Some(Kind::ToolResult(r)) => {
+            assert!(!r.is_error, "{r:?}");
+            assert_eq!(r.output, "fresh result of slow_read");
+        }
+        _ => unreachable!(),
+    }
+
+    // (2) Killed while a mutating call runs: never silently re-run; the
+    // model is told its outcome is unknown.
+    log.until(
+        "w1 running",
+        |k| matches!(k, Kind::ToolOutputChunk(c) if c.call_id == "w1"),
+    )
+    .await;
+    orchestrator.kill();
+    orchestrator.start().await;
+    let done = log.finished().await;
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{:#?}",
+        log.seen
+    );
+    let w1 = log
+        .seen
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::ToolResult(r)) if r.call_id == "w1" => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(w1.is_error);
+    assert!(
+        w1.output.contains("outcome unknown: the runtime restarted"),
+        "{}",
+        w1.output
+    );
+    let calls = runner.calls.lock().unwrap().clone();
+    assert_eq!(
+        calls,
+        vec![
+            ("r1".to_string(), "slow_read".to_string()),
+            ("r1".to_string(), "slow_read".to_string()),
+            ("w1".to_string(), "slow_write".to_string()),
+        ]
+    );
+    let requests = cluster.model.requests();
+    let last = requests[2]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["tool_call_id"], "w1");
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .contains("outcome unknown")
+    );
+}

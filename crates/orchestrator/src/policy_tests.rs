@@ -1,0 +1,929 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+const RM_RULE: &str = r#"rule 1 (bash "rm -rf /*"): never delete from the root of the file system"#;
+const SUDO_RULE: &str = r#"rule 2 (bash "sudo *"): no privilege escalation"#;
+const SECRETS_RULE: &str = r#"rule 10 (write_file path "secrets/**"): secrets stay secret"#;
+const NOTES_RULE: &str = r#"rule 11 (write_file path "notes/*.md")"#;
+const BASH_DEFAULT: &str = "default for bash: confirm";
+
+fn rule(
+    tool: &str,
+    command: Option<&str>,
+    path: Option<&str>,
+    decision: Decision,
+    reason: Option<&str>,
+) -> PolicyRule {
+    PolicyRule {
+        tool: tool.to_string(),
+        command: command.map(str::to_string),
+        path: path.map(str::to_string),
+        decision,
+        reason: reason.map(str::to_string),
+    }
+}
+
+fn bash_rule(command: &str, decision: Decision) -> PolicyRule {
+    rule("bash", Some(command), None, decision, None)
+}
+
+/// config/default.toml's policy, plus two path rules for write_file.
+fn test_config() -> PolicyConfig {
+    PolicyConfig {
+        tools: [
+            ("bash".to_string(), Decision::Confirm),
+            ("write_file".to_string(), Decision::Confirm),
+            ("read_file".to_string(), Decision::Allow),
+        ]
+        .into_iter()
+        .collect(),
+        rules: vec![
+            rule(
+                "bash",
+                Some("rm -rf /*"),
+                None,
+                Decision::Deny,
+                Some("never delete from the root of the file system"),
+            ),
+            rule(
+                "bash",
+                Some("sudo *"),
+                None,
+                Decision::Deny,
+                Some("no privilege escalation"),
+            ),
+            bash_rule("ls*", Decision::Allow),
+            bash_rule("pwd", Decision::Allow),
+            bash_rule("cat *", Decision::Allow),
+            bash_rule("echo*", Decision::Allow),
+            bash_rule("git status*", Decision::Allow),
+            bash_rule("git diff*", Decision::Allow),
+            bash_rule("git log*", Decision::Allow),
+            rule(
+                "write_file",
+                None,
+                Some("secrets/**"),
+                Decision::Deny,
+                Some("secrets stay secret"),
+            ),
+            rule(
+                "write_file",
+                None,
+                Some("notes/*.md"),
+                Decision::Allow,
+                None,
+            ),
+        ],
+    }
+}
+
+fn policy() -> Policy {
+    Policy::from_config(&test_config()).unwrap()
+}
+
+fn bash_args(command: &str) -> String {
+    json!({ "command": command }).to_string()
+}
+
+fn path_args(path: &str) -> String {
+    json!({ "path": path, "content": "x" }).to_string()
+}
+
+fn bash(policy: &Policy, command: &str) -> Verdict {
+    bash_with(policy, command, &[])
+}
+
+fn bash_with(policy: &Policy, command: &str, session: &[SessionRule]) -> Verdict {
+    policy.check("bash", &bash_args(command), false, session)
+}
+
+fn write(policy: &Policy, path: &str, session: &[SessionRule]) -> Verdict {
+    policy.check("write_file", &path_args(path), false, session)
+}
+
+fn verdict(decision: Decision, rule: &str, segment: Option<&str>) -> Verdict {
+    Verdict {
+        decision,
+        rule: rule.to_string(),
+        segment: segment.map(str::to_string),
+    }
+}
+
+fn bash_session(command: &str) -> SessionRule {
+    SessionRule {
+        tool: "bash".to_string(),
+        command: Some(command.to_string()),
+        path: None,
+    }
+}
+
+#[test]
+fn tool_defaults() {
+    let p = policy();
+    assert_eq!(
+        p.check("read_file", &path_args("src/main.rs"), true, &[]),
+        verdict(Decision::Allow, "default for read_file: allow", None)
+    );
+    assert_eq!(
+        bash(&p, "make"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("make"))
+    );
+    assert_eq!(
+        write(&p, "src/main.rs", &[]),
+        verdict(Decision::Confirm, "default for write_file: confirm", None)
+    );
+    // Tools the configuration does not list follow their read-only flag.
+    assert_eq!(
+        p.check("list_dir", "{}", true, &[]),
+        verdict(Decision::Allow, "default for list_dir: allow", None)
+    );
+    assert_eq!(
+        p.check("deploy", "{}", false, &[]),
+        verdict(Decision::Confirm, "default for deploy: confirm", None)
+    );
+    // A configured default wins over the flag.
+    assert_eq!(bash_with_read_only(&p, "make"), Decision::Confirm);
+}
+
+fn bash_with_read_only(policy: &Policy, command: &str) -> Decision {
+    policy
+        .check("bash", &bash_args(command), true, &[])
+        .decision
+}
+
+#[test]
+fn allow_rules() {
+    let p = policy();
+    assert_eq!(
+        bash(&p, "ls -la"),
+        verdict(Decision::Allow, r#"rule 3 (bash "ls*")"#, Some("ls -la"))
+    );
+    assert_eq!(
+        bash(&p, "git status"),
+        verdict(
+            Decision::Allow,
+            r#"rule 7 (bash "git status*")"#,
+            Some("git status")
+        )
+    );
+    assert_eq!(bash(&p, "pwd").decision, Decision::Allow);
+    assert_eq!(
+        bash(&p, "cat README.md | grep -v x").decision,
+        Decision::Confirm
+    );
+    assert_eq!(
+        bash(&p, "cat README.md && echo done; ls").decision,
+        Decision::Allow
+    );
+    // Quotes are removed before matching.
+    assert_eq!(
+        bash(&p, r#"echo "a b" 'c'"#),
+        verdict(
+            Decision::Allow,
+            r#"rule 6 (bash "echo*")"#,
+            Some("echo a b c")
+        )
+    );
+}
+
+#[test]
+fn hidden_sudo_is_denied() {
+    let p = policy();
+    let cases = [
+        "ls; sudo rm x",
+        "ls | sudo tee x",
+        "echo $(sudo id)",
+        "echo `sudo id`",
+        "(cd /tmp && sudo ls)",
+        "{ sudo ls; }",
+        "bash -c 'sudo ls'",
+        r#"sh -c "ls && sudo ls""#,
+        "eval sudo ls",
+        "env X=1 sudo ls",
+        "if true; then sudo ls; fi",
+        "if false; then :; elif sudo ls; then :; else :; fi",
+        "for i in 1; do sudo ls; done",
+        "while sudo ls; do :; done",
+        "until false; do sudo ls; done",
+        "f() { sudo ls; }; f",
+        "case x in x) sudo ls ;; esac",
+        "case $(sudo id) in *) ;; esac",
+        "ls || sudo ls",
+        "ls & sudo ls",
+        "! sudo ls",
+        "time sudo ls",
+        "echo \"$(sudo id)\"",
+        "echo ${X:-$(sudo id)}",
+        "echo $((1 + $(sudo id)))",
+        "(( $(sudo id) ))",
+        "[[ -n $(sudo id) ]]",
+        "X=$(sudo id)",
+        "X=$(sudo id) ls",
+        "ls > $(sudo id)",
+        "cat <(sudo ls)",
+        "cat <<EOF\n$(sudo id)\nEOF\n",
+        "echo $(echo $(echo `sudo id`))",
+        "bash -lc 'sudo ls'",
+        "bash -c 'bash -c \"sudo ls\"'",
+        "sudo bash -c 'ls'",
+        "eval 'echo ok; sudo ls'",
+        "eval -- sudo ls",
+        "env -i PATH=/bin sudo ls",
+        "env -S 'sudo ls'",
+        "nohup sudo ls",
+        "timeout 5 sudo ls",
+        "timeout -s KILL 5 sudo ls",
+        "find . | xargs sudo rm",
+        "xargs -n 1 sudo rm < list",
+        "exec sudo ls",
+        "command sudo ls",
+        "nice -n 5 sudo ls",
+        "busybox sh -c 'sudo ls'",
+        "coproc sudo ls",
+        "sudo -u root bash -c 'ls'",
+        "/usr/bin/sudo ls",
+        "\\sudo ls",
+        "'sudo' ls",
+        "\"sudo\" ls",
+        "su\\\ndo ls",
+        "X=1 sudo ls",
+        "sudo",
+    ];
+    for command in cases {
+        let v = bash(&p, command);
+        if command == "sudo" {
+            // `sudo *` needs an argument; bare sudo is only confirmed.
+            assert_eq!(v.decision, Decision::Confirm, "{command}");
+            continue;
+        }
+        assert_eq!(v.decision, Decision::Deny, "{command}: {v:?}");
+        assert_eq!(v.rule, SUDO_RULE, "{command}");
+        assert!(
+            v.segment.as_deref().is_some_and(|s| s.starts_with("sudo")),
+            "{command}: {v:?}"
+        );
+    }
+}
+
+#[test]
+fn hidden_rm_is_denied() {
+    let p = policy();
+    assert_eq!(
+        bash(&p, "ls && rm -rf /x"),
+        verdict(Decision::Deny, RM_RULE, Some("rm -rf /x"))
+    );
+    assert_eq!(
+        bash(&p, "ls && rm -rf '/x'"),
+        verdict(Decision::Deny, RM_RULE, Some("rm -rf /x"))
+    );
+    // Even behind an option the wrapper syntax does not know.
+    assert_eq!(
+        bash(&p, "timeout --weird X 5 rm -rf /"),
+        verdict(Decision::Deny, RM_RULE, Some("rm -rf /"))
+    );
+    assert_eq!(bash(&p, "timeout 5 rm -rf /").decision, Decision::Deny);
+    // Arguments of a wrapped command are not commands.
+    for command in [
+        "timeout 5 grep sudo ls",
+        "timeout -s KILL 5 grep sudo ls",
+        "find . | xargs grep sudo file",
+        "env X=1 grep -r sudo src",
+    ] {
+        assert_eq!(bash(&p, command).decision, Decision::Confirm, "{command}");
+    }
+}
+
+#[test]
+fn strictest_segment_decides() {
+    let p = policy();
+    assert_eq!(
+        bash(&p, "ls && make"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("make"))
+    );
+    // Of equally strict segments, the first one is reported; a command
+    // comes before the substitutions in its words.
+    assert_eq!(
+        bash(&p, "make $(date) && cargo build"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("make $(date)"))
+    );
+    // Wrapped commands are confirmed like the wrapper.
+    assert_eq!(
+        bash(&p, "timeout -s KILL 5 ls"),
+        verdict(
+            Decision::Confirm,
+            BASH_DEFAULT,
+            Some("timeout -s KILL 5 ls")
+        )
+    );
+    // Assignments before a command are part of it.
+    assert_eq!(
+        bash(&p, "PAGER=evil git log"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("PAGER=evil git log"))
+    );
+}
+
+#[test]
+fn file_writes_by_redirection_are_segments() {
+    let p = policy();
+    assert_eq!(
+        bash(&p, "echo hi > notes.txt"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("> notes.txt"))
+    );
+    assert_eq!(
+        bash(&p, "echo x >> ~/.bashrc"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some(">> ~/.bashrc"))
+    );
+    assert_eq!(
+        bash(&p, "ls &> out.log"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("&> out.log"))
+    );
+    assert_eq!(
+        bash(&p, "{ ls; } > out"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("> out"))
+    );
+    assert_eq!(
+        bash(&p, "ls >& out"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some(">& out"))
+    );
+    assert_eq!(
+        bash(&p, "echo x > \"$F\""),
+        verdict(
+            Decision::Confirm,
+            "writes to a file whose name is computed",
+            Some("> $F")
+        )
+    );
+    // Reading, descriptors and the null device are no file writes.
+    for command in [
+        "ls 2>/dev/null",
+        "ls > /dev/null 2>&1",
+        "ls >&2",
+        "ls 3>&1 1>&2 2>&3-",
+        "ls < input.txt",
+        "ls &>/dev/null",
+    ] {
+        assert_eq!(bash(&p, command).decision, Decision::Allow, "{command}");
+    }
+    // Rules and session rules see them like commands.
+    let rules = session_rules_for("bash", &bash_args("echo hi > out.txt"));
+    assert_eq!(
+        rules,
+        vec![bash_session("echo hi"), bash_session("> out.txt")]
+    );
+    assert_eq!(
+        bash_with(&p, "echo bye > out.txt", &rules).decision,
+        Decision::Allow
+    );
+    assert_eq!(
+        bash_with(&p, "echo bye > other.txt", &rules).decision,
+        Decision::Confirm
+    );
+    let etc = Policy::from_config(&PolicyConfig {
+        tools: BTreeMap::new(),
+        rules: vec![bash_rule("*> /etc/*", Decision::Deny)],
+    })
+    .unwrap();
+    assert_eq!(
+        bash(&etc, "echo x >> /etc/passwd"),
+        verdict(
+            Decision::Deny,
+            r#"rule 1 (bash "*> /etc/*")"#,
+            Some(">> /etc/passwd")
+        )
+    );
+}
+
+#[test]
+fn unparsable_commands_are_confirmed() {
+    let p = policy();
+    for command in [
+        "ls &&",
+        "echo \"unterminated",
+        "echo $(ls",
+        "if true; then ls",
+    ] {
+        let v = bash(&p, command);
+        assert_eq!(v.decision, Decision::Confirm, "{command}");
+        assert!(
+            v.rule.starts_with("could not parse the command: "),
+            "{command}: {v:?}"
+        );
+        assert_eq!(v.segment.as_deref(), Some(command));
+    }
+    // An unparsable substitution inside a parsable line.
+    let v = bash(&p, "echo `ls &&`");
+    assert_eq!(v.decision, Decision::Confirm);
+    assert!(v.rule.starts_with("could not parse the command: "), "{v:?}");
+    // The raw text still meets the deny rules.
+    assert_eq!(
+        bash(&p, "sudo ls &&"),
+        verdict(Decision::Deny, SUDO_RULE, Some("sudo ls &&"))
+    );
+}
+
+#[test]
+fn computed_command_names_are_confirmed() {
+    let p = policy();
+    assert_eq!(
+        bash(&p, "$CMD -rf /"),
+        verdict(
+            Decision::Confirm,
+            "the command name is not a literal word: $CMD",
+            Some("$CMD -rf /")
+        )
+    );
+    for command in [
+        r#""$(echo rm)" -rf x"#,
+        "${X:-ls} -la",
+        "`echo ls`",
+        "s*o ls",
+        "{sudo,} ls",
+        "$'\\x73udo' ls",
+        "ls && $CMD",
+        "eval \"$X\"",
+        "bash -c \"$X\"",
+    ] {
+        let v = bash(&p, command);
+        assert_eq!(v.decision, Decision::Confirm, "{command}: {v:?}");
+        assert!(v.rule.contains("not a literal"), "{command}: {v:?}");
+    }
+    // Never allowed, whatever allows it.
+    let allow_everything = Policy::from_config(&PolicyConfig {
+        tools: [("bash".to_string(), Decision::Allow)]
+            .into_iter()
+            .collect(),
+        rules: vec![bash_rule("*", Decision::Allow)],
+    })
+    .unwrap();
+    assert_eq!(bash(&allow_everything, "ls").decision, Decision::Allow);
+    assert_eq!(
+        bash(&allow_everything, "$CMD -rf /").decision,
+        Decision::Confirm
+    );
+    assert_eq!(bash(&allow_everything, "ls &&").decision, Decision::Confirm);
+    assert_eq!(
+        bash_with(&p, "$CMD -rf /", &[bash_session("$CMD -rf /")]).decision,
+        Decision::Confirm
+    );
+}
+
+#[test]
+fn nothing_to_run_gets_the_bash_default() {
+    let p = policy();
+    for command in ["", "   ", "# just a comment", "X=1"] {
+        assert_eq!(
+            bash(&p, command),
+            verdict(Decision::Confirm, BASH_DEFAULT, None),
+            "{command:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_bash_arguments_get_the_bash_default() {
+    let p = policy();
+    let expected = verdict(
+        Decision::Confirm,
+        "default for bash: confirm (no command argument)",
+        None,
+    );
+    assert_eq!(p.check("bash", "not json", false, &[]), expected);
+    assert_eq!(p.check("bash", "{}", false, &[]), expected);
+    assert_eq!(p.check("bash", r#"{"command": 3}"#, false, &[]), expected);
+}
+
+#[test]
+fn path_globs() {
+    let p = policy();
+    for path in [
+        "secrets/key",
+        "secrets/a/b/c",
+        "./secrets/key",
+        "notes/../secrets/key.md",
+        "secrets//key",
+    ] {
+        assert_eq!(
+            write(&p, path, &[]),
+            verdict(Decision::Deny, SECRETS_RULE, None),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        write(&p, "notes/today.md", &[]),
+        verdict(Decision::Allow, NOTES_RULE, None)
+    );
+    // `*` stays within one directory.
+    assert_eq!(
+        write(&p, "notes/sub/x.md", &[]),
+        verdict(Decision::Confirm, "default for write_file: confirm", None)
+    );
+    assert_eq!(
+        write(&p, "notes/today.txt", &[]).decision,
+        Decision::Confirm
+    );
+    // The rules name write_file; read_file keeps its default.
+    assert_eq!(
+        p.check("read_file", &path_args("secrets/key"), true, &[])
+            .decision,
+        Decision::Allow
+    );
+    // No path argument: path rules do not match.
+    assert_eq!(
+        p.check("write_file", "{}", false, &[]).decision,
+        Decision::Confirm
+    );
+}
+
+#[test]
+fn star_rules_match_every_tool() {
+    let p = Policy::from_config(&PolicyConfig {
+        tools: BTreeMap::new(),
+        rules: vec![
+            rule(
+                "*",
+                None,
+                Some("**/.env"),
+                Decision::Deny,
+                Some("no env files"),
+            ),
+            rule("*", None, None, Decision::Confirm, None),
+            bash_rule("ls*", Decision::Allow),
+        ],
+    })
+    .unwrap();
+    let env_rule = r#"rule 1 (* path "**/.env"): no env files"#;
+    assert_eq!(
+        p.check("read_file", &path_args(".env"), true, &[]),
+        verdict(Decision::Deny, env_rule, None)
+    );
+    assert_eq!(
+        p.check("write_file", &path_args("app/.env"), false, &[]),
+        verdict(Decision::Deny, env_rule, None)
+    );
+    assert_eq!(
+        p.check("read_file", &path_args("src/lib.rs"), true, &[]),
+        verdict(Decision::Confirm, "rule 2 (*)", None)
+    );
+    assert_eq!(
+        p.check("anything", "{}", true, &[]),
+        verdict(Decision::Confirm, "rule 2 (*)", None)
+    );
+    // The `*` rule matches every bash segment, and beats the allow.
+    assert_eq!(
+        bash(&p, "ls"),
+        verdict(Decision::Confirm, "rule 2 (*)", Some("ls"))
+    );
+}
+
+#[test]
+fn strictest_rule_wins() {
+    let p = Policy::from_config(&PolicyConfig {
+        tools: BTreeMap::new(),
+        rules: vec![
+            bash_rule("git *", Decision::Allow),
+            bash_rule("git push*", Decision::Deny),
+            bash_rule("git push --dry-run", Decision::Allow),
+            bash_rule("git commit*", Decision::Confirm),
+            rule("write_file", None, Some("docs/**"), Decision::Allow, None),
+            rule(
+                "write_file",
+                None,
+                Some("docs/private/**"),
+                Decision::Deny,
+                None,
+            ),
+        ],
+    })
+    .unwrap();
+    assert_eq!(
+        bash(&p, "git push --dry-run"),
+        verdict(
+            Decision::Deny,
+            r#"rule 2 (bash "git push*")"#,
+            Some("git push --dry-run")
+        )
+    );
+    assert_eq!(
+        bash(&p, "git commit -m x"),
+        verdict(
+            Decision::Confirm,
+            r#"rule 4 (bash "git commit*")"#,
+            Some("git commit -m x")
+        )
+    );
+    assert_eq!(bash(&p, "git status").decision, Decision::Allow);
+    assert_eq!(
+        write(&p, "docs/private/a", &[]),
+        verdict(
+            Decision::Deny,
+            r#"rule 6 (write_file path "docs/private/**")"#,
+            None
+        )
+    );
+    assert_eq!(
+        write(&p, "docs/a", &[]),
+        verdict(
+            Decision::Allow,
+            r#"rule 5 (write_file path "docs/**")"#,
+            None
+        )
+    );
+}
+
+#[test]
+fn session_rules_for_bash() {
+    let rules = session_rules_for("bash", &bash_args("make test && ls"));
+    assert_eq!(rules, vec![bash_session("make test"), bash_session("ls")]);
+    // Repeated commands give one rule; unreadable ones none.
+    assert_eq!(
+        session_rules_for("bash", &bash_args("make; make; $CMD x")),
+        vec![bash_session("make")]
+    );
+    assert_eq!(session_rules_for("bash", "not json"), Vec::new());
+    assert_eq!(session_rules_for("bash", &bash_args("")), Vec::new());
+
+    let p = policy();
+    assert_eq!(
+        bash_with(&p, "make test", &rules),
+        verdict(
+            Decision::Allow,
+            r#"session rule: bash "make test""#,
+            Some("make test")
+        )
+    );
+    assert_eq!(
+        bash_with(&p, "make install", &rules),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("make install"))
+    );
+    assert_eq!(
+        bash_with(&p, "make test && make install", &rules),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("make install"))
+    );
+    // A session rule never beats a deny rule, even for the exact command.
+    assert_eq!(
+        bash_with(&p, "sudo ls", &[bash_session("sudo ls")]),
+        verdict(Decision::Deny, SUDO_RULE, Some("sudo ls"))
+    );
+    // But it does answer a confirm rule: that rule asks a person, and the
+    // person already said yes for this session.
+    let confirming = Policy::from_config(&PolicyConfig {
+        tools: BTreeMap::new(),
+        rules: vec![bash_rule("git push*", Decision::Confirm)],
+    })
+    .unwrap();
+    assert_eq!(
+        bash_with(&confirming, "git push", &[bash_session("git push")]),
+        verdict(
+            Decision::Allow,
+            r#"session rule: bash "git push""#,
+            Some("git push")
+        )
+    );
+    assert_eq!(
+        bash_with(&confirming, "git push --force", &[bash_session("git push")]),
+        verdict(
+            Decision::Confirm,
+            r#"rule 1 (bash "git push*")"#,
+            Some("git push --force")
+        )
+    );
+    // A bash rule without a command allows every segment no rule decides.
+    let any_bash = SessionRule {
+        tool: "bash".to_string(),
+        command: None,
+        path: None,
+    };
+    let session = std::slice::from_ref(&any_bash);
+    assert_eq!(
+        bash_with(&p, "make install", session),
+        verdict(Decision::Allow, "session rule: bash", Some("make install"))
+    );
+    assert_eq!(
+        bash_with(&p, "make && sudo ls", session).decision,
+        Decision::Deny
+    );
+}
+
+#[test]
+fn session_rules_for_paths_and_tools() {
+    let p = policy();
+    let rules = session_rules_for("write_file", &path_args("out.txt"));
+    assert_eq!(
+        rules,
+        vec![SessionRule {
+            tool: "write_file".to_string(),
+            command: None,
+            path: Some("out.txt".to_string()),
+        }]
+    );
+    assert_eq!(
+        write(&p, "out.txt", &rules),
+        verdict(
+            Decision::Allow,
+            r#"session rule: write_file path "out.txt""#,
+            None
+        )
+    );
+    assert_eq!(write(&p, "other.txt", &rules).decision, Decision::Confirm);
+    assert_eq!(
+        p.check("edit_file", &path_args("out.txt"), false, &rules)
+            .decision,
+        Decision::Confirm
+    );
+    // Deny rules still win.
+    let secret = session_rules_for("write_file", &path_args("secrets/key"));
+    assert_eq!(
+        write(&p, "secrets/key", &secret),
+        verdict(Decision::Deny, SECRETS_RULE, None)
+    );
+    // Without a path argument: the tool alone.
+    let tool_rules = session_rules_for("deploy", r#"{"target":"prod"}"#);
+    assert_eq!(
+        tool_rules,
+        vec![SessionRule {
+            tool: "deploy".to_string(),
+            command: None,
+            path: None,
+        }]
+    );
+    assert_eq!(
+        p.check("deploy", r#"{"target":"staging"}"#, false, &tool_rules),
+        verdict(Decision::Allow, "session rule: deploy", None)
+    );
+    assert_eq!(session_rules_for("write_file", &path_args("")), Vec::new());
+}
+
+#[test]
+fn session_rules_never_override_a_configured_deny_default() {
+    let p = Policy::from_config(&PolicyConfig {
+        tools: [("deploy".to_string(), Decision::Deny)]
+            .into_iter()
+            .collect(),
+        rules: Vec::new(),
+    })
+    .unwrap();
+    let rules = session_rules_for("deploy", "{}");
+    assert_eq!(
+        p.check("deploy", "{}", false, &rules),
+        verdict(Decision::Deny, "default for deploy: deny", None)
+    );
+}
+
+#[test]
+fn invalid_rules_are_rejected() {
+    let bad = |rule: PolicyRule| {
+        let config = PolicyConfig {
+            tools: BTreeMap::new(),
+            rules: vec![bash_rule("ls*", Decision::Allow), rule],
+        };
+        match Policy::from_config(&config) {
+            Err(PolicyError::InvalidRule { index, reason }) => {
+                assert_eq!(index, 2);
+                reason
+            }
+            Ok(_) => panic!("accepted"),
+        }
+    };
+    let reason = bad(bash_rule("ls [", Decision::Deny));
+    assert!(
+        reason.starts_with("invalid command glob \"ls [\""),
+        "{reason}"
+    );
+    let reason = bad(rule("read_file", Some("ls"), None, Decision::Deny, None));
+    assert!(reason.contains("only applies to bash"), "{reason}");
+    let reason = bad(rule("bash", Some("ls"), Some("x"), Decision::Deny, None));
+    assert!(reason.contains("not both"), "{reason}");
+    let reason = bad(rule(" ", None, None, Decision::Deny, None));
+    assert!(reason.contains("tool name is empty"), "{reason}");
+    let reason = bad(rule("bash", None, Some("x/**"), Decision::Deny, None));
+    assert!(reason.contains("never matches bash"), "{reason}");
+    let reason = bad(rule("write_file", None, Some("a/[b"), Decision::Deny, None));
+    assert!(reason.starts_with("invalid path glob"), "{reason}");
+    let reason = bad(bash_rule("", Decision::Deny));
+    assert!(reason.contains("empty"), "{reason}");
+
+    let err = Policy::from_config(&PolicyConfig {
+        tools: BTreeMap::new(),
+        rules: vec![rule("", None, None, Decision::Deny, None)],
+    })
+    .unwrap_err();
+    assert_eq!(err.to_string(), "policy rule 1: the tool name is empty");
+    // A command glob on `*` applies to bash only, and is accepted.
+    assert!(
+        Policy::from_config(&PolicyConfig {
+            tools: BTreeMap::new(),
+            rules: vec![rule("*", Some("sudo *"), None, Decision::Deny, None)],
+        })
+        .is_ok()
+    );
+}
+
+#[test]
+fn allow_all_allows_everything() {
+    let p = Policy::allow_all();
+    for command in ["sudo rm -rf /", "ls &&", "$CMD"] {
+        assert_eq!(bash(&p, command).decision, Decision::Allow, "{command}");
+    }
+    assert_eq!(
+        p.check("deploy", "{}", false, &[]),
+        verdict(Decision::Allow, "allow all", None)
+    );
+}
+
+#[test]
+fn the_shipped_defaults() {
+    let config = agentry_runtime::Config::load(&agentry_runtime::ConfigSource::default()).unwrap();
+    let p = Policy::from_config(&config.policy).unwrap();
+    assert_eq!(bash(&p, "ls -la").decision, Decision::Allow);
+    assert_eq!(
+        bash(&p, "git status && git diff HEAD~1").decision,
+        Decision::Allow
+    );
+    assert_eq!(
+        bash(&p, "ls && sudo rm x"),
+        verdict(Decision::Deny, SUDO_RULE, Some("sudo rm x"))
+    );
+    assert_eq!(
+        bash(&p, "rm -rf /"),
+        verdict(Decision::Deny, RM_RULE, Some("rm -rf /"))
+    );
+    assert_eq!(
+        bash(&p, "ls && make"),
+        verdict(Decision::Confirm, BASH_DEFAULT, Some("make"))
+    );
+    assert_eq!(
+        p.check("read_file", &path_args("README.md"), true, &[])
+            .decision,
+        Decision::Allow
+    );
+    assert_eq!(write(&p, "README.md", &[]).decision, Decision::Confirm);
+    assert_eq!(
+        p.check("unknown_reader", "{}", true, &[]).decision,
+        Decision::Allow
+    );
+    assert_eq!(
+        p.check("unknown_writer", "{}", false, &[]).decision,
+        Decision::Confirm
+    );
+}
+
+#[test]
+fn normalized_paths() {
+    assert_eq!(normalize_path("./a/b"), "a/b");
+    assert_eq!(normalize_path("a/./b//c/"), "a/b/c");
+    assert_eq!(normalize_path("a/../b"), "b");
+    assert_eq!(normalize_path("../a"), "../a");
+    assert_eq!(normalize_path("/x/../../y"), "/y");
+}
+
+#[test]
+fn deep_nesting_never_overflows_the_stack() {
+    let p = policy();
+    let n = MAX_NESTING;
+    let cases = [
+        format!("{}ls{}", "(".repeat(n), ")".repeat(n)),
+        format!("{}ls{}", "echo $(".repeat(n), ")".repeat(n)),
+        format!("{}ls{}", "\"$(".repeat(n), ")\"".repeat(n)),
+        format!("{}ls;{}", "{ ".repeat(n), "} ".repeat(n)),
+        format!("{}ls{}", "if a; then ".repeat(n), "; fi".repeat(n)),
+        format!("{}ls{}", "while a; do ".repeat(n), "; done".repeat(n)),
+        format!(
+            "{}ls{}",
+            "f() if a; then ".repeat(n / 2),
+            "; fi".repeat(n / 2)
+        ),
+        format!("[[ {} -n x ]]", "! ".repeat(n - 2)),
+        format!("[[ {} -n x {} ]]", "( ".repeat(n - 2), ") ".repeat(n - 2)),
+        format!("echo {}x{}", "${a:-".repeat(n), "}".repeat(n)),
+        format!("echo {}1{}", "$((1+".repeat(n / 2), "))".repeat(n / 2)),
+    ];
+    for command in &cases {
+        assert!(nesting_bound(command) <= MAX_NESTING, "{command}");
+        let v = bash(&p, command);
+        assert_ne!(v.decision, Decision::Deny, "{v:?}");
+    }
+    // A deny deep inside is still found.
+    let hidden = format!("{}sudo ls;{}", "{ ".repeat(1000), "} ".repeat(1000));
+    assert_eq!(bash(&p, &hidden).decision, Decision::Deny);
+    // Beyond the bound: confirmed without parsing, but the raw text still
+    // meets the deny rules.
+    let too_deep = format!("{}ls{}", "(".repeat(n + 1), ")".repeat(n + 1));
+    let v = bash(&p, &too_deep);
+    assert_eq!(v.decision, Decision::Confirm);
+    assert_eq!(v.rule, "the command is too complex to check");
+    assert_eq!(
+        bash(&p, &format!("sudo ls; {too_deep}")).decision,
+        Decision::Deny
+    );
+    // Wrappers of wrappers, too.
+    let v = bash(&p, &format!("{}ls", "nohup ".repeat(40)));
+    assert_eq!(v.decision, Decision::Confirm);
+    assert_eq!(v.rule, "the command nests too deeply to check");
+    // `$( )` nesting deeper than the walker follows is confirmed.
+    let v = bash(&p, &format!("{}ls{}", "echo $(".repeat(20), ")".repeat(20)));
+    assert_eq!(v.decision, Decision::Confirm);
+    assert_eq!(v.rule, "the command nests too deeply to check");
+}
