@@ -94,7 +94,17 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(tools, vec!["bash", "read_file", "write_file"]);
+    assert_eq!(
+        tools,
+        vec![
+            "bash",
+            "read_file",
+            "write_file",
+            "schedule_reminder",
+            "list_reminders",
+            "cancel_reminder"
+        ]
+    );
     assert_eq!(requests[0]["model"], "fake-model");
     assert_eq!(requests[0]["stream"], true);
     let second = requests[1]["messages"].as_array().unwrap();

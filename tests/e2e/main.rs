@@ -9,4 +9,5 @@ mod support;
 mod approvals;
 mod chat_turn;
 mod failures;
+mod reminders;
 mod turn_control;

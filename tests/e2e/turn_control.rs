@@ -86,7 +86,13 @@ async fn a_second_message_during_a_turn_is_refused() {
 }
 
 fn process_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+    // A killed process that nobody has reaped yet is a zombie: dead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -3,6 +3,7 @@
 
 mod approval;
 mod client;
+mod reminder_cmds;
 mod render;
 mod session_cmds;
 mod turn;
@@ -70,8 +71,39 @@ enum Command {
         #[command(subcommand)]
         command: SessionsCommand,
     },
+    /// List and cancel reminders
+    Reminders {
+        #[command(subcommand)]
+        command: RemindersCommand,
+    },
     /// List the tools the agent can use
     Tools,
+}
+
+#[derive(Subcommand, Debug)]
+enum RemindersCommand {
+    /// List reminders, soonest first
+    List {
+        /// Only this session's
+        #[arg(long, short)]
+        session: Option<String>,
+        /// Which ones
+        #[arg(long, value_enum, default_value_t = ReminderStatus::Pending)]
+        status: ReminderStatus,
+    },
+    /// Cancel a pending reminder
+    Cancel {
+        /// The reminder's id
+        id: String,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ReminderStatus {
+    Pending,
+    Completed,
+    Cancelled,
+    All,
 }
 
 #[derive(Subcommand, Debug)]
@@ -159,5 +191,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tools => session_cmds::tools(&config)
             .await
             .map(|()| ExitCode::SUCCESS),
+        Command::Reminders { command } => match command {
+            RemindersCommand::List { session, status } => {
+                reminder_cmds::list(&config, session, status).await
+            }
+            RemindersCommand::Cancel { id } => reminder_cmds::cancel(&config, &id).await,
+        }
+        .map(|()| ExitCode::SUCCESS),
     }
 }

@@ -43,8 +43,18 @@ async fn start(
         }
         Service::Scheduler => {
             let listener = bind(config.scheduler.listen).await?;
+            let settings = agentry_scheduler::settings_from_config(config);
+            let store_url = config.session_store.url.clone();
             Box::pin(async move {
-                agentry_scheduler::run(listener, shutdown).await?;
+                agentry_scheduler::run(
+                    &data_dir,
+                    &store_url,
+                    settings,
+                    std::sync::Arc::new(agentry_scheduler::SystemClock),
+                    listener,
+                    shutdown,
+                )
+                .await?;
                 Ok(())
             })
         }

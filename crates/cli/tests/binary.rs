@@ -527,3 +527,43 @@ async fn run_without_a_person_stops_with_a_distinct_exit_code() {
         "{last}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reminders_are_listed_and_cancelled_from_the_cli() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "r1",
+        "schedule_reminder",
+        json!({"message": "renew the certificate", "due": "in 2h"}),
+    ));
+    model.push(Reply::text("Scheduled."));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let out = install.run(&["run", "remind me to renew the certificate in two hours"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let (list, _) = text(&install.run(&["reminders", "list"]));
+    assert!(list.contains("renew the certificate"), "{list}");
+    assert!(list.contains("pending"), "{list}");
+    let id = list
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let out = install.run(&["reminders", "cancel", &id]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert!(text(&out).0.contains("cancelled: renew the certificate"));
+    let (pending, _) = text(&install.run(&["reminders", "list"]));
+    assert_eq!(pending.trim(), "no reminders");
+    let (all, _) = text(&install.run(&["reminders", "list", "--status", "all"]));
+    assert!(all.contains("cancelled"), "{all}");
+    // Cancelling twice is a clear error.
+    let out = install.run(&["reminders", "cancel", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).1.contains("already cancelled"),
+        "{}",
+        text(&out).1
+    );
+}

@@ -6,8 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use agentry_proto::orchestrator::v1 as pb;
-use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
 use agentry_proto::sessions::v1::{
     self as spb, ApprovalDecision, ApprovalMode, ErrorSource, TurnOutcome, event::Kind,
 };
@@ -16,166 +17,13 @@ use agentry_proto::tools::v1::tool_runner_server::{ToolRunner, ToolRunnerServer}
 use agentry_testkit::Cluster;
 use agentry_testkit::cluster::Service;
 use agentry_testkit::fake_model::{Reply, pause, text};
+use common::{Log, Orchestrator, message, submit};
 use serde_json::json;
-use std::net::SocketAddr;
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
-
-const BIN: &str = env!("CARGO_BIN_EXE_agentry");
-
-/// The orchestrator as a child process.
-struct Orchestrator {
-    child: Option<Child>,
-    addr: SocketAddr,
-    env: Vec<(String, String)>,
-    config_dir: tempfile::TempDir,
-}
-
-impl Orchestrator {
-    fn new(cluster: &mut Cluster) -> Orchestrator {
-        let addr = cluster.release(Service::Orchestrator).unwrap();
-        let config_dir = tempfile::tempdir().unwrap();
-        let c = &cluster.config;
-        let env = vec![
-            (
-                "AGENTRY_CONFIG_DIR",
-                config_dir.path().display().to_string(),
-            ),
-            ("AGENTRY_DATA_DIR", cluster.data_dir().display().to_string()),
-            ("AGENTRY_LLM_BASE_URL", c.llm.base_url.clone()),
-            ("AGENTRY_LLM_MODEL", c.llm.model.clone()),
-            ("AGENTRY_ORCHESTRATOR_LISTEN", addr.to_string()),
-            ("AGENTRY_ORCHESTRATOR_URL", format!("http://{addr}")),
-            ("AGENTRY_SESSION_STORE_URL", c.session_store.url.clone()),
-            ("AGENTRY_TOOL_RUNNER_URL", c.tool_runner.url.clone()),
-            ("AGENTRY_SCHEDULER_URL", c.scheduler.url.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        Orchestrator {
-            child: None,
-            addr,
-            env,
-            config_dir,
-        }
-    }
-
-    async fn start(&mut self) -> OrchestratorClient<Channel> {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "orchestrator"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .env_remove("RUST_LOG");
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        let _ = &self.config_dir;
-        self.child = Some(cmd.spawn().unwrap());
-        let channel = agentry_testkit::cluster::connect(&format!("http://{}", self.addr))
-            .await
-            .unwrap();
-        OrchestratorClient::new(channel)
-    }
-
-    fn kill(&mut self) {
-        let mut child = self.child.take().unwrap();
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-    }
-}
-
-impl Drop for Orchestrator {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-async fn submit(
-    client: &mut OrchestratorClient<Channel>,
-    session_id: &str,
-    kind: pb::input::Kind,
-) -> pb::SubmitResponse {
-    client
-        .submit(pb::SubmitRequest {
-            session_id: session_id.into(),
-            input: Some(pb::Input { kind: Some(kind) }),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
-    pb::input::Kind::UserMessage(pb::UserInput {
-        text: text.into(),
-        approval_mode: mode as i32,
-    })
-}
-
-/// Follows the session's log in the store (which outlives the orchestrator).
-struct Log {
-    stream: tonic::Streaming<spb::Event>,
-    seen: Vec<spb::Event>,
-}
-
-impl Log {
-    async fn follow(cluster: &Cluster, session_id: &str) -> Log {
-        let stream = cluster
-            .store()
-            .await
-            .unwrap()
-            .watch(spb::WatchRequest {
-                session_id: session_id.into(),
-                from_seq: 1,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        Log {
-            stream,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Reads until an event matches; panics after 20 s.
-    async fn until(&mut self, what: &str, matches: impl Fn(&Kind) -> bool) -> spb::Event {
-        let found = tokio::time::timeout(Duration::from_secs(20), async {
-            while let Some(e) = self.stream.message().await.unwrap() {
-                self.seen.push(e.clone());
-                if e.kind.as_ref().is_some_and(&matches) {
-                    return e;
-                }
-            }
-            panic!("the log ended before {what}");
-        })
-        .await;
-        match found {
-            Ok(e) => e,
-            Err(_) => panic!("no {what} within 20 s; log so far: {:#?}", self.seen),
-        }
-    }
-
-    async fn finished(&mut self) -> spb::TurnFinished {
-        match self
-            .until("turn_finished", |k| matches!(k, Kind::TurnFinished(_)))
-            .await
-            .kind
-        {
-            Some(Kind::TurnFinished(f)) => f,
-            _ => unreachable!(),
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_while_the_model_streams_the_turn_is_retried() {

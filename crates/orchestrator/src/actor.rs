@@ -41,6 +41,8 @@ pub enum SubmitInput {
         /// Why.
         reason: String,
     },
+    /// A reminder fell due for this session.
+    Reminder(pb::ReminderDue),
 }
 
 /// What a successful submit reports.
@@ -174,6 +176,10 @@ impl Actor {
                 edited_arguments_json,
             },
             SubmitInput::Cancel { reason } => Input::Cancel { reason },
+            SubmitInput::Reminder(reminder) => Input::ReminderDue {
+                turn_id: uuid::Uuid::now_v7().to_string(),
+                reminder,
+            },
         };
         let effects = match self.state.step(input) {
             Ok(effects) => effects,
@@ -438,6 +444,9 @@ async fn tool_call(
         arguments_json: call.arguments.clone(),
         timeout_ms: 0,
     };
+    if crate::builtin::is_builtin(&call.name) {
+        return crate::builtin::run(deps, session_id, &call).await;
+    }
     let mut stream = match deps.tools.clone().execute(request).await {
         Ok(response) => response.into_inner(),
         Err(status) => {

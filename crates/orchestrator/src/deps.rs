@@ -4,6 +4,7 @@
 use crate::policy::Policy;
 use crate::reducer::ToolFlags;
 use agentry_llm::{ChatClient, ToolDefinition};
+use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_proto::tools::v1::ListToolsRequest;
 use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
@@ -23,6 +24,10 @@ pub struct Deps {
     pub tools: ToolRunnerClient<Channel>,
     /// Where the tool runner is, for messages.
     pub tool_runner_url: String,
+    /// The scheduler (reminders).
+    pub scheduler: SchedulerClient<Channel>,
+    /// Where the scheduler is, for messages.
+    pub scheduler_url: String,
     /// The model.
     pub llm: ChatClient,
     /// System instructions.
@@ -47,6 +52,15 @@ pub struct ToolSet {
     pub flags: BTreeMap<String, ToolFlags>,
 }
 
+impl ToolSet {
+    fn add_builtins(&mut self) {
+        for (definition, flags) in crate::builtin::definitions() {
+            self.flags.insert(definition.name.clone(), flags);
+            self.definitions.push(definition);
+        }
+    }
+}
+
 impl Deps {
     /// Bundles the dependencies.
     #[allow(clippy::too_many_arguments)]
@@ -55,6 +69,8 @@ impl Deps {
         store_url: String,
         tools: ToolRunnerClient<Channel>,
         tool_runner_url: String,
+        scheduler: SchedulerClient<Channel>,
+        scheduler_url: String,
         llm: ChatClient,
         system_prompt: String,
         temperature: Option<f32>,
@@ -66,6 +82,8 @@ impl Deps {
             store_url,
             tools,
             tool_runner_url,
+            scheduler,
+            scheduler_url,
             llm,
             system_prompt,
             temperature,
@@ -91,9 +109,11 @@ impl Deps {
                 tracing::warn!(
                     url = %self.tool_runner_url,
                     error = %status.message(),
-                    "cannot list tools; calling the model without tools"
+                    "cannot list the tool runner's tools; offering only the built-in ones"
                 );
-                Arc::new(ToolSet::default())
+                let mut set = ToolSet::default();
+                set.add_builtins();
+                Arc::new(set)
             }
         }
     }
@@ -108,6 +128,9 @@ impl Deps {
             .into_inner();
         let mut set = ToolSet::default();
         for t in response.tools {
+            if crate::builtin::is_builtin(&t.name) {
+                continue;
+            }
             let parameters = serde_json::from_str(&t.parameters_json_schema).map_err(|e| {
                 tonic::Status::internal(format!("tool {} has an invalid JSON schema: {e}", t.name))
             })?;
@@ -124,6 +147,7 @@ impl Deps {
                 parameters,
             });
         }
+        set.add_builtins();
         Ok(set)
     }
 }

@@ -4,9 +4,11 @@
 //! event to the session store before anyone sees it.
 
 pub mod actor;
+pub mod builtin;
 pub mod deps;
 pub mod policy;
 pub mod reducer;
+pub mod reminders;
 pub mod service;
 
 #[cfg(test)]
@@ -54,6 +56,9 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
     let store = SessionStoreClient::new(lazy_channel(&config.session_store.url, "session store")?)
         .max_decoding_message_size(64 * 1024 * 1024);
     let tools = ToolRunnerClient::new(lazy_channel(&config.tool_runner.url, "tool runner")?);
+    let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(
+        lazy_channel(&config.scheduler.url, "scheduler")?,
+    );
     let llm = ChatClient::new(ProviderConfig {
         provider: match config.llm.provider {
             agentry_runtime::config::LlmProvider::Openai => agentry_llm::Provider::OpenAi,
@@ -78,6 +83,8 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         config.session_store.url.clone(),
         tools,
         config.tool_runner.url.clone(),
+        scheduler,
+        config.scheduler.url.clone(),
         llm,
         system_prompt,
         config.llm.temperature,
@@ -104,13 +111,17 @@ pub async fn run(
     // Sessions left mid-turn by an earlier process are recovered now.
     let recovering = orchestrator.clone();
     tokio::spawn(async move { recovering.recover_open_sessions().await });
+    // Reminders that fall due arrive from the scheduler.
+    let consumer = tokio::spawn(reminders::consume(orchestrator.clone()));
     let service = OrchestratorServer::new(orchestrator);
-    agentry_runtime::serve(
+    let served = agentry_runtime::serve(
         listener,
         Routes::new(service),
         &[OrchestratorServer::<OrchestratorService>::NAME],
         shutdown,
     )
-    .await?;
+    .await;
+    consumer.abort();
+    served?;
     Ok(())
 }

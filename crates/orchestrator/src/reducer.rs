@@ -16,7 +16,7 @@ use agentry_proto::sessions::v1::{
     self as pb, ApprovalDecision, ApprovalMode, ErrorSource, TokenUsage, ToolCallPhase,
     TurnOutcome, event::Kind,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, LazyLock};
 
 /// Where a session is.
@@ -198,6 +198,8 @@ pub struct SessionState {
     pub policy: PolicyRef,
     /// The flags of the tools the model may call.
     pub catalog: BTreeMap<String, ToolFlags>,
+    /// Reminder firings already in the log (a firing enters at most once).
+    pub delivered_firings: BTreeSet<String>,
 }
 
 /// Something that happened, fed to [`SessionState::step`].
@@ -251,6 +253,14 @@ pub enum Input {
     Cancel {
         /// Why, if they said.
         reason: String,
+    },
+    /// A reminder fell due: `notify` ones are recorded at any time; a
+    /// `task` one starts a turn when the session is idle.
+    ReminderDue {
+        /// The id for the turn a task reminder starts.
+        turn_id: String,
+        /// The firing.
+        reminder: pb::ReminderDue,
     },
     /// The session was loaded with a turn that never finished (the
     /// orchestrator stopped mid-turn): recover it.
@@ -361,6 +371,7 @@ impl SessionState {
             session_rules: Vec::new(),
             policy: PolicyRef(ALLOW_ALL.clone()),
             catalog: BTreeMap::new(),
+            delivered_firings: BTreeSet::new(),
         }
     }
 
@@ -523,10 +534,30 @@ impl SessionState {
                 self.turn = None;
                 self.phase = Phase::Idle;
             }
+            Kind::ReminderDue(r) => {
+                self.delivered_firings.insert(r.firing_id.clone());
+                if r.kind == REMINDER_TASK {
+                    // The Task state: the reminder becomes the message the
+                    // agent acts on.
+                    self.history.push(Message::User {
+                        content: compose_reminder(r),
+                    });
+                    self.turn = Some(Turn {
+                        id: turn_id.to_string(),
+                        steps: 0,
+                        usage: TokenUsage::default(),
+                        calls: Vec::new(),
+                        assistant_index: 0,
+                        last_text: String::new(),
+                        approval_mode: ApprovalMode::Policy,
+                        restarts: 0,
+                    });
+                    self.phase = Phase::Generate;
+                }
+            }
             Kind::ModelTextDelta(_)
             | Kind::ApprovalRequested(_)
             | Kind::ToolOutputChunk(_)
-            | Kind::ReminderDue(_)
             | Kind::CancelRequested(_) => {}
         }
     }
@@ -881,6 +912,28 @@ impl SessionState {
                 self.emit(&mut out, &turn_id, finished);
             }
             (Phase::Idle, Input::Cancel { .. }) => return Err(Refusal::NothingToCancel),
+            (
+                _,
+                Input::ReminderDue {
+                    turn_id: new_turn,
+                    reminder,
+                },
+            ) => {
+                if self.delivered_firings.contains(&reminder.firing_id) {
+                    return Ok(Vec::new()); // Redelivered: already in the log.
+                }
+                if reminder.kind == REMINDER_TASK {
+                    if phase != Phase::Idle {
+                        return Err(Refusal::Busy);
+                    }
+                    self.emit(&mut out, &new_turn, Kind::ReminderDue(reminder));
+                    out.after.push(Effect::CallModel {
+                        history: self.history.clone(),
+                    });
+                    return Ok(Self::into_effects(&new_turn, out));
+                }
+                self.emit(&mut out, &turn_id, Kind::ReminderDue(reminder));
+            }
             (Phase::Generate, Input::Interrupted) => {
                 let restarts = self.turn.as_ref().map(|t| t.restarts).unwrap_or_default();
                 if restarts >= MAX_RESTARTS_PER_TURN {
@@ -1180,6 +1233,25 @@ impl SessionState {
         }
         self.dispatch(out, turn_id);
     }
+}
+
+/// The kind name of reminders that start a turn.
+pub const REMINDER_TASK: &str = "task";
+
+/// The message a task reminder puts before the model.
+pub fn compose_reminder(r: &pb::ReminderDue) -> String {
+    let late = if r.late_ms >= 60_000 {
+        format!(
+            " (it fired {} minutes late: the scheduler was not running when it fell due)",
+            r.late_ms / 60_000
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "[Reminder] A reminder you scheduled is due now{late}: {}\nDo what it asks.",
+        r.message
+    )
 }
 
 fn call_tool(state: &SessionState, call_id: &str) -> String {

@@ -85,6 +85,11 @@ impl OrchestratorService {
         Ok(handle)
     }
 
+    /// The shared dependencies.
+    pub fn deps(&self) -> &Arc<Deps> {
+        &self.deps
+    }
+
     /// Loads every session whose last turn never finished, so that each is
     /// recovered (see [`SessionState::step`] with `Interrupted`) without
     /// waiting for a client. Retries while the store is unreachable.

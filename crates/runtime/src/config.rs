@@ -66,7 +66,7 @@ pub struct Config {
     /// The tool runner service.
     pub tool_runner: ToolRunnerConfig,
     /// The scheduler service.
-    pub scheduler: Endpoint,
+    pub scheduler: SchedulerConfig,
     /// Logging.
     pub log: LogConfig,
     /// The directory the files were read from, if any.
@@ -211,6 +211,34 @@ pub struct ToolRunnerConfig {
     pub max_output_bytes: usize,
     /// Largest file `read_file` returns, in bytes.
     pub max_read_bytes: u64,
+}
+
+/// The scheduler.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// The socket address the service binds.
+    pub listen: SocketAddr,
+    /// The URL the orchestrator and the CLI dial.
+    pub url: String,
+    /// What to do with occurrences of a recurring reminder missed while the
+    /// scheduler was down, when the reminder names no policy.
+    pub missed: MissedOccurrences,
+    /// How long a delivered firing may stay unacknowledged before it is
+    /// sent again.
+    pub redeliver_after_secs: u64,
+}
+
+/// What to do with missed occurrences of a recurring reminder.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum MissedOccurrences {
+    /// Fire once for all of them.
+    Once,
+    /// Fire once per occurrence.
+    All,
+    /// Fire none; wait for the next one.
+    Skip,
 }
 
 /// Log output.

@@ -1,71 +1,102 @@
 //! The scheduler service: durable reminders that fire as events into
 //! sessions (`agentry.scheduler.v1.Scheduler`).
 //!
-//! This version serves the contract's health and reflection endpoints and
-//! answers every reminder call with UNIMPLEMENTED and a clear message, so
-//! that clients learn the feature is missing rather than hanging or
-//! receiving made-up data.
+//! Reminders live in SQLite ([`store`]); a worker sleeps until the next one
+//! falls due (re-armed on every change, no polling), writes its firing and
+//! moves it on in one transaction; consumers receive firings over
+//! `StreamDue` and ack them, and anything unacknowledged is sent again —
+//! after a restart of either side too.
 
-use agentry_proto::scheduler::v1 as pb;
-use agentry_proto::scheduler::v1::scheduler_server::{Scheduler, SchedulerServer};
+pub mod schedule;
+pub mod service;
+pub mod store;
+
+pub use service::{Clock, Core, SchedulerService, Settings, SystemClock};
+
+use agentry_proto::scheduler::v1::scheduler_server::SchedulerServer;
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use std::future::Future;
-use std::pin::Pin;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic::service::Routes;
-use tonic::{Request, Response, Status, Streaming};
 
-const NOT_YET: &str = "reminders are not available in this version of Agentry";
+/// The file name of the scheduler's database inside the data directory.
+pub const DB_FILE: &str = "scheduler.db";
 
-/// The Scheduler gRPC service.
-#[derive(Debug, Clone, Default)]
-pub struct SchedulerService;
+/// Why the scheduler stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Opening the store failed.
+    #[error("cannot open the scheduler store: {0}")]
+    Store(#[from] store::StoreError),
+    /// A setting is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// Serving failed.
+    #[error(transparent)]
+    Serve(#[from] agentry_runtime::ServeError),
+}
 
-type DueStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::DueReminder, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl Scheduler for SchedulerService {
-    async fn create_reminder(
-        &self,
-        _request: Request<pb::CreateReminderRequest>,
-    ) -> Result<Response<pb::Reminder>, Status> {
-        Err(Status::unimplemented(NOT_YET))
-    }
-
-    async fn list_reminders(
-        &self,
-        _request: Request<pb::ListRemindersRequest>,
-    ) -> Result<Response<pb::ListRemindersResponse>, Status> {
-        Err(Status::unimplemented(NOT_YET))
-    }
-
-    async fn cancel_reminder(
-        &self,
-        _request: Request<pb::CancelReminderRequest>,
-    ) -> Result<Response<pb::Reminder>, Status> {
-        Err(Status::unimplemented(NOT_YET))
-    }
-
-    type StreamDueStream = DueStream;
-
-    async fn stream_due(
-        &self,
-        _request: Request<Streaming<pb::StreamDueRequest>>,
-    ) -> Result<Response<Self::StreamDueStream>, Status> {
-        Err(Status::unimplemented(NOT_YET))
+/// Settings from the configuration.
+pub fn settings_from_config(config: &agentry_runtime::Config) -> Settings {
+    use agentry_runtime::config::MissedOccurrences;
+    Settings {
+        missed: match config.scheduler.missed {
+            MissedOccurrences::Once => schedule::MissedPolicy::Once,
+            MissedOccurrences::All => schedule::MissedPolicy::All,
+            MissedOccurrences::Skip => schedule::MissedPolicy::Skip,
+        },
+        grace: chrono::Duration::seconds(60),
+        redeliver_after: Duration::from_secs(config.scheduler.redeliver_after_secs.max(1)),
     }
 }
 
-/// Serves the scheduler on `listener` until `shutdown`.
+/// Serves the scheduler on `listener` until `shutdown`, with its data under
+/// `data_dir` and sessions checked against the store at `session_store_url`.
 pub async fn run(
+    data_dir: &Path,
+    session_store_url: &str,
+    settings: Settings,
+    clock: Arc<dyn Clock>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), agentry_runtime::ServeError> {
-    agentry_runtime::serve(
+) -> Result<(), RunError> {
+    let path = data_dir.join(DB_FILE);
+    let store = tokio::task::spawn_blocking(move || store::Store::open(&path))
+        .await
+        .map_err(|e| RunError::Config(format!("scheduler start-up failed: {e}")))??;
+    let channel = tonic::transport::Endpoint::from_shared(session_store_url.to_string())
+        .map_err(|e| {
+            RunError::Config(format!(
+                "invalid session store URL {session_store_url:?}: {e}"
+            ))
+        })?
+        .connect_timeout(Duration::from_secs(5))
+        .connect_lazy();
+    let core = Core::new(
+        Arc::new(store),
+        clock,
+        settings,
+        SessionStoreClient::new(channel),
+        session_store_url.to_string(),
+    );
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(core.clone().run_worker(stop));
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    let result = agentry_runtime::serve(
         listener,
-        Routes::new(SchedulerServer::new(SchedulerService)),
+        Routes::new(SchedulerServer::new(SchedulerService::new(core))),
         &[SchedulerServer::<SchedulerService>::NAME],
         shutdown,
     )
-    .await
+    .await;
+    worker.abort();
+    result?;
+    Ok(())
 }

@@ -478,6 +478,7 @@ impl Store {
                         turn_open = Some(true);
                     }
                     event::Kind::TurnFinished(_) => turn_open = Some(false),
+                    event::Kind::ReminderDue(r) if r.kind == "task" => turn_open = Some(true),
                     _ => {}
                 }
                 let time = e.time.as_ref().map(ms_from_timestamp).unwrap_or(now);

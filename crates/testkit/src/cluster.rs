@@ -163,7 +163,15 @@ impl Cluster {
                 Ok(())
             }),
             Service::Scheduler => tokio::spawn(async move {
-                agentry_scheduler::run(listener, shutdown).await?;
+                agentry_scheduler::run(
+                    &config.data_dir(),
+                    &config.session_store.url,
+                    agentry_scheduler::settings_from_config(&config),
+                    std::sync::Arc::new(agentry_scheduler::SystemClock),
+                    listener,
+                    shutdown,
+                )
+                .await?;
                 Ok(())
             }),
             Service::Orchestrator => tokio::spawn(async move {
@@ -207,6 +215,18 @@ impl Cluster {
         Ok(OrchestratorClient::new(
             connect(&self.config.orchestrator.url).await?,
         ))
+    }
+
+    /// A client of the scheduler.
+    pub async fn scheduler(
+        &self,
+    ) -> anyhow::Result<agentry_proto::scheduler::v1::scheduler_client::SchedulerClient<Channel>>
+    {
+        Ok(
+            agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(
+                connect(&self.config.scheduler.url).await?,
+            ),
+        )
     }
 
     /// A client of the session store.

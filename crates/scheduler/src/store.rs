@@ -1,0 +1,719 @@
+//! Durable reminders and their firings in SQLite.
+//!
+//! A reminder is pending until it fires (one-shot) or is cancelled; each time
+//! one falls due, a *firing* row is written in the same transaction that
+//! moves the reminder to its next due time. Firings stay unacknowledged until
+//! the consumer (the orchestrator) acks them, so delivery is at-least-once
+//! and survives restarts of either side.
+
+use crate::schedule::{self, MissedPolicy, Recurrence};
+use chrono::{DateTime, TimeZone, Utc};
+use rusqlite::{Connection, OptionalExtension, params};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+/// A scheduler store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No such reminder (or not in that session).
+    #[error("reminder {0:?} not found")]
+    NotFound(String),
+    /// The reminder can no longer be cancelled.
+    #[error("reminder {id:?} is already {status}")]
+    NotPending {
+        /// The reminder.
+        id: String,
+        /// Its status.
+        status: &'static str,
+    },
+    /// SQLite failed.
+    #[error("database error: {0}")]
+    Database(#[from] rusqlite::Error),
+    /// A stored value no longer parses.
+    #[error("stored reminder {id} is corrupt: {reason}")]
+    Corrupt {
+        /// The reminder.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Database(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ),
+            StoreError::Database(_)
+            | StoreError::NotFound(_)
+            | StoreError::NotPending { .. }
+            | StoreError::Corrupt { .. } => false,
+        }
+    }
+}
+
+/// What a reminder does when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Deliver the text.
+    Notify,
+    /// Deliver the text and let the agent act on it.
+    Task,
+}
+
+impl Kind {
+    fn code(self) -> i64 {
+        match self {
+            Kind::Notify => 1,
+            Kind::Task => 2,
+        }
+    }
+
+    fn from_code(code: i64) -> Kind {
+        if code == 2 { Kind::Task } else { Kind::Notify }
+    }
+
+    /// The kind's name in events: `notify` or `task`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Notify => "notify",
+            Kind::Task => "task",
+        }
+    }
+}
+
+/// Where a reminder is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Waiting to fall due.
+    Pending,
+    /// Fired (one-shot) and done.
+    Completed,
+    /// Cancelled before it fired.
+    Cancelled,
+}
+
+impl Status {
+    fn code(self) -> i64 {
+        match self {
+            Status::Pending => 1,
+            Status::Completed => 2,
+            Status::Cancelled => 3,
+        }
+    }
+
+    fn from_code(code: i64) -> Status {
+        match code {
+            2 => Status::Completed,
+            3 => Status::Cancelled,
+            _ => Status::Pending,
+        }
+    }
+
+    /// The status's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Completed => "completed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+}
+
+fn missed_code(m: MissedPolicy) -> i64 {
+    match m {
+        MissedPolicy::Once => 1,
+        MissedPolicy::All => 2,
+        MissedPolicy::Skip => 3,
+    }
+}
+
+fn missed_from_code(code: i64) -> MissedPolicy {
+    match code {
+        2 => MissedPolicy::All,
+        3 => MissedPolicy::Skip,
+        _ => MissedPolicy::Once,
+    }
+}
+
+/// A stored reminder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reminder {
+    /// Its id.
+    pub id: String,
+    /// The session it fires into.
+    pub session_id: String,
+    /// The text.
+    pub message: String,
+    /// What it does.
+    pub kind: Kind,
+    /// When it next falls due (none once completed).
+    pub next_due: Option<DateTime<Utc>>,
+    /// The 5-field cron expression, for recurring reminders.
+    pub cron: Option<String>,
+    /// The time zone of the cron expression.
+    pub time_zone: String,
+    /// What to do with missed occurrences.
+    pub missed: MissedPolicy,
+    /// Where it is.
+    pub status: Status,
+    /// When it was created.
+    pub created: DateTime<Utc>,
+    /// How many times it fired.
+    pub fire_count: u32,
+}
+
+/// One firing of a reminder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Firing {
+    /// `<reminder id>@<due ms>`: stable across redeliveries.
+    pub firing_id: String,
+    /// The reminder as it was when it fired.
+    pub reminder: Reminder,
+    /// The occurrence that fell due.
+    pub due: DateTime<Utc>,
+    /// When it fired.
+    pub fired: DateTime<Utc>,
+    /// How late it fired, in milliseconds.
+    pub late_ms: u64,
+    /// How many occurrences it stands for.
+    pub occurrences: u32,
+}
+
+/// A new reminder, validated by the caller.
+#[derive(Debug, Clone)]
+pub struct NewReminder {
+    /// The session.
+    pub session_id: String,
+    /// The text.
+    pub message: String,
+    /// What it does.
+    pub kind: Kind,
+    /// The first due time.
+    pub due: DateTime<Utc>,
+    /// The recurrence, if any.
+    pub recurrence: Option<Recurrence>,
+    /// What to do with missed occurrences.
+    pub missed: MissedPolicy,
+}
+
+fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+fn from_ms(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+}
+
+/// The scheduler's SQLite store.
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+const REMINDER_COLUMNS: &str =
+    "id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count";
+
+fn reminder_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Reminder> {
+    let cron: String = row.get(5)?;
+    Ok(Reminder {
+        id: row.get(0)?,
+        session_id: row.get(1)?,
+        message: row.get(2)?,
+        kind: Kind::from_code(row.get(3)?),
+        next_due: row.get::<_, Option<i64>>(4)?.map(from_ms),
+        cron: (!cron.is_empty()).then_some(cron),
+        time_zone: row.get(6)?,
+        missed: missed_from_code(row.get(7)?),
+        status: Status::from_code(row.get(8)?),
+        created: from_ms(row.get(9)?),
+        fire_count: row.get::<_, i64>(10)? as u32,
+    })
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS reminders (
+                id TEXT PRIMARY KEY,
+                session_id TEXT NOT NULL,
+                message TEXT NOT NULL,
+                kind INTEGER NOT NULL,
+                next_due_ms INTEGER,
+                cron TEXT NOT NULL DEFAULT '',
+                tz TEXT NOT NULL DEFAULT 'UTC',
+                missed INTEGER NOT NULL DEFAULT 1,
+                status INTEGER NOT NULL,
+                created_ms INTEGER NOT NULL,
+                fire_count INTEGER NOT NULL DEFAULT 0
+            );
+            CREATE INDEX IF NOT EXISTS reminders_by_due ON reminders(status, next_due_ms);
+            CREATE INDEX IF NOT EXISTS reminders_by_session ON reminders(session_id);
+            CREATE TABLE IF NOT EXISTS firings (
+                firing_id TEXT PRIMARY KEY,
+                reminder_id TEXT NOT NULL,
+                due_ms INTEGER NOT NULL,
+                fired_ms INTEGER NOT NULL,
+                late_ms INTEGER NOT NULL,
+                occurrences INTEGER NOT NULL,
+                snapshot_message TEXT NOT NULL,
+                acked INTEGER NOT NULL DEFAULT 0
+            );
+            CREATE INDEX IF NOT EXISTS firings_unacked ON firings(acked, fired_ms);
+            PRAGMA user_version = 1;",
+        )?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores a new reminder; returns it.
+    pub fn create(&self, new: NewReminder, now: DateTime<Utc>) -> Result<Reminder, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let (cron, tz) = match &new.recurrence {
+            Some(r) => (r.cron().to_string(), r.time_zone().to_string()),
+            None => (String::new(), "UTC".to_string()),
+        };
+        let conn = self.conn();
+        conn.execute(
+            "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![
+                id,
+                new.session_id,
+                new.message,
+                new.kind.code(),
+                ms(new.due),
+                cron,
+                tz,
+                missed_code(new.missed),
+                Status::Pending.code(),
+                ms(now)
+            ],
+        )?;
+        Self::get_in(&conn, &id)
+    }
+
+    /// Stores many reminders in one transaction (bulk loads, benchmarks).
+    pub fn create_many(
+        &self,
+        reminders: Vec<NewReminder>,
+        now: DateTime<Utc>,
+    ) -> Result<usize, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?;
+            for new in &reminders {
+                let (cron, tz) = match &new.recurrence {
+                    Some(r) => (r.cron().to_string(), r.time_zone().to_string()),
+                    None => (String::new(), "UTC".to_string()),
+                };
+                insert.execute(params![
+                    uuid::Uuid::now_v7().to_string(),
+                    new.session_id,
+                    new.message,
+                    new.kind.code(),
+                    ms(new.due),
+                    cron,
+                    tz,
+                    missed_code(new.missed),
+                    Status::Pending.code(),
+                    ms(now)
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(reminders.len())
+    }
+
+    fn get_in(conn: &Connection, id: &str) -> Result<Reminder, StoreError> {
+        conn.query_row(
+            &format!("SELECT {REMINDER_COLUMNS} FROM reminders WHERE id = ?1"),
+            [id],
+            reminder_from_row,
+        )
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
+    /// One reminder.
+    pub fn get(&self, id: &str) -> Result<Reminder, StoreError> {
+        Self::get_in(&self.conn(), id)
+    }
+
+    /// Reminders, optionally of one session and/or one status, soonest first.
+    pub fn list(
+        &self,
+        session_id: Option<&str>,
+        status: Option<Status>,
+    ) -> Result<Vec<Reminder>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {REMINDER_COLUMNS} FROM reminders
+             WHERE (?1 IS NULL OR session_id = ?1) AND (?2 IS NULL OR status = ?2)
+             ORDER BY next_due_ms IS NULL, next_due_ms, created_ms
+             LIMIT 10000"
+        ))?;
+        let rows = stmt
+            .query_map(
+                params![session_id, status.map(Status::code)],
+                reminder_from_row,
+            )?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Cancels a pending reminder (of `session_id`, when given).
+    pub fn cancel(&self, id: &str, session_id: Option<&str>) -> Result<Reminder, StoreError> {
+        let conn = self.conn();
+        let reminder = Self::get_in(&conn, id)?;
+        if session_id.is_some_and(|s| s != reminder.session_id) {
+            return Err(StoreError::NotFound(id.to_string()));
+        }
+        if reminder.status != Status::Pending {
+            return Err(StoreError::NotPending {
+                id: id.to_string(),
+                status: reminder.status.name(),
+            });
+        }
+        conn.execute(
+            "UPDATE reminders SET status = ?2, next_due_ms = NULL WHERE id = ?1",
+            params![id, Status::Cancelled.code()],
+        )?;
+        Self::get_in(&conn, id)
+    }
+
+    /// When the next pending reminder falls due.
+    pub fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let conn = self.conn();
+        let next: Option<i64> = conn.query_row(
+            "SELECT MIN(next_due_ms) FROM reminders WHERE status = ?1",
+            [Status::Pending.code()],
+            |r| r.get(0),
+        )?;
+        Ok(next.map(from_ms))
+    }
+
+    /// Fires every pending reminder due at `now` (at most `batch` of them):
+    /// writes their firings and moves them on, in one transaction.
+    pub fn fire_due(
+        &self,
+        now: DateTime<Utc>,
+        grace: chrono::Duration,
+        batch: usize,
+    ) -> Result<Vec<Firing>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let due: Vec<Reminder> = {
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT {REMINDER_COLUMNS} FROM reminders
+                 WHERE status = ?1 AND next_due_ms <= ?2 ORDER BY next_due_ms LIMIT ?3"
+            ))?;
+            stmt.query_map(
+                params![Status::Pending.code(), ms(now), batch as i64],
+                reminder_from_row,
+            )?
+            .collect::<Result<Vec<_>, _>>()?
+        };
+        let mut firings = Vec::new();
+        for reminder in due {
+            let Some(due_at) = reminder.next_due else {
+                continue;
+            };
+            let recurrence = match &reminder.cron {
+                Some(cron) => Some(Recurrence::parse(cron, &reminder.time_zone).map_err(|e| {
+                    StoreError::Corrupt {
+                        id: reminder.id.clone(),
+                        reason: e.to_string(),
+                    }
+                })?),
+                None => None,
+            };
+            let plan = schedule::plan(due_at, recurrence.as_ref(), reminder.missed, now, grace);
+            let fired_count = plan.fire.len() as i64;
+            for planned in &plan.fire {
+                let firing_id = format!("{}@{}", reminder.id, ms(planned.due));
+                let late_ms = (now - planned.due).num_milliseconds().max(0) as u64;
+                let inserted = tx.execute(
+                    "INSERT INTO firings (firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences, snapshot_message)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(firing_id) DO NOTHING",
+                    params![
+                        firing_id,
+                        reminder.id,
+                        ms(planned.due),
+                        ms(now),
+                        late_ms as i64,
+                        planned.occurrences,
+                        reminder.message
+                    ],
+                )?;
+                if inserted == 1 {
+                    firings.push(Firing {
+                        firing_id,
+                        reminder: reminder.clone(),
+                        due: planned.due,
+                        fired: now,
+                        late_ms,
+                        occurrences: planned.occurrences,
+                    });
+                }
+            }
+            let status = if plan.next_due.is_some() {
+                Status::Pending
+            } else {
+                Status::Completed
+            };
+            tx.execute(
+                "UPDATE reminders SET next_due_ms = ?2, status = ?3, fire_count = fire_count + ?4 WHERE id = ?1",
+                params![
+                    reminder.id,
+                    plan.next_due.map(ms),
+                    status.code(),
+                    fired_count
+                ],
+            )?;
+        }
+        tx.commit()?;
+        // The firings carry the reminder as it is now.
+        for firing in &mut firings {
+            if let Ok(r) = Self::get_in(&conn, &firing.reminder.id) {
+                firing.reminder = r;
+            }
+        }
+        Ok(firings)
+    }
+
+    /// Firings not yet acknowledged, oldest first.
+    pub fn unacked(&self) -> Result<Vec<Firing>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences
+             FROM firings WHERE acked = 0 ORDER BY fired_ms, firing_id LIMIT 10000",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
+                ))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut firings = Vec::new();
+        for (firing_id, reminder_id, due, fired, late, occurrences) in rows {
+            let reminder = Self::get_in(&conn, &reminder_id)?;
+            firings.push(Firing {
+                firing_id,
+                reminder,
+                due: from_ms(due),
+                fired: from_ms(fired),
+                late_ms: late.max(0) as u64,
+                occurrences: occurrences as u32,
+            });
+        }
+        Ok(firings)
+    }
+
+    /// Marks a firing delivered. Unknown ids are ignored (already acked and
+    /// forgotten, or never ours).
+    pub fn ack(&self, firing_id: &str) -> Result<bool, StoreError> {
+        let conn = self.conn();
+        let changed = conn.execute(
+            "UPDATE firings SET acked = 1 WHERE firing_id = ?1 AND acked = 0",
+            [firing_id],
+        )?;
+        Ok(changed == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn new(
+        due: DateTime<Utc>,
+        recurrence: Option<Recurrence>,
+        missed: MissedPolicy,
+    ) -> NewReminder {
+        NewReminder {
+            session_id: "s1".into(),
+            message: "stretch".into(),
+            kind: Kind::Notify,
+            due,
+            recurrence,
+            missed,
+        }
+    }
+
+    const GRACE: chrono::Duration = chrono::Duration::seconds(60);
+
+    #[test]
+    fn a_one_shot_fires_once_and_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let now = t("2026-11-23T10:00:00Z");
+        let r = store
+            .create(
+                new(t("2026-11-23T10:05:00Z"), None, MissedPolicy::Once),
+                now,
+            )
+            .unwrap();
+        assert_eq!(store.next_due().unwrap(), Some(t("2026-11-23T10:05:00Z")));
+        assert!(
+            store
+                .fire_due(t("2026-11-23T10:04:59Z"), GRACE, 100)
+                .unwrap()
+                .is_empty()
+        );
+        let fired = store
+            .fire_due(t("2026-11-23T10:05:00.250Z"), GRACE, 100)
+            .unwrap();
+        assert_eq!(fired.len(), 1);
+        assert_eq!(fired[0].late_ms, 250);
+        assert_eq!(
+            fired[0].firing_id,
+            format!("{}@{}", r.id, ms(t("2026-11-23T10:05:00Z")))
+        );
+        assert_eq!(fired[0].reminder.status, Status::Completed);
+        assert!(
+            store
+                .fire_due(t("2026-11-23T11:00:00Z"), GRACE, 100)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(store.next_due().unwrap(), None);
+        // Unacked until acked, and across a reopen.
+        drop(store);
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        assert_eq!(store.unacked().unwrap().len(), 1);
+        assert!(store.ack(&fired[0].firing_id).unwrap());
+        assert!(!store.ack(&fired[0].firing_id).unwrap());
+        assert!(store.unacked().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_recurring_reminder_fires_every_occurrence_with_a_simulated_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let start = t("2026-11-23T10:00:30Z");
+        let rec = Recurrence::parse("*/10 * * * *", "UTC").unwrap();
+        let first = schedule::first_due(&rec, start).unwrap();
+        assert_eq!(first, t("2026-11-23T10:10:00Z"));
+        store
+            .create(new(first, Some(rec), MissedPolicy::Once), start)
+            .unwrap();
+        let mut fired = Vec::new();
+        let mut now = start;
+        while now < t("2026-11-23T11:00:30Z") {
+            now += chrono::Duration::seconds(30);
+            for f in store.fire_due(now, GRACE, 100).unwrap() {
+                fired.push(f.due);
+            }
+        }
+        assert_eq!(
+            fired,
+            ["10:10", "10:20", "10:30", "10:40", "10:50", "11:00"]
+                .iter()
+                .map(|hm| t(&format!("2026-11-23T{hm}:00Z")))
+                .collect::<Vec<_>>()
+        );
+        let r = &store.list(None, None).unwrap()[0];
+        assert_eq!(r.fire_count, 6);
+        assert_eq!(r.status, Status::Pending);
+        assert_eq!(r.next_due, Some(t("2026-11-23T11:10:00Z")));
+    }
+
+    #[test]
+    fn missed_occurrences_fire_once_after_downtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let rec = Recurrence::parse("*/10 * * * *", "UTC").unwrap();
+        store
+            .create(
+                new(t("2026-11-23T10:00:00Z"), Some(rec), MissedPolicy::Once),
+                t("2026-11-23T09:55:00Z"),
+            )
+            .unwrap();
+        // Down from 09:59 to 10:35.
+        let fired = store
+            .fire_due(t("2026-11-23T10:35:00Z"), GRACE, 100)
+            .unwrap();
+        assert_eq!(fired.len(), 1);
+        assert_eq!(fired[0].occurrences, 4);
+        assert_eq!(fired[0].due, t("2026-11-23T10:30:00Z"));
+        assert_eq!(fired[0].late_ms, 5 * 60 * 1000);
+    }
+
+    #[test]
+    fn cancel_stops_a_reminder_and_scopes_by_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let now = t("2026-11-23T10:00:00Z");
+        let r = store
+            .create(
+                new(t("2026-11-23T10:05:00Z"), None, MissedPolicy::Once),
+                now,
+            )
+            .unwrap();
+        assert!(matches!(
+            store.cancel(&r.id, Some("other")).unwrap_err(),
+            StoreError::NotFound(_)
+        ));
+        let cancelled = store.cancel(&r.id, Some("s1")).unwrap();
+        assert_eq!(cancelled.status, Status::Cancelled);
+        assert!(matches!(
+            store.cancel(&r.id, None).unwrap_err(),
+            StoreError::NotPending { .. }
+        ));
+        assert!(
+            store
+                .fire_due(t("2026-11-23T11:00:00Z"), GRACE, 100)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            store
+                .list(Some("s1"), Some(Status::Cancelled))
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(
+            store
+                .list(Some("s1"), Some(Status::Pending))
+                .unwrap()
+                .is_empty()
+        );
+        assert!(matches!(
+            store.cancel("nope", None).unwrap_err(),
+            StoreError::NotFound(_)
+        ));
+    }
+}
