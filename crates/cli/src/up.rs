@@ -36,8 +36,10 @@ async fn start(
             let root = config.workspace_root();
             let limits = agentry_tool_runner::Limits::from_config(config);
             let id = agentry_tool_runner::default_runner_id();
+            let sandbox = agentry_tool_runner::sandbox::Sandbox::from_config(&config.tool_runner)
+                .map_err(|e| anyhow::anyhow!(e))?;
             Box::pin(async move {
-                agentry_tool_runner::run(root, limits, id, listener, shutdown).await?;
+                agentry_tool_runner::run(root, limits, sandbox, id, listener, shutdown).await?;
                 Ok(())
             })
         }

@@ -567,3 +567,35 @@ async fn reminders_are_listed_and_cancelled_from_the_cli() {
         text(&out).1
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_see_only_passed_through_secrets() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "t1",
+        "bash",
+        json!({"command": "echo \"[$DEPLOY_TOKEN] [$OTHER_TOKEN] [$AGENTRY_LLM_API_KEY]\""}),
+    ));
+    model.push(Reply::text("done"));
+    let mut install = Install::new(&model.base_url());
+    install.env.push(("DEPLOY_TOKEN".into(), "pass-me".into()));
+    install.env.push(("OTHER_TOKEN".into(), "hide-me".into()));
+    std::fs::write(
+        install.dir.path().join("config/local.toml"),
+        "[tool_runner]\nenv_passthrough = [\"DEPLOY_TOKEN\"]\n",
+    )
+    .unwrap();
+    let log = install.dir.path().join("up.log");
+    let Some(_up) = Up::try_start(&install, &log) else {
+        eprintln!("skipped: a port was taken; covered by the other runs");
+        return;
+    };
+    let out = install.run(&["run", "--approve", "always", "show the tokens"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let requests = model.requests();
+    let tool_output = requests[1]["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(tool_output, "[pass-me] [] []\n");
+}

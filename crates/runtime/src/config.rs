@@ -211,6 +211,91 @@ pub struct ToolRunnerConfig {
     pub max_output_bytes: usize,
     /// Largest file `read_file` returns, in bytes.
     pub max_read_bytes: u64,
+    /// Environment variables passed to commands even though they look like
+    /// secrets (`AGENTRY_*`, `*_API_KEY`, `*_TOKEN`, `*_SECRET` are removed
+    /// otherwise).
+    #[serde(default)]
+    pub env_passthrough: Vec<String>,
+    /// When the runner runs as root, commands run as this user (empty: as
+    /// root, with a warning at start-up).
+    #[serde(default)]
+    pub run_as_user: String,
+    /// Resource limits of each command.
+    pub limits: ResourceLimits,
+    /// The web tools.
+    pub web: WebConfig,
+}
+
+/// Resource limits (setrlimit) of each command; 0 means unlimited.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceLimits {
+    /// CPU seconds.
+    pub cpu_secs: u64,
+    /// Address space, in MiB.
+    pub address_space_mib: u64,
+    /// Processes of the user.
+    pub processes: u64,
+    /// Largest file written, in MiB.
+    pub file_size_mib: u64,
+}
+
+/// The web tools (`web_fetch`, `web_crawl`).
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WebConfig {
+    /// The Crawl4AI REST service; empty to skip it.
+    #[serde(default)]
+    pub crawl4ai_url: String,
+    /// Bearer token for Crawl4AI; empty for none.
+    #[serde(default)]
+    pub crawl4ai_token: String,
+    /// Use headless Chromium (`chromium` on PATH) when Crawl4AI cannot help.
+    pub chromium: bool,
+    /// The Chromium executable; empty to look for `chromium` on PATH.
+    #[serde(default)]
+    pub chromium_path: String,
+    /// Pages open at once in Chromium.
+    pub chromium_max_pages: usize,
+    /// Longest a page may take to load.
+    pub page_timeout_secs: u64,
+    /// Longest a plain HTTP fetch may take.
+    pub http_timeout_secs: u64,
+    /// Largest body a plain HTTP fetch reads, in bytes.
+    pub max_body_bytes: usize,
+    /// Redirects followed at most.
+    pub max_redirects: usize,
+    /// Characters of page text returned to the model.
+    pub max_chars: usize,
+    /// Hosts (names or IP addresses) allowed even though they resolve to
+    /// loopback, private, link-local or metadata addresses.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for WebConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebConfig")
+            .field("crawl4ai_url", &self.crawl4ai_url)
+            .field(
+                "crawl4ai_token",
+                &if self.crawl4ai_token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("chromium", &self.chromium)
+            .field("chromium_path", &self.chromium_path)
+            .field("chromium_max_pages", &self.chromium_max_pages)
+            .field("page_timeout_secs", &self.page_timeout_secs)
+            .field("http_timeout_secs", &self.http_timeout_secs)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_redirects", &self.max_redirects)
+            .field("max_chars", &self.max_chars)
+            .field("allow_hosts", &self.allow_hosts)
+            .finish()
+    }
 }
 
 /// The scheduler.
@@ -299,6 +384,14 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_TOOL_RUNNER_URL", &["tool_runner", "url"]),
     ("AGENTRY_TOOL_RUNNER_LISTEN", &["tool_runner", "listen"]),
     ("AGENTRY_WORKSPACE_ROOT", &["tool_runner", "workspace_root"]),
+    (
+        "AGENTRY_CRAWL4AI_URL",
+        &["tool_runner", "web", "crawl4ai_url"],
+    ),
+    (
+        "AGENTRY_CRAWL4AI_TOKEN",
+        &["tool_runner", "web", "crawl4ai_token"],
+    ),
     ("AGENTRY_SCHEDULER_URL", &["scheduler", "url"]),
     ("AGENTRY_SCHEDULER_LISTEN", &["scheduler", "listen"]),
     ("AGENTRY_LOG_FORMAT", &["log", "format"]),
@@ -340,7 +433,7 @@ impl Config {
             set_path(&mut candidate, path, env_value(&merged, path, value));
             check_layer(var, &candidate).map_err(|e| ConfigError::Env {
                 var: (*var).to_string(),
-                value: if var.ends_with("_API_KEY") {
+                value: if var.ends_with("_API_KEY") || var.ends_with("_TOKEN") {
                     "<redacted>".to_string()
                 } else {
                     value.clone()

@@ -152,9 +152,13 @@ impl Cluster {
             }),
             Service::ToolRunner => tokio::spawn(async move {
                 let limits = agentry_tool_runner::Limits::from_config(&config);
+                let sandbox =
+                    agentry_tool_runner::sandbox::Sandbox::from_config(&config.tool_runner)
+                        .map_err(|e| anyhow::anyhow!(e))?;
                 agentry_tool_runner::run(
                     config.workspace_root(),
                     limits,
+                    sandbox,
                     format!("runner-{}", addr.port()),
                     listener,
                     shutdown,

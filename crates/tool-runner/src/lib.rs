@@ -4,6 +4,7 @@
 //! share one workspace volume.
 
 pub mod output;
+pub mod sandbox;
 pub mod service;
 pub mod tools;
 pub mod workspace;
@@ -114,6 +115,7 @@ pub fn default_runner_id() -> String {
 pub async fn run(
     workspace_root: PathBuf,
     limits: Limits,
+    sandbox: sandbox::Sandbox,
     runner_id: String,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
@@ -129,7 +131,12 @@ pub async fn run(
         ),
     })?;
     tracing::info!(runner_id, workspace_root = %workspace_root.display(), "tool runner ready");
-    let service = ToolRunnerServer::new(ToolRunnerService::new(workspace_root, limits, runner_id));
+    if let Some(user) = &sandbox.run_as {
+        tracing::info!(user = %user.name, uid = user.uid, "commands run as an unprivileged user");
+    }
+    let service = ToolRunnerServer::new(
+        ToolRunnerService::new(workspace_root, limits, runner_id).with_sandbox(sandbox),
+    );
     agentry_runtime::serve(
         listener,
         Routes::new(service),

@@ -1,5 +1,6 @@
 //! The gRPC face of the tool runner.
 
+use crate::sandbox::Sandbox;
 use crate::tools::{self, ToolOutcome};
 use crate::workspace::Workspace;
 use crate::{Limits, ToolError};
@@ -23,6 +24,7 @@ struct Inner {
     workspace_root: PathBuf,
     limits: Limits,
     runner_id: String,
+    sandbox: Sandbox,
 }
 
 impl ToolRunnerService {
@@ -33,8 +35,20 @@ impl ToolRunnerService {
                 workspace_root,
                 limits,
                 runner_id,
+                sandbox: Sandbox::default(),
             }),
         }
+    }
+
+    /// The same runner confining commands with `sandbox`.
+    pub fn with_sandbox(self, sandbox: Sandbox) -> Self {
+        let inner = Arc::new(Inner {
+            workspace_root: self.inner.workspace_root.clone(),
+            limits: self.inner.limits.clone(),
+            runner_id: self.inner.runner_id.clone(),
+            sandbox,
+        });
+        Self { inner }
     }
 }
 
@@ -74,8 +88,15 @@ impl ToolRunner for ToolRunnerService {
         if req.tool.is_empty() {
             return Err(Status::invalid_argument("tool must be set"));
         }
-        let workspace =
-            Workspace::open(&self.inner.workspace_root, &req.session_id).map_err(|e| match e {
+        let workspace = Workspace::open(&self.inner.workspace_root, &req.session_id)
+            .and_then(|ws| {
+                self.inner
+                    .sandbox
+                    .hand_over(ws.root())
+                    .map_err(|e| ToolError::Io(format!("cannot prepare the workspace: {e}")))?;
+                Ok(ws)
+            })
+            .map_err(|e| match e {
                 ToolError::InvalidRequest(m) => Status::invalid_argument(m),
                 other => Status::internal(other.to_string()),
             })?;
@@ -94,6 +115,7 @@ impl ToolRunner for ToolRunnerService {
                 &workspace,
                 &inner.limits,
                 timeout,
+                &inner.sandbox,
                 sink,
             );
             tokio::pin!(run);

@@ -1,6 +1,7 @@
 //! The tools: their descriptions for the model and their execution.
 
 use crate::output::CappedOutput;
+use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 use crate::{Limits, ToolError};
 use agentry_proto::sessions::v1::OutputStream;
@@ -127,6 +128,7 @@ pub async fn execute(
     workspace: &Workspace,
     limits: &Limits,
     timeout: Option<Duration>,
+    sandbox: &Sandbox,
     sink: OutputSink,
 ) -> Result<ToolOutcome, ToolError> {
     match tool {
@@ -143,7 +145,15 @@ pub async fn execute(
                 .or(timeout)
                 .unwrap_or(limits.default_timeout)
                 .min(limits.max_timeout);
-            bash(&args.command, workspace.root(), timeout, limits, sink).await
+            bash(
+                &args.command,
+                workspace.root(),
+                timeout,
+                limits,
+                sandbox,
+                sink,
+            )
+            .await
         }
         "read_file" => {
             let args: ReadArgs = parse_args(tool, arguments_json)?;
@@ -151,7 +161,7 @@ pub async fn execute(
         }
         "write_file" => {
             let args: WriteArgs = parse_args(tool, arguments_json)?;
-            write_file(workspace, &args).await
+            write_file(workspace, &args, sandbox).await
         }
         other => Err(ToolError::UnknownTool {
             name: other.to_string(),
@@ -170,14 +180,6 @@ struct BashArgs {
     command: String,
     #[serde(default)]
     timeout_secs: Option<u64>,
-}
-
-/// Environment variables that never reach a command.
-fn is_secret_var(name: &str) -> bool {
-    name.starts_with("AGENTRY_")
-        || name.ends_with("_API_KEY")
-        || name.ends_with("_TOKEN")
-        || name.ends_with("_SECRET")
 }
 
 /// How long the output readers may drain after the process group is gone.
@@ -229,6 +231,7 @@ async fn bash(
     cwd: &Path,
     timeout: Duration,
     limits: &Limits,
+    sandbox: &Sandbox,
     sink: OutputSink,
 ) -> Result<ToolOutcome, ToolError> {
     if command.trim().is_empty() {
@@ -237,7 +240,12 @@ async fn bash(
         ));
     }
     let mut cmd = tokio::process::Command::new("bash");
+    // Limits are applied by the shell (setrlimit through `ulimit`), then the
+    // command runs in a fresh bash that inherits them.
+    let script = format!("{}exec bash -c \"$1\"", sandbox.ulimit_prefix());
     cmd.arg("-c")
+        .arg(script)
+        .arg("bash")
         .arg(command)
         .current_dir(cwd)
         .stdin(Stdio::null())
@@ -246,9 +254,13 @@ async fn bash(
         .process_group(0)
         .kill_on_drop(true);
     for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(is_secret_var) {
+        if name.to_str().is_some_and(|n| !sandbox.passes(n)) {
             cmd.env_remove(&name);
         }
+    }
+    if let Some(user) = &sandbox.run_as {
+        cmd.uid(user.uid).gid(user.gid);
+        cmd.env("USER", &user.name).env("LOGNAME", &user.name);
     }
     let mut child = cmd
         .spawn()
@@ -435,7 +447,11 @@ struct WriteArgs {
     content: String,
 }
 
-async fn write_file(workspace: &Workspace, args: &WriteArgs) -> Result<ToolOutcome, ToolError> {
+async fn write_file(
+    workspace: &Workspace,
+    args: &WriteArgs,
+    sandbox: &Sandbox,
+) -> Result<ToolOutcome, ToolError> {
     let path = workspace.resolve(&args.path)?;
     let shown = workspace.display(&path);
     if path.is_dir() {
@@ -481,6 +497,22 @@ async fn write_file(workspace: &Workspace, args: &WriteArgs) -> Result<ToolOutco
     if let Err(e) = result {
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(ToolError::Io(format!("cannot write {shown}: {e}")));
+    }
+    // Files the runner writes belong to the user commands run as, so that
+    // later commands can change them; so do directories it created.
+    let mut owned = vec![path.clone()];
+    let mut dir = parent.as_path();
+    while dir != workspace.root() && dir.starts_with(workspace.root()) {
+        owned.push(dir.to_path_buf());
+        match dir.parent() {
+            Some(p) => dir = p,
+            None => break,
+        }
+    }
+    for p in owned {
+        sandbox
+            .hand_over(&p)
+            .map_err(|e| ToolError::Io(format!("cannot hand {shown} over: {e}")))?;
     }
     Ok(ToolOutcome {
         output: format!("wrote {len} bytes to {shown}"),

@@ -65,6 +65,7 @@ impl Runner {
         let task = tokio::spawn(agentry_tool_runner::run(
             root.clone(),
             limits,
+            agentry_tool_runner::sandbox::Sandbox::default(),
             RUNNER_ID.to_string(),
             listener,
             async {
