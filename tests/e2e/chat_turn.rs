@@ -98,7 +98,13 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
         tools,
         vec![
             "bash",
+            "edit_file",
+            "glob",
+            "grep",
+            "list_dir",
             "read_file",
+            "web_crawl",
+            "web_fetch",
             "write_file",
             "schedule_reminder",
             "list_reminders",

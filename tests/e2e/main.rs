@@ -11,3 +11,4 @@ mod chat_turn;
 mod failures;
 mod reminders;
 mod turn_control;
+mod web;

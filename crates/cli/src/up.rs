@@ -38,8 +38,10 @@ async fn start(
             let id = agentry_tool_runner::default_runner_id();
             let sandbox = agentry_tool_runner::sandbox::Sandbox::from_config(&config.tool_runner)
                 .map_err(|e| anyhow::anyhow!(e))?;
+            let web = config.tool_runner.web.clone();
             Box::pin(async move {
-                agentry_tool_runner::run(root, limits, sandbox, id, listener, shutdown).await?;
+                agentry_tool_runner::run(root, limits, sandbox, web, id, listener, shutdown)
+                    .await?;
                 Ok(())
             })
         }

@@ -159,6 +159,7 @@ impl Cluster {
                     config.workspace_root(),
                     limits,
                     sandbox,
+                    config.tool_runner.web.clone(),
                     format!("runner-{}", addr.port()),
                     listener,
                     shutdown,

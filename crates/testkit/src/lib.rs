@@ -3,6 +3,7 @@
 //! every service in-process on ephemeral loopback ports ([`cluster`]).
 
 pub mod cluster;
+pub mod fake_crawl4ai;
 pub mod fake_model;
 
 pub use cluster::Cluster;

@@ -3,10 +3,12 @@
 //! (`agentry.tools.v1.ToolRunner`). Stateless: any number of replicas may
 //! share one workspace volume.
 
+pub mod files;
 pub mod output;
 pub mod sandbox;
 pub mod service;
 pub mod tools;
+pub mod web;
 pub mod workspace;
 
 pub use service::ToolRunnerService;
@@ -116,6 +118,7 @@ pub async fn run(
     workspace_root: PathBuf,
     limits: Limits,
     sandbox: sandbox::Sandbox,
+    web: agentry_runtime::config::WebConfig,
     runner_id: String,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
@@ -134,14 +137,32 @@ pub async fn run(
     if let Some(user) = &sandbox.run_as {
         tracing::info!(user = %user.name, uid = user.uid, "commands run as an unprivileged user");
     }
+    let chromium: Option<std::sync::Arc<dyn web::Backend>> = web.chromium.then(|| {
+        std::sync::Arc::new(web::chromium::Chromium::new(
+            web::chromium::ChromiumSettings {
+                executable: (!web.chromium_path.is_empty())
+                    .then(|| std::path::PathBuf::from(&web.chromium_path)),
+                max_pages: web.chromium_max_pages,
+                page_timeout: Duration::from_secs(web.page_timeout_secs),
+            },
+        )) as std::sync::Arc<dyn web::Backend>
+    });
+    let web = std::sync::Arc::new(web::Web::new(&web, chromium));
+    let background = web.start_background();
     let service = ToolRunnerServer::new(
-        ToolRunnerService::new(workspace_root, limits, runner_id).with_sandbox(sandbox),
+        ToolRunnerService::new(workspace_root, limits, runner_id)
+            .with_sandbox(sandbox)
+            .with_web(web),
     );
-    agentry_runtime::serve(
+    let served = agentry_runtime::serve(
         listener,
         Routes::new(service),
         &[ToolRunnerServer::<ToolRunnerService>::NAME],
         shutdown,
     )
-    .await
+    .await;
+    if let Some(task) = background {
+        task.abort();
+    }
+    served
 }

@@ -25,6 +25,7 @@ struct Inner {
     limits: Limits,
     runner_id: String,
     sandbox: Sandbox,
+    web: Option<Arc<crate::web::Web>>,
 }
 
 impl ToolRunnerService {
@@ -36,6 +37,7 @@ impl ToolRunnerService {
                 limits,
                 runner_id,
                 sandbox: Sandbox::default(),
+                web: None,
             }),
         }
     }
@@ -47,6 +49,19 @@ impl ToolRunnerService {
             limits: self.inner.limits.clone(),
             runner_id: self.inner.runner_id.clone(),
             sandbox,
+            web: self.inner.web.clone(),
+        });
+        Self { inner }
+    }
+
+    /// The same runner serving the web tools with `web`.
+    pub fn with_web(self, web: Arc<crate::web::Web>) -> Self {
+        let inner = Arc::new(Inner {
+            workspace_root: self.inner.workspace_root.clone(),
+            limits: self.inner.limits.clone(),
+            runner_id: self.inner.runner_id.clone(),
+            sandbox: self.inner.sandbox.clone(),
+            web: Some(web),
         });
         Self { inner }
     }
@@ -116,6 +131,7 @@ impl ToolRunner for ToolRunnerService {
                 &inner.limits,
                 timeout,
                 &inner.sandbox,
+                inner.web.as_deref(),
                 sink,
             );
             tokio::pin!(run);

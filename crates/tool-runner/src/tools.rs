@@ -50,6 +50,14 @@ pub type OutputSink = mpsc::Sender<(OutputStream, String)>;
 
 /// The tools this runner offers, sorted by name.
 pub fn specs() -> Vec<ToolSpec> {
+    let mut all = own_specs();
+    all.extend(crate::files::specs());
+    all.extend(crate::web::Web::specs());
+    all.sort_by_key(|s| s.name);
+    all
+}
+
+fn own_specs() -> Vec<ToolSpec> {
     vec![
         ToolSpec {
             name: "bash",
@@ -122,6 +130,7 @@ fn parse_args<T: for<'de> Deserialize<'de>>(tool: &str, json: &str) -> Result<T,
 }
 
 /// Runs `tool` with `arguments_json` in `workspace`.
+#[allow(clippy::too_many_arguments)] // one call site; each argument is distinct context
 pub async fn execute(
     tool: &str,
     arguments_json: &str,
@@ -129,8 +138,22 @@ pub async fn execute(
     limits: &Limits,
     timeout: Option<Duration>,
     sandbox: &Sandbox,
+    web: Option<&crate::web::Web>,
     sink: OutputSink,
 ) -> Result<ToolOutcome, ToolError> {
+    if let Some(result) = crate::files::execute(tool, arguments_json, workspace, limits).await {
+        return result;
+    }
+    if let Some(web) = web
+        && let Some(result) = web.execute(tool, arguments_json).await
+    {
+        return result;
+    }
+    if web.is_none() && matches!(tool, "web_fetch" | "web_crawl") {
+        return Err(ToolError::Io(
+            "the web tools are not set up on this tool runner".into(),
+        ));
+    }
     match tool {
         "bash" => {
             let args: BashArgs = parse_args(tool, arguments_json)?;

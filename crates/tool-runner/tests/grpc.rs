@@ -66,6 +66,10 @@ impl Runner {
             root.clone(),
             limits,
             agentry_tool_runner::sandbox::Sandbox::default(),
+            agentry_runtime::Config::load(&agentry_runtime::ConfigSource::default())
+                .unwrap()
+                .tool_runner
+                .web,
             RUNNER_ID.to_string(),
             listener,
             async {
@@ -302,7 +306,21 @@ async fn list_tools_describes_every_tool_with_its_flags_and_schema() {
         .into_inner();
     assert_eq!(response.runner_id, RUNNER_ID);
     let names: Vec<&str> = response.tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["bash", "read_file", "write_file"], "sorted by name");
+    assert_eq!(
+        names,
+        [
+            "bash",
+            "edit_file",
+            "glob",
+            "grep",
+            "list_dir",
+            "read_file",
+            "web_crawl",
+            "web_fetch",
+            "write_file"
+        ],
+        "sorted by name"
+    );
 
     for tool in &response.tools {
         assert!(
@@ -317,10 +335,9 @@ async fn list_tools_describes_every_tool_with_its_flags_and_schema() {
         let properties = schema["properties"]
             .as_object()
             .unwrap_or_else(|| panic!("schema of {} has no properties", tool.name));
-        let required = schema["required"]
-            .as_array()
-            .unwrap_or_else(|| panic!("schema of {} has no required list", tool.name));
-        for r in required {
+        // Tools whose arguments are all optional may leave `required` out.
+        let required = schema["required"].as_array().cloned().unwrap_or_default();
+        for r in &required {
             let r = r.as_str().unwrap();
             assert!(
                 properties.contains_key(r),
@@ -348,11 +365,14 @@ async fn list_tools_describes_every_tool_with_its_flags_and_schema() {
         read.read_only && read.parallel_safe && !read.sensitive,
         "{read:?}"
     );
-    let write = by_name("write_file");
-    assert!(
-        !write.read_only && !write.parallel_safe && write.sensitive,
-        "{write:?}"
-    );
+    for name in ["write_file", "edit_file"] {
+        let t = by_name(name);
+        assert!(!t.read_only && !t.parallel_safe && t.sensitive, "{t:?}");
+    }
+    for name in ["list_dir", "glob", "grep", "web_fetch", "web_crawl"] {
+        let t = by_name(name);
+        assert!(t.read_only && t.parallel_safe && !t.sensitive, "{t:?}");
+    }
 
     let required = |name: &str| -> Vec<String> {
         let schema: serde_json::Value =
@@ -1010,7 +1030,7 @@ async fn bad_arguments_and_unknown_tools_are_error_results() {
     let out = execute(&mut client, "s1", "rm_rf", json!({})).await;
     assert_eq!(
         out.result.output,
-        "unknown tool \"rm_rf\"; available tools: bash, read_file, write_file"
+        "unknown tool \"rm_rf\"; available tools: bash, edit_file, glob, grep, list_dir, read_file, web_crawl, web_fetch, write_file"
     );
     assert!(out.result.is_error);
 }

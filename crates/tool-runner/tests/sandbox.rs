@@ -23,7 +23,7 @@ fn limits() -> Limits {
 async fn bash(ws: &Workspace, sandbox: &Sandbox, command: &str) -> ToolOutcome {
     let (sink, _rx) = tokio::sync::mpsc::channel(1024);
     let args = json!({ "command": command }).to_string();
-    tools::execute("bash", &args, ws, &limits(), None, sandbox, sink)
+    tools::execute("bash", &args, ws, &limits(), None, sandbox, None, sink)
         .await
         .unwrap()
 }
@@ -94,9 +94,18 @@ async fn commands_run_as_the_configured_user_when_the_runner_is_root() {
     // Files the runner writes are handed over too.
     let (sink, _rx) = tokio::sync::mpsc::channel(8);
     let args = json!({"path": "dir/note.txt", "content": "hello"}).to_string();
-    tools::execute("write_file", &args, &ws, &limits(), None, &sandbox, sink)
-        .await
-        .unwrap();
+    tools::execute(
+        "write_file",
+        &args,
+        &ws,
+        &limits(),
+        None,
+        &sandbox,
+        None,
+        sink,
+    )
+    .await
+    .unwrap();
     let out = bash(
         &ws,
         &sandbox,
