@@ -19,7 +19,6 @@ use std::ffi::OsStr;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Most entries `list_dir` and `glob` show.
@@ -386,25 +385,8 @@ fn write_atomically(
     content: &[u8],
     original: &std::fs::Metadata,
 ) -> Result<(), ToolError> {
-    let parent = path
-        .parent()
-        .ok_or_else(|| ToolError::InvalidArguments(format!("{shown} has no parent directory")))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Unique per call, also across replicas sharing the volume (which may
-    // all run as pid 1), and created exclusively.
-    static EDITS: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let tmp = parent.join(format!(
-        ".{name}.agentry-edit-{}-{}-{nanos}.tmp",
-        std::process::id(),
-        EDITS.fetch_add(1, Ordering::Relaxed)
-    ));
+    let tmp = crate::workspace::temp_path_for(path)?;
+    let parent = tmp.parent().unwrap_or(path);
     let result = (|| -> std::io::Result<()> {
         let mut file = std::fs::OpenOptions::new()
             .write(true)

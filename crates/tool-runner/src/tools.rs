@@ -8,7 +8,6 @@ use agentry_proto::sessions::v1::OutputStream;
 use serde::Deserialize;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -487,22 +486,7 @@ async fn write_file(
     tokio::fs::create_dir_all(&parent)
         .await
         .map_err(|e| ToolError::Io(format!("cannot create the directories of {shown}: {e}")))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Unique per call, also across replicas sharing the volume (which may
-    // all run as pid 1), and created exclusively.
-    static WRITES: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let tmp = parent.join(format!(
-        ".{name}.agentry-{}-{}-{nanos}.tmp",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    ));
+    let tmp = crate::workspace::temp_path_for(&path)?;
     let content = args.content.as_bytes().to_vec();
     let len = content.len();
     let result = async {

@@ -3,6 +3,30 @@
 use crate::ToolError;
 use std::path::{Component, Path, PathBuf};
 
+/// A temporary file name next to `path`, unique per call — also across
+/// replicas sharing the volume, which may all run as pid 1 — for writes that
+/// create it exclusively and rename it over `path`.
+pub fn temp_path_for(path: &Path) -> Result<PathBuf, ToolError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let parent = path.parent().ok_or_else(|| {
+        ToolError::InvalidArguments(format!("{} has no parent directory", path.display()))
+    })?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    Ok(parent.join(format!(
+        ".{name}.agentry-{}-{}-{nanos}.tmp",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    )))
+}
+
 /// A session's workspace directory.
 #[derive(Debug, Clone)]
 pub struct Workspace {
