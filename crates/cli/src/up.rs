@@ -39,9 +39,22 @@ async fn start(
             let sandbox = agentry_tool_runner::sandbox::Sandbox::from_config(&config.tool_runner)
                 .map_err(|e| anyhow::anyhow!(e))?;
             let web = config.tool_runner.web.clone();
+            let metrics = match config.tool_runner.metrics_listen.trim() {
+                "" => None,
+                addr => {
+                    let addr: std::net::SocketAddr = addr.parse().map_err(|e| {
+                        anyhow::anyhow!(
+                            "tool_runner.metrics_listen {addr:?} is not an address: {e}"
+                        )
+                    })?;
+                    Some(bind(addr).await?)
+                }
+            };
             Box::pin(async move {
-                agentry_tool_runner::run(root, limits, sandbox, web, id, listener, shutdown)
-                    .await?;
+                agentry_tool_runner::run(
+                    root, limits, sandbox, web, id, listener, metrics, shutdown,
+                )
+                .await?;
                 Ok(())
             })
         }

@@ -220,6 +220,9 @@ pub struct ToolRunnerConfig {
     /// root, with a warning at start-up).
     #[serde(default)]
     pub run_as_user: String,
+    /// Where to serve `GET /metrics` (Prometheus text); empty: not served.
+    #[serde(default)]
+    pub metrics_listen: String,
     /// Resource limits of each command.
     pub limits: ResourceLimits,
     /// The web tools.
@@ -384,6 +387,10 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_TOOL_RUNNER_URL", &["tool_runner", "url"]),
     ("AGENTRY_TOOL_RUNNER_LISTEN", &["tool_runner", "listen"]),
     ("AGENTRY_WORKSPACE_ROOT", &["tool_runner", "workspace_root"]),
+    (
+        "AGENTRY_TOOL_RUNNER_METRICS_LISTEN",
+        &["tool_runner", "metrics_listen"],
+    ),
     (
         "AGENTRY_CRAWL4AI_URL",
         &["tool_runner", "web", "crawl4ai_url"],

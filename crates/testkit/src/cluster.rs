@@ -162,6 +162,7 @@ impl Cluster {
                     config.tool_runner.web.clone(),
                     format!("runner-{}", addr.port()),
                     listener,
+                    None,
                     shutdown,
                 )
                 .await?;

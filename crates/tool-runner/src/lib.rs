@@ -4,6 +4,7 @@
 //! share one workspace volume.
 
 pub mod files;
+pub mod metrics;
 pub mod output;
 pub mod sandbox;
 pub mod service;
@@ -114,6 +115,7 @@ pub fn default_runner_id() -> String {
 }
 
 /// Serves the tool runner on `listener` until `shutdown`.
+#[allow(clippy::too_many_arguments)] // the service's whole start-up context, used by two callers
 pub async fn run(
     workspace_root: PathBuf,
     limits: Limits,
@@ -121,6 +123,7 @@ pub async fn run(
     web: agentry_runtime::config::WebConfig,
     runner_id: String,
     listener: TcpListener,
+    metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentry_runtime::ServeError> {
     std::fs::create_dir_all(&workspace_root).map_err(|e| agentry_runtime::ServeError::Bind {
@@ -144,16 +147,28 @@ pub async fn run(
                     .then(|| std::path::PathBuf::from(&web.chromium_path)),
                 max_pages: web.chromium_max_pages,
                 page_timeout: Duration::from_secs(web.page_timeout_secs),
+                guard: Some(std::sync::Arc::new(web::ssrf::Guard::new(&web.allow_hosts))),
             },
         )) as std::sync::Arc<dyn web::Backend>
     });
     let web = std::sync::Arc::new(web::Web::new(&web, chromium));
     let background = web.start_background();
-    let service = ToolRunnerServer::new(
-        ToolRunnerService::new(workspace_root, limits, runner_id)
-            .with_sandbox(sandbox)
-            .with_web(web),
-    );
+    let runner = ToolRunnerService::new(workspace_root, limits, runner_id)
+        .with_sandbox(sandbox)
+        .with_web(web);
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics_task = metrics.map(|listener| {
+        let page = runner.clone();
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving tool runner metrics on /metrics");
+        tokio::spawn(metrics::serve(
+            listener,
+            move || page.metrics_page(),
+            async move {
+                let _ = metrics_stopped.await;
+            },
+        ))
+    });
+    let service = ToolRunnerServer::new(runner);
     let served = agentry_runtime::serve(
         listener,
         Routes::new(service),
@@ -163,6 +178,10 @@ pub async fn run(
     .await;
     if let Some(task) = background {
         task.abort();
+    }
+    let _ = stop_metrics.send(());
+    if let Some(task) = metrics_task {
+        let _ = task.await;
     }
     served
 }

@@ -26,6 +26,7 @@ struct Inner {
     runner_id: String,
     sandbox: Sandbox,
     web: Option<Arc<crate::web::Web>>,
+    calls: Arc<crate::metrics::ToolCalls>,
 }
 
 impl ToolRunnerService {
@@ -38,6 +39,7 @@ impl ToolRunnerService {
                 runner_id,
                 sandbox: Sandbox::default(),
                 web: None,
+                calls: Arc::default(),
             }),
         }
     }
@@ -50,8 +52,18 @@ impl ToolRunnerService {
             runner_id: self.inner.runner_id.clone(),
             sandbox,
             web: self.inner.web.clone(),
+            calls: self.inner.calls.clone(),
         });
         Self { inner }
+    }
+
+    /// The metrics page (Prometheus text).
+    pub fn metrics_page(&self) -> String {
+        crate::metrics::render(
+            &self.inner.runner_id,
+            &self.inner.calls,
+            self.inner.web.as_deref(),
+        )
     }
 
     /// The same runner serving the web tools with `web`.
@@ -62,6 +74,7 @@ impl ToolRunnerService {
             runner_id: self.inner.runner_id.clone(),
             sandbox: self.inner.sandbox.clone(),
             web: Some(web),
+            calls: self.inner.calls.clone(),
         });
         Self { inner }
     }
@@ -141,12 +154,14 @@ impl ToolRunner for ToolRunnerService {
                         if tx.send(Ok(chunk_message(stream, text))).await.is_err() {
                             // The caller went away: dropping `run` kills the call.
                             tracing::info!(call_id, tool, "tool call cancelled by the caller");
+                            inner.calls.record(&tool, "cancelled");
                             return;
                         }
                     }
                     outcome = &mut run => break outcome,
                     () = tx.closed() => {
                         tracing::info!(call_id, tool, "tool call cancelled by the caller");
+                        inner.calls.record(&tool, "cancelled");
                         return;
                     }
                 }
@@ -163,6 +178,12 @@ impl ToolRunner for ToolRunnerService {
                 ..ToolOutcome::default()
             });
             let duration_ms = started.elapsed().as_millis() as u64;
+            let outcome_name = match (outcome.timed_out, outcome.is_error) {
+                (true, _) => "timeout",
+                (false, true) => "error",
+                (false, false) => "ok",
+            };
+            inner.calls.record(&tool, outcome_name);
             tracing::debug!(
                 call_id,
                 tool,

@@ -72,6 +72,7 @@ impl Runner {
                 .web,
             RUNNER_ID.to_string(),
             listener,
+            None,
             async {
                 let _ = rx.await;
             },

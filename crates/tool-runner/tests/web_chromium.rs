@@ -51,10 +51,17 @@ async fn serve() -> SocketAddr {
 }
 
 fn chromium(timeout: Duration) -> Option<Chromium> {
+    chromium_guarded(timeout, &["127.0.0.1".to_string()])
+}
+
+fn chromium_guarded(timeout: Duration, allow: &[String]) -> Option<Chromium> {
     let backend = Chromium::new(ChromiumSettings {
         executable: None,
         max_pages: 2,
         page_timeout: timeout,
+        guard: Some(std::sync::Arc::new(
+            agentry_tool_runner::web::ssrf::Guard::new(allow),
+        )),
     });
     if backend.executable().is_none() {
         assert!(
@@ -118,4 +125,50 @@ async fn a_page_that_never_loads_times_out() {
     );
     assert!(err.to_string().contains("timed out"), "{err}");
     backend.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_request_of_the_page_goes_through_the_guard() {
+    // Nothing local is allowed: the page itself is refused...
+    let Some(backend) = chromium_guarded(Duration::from_secs(10), &[]) else {
+        return;
+    };
+    let addr = serve().await;
+    let url = url::Url::parse(&format!("http://{addr}/")).unwrap();
+    let err = backend.fetch(&url).await.unwrap_err();
+    assert!(
+        matches!(err, agentry_tool_runner::web::FetchError::Blocked(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("127.0.0.1"), "{err}");
+    // ...and so is a redirect from an allowed page to a refused one.
+    let redirect = serve_redirect(addr).await;
+    let Some(backend) = chromium_guarded(Duration::from_secs(10), &["localhost".to_string()])
+    else {
+        return;
+    };
+    let start = url::Url::parse(&format!("http://localhost:{}/", redirect.port())).unwrap();
+    let err = backend.fetch(&start).await.unwrap_err();
+    assert!(
+        matches!(err, agentry_tool_runner::web::FetchError::Blocked(_)),
+        "{err}"
+    );
+    backend.shutdown().await;
+}
+
+/// Answers every request with a redirect to `target`.
+async fn serve_redirect(target: SocketAddr) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            let response = format!(
+                "HTTP/1.1 302 Found\r\nlocation: http://{target}/\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+            let _ = socket.write_all(response.as_bytes()).await;
+        }
+    });
+    addr
 }

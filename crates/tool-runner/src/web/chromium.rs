@@ -23,6 +23,10 @@ pub struct ChromiumSettings {
     pub max_pages: usize,
     /// Longest a page may take to load and render.
     pub page_timeout: Duration,
+    /// When set, every request the page makes (the document, each redirect
+    /// hop, every subresource) is checked by this guard and blocked when it
+    /// leads somewhere refused.
+    pub guard: Option<std::sync::Arc<super::ssrf::Guard>>,
 }
 
 struct Live {
@@ -165,10 +169,18 @@ impl Chromium {
                 .await
                 .map_err(|e| FetchError::Failed(format!("cannot open a page: {e}")))?
         };
+        let blocked = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+        let interceptor = match &self.settings.guard {
+            Some(guard) => Some(intercept(&page, guard.clone(), blocked.clone()).await?),
+            None => None,
+        };
         let loaded = tokio::time::timeout(self.settings.page_timeout, async {
-            page.goto(url.as_str())
-                .await
-                .map_err(|e| FetchError::Failed(format!("navigation failed: {e}")))?;
+            let navigated = page.goto(url.as_str()).await;
+            let refused = blocked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(reason) = refused {
+                return Err(FetchError::Blocked(reason));
+            }
+            navigated.map_err(|e| FetchError::Failed(format!("navigation failed: {e}")))?;
             page.wait_for_navigation()
                 .await
                 .map_err(|e| FetchError::Failed(format!("the page did not load: {e}")))?;
@@ -187,6 +199,9 @@ impl Chromium {
         })
         .await;
         // Close the page whatever happened.
+        if let Some(task) = interceptor {
+            task.abort();
+        }
         let _ = page.close().await;
         let (html, title, final_url) = match loaded {
             Ok(result) => result?,
@@ -225,6 +240,53 @@ impl Chromium {
             let _ = live.browser.kill().await;
         }
     }
+}
+
+/// Pauses every request of `page` and lets it continue only when `guard`
+/// accepts its URL; a refused document request is remembered in `blocked`.
+async fn intercept(
+    page: &chromiumoxide::Page,
+    guard: std::sync::Arc<super::ssrf::Guard>,
+    blocked: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+) -> Result<JoinHandle<()>, FetchError> {
+    use chromiumoxide::cdp::browser_protocol::fetch::{
+        ContinueRequestParams, EnableParams, EventRequestPaused, FailRequestParams,
+    };
+    use chromiumoxide::cdp::browser_protocol::network::{ErrorReason, ResourceType};
+    let mut paused = page
+        .event_listener::<EventRequestPaused>()
+        .await
+        .map_err(|e| FetchError::Failed(format!("cannot watch the page's requests: {e}")))?;
+    page.execute(EnableParams::default())
+        .await
+        .map_err(|e| FetchError::Failed(format!("cannot intercept the page's requests: {e}")))?;
+    let page = page.clone();
+    Ok(tokio::spawn(async move {
+        while let Some(event) = paused.next().await {
+            let verdict = match url::Url::parse(&event.request.url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") => guard.check(&u).await,
+                // data:, blob:, about: and the like never reach the network.
+                Ok(_) => Ok(()),
+                Err(e) => Err(FetchError::Blocked(format!("unparsable request URL: {e}"))),
+            };
+            let id = event.request_id.clone();
+            match verdict {
+                Ok(()) => {
+                    let _ = page.execute(ContinueRequestParams::new(id)).await;
+                }
+                Err(refusal) => {
+                    tracing::warn!(url = %event.request.url, reason = %refusal, "Chromium request blocked");
+                    if event.resource_type == ResourceType::Document {
+                        let mut slot = blocked.lock().unwrap_or_else(|e| e.into_inner());
+                        slot.get_or_insert_with(|| refusal.to_string());
+                    }
+                    let _ = page
+                        .execute(FailRequestParams::new(id, ErrorReason::BlockedByClient))
+                        .await;
+                }
+            }
+        }
+    }))
 }
 
 impl Backend for Chromium {
