@@ -5,15 +5,14 @@ use agentry_runtime::Config;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
-/// Connects to the orchestrator named by the configuration.
-pub async fn connect(config: &Config) -> anyhow::Result<OrchestratorClient<Channel>> {
-    let url = &config.orchestrator.url;
-    let endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|e| anyhow::anyhow!("invalid orchestrator URL {url:?}: {e}"))?
+/// Connects to `url`, or fails with one line naming the service, the
+/// address, the innermost cause ("Connection refused") and how to fix it.
+pub async fn dial(url: &str, service: &str, variable: &str) -> anyhow::Result<Channel> {
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| anyhow::anyhow!("invalid {service} URL {url:?}: {e}"))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
-    let channel = endpoint.connect().await.map_err(|e| {
-        // The innermost cause says what happened ("Connection refused").
+    endpoint.connect().await.map_err(|e| {
         let mut reason = e.to_string();
         let mut source = std::error::Error::source(&e);
         while let Some(cause) = source {
@@ -21,10 +20,20 @@ pub async fn connect(config: &Config) -> anyhow::Result<OrchestratorClient<Chann
             source = cause.source();
         }
         anyhow::anyhow!(
-            "cannot reach the orchestrator at {url} ({reason}). Start Agentry with `agentry up`, \
-             or set AGENTRY_ORCHESTRATOR_URL to a running orchestrator."
+            "cannot reach the {service} at {url} ({reason}). Start Agentry with `agentry up`, \
+             or set {variable} to a running {service}."
         )
-    })?;
+    })
+}
+
+/// Connects to the orchestrator named by the configuration.
+pub async fn connect(config: &Config) -> anyhow::Result<OrchestratorClient<Channel>> {
+    let channel = dial(
+        &config.orchestrator.url,
+        "orchestrator",
+        "AGENTRY_ORCHESTRATOR_URL",
+    )
+    .await?;
     Ok(OrchestratorClient::new(channel).max_decoding_message_size(64 * 1024 * 1024))
 }
 

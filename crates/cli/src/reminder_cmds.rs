@@ -1,32 +1,14 @@
 //! `agentry reminders …`: talks to the scheduler directly.
 
 use crate::ReminderStatus;
-use crate::client::{print_line, status_error};
+use crate::client::{dial, print_line, status_error};
 use agentry_proto::scheduler::v1 as pb;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_runtime::Config;
-use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 async fn connect(config: &Config) -> anyhow::Result<SchedulerClient<Channel>> {
-    let url = &config.scheduler.url;
-    let channel = Endpoint::from_shared(url.clone())
-        .map_err(|e| anyhow::anyhow!("invalid scheduler URL {url:?}: {e}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| {
-            let mut reason = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                reason = cause.to_string();
-                source = cause.source();
-            }
-            anyhow::anyhow!(
-                "cannot reach the scheduler at {url} ({reason}). Start Agentry with `agentry up`, \
-                 or set AGENTRY_SCHEDULER_URL to a running scheduler."
-            )
-        })?;
+    let channel = dial(&config.scheduler.url, "scheduler", "AGENTRY_SCHEDULER_URL").await?;
     Ok(SchedulerClient::new(channel))
 }
 

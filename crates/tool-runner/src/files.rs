@@ -163,26 +163,12 @@ where
     A: for<'de> Deserialize<'de> + Send + 'static,
     F: FnOnce(&Workspace, A, &Limits) -> Result<ToolOutcome, ToolError> + Send + 'static,
 {
-    let args: A = parse_args(tool, arguments_json)?;
+    let args: A = crate::tools::parse_args(tool, arguments_json)?;
     let workspace = workspace.clone();
     let limits = limits.clone();
     tokio::task::spawn_blocking(move || f(&workspace, args, &limits))
         .await
         .map_err(|e| ToolError::Io(format!("{tool} failed: {e}")))?
-}
-
-fn parse_args<T: for<'de> Deserialize<'de>>(tool: &str, json: &str) -> Result<T, ToolError> {
-    let json = if json.trim().is_empty() { "{}" } else { json };
-    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
-        ToolError::InvalidArguments(format!("arguments of {tool} are not valid JSON: {e}"))
-    })?;
-    if !value.is_object() {
-        return Err(ToolError::InvalidArguments(format!(
-            "arguments of {tool} must be a JSON object, got {value}"
-        )));
-    }
-    serde_json::from_value(value)
-        .map_err(|e| ToolError::InvalidArguments(format!("invalid arguments for {tool}: {e}")))
 }
 
 /// The capped output of a successful call.

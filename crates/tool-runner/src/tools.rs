@@ -114,7 +114,11 @@ fn own_specs() -> Vec<ToolSpec> {
     ]
 }
 
-fn parse_args<T: for<'de> Deserialize<'de>>(tool: &str, json: &str) -> Result<T, ToolError> {
+/// Parses a tool's JSON arguments (empty means `{}`) with clear errors.
+pub(crate) fn parse_args<T: for<'de> Deserialize<'de>>(
+    tool: &str,
+    json: &str,
+) -> Result<T, ToolError> {
     let json = if json.trim().is_empty() { "{}" } else { json };
     let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
         ToolError::InvalidArguments(format!("arguments of {tool} are not valid JSON: {e}"))

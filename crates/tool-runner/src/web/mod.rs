@@ -302,7 +302,7 @@ impl Web {
     }
 
     async fn fetch_tool(&self, tool: &str, arguments_json: &str) -> Result<ToolOutcome, ToolError> {
-        let args: UrlArgs = parse_args(tool, arguments_json)?;
+        let args: UrlArgs = crate::tools::parse_args(tool, arguments_json)?;
         let url = parse_url(&args.url)?;
         match self.fetch(&url).await {
             Ok(fetched) => Ok(self.render(&fetched)),
@@ -468,20 +468,6 @@ pub fn truncate_chars(text: &str, max_chars: usize) -> (String, bool) {
             )
         }
     }
-}
-
-fn parse_args<T: for<'de> Deserialize<'de>>(tool: &str, json: &str) -> Result<T, ToolError> {
-    let json = if json.trim().is_empty() { "{}" } else { json };
-    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
-        ToolError::InvalidArguments(format!("arguments of {tool} are not valid JSON: {e}"))
-    })?;
-    if !value.is_object() {
-        return Err(ToolError::InvalidArguments(format!(
-            "arguments of {tool} must be a JSON object, got {value}"
-        )));
-    }
-    serde_json::from_value(value)
-        .map_err(|e| ToolError::InvalidArguments(format!("invalid arguments for {tool}: {e}")))
 }
 
 /// Parses the URL the model gave; a bare host name (`example.com/x`) is
