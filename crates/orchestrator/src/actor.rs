@@ -6,7 +6,7 @@ use crate::deps::Deps;
 use crate::reducer::{Effect, Input, SessionState};
 use agentry_llm::{ChatRequest, Message, StreamEvent, ToolCall};
 use agentry_proto::sessions::v1::{self as pb, ApprovalDecision, ApprovalMode};
-use agentry_proto::tools::v1::{ExecuteRequest, execute_response};
+use agentry_proto::tools::v1::{ExecuteRequest, OutputChunk};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -447,66 +447,41 @@ async fn tool_call(
     if crate::builtin::is_builtin(&call.name) {
         return crate::builtin::run(deps, session_id, &call).await;
     }
-    let mut stream = match deps.tools.clone().execute(request).await {
-        Ok(response) => response.into_inner(),
-        Err(status) => {
-            return tool_error(
-                &call,
-                format!(
-                    "error: the tool runner at {} could not run {}: {}",
-                    deps.tool_runner_url,
-                    call.name,
-                    status.message()
-                ),
-                started,
-            );
-        }
-    };
-    loop {
-        match stream.message().await {
-            Ok(Some(message)) => match message.kind {
-                Some(execute_response::Kind::Chunk(chunk)) => {
-                    let stream = pb::OutputStream::try_from(chunk.stream)
-                        .unwrap_or(pb::OutputStream::Unspecified);
-                    let input = Input::ToolChunk {
-                        call_id: call.id.clone(),
-                        stream,
-                        text: chunk.text,
-                    };
-                    if tx.send((task, input)).await.is_err() {
-                        return tool_error(&call, "error: cancelled".into(), started);
-                    }
-                }
-                Some(execute_response::Kind::Result(result)) => {
-                    return pb::ToolResult {
-                        call_id: call.id.clone(),
-                        tool: call.name.clone(),
-                        output: result.output,
-                        is_error: result.is_error,
-                        exit_code: result.exit_code,
-                        duration_ms: result.duration_ms,
-                        runner_id: result.runner_id,
-                    };
-                }
-                None => {}
-            },
-            Ok(None) => {
-                return tool_error(
-                    &call,
-                    "error: the tool runner ended the call without a result".into(),
-                    started,
-                );
-            }
-            Err(status) => {
-                return tool_error(
-                    &call,
-                    format!(
-                        "error: lost the tool runner during the call ({}); the call may or may not have completed",
-                        status.message()
-                    ),
-                    started,
-                );
-            }
+    let read_only = deps
+        .tools()
+        .await
+        .flags
+        .get(&call.name)
+        .is_some_and(|flags| flags.read_only);
+    let call_id = call.id.clone();
+    let outcome = deps
+        .runners
+        .execute(request, read_only, |chunk: OutputChunk| {
+            let stream =
+                pb::OutputStream::try_from(chunk.stream).unwrap_or(pb::OutputStream::Unspecified);
+            let input = Input::ToolChunk {
+                call_id: call_id.clone(),
+                stream,
+                text: chunk.text,
+            };
+            let tx = tx.clone();
+            async move { tx.send((task, input)).await.is_ok() }
+        })
+        .await;
+    match outcome {
+        Ok(result) => pb::ToolResult {
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            output: result.output,
+            is_error: result.is_error,
+            exit_code: result.exit_code,
+            duration_ms: result.duration_ms,
+            runner_id: result.runner_id,
+        },
+        Err(failure) => {
+            let mut result = tool_error(&call, failure.message, started);
+            result.runner_id = failure.runner;
+            result
         }
     }
 }

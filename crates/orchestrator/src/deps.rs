@@ -3,11 +3,10 @@
 
 use crate::policy::Policy;
 use crate::reducer::ToolFlags;
+use crate::runners::RunnerPool;
 use agentry_llm::{ChatClient, ToolDefinition};
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
-use agentry_proto::tools::v1::ListToolsRequest;
-use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +19,8 @@ pub struct Deps {
     pub store: SessionStoreClient<Channel>,
     /// Where the session store is, for messages.
     pub store_url: String,
-    /// The tool runner(s).
-    pub tools: ToolRunnerClient<Channel>,
-    /// Where the tool runner is, for messages.
-    pub tool_runner_url: String,
+    /// The tool runner replicas.
+    pub runners: Arc<RunnerPool>,
     /// The scheduler (reminders).
     pub scheduler: SchedulerClient<Channel>,
     /// Where the scheduler is, for messages.
@@ -67,8 +64,7 @@ impl Deps {
     pub fn new(
         store: SessionStoreClient<Channel>,
         store_url: String,
-        tools: ToolRunnerClient<Channel>,
-        tool_runner_url: String,
+        runners: Arc<RunnerPool>,
         scheduler: SchedulerClient<Channel>,
         scheduler_url: String,
         llm: ChatClient,
@@ -80,8 +76,7 @@ impl Deps {
         Deps {
             store,
             store_url,
-            tools,
-            tool_runner_url,
+            runners,
             scheduler,
             scheduler_url,
             llm,
@@ -107,7 +102,7 @@ impl Deps {
             }
             Err(status) => {
                 tracing::warn!(
-                    url = %self.tool_runner_url,
+                    url = %self.runners.configured,
                     error = %status.message(),
                     "cannot list the tool runner's tools; offering only the built-in ones"
                 );
@@ -120,12 +115,7 @@ impl Deps {
 
     /// Asks the tool runner for its tools.
     pub async fn fetch_tools(&self) -> Result<ToolSet, tonic::Status> {
-        let response = self
-            .tools
-            .clone()
-            .list_tools(ListToolsRequest {})
-            .await?
-            .into_inner();
+        let response = self.runners.list_tools().await?;
         let mut set = ToolSet::default();
         for t in response.tools {
             if crate::builtin::is_builtin(&t.name) {

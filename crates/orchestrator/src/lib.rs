@@ -9,6 +9,7 @@ pub mod deps;
 pub mod policy;
 pub mod reducer;
 pub mod reminders;
+pub mod runners;
 pub mod service;
 
 #[cfg(test)]
@@ -20,7 +21,6 @@ pub use service::OrchestratorService;
 use agentry_llm::{ChatClient, ProviderConfig};
 use agentry_proto::orchestrator::v1::orchestrator_server::OrchestratorServer;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
-use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
 use agentry_runtime::Config;
 use std::future::Future;
 use std::sync::Arc;
@@ -48,6 +48,9 @@ pub fn lazy_channel(url: &str, what: &str) -> Result<Channel, RunError> {
         .map_err(|e| RunError::Config(format!("invalid {what} URL {url:?}: {e}")))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
+        // Notice a peer that vanished (a killed container sends no reset).
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
         .connect_lazy())
 }
 
@@ -55,7 +58,8 @@ pub fn lazy_channel(url: &str, what: &str) -> Result<Channel, RunError> {
 pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
     let store = SessionStoreClient::new(lazy_channel(&config.session_store.url, "session store")?)
         .max_decoding_message_size(64 * 1024 * 1024);
-    let tools = ToolRunnerClient::new(lazy_channel(&config.tool_runner.url, "tool runner")?);
+    let runners = runners::RunnerPool::new(&config.tool_runner.url)
+        .map_err(|e| RunError::Config(format!("tool_runner.url: {e}")))?;
     let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(
         lazy_channel(&config.scheduler.url, "scheduler")?,
     );
@@ -81,8 +85,7 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
     Ok(Deps::new(
         store,
         config.session_store.url.clone(),
-        tools,
-        config.tool_runner.url.clone(),
+        runners,
         scheduler,
         config.scheduler.url.clone(),
         llm,

@@ -370,20 +370,13 @@ impl Orchestrator for OrchestratorService {
         &self,
         _request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
-        let specs = self
-            .deps
-            .tools
-            .clone()
-            .list_tools(agentry_proto::tools::v1::ListToolsRequest {})
-            .await
-            .map_err(|s| {
-                Status::unavailable(format!(
-                    "cannot list tools from the tool runner at {}: {}",
-                    self.deps.tool_runner_url,
-                    s.message()
-                ))
-            })?
-            .into_inner();
+        let specs = self.deps.runners.list_tools().await.map_err(|s| {
+            Status::unavailable(format!(
+                "cannot list tools from the tool runner at {}: {}",
+                self.deps.runners.configured,
+                s.message()
+            ))
+        })?;
         let tools = specs
             .tools
             .into_iter()

@@ -493,11 +493,14 @@ impl Config {
             ("tool_runner.url", &self.tool_runner.url),
             ("scheduler.url", &self.scheduler.url),
         ] {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(invalid(
-                    key,
-                    &format!("{url:?} is not an http(s) URL (e.g. http://127.0.0.1:50051)"),
-                ));
+            // tool_runner.url may list several runners, separated by commas.
+            for url in url.split(',').map(str::trim) {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(invalid(
+                        key,
+                        &format!("{url:?} is not an http(s) URL (e.g. http://127.0.0.1:50051)"),
+                    ));
+                }
             }
         }
         Ok(())
