@@ -3,6 +3,7 @@
 
 mod approval;
 mod client;
+mod health;
 mod reminder_cmds;
 mod render;
 mod session_cmds;
@@ -78,6 +79,18 @@ enum Command {
     },
     /// List the tools the agent can use
     Tools,
+    /// Check that services answer their gRPC health check (exit 0 when all serve)
+    Health {
+        /// Service URLs to check [default: the configured orchestrator]
+        #[arg(value_name = "URL")]
+        urls: Vec<String>,
+        /// Give up on a service after this many seconds
+        #[arg(long, default_value_t = 3.0)]
+        timeout: f64,
+        /// Print nothing when healthy
+        #[arg(long, short)]
+        quiet: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -188,6 +201,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             SessionsCommand::Show { id, json } => session_cmds::show(&config, &id, json).await,
         }
         .map(|()| ExitCode::SUCCESS),
+        Command::Health {
+            urls,
+            timeout,
+            quiet,
+        } => {
+            let urls = if urls.is_empty() {
+                vec![config.orchestrator.url.clone()]
+            } else {
+                urls
+            };
+            let timeout = std::time::Duration::try_from_secs_f64(timeout)
+                .map_err(|_| anyhow::anyhow!("--timeout must be a positive number of seconds"))?;
+            health::check(&urls, timeout, quiet).await
+        }
         Command::Tools => session_cmds::tools(&config)
             .await
             .map(|()| ExitCode::SUCCESS),

@@ -308,6 +308,39 @@ async fn chat_reads_one_message_per_line_from_a_pipe() {
     assert_eq!(requests[1]["messages"][3]["content"], "bye");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn health_reports_serving_services_and_unreachable_ones() {
+    let model = FakeModel::start().await.unwrap();
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let all: Vec<String> = ["ORCHESTRATOR", "SESSION_STORE", "TOOL_RUNNER", "SCHEDULER"]
+        .iter()
+        .map(|var| {
+            let key = format!("AGENTRY_{var}_URL");
+            install.env.iter().find(|(k, _)| *k == key).unwrap().1.clone()
+        })
+        .collect();
+    let mut args = vec!["health"];
+    args.extend(all.iter().map(String::as_str));
+    let out = install.run(&args);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(stdout.lines().count(), 4, "{stdout}");
+    assert!(stdout.lines().all(|l| l.ends_with(": SERVING")), "{stdout}");
+
+    // No URL: the configured orchestrator; --quiet prints nothing.
+    let out = install.run(&["health", "--quiet"]);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty());
+
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let out = install.run(&["health", &all[0], &dead]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains(&all[0]), "{stdout}");
+    assert!(stderr.contains(&dead), "{stderr}");
+    assert!(stderr.to_lowercase().contains("refused"), "{stderr}");
+}
+
 #[test]
 fn unreachable_orchestrator_gives_one_clear_line() {
     let install = Install::new("http://127.0.0.1:9/v1");

@@ -29,10 +29,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use anyhow::{Context as _, bail};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::Json;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
@@ -202,6 +204,68 @@ impl Reply {
     }
 }
 
+/// Parses a script: a JSON array of replies, each one of
+/// `{"text": "..."}`, `{"tool_call": {"name": "...", "arguments": {...}, "id": "..."}}` or
+/// `{"error": {"status": 503, "message": "...", "retry_after": 2}}` (`id` and `retry_after`
+/// are optional). The `agentry-fake-model` program's `--script` file and `POST /_fake/replies`
+/// use this format.
+pub fn parse_script(value: &Value) -> anyhow::Result<Vec<Reply>> {
+    let items = value
+        .as_array()
+        .context("must be a JSON array of replies")?;
+    if items.is_empty() {
+        anyhow::bail!("contains no replies");
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(n, item)| parse_reply(n, item))
+        .collect()
+}
+
+fn parse_reply(n: usize, item: &Value) -> anyhow::Result<Reply> {
+    if let Some(text) = item.get("text") {
+        let text = text
+            .as_str()
+            .with_context(|| format!("reply {n}: \"text\" must be a string"))?;
+        return Ok(Reply::text(text));
+    }
+    if let Some(call) = item.get("tool_call") {
+        let name = call
+            .get("name")
+            .and_then(Value::as_str)
+            .with_context(|| format!("reply {n}: \"tool_call\" needs a string \"name\""))?;
+        let arguments = call
+            .get("arguments")
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default()));
+        let id = match call.get("id").and_then(Value::as_str) {
+            Some(id) => id.to_string(),
+            None => format!("call_{n}"),
+        };
+        return Ok(Reply::tool_call(&id, name, arguments));
+    }
+    if let Some(error) = item.get("error") {
+        let status = error
+            .get("status")
+            .and_then(Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok())
+            .unwrap_or(500);
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("fake model error");
+        let reply = Reply::error(status, message);
+        return Ok(match error.get("retry_after") {
+            None => reply,
+            Some(secs) => reply.retry_after(secs.as_u64().with_context(|| {
+                format!("reply {n}: \"retry_after\" must be a number of seconds")
+            })?),
+        });
+    }
+    bail!("reply {n}: expected an object with \"text\", \"tool_call\" or \"error\", got {item}")
+}
+
 /// What the server answers when no scripted reply is queued.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum Fallback {
@@ -270,6 +334,8 @@ impl FakeModel {
             .route("/v1/models", get(models))
             .route("/api/chat", post(ollama_chat))
             .route("/api/tags", get(ollama_tags))
+            .route("/_fake/replies", post(push_replies))
+            .route("/_fake/requests", get(request_count))
             .fallback(not_found)
             .with_state(shared.clone());
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
@@ -450,6 +516,35 @@ fn last_user_message(body: &Value) -> String {
             .join(""),
         _ => String::new(),
     }
+}
+
+/// `POST /_fake/replies`: queues the replies of a script (see [`parse_script`]), so a
+/// test driving the server from outside (a container, a shell script) can say what
+/// the next model calls answer.
+async fn push_replies(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let parsed = serde_json::from_slice::<Value>(&body)
+        .map_err(|e| anyhow::anyhow!("not JSON: {e}"))
+        .and_then(|value| parse_script(&value));
+    match parsed {
+        Ok(replies) => {
+            let mut inner = shared.lock();
+            let queued = replies.len();
+            inner.queue.extend(replies);
+            Json(serde_json::json!({"queued": queued, "pending": inner.queue.len()})).into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": {"message": format!("bad script: {e:#}")}})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /_fake/requests`: how many model requests arrived and how many replies are queued.
+async fn request_count(State(shared): State<Arc<Shared>>) -> Response {
+    let inner = shared.lock();
+    Json(serde_json::json!({"requests": inner.requests.len(), "pending": inner.queue.len()}))
+        .into_response()
 }
 
 async fn chat_completions(
@@ -1339,5 +1434,59 @@ mod tests {
         assert_eq!(split_in("héllo", 3), vec!["hé", "ll", "o"]);
         assert_eq!(split_in("ab", 3), vec!["a", "b"]);
         assert!(split_in("", 3).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod script_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_script_items() {
+        assert_eq!(
+            parse_reply(0, &json!({"text": "hi"})).unwrap(),
+            Reply::text("hi")
+        );
+        assert_eq!(
+            parse_reply(
+                3,
+                &json!({"tool_call": {"name": "f", "arguments": {"a": 1}}})
+            )
+            .unwrap(),
+            Reply::tool_call("call_3", "f", json!({"a": 1}))
+        );
+        assert_eq!(
+            parse_reply(
+                0,
+                &json!({"tool_call": {"id": "x", "name": "f", "arguments": {}}})
+            )
+            .unwrap(),
+            Reply::tool_call("x", "f", json!({}))
+        );
+        assert_eq!(
+            parse_reply(0, &json!({"error": {"status": 503, "message": "busy"}})).unwrap(),
+            Reply::error(503, "busy")
+        );
+        assert_eq!(
+            parse_reply(
+                0,
+                &json!({"error": {"status": 429, "message": "slow", "retry_after": 3}})
+            )
+            .unwrap(),
+            Reply::error(429, "slow").retry_after(3)
+        );
+        assert!(parse_reply(0, &json!({"error": {"retry_after": "soon"}})).is_err());
+        assert!(parse_reply(0, &json!({"nope": 1})).is_err());
+        assert!(parse_reply(0, &json!({"text": 5})).is_err());
+    }
+
+    #[test]
+    fn parses_scripts() {
+        assert_eq!(parse_script(&json!([{"text": "a"}, {"text": "b"}])).unwrap().len(), 2);
+        assert!(parse_script(&json!([])).is_err());
+        assert!(parse_script(&json!({"text": "a"})).is_err());
     }
 }

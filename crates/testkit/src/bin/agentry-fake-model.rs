@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentry_testkit::fake_model::{FakeModel, Fallback, Reply};
+use agentry_testkit::fake_model::{FakeModel, Fallback, Reply, parse_script};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
@@ -64,65 +64,12 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> anyhow::Result<Option<A
     Ok(Some(parsed))
 }
 
-fn parse_reply(n: usize, item: &Value) -> anyhow::Result<Reply> {
-    if let Some(text) = item.get("text") {
-        let text = text
-            .as_str()
-            .with_context(|| format!("reply {n}: \"text\" must be a string"))?;
-        return Ok(Reply::text(text));
-    }
-    if let Some(call) = item.get("tool_call") {
-        let name = call
-            .get("name")
-            .and_then(Value::as_str)
-            .with_context(|| format!("reply {n}: \"tool_call\" needs a string \"name\""))?;
-        let arguments = call
-            .get("arguments")
-            .cloned()
-            .unwrap_or_else(|| Value::Object(Default::default()));
-        let id = match call.get("id").and_then(Value::as_str) {
-            Some(id) => id.to_string(),
-            None => format!("call_{n}"),
-        };
-        return Ok(Reply::tool_call(&id, name, arguments));
-    }
-    if let Some(error) = item.get("error") {
-        let status = error
-            .get("status")
-            .and_then(Value::as_u64)
-            .and_then(|s| u16::try_from(s).ok())
-            .unwrap_or(500);
-        let message = error
-            .get("message")
-            .and_then(Value::as_str)
-            .unwrap_or("fake model error");
-        let reply = Reply::error(status, message);
-        return Ok(match error.get("retry_after") {
-            None => reply,
-            Some(secs) => reply.retry_after(secs.as_u64().with_context(|| {
-                format!("reply {n}: \"retry_after\" must be a number of seconds")
-            })?),
-        });
-    }
-    bail!("reply {n}: expected an object with \"text\", \"tool_call\" or \"error\", got {item}")
-}
-
 fn load_script(path: &PathBuf) -> anyhow::Result<Vec<Reply>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read script {}", path.display()))?;
     let value: Value = serde_json::from_str(&text)
         .with_context(|| format!("script {} is not valid JSON", path.display()))?;
-    let items = value
-        .as_array()
-        .with_context(|| format!("script {} must be a JSON array of replies", path.display()))?;
-    if items.is_empty() {
-        bail!("script {} contains no replies", path.display());
-    }
-    items
-        .iter()
-        .enumerate()
-        .map(|(n, item)| parse_reply(n, item))
-        .collect()
+    parse_script(&value).with_context(|| format!("script {}", path.display()))
 }
 
 #[tokio::main]
@@ -162,7 +109,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use serde_json::json;
 
     fn args(list: &[&str]) -> anyhow::Result<Option<Args>> {
         parse_args(list.iter().map(|s| s.to_string()))
@@ -182,45 +128,6 @@ mod tests {
         assert!(args(&["--listen"]).is_err());
         assert!(args(&["--listen", "nope"]).is_err());
         assert!(args(&["--frobnicate"]).is_err());
-    }
-
-    #[test]
-    fn parses_script_items() {
-        assert_eq!(
-            parse_reply(0, &json!({"text": "hi"})).unwrap(),
-            Reply::text("hi")
-        );
-        assert_eq!(
-            parse_reply(
-                3,
-                &json!({"tool_call": {"name": "f", "arguments": {"a": 1}}})
-            )
-            .unwrap(),
-            Reply::tool_call("call_3", "f", json!({"a": 1}))
-        );
-        assert_eq!(
-            parse_reply(
-                0,
-                &json!({"tool_call": {"id": "x", "name": "f", "arguments": {}}})
-            )
-            .unwrap(),
-            Reply::tool_call("x", "f", json!({}))
-        );
-        assert_eq!(
-            parse_reply(0, &json!({"error": {"status": 503, "message": "busy"}})).unwrap(),
-            Reply::error(503, "busy")
-        );
-        assert_eq!(
-            parse_reply(
-                0,
-                &json!({"error": {"status": 429, "message": "slow", "retry_after": 3}})
-            )
-            .unwrap(),
-            Reply::error(429, "slow").retry_after(3)
-        );
-        assert!(parse_reply(0, &json!({"error": {"retry_after": "soon"}})).is_err());
-        assert!(parse_reply(0, &json!({"nope": 1})).is_err());
-        assert!(parse_reply(0, &json!({"text": 5})).is_err());
     }
 
     #[test]

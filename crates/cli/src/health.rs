@@ -1,0 +1,60 @@
+//! `agentry health`: asks services for their gRPC health (`grpc.health.v1`),
+//! as container health checks and people do.
+
+use crate::client::print_line;
+use std::process::ExitCode;
+use std::time::Duration;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// Checks each URL; exits 0 when every one is SERVING, 1 otherwise, with
+/// one line per service.
+pub async fn check(urls: &[String], timeout: Duration, quiet: bool) -> anyhow::Result<ExitCode> {
+    let mut healthy = true;
+    for url in urls {
+        let verdict = match tokio::time::timeout(timeout, check_one(url)).await {
+            Ok(Ok(ServingStatus::Serving)) => Ok(()),
+            Ok(Ok(status)) => Err(format!("reports {}", status.as_str_name())),
+            Ok(Err(e)) => Err(format!("{e:#}")),
+            Err(_) => Err(format!("no answer within {} s", timeout.as_secs_f32())),
+        };
+        match verdict {
+            Ok(()) if !quiet => print_line(format!("{url}: SERVING"))?,
+            Ok(()) => {}
+            Err(why) => {
+                healthy = false;
+                eprintln!("agentry health: {url}: {why}");
+            }
+        }
+    }
+    Ok(if healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn check_one(url: &str) -> anyhow::Result<ServingStatus> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|e| anyhow::anyhow!("not a valid URL: {e}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| {
+            let mut reason = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                reason = cause.to_string();
+                source = cause.source();
+            }
+            anyhow::anyhow!("cannot connect ({reason})")
+        })?;
+    let response = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("health check failed: {} ({:?})", s.message(), s.code()))?;
+    Ok(ServingStatus::try_from(response.into_inner().status).unwrap_or(ServingStatus::Unknown))
+}
