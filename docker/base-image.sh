@@ -50,10 +50,12 @@ readonly PACKAGES=(
     dbus-x11
 )
 
-# Flags that run Chromium headless in a container as a non-root user: there
-# is no setuid sandbox helper in the image and Docker's default seccomp
-# profile forbids the user namespaces Chromium's own sandbox wants.
-readonly CHROMIUM_FLAGS=(--headless --no-sandbox)
+# How the check below runs Chromium in the container as user agentry.
+# --no-sandbox is required: the image has no setuid sandbox helper and
+# Docker's default seccomp profile denies the user namespaces Chromium's own
+# sandbox needs. --disable-gpu only spares a GPU-process error in the log.
+# (Messages about D-Bus on stderr are harmless.)
+readonly CHROMIUM_FLAGS=(--headless --no-sandbox --disable-gpu)
 
 SCRIPT_PATH=$(readlink -f "${BASH_SOURCE[0]}")
 readonly SCRIPT_PATH
@@ -117,6 +119,7 @@ recipe=$({
 } | sha256sum | cut -d' ' -f1)
 
 current=$(docker image inspect --format "{{ index .Config.Labels \"$RECIPE_LABEL\" }}" "$IMAGE" 2>/dev/null || true)
+[[ $current != "<no value>" ]] || current=
 old_id=$(docker image inspect --format '{{ .Id }}' "$IMAGE" 2>/dev/null || true)
 
 if [[ $force -eq 0 && $current == "$recipe" ]]; then
@@ -128,7 +131,8 @@ if [[ -n $old_id ]]; then
     if [[ $force -eq 1 ]]; then
         log "rebuilding $IMAGE (--force)"
     else
-        log "rebuilding $IMAGE: recipe changed (${current:-none} -> ${recipe:0:12})"
+        was=${current:0:12}
+        log "rebuilding $IMAGE: recipe changed (${was:-no recipe label} -> ${recipe:0:12})"
     fi
 else
     log "building $IMAGE (recipe ${recipe:0:12})"
@@ -248,6 +252,7 @@ cleanup() {
             umount -l "$m" 2>/dev/null || true
         done < <(awk -v r="$rootfs" '$2 == r || index($2, r "/") == 1 { print $2 }' /proc/mounts | sort -r)
         rm -rf --one-file-system "$rootfs"
+        rm -f "$rootfs.log"
     fi
     # An imported image that failed its checks is not kept.
     if [[ -n ${new_id:-} && -z ${new_id_ok:-} ]]; then
@@ -258,7 +263,8 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 log "debootstrap --variant=minbase $suite into $rootfs"
 include=$(IFS=,; printf '%s' "${PACKAGES[*]}")
@@ -266,7 +272,6 @@ if ! debootstrap --variant=minbase --arch="$arch" --keyring="$keyring" \
     --include="$include" "$suite" "$rootfs" "$mirror" >"$rootfs.log" 2>&1; then
     tail -n 30 "$rootfs.log" >&2
     [[ -r $rootfs/debootstrap/debootstrap.log ]] && tail -n 30 "$rootfs/debootstrap/debootstrap.log" >&2
-    rm -f "$rootfs.log"
     die "debootstrap failed (see above)"
 fi
 rm -f "$rootfs.log"

@@ -260,6 +260,10 @@ pub struct WebConfig {
     pub chromium_path: String,
     /// Pages open at once in Chromium.
     pub chromium_max_pages: usize,
+    /// Chromium's own sandbox; turn off where user namespaces are denied
+    /// (containers). Always off when running as root.
+    #[serde(default = "yes")]
+    pub chromium_sandbox: bool,
     /// Longest a page may take to load.
     pub page_timeout_secs: u64,
     /// Longest a plain HTTP fetch may take.
@@ -274,6 +278,10 @@ pub struct WebConfig {
     /// loopback, private, link-local or metadata addresses.
     #[serde(default)]
     pub allow_hosts: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl std::fmt::Debug for WebConfig {
@@ -291,6 +299,7 @@ impl std::fmt::Debug for WebConfig {
             .field("chromium", &self.chromium)
             .field("chromium_path", &self.chromium_path)
             .field("chromium_max_pages", &self.chromium_max_pages)
+            .field("chromium_sandbox", &self.chromium_sandbox)
             .field("page_timeout_secs", &self.page_timeout_secs)
             .field("http_timeout_secs", &self.http_timeout_secs)
             .field("max_body_bytes", &self.max_body_bytes)
@@ -398,6 +407,10 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     (
         "AGENTRY_CRAWL4AI_TOKEN",
         &["tool_runner", "web", "crawl4ai_token"],
+    ),
+    (
+        "AGENTRY_CHROMIUM_SANDBOX",
+        &["tool_runner", "web", "chromium_sandbox"],
     ),
     ("AGENTRY_SCHEDULER_URL", &["scheduler", "url"]),
     ("AGENTRY_SCHEDULER_LISTEN", &["scheduler", "listen"]),

@@ -148,6 +148,7 @@ pub async fn run(
                 max_pages: web.chromium_max_pages,
                 page_timeout: Duration::from_secs(web.page_timeout_secs),
                 guard: Some(std::sync::Arc::new(web::ssrf::Guard::new(&web.allow_hosts))),
+                sandbox: web.chromium_sandbox,
             },
         )) as std::sync::Arc<dyn web::Backend>
     });

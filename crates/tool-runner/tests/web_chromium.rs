@@ -62,6 +62,7 @@ fn chromium_guarded(timeout: Duration, allow: &[String]) -> Option<Chromium> {
         guard: Some(std::sync::Arc::new(
             agentry_tool_runner::web::ssrf::Guard::new(allow),
         )),
+        sandbox: true,
     });
     if backend.executable().is_none() {
         assert!(

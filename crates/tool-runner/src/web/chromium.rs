@@ -27,6 +27,9 @@ pub struct ChromiumSettings {
     /// hop, every subresource) is checked by this guard and blocked when it
     /// leads somewhere refused.
     pub guard: Option<std::sync::Arc<super::ssrf::Guard>>,
+    /// Chromium's own sandbox. It needs user namespaces, which containers
+    /// usually deny; it is always off when running as root.
+    pub sandbox: bool,
 }
 
 struct Live {
@@ -53,6 +56,8 @@ const FLAGS: &[&str] = &[
     "--disable-quic",
     "--disable-extensions",
     "--mute-audio",
+    // Containers give /dev/shm 64 MiB; shared memory goes to /tmp instead.
+    "--disable-dev-shm-usage",
 ];
 
 /// Finds `name` on PATH.
@@ -108,8 +113,9 @@ impl Chromium {
             .launch_timeout(Duration::from_secs(20))
             .request_timeout(self.settings.page_timeout)
             .args(FLAGS.iter().copied());
-        if nix::unistd::geteuid().is_root() {
-            // Chromium's own sandbox cannot run as root.
+        if !self.settings.sandbox || nix::unistd::geteuid().is_root() {
+            // Chromium's own sandbox cannot run as root, nor where user
+            // namespaces are denied (most containers).
             builder = builder.no_sandbox();
         }
         let config = builder

@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# End-to-end test of the Compose stack, for real: images built on this
+# machine, three tool runners, the test kit's fake model as a container,
+# the host's `agentry` CLI talking to the published orchestrator port.
+#
+#   1. a turn whose tool calls are served by at least two distinct runners;
+#   2. a runner killed (docker kill) while it runs a long command: the turn
+#      ends cleanly with an error for the model, the session stays intact,
+#      and the next turn works on the remaining runners;
+#   3. the session store's container restarted: nothing stored is lost;
+#   4. everything torn down, even on failure.
+#
+# Usage: docker/e2e.sh   (AGENTRY_PROFILE=release for release binaries)
+# Needs: a Docker engine, Compose, cargo, curl, jq. Runs as root (it builds
+# the base image with debootstrap).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source docker/lib.sh
+
+project=agentry-e2e
+files=(-f docker-compose.yml -f docker/compose.e2e.yml)
+passed=0
+failed=0
+started=$(date +%s)
+
+log() { printf '\n==> %s\n' "$*"; }
+pass() {
+  passed=$((passed + 1))
+  printf 'ok: %s\n' "$*"
+}
+fail() {
+  failed=$((failed + 1))
+  printf 'FAILED: %s\n' "$*" >&2
+}
+dc() { compose -p "$project" "${files[@]}" "$@"; }
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+teardown() {
+  local rc=$?
+  if ((rc != 0 || failed != 0)); then
+    log "logs of the stack (last 60 lines per service)"
+    dc logs --no-color --tail 60 2>&1 || true
+  fi
+  log "tearing down"
+  dc down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  rm -rf "$work"
+  log "compose e2e finished in $(($(date +%s) - started)) s"
+  if ((rc == 0 && failed == 0)); then
+    printf 'compose-e2e: %d passed, %d failed\n' "$passed" "$failed"
+  else
+    printf 'compose-e2e: %d passed, %d failed\n' "$passed" "$((failed > 0 ? failed : 1))"
+    exit 1
+  fi
+}
+work=$(mktemp -d)
+trap teardown EXIT
+
+for tool in docker cargo curl jq python3; do
+  command -v "$tool" >/dev/null || { echo "e2e needs $tool" >&2; exit 1; }
+done
+
+log "base image"
+docker/base-image.sh
+
+profile=${AGENTRY_PROFILE:-debug}
+log "binaries ($profile)"
+host_binaries "$profile"
+
+export AGENTRY_DOCKERFILE=docker/Dockerfile.local
+export AGENTRY_BASE_IMAGE=${AGENTRY_BASE_IMAGE:-agentry-base:local}
+export AGENTRY_TAG=e2e
+export AGENTRY_PORT=$(free_port)
+export AGENTRY_SCHEDULER_PORT=$(free_port)
+export AGENTRY_FAKE_MODEL_PORT=$(free_port)
+export AGENTRY_LLM_BASE_URL=http://fake-model:8080/v1
+export AGENTRY_LLM_MODEL=fake-model
+export AGENTRY_ORCHESTRATOR_URL=http://127.0.0.1:$AGENTRY_PORT
+export AGENTRY_SCHEDULER_URL=http://127.0.0.1:$AGENTRY_SCHEDULER_PORT
+# The host CLI reads only these; keep it off any config of this checkout.
+export AGENTRY_CONFIG_DIR=$work/config
+mkdir -p "$AGENTRY_CONFIG_DIR"
+model=http://127.0.0.1:$AGENTRY_FAKE_MODEL_PORT
+agentry=target/$profile/agentry
+
+dc down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+
+log "building images"
+dc build
+
+log "starting the stack with 3 tool runners"
+dc up -d --scale tool-runner=3 orchestrator fake-model
+
+wait_healthy() { # service, seconds
+  local service=$1 deadline=$(($(date +%s) + $2)) id state
+  for id in $(dc ps -q "$service"); do
+    while :; do
+      state=$(docker inspect --format '{{.State.Health.Status}}' "$id" 2>/dev/null || echo gone)
+      [[ $state == healthy ]] && break
+      if (($(date +%s) > deadline)); then
+        echo "$service ($id) is $state after $2 s" >&2
+        return 1
+      fi
+      sleep 1
+    done
+  done
+}
+wait_healthy orchestrator 120
+for _ in $(seq 60); do
+  curl -fsS "$model/_fake/requests" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+runners=$(dc ps -q tool-runner | wc -l)
+if ((runners == 3)); then pass "3 tool runners are up"; else fail "expected 3 tool runners, found $runners"; fi
+"$agentry" health --quiet "$AGENTRY_ORCHESTRATOR_URL" "$AGENTRY_SCHEDULER_URL" &&
+  pass "orchestrator and scheduler healthy from the host" ||
+  fail "agentry health from the host"
+
+queue() { # JSON array of replies for the fake model
+  curl -fsS -X POST -H 'content-type: application/json' --data "$1" "$model/_fake/replies" >/dev/null
+}
+
+# --- 1. a turn spread over the runners ------------------------------------
+log "turn 1: six tool calls"
+queue '[
+  {"tool_call": {"id": "w", "name": "write_file", "arguments": {"path": "notes.txt", "content": "kept across runners\n"}}},
+  {"tool_call": {"id": "r1", "name": "read_file", "arguments": {"path": "notes.txt"}}},
+  {"tool_call": {"id": "b1", "name": "bash", "arguments": {"command": "cat notes.txt"}}},
+  {"tool_call": {"id": "r2", "name": "read_file", "arguments": {"path": "notes.txt"}}},
+  {"tool_call": {"id": "b2", "name": "bash", "arguments": {"command": "echo $((6*7))"}}},
+  {"tool_call": {"id": "l1", "name": "list_dir", "arguments": {"path": "."}}},
+  {"text": "All six calls are done."}
+]'
+"$agentry" run --approve always --json "use your tools" >"$work/turn1.jsonl"
+session=$(jq -r 'select(.session_id != null) | .session_id' "$work/turn1.jsonl" | head -1)
+answer=$(jq -r 'select(.type == "model_message") | .text' "$work/turn1.jsonl" | tail -1)
+[[ $answer == "All six calls are done." ]] && pass "turn 1 answered" || fail "turn 1 answer: '$answer'"
+results=$(jq -c 'select(.type == "tool_result")' "$work/turn1.jsonl")
+ok_results=$(jq -s '[.[] | select(.type == "tool_result" and .is_error == false)] | length' "$work/turn1.jsonl")
+((ok_results == 6)) && pass "6 tool calls succeeded" || fail "tool results: $results"
+distinct=$(jq -rs '[.[] | select(.type == "tool_result") | .runner_id] | unique | length' "$work/turn1.jsonl")
+((distinct >= 2)) && pass "tool calls served by $distinct distinct runners" ||
+  fail "tool calls served by $distinct runner(s): $(jq -r 'select(.type == "tool_result") | .runner_id' "$work/turn1.jsonl" | tr '\n' ' ')"
+jq -e 'select(.type == "tool_result" and .call_id == "b1") | .output | test("kept across runners")' \
+  "$work/turn1.jsonl" >/dev/null && pass "runners share the workspace" || fail "bash did not see the written file"
+
+# --- 2. a runner killed mid-call ------------------------------------------
+log "turn 2: a runner is killed while it runs a long command"
+queue '[
+  {"tool_call": {"id": "long", "name": "bash", "arguments": {"command": "echo started; sleep 120"}}},
+  {"text": "The runner was lost; I will not repeat that."}
+]'
+t0=$(date +%s)
+"$agentry" run --session "$session" --approve always --json "run the long job" >"$work/turn2.jsonl" &
+turn2=$!
+victim=""
+for _ in $(seq 100); do
+  for id in $(dc ps -q tool-runner); do
+    if docker top "$id" -o args 2>/dev/null | grep -q "sleep 120"; then victim=$id; fi
+  done
+  [[ -n $victim ]] && break
+  sleep 0.2
+done
+if [[ -z $victim ]]; then
+  fail "no runner was seen running the long command"
+  kill "$turn2" 2>/dev/null || true
+else
+  docker kill "$victim" >/dev/null
+  killed_at=$(date +%s)
+  if wait "$turn2"; then
+    pass "turn 2 ended cleanly $(($(date +%s) - killed_at)) s after the kill"
+  else
+    fail "agentry run failed after the kill"
+  fi
+  jq -e 'select(.type == "tool_result" and .call_id == "long") | .is_error and (.output | test("may or may not have completed"))' \
+    "$work/turn2.jsonl" >/dev/null && pass "the model was told the call was lost" ||
+    fail "tool result of the lost call: $(jq -c 'select(.type == "tool_result")' "$work/turn2.jsonl")"
+  jq -e 'select(.type == "turn_finished")' "$work/turn2.jsonl" >/dev/null &&
+    pass "turn 2 finished" || fail "turn 2 has no turn_finished event"
+fi
+echo "turn 2 took $(($(date +%s) - t0)) s"
+
+log "turn 3: the remaining runners"
+queue '[
+  {"tool_call": {"id": "again", "name": "bash", "arguments": {"command": "cat notes.txt"}}},
+  {"tool_call": {"id": "again-read", "name": "read_file", "arguments": {"path": "notes.txt"}}},
+  {"text": "Still working."}
+]'
+"$agentry" run --session "$session" --approve always --json "again" >"$work/turn3.jsonl"
+jq -e 'select(.type == "tool_result" and .call_id == "again") | (.is_error | not) and (.output | test("kept across runners"))' \
+  "$work/turn3.jsonl" >/dev/null && pass "turn 3 ran on a remaining runner" ||
+  fail "turn 3: $(jq -c 'select(.type == "tool_result")' "$work/turn3.jsonl")"
+
+# --- 3. the session store restarted ----------------------------------------
+log "restarting the session store"
+"$agentry" sessions show "$session" --json >"$work/before.jsonl"
+before=$(wc -l <"$work/before.jsonl")
+dc restart session-store >/dev/null
+wait_healthy session-store 60
+"$agentry" sessions show "$session" --json >"$work/after.jsonl"
+if cmp -s "$work/before.jsonl" "$work/after.jsonl"; then
+  pass "all $before events kept across the store's restart"
+else
+  fail "events changed across the restart ($before before, $(wc -l <"$work/after.jsonl") after)"
+fi
+queue '[{"text": "The store is back."}]'
+"$agentry" run --session "$session" --approve always "are you there?" >"$work/turn4.txt"
+[[ $(cat "$work/turn4.txt") == "The store is back." ]] && pass "a turn after the restart" ||
+  fail "turn after the restart printed: $(cat "$work/turn4.txt")"
+"$agentry" sessions show "$session" --json >"$work/final.jsonl"
+if head -n "$before" "$work/final.jsonl" | cmp -s - "$work/before.jsonl" &&
+  (($(wc -l <"$work/final.jsonl") > before)); then
+  pass "the log only grew"
+else
+  fail "the session log was rewritten"
+fi
