@@ -5,9 +5,11 @@
 up:
 	cargo run --release --bin agentry -- up
 
-# The whole test suite.
+# The whole test suite: every crate's tests, then the Compose stack end to
+# end (skipped with a message where Docker is missing).
 test:
 	cargo test --workspace
+	docker/e2e.sh
 
 # What CI runs: formatting, lints, tests.
 check:

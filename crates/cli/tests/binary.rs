@@ -316,7 +316,13 @@ async fn health_reports_serving_services_and_unreachable_ones() {
         .iter()
         .map(|var| {
             let key = format!("AGENTRY_{var}_URL");
-            install.env.iter().find(|(k, _)| *k == key).unwrap().1.clone()
+            install
+                .env
+                .iter()
+                .find(|(k, _)| *k == key)
+                .unwrap()
+                .1
+                .clone()
         })
         .collect();
     let mut args = vec!["health"];

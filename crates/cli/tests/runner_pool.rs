@@ -270,9 +270,9 @@ async fn no_reachable_runner_is_a_clear_error() {
     .await
     .unwrap_err();
     assert!(
-        failure
-            .message
-            .starts_with(&format!("error: no tool runner is reachable at http://127.0.0.1:{port}")),
+        failure.message.starts_with(&format!(
+            "error: no tool runner is reachable at http://127.0.0.1:{port}"
+        )),
         "{}",
         failure.message
     );

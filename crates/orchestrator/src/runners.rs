@@ -80,8 +80,7 @@ impl Target {
             return Err(format!("{url:?} has no host"));
         }
         let bare = host.trim_start_matches('[').trim_end_matches(']');
-        let dynamic =
-            scheme == "http" && bare.parse::<IpAddr>().is_err() && bare != "localhost";
+        let dynamic = scheme == "http" && bare.parse::<IpAddr>().is_err() && bare != "localhost";
         Ok(Target {
             url: url.to_string(),
             scheme: scheme.to_string(),
@@ -195,7 +194,9 @@ impl Drop for InFlight {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Why a call produced no result.
@@ -320,7 +321,9 @@ impl RunnerPool {
     /// its calls in flight ended.
     pub async fn check_health(&self) {
         let replicas = self.replicas();
-        let checks = replicas.iter().map(|r| async move { (r, r.check_health().await) });
+        let checks = replicas
+            .iter()
+            .map(|r| async move { (r, r.check_health().await) });
         for (replica, healthy) in futures::future::join_all(checks).await {
             if healthy {
                 if !replica.is_up(Instant::now()) || replica.failures.load(Ordering::Relaxed) > 0 {
@@ -345,10 +348,17 @@ impl RunnerPool {
         if candidates.is_empty() {
             return None;
         }
-        let healthy: Vec<&Arc<Replica>> =
-            candidates.iter().copied().filter(|r| r.is_up(now)).collect();
+        let healthy: Vec<&Arc<Replica>> = candidates
+            .iter()
+            .copied()
+            .filter(|r| r.is_up(now))
+            .collect();
         // With nothing healthy, try the rest anyway: one may be back.
-        let pool = if healthy.is_empty() { candidates } else { healthy };
+        let pool = if healthy.is_empty() {
+            candidates
+        } else {
+            healthy
+        };
         let least = pool
             .iter()
             .map(|r| r.in_flight.load(Ordering::Relaxed))
@@ -466,7 +476,8 @@ impl RunnerPool {
                 match message {
                     Ok(Some(message)) => match message.kind {
                         Some(execute_response::Kind::Chunk(chunk)) => {
-                            if !on_chunk(chunk).await {
+                            let listening = on_chunk(chunk).await;
+                            if !listening {
                                 return Err(CallFailure {
                                     message: "error: cancelled".into(),
                                     runner: replica.url.clone(),
@@ -572,8 +583,8 @@ mod tests {
 
     #[tokio::test]
     async fn picks_the_least_loaded_and_takes_turns_on_ties() {
-        let pool = RunnerPool::new("http://127.0.0.1:1,http://127.0.0.1:2,http://127.0.0.1:3")
-            .unwrap();
+        let pool =
+            RunnerPool::new("http://127.0.0.1:1,http://127.0.0.1:2,http://127.0.0.1:3").unwrap();
         let mut seen = BTreeSet::new();
         for _ in 0..3 {
             seen.insert(pool.pick(&[]).unwrap().url.clone());
@@ -627,5 +638,4 @@ mod tests {
         let until = lock(&replica.down_until).unwrap();
         assert!(until.saturating_duration_since(Instant::now()) <= BACKOFF_MIN);
     }
-
 }

@@ -750,6 +750,40 @@ mod tests {
     }
 
     #[test]
+    fn container_settings_from_the_environment() {
+        let config = Config::load(&source(
+            None,
+            &[
+                ("AGENTRY_CHROMIUM_SANDBOX", "false"),
+                (
+                    "AGENTRY_TOOL_RUNNER_URL",
+                    "http://tool-runner:50053, http://10.0.0.9:50053",
+                ),
+            ],
+        ))
+        .unwrap();
+        assert!(!config.tool_runner.web.chromium_sandbox);
+        assert!(
+            Config::load(&source(None, &[]))
+                .unwrap()
+                .tool_runner
+                .web
+                .chromium_sandbox
+        );
+        let err = Config::load(&source(
+            None,
+            &[("AGENTRY_TOOL_RUNNER_URL", "http://a:1,tool-runner:50053")],
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("tool_runner.url"), "{err}");
+        assert!(
+            err.contains("\"tool-runner:50053\" is not an http(s) URL"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn bad_file_names_file_key_and_reason() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(

@@ -30,11 +30,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
+use axum::Json;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::Json;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
@@ -530,7 +530,8 @@ async fn push_replies(State(shared): State<Arc<Shared>>, body: Bytes) -> Respons
             let mut inner = shared.lock();
             let queued = replies.len();
             inner.queue.extend(replies);
-            Json(serde_json::json!({"queued": queued, "pending": inner.queue.len()})).into_response()
+            Json(serde_json::json!({"queued": queued, "pending": inner.queue.len()}))
+                .into_response()
         }
         Err(e) => (
             StatusCode::BAD_REQUEST,
@@ -1485,7 +1486,12 @@ mod script_tests {
 
     #[test]
     fn parses_scripts() {
-        assert_eq!(parse_script(&json!([{"text": "a"}, {"text": "b"}])).unwrap().len(), 2);
+        assert_eq!(
+            parse_script(&json!([{"text": "a"}, {"text": "b"}]))
+                .unwrap()
+                .len(),
+            2
+        );
         assert!(parse_script(&json!([])).is_err());
         assert!(parse_script(&json!({"text": "a"})).is_err());
     }

@@ -42,7 +42,9 @@ async fn replies_are_queued_over_http_and_bad_scripts_refused() {
     // The queued replies answer the next model calls, in order.
     let answer = http
         .post(format!("{}/chat/completions", model.base_url()))
-        .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}))
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}),
+        )
         .send()
         .await
         .unwrap()

@@ -173,6 +173,7 @@ pub fn config(allow_hosts: &[&str]) -> WebConfig {
         chromium: false,
         chromium_path: String::new(),
         chromium_max_pages: 1,
+        chromium_sandbox: true,
         page_timeout_secs: 5,
         http_timeout_secs: 5,
         max_body_bytes: 5 * 1024 * 1024,
