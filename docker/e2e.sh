@@ -238,13 +238,21 @@ else
   fail "events changed across the restart ($before before, $(wc -l <"$work/after.jsonl") after)"
 fi
 queue '[{"text": "The store is back."}]'
-"$agentry" run --session "$session" --approve always "are you there?" >"$work/turn4.txt"
-[[ $(cat "$work/turn4.txt") == "The store is back." ]] && pass "a turn after the restart" ||
-  fail "turn after the restart printed: $(cat "$work/turn4.txt")"
+printf 'are you there?\n' | "$agentry" chat --session "$session" >"$work/turn4.txt"
+grep -qx "The store is back." "$work/turn4.txt" && pass "a chat turn after the restart" ||
+  fail "agentry chat after the restart printed: $(cat "$work/turn4.txt")"
 "$agentry" sessions show "$session" --json >"$work/final.jsonl"
 if head -n "$before" "$work/final.jsonl" | cmp -s - "$work/before.jsonl" &&
   (($(wc -l <"$work/final.jsonl") > before)); then
   pass "the log only grew"
 else
   fail "the session log was rewritten"
+fi
+
+# --- the CLI as a container -------------------------------------------------
+if dc run --rm -T cli sessions list >"$work/cli.txt" 2>"$work/cli.err" &&
+  grep -q "$session" "$work/cli.txt"; then
+  pass "docker compose run --rm cli sees the session"
+else
+  fail "compose run cli: $(cat "$work/cli.txt" "$work/cli.err")"
 fi
