@@ -34,6 +34,10 @@ struct Cli {
     #[arg(long, global = true, value_name = "URL")]
     orchestrator: Option<String>,
 
+    /// Log line format of the services [default: $AGENTRY_LOG_FORMAT, else log.format]
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormatArg>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -146,6 +150,14 @@ enum Service {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormatArg {
+    /// Human-readable lines
+    Text,
+    /// One JSON object per line, with the fields of every enclosing span
+    Json,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Approve {
     /// Approve every call the policy does not deny
     Always,
@@ -160,6 +172,12 @@ fn load_config(cli: &Cli) -> anyhow::Result<agentry_runtime::Config> {
     let mut config = agentry_runtime::Config::load(&source)?;
     if let Some(url) = &cli.orchestrator {
         config.orchestrator.url = url.clone();
+    }
+    if let Some(format) = cli.log_format {
+        config.log.format = match format {
+            LogFormatArg::Text => agentry_runtime::config::LogFormat::Text,
+            LogFormatArg::Json => agentry_runtime::config::LogFormat::Json,
+        };
     }
     Ok(config)
 }

@@ -26,8 +26,10 @@ async fn start(
     let fut: ServiceFuture = match service {
         Service::SessionStore => {
             let listener = bind(config.session_store.listen).await?;
+            let metrics_listen = config.session_store.metrics_listen.clone();
             Box::pin(async move {
-                agentry_session_store::run(&data_dir, listener, shutdown).await?;
+                agentry_session_store::run(&data_dir, listener, &metrics_listen, shutdown)
+                    .await?;
                 Ok(())
             })
         }
@@ -124,7 +126,7 @@ async fn run_services(config: &Config, services: &[Service]) -> anyhow::Result<(
 
 /// `agentry up`.
 pub async fn up(config: &Config) -> anyhow::Result<()> {
-    telemetry::init(config.log.format, "info");
+    let telemetry = telemetry::init(config.log.format, "info", &config.otel.endpoint, "agentry");
     let all = [
         Service::SessionStore,
         Service::ToolRunner,
@@ -138,11 +140,21 @@ pub async fn up(config: &Config) -> anyhow::Result<()> {
         config.llm.model,
         config.llm.base_url
     );
-    run_services(config, &all).await
+    let result = run_services(config, &all).await;
+    telemetry.shutdown();
+    result
 }
 
 /// `agentry serve SERVICE`.
 pub async fn serve(config: &Config, service: Service) -> anyhow::Result<()> {
-    telemetry::init(config.log.format, "info");
-    run_services(config, &[service]).await
+    let name = match service {
+        Service::Orchestrator => "agentry-orchestrator",
+        Service::SessionStore => "agentry-session-store",
+        Service::ToolRunner => "agentry-tool-runner",
+        Service::Scheduler => "agentry-scheduler",
+    };
+    let telemetry = telemetry::init(config.log.format, "info", &config.otel.endpoint, name);
+    let result = run_services(config, &[service]).await;
+    telemetry.shutdown();
+    result
 }

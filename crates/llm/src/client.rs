@@ -32,6 +32,7 @@ pub struct ChatClient {
     request_timeout: Duration,
     max_retries: u32,
     retry_base_delay: Duration,
+    headers_hook: Option<fn(&mut reqwest::header::HeaderMap)>,
 }
 
 impl fmt::Debug for ChatClient {
@@ -137,6 +138,7 @@ impl ChatClient {
             request_timeout: cfg.request_timeout,
             max_retries: cfg.max_retries,
             retry_base_delay: cfg.retry_base_delay,
+            headers_hook: None,
         })
     }
 
@@ -153,6 +155,12 @@ impl ChatClient {
     /// The full URL requests are sent to (`.../chat/completions` or `.../api/chat`).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Adds headers to every request, e.g. W3C trace context.
+    pub fn with_headers_hook(mut self, hook: fn(&mut reqwest::header::HeaderMap)) -> Self {
+        self.headers_hook = Some(hook);
+        self
     }
 
     /// Sends `req` as a streaming request and returns once the first item of the answer is
@@ -237,6 +245,11 @@ impl ChatClient {
             .body(body.to_vec());
         if let Some(auth) = &self.auth {
             builder = builder.header(AUTHORIZATION, auth.clone());
+        }
+        if let Some(hook) = self.headers_hook {
+            let mut extra = reqwest::header::HeaderMap::new();
+            hook(&mut extra);
+            builder = builder.headers(extra);
         }
         let response = match tokio::time::timeout(self.request_timeout, builder.send()).await {
             Err(_) => {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tonic::Status;
+use tracing::{Instrument, Span};
 
 /// Inputs a client may submit.
 #[derive(Debug, Clone)]
@@ -79,6 +80,8 @@ pub(crate) struct Actor {
     /// Model and tool calls running now, by task id.
     in_flight: HashMap<u64, AbortHandle>,
     tasks_started: u64,
+    /// The span of the turn running now: the root of the turn's trace.
+    turn_span: Option<(String, Span)>,
 }
 
 /// The store could not record an event: the actor stops, and the session is
@@ -118,6 +121,7 @@ impl Actor {
             outcomes,
             in_flight: HashMap::new(),
             tasks_started: 0,
+            turn_span: None,
         };
         tokio::spawn(actor.run(commands));
         SessionHandle {
@@ -130,7 +134,7 @@ impl Actor {
         if !self.state.is_idle() {
             tracing::warn!(session_id = %self.session_id, "closing a turn interrupted by a restart");
             let effects = self.state.step(Input::Interrupted).unwrap_or_default();
-            if let Err(Broken(status)) = self.run_effects(effects).await {
+            if let Err(Broken(status)) = self.run_effects_traced(effects).await {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "cannot close the interrupted turn");
                 return;
             }
@@ -194,7 +198,7 @@ impl Actor {
             }
         };
         let turn_id = self.state.turn_id().map(str::to_string).or(turn_before);
-        match self.run_effects(effects).await {
+        match self.run_effects_traced(effects).await {
             Ok(first_seq) => {
                 let turn_id = turn_id.unwrap_or_default();
                 let _ = command.reply.send(Ok(Submitted {
@@ -223,7 +227,38 @@ impl Actor {
             self.fold_outcome(task, input, &mut effects);
             folded += 1;
         }
-        self.run_effects(effects).await.map(|_| ())
+        self.run_effects_traced(effects).await.map(|_| ())
+    }
+
+    /// The span of the turn the state is in (or has just finished), started
+    /// when a new turn begins.
+    fn turn_span(&mut self) -> Span {
+        if let Some(turn_id) = self.state.turn_id()
+            && self.turn_span.as_ref().is_none_or(|(id, _)| id != turn_id)
+        {
+            let span = tracing::info_span!(
+                parent: None,
+                "turn",
+                session_id = %self.session_id,
+                turn_id = %turn_id,
+                outcome = tracing::field::Empty,
+            );
+            self.turn_span = Some((turn_id.to_string(), span));
+        }
+        match &self.turn_span {
+            Some((_, span)) => span.clone(),
+            None => Span::none(),
+        }
+    }
+
+    /// Runs effects inside the turn's span; the span ends with the turn.
+    async fn run_effects_traced(&mut self, effects: Vec<Effect>) -> Result<Option<u64>, Broken> {
+        let span = self.turn_span();
+        let result = self.run_effects(effects).instrument(span).await;
+        if self.state.turn_id().is_none() {
+            self.turn_span = None;
+        }
+        result
     }
 
     fn fold_outcome(&mut self, task: u64, input: Input, effects: &mut Vec<Effect>) {
@@ -259,6 +294,28 @@ impl Actor {
         for effect in effects {
             if let Effect::Record { turn_id, events } = effect {
                 let time = now();
+                for kind in &events {
+                    let pending = match kind {
+                        pb::event::Kind::ApprovalRequested(_) => 1.0,
+                        pb::event::Kind::ApprovalDecided(_) => -1.0,
+                        _ => 0.0,
+                    };
+                    if pending != 0.0 {
+                        self.deps.metrics.shift(
+                            "agentry_pending_approvals",
+                            "Tool calls waiting for a person's decision.",
+                            &[],
+                            pending,
+                        );
+                    }
+                    if let pb::event::Kind::TurnFinished(finished) = kind {
+                        let outcome = pb::TurnOutcome::try_from(finished.outcome)
+                            .map(|o| o.as_str_name())
+                            .unwrap_or("TURN_OUTCOME_UNSPECIFIED");
+                        Span::current().record("outcome", outcome);
+                        crate::metrics::turn_finished(&self.deps.metrics, outcome);
+                    }
+                }
                 batch.extend(events.into_iter().map(|kind| pb::Event {
                     turn_id: turn_id.clone(),
                     time: Some(time),
@@ -296,8 +353,11 @@ impl Actor {
         };
         let mut delay = Duration::from_millis(50);
         let deadline = Instant::now() + self.deps.store_retry_window;
+        let span = tracing::info_span!("store.append", events = count, first_seq = first);
         loop {
-            match self.deps.store.clone().append(request.clone()).await {
+            let mut store = self.deps.store.clone();
+            let attempt = store.append(request.clone());
+            match attempt.instrument(span.clone()).await {
                 Ok(_) => {
                     self.next_seq += count;
                     return Ok(first);
@@ -331,10 +391,23 @@ impl Actor {
     fn start_model_call(&mut self, history: Vec<Message>) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
-        let session_id = self.session_id.clone();
-        let handle = tokio::spawn(async move {
-            model_call(deps, session_id, history, task, tx).await;
-        });
+        let span = tracing::info_span!(
+            "model_call",
+            model = %deps.llm.model(),
+            messages = history.len(),
+            prompt_tokens = tracing::field::Empty,
+            completion_tokens = tracing::field::Empty,
+            latency_ms = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let handle = tokio::spawn(
+            async move {
+                let gauge = InFlightGauge::new(&deps.metrics, "model");
+                model_call(deps.clone(), history, task, tx).await;
+                drop(gauge);
+            }
+            .instrument(span),
+        );
         self.in_flight.insert(task, handle.abort_handle());
     }
 
@@ -342,17 +415,34 @@ impl Actor {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();
-        let handle = tokio::spawn(async move {
-            let result = tool_call(&deps, &session_id, call, task, &tx).await;
-            let _ = tx.send((task, Input::ToolDone(result))).await;
-        });
+        let span = tracing::info_span!(
+            "tool_call",
+            tool = %call.name,
+            call_id = %call.id,
+            runner_id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let handle = tokio::spawn(
+            async move {
+                let gauge = InFlightGauge::new(&deps.metrics, "tool");
+                let result = tool_call(&deps, &session_id, call, task, &tx).await;
+                drop(gauge);
+                let span = Span::current();
+                span.record("runner_id", result.runner_id.as_str());
+                span.record("outcome", if result.is_error { "error" } else { "ok" });
+                span.record("duration_ms", result.duration_ms);
+                crate::metrics::tool_call_finished(&deps.metrics, &result);
+                let _ = tx.send((task, Input::ToolDone(result))).await;
+            }
+            .instrument(span),
+        );
         self.in_flight.insert(task, handle.abort_handle());
     }
 }
 
 async fn model_call(
     deps: Arc<Deps>,
-    session_id: String,
     history: Vec<Message>,
     task: u64,
     tx: mpsc::Sender<Outcome>,
@@ -377,6 +467,10 @@ async fn model_call(
     };
     let started = Instant::now();
     let failed = |message: String, retryable: bool| {
+        let span = Span::current();
+        span.record("outcome", "error");
+        span.record("latency_ms", started.elapsed().as_millis() as u64);
+        crate::metrics::model_call_finished(&deps.metrics, "error", started.elapsed(), None);
         (
             task,
             Input::ModelFailed {
@@ -396,7 +490,16 @@ async fn model_call(
         let outcome = match item {
             Ok(StreamEvent::TextDelta(text)) => (task, Input::ModelDelta(text)),
             Ok(StreamEvent::Completed(completion)) => {
-                tracing::debug!(%session_id, elapsed_ms = started.elapsed().as_millis() as u64, "model call finished");
+                let elapsed = started.elapsed();
+                let span = Span::current();
+                span.record("outcome", "ok");
+                span.record("latency_ms", elapsed.as_millis() as u64);
+                if let Some(usage) = completion.usage {
+                    span.record("prompt_tokens", usage.prompt_tokens);
+                    span.record("completion_tokens", usage.completion_tokens);
+                }
+                crate::metrics::model_call_finished(&deps.metrics, "ok", elapsed, completion.usage);
+                tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "model call finished");
                 let _ = tx.send((task, Input::ModelDone(completion))).await;
                 return;
             }
@@ -483,5 +586,29 @@ async fn tool_call(
             result.runner_id = failure.runner;
             result
         }
+    }
+}
+
+/// Counts a model or tool call in flight (the orchestrator's queue depth)
+/// while it lives, even when the call is aborted.
+struct InFlightGauge<'a> {
+    metrics: &'a agentry_runtime::metrics::Registry,
+    kind: &'static str,
+}
+
+impl<'a> InFlightGauge<'a> {
+    const NAME: &'static str = "agentry_calls_in_flight";
+    const HELP: &'static str = "Model and tool calls running now, by kind.";
+
+    fn new(metrics: &'a agentry_runtime::metrics::Registry, kind: &'static str) -> Self {
+        metrics.shift(Self::NAME, Self::HELP, &[("kind", kind)], 1.0);
+        InFlightGauge { metrics, kind }
+    }
+}
+
+impl Drop for InFlightGauge<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .shift(Self::NAME, Self::HELP, &[("kind", self.kind)], -1.0);
     }
 }

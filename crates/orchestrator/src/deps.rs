@@ -11,18 +11,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::RwLock;
-use tonic::transport::Channel;
+use agentry_runtime::telemetry::TracedChannel;
 
 /// Shared dependencies of the session actors.
 pub struct Deps {
     /// The session store.
-    pub store: SessionStoreClient<Channel>,
+    pub store: SessionStoreClient<TracedChannel>,
     /// Where the session store is, for messages.
     pub store_url: String,
     /// The tool runner replicas.
     pub runners: Arc<RunnerPool>,
     /// The scheduler (reminders).
-    pub scheduler: SchedulerClient<Channel>,
+    pub scheduler: SchedulerClient<TracedChannel>,
     /// Where the scheduler is, for messages.
     pub scheduler_url: String,
     /// The model.
@@ -37,6 +37,8 @@ pub struct Deps {
     pub store_retry_window: Duration,
     /// The tool-call policy.
     pub policy: Arc<Policy>,
+    /// The orchestrator's metrics.
+    pub metrics: Arc<agentry_runtime::metrics::Registry>,
     tool_cache: RwLock<Option<Arc<ToolSet>>>,
 }
 
@@ -62,10 +64,10 @@ impl Deps {
     /// Bundles the dependencies.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        store: SessionStoreClient<Channel>,
+        store: SessionStoreClient<TracedChannel>,
         store_url: String,
         runners: Arc<RunnerPool>,
-        scheduler: SchedulerClient<Channel>,
+        scheduler: SchedulerClient<TracedChannel>,
         scheduler_url: String,
         llm: ChatClient,
         system_prompt: String,
@@ -85,6 +87,7 @@ impl Deps {
             max_steps,
             store_retry_window: Duration::from_secs(10),
             policy,
+            metrics: Arc::default(),
             tool_cache: RwLock::new(None),
         }
     }

@@ -6,6 +6,7 @@
 pub mod actor;
 pub mod builtin;
 pub mod deps;
+pub mod metrics;
 pub mod policy;
 pub mod reducer;
 pub mod reminders;
@@ -22,6 +23,7 @@ use agentry_llm::{ChatClient, ProviderConfig};
 use agentry_proto::orchestrator::v1::orchestrator_server::OrchestratorServer;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_runtime::Config;
+use agentry_runtime::telemetry::traced;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,12 +58,15 @@ pub fn lazy_channel(url: &str, what: &str) -> Result<Channel, RunError> {
 
 /// Builds the shared dependencies from the configuration.
 pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
-    let store = SessionStoreClient::new(lazy_channel(&config.session_store.url, "session store")?)
+    let store = SessionStoreClient::new(traced(lazy_channel(
+        &config.session_store.url,
+        "session store",
+    )?))
         .max_decoding_message_size(64 * 1024 * 1024);
     let runners = runners::RunnerPool::new(&config.tool_runner.url)
         .map_err(|e| RunError::Config(format!("tool_runner.url: {e}")))?;
     let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(
-        lazy_channel(&config.scheduler.url, "scheduler")?,
+        traced(lazy_channel(&config.scheduler.url, "scheduler")?),
     );
     let llm = ChatClient::new(ProviderConfig {
         provider: match config.llm.provider {
@@ -76,7 +81,8 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         max_retries: config.llm.max_retries,
         retry_base_delay: ProviderConfig::DEFAULT_RETRY_BASE_DELAY,
     })
-    .map_err(|e| RunError::Config(e.to_string()))?;
+    .map_err(|e| RunError::Config(e.to_string()))?
+    .with_headers_hook(agentry_runtime::telemetry::inject_http);
     let system_prompt = config
         .system_prompt()
         .map_err(|e| RunError::Config(e.to_string()))?;
@@ -110,6 +116,14 @@ pub async fn run(
         tool_runner = %config.tool_runner.url,
         "orchestrator ready"
     );
+    let metrics = deps.metrics.clone();
+    let metrics_task = agentry_runtime::metrics::spawn(
+        &config.orchestrator.metrics_listen,
+        "orchestrator",
+        move || metrics.render(),
+    )
+    .await
+    .map_err(RunError::Config)?;
     let orchestrator = OrchestratorService::new(deps);
     // Sessions left mid-turn by an earlier process are recovered now.
     let recovering = orchestrator.clone();
@@ -125,6 +139,9 @@ pub async fn run(
     )
     .await;
     consumer.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     served?;
     Ok(())
 }

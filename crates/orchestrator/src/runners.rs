@@ -27,6 +27,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+use agentry_runtime::telemetry::{TracedChannel, traced};
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -108,7 +109,7 @@ fn parse_targets(urls: &str) -> Result<Vec<Target>, String> {
 pub struct Replica {
     /// The address calls go to, e.g. `http://172.18.0.5:50053`.
     pub url: String,
-    client: ToolRunnerClient<Channel>,
+    client: ToolRunnerClient<TracedChannel>,
     health: HealthClient<Channel>,
     in_flight: AtomicUsize,
     failures: AtomicU32,
@@ -129,7 +130,7 @@ impl Replica {
             .connect_lazy();
         Ok(Replica {
             url,
-            client: ToolRunnerClient::new(channel.clone()),
+            client: ToolRunnerClient::new(traced(channel.clone())),
             health: HealthClient::new(channel),
             in_flight: AtomicUsize::new(0),
             failures: AtomicU32::new(0),

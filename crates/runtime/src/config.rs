@@ -69,6 +69,9 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     /// Logging.
     pub log: LogConfig,
+    /// OpenTelemetry export.
+    #[serde(default)]
+    pub otel: OtelConfig,
     /// The directory the files were read from, if any.
     #[serde(skip)]
     pub config_dir: Option<PathBuf>,
@@ -182,6 +185,16 @@ pub struct AgentConfig {
     pub max_steps: u32,
 }
 
+/// OpenTelemetry export.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OtelConfig {
+    /// OTLP/gRPC endpoint for traces, e.g. `http://localhost:4317`; empty:
+    /// traces are not exported.
+    #[serde(default)]
+    pub endpoint: String,
+}
+
 /// Where a service listens and where others reach it.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -190,6 +203,9 @@ pub struct Endpoint {
     pub listen: SocketAddr,
     /// The URL clients dial.
     pub url: String,
+    /// Serve Prometheus metrics on `GET /metrics` here; empty: not served.
+    #[serde(default)]
+    pub metrics_listen: String,
 }
 
 /// The tool runner.
@@ -324,6 +340,9 @@ pub struct SchedulerConfig {
     /// How long a delivered firing may stay unacknowledged before it is
     /// sent again.
     pub redeliver_after_secs: u64,
+    /// Serve Prometheus metrics on `GET /metrics` here; empty: not served.
+    #[serde(default)]
+    pub metrics_listen: String,
 }
 
 /// What to do with missed occurrences of a recurring reminder.
@@ -415,6 +434,19 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_SCHEDULER_URL", &["scheduler", "url"]),
     ("AGENTRY_SCHEDULER_LISTEN", &["scheduler", "listen"]),
     ("AGENTRY_LOG_FORMAT", &["log", "format"]),
+    ("AGENTRY_OTLP_ENDPOINT", &["otel", "endpoint"]),
+    (
+        "AGENTRY_ORCHESTRATOR_METRICS_LISTEN",
+        &["orchestrator", "metrics_listen"],
+    ),
+    (
+        "AGENTRY_SESSION_STORE_METRICS_LISTEN",
+        &["session_store", "metrics_listen"],
+    ),
+    (
+        "AGENTRY_SCHEDULER_METRICS_LISTEN",
+        &["scheduler", "metrics_listen"],
+    ),
 ];
 
 impl Config {

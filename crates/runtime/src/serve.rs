@@ -71,6 +71,7 @@ pub async fn serve(
     tracing::info!(addr = %local, services = ?service_names, "serving gRPC");
     let (stopping_tx, stopping) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
+        .trace_fn(crate::telemetry::server_span)
         .add_routes(routes)
         .add_service(health)
         .add_service(reflection)

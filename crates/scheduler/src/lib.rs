@@ -51,6 +51,7 @@ pub fn settings_from_config(config: &agentry_runtime::Config) -> Settings {
         },
         grace: chrono::Duration::seconds(60),
         redeliver_after: Duration::from_secs(config.scheduler.redeliver_after_secs.max(1)),
+        metrics_listen: config.scheduler.metrics_listen.clone(),
     }
 }
 
@@ -80,9 +81,17 @@ pub async fn run(
         Arc::new(store),
         clock,
         settings,
-        SessionStoreClient::new(channel),
+        SessionStoreClient::new(agentry_runtime::telemetry::traced(channel)),
         session_store_url.to_string(),
     );
+    let metrics_core = core.clone();
+    let metrics_task = agentry_runtime::metrics::spawn(
+        core.metrics_listen(),
+        "scheduler",
+        move || metrics_core.metrics_page(),
+    )
+    .await
+    .map_err(RunError::Config)?;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let worker = tokio::spawn(core.clone().run_worker(stop));
     let shutdown = async move {
@@ -97,6 +106,9 @@ pub async fn run(
     )
     .await;
     worker.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     result?;
     Ok(())
 }

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 /// The longest reminder message accepted, in characters.
@@ -46,6 +45,8 @@ pub struct Settings {
     /// How long a delivered firing may stay unacknowledged before it is
     /// sent again.
     pub redeliver_after: Duration,
+    /// Serve Prometheus metrics here; empty: not served.
+    pub metrics_listen: String,
 }
 
 impl Default for Settings {
@@ -54,6 +55,7 @@ impl Default for Settings {
             missed: MissedPolicy::Once,
             grace: chrono::Duration::seconds(60),
             redeliver_after: Duration::from_secs(10),
+            metrics_listen: String::new(),
         }
     }
 }
@@ -63,10 +65,12 @@ pub struct Core {
     store: Arc<Store>,
     clock: Arc<dyn Clock>,
     settings: Settings,
-    sessions: SessionStoreClient<Channel>,
+    sessions: SessionStoreClient<agentry_runtime::telemetry::TracedChannel>,
     sessions_url: String,
     changed: Notify,
     fired: broadcast::Sender<Firing>,
+    /// The scheduler's metrics.
+    pub metrics: Arc<agentry_runtime::metrics::Registry>,
 }
 
 fn status_of(e: StoreError) -> GrpcStatus {
@@ -146,7 +150,7 @@ impl Core {
         store: Arc<Store>,
         clock: Arc<dyn Clock>,
         settings: Settings,
-        sessions: SessionStoreClient<Channel>,
+        sessions: SessionStoreClient<agentry_runtime::telemetry::TracedChannel>,
         sessions_url: String,
     ) -> Arc<Core> {
         let (fired, _) = broadcast::channel(4096);
@@ -158,6 +162,7 @@ impl Core {
             sessions_url,
             changed: Notify::new(),
             fired,
+            metrics: Arc::default(),
         })
     }
 
@@ -169,6 +174,24 @@ impl Core {
     /// Wakes the worker after reminders were added behind its back.
     pub fn reminders_changed(&self) {
         self.changed.notify_one();
+    }
+
+    /// Where metrics are served ("" for nowhere).
+    pub fn metrics_listen(&self) -> &str {
+        &self.settings.metrics_listen
+    }
+
+    /// The metrics page, with the number of pending reminders read now.
+    pub fn metrics_page(&self) -> String {
+        if let Ok(pending) = self.store.pending_count() {
+            self.metrics.set(
+                "agentry_reminders_pending",
+                "Reminders waiting to fall due.",
+                &[],
+                pending as f64,
+            );
+        }
+        self.metrics.render()
     }
 
     /// The store.
@@ -192,6 +215,17 @@ impl Core {
                             session_id = %f.reminder.session_id,
                             late_ms = f.late_ms,
                             "reminder fired"
+                        );
+                        self.metrics.observe(
+                            "agentry_reminder_lateness_seconds",
+                            "How late reminders fired after their due time.",
+                            &[],
+                            Duration::from_millis(f.late_ms.max(0) as u64),
+                        );
+                        self.metrics.inc(
+                            "agentry_reminder_firings_total",
+                            "Reminder occurrences fired.",
+                            &[],
                         );
                         // Nobody listening is fine: unacked firings are
                         // sent to the next consumer from the database.

@@ -359,6 +359,16 @@ impl Store {
         Self::get_in(&self.conn(), id)
     }
 
+    /// How many reminders are pending.
+    pub fn pending_count(&self) -> Result<u64, StoreError> {
+        let n: i64 = self.conn().query_row(
+            "SELECT COUNT(*) FROM reminders WHERE status = ?1",
+            params![Status::Pending.code()],
+            |row| row.get(0),
+        )?;
+        Ok(n.max(0) as u64)
+    }
+
     /// Reminders, optionally of one session and/or one status, soonest first.
     pub fn list(
         &self,

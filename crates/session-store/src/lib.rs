@@ -22,6 +22,7 @@ pub const DB_FILE: &str = "sessions.db";
 pub async fn run(
     data_dir: &Path,
     listener: TcpListener,
+    metrics_listen: &str,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
     let path = data_dir.join(DB_FILE);
@@ -33,15 +34,25 @@ pub async fn run(
         shutdown.await;
         let _ = closing_tx.send(true);
     };
-    let service = SessionStoreServer::new(SessionStoreService::new(Arc::new(store), closing))
-        .max_decoding_message_size(64 * 1024 * 1024);
-    agentry_runtime::serve(
+    let service = SessionStoreService::new(Arc::new(store), closing);
+    let metrics = service.metrics.clone();
+    let metrics_task =
+        agentry_runtime::metrics::spawn(metrics_listen, "session store", move || metrics.render())
+            .await
+            .map_err(RunError::Startup)?;
+    let service =
+        SessionStoreServer::new(service).max_decoding_message_size(64 * 1024 * 1024);
+    let served = agentry_runtime::serve(
         listener,
         Routes::new(service),
         &[SessionStoreServer::<SessionStoreService>::NAME],
         shutdown,
     )
-    .await?;
+    .await;
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
+    served?;
     Ok(())
 }
 

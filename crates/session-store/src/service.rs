@@ -39,12 +39,18 @@ async fn blocking<T: Send + 'static>(
 pub struct SessionStoreService {
     store: Arc<Store>,
     closing: watch::Receiver<bool>,
+    /// The store's metrics.
+    pub metrics: Arc<agentry_runtime::metrics::Registry>,
 }
 
 impl SessionStoreService {
     /// Serves `store`; open Watch streams end when `closing` turns true.
     pub fn new(store: Arc<Store>, closing: watch::Receiver<bool>) -> Self {
-        Self { store, closing }
+        Self {
+            store,
+            closing,
+            metrics: Arc::default(),
+        }
     }
 }
 
@@ -112,8 +118,27 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::AppendRequest>,
     ) -> Result<Response<pb::AppendResponse>, Status> {
         let req = request.into_inner();
+        let started = std::time::Instant::now();
+        let count = req.events.len() as f64;
+        let metrics = self.metrics.clone();
         let stored = blocking(&self.store, move |s| {
-            s.append(&req.session_id, req.expected_seq, req.events)
+            let result = s.append(&req.session_id, req.expected_seq, req.events);
+            let outcome = if result.is_ok() { "ok" } else { "refused" };
+            metrics.observe(
+                "agentry_store_append_seconds",
+                "Durable append latency (one transaction, fsynced), by outcome.",
+                &[("outcome", outcome)],
+                started.elapsed(),
+            );
+            if result.is_ok() {
+                metrics.add(
+                    "agentry_store_events_appended_total",
+                    "Events appended to session logs.",
+                    &[],
+                    count,
+                );
+            }
+            result
         })
         .await?;
         let last_seq = stored.last().map(|e| e.seq).unwrap_or_default();

@@ -41,7 +41,7 @@ impl Server {
         let (tx, rx) = oneshot::channel::<()>();
         let dir: PathBuf = data_dir.to_path_buf();
         let task = tokio::spawn(async move {
-            agentry_session_store::run(&dir, listener, async {
+            agentry_session_store::run(&dir, listener, "", async {
                 let _ = rx.await;
             })
             .await

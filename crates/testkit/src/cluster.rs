@@ -147,7 +147,7 @@ impl Cluster {
         };
         let task: JoinHandle<anyhow::Result<()>> = match service {
             Service::SessionStore => tokio::spawn(async move {
-                agentry_session_store::run(&config.data_dir(), listener, shutdown).await?;
+                agentry_session_store::run(&config.data_dir(), listener, "", shutdown).await?;
                 Ok(())
             }),
             Service::ToolRunner => tokio::spawn(async move {

@@ -161,7 +161,7 @@ pub async fn run(
     let metrics_task = metrics.map(|listener| {
         let page = runner.clone();
         tracing::info!(addr = ?listener.local_addr().ok(), "serving tool runner metrics on /metrics");
-        tokio::spawn(metrics::serve(
+        tokio::spawn(agentry_runtime::metrics::serve(
             listener,
             move || page.metrics_page(),
             async move {

@@ -135,29 +135,3 @@ pub fn render(runner_id: &str, calls: &ToolCalls, web: Option<&Web>) -> String {
     }
     out
 }
-
-/// Serves `GET /metrics` on `listener` until `shutdown`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    page: impl Fn() -> String + Clone + Send + Sync + 'static,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let page = page.clone();
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    page(),
-                )
-            }
-        }),
-    );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-}

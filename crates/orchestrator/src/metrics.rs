@@ -1,0 +1,64 @@
+//! The orchestrator's metrics (served on `orchestrator.metrics_listen`).
+
+use agentry_llm::Usage;
+use agentry_proto::sessions::v1 as pb;
+use agentry_runtime::metrics::Registry;
+use std::time::Duration;
+
+/// A turn ended (`outcome` as in `TurnOutcome`, e.g. `TURN_OUTCOME_COMPLETED`).
+pub fn turn_finished(metrics: &Registry, outcome: &str) {
+    let outcome = outcome
+        .trim_start_matches("TURN_OUTCOME_")
+        .to_ascii_lowercase();
+    metrics.inc(
+        "agentry_turns_total",
+        "Turns finished, by outcome.",
+        &[("outcome", &outcome)],
+    );
+}
+
+/// A tool call ended.
+pub fn tool_call_finished(metrics: &Registry, result: &pb::ToolResult) {
+    let outcome = if result.is_error { "error" } else { "ok" };
+    metrics.inc(
+        "agentry_orchestrator_tool_calls_total",
+        "Tool calls finished, by tool and outcome (as the orchestrator saw them).",
+        &[("tool", &result.tool), ("outcome", outcome)],
+    );
+    metrics.observe(
+        "agentry_tool_call_seconds",
+        "Tool call duration, by tool.",
+        &[("tool", &result.tool)],
+        Duration::from_millis(result.duration_ms),
+    );
+}
+
+/// A model call ended.
+pub fn model_call_finished(
+    metrics: &Registry,
+    outcome: &str,
+    latency: Duration,
+    usage: Option<Usage>,
+) {
+    metrics.observe(
+        "agentry_model_call_seconds",
+        "Model call latency, from request to the complete answer, by outcome.",
+        &[("outcome", outcome)],
+        latency,
+    );
+    if let Some(usage) = usage {
+        let help = "Tokens reported by the model server, by kind.";
+        metrics.add(
+            "agentry_model_tokens_total",
+            help,
+            &[("kind", "prompt")],
+            usage.prompt_tokens as f64,
+        );
+        metrics.add(
+            "agentry_model_tokens_total",
+            help,
+            &[("kind", "completion")],
+            usage.completion_tokens as f64,
+        );
+    }
+}
