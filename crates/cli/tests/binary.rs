@@ -638,3 +638,70 @@ async fn commands_see_only_passed_through_secrets() {
         .to_string();
     assert_eq!(tool_output, "[pass-me] [] []\n");
 }
+
+/// `GET /metrics` over plain HTTP/1.0.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_service_serves_metrics() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call("c1", "bash", json!({"command": "echo hi"})));
+    model.push(Reply::text("Said hi."));
+    let ports: Vec<(&str, String)> = ["ORCHESTRATOR", "SESSION_STORE", "TOOL_RUNNER", "SCHEDULER"]
+        .into_iter()
+        .map(|var| (var, format!("127.0.0.1:{}", free_port())))
+        .collect();
+    let mut started = None;
+    for _ in 0..3 {
+        let mut install = Install::new(&model.base_url());
+        for (var, addr) in &ports {
+            install
+                .env
+                .push((format!("AGENTRY_{var}_METRICS_LISTEN"), addr.clone()));
+        }
+        let log = install.dir.path().join("up.log");
+        if let Some(up) = Up::try_start(&install, &log) {
+            started = Some((install, up));
+            break;
+        }
+    }
+    let (install, _up) = started.expect("agentry up did not start");
+    let out = tokio::task::spawn_blocking({
+        let cmd = install.command(&["run", "--approve", "always", "say hi"]);
+        move || {
+            let mut cmd = cmd;
+            cmd.stdin(Stdio::null()).output().unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let page = |var: &str| scrape(&ports.iter().find(|(v, _)| *v == var).unwrap().1);
+    let orchestrator = page("ORCHESTRATOR");
+    for line in [
+        "agentry_turns_total{outcome=\"completed\"} 1\n",
+        "agentry_model_call_seconds_count{outcome=\"ok\"} 2\n",
+        "agentry_orchestrator_tool_calls_total{tool=\"bash\",outcome=\"ok\"} 1\n",
+        "agentry_calls_in_flight{kind=\"model\"} 0\n",
+        "agentry_calls_in_flight{kind=\"tool\"} 0\n",
+        "agentry_pending_approvals 0\n",
+    ] {
+        assert!(orchestrator.contains(line), "missing {line:?} in\n{orchestrator}");
+    }
+    let store = page("SESSION_STORE");
+    assert!(store.contains("agentry_store_append_seconds_count{outcome=\"ok\"}"), "{store}");
+    assert!(store.contains("# TYPE agentry_store_events_appended_total counter"), "{store}");
+    let runner = page("TOOL_RUNNER");
+    assert!(runner.contains("tool=\"bash\",outcome=\"ok\"} 1"), "{runner}");
+    let scheduler = page("SCHEDULER");
+    assert!(scheduler.contains("agentry_reminders_pending 0\n"), "{scheduler}");
+}

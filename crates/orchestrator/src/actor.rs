@@ -301,12 +301,7 @@ impl Actor {
                         _ => 0.0,
                     };
                     if pending != 0.0 {
-                        self.deps.metrics.shift(
-                            "agentry_pending_approvals",
-                            "Tool calls waiting for a person's decision.",
-                            &[],
-                            pending,
-                        );
+                        crate::metrics::pending_approvals_changed(&self.deps.metrics, pending);
                     }
                     if let pb::event::Kind::TurnFinished(finished) = kind {
                         let outcome = pb::TurnOutcome::try_from(finished.outcome)

@@ -117,6 +117,7 @@ pub async fn run(
         "orchestrator ready"
     );
     let metrics = deps.metrics.clone();
+    metrics::init(&metrics);
     let metrics_task = agentry_runtime::metrics::spawn(
         &config.orchestrator.metrics_listen,
         "orchestrator",

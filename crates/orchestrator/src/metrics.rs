@@ -5,6 +5,27 @@ use agentry_proto::sessions::v1 as pb;
 use agentry_runtime::metrics::Registry;
 use std::time::Duration;
 
+const PENDING_APPROVALS: &str = "agentry_pending_approvals";
+const PENDING_APPROVALS_HELP: &str = "Tool calls waiting for a person's decision.";
+
+/// Gauges that read 0 before anything happened.
+pub fn init(metrics: &Registry) {
+    metrics.set(PENDING_APPROVALS, PENDING_APPROVALS_HELP, &[], 0.0);
+    for kind in ["model", "tool"] {
+        metrics.set(
+            "agentry_calls_in_flight",
+            "Model and tool calls running now, by kind.",
+            &[("kind", kind)],
+            0.0,
+        );
+    }
+}
+
+/// Approvals were requested (+) or decided (-).
+pub fn pending_approvals_changed(metrics: &Registry, by: f64) {
+    metrics.shift(PENDING_APPROVALS, PENDING_APPROVALS_HELP, &[], by);
+}
+
 /// A turn ended (`outcome` as in `TurnOutcome`, e.g. `TURN_OUTCOME_COMPLETED`).
 pub fn turn_finished(metrics: &Registry, outcome: &str) {
     let outcome = outcome
