@@ -28,8 +28,7 @@ async fn start(
             let listener = bind(config.session_store.listen).await?;
             let metrics_listen = config.session_store.metrics_listen.clone();
             Box::pin(async move {
-                agentry_session_store::run(&data_dir, listener, &metrics_listen, shutdown)
-                    .await?;
+                agentry_session_store::run(&data_dir, listener, &metrics_listen, shutdown).await?;
                 Ok(())
             })
         }

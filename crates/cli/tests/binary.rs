@@ -646,14 +646,21 @@ fn scrape(addr: &str) -> String {
     write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
+        "{response}"
+    );
     response
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_service_serves_metrics() {
     let model = FakeModel::start().await.unwrap();
-    model.push(Reply::tool_call("c1", "bash", json!({"command": "echo hi"})));
+    model.push(Reply::tool_call(
+        "c1",
+        "bash",
+        json!({"command": "echo hi"}),
+    ));
     model.push(Reply::text("Said hi."));
     let ports: Vec<(&str, String)> = ["ORCHESTRATOR", "SESSION_STORE", "TOOL_RUNNER", "SCHEDULER"]
         .into_iter()
@@ -683,7 +690,11 @@ async fn every_service_serves_metrics() {
     })
     .await
     .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let page = |var: &str| scrape(&ports.iter().find(|(v, _)| *v == var).unwrap().1);
     let orchestrator = page("ORCHESTRATOR");
@@ -695,13 +706,28 @@ async fn every_service_serves_metrics() {
         "agentry_calls_in_flight{kind=\"tool\"} 0\n",
         "agentry_pending_approvals 0\n",
     ] {
-        assert!(orchestrator.contains(line), "missing {line:?} in\n{orchestrator}");
+        assert!(
+            orchestrator.contains(line),
+            "missing {line:?} in\n{orchestrator}"
+        );
     }
     let store = page("SESSION_STORE");
-    assert!(store.contains("agentry_store_append_seconds_count{outcome=\"ok\"}"), "{store}");
-    assert!(store.contains("# TYPE agentry_store_events_appended_total counter"), "{store}");
+    assert!(
+        store.contains("agentry_store_append_seconds_count{outcome=\"ok\"}"),
+        "{store}"
+    );
+    assert!(
+        store.contains("# TYPE agentry_store_events_appended_total counter"),
+        "{store}"
+    );
     let runner = page("TOOL_RUNNER");
-    assert!(runner.contains("tool=\"bash\",outcome=\"ok\"} 1"), "{runner}");
+    assert!(
+        runner.contains("tool=\"bash\",outcome=\"ok\"} 1"),
+        "{runner}"
+    );
     let scheduler = page("SCHEDULER");
-    assert!(scheduler.contains("agentry_reminders_pending 0\n"), "{scheduler}");
+    assert!(
+        scheduler.contains("agentry_reminders_pending 0\n"),
+        "{scheduler}"
+    );
 }

@@ -167,7 +167,10 @@ async fn one_turn_is_one_trace_across_every_service() {
     let names = ["session-store", "tool-runner", "scheduler", "orchestrator"];
     let vars = ["SESSION_STORE", "TOOL_RUNNER", "SCHEDULER", "ORCHESTRATOR"];
     let mut env: Vec<(String, String)> = vec![
-        ("AGENTRY_CONFIG_DIR".into(), config.path().display().to_string()),
+        (
+            "AGENTRY_CONFIG_DIR".into(),
+            config.path().display().to_string(),
+        ),
         ("AGENTRY_DATA_DIR".into(), data.path().display().to_string()),
         ("AGENTRY_LLM_BASE_URL".into(), model.base_url()),
         ("AGENTRY_LLM_MODEL".into(), "fake-model".into()),
@@ -187,7 +190,10 @@ async fn one_turn_is_one_trace_across_every_service() {
     for var in vars {
         let port = free_port();
         env.push((format!("AGENTRY_{var}_LISTEN"), format!("127.0.0.1:{port}")));
-        env.push((format!("AGENTRY_{var}_URL"), format!("http://127.0.0.1:{port}")));
+        env.push((
+            format!("AGENTRY_{var}_URL"),
+            format!("http://127.0.0.1:{port}"),
+        ));
         urls.insert(var, format!("http://127.0.0.1:{port}"));
     }
     let mut services = Services {
@@ -208,7 +214,9 @@ async fn one_turn_is_one_trace_across_every_service() {
         if name == "orchestrator" {
             cmd.args(["--log-format", "json"]);
         }
-        services.children.push((name.to_string(), cmd.spawn().unwrap()));
+        services
+            .children
+            .push((name.to_string(), cmd.spawn().unwrap()));
     }
     for var in vars {
         agentry_testkit::cluster::connect(&urls[var]).await.unwrap();
@@ -264,13 +272,22 @@ async fn one_turn_is_one_trace_across_every_service() {
         .unwrap_or_else(|| panic!("no turn span among {} spans", spans.len()))
         .1
         .clone();
-    assert_eq!(attribute(&turn, "session_id").as_deref(), Some(&*session_id));
+    assert_eq!(
+        attribute(&turn, "session_id").as_deref(),
+        Some(&*session_id)
+    );
     assert_eq!(
         attribute(&turn, "outcome").as_deref(),
         Some("TURN_OUTCOME_COMPLETED")
     );
-    assert!(turn.parent_span_id.is_empty(), "the turn is the trace's root");
-    let trace: Vec<&(String, Span)> = spans.iter().filter(|(_, s)| s.trace_id == turn.trace_id).collect();
+    assert!(
+        turn.parent_span_id.is_empty(),
+        "the turn is the trace's root"
+    );
+    let trace: Vec<&(String, Span)> = spans
+        .iter()
+        .filter(|(_, s)| s.trace_id == turn.trace_id)
+        .collect();
     let services_seen: BTreeSet<&str> = trace.iter().map(|(svc, _)| svc.as_str()).collect();
     assert_eq!(
         services_seen,
@@ -284,7 +301,10 @@ async fn one_turn_is_one_trace_across_every_service() {
     );
 
     // Parent links: every span but the root has its parent in the trace.
-    let by_id: BTreeMap<&[u8], &Span> = trace.iter().map(|(_, s)| (s.span_id.as_slice(), s)).collect();
+    let by_id: BTreeMap<&[u8], &Span> = trace
+        .iter()
+        .map(|(_, s)| (s.span_id.as_slice(), s))
+        .collect();
     for (svc, span) in &trace {
         if span.span_id == turn.span_id {
             continue;
@@ -320,11 +340,20 @@ async fn one_turn_is_one_trace_across_every_service() {
     assert!(attribute(list, "runner_id").is_some_and(|r| !r.is_empty()));
     let execute = find("agentry-tool-runner", "agentry.tools.v1.ToolRunner/Execute");
     assert_eq!(execute.len(), 1);
-    assert_eq!(execute[0].parent_span_id, list.span_id, "runner span under the tool call");
-    let create = find("agentry-scheduler", "agentry.scheduler.v1.Scheduler/CreateReminder");
+    assert_eq!(
+        execute[0].parent_span_id, list.span_id,
+        "runner span under the tool call"
+    );
+    let create = find(
+        "agentry-scheduler",
+        "agentry.scheduler.v1.Scheduler/CreateReminder",
+    );
     assert_eq!(create.len(), 1);
     assert_eq!(parent_name(create[0]), "tool_call");
-    let appends = find("agentry-session-store", "agentry.sessions.v1.SessionStore/Append");
+    let appends = find(
+        "agentry-session-store",
+        "agentry.sessions.v1.SessionStore/Append",
+    );
     assert!(appends.len() >= 3, "{} appends", appends.len());
     for append in appends {
         assert_eq!(parent_name(append), "store.append");
@@ -334,7 +363,11 @@ async fn one_turn_is_one_trace_across_every_service() {
     let traceparents: Vec<String> = model
         .request_headers()
         .iter()
-        .filter_map(|h| h.iter().find(|(k, _)| k == "traceparent").map(|(_, v)| v.clone()))
+        .filter_map(|h| {
+            h.iter()
+                .find(|(k, _)| k == "traceparent")
+                .map(|(_, v)| v.clone())
+        })
         .collect();
     assert_eq!(traceparents.len(), 3, "{:?}", model.request_headers());
     let trace_hex: String = turn.trace_id.iter().map(|b| format!("{b:02x}")).collect();
@@ -359,7 +392,10 @@ async fn one_turn_is_one_trace_across_every_service() {
             in_turn += 1;
         }
     }
-    assert!(in_turn >= 3, "log lines inside the turn: {in_turn}\n{orchestrator_log}");
+    assert!(
+        in_turn >= 3,
+        "log lines inside the turn: {in_turn}\n{orchestrator_log}"
+    );
     let raw = collector.raw.lock().unwrap().clone();
     for secret in [API_KEY, CRAWL_TOKEN] {
         assert!(!logs.contains(secret), "a secret was logged");

@@ -436,12 +436,7 @@ impl Actor {
     }
 }
 
-async fn model_call(
-    deps: Arc<Deps>,
-    history: Vec<Message>,
-    task: u64,
-    tx: mpsc::Sender<Outcome>,
-) {
+async fn model_call(deps: Arc<Deps>, history: Vec<Message>, task: u64, tx: mpsc::Sender<Outcome>) {
     let tools = deps.tools().await;
     if tx
         .send((task, Input::ToolCatalog(tools.flags.clone())))
@@ -494,7 +489,10 @@ async fn model_call(
                     span.record("completion_tokens", usage.completion_tokens);
                 }
                 crate::metrics::model_call_finished(&deps.metrics, "ok", elapsed, completion.usage);
-                tracing::debug!(elapsed_ms = elapsed.as_millis() as u64, "model call finished");
+                tracing::debug!(
+                    elapsed_ms = elapsed.as_millis() as u64,
+                    "model call finished"
+                );
                 let _ = tx.send((task, Input::ModelDone(completion))).await;
                 return;
             }

@@ -7,11 +7,11 @@ use crate::runners::RunnerPool;
 use agentry_llm::{ChatClient, ToolDefinition};
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_runtime::telemetry::TracedChannel;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::RwLock;
-use agentry_runtime::telemetry::TracedChannel;
 
 /// Shared dependencies of the session actors.
 pub struct Deps {

@@ -62,12 +62,12 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         &config.session_store.url,
         "session store",
     )?))
-        .max_decoding_message_size(64 * 1024 * 1024);
+    .max_decoding_message_size(64 * 1024 * 1024);
     let runners = runners::RunnerPool::new(&config.tool_runner.url)
         .map_err(|e| RunError::Config(format!("tool_runner.url: {e}")))?;
-    let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(
-        traced(lazy_channel(&config.scheduler.url, "scheduler")?),
-    );
+    let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(traced(
+        lazy_channel(&config.scheduler.url, "scheduler")?,
+    ));
     let llm = ChatClient::new(ProviderConfig {
         provider: match config.llm.provider {
             agentry_runtime::config::LlmProvider::Openai => agentry_llm::Provider::OpenAi,

@@ -22,12 +22,12 @@ use agentry_proto::tools::v1::{
     ExecuteRequest, ExecuteResult, ListToolsRequest, ListToolsResponse, OutputChunk,
     execute_response,
 };
+use agentry_runtime::telemetry::{TracedChannel, traced};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
-use agentry_runtime::telemetry::{TracedChannel, traced};
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};

@@ -198,7 +198,8 @@ impl Registry {
                     Series::Histogram { counts, sum, count } => {
                         let sep = if labels.is_empty() { "" } else { "," };
                         for (bound, n) in BUCKETS.iter().zip(counts.iter()) {
-                            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
+                            let _ =
+                                writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
                         }
                         let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
                         let braces = if labels.is_empty() {
@@ -272,23 +273,70 @@ mod tests {
     #[test]
     fn renders_counters_gauges_and_histograms() {
         let r = Registry::default();
-        r.inc("agentry_turns_total", "Turns finished.", &[("outcome", "completed")]);
-        r.inc("agentry_turns_total", "Turns finished.", &[("outcome", "completed")]);
-        r.add("agentry_turns_total", "Turns finished.", &[("outcome", "failed")], 3.0);
+        r.inc(
+            "agentry_turns_total",
+            "Turns finished.",
+            &[("outcome", "completed")],
+        );
+        r.inc(
+            "agentry_turns_total",
+            "Turns finished.",
+            &[("outcome", "completed")],
+        );
+        r.add(
+            "agentry_turns_total",
+            "Turns finished.",
+            &[("outcome", "failed")],
+            3.0,
+        );
         r.set("agentry_sessions_loaded", "Sessions in memory.", &[], 4.0);
         r.shift("agentry_sessions_loaded", "Sessions in memory.", &[], -1.0);
-        r.observe("agentry_model_seconds", "Model latency.", &[("outcome", "ok")], Duration::from_millis(20));
-        r.observe("agentry_model_seconds", "Model latency.", &[("outcome", "ok")], Duration::from_secs(3));
+        r.observe(
+            "agentry_model_seconds",
+            "Model latency.",
+            &[("outcome", "ok")],
+            Duration::from_millis(20),
+        );
+        r.observe(
+            "agentry_model_seconds",
+            "Model latency.",
+            &[("outcome", "ok")],
+            Duration::from_secs(3),
+        );
         let page = r.render();
-        assert!(page.contains("# TYPE agentry_turns_total counter\n"), "{page}");
-        assert!(page.contains("agentry_turns_total{outcome=\"completed\"} 2\n"), "{page}");
-        assert!(page.contains("agentry_turns_total{outcome=\"failed\"} 3\n"), "{page}");
+        assert!(
+            page.contains("# TYPE agentry_turns_total counter\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("agentry_turns_total{outcome=\"completed\"} 2\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("agentry_turns_total{outcome=\"failed\"} 3\n"),
+            "{page}"
+        );
         assert!(page.contains("agentry_sessions_loaded 3\n"), "{page}");
-        assert!(page.contains("agentry_model_seconds_bucket{outcome=\"ok\",le=\"0.025\"} 1\n"), "{page}");
-        assert!(page.contains("agentry_model_seconds_bucket{outcome=\"ok\",le=\"10\"} 2\n"), "{page}");
-        assert!(page.contains("agentry_model_seconds_bucket{outcome=\"ok\",le=\"+Inf\"} 2\n"), "{page}");
-        assert!(page.contains("agentry_model_seconds_count{outcome=\"ok\"} 2\n"), "{page}");
-        assert_eq!(r.value("agentry_turns_total", &[("outcome", "failed")]), Some(3.0));
+        assert!(
+            page.contains("agentry_model_seconds_bucket{outcome=\"ok\",le=\"0.025\"} 1\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("agentry_model_seconds_bucket{outcome=\"ok\",le=\"10\"} 2\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("agentry_model_seconds_bucket{outcome=\"ok\",le=\"+Inf\"} 2\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("agentry_model_seconds_count{outcome=\"ok\"} 2\n"),
+            "{page}"
+        );
+        assert_eq!(
+            r.value("agentry_turns_total", &[("outcome", "failed")]),
+            Some(3.0)
+        );
         // Label values are escaped.
         r.inc("agentry_x_total", "X.", &[("tool", "a\"b")]);
         assert!(r.render().contains("agentry_x_total{tool=\"a\\\"b\"} 1"));

@@ -89,9 +89,7 @@ pub fn init(
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(ansi);
-    let registry = tracing_subscriber::registry()
-        .with(filter)
-        .with(otel_layer);
+    let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
     // An error here means a subscriber is already installed: keep it.
     let installed = match format {
         LogFormat::Text => registry.with(fmt).try_init(),
@@ -121,11 +119,12 @@ fn exporter(endpoint: &str, service_name: &str) -> Result<SdkTracerProvider, Str
         .with_endpoint(endpoint)
         .build()
         .map_err(|e| format!("cannot build the OTLP exporter for {endpoint}: {e}"))?;
-    let processor = opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
-        exporter,
-        opentelemetry_sdk::runtime::Tokio,
-    )
-    .build();
+    let processor =
+        opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+            exporter,
+            opentelemetry_sdk::runtime::Tokio,
+        )
+        .build();
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name(service_name.to_string())
         .build();
@@ -201,7 +200,10 @@ pub fn inject_http(headers: &mut http::HeaderMap) {
 pub struct Propagate;
 
 impl tonic::service::Interceptor for Propagate {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(cx) = current_context() {
             TraceContextPropagator::new()
                 .inject_context(&cx, &mut MetadataInjector(request.metadata_mut()));
@@ -260,8 +262,8 @@ mod tests {
         let mut headers = http::HeaderMap::new();
         inject_http(&mut headers);
         assert!(headers.is_empty());
-        let request = tonic::service::Interceptor::call(&mut Propagate, tonic::Request::new(()))
-            .unwrap();
+        let request =
+            tonic::service::Interceptor::call(&mut Propagate, tonic::Request::new(())).unwrap();
         assert!(request.metadata().is_empty());
         let request = http::Request::builder()
             .uri("/agentry.sessions.v1.SessionStore/Append")

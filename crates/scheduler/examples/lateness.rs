@@ -56,11 +56,9 @@ async fn measure(pending: usize) -> Result<(f64, f64, f64, usize), Box<dyn std::
     let loader = store.clone();
     tokio::task::spawn_blocking(move || loader.create_many(reminders, now)).await??;
     // The worker never checks sessions; the client is never dialled.
-    let sessions = SessionStoreClient::new(
-        agentry_runtime::telemetry::traced(
-            tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy(),
-        ),
-    );
+    let sessions = SessionStoreClient::new(agentry_runtime::telemetry::traced(
+        tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy(),
+    ));
     let core = Core::new(
         store,
         Arc::new(SystemClock),

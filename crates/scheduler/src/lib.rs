@@ -85,13 +85,12 @@ pub async fn run(
         session_store_url.to_string(),
     );
     let metrics_core = core.clone();
-    let metrics_task = agentry_runtime::metrics::spawn(
-        core.metrics_listen(),
-        "scheduler",
-        move || metrics_core.metrics_page(),
-    )
-    .await
-    .map_err(RunError::Config)?;
+    let metrics_task =
+        agentry_runtime::metrics::spawn(core.metrics_listen(), "scheduler", move || {
+            metrics_core.metrics_page()
+        })
+        .await
+        .map_err(RunError::Config)?;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let worker = tokio::spawn(core.clone().run_worker(stop));
     let shutdown = async move {

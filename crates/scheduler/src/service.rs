@@ -220,7 +220,7 @@ impl Core {
                             "agentry_reminder_lateness_seconds",
                             "How late reminders fired after their due time.",
                             &[],
-                            Duration::from_millis(f.late_ms.max(0) as u64),
+                            Duration::from_millis(f.late_ms),
                         );
                         self.metrics.inc(
                             "agentry_reminder_firings_total",
