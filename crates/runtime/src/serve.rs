@@ -41,6 +41,20 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, ServeError>
     })
 }
 
+/// Accepted connections with Nagle's algorithm off: a gRPC answer is a few
+/// small writes (headers, message, trailers), and with Nagle on each one
+/// after the first waits for the client's delayed ACK, some 40 ms a call.
+fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+}
+
 /// Serves `routes` on `listener` together with `grpc.health.v1` (reporting
 /// each of `service_names` as SERVING) and server reflection, until
 /// `shutdown` completes; then stops accepting and drains open calls.
@@ -75,7 +89,7 @@ pub async fn serve(
         .add_routes(routes)
         .add_service(health)
         .add_service(reflection)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+        .serve_with_incoming_shutdown(incoming(listener), async move {
             shutdown.await;
             let _ = stopping_tx.send(());
         });

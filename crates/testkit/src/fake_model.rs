@@ -274,6 +274,17 @@ pub enum Fallback {
     Error,
     /// A text reply `echo: <content of the last user message>`.
     Echo,
+    /// One tool call, then a text answer once the tool's result is in: when the last
+    /// message of the request comes from a tool, answer `text`, else call `tool` with
+    /// `arguments`. Any number of concurrent conversations each get a ReAct-style turn.
+    ToolThenText {
+        /// The tool to call.
+        tool: String,
+        /// Its arguments.
+        arguments: Value,
+        /// The final answer.
+        text: String,
+    },
     /// Cycle through these replies forever (an empty list behaves like [`Fallback::Error`]).
     Script(Vec<Reply>),
 }
@@ -340,6 +351,12 @@ impl FakeModel {
             .with_state(shared.clone());
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
+            // Nagle off, as a real model server behind a proxy would have it:
+            // streamed chunks are small writes.
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                 let _ = shutdown_rx.await;
             });
@@ -597,12 +614,29 @@ async fn chat(
         inner.paths.push(path.to_string());
         match inner.queue.pop_front() {
             Some(reply) => Some(reply),
-            None => match &inner.fallback {
+            None => match inner.fallback.clone() {
                 Fallback::Error => None,
                 Fallback::Echo => Some(Reply::text(&format!(
                     "echo: {}",
                     last_user_message(&request)
                 ))),
+                Fallback::ToolThenText {
+                    tool,
+                    arguments,
+                    text,
+                } => {
+                    let after_tool = request["messages"]
+                        .as_array()
+                        .and_then(|m| m.last())
+                        .is_some_and(|m| m["role"] == "tool");
+                    if after_tool {
+                        Some(Reply::text(&text))
+                    } else {
+                        let n = inner.script_pos;
+                        inner.script_pos = inner.script_pos.wrapping_add(1);
+                        Some(Reply::tool_call(&format!("call_{n}"), &tool, arguments))
+                    }
+                }
                 Fallback::Script(replies) if replies.is_empty() => None,
                 Fallback::Script(replies) => {
                     let reply = replies[inner.script_pos % replies.len()].clone();

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentry_testkit::fake_model::FakeModel;
+use agentry_testkit::fake_model::{FakeModel, Fallback};
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -61,4 +61,42 @@ async fn replies_are_queued_over_http_and_bad_scripts_refused() {
         .await
         .unwrap();
     assert_eq!(counts, json!({"requests": 1, "pending": 1}));
+}
+
+#[tokio::test]
+async fn tool_then_text_gives_every_conversation_a_react_turn() {
+    let model = FakeModel::start().await.unwrap();
+    model.set_fallback(Fallback::ToolThenText {
+        tool: "read_file".into(),
+        arguments: json!({"path": "small.txt"}),
+        text: "done".into(),
+    });
+    let http = reqwest::Client::new();
+    let ask = |messages: Value| {
+        let http = http.clone();
+        let url = format!("{}/chat/completions", model.base_url());
+        async move {
+            http.post(url)
+                .json(&json!({"model": "m", "stream": true, "messages": messages}))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    let first = ask(json!([{"role": "user", "content": "read it"}])).await;
+    assert!(
+        first.contains("read_file") && first.contains("small.txt"),
+        "{first}"
+    );
+    let second = ask(json!([
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "hello"}
+    ]))
+    .await;
+    assert!(second.contains("\"done\""), "{second}");
+    assert!(!second.contains("read_file"), "{second}");
 }

@@ -1,0 +1,539 @@
+//! The measurements. Each prints its table and returns its figures as JSON.
+
+use crate::stack::Stack;
+use crate::stats::summary;
+use agentry_proto::orchestrator::v1 as opb;
+use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
+use agentry_proto::sessions::v1 as spb;
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
+use agentry_proto::tools::v1::{ExecuteRequest, execute_response};
+use agentry_testkit::fake_model::{self, FakeModel, Fallback, Reply};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+const ANSWER: &str = "done";
+/// Sessions sharing one HTTP/2 connection.
+const SESSIONS_PER_CONNECTION: usize = 100;
+
+fn react_model() -> Fallback {
+    Fallback::ToolThenText {
+        tool: "read_file".into(),
+        arguments: json!({"path": "small.txt"}),
+        text: ANSWER.into(),
+    }
+}
+
+/// One session's sequence of turns; returns each turn's latency in ms, and
+/// the number of turns that did not complete with the expected answer.
+async fn session_turns(
+    mut client: OrchestratorClient<Channel>,
+    stack: &Stack,
+    turns: usize,
+) -> anyhow::Result<(Vec<f64>, usize)> {
+    let session = client
+        .create_session(opb::CreateSessionRequest::default())
+        .await?
+        .into_inner();
+    let workspace = stack.workspace(&session.id);
+    std::fs::create_dir_all(&workspace)?;
+    std::fs::write(workspace.join("small.txt"), "a small file\n")?;
+    let mut events = client
+        .subscribe(opb::SubscribeRequest {
+            session_id: session.id.clone(),
+            from_seq: 0,
+        })
+        .await?
+        .into_inner();
+    let mut latencies = Vec::with_capacity(turns);
+    let mut errors = 0;
+    for _ in 0..turns {
+        let started = Instant::now();
+        let submitted = client
+            .submit(opb::SubmitRequest {
+                session_id: session.id.clone(),
+                input: Some(opb::Input {
+                    kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                        text: "read small.txt".into(),
+                        approval_mode: spb::ApprovalMode::Policy as i32,
+                    })),
+                }),
+            })
+            .await;
+        if submitted.is_err() {
+            errors += 1;
+            continue;
+        }
+        let mut read_file_ok = false;
+        loop {
+            let Some(event) = events.next().await else {
+                anyhow::bail!("the event stream of session {} ended", session.id);
+            };
+            match event?.kind {
+                Some(spb::event::Kind::ToolResult(r)) => {
+                    read_file_ok = !r.is_error && r.output.contains("a small file");
+                }
+                Some(spb::event::Kind::TurnFinished(f)) => {
+                    let completed = f.outcome == spb::TurnOutcome::Completed as i32;
+                    if !(completed && f.message == ANSWER && read_file_ok) {
+                        errors += 1;
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok((latencies, errors))
+}
+
+async fn turn_run(stack: &Stack, sessions: usize, turns_each: usize) -> anyhow::Result<Value> {
+    let mut clients = Vec::new();
+    for _ in 0..sessions.div_ceil(SESSIONS_PER_CONNECTION) {
+        clients.push(stack.orchestrator().await?);
+    }
+    let started = Instant::now();
+    let runs = (0..sessions).map(|i| {
+        let client = clients[i / SESSIONS_PER_CONNECTION].clone();
+        session_turns(client, stack, turns_each)
+    });
+    let results = futures::future::join_all(runs).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for result in results {
+        match result {
+            Ok((l, e)) => {
+                latencies.extend(l);
+                errors += e;
+            }
+            Err(e) => {
+                eprintln!("  a session failed: {e:#}");
+                errors += turns_each;
+            }
+        }
+    }
+    let turns = latencies.len();
+    let (p50, p99, max) = summary(&mut latencies);
+    let rate = turns as f64 / elapsed;
+    println!("{sessions:>9} {turns:>7} {rate:>10.1} {p50:>9.2} {p99:>9.2} {max:>9.2} {errors:>7}");
+    Ok(json!({
+        "sessions": sessions, "turns": turns, "turns_per_sec": rate,
+        "p50_ms": p50, "p99_ms": p99, "max_ms": max, "errors": errors,
+    }))
+}
+
+/// Turn overhead: one session sequentially, then N at once.
+pub async fn turns(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::Result<Value> {
+    let model = FakeModel::start().await?;
+    model.set_fallback(react_model());
+    println!("\n== turns: user message → read_file → result → answer (every event durable)");
+    println!(
+        "{:>9} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "sessions", "turns", "turns/s", "p50 ms", "p99 ms", "max ms", "errors"
+    );
+    let mut runs = Vec::new();
+    let mut peak = serde_json::Map::new();
+    for &n in sessions {
+        // A fresh stack per run: memory and store size start from zero.
+        let stack = Stack::start(bin, &model.base_url()).await?;
+        let turns_each = if n == 1 { turns } else { (turns / n).max(2) };
+        // Warm-up: connections, the tool list, SQLite's caches.
+        turn_run_quiet(&stack).await?;
+        runs.push(turn_run(&stack, n, turns_each).await?);
+        for (service, mib) in stack.peak_rss_mib() {
+            peak.insert(format!("{service}@{n}"), json!(mib));
+        }
+    }
+    println!(
+        "peak RSS (MiB) by service@sessions: {}",
+        Value::Object(peak.clone())
+    );
+    Ok(json!({"runs": runs, "peak_rss_mib": peak}))
+}
+
+async fn turn_run_quiet(stack: &Stack) -> anyhow::Result<()> {
+    let client = stack.orchestrator().await?;
+    let (_, errors) = session_turns(client, stack, 5).await?;
+    anyhow::ensure!(errors == 0, "warm-up turns failed: is the stack healthy?");
+    Ok(())
+}
+
+/// The paced reply: `n` one-word tokens, `pace` apart.
+fn paced_reply(n: usize, pace: Duration) -> Reply {
+    let mut chunks = Vec::with_capacity(2 * n + 1);
+    for i in 0..n {
+        chunks.push(fake_model::text(&format!("t{i} ")));
+        chunks.push(fake_model::pause(pace));
+    }
+    chunks.push(fake_model::finish("stop"));
+    Reply::stream(chunks)
+}
+
+/// Token arrival times (ms after the request) read straight from the model.
+async fn direct_arrivals(model: &FakeModel) -> anyhow::Result<Vec<f64>> {
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    let response = http
+        .post(format!("{}/chat/completions", model.base_url()))
+        .json(&json!({"model": "fake-model", "stream": true,
+                      "messages": [{"role": "user", "content": "stream"}]}))
+        .send()
+        .await?;
+    let mut body = response.bytes_stream();
+    let mut arrivals = Vec::new();
+    let mut pending = String::new();
+    while let Some(chunk) = body.next().await {
+        let at = started.elapsed().as_secs_f64() * 1000.0;
+        pending.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(end) = pending.find('\n') {
+            let line: String = pending.drain(..=end).collect();
+            if let Some(data) = line.trim().strip_prefix("data: ")
+                && let Ok(v) = serde_json::from_str::<Value>(data)
+                && let Some(text) = v["choices"][0]["delta"]["content"].as_str()
+            {
+                arrivals.extend(text.split_whitespace().map(|_| at));
+            }
+        }
+    }
+    Ok(arrivals)
+}
+
+/// Token arrival times (ms after the submit) as a client of Agentry sees them.
+async fn agentry_arrivals(stack: &Stack) -> anyhow::Result<Vec<f64>> {
+    let mut client = stack.orchestrator().await?;
+    let session = client
+        .create_session(opb::CreateSessionRequest::default())
+        .await?
+        .into_inner();
+    let mut events = client
+        .subscribe(opb::SubscribeRequest {
+            session_id: session.id.clone(),
+            from_seq: 0,
+        })
+        .await?
+        .into_inner();
+    let started = Instant::now();
+    client
+        .submit(opb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(opb::Input {
+                kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                    text: "stream".into(),
+                    approval_mode: spb::ApprovalMode::Policy as i32,
+                })),
+            }),
+        })
+        .await?;
+    let mut arrivals = Vec::new();
+    while let Some(event) = events.next().await {
+        let at = started.elapsed().as_secs_f64() * 1000.0;
+        match event?.kind {
+            Some(spb::event::Kind::ModelTextDelta(d)) => {
+                arrivals.extend(d.text.split_whitespace().map(|_| at));
+            }
+            Some(spb::event::Kind::TurnFinished(_)) => break,
+            _ => {}
+        }
+    }
+    Ok(arrivals)
+}
+
+/// Streaming overhead: the same paced stream read directly and via Agentry.
+pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
+    const TOKENS: usize = 2000;
+    let pace = Duration::from_millis(1);
+    let model = FakeModel::start().await?;
+    let stack = Stack::start(bin, &model.base_url()).await?;
+    println!(
+        "\n== streaming: {TOKENS} tokens, one every {} ms",
+        pace.as_millis()
+    );
+    model.push(paced_reply(TOKENS, pace));
+    let direct = direct_arrivals(&model).await?;
+    model.push(paced_reply(TOKENS, pace));
+    let via = agentry_arrivals(&stack).await?;
+    anyhow::ensure!(
+        direct.len() == TOKENS && via.len() == TOKENS,
+        "expected {TOKENS} tokens, got {} directly and {} through Agentry",
+        direct.len(),
+        via.len()
+    );
+    let mut added: Vec<f64> = direct
+        .iter()
+        .zip(&via)
+        .map(|(d, v)| (v - via[0]) - (d - direct[0]))
+        .collect();
+    let (p50, p99, max) = summary(&mut added);
+    println!(
+        "time to first token: direct {:.2} ms, through Agentry {:.2} ms (+{:.2} ms)",
+        direct[0],
+        via[0],
+        via[0] - direct[0]
+    );
+    println!("added per-token delay: p50 {p50:.3} ms, p99 {p99:.3} ms, max {max:.3} ms");
+    Ok(json!({
+        "tokens": TOKENS, "pace_ms": pace.as_secs_f64() * 1000.0,
+        "ttft_direct_ms": direct[0], "ttft_agentry_ms": via[0],
+        "added_p50_ms": p50, "added_p99_ms": p99, "added_max_ms": max,
+    }))
+}
+
+/// The shell tool running `true` versus a bare fork/exec of `true`.
+pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
+    const RUNS: usize = 300;
+    let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["tool-runner"]).await?;
+    let mut runner =
+        ToolRunnerClient::new(crate::stack::connect(&stack.urls["tool-runner"]).await?);
+    println!("\n== shell: `true`, {RUNS} runs each");
+    let mut through = Vec::with_capacity(RUNS);
+    for i in 0..RUNS + 10 {
+        let started = Instant::now();
+        let mut stream = runner
+            .execute(ExecuteRequest {
+                call_id: format!("c{i}"),
+                session_id: "bench-shell".into(),
+                tool: "bash".into(),
+                arguments_json: json!({"command": "true"}).to_string(),
+                timeout_ms: 0,
+            })
+            .await?
+            .into_inner();
+        let mut ok = false;
+        while let Some(message) = stream.message().await? {
+            if let Some(execute_response::Kind::Result(r)) = message.kind {
+                ok = !r.is_error;
+            }
+        }
+        anyhow::ensure!(ok, "`true` failed through the tool runner");
+        if i >= 10 {
+            through.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    let mut bare = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let started = Instant::now();
+        let status = tokio::process::Command::new("true").status().await?;
+        anyhow::ensure!(status.success(), "`true` failed");
+        bare.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (t_mean, b_mean) = (mean(&through), mean(&bare));
+    let (t50, t99, _) = summary(&mut through);
+    let (b50, b99, _) = summary(&mut bare);
+    println!("tool runner: mean {t_mean:.2} ms, p50 {t50:.2}, p99 {t99:.2}");
+    println!("fork/exec:   mean {b_mean:.2} ms, p50 {b50:.2}, p99 {b99:.2}");
+    println!("ratio (mean): {:.2}x", t_mean / b_mean);
+    Ok(json!({
+        "runs": RUNS,
+        "tool_runner_mean_ms": t_mean, "tool_runner_p50_ms": t50, "tool_runner_p99_ms": t99,
+        "fork_exec_mean_ms": b_mean, "fork_exec_p50_ms": b50, "fork_exec_p99_ms": b99,
+        "ratio": t_mean / b_mean,
+    }))
+}
+
+/// Reminder lateness among N pending (the scheduler's real worker over its
+/// store on disk).
+pub async fn reminders(pending: &[usize]) -> anyhow::Result<Value> {
+    println!(
+        "\n== reminders: {} falling due over {} s among N pending",
+        crate::scenarios::lateness::SAMPLE,
+        crate::scenarios::lateness::WINDOW.as_secs()
+    );
+    println!(
+        "{:>10} {:>8} {:>10} {:>10} {:>10}",
+        "pending", "fired", "p50 ms", "p99 ms", "max ms"
+    );
+    let mut runs = Vec::new();
+    for &n in pending {
+        let (p50, p99, max, fired) = lateness::measure(n).await?;
+        println!("{n:>10} {fired:>8} {p50:>10.2} {p99:>10.2} {max:>10.2}");
+        runs.push(
+            json!({"pending": n, "fired": fired, "p50_ms": p50, "p99_ms": p99, "max_ms": max}),
+        );
+    }
+    Ok(json!({"runs": runs}))
+}
+
+/// Durable appends of one small event, one writer and 16 concurrent.
+pub async fn store(bin: &Path) -> anyhow::Result<Value> {
+    const PER_WRITER: usize = 500;
+    // The store alone: no orchestrator takes these sessions for its own.
+    let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["session-store"]).await?;
+    let channel = crate::stack::connect(&stack.urls["session-store"]).await?;
+    println!("\n== store: appends of one event, each durable (fsynced) before the answer");
+    println!(
+        "{:>8} {:>8} {:>12} {:>9} {:>9}",
+        "writers", "appends", "appends/s", "p50 ms", "p99 ms"
+    );
+    let mut runs = Vec::new();
+    for writers in [1usize, 16] {
+        let appends = if writers == 1 {
+            2 * PER_WRITER
+        } else {
+            PER_WRITER
+        };
+        let started = Instant::now();
+        let tasks = (0..writers).map(|_| {
+            let mut client = SessionStoreClient::new(channel.clone());
+            async move {
+                let session = client
+                    .create_session(spb::CreateSessionRequest::default())
+                    .await?
+                    .into_inner();
+                let mut latencies = Vec::with_capacity(appends);
+                for seq in 1..=appends as u64 {
+                    let t = Instant::now();
+                    client
+                        .append(spb::AppendRequest {
+                            session_id: session.id.clone(),
+                            expected_seq: seq,
+                            events: vec![spb::Event {
+                                kind: Some(spb::event::Kind::UserMessage(spb::UserMessage {
+                                    text: "a message of about sixty bytes, as a short chat line is"
+                                        .into(),
+                                    approval_mode: 0,
+                                })),
+                                ..Default::default()
+                            }],
+                        })
+                        .await?;
+                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                anyhow::Ok(latencies)
+            }
+        });
+        let mut latencies = Vec::new();
+        for result in futures::future::join_all(tasks).await {
+            latencies.extend(result?);
+        }
+        let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
+        let count = latencies.len();
+        let (p50, p99, _) = summary(&mut latencies);
+        println!("{writers:>8} {count:>8} {rate:>12.1} {p50:>9.2} {p99:>9.2}");
+        runs.push(json!({"writers": writers, "appends": count, "appends_per_sec": rate, "p50_ms": p50, "p99_ms": p99}));
+    }
+    Ok(json!({"runs": runs}))
+}
+
+/// Orchestrator memory per idle session: N sessions that each ran a turn.
+pub async fn idle(bin: &Path, sessions: usize) -> anyhow::Result<Value> {
+    let model = FakeModel::start().await?;
+    model.set_fallback(react_model());
+    let stack = Stack::start(bin, &model.base_url()).await?;
+    println!("\n== idle: {sessions} sessions that each ran one turn, then idle");
+    turn_run_quiet(&stack).await?;
+    let pid = stack
+        .pid("orchestrator")
+        .ok_or_else(|| anyhow::anyhow!("no orchestrator process"))?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = crate::stats::status_kib(pid, "VmRSS").unwrap_or(0);
+    let mut clients = Vec::new();
+    for _ in 0..sessions.div_ceil(SESSIONS_PER_CONNECTION) {
+        clients.push(stack.orchestrator().await?);
+    }
+    // Fifty at a time: this measures memory, not throughput.
+    let mut errors = 0;
+    for batch in (0..sessions).collect::<Vec<_>>().chunks(50) {
+        let runs = batch
+            .iter()
+            .map(|&i| session_turns(clients[i / SESSIONS_PER_CONNECTION].clone(), &stack, 1));
+        for result in futures::future::join_all(runs).await {
+            errors += result.map(|(_, e)| e).unwrap_or(1);
+        }
+    }
+    drop(clients);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = crate::stats::status_kib(pid, "VmRSS").unwrap_or(0);
+    let per_session_kib = after.saturating_sub(before) as f64 / sessions as f64;
+    println!(
+        "orchestrator RSS {:.1} MiB → {:.1} MiB: {per_session_kib:.1} KiB per idle session ({errors} errors)",
+        before as f64 / 1024.0,
+        after as f64 / 1024.0
+    );
+    Ok(json!({
+        "sessions": sessions, "rss_before_mib": before as f64 / 1024.0,
+        "rss_after_mib": after as f64 / 1024.0, "kib_per_session": per_session_kib,
+        "errors": errors,
+    }))
+}
+
+pub mod lateness {
+    //! How late do reminders fire? N pending reminders in a fresh scheduler
+    //! store (SQLite on disk, durable writes), of which a sample falls due
+    //! over a few seconds and the rest far in the future; the real firing
+    //! worker runs; for each sample reminder, the time from its due time to
+    //! the moment its firing was handed to delivery.
+
+    use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+    use agentry_scheduler::schedule::MissedPolicy;
+    use agentry_scheduler::store::{Kind, NewReminder, Store};
+    use agentry_scheduler::{Core, Settings, SystemClock};
+    use chrono::Utc;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Reminders that fall due during the measurement.
+    pub const SAMPLE: usize = 1000;
+    /// Over how long the sample falls due.
+    pub const WINDOW: Duration = Duration::from_secs(5);
+
+    /// (p50, p99, max) lateness in ms, and how many fired.
+    pub async fn measure(pending: usize) -> anyhow::Result<(f64, f64, f64, usize)> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(Store::open(&dir.path().join("scheduler.db"))?);
+        let now = Utc::now();
+        let start = now + chrono::Duration::seconds(2);
+        let sample = SAMPLE.min(pending);
+        let mut reminders = Vec::with_capacity(pending);
+        for i in 0..pending {
+            let due = if i < sample {
+                start
+                    + chrono::Duration::microseconds(
+                        (WINDOW.as_micros() as i64 * i as i64) / sample as i64,
+                    )
+            } else {
+                now + chrono::Duration::days(1) + chrono::Duration::seconds(i as i64)
+            };
+            reminders.push(NewReminder {
+                session_id: "bench".into(),
+                message: format!("reminder {i}"),
+                kind: Kind::Notify,
+                due,
+                recurrence: None,
+                missed: MissedPolicy::Once,
+            });
+        }
+        let loader = store.clone();
+        tokio::task::spawn_blocking(move || loader.create_many(reminders, now)).await??;
+        // The worker never checks sessions; this client is never dialled.
+        let sessions = SessionStoreClient::new(agentry_runtime::telemetry::traced(
+            tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy(),
+        ));
+        let core = Core::new(
+            store,
+            Arc::new(SystemClock),
+            Settings::default(),
+            sessions,
+            "unused".into(),
+        );
+        let mut fired = core.subscribe_fired();
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let worker = tokio::spawn(core.clone().run_worker(stop));
+        let mut lateness = Vec::with_capacity(sample);
+        let deadline = tokio::time::Instant::now() + WINDOW + Duration::from_secs(10);
+        while lateness.len() < sample {
+            let firing = tokio::time::timeout_at(deadline, fired.recv()).await??;
+            let observed = Utc::now();
+            lateness.push((observed - firing.due).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+        }
+        let _ = stop_tx.send(true);
+        worker.abort();
+        let (p50, p99, max) = crate::stats::summary(&mut lateness);
+        Ok((p50, p99, max, sample))
+    }
+}

@@ -1,0 +1,151 @@
+//! The four services as child processes of the `agentry` binary, with a
+//! fresh data directory on disk and the fake model as the LLM server.
+
+use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
+use anyhow::Context;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+pub const SERVICES: [&str; 4] = ["session-store", "tool-runner", "scheduler", "orchestrator"];
+
+pub struct Stack {
+    children: Vec<(&'static str, Child)>,
+    pub urls: BTreeMap<&'static str, String>,
+    pub data: tempfile::TempDir,
+    _config: tempfile::TempDir,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn var(service: &str) -> String {
+    service.replace('-', "_").to_uppercase()
+}
+
+impl Stack {
+    /// Starts the four services and waits until each answers.
+    pub async fn start(bin: &Path, model_url: &str) -> anyhow::Result<Stack> {
+        Self::start_only(bin, model_url, &SERVICES).await
+    }
+
+    /// Starts some of the services.
+    pub async fn start_only(
+        bin: &Path,
+        model_url: &str,
+        services: &[&'static str],
+    ) -> anyhow::Result<Stack> {
+        let data = tempfile::tempdir()?;
+        let config = tempfile::tempdir()?;
+        let mut urls = BTreeMap::new();
+        let mut env: Vec<(String, String)> = vec![
+            (
+                "AGENTRY_CONFIG_DIR".into(),
+                config.path().display().to_string(),
+            ),
+            ("AGENTRY_DATA_DIR".into(), data.path().display().to_string()),
+            ("AGENTRY_LLM_BASE_URL".into(), model_url.to_string()),
+            ("AGENTRY_LLM_MODEL".into(), "fake-model".into()),
+            ("AGENTRY_LOG".into(), "warn".into()),
+        ];
+        for service in SERVICES {
+            let port = free_port()?;
+            let v = var(service);
+            env.push((format!("AGENTRY_{v}_LISTEN"), format!("127.0.0.1:{port}")));
+            env.push((
+                format!("AGENTRY_{v}_URL"),
+                format!("http://127.0.0.1:{port}"),
+            ));
+            urls.insert(service, format!("http://127.0.0.1:{port}"));
+        }
+        let mut stack = Stack {
+            children: Vec::new(),
+            urls,
+            data,
+            _config: config,
+        };
+        for &service in services {
+            let mut cmd = Command::new(bin);
+            cmd.args(["serve", service])
+                .env_remove("RUST_LOG")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
+            for (k, v) in &env {
+                cmd.env(k, v);
+            }
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("cannot start {} serve {service}", bin.display()))?;
+            stack.children.push((service, child));
+        }
+        for &service in services {
+            connect(&stack.urls[service])
+                .await
+                .with_context(|| format!("the {service} did not come up"))?;
+        }
+        Ok(stack)
+    }
+
+    /// The process id of a service.
+    pub fn pid(&self, service: &str) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(name, _)| *name == service)
+            .map(|(_, c)| c.id())
+    }
+
+    /// Peak resident memory of each service, in MiB.
+    pub fn peak_rss_mib(&self) -> BTreeMap<&'static str, f64> {
+        self.children
+            .iter()
+            .filter_map(|(name, c)| {
+                crate::stats::status_kib(c.id(), "VmHWM").map(|kib| (*name, kib as f64 / 1024.0))
+            })
+            .collect()
+    }
+
+    /// A new connection to the orchestrator (one per 100 sessions: each
+    /// HTTP/2 connection carries a bounded number of streams).
+    pub async fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<Channel>> {
+        Ok(OrchestratorClient::new(
+            connect(&self.urls["orchestrator"]).await?,
+        ))
+    }
+
+    /// The workspace of a session.
+    pub fn workspace(&self, session_id: &str) -> std::path::PathBuf {
+        self.data.path().join("workspaces").join(session_id)
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Connects, retrying for up to 10 s while the service starts.
+pub async fn connect(url: &str) -> anyhow::Result<Channel> {
+    let endpoint = Endpoint::from_shared(url.to_string())?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(2));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(channel),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                anyhow::bail!("cannot reach {url}: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Percentiles and the process memory readings.
+
+/// The `p`th percentile (nearest rank) of `values`, which it sorts.
+pub fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * (values.len() - 1) as f64).round() as usize;
+    values[rank.min(values.len() - 1)]
+}
+
+/// p50, p99 and max of `values` (milliseconds in, milliseconds out).
+pub fn summary(values: &mut [f64]) -> (f64, f64, f64) {
+    let p50 = percentile(values, 50.0);
+    let p99 = percentile(values, 99.0);
+    let max = values.last().copied().unwrap_or(f64::NAN);
+    (p50, p99, max)
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).rev().collect();
+        assert_eq!(percentile(&mut v, 50.0), 51.0);
+        assert_eq!(percentile(&mut v, 99.0), 99.0);
+        let (p50, _, max) = summary(&mut v);
+        assert_eq!((p50, max), (51.0, 100.0));
+        assert!(percentile(&mut [], 50.0).is_nan());
+    }
+
+    #[test]
+    fn reads_this_process_memory() {
+        let rss = status_kib(std::process::id(), "VmRSS").unwrap_or(0);
+        let peak = status_kib(std::process::id(), "VmHWM").unwrap_or(0);
+        assert!(rss > 0 && peak >= rss, "rss {rss} peak {peak}");
+    }
+}
