@@ -120,8 +120,14 @@ async fn turn_run(stack: &Stack, sessions: usize, turns_each: usize) -> anyhow::
     let turns = latencies.len();
     let (p50, p99, max) = summary(&mut latencies);
     let rate = turns as f64 / elapsed;
-    println!("{sessions:>9} {turns:>7} {rate:>10.1} {p50:>9.2} {p99:>9.2} {max:>9.2} {errors:>7}");
+    let label = if sessions == 1 {
+        "1 (growing)".to_string()
+    } else {
+        sessions.to_string()
+    };
+    println!("{label:>12} {turns:>7} {rate:>10.1} {p50:>9.2} {p99:>9.2} {max:>9.2} {errors:>7}");
     Ok(json!({
+        "mode": if sessions == 1 { "one session, history growing" } else { "concurrent sessions" },
         "sessions": sessions, "turns": turns, "turns_per_sec": rate,
         "p50_ms": p50, "p99_ms": p99, "max_ms": max, "errors": errors,
     }))
@@ -133,15 +139,24 @@ pub async fn turns(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::Resu
     model.set_fallback(react_model());
     println!("\n== turns: user message → read_file → result → answer (every event durable)");
     println!(
-        "{:>9} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "{:>12} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7}",
         "sessions", "turns", "turns/s", "p50 ms", "p99 ms", "max ms", "errors"
     );
     let mut runs = Vec::new();
     let mut peak = serde_json::Map::new();
-    for &n in sessions {
+    {
+        let stack = Stack::start(bin, &model.base_url()).await?;
+        turn_run_quiet(&stack).await?;
+        runs.push(sequential_fresh(&stack, turns).await?);
+        runs.push(turn_run(&stack, 1, turns).await?);
+        for (service, mib) in stack.peak_rss_mib() {
+            peak.insert(format!("{service}@sequential"), json!(mib));
+        }
+    }
+    for &n in sessions.iter().filter(|&&n| n > 1) {
         // A fresh stack per run: memory and store size start from zero.
         let stack = Stack::start(bin, &model.base_url()).await?;
-        let turns_each = if n == 1 { turns } else { (turns / n).max(2) };
+        let turns_each = (turns / n).max(2);
         // Warm-up: connections, the tool list, SQLite's caches.
         turn_run_quiet(&stack).await?;
         runs.push(turn_run(&stack, n, turns_each).await?);
@@ -154,6 +169,32 @@ pub async fn turns(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::Resu
         Value::Object(peak.clone())
     );
     Ok(json!({"runs": runs, "peak_rss_mib": peak}))
+}
+
+/// One turn at a time, each the first of a fresh session (so the history
+/// does not grow; session creation is not timed): the per-turn overhead.
+async fn sequential_fresh(stack: &Stack, turns: usize) -> anyhow::Result<Value> {
+    let client = stack.orchestrator().await?;
+    let mut latencies = Vec::with_capacity(turns);
+    let mut errors = 0;
+    for _ in 0..turns {
+        let (l, e) = session_turns(client.clone(), stack, 1).await?;
+        latencies.extend(l);
+        errors += e;
+    }
+    let busy_secs = latencies.iter().sum::<f64>() / 1000.0;
+    let count = latencies.len();
+    let rate = count as f64 / busy_secs;
+    let (p50, p99, max) = summary(&mut latencies);
+    println!(
+        "{:>12} {count:>7} {rate:>10.1} {p50:>9.2} {p99:>9.2} {max:>9.2} {errors:>7}",
+        "1 (fresh)"
+    );
+    Ok(json!({
+        "mode": "sequential, a fresh session per turn",
+        "sessions": 1, "turns": count, "turns_per_sec": rate,
+        "p50_ms": p50, "p99_ms": p99, "max_ms": max, "errors": errors,
+    }))
 }
 
 async fn turn_run_quiet(stack: &Stack) -> anyhow::Result<()> {

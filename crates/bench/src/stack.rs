@@ -51,7 +51,11 @@ impl Stack {
             ("AGENTRY_DATA_DIR".into(), data.path().display().to_string()),
             ("AGENTRY_LLM_BASE_URL".into(), model_url.to_string()),
             ("AGENTRY_LLM_MODEL".into(), "fake-model".into()),
-            ("AGENTRY_LOG".into(), "warn".into()),
+            // The services' log level: AGENTRY_BENCH_LOG, else warnings only.
+            (
+                "AGENTRY_LOG".into(),
+                std::env::var("AGENTRY_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            ),
         ];
         for service in SERVICES {
             let port = free_port()?;

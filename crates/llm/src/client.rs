@@ -179,11 +179,10 @@ impl ChatClient {
     /// [`LlmError::Truncated`] for a bad complete (non-streamed) answer.
     pub async fn stream(&self, req: ChatRequest) -> Result<ChatStream, LlmError> {
         let body = match self.provider {
-            Provider::OpenAi => req.to_wire(&self.model),
-            Provider::Ollama => req.to_ollama_wire(&self.model),
-        };
-        let body = serde_json::to_vec(&body)
-            .map_err(|e| LlmError::InvalidConfig(format!("cannot serialize the request: {e}")))?;
+            Provider::OpenAi => req.to_wire_bytes(&self.model),
+            Provider::Ollama => serde_json::to_vec(&req.to_ollama_wire(&self.model)),
+        }
+        .map_err(|e| LlmError::InvalidConfig(format!("cannot serialize the request: {e}")))?;
         tracing::debug!(
             provider = %self.provider,
             url = %self.url,

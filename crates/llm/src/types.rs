@@ -224,6 +224,85 @@ impl ChatRequest {
     }
 }
 
+impl ChatRequest {
+    /// The bytes of [`ChatRequest::to_wire`], written straight from the
+    /// messages: long histories are not copied into a JSON tree first.
+    pub fn to_wire_bytes(&self, model: &str) -> serde_json::Result<Vec<u8>> {
+        use serde::ser::{SerializeMap, Serializer};
+        let mut out = Vec::with_capacity(256 + 128 * self.messages.len());
+        let mut ser = serde_json::Serializer::new(&mut out);
+        let mut map = ser.serialize_map(None)?;
+        map.serialize_entry("messages", &WireMessages(&self.messages))?;
+        map.serialize_entry("model", model)?;
+        map.serialize_entry("stream", &true)?;
+        map.serialize_entry("stream_options", &json!({"include_usage": true}))?;
+        if let Some(t) = self.temperature {
+            map.serialize_entry("temperature", &decimal(t))?;
+        }
+        if !self.tools.is_empty() {
+            let tools: Vec<Value> = self.tools.iter().map(ToolDefinition::to_wire).collect();
+            map.serialize_entry("tools", &tools)?;
+        }
+        map.end()?;
+        Ok(out)
+    }
+}
+
+struct WireMessages<'a>(&'a [Message]);
+
+impl serde::Serialize for WireMessages<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(WireMessage))
+    }
+}
+
+struct WireMessage<'a>(&'a Message);
+
+impl serde::Serialize for WireMessage<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        match self.0 {
+            Message::System { content } => {
+                map.serialize_entry("content", content)?;
+                map.serialize_entry("role", "system")?;
+            }
+            Message::User { content } => {
+                map.serialize_entry("content", content)?;
+                map.serialize_entry("role", "user")?;
+            }
+            Message::Assistant {
+                content,
+                tool_calls,
+            } if tool_calls.is_empty() => {
+                map.serialize_entry("content", content)?;
+                map.serialize_entry("role", "assistant")?;
+            }
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => {
+                let content = (!content.is_empty()).then_some(content);
+                map.serialize_entry("content", &content)?;
+                map.serialize_entry("role", "assistant")?;
+                map.serialize_entry(
+                    "tool_calls",
+                    &tool_calls.iter().map(ToolCall::to_wire).collect::<Vec<_>>(),
+                )?;
+            }
+            Message::Tool {
+                tool_call_id,
+                content,
+            } => {
+                map.serialize_entry("content", content)?;
+                map.serialize_entry("role", "tool")?;
+                map.serialize_entry("tool_call_id", tool_call_id)?;
+            }
+        }
+        map.end()
+    }
+}
+
 /// `t` widened through its decimal representation, so 0.7f32 becomes 0.7, not
 /// 0.699999988079071.
 pub(crate) fn decimal(t: f32) -> f64 {
@@ -232,7 +311,54 @@ pub(crate) fn decimal(t: f32) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+
+    #[test]
+    fn wire_bytes_are_the_wire_tree() {
+        let mut req = ChatRequest::new(vec![
+            Message::System {
+                content: "be brief".into(),
+            },
+            Message::user("hi \"there\"\n"),
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "read_file".into(),
+                    arguments: String::new(),
+                }],
+            },
+            Message::Assistant {
+                content: "thinking".into(),
+                tool_calls: vec![ToolCall {
+                    id: "c2".into(),
+                    name: "bash".into(),
+                    arguments: "{\"command\":\"ls\"}".into(),
+                }],
+            },
+            Message::Tool {
+                tool_call_id: "c1".into(),
+                content: "ok".into(),
+            },
+            Message::Assistant {
+                content: "done".into(),
+                tool_calls: vec![],
+            },
+        ]);
+        let bytes = req.to_wire_bytes("m").unwrap();
+        let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(parsed, req.to_wire("m"));
+        req.temperature = Some(0.7);
+        req.tools = vec![ToolDefinition {
+            name: "t".into(),
+            description: "d".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let parsed: Value = serde_json::from_slice(&req.to_wire_bytes("m").unwrap()).unwrap();
+        assert_eq!(parsed, req.to_wire("m"));
+    }
 
     #[test]
     fn temperature_is_not_widened_noisily() {

@@ -319,15 +319,27 @@ impl Actor {
                 }));
                 continue;
             }
+            // Work without side effects (a model call, a read-only tool)
+            // starts now and overlaps the append of the events before it:
+            // its outcome is only handled after that append, and if the
+            // process dies in between, recovery asks the model again and
+            // re-runs read-only calls. Anything else waits until the events
+            // before it are durable.
+            let overlaps = match &effect {
+                Effect::CallModel { .. } => true,
+                Effect::RunTool(call) => self.is_read_only(&call.name).await,
+                Effect::Record { .. } | Effect::AbortInFlight => false,
+            };
+            let mut waiting = Some(effect);
+            if overlaps && let Some(effect) = waiting.take() {
+                self.start_effect(effect);
+            }
             if !batch.is_empty() {
                 let seq = self.append(std::mem::take(&mut batch)).await?;
                 first_seq.get_or_insert(seq);
             }
-            match effect {
-                Effect::Record { .. } => {}
-                Effect::CallModel { history } => self.start_model_call(history),
-                Effect::RunTool(call) => self.start_tool_call(call),
-                Effect::AbortInFlight => self.abort_in_flight(),
+            if let Some(effect) = waiting {
+                self.start_effect(effect);
             }
         }
         if !batch.is_empty() {
@@ -335,6 +347,24 @@ impl Actor {
             first_seq.get_or_insert(seq);
         }
         Ok(first_seq)
+    }
+
+    fn start_effect(&mut self, effect: Effect) {
+        match effect {
+            Effect::Record { .. } => {}
+            Effect::CallModel { history } => self.start_model_call(history),
+            Effect::RunTool(call) => self.start_tool_call(call),
+            Effect::AbortInFlight => self.abort_in_flight(),
+        }
+    }
+
+    async fn is_read_only(&self, tool: &str) -> bool {
+        self.deps
+            .tools()
+            .await
+            .flags
+            .get(tool)
+            .is_some_and(|flags| flags.read_only)
     }
 
     /// Appends durably, retrying while the store is unreachable for a while.
