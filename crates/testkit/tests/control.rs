@@ -87,8 +87,10 @@ async fn tool_then_text_gives_every_conversation_a_react_turn() {
         }
     };
     let first = ask(json!([{"role": "user", "content": "read it"}])).await;
+    // The arguments arrive in fragments; the name whole.
+    assert!(first.contains("\"name\":\"read_file\""), "{first}");
     assert!(
-        first.contains("read_file") && first.contains("small.txt"),
+        first.contains("\"finish_reason\":\"tool_calls\""),
         "{first}"
     );
     let second = ask(json!([
