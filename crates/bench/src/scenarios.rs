@@ -215,10 +215,9 @@ fn paced_reply(n: usize, pace: Duration) -> Reply {
     Reply::stream(chunks)
 }
 
-/// Token arrival times (ms after the request) read straight from the model.
-async fn direct_arrivals(model: &FakeModel) -> anyhow::Result<Vec<f64>> {
+/// Token arrival instants, read straight from the model.
+async fn direct_arrivals(model: &FakeModel) -> anyhow::Result<Vec<Instant>> {
     let http = reqwest::Client::new();
-    let started = Instant::now();
     let response = http
         .post(format!("{}/chat/completions", model.base_url()))
         .json(&json!({"model": "fake-model", "stream": true,
@@ -229,7 +228,7 @@ async fn direct_arrivals(model: &FakeModel) -> anyhow::Result<Vec<f64>> {
     let mut arrivals = Vec::new();
     let mut pending = String::new();
     while let Some(chunk) = body.next().await {
-        let at = started.elapsed().as_secs_f64() * 1000.0;
+        let at = Instant::now();
         pending.push_str(&String::from_utf8_lossy(&chunk?));
         while let Some(end) = pending.find('\n') {
             let line: String = pending.drain(..=end).collect();
@@ -244,8 +243,9 @@ async fn direct_arrivals(model: &FakeModel) -> anyhow::Result<Vec<f64>> {
     Ok(arrivals)
 }
 
-/// Token arrival times (ms after the submit) as a client of Agentry sees them.
-async fn agentry_arrivals(stack: &Stack) -> anyhow::Result<Vec<f64>> {
+/// Token arrival instants as a client of Agentry sees them, and the time
+/// to the first token from the submit.
+async fn agentry_arrivals(stack: &Stack) -> anyhow::Result<(Vec<Instant>, f64)> {
     let mut client = stack.orchestrator().await?;
     let session = client
         .create_session(opb::CreateSessionRequest::default())
@@ -272,7 +272,7 @@ async fn agentry_arrivals(stack: &Stack) -> anyhow::Result<Vec<f64>> {
         .await?;
     let mut arrivals = Vec::new();
     while let Some(event) = events.next().await {
-        let at = started.elapsed().as_secs_f64() * 1000.0;
+        let at = Instant::now();
         match event?.kind {
             Some(spb::event::Kind::ModelTextDelta(d)) => {
                 arrivals.extend(d.text.split_whitespace().map(|_| at));
@@ -281,46 +281,61 @@ async fn agentry_arrivals(stack: &Stack) -> anyhow::Result<Vec<f64>> {
             _ => {}
         }
     }
-    Ok(arrivals)
+    let ttft = arrivals
+        .first()
+        .map(|a| a.duration_since(started).as_secs_f64() * 1000.0)
+        .unwrap_or(f64::NAN);
+    Ok((arrivals, ttft))
 }
 
-/// Streaming overhead: the same paced stream read directly and via Agentry.
+/// How long after the fake model handed each token to its HTTP server the
+/// reader had it, in ms.
+fn lags(arrivals: &[Instant], sent: &[Instant]) -> Vec<f64> {
+    arrivals
+        .iter()
+        .zip(sent)
+        .map(|(a, s)| a.saturating_duration_since(*s).as_secs_f64() * 1000.0)
+        .collect()
+}
+
+/// Streaming overhead: each token's delay from the model's send to the
+/// reader, straight from the model and through Agentry (durable deltas).
 pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
     const TOKENS: usize = 2000;
     let pace = Duration::from_millis(1);
     let model = FakeModel::start().await?;
     let stack = Stack::start(bin, &model.base_url()).await?;
-    println!(
-        "\n== streaming: {TOKENS} tokens, one every {} ms",
-        pace.as_millis()
-    );
+    println!("\n== streaming: {TOKENS} tokens, one every {} ms", pace.as_millis());
     model.push(paced_reply(TOKENS, pace));
+    let _ = model.take_text_sent();
     let direct = direct_arrivals(&model).await?;
+    let mut direct_lag = lags(&direct, &model.take_text_sent());
     model.push(paced_reply(TOKENS, pace));
-    let via = agentry_arrivals(&stack).await?;
+    let (via, ttft) = agentry_arrivals(&stack).await?;
+    let mut via_lag = lags(&via, &model.take_text_sent());
     anyhow::ensure!(
         direct.len() == TOKENS && via.len() == TOKENS,
         "expected {TOKENS} tokens, got {} directly and {} through Agentry",
         direct.len(),
         via.len()
     );
-    let mut added: Vec<f64> = direct
-        .iter()
-        .zip(&via)
-        .map(|(d, v)| (v - via[0]) - (d - direct[0]))
-        .collect();
-    let (p50, p99, max) = summary(&mut added);
+    let (d50, d99, dmax) = summary(&mut direct_lag);
+    let (v50, v99, vmax) = summary(&mut via_lag);
+    println!("time to first token through Agentry (submit → first delta): {ttft:.2} ms");
+    println!("token delay, model send → reader (p50 / p99 / max ms):");
+    println!("  straight from the model {d50:8.3} {d99:8.3} {dmax:8.3}");
+    println!("  through Agentry         {v50:8.3} {v99:8.3} {vmax:8.3}");
     println!(
-        "time to first token: direct {:.2} ms, through Agentry {:.2} ms (+{:.2} ms)",
-        direct[0],
-        via[0],
-        via[0] - direct[0]
+        "  added by Agentry        {:8.3} {:8.3}",
+        v50 - d50,
+        v99 - d99
     );
-    println!("added per-token delay: p50 {p50:.3} ms, p99 {p99:.3} ms, max {max:.3} ms");
     Ok(json!({
         "tokens": TOKENS, "pace_ms": pace.as_secs_f64() * 1000.0,
-        "ttft_direct_ms": direct[0], "ttft_agentry_ms": via[0],
-        "added_p50_ms": p50, "added_p99_ms": p99, "added_max_ms": max,
+        "ttft_agentry_ms": ttft,
+        "direct_p50_ms": d50, "direct_p99_ms": d99, "direct_max_ms": dmax,
+        "agentry_p50_ms": v50, "agentry_p99_ms": v99, "agentry_max_ms": vmax,
+        "added_p50_ms": v50 - d50, "added_p99_ms": v99 - d99,
     }))
 }
 

@@ -297,6 +297,8 @@ struct Inner {
     paths: Vec<String>,
     fallback: Fallback,
     script_pos: usize,
+    /// When each text chunk of an OpenAI stream was handed to the server.
+    text_sent: Vec<std::time::Instant>,
 }
 
 #[derive(Default)]
@@ -370,6 +372,13 @@ impl FakeModel {
             shutdown: Some(shutdown),
             task,
         })
+    }
+
+    /// When each text chunk of the OpenAI-format streams so far was handed to
+    /// the HTTP server, in order; taking them clears the list. For latency
+    /// measurements (what a client adds on top of the server).
+    pub fn take_text_sent(&self) -> Vec<std::time::Instant> {
+        std::mem::take(&mut self.shared.lock().text_sent)
     }
 
     /// The API root to configure OpenAI-compatible clients with: `http://127.0.0.1:PORT/v1`.
@@ -682,7 +691,7 @@ async fn chat(
                             .map(|d| d.as_secs())
                             .unwrap_or(0),
                     };
-                    tokio::spawn(send_stream(framer, chunks, tx));
+                    tokio::spawn(send_stream(framer, chunks, tx, shared.clone()));
                     "text/event-stream"
                 }
                 Protocol::Ollama => {
@@ -834,6 +843,7 @@ async fn send_stream(
     framer: Framer,
     chunks: Vec<Chunk>,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+    shared: Arc<Shared>,
 ) {
     let send = |bytes: Bytes| {
         let tx = tx.clone();
@@ -850,10 +860,14 @@ async fn send_stream(
                 return;
             }
             other => {
+                let is_text = matches!(other, ChunkKind::Text(_));
                 for event in framer.events(&other) {
                     if !send(event).await {
                         return;
                     }
+                }
+                if is_text {
+                    shared.lock().text_sent.push(std::time::Instant::now());
                 }
             }
         }
