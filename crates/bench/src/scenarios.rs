@@ -305,7 +305,10 @@ pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
     let pace = Duration::from_millis(1);
     let model = FakeModel::start().await?;
     let stack = Stack::start(bin, &model.base_url()).await?;
-    println!("\n== streaming: {TOKENS} tokens, one every {} ms", pace.as_millis());
+    println!(
+        "\n== streaming: {TOKENS} tokens, one every {} ms",
+        pace.as_millis()
+    );
     model.push(paced_reply(TOKENS, pace));
     let _ = model.take_text_sent();
     let direct = direct_arrivals(&model).await?;
