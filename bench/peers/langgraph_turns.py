@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.parse
 import warnings
+from contextlib import closing
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             result = measure(args, agent, control, persistence_info=info)
         # Check that the checkpoints really are on disk, read by a fresh connection.
-        with sqlite3.connect(str(db_path)) as check:
+        with closing(sqlite3.connect(str(db_path))) as check:
             threads = check.execute("SELECT COUNT(DISTINCT thread_id) FROM checkpoints").fetchone()[0]
             rows = check.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]
         expected = args.warmup + args.turns
@@ -250,10 +251,7 @@ def measure(args: argparse.Namespace, agent: Any, control: FakeModelControl, per
         elapsed = time.perf_counter() - start
         return elapsed, check_turn(state["messages"])
 
-    before_all = control.requests()
-    if before_all is not None and before_all % 2 == 1:
-        control.realign()
-        before_all = control.requests()
+    control.realign()  # start at the script's first reply, whatever ran before
 
     warmup_errors = 0
     for n in range(args.warmup):

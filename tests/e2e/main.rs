@@ -10,5 +10,6 @@ mod approvals;
 mod chat_turn;
 mod failures;
 mod reminders;
+mod text_calls;
 mod turn_control;
 mod web;

@@ -475,16 +475,30 @@ async fn model_call(deps: Arc<Deps>, history: Vec<Message>, task: u64, tx: mpsc:
     {
         return;
     }
+    let native = deps.profile.native_tools;
     let mut messages = Vec::with_capacity(history.len() + 1);
-    messages.push(Message::System {
-        content: deps.system_prompt.clone(),
-    });
-    messages.extend(history);
-    let request = ChatRequest {
+    let mut system = deps.system_prompt.clone();
+    if !native {
+        system.push_str("\n\n");
+        system.push_str(&crate::textcalls::instructions(&tools.definitions));
+    }
+    messages.push(Message::System { content: system });
+    if native {
+        messages.extend(history);
+    } else {
+        messages.extend(history.into_iter().map(as_text));
+    }
+    let mut request = ChatRequest {
         messages,
-        tools: tools.definitions.clone(),
+        tools: if native {
+            tools.definitions.clone()
+        } else {
+            Vec::new()
+        },
         temperature: deps.temperature,
     };
+    let names: std::collections::BTreeSet<String> =
+        tools.definitions.iter().map(|t| t.name.clone()).collect();
     let started = Instant::now();
     let failed = |message: String, retryable: bool| {
         let span = Span::current();
@@ -499,48 +513,157 @@ async fn model_call(deps: Arc<Deps>, history: Vec<Message>, task: u64, tx: mpsc:
             },
         )
     };
-    let mut stream = match deps.llm.stream(request).await {
-        Ok(stream) => stream,
-        Err(e) => {
-            let _ = tx.send(failed(e.to_string(), e.is_retryable())).await;
-            return;
-        }
-    };
-    while let Some(item) = stream.next().await {
-        let outcome = match item {
-            Ok(StreamEvent::TextDelta(text)) => (task, Input::ModelDelta(text)),
-            Ok(StreamEvent::Completed(completion)) => {
-                let elapsed = started.elapsed();
-                let span = Span::current();
-                span.record("outcome", "ok");
-                span.record("latency_ms", elapsed.as_millis() as u64);
-                if let Some(usage) = completion.usage {
-                    span.record("prompt_tokens", usage.prompt_tokens);
-                    span.record("completion_tokens", usage.completion_tokens);
-                }
-                crate::metrics::model_call_finished(&deps.metrics, "ok", elapsed, completion.usage);
-                tracing::debug!(
-                    elapsed_ms = elapsed.as_millis() as u64,
-                    "model call finished"
-                );
-                let _ = tx.send((task, Input::ModelDone(completion))).await;
-                return;
-            }
-            Err(e) => {
-                let _ = tx.send(failed(e.to_string(), e.is_retryable())).await;
+    // A tool call written as text that cannot be read gets one correction.
+    let mut corrected = false;
+    loop {
+        let completion = match stream_once(&deps, request.clone(), task, &tx).await {
+            Ok(Some(completion)) => completion,
+            Ok(None) => return, // Nobody listens any more.
+            Err((message, retryable)) => {
+                let _ = tx.send(failed(message, retryable)).await;
                 return;
             }
         };
-        if tx.send(outcome).await.is_err() {
-            return;
+        let completion = if completion.tool_calls.is_empty() {
+            match read_text_calls(completion, &names, native) {
+                Ok(completion) => completion,
+                Err((text, error)) if !corrected => {
+                    tracing::info!(%error, "asking the model to rewrite a malformed tool call");
+                    corrected = true;
+                    request.messages.push(Message::Assistant {
+                        content: text,
+                        tool_calls: Vec::new(),
+                    });
+                    request.messages.push(Message::User {
+                        content: crate::textcalls::correction(&error),
+                    });
+                    continue;
+                }
+                Err((_, error)) => {
+                    let message = format!(
+                        "the model wrote a tool call that could not be read, even after being shown the format: {error}"
+                    );
+                    let _ = tx.send(failed(message, false)).await;
+                    return;
+                }
+            }
+        } else {
+            completion
+        };
+        let elapsed = started.elapsed();
+        let span = Span::current();
+        span.record("outcome", "ok");
+        span.record("latency_ms", elapsed.as_millis() as u64);
+        if let Some(usage) = completion.usage {
+            span.record("prompt_tokens", usage.prompt_tokens);
+            span.record("completion_tokens", usage.completion_tokens);
+        }
+        crate::metrics::model_call_finished(&deps.metrics, "ok", elapsed, completion.usage);
+        tracing::debug!(
+            elapsed_ms = elapsed.as_millis() as u64,
+            "model call finished"
+        );
+        let _ = tx.send((task, Input::ModelDone(completion))).await;
+        return;
+    }
+}
+
+/// One streamed request: deltas go to the actor as they come; the complete
+/// answer is returned (`None` when the actor is gone).
+async fn stream_once(
+    deps: &Deps,
+    request: ChatRequest,
+    task: u64,
+    tx: &mpsc::Sender<Outcome>,
+) -> Result<Option<agentry_llm::Completion>, (String, bool)> {
+    let mut stream = deps
+        .llm
+        .stream(request)
+        .await
+        .map_err(|e| (e.to_string(), e.is_retryable()))?;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(StreamEvent::TextDelta(text)) => {
+                if tx.send((task, Input::ModelDelta(text))).await.is_err() {
+                    return Ok(None);
+                }
+            }
+            Ok(StreamEvent::Completed(completion)) => return Ok(Some(completion)),
+            Err(e) => return Err((e.to_string(), e.is_retryable())),
         }
     }
-    let _ = tx
-        .send(failed(
-            "the model stream ended without a complete response".into(),
-            true,
-        ))
-        .await;
+    Err((
+        "the model stream ended without a complete response".into(),
+        true,
+    ))
+}
+
+/// Tool calls written in the text become real calls. A text that tries to
+/// call a tool but cannot be read is returned with the reason; plain text
+/// passes through. Without native tool calling, fenced JSON blocks count too.
+fn read_text_calls(
+    mut completion: agentry_llm::Completion,
+    names: &std::collections::BTreeSet<String>,
+    native: bool,
+) -> Result<agentry_llm::Completion, (String, String)> {
+    let tries = crate::textcalls::looks_like_a_call(&completion.text)
+        || (!native && completion.text.contains("```"));
+    if !tries {
+        return Ok(completion);
+    }
+    match crate::textcalls::parse(&completion.text, names) {
+        Ok(parsed) if parsed.calls.is_empty() => Ok(completion),
+        Ok(parsed) => {
+            completion.tool_calls = parsed
+                .calls
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: format!("text-{}", uuid::Uuid::now_v7().simple()),
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect();
+            completion.text = parsed.prose;
+            completion.finish_reason = "tool_calls".into();
+            Ok(completion)
+        }
+        Err(error) => Err((completion.text, error)),
+    }
+}
+
+/// A message for a model without native tool calling: its calls written
+/// the way it was told to write them, results as plain messages.
+fn as_text(message: Message) -> Message {
+    match message {
+        Message::Assistant {
+            content,
+            tool_calls,
+        } if !tool_calls.is_empty() => {
+            let mut text = content;
+            for call in tool_calls {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                let arguments = if call.arguments.trim().is_empty() {
+                    "{}".to_string()
+                } else {
+                    call.arguments
+                };
+                text.push_str(&format!("TOOL:{} {arguments}", call.name));
+            }
+            Message::Assistant {
+                content: text,
+                tool_calls: Vec::new(),
+            }
+        }
+        Message::Tool {
+            tool_call_id,
+            content,
+        } => Message::User {
+            content: format!("Result of tool call {tool_call_id}:\n{content}"),
+        },
+        other => other,
+    }
 }
 
 fn tool_error(call: &ToolCall, output: String, started: Instant) -> pb::ToolResult {

@@ -39,6 +39,8 @@ pub struct Deps {
     pub policy: Arc<Policy>,
     /// The orchestrator's metrics.
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
+    /// What the model can do.
+    pub profile: agentry_runtime::config::ModelProfile,
     tool_cache: RwLock<Option<Arc<ToolSet>>>,
 }
 
@@ -88,6 +90,7 @@ impl Deps {
             store_retry_window: Duration::from_secs(10),
             policy,
             metrics: Arc::default(),
+            profile: agentry_runtime::config::ModelProfile::fallback(),
             tool_cache: RwLock::new(None),
         }
     }

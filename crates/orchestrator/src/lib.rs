@@ -12,6 +12,7 @@ pub mod reducer;
 pub mod reminders;
 pub mod runners;
 pub mod service;
+pub mod textcalls;
 
 #[cfg(test)]
 mod reducer_tests;
@@ -88,7 +89,16 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         .map_err(|e| RunError::Config(e.to_string()))?;
     let policy = policy::Policy::from_config(&config.policy)
         .map_err(|e| RunError::Config(format!("invalid policy: {e}")))?;
-    Ok(Deps::new(
+    let profile = config.model_profile();
+    tracing::info!(
+        model = %config.llm.model,
+        pattern = %profile.pattern,
+        native_tools = profile.native_tools,
+        context_window = profile.context_window,
+        "model profile"
+    );
+    let temperature = profile.temperature.or(config.llm.temperature);
+    let mut deps = Deps::new(
         store,
         config.session_store.url.clone(),
         runners,
@@ -96,10 +106,12 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         config.scheduler.url.clone(),
         llm,
         system_prompt,
-        config.llm.temperature,
+        temperature,
         config.agent.max_steps,
         Arc::new(policy),
-    ))
+    );
+    deps.profile = profile;
+    Ok(deps)
 }
 
 /// Serves the orchestrator on `listener` until `shutdown`.

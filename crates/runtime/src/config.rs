@@ -72,6 +72,9 @@ pub struct Config {
     /// OpenTelemetry export.
     #[serde(default)]
     pub otel: OtelConfig,
+    /// What models can do, by model-name pattern; the first match applies.
+    #[serde(default)]
+    pub model_profiles: Vec<ModelProfile>,
     /// The directory the files were read from, if any.
     #[serde(skip)]
     pub config_dir: Option<PathBuf>,
@@ -183,6 +186,65 @@ impl std::fmt::Debug for LlmConfig {
 pub struct AgentConfig {
     /// Model calls allowed in one turn.
     pub max_steps: u32,
+}
+
+/// What a family of models can do.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelProfile {
+    /// A glob on the model name (`*` any run of characters, `?` one), case-insensitive.
+    pub pattern: String,
+    /// Tokens the model reads at most.
+    #[serde(default = "default_context_window")]
+    pub context_window: u32,
+    /// Whether the server's native tool calling works with it; when not,
+    /// tools are described in the system prompt and calls read from text.
+    #[serde(default = "yes")]
+    pub native_tools: bool,
+    /// Sampling temperature for it (overrides `llm.temperature`).
+    #[serde(default)]
+    pub temperature: Option<f32>,
+}
+
+fn default_context_window() -> u32 {
+    32_768
+}
+
+impl ModelProfile {
+    /// The profile for any model no pattern matches.
+    pub fn fallback() -> ModelProfile {
+        ModelProfile {
+            pattern: "*".into(),
+            context_window: default_context_window(),
+            native_tools: true,
+            temperature: None,
+        }
+    }
+
+    /// Whether `model` matches the pattern.
+    pub fn matches(&self, model: &str) -> bool {
+        fn glob(p: &[u8], s: &[u8]) -> bool {
+            match (p.first(), s.first()) {
+                (None, None) => true,
+                (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
+                (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
+                (Some(a), Some(b)) if a.eq_ignore_ascii_case(b) => glob(&p[1..], &s[1..]),
+                _ => false,
+            }
+        }
+        glob(self.pattern.as_bytes(), model.as_bytes())
+    }
+}
+
+impl Config {
+    /// The profile of the configured model: the first whose pattern matches.
+    pub fn model_profile(&self) -> ModelProfile {
+        self.model_profiles
+            .iter()
+            .find(|p| p.matches(&self.llm.model))
+            .cloned()
+            .unwrap_or_else(ModelProfile::fallback)
+    }
 }
 
 /// OpenTelemetry export.
@@ -779,6 +841,30 @@ mod tests {
         assert_eq!(config.agent.max_steps, 7);
         assert_eq!(config.llm.api_key, "sk-1");
         assert!(!format!("{config:?}").contains("sk-1"));
+    }
+
+    #[test]
+    fn the_first_matching_model_profile_applies() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("local.toml"),
+            "[[model_profiles]]\npattern = \"tiny-*\"\nnative_tools = false\ncontext_window = 4096\n\
+             [[model_profiles]]\npattern = \"*\"\n",
+        )
+        .unwrap();
+        let mut config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+        config.llm.model = "Tiny-Chat:1b".into();
+        let p = config.model_profile();
+        assert!(!p.native_tools);
+        assert_eq!(p.context_window, 4096);
+        config.llm.model = "qwen2.5:7b".into();
+        assert!(config.model_profile().native_tools);
+        assert!(ModelProfile::fallback().matches("anything"));
+        let q = ModelProfile {
+            pattern: "a?c".into(),
+            ..ModelProfile::fallback()
+        };
+        assert!(q.matches("abc") && !q.matches("abbc"));
     }
 
     #[test]
