@@ -48,6 +48,7 @@ readonly PACKAGES=(
     chromium
     fonts-liberation
     dbus-x11
+    git
 )
 
 # How the check below runs Chromium in the container as user agentry.

@@ -40,6 +40,7 @@ free_port() {
 
 teardown() {
   local rc=$?
+  [[ -n ${turn2:-} ]] && kill "$turn2" 2>/dev/null || true
   if ((rc != 0 || failed != 0)); then
     log "logs of the stack (last 60 lines per service)"
     dc logs --no-color --tail 60 2>&1 || true
@@ -89,7 +90,10 @@ if [[ -n $missing ]]; then
 fi
 
 work=$(mktemp -d)
+turn2=""
 trap teardown EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 log "base image"
 docker/base-image.sh

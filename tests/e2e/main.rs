@@ -10,6 +10,7 @@ mod approvals;
 mod chat_turn;
 mod failures;
 mod reminders;
+mod skillsets;
 mod text_calls;
 mod turn_control;
 mod web;

@@ -93,6 +93,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::TurnFinished(_) => "turn_finished",
             Kind::CancelRequested(_) => "cancel_requested",
             Kind::ToolCallState(_) => "tool_call_state",
+            Kind::SkillsetChosen(_) => "skillset_chosen",
         })
         .collect()
 }

@@ -85,6 +85,10 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "message": t.message, "steps": t.steps, "usage": usage_json(t.usage.as_ref()),
             }),
             Kind::CancelRequested(c) => json!({"type": "cancel_requested", "reason": c.reason}),
+            Kind::SkillsetChosen(s) => json!({
+                "type": "skillset_chosen", "intent": s.intent, "skillset": s.skillset,
+                "keywords": s.keywords,
+            }),
             Kind::ToolCallState(t) => json!({
                 "type": "tool_call_state", "call_id": t.call_id,
                 "phase": phase_name(t.phase), "detail": t.detail,
@@ -315,7 +319,10 @@ impl<A: Write, B: Write> Renderer<A, B> {
             Kind::CancelRequested(_) => {
                 self.end_line();
             }
-            Kind::ToolCallState(_) => {}
+            Kind::SkillsetChosen(s) if !s.skillset.is_empty() => {
+                let _ = writeln!(self.activity, "  (skillset: {})", s.skillset);
+            }
+            Kind::ToolCallState(_) | Kind::SkillsetChosen(_) => {}
         }
     }
 }

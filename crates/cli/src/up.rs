@@ -140,7 +140,7 @@ pub async fn up(config: &Config) -> anyhow::Result<()> {
         config.llm.base_url
     );
     let result = run_services(config, &all).await;
-    telemetry.shutdown();
+    telemetry.shutdown().await;
     result
 }
 
@@ -154,6 +154,6 @@ pub async fn serve(config: &Config, service: Service) -> anyhow::Result<()> {
     };
     let telemetry = telemetry::init(config.log.format, "info", &config.otel.endpoint, name);
     let result = run_services(config, &[service]).await;
-    telemetry.shutdown();
+    telemetry.shutdown().await;
     result
 }

@@ -263,7 +263,19 @@ async fn one_turn_is_one_trace_across_every_service() {
     .expect("the turn did not finish");
     assert_eq!(finished.message, "Listed and scheduled.");
 
-    // SIGTERM flushes every exporter.
+    // The turn's span closes just after its last event is stored: wait for
+    // it to be exported (every 100 ms here), then SIGTERM flushes the rest.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !collector
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(_, s)| s.name == "turn")
+    {
+        assert!(Instant::now() < deadline, "the turn span was never exported");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     services.stop();
     let spans = collector.spans.lock().unwrap().clone();
     let turn = spans

@@ -136,6 +136,7 @@ impl Actor {
             let effects = self.state.step(Input::Interrupted).unwrap_or_default();
             if let Err(Broken(status)) = self.run_effects_traced(effects).await {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "cannot close the interrupted turn");
+                self.abort_in_flight();
                 return;
             }
         }
@@ -185,8 +186,35 @@ impl Actor {
                 reminder,
             },
         };
+        // Only a message that selects a skillset records a choice.
+        let chosen = match &input {
+            Input::UserMessage { text, .. } => self
+                .deps
+                .skillsets
+                .choose(text)
+                .filter(|(_, skillset)| !skillset.is_empty()),
+            _ => None,
+        };
         let effects = match self.state.step(input) {
-            Ok(effects) => effects,
+            // The skillset chosen for the message is recorded with it, before
+            // the model is called.
+            Ok(effects) => match chosen {
+                Some((intent, skillset)) => {
+                    let choice = Input::SkillsetChosen {
+                        intent: intent.name,
+                        skillset,
+                        keywords: intent.keywords,
+                    };
+                    let more = self.state.step(choice).unwrap_or_default();
+                    let (mut records, rest): (Vec<Effect>, Vec<Effect>) = effects
+                        .into_iter()
+                        .partition(|e| matches!(e, Effect::Record { .. }));
+                    records.extend(more);
+                    records.extend(rest);
+                    records
+                }
+                None => effects,
+            },
             Err(refusal) => {
                 let status = if refusal.is_invalid_argument() {
                     Status::invalid_argument(refusal.to_string())
@@ -327,7 +355,7 @@ impl Actor {
             // before it are durable.
             let overlaps = match &effect {
                 Effect::CallModel { .. } => true,
-                Effect::RunTool(call) => self.is_read_only(&call.name).await,
+                Effect::RunTool(call) => self.deps.is_read_only_cached(&call.name),
                 Effect::Record { .. } | Effect::AbortInFlight => false,
             };
             let mut waiting = Some(effect);
@@ -356,15 +384,6 @@ impl Actor {
             Effect::RunTool(call) => self.start_tool_call(call),
             Effect::AbortInFlight => self.abort_in_flight(),
         }
-    }
-
-    async fn is_read_only(&self, tool: &str) -> bool {
-        self.deps
-            .tools()
-            .await
-            .flags
-            .get(tool)
-            .is_some_and(|flags| flags.read_only)
     }
 
     /// Appends durably, retrying while the store is unreachable for a while.
@@ -414,6 +433,11 @@ impl Actor {
     }
 
     fn start_model_call(&mut self, history: Vec<Message>) {
+        let skillset = self
+            .state
+            .turn_skillset()
+            .and_then(|name| self.deps.skillsets.text(name))
+            .map(str::to_string);
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let span = tracing::info_span!(
@@ -428,7 +452,7 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "model");
-                model_call(deps.clone(), history, task, tx).await;
+                model_call(deps.clone(), history, skillset, task, tx).await;
                 drop(gauge);
             }
             .instrument(span),
@@ -466,7 +490,13 @@ impl Actor {
     }
 }
 
-async fn model_call(deps: Arc<Deps>, history: Vec<Message>, task: u64, tx: mpsc::Sender<Outcome>) {
+async fn model_call(
+    deps: Arc<Deps>,
+    history: Vec<Message>,
+    skillset: Option<String>,
+    task: u64,
+    tx: mpsc::Sender<Outcome>,
+) {
     let tools = deps.tools().await;
     if tx
         .send((task, Input::ToolCatalog(tools.flags.clone())))
@@ -483,6 +513,10 @@ async fn model_call(deps: Arc<Deps>, history: Vec<Message>, task: u64, tx: mpsc:
         system.push_str(&crate::textcalls::instructions(&tools.definitions));
     }
     messages.push(Message::System { content: system });
+    // This turn's skillset: a system message of its own, for this turn only.
+    if let Some(skillset) = skillset {
+        messages.push(Message::System { content: skillset });
+    }
     if native {
         messages.extend(history);
     } else {

@@ -41,6 +41,8 @@ pub struct Deps {
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
     /// What the model can do.
     pub profile: agentry_runtime::config::ModelProfile,
+    /// Instructions per kind of request.
+    pub skillsets: crate::skillsets::Skillsets,
     tool_cache: RwLock<Option<Arc<ToolSet>>>,
 }
 
@@ -91,6 +93,7 @@ impl Deps {
             policy,
             metrics: Arc::default(),
             profile: agentry_runtime::config::ModelProfile::fallback(),
+            skillsets: crate::skillsets::Skillsets::default(),
             tool_cache: RwLock::new(None),
         }
     }
@@ -117,6 +120,17 @@ impl Deps {
                 Arc::new(set)
             }
         }
+    }
+
+    /// Whether `tool` is known to be read-only, from the tools fetched so
+    /// far; never waits (unknown means no).
+    pub fn is_read_only_cached(&self, tool: &str) -> bool {
+        self.tool_cache.try_read().is_ok_and(|cache| {
+            cache
+                .as_ref()
+                .and_then(|set| set.flags.get(tool))
+                .is_some_and(|flags| flags.read_only)
+        })
     }
 
     /// Asks the tool runner for its tools.

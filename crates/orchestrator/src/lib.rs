@@ -12,6 +12,7 @@ pub mod reducer;
 pub mod reminders;
 pub mod runners;
 pub mod service;
+pub mod skillsets;
 pub mod textcalls;
 
 #[cfg(test)]
@@ -111,6 +112,13 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         Arc::new(policy),
     );
     deps.profile = profile;
+    let user_dir = (!config.agent.skillsets_dir.is_empty())
+        .then(|| std::path::PathBuf::from(&config.agent.skillsets_dir));
+    deps.skillsets = skillsets::Skillsets::load(
+        config.agent.skillsets,
+        config.config_dir.as_deref(),
+        user_dir.as_deref(),
+    );
     Ok(deps)
 }
 

@@ -155,6 +155,8 @@ pub struct Turn {
     pub approval_mode: ApprovalMode,
     /// Restarts of the orchestrator during this turn.
     pub restarts: u32,
+    /// The skillset given to the model for this turn ("" for none).
+    pub skillset: String,
 }
 
 impl Turn {
@@ -265,6 +267,16 @@ pub enum Input {
     /// The session was loaded with a turn that never finished (the
     /// orchestrator stopped mid-turn): recover it.
     Interrupted,
+    /// The intent of the message that started the turn, and the skillset
+    /// chosen for it; only before the turn's first model answer.
+    SkillsetChosen {
+        /// The intent.
+        intent: String,
+        /// The skillset ("" for none).
+        skillset: String,
+        /// The words that decided it.
+        keywords: Vec<String>,
+    },
 }
 
 /// Work for the effect runner.
@@ -406,6 +418,14 @@ impl SessionState {
         self.turn.as_ref().map(|t| t.id.as_str())
     }
 
+    /// The skillset of the running turn, if it has one.
+    pub fn turn_skillset(&self) -> Option<&str> {
+        self.turn
+            .as_ref()
+            .map(|t| t.skillset.as_str())
+            .filter(|s| !s.is_empty())
+    }
+
     /// The calls waiting for a person's decision.
     pub fn awaiting_approval(&self) -> Vec<&Call> {
         self.turn
@@ -432,6 +452,7 @@ impl SessionState {
                     approval_mode: ApprovalMode::try_from(m.approval_mode)
                         .unwrap_or(ApprovalMode::Policy),
                     restarts: 0,
+                    skillset: String::new(),
                 });
                 self.phase = Phase::Generate;
             }
@@ -551,8 +572,14 @@ impl SessionState {
                         last_text: String::new(),
                         approval_mode: ApprovalMode::Policy,
                         restarts: 0,
+                        skillset: String::new(),
                     });
                     self.phase = Phase::Generate;
+                }
+            }
+            Kind::SkillsetChosen(s) => {
+                if let Some(turn) = &mut self.turn {
+                    turn.skillset = s.skillset.clone();
                 }
             }
             Kind::ModelTextDelta(_)
@@ -971,6 +998,30 @@ impl SessionState {
             ) => {
                 return Err(Refusal::Unexpected {
                     input: "model output",
+                    phase,
+                });
+            }
+            (
+                Phase::Generate,
+                Input::SkillsetChosen {
+                    intent,
+                    skillset,
+                    keywords,
+                },
+            ) if self.turn.as_ref().is_some_and(|t| t.steps == 0) => {
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::SkillsetChosen(pb::SkillsetChosen {
+                        intent,
+                        skillset,
+                        keywords,
+                    }),
+                );
+            }
+            (_, Input::SkillsetChosen { .. }) => {
+                return Err(Refusal::Unexpected {
+                    input: "skillset choice",
                     phase,
                 });
             }

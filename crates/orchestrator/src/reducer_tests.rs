@@ -465,6 +465,7 @@ fn turn(
         last_text: last_text.into(),
         approval_mode: ApprovalMode::Policy,
         restarts: 0,
+        skillset: String::new(),
     }
 }
 

@@ -37,7 +37,7 @@ use tonic_health::pb::health_client::HealthClient;
 /// How often names are resolved again and replicas checked.
 pub const REFRESH: Duration = Duration::from_secs(2);
 /// Longest wait for a health check's answer.
-const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
 /// Consecutive failed health checks after which calls in flight are ended.
 const LOST_AFTER_FAILURES: u32 = 2;
 /// First and longest time a failed replica is passed over.
@@ -109,17 +109,21 @@ fn parse_targets(urls: &str) -> Result<Vec<Target>, String> {
 pub struct Replica {
     /// The address calls go to, e.g. `http://172.18.0.5:50053`.
     pub url: String,
+    /// The configured URL it was found through.
+    source: String,
     client: ToolRunnerClient<TracedChannel>,
     health: HealthClient<Channel>,
     in_flight: AtomicUsize,
     failures: AtomicU32,
+    /// Consecutive failed health checks.
+    health_failures: AtomicU32,
     down_until: Mutex<Option<Instant>>,
     /// Bumped each time the replica is declared lost; calls in flight watch it.
     lost: watch::Sender<u64>,
 }
 
 impl Replica {
-    fn new(url: String) -> Result<Replica, String> {
+    fn new(url: String, source: &str) -> Result<Replica, String> {
         let channel = Endpoint::from_shared(url.clone())
             .map_err(|e| format!("invalid tool runner URL {url:?}: {e}"))?
             .connect_timeout(Duration::from_secs(3))
@@ -130,10 +134,12 @@ impl Replica {
             .connect_lazy();
         Ok(Replica {
             url,
+            source: source.to_string(),
             client: ToolRunnerClient::new(traced(channel.clone())),
             health: HealthClient::new(channel),
             in_flight: AtomicUsize::new(0),
             failures: AtomicU32::new(0),
+            health_failures: AtomicU32::new(0),
             down_until: Mutex::new(None),
             lost: watch::channel(0).0,
         })
@@ -234,7 +240,7 @@ impl RunnerPool {
         let targets = parse_targets(urls)?;
         let mut replicas = Vec::new();
         for target in targets.iter().filter(|t| !t.dynamic) {
-            replicas.push(Arc::new(Replica::new(target.url.clone())?));
+            replicas.push(Arc::new(Replica::new(target.url.clone(), &target.url)?));
         }
         Ok(Arc::new(RunnerPool {
             configured: urls.to_string(),
@@ -266,48 +272,45 @@ impl RunnerPool {
     /// Resolves the names again and brings the replica list up to date. A
     /// replica whose address no longer resolves is declared lost.
     pub async fn refresh(&self) {
-        let mut resolved = BTreeSet::new();
-        let mut failed_names = BTreeSet::new();
-        for target in self.targets.iter().filter(|t| t.dynamic) {
+        let dynamic: Vec<&Target> = self.targets.iter().filter(|t| t.dynamic).collect();
+        if dynamic.is_empty() {
+            return;
+        }
+        // Address → the configured URL it came from.
+        let mut resolved: Vec<(String, String)> = Vec::new();
+        let mut failed: BTreeSet<String> = BTreeSet::new();
+        for target in dynamic {
             match tokio::net::lookup_host((target.host.as_str(), target.port)).await {
                 Ok(addrs) => {
                     for addr in addrs {
-                        resolved.insert(format!("{}://{addr}", target.scheme));
+                        let url = format!("{}://{addr}", target.scheme);
+                        if !resolved.iter().any(|(u, _)| *u == url) {
+                            resolved.push((url, target.url.clone()));
+                        }
                     }
                 }
                 Err(e) => {
                     tracing::debug!(host = %target.host, error = %e, "cannot resolve tool runner name");
-                    failed_names.insert(target.host.clone());
+                    failed.insert(target.url.clone());
                 }
             }
         }
-        let has_dynamic = self.targets.iter().any(|t| t.dynamic);
-        if !has_dynamic {
-            return;
-        }
-        let statics: BTreeSet<&str> = self
-            .targets
-            .iter()
-            .filter(|t| !t.dynamic)
-            .map(|t| t.url.as_str())
-            .collect();
         let mut replicas = lock(&self.replicas);
-        // A name that failed to resolve keeps its replicas: DNS hiccups
-        // should not end calls.
-        if !failed_names.is_empty() && resolved.is_empty() {
-            return;
-        }
         replicas.retain(|r| {
-            let keep = statics.contains(r.url.as_str()) || resolved.contains(&r.url);
+            // Static addresses stay; a name that failed to resolve keeps its
+            // replicas (a DNS hiccup must not end calls).
+            let keep = self.targets.iter().any(|t| !t.dynamic && t.url == r.url)
+                || failed.contains(&r.source)
+                || resolved.iter().any(|(u, _)| *u == r.url);
             if !keep {
                 tracing::warn!(runner = %r.url, "tool runner left the service; ending its calls");
                 r.declare_lost();
             }
             keep
         });
-        for url in resolved {
+        for (url, source) in resolved {
             if !replicas.iter().any(|r| r.url == url) {
-                match Replica::new(url.clone()) {
+                match Replica::new(url.clone(), &source) {
                     Ok(replica) => {
                         tracing::info!(runner = %url, "tool runner joined");
                         replicas.push(Arc::new(replica));
@@ -330,9 +333,16 @@ impl RunnerPool {
                 if !replica.is_up(Instant::now()) || replica.failures.load(Ordering::Relaxed) > 0 {
                     tracing::info!(runner = %replica.url, "tool runner healthy again");
                 }
+                replica.health_failures.store(0, Ordering::Relaxed);
                 replica.mark_up();
-            } else if replica.mark_down("health check failed") == LOST_AFTER_FAILURES {
-                replica.declare_lost();
+            } else {
+                replica.mark_down("health check failed");
+                // Once per outage: calls in flight end when the runner has
+                // stayed silent for this many checks in a row.
+                let silent = replica.health_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                if silent == LOST_AFTER_FAILURES {
+                    replica.declare_lost();
+                }
             }
         }
     }
@@ -360,17 +370,19 @@ impl RunnerPool {
         } else {
             healthy
         };
-        let least = pool
-            .iter()
-            .map(|r| r.in_flight.load(Ordering::Relaxed))
-            .min()
-            .unwrap_or(0);
-        let tied: Vec<&Arc<Replica>> = pool
+        // One reading of the counts: they change under our feet.
+        let loads: Vec<(usize, &Arc<Replica>)> = pool
             .into_iter()
-            .filter(|r| r.in_flight.load(Ordering::Relaxed) == least)
+            .map(|r| (r.in_flight.load(Ordering::Relaxed), r))
+            .collect();
+        let least = loads.iter().map(|(n, _)| *n).min()?;
+        let tied: Vec<&Arc<Replica>> = loads
+            .into_iter()
+            .filter(|(n, _)| *n == least)
+            .map(|(_, r)| r)
             .collect();
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        tied.get(turn % tied.len()).map(|r| (*r).clone())
+        tied.get(turn % tied.len().max(1)).map(|r| (*r).clone())
     }
 
     async fn pick_or_refresh(self: &Arc<Self>, exclude: &[String]) -> Option<Arc<Replica>> {
@@ -502,6 +514,20 @@ impl RunnerPool {
                 return Err(lost_call(&replica, &request.tool, &why));
             }
             tracing::warn!(runner = %replica.url, tool = %request.tool, why, "read-only call lost with its runner; retrying on another");
+            // Output already streamed is not taken back: say where it restarts.
+            let marker = OutputChunk {
+                stream: agentry_proto::sessions::v1::OutputStream::Stderr as i32,
+                text: format!(
+                    "\n[the tool runner {} was lost ({why}); running the call again on another runner]\n",
+                    replica.url
+                ),
+            };
+            if !on_chunk(marker).await {
+                return Err(CallFailure {
+                    message: "error: cancelled".into(),
+                    runner: replica.url.clone(),
+                });
+            }
             last_error = Some(why);
         }
     }
@@ -624,7 +650,7 @@ mod tests {
 
     #[tokio::test]
     async fn backoff_doubles_and_is_capped() {
-        let replica = Replica::new("http://127.0.0.1:1".into()).unwrap();
+        let replica = Replica::new("http://127.0.0.1:1".into(), "test").unwrap();
         let mut seconds = Vec::new();
         for _ in 0..8 {
             replica.mark_down("test");

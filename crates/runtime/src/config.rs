@@ -186,6 +186,13 @@ impl std::fmt::Debug for LlmConfig {
 pub struct AgentConfig {
     /// Model calls allowed in one turn.
     pub max_steps: u32,
+    /// Pick a skillset per user message by its intent.
+    #[serde(default = "yes")]
+    pub skillsets: bool,
+    /// A directory of the user's own skillsets (`<name>.md`), read after the
+    /// built-in ones and those in the config directory's `skillsets/`.
+    #[serde(default)]
+    pub skillsets_dir: String,
 }
 
 /// What a family of models can do.
@@ -470,6 +477,8 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_LLM_API_KEY", &["llm", "api_key"]),
     ("AGENTRY_LLM_PROVIDER", &["llm", "provider"]),
     ("AGENTRY_MAX_STEPS", &["agent", "max_steps"]),
+    ("AGENTRY_SKILLSETS", &["agent", "skillsets"]),
+    ("AGENTRY_SKILLSETS_DIR", &["agent", "skillsets_dir"]),
     ("AGENTRY_ORCHESTRATOR_URL", &["orchestrator", "url"]),
     ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
     ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),

@@ -31,25 +31,43 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
-impl Telemetry {
-    /// Flushes and stops the trace exporter.
-    pub fn shutdown(mut self) {
-        self.stop();
-    }
+/// Longest wait for the last spans to leave on shutdown.
+const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
-    fn stop(&mut self) {
-        if let Some(provider) = self.provider.take() {
-            TRACING.store(false, Ordering::Relaxed);
-            if let Err(e) = provider.shutdown() {
-                eprintln!("agentry: could not flush traces: {e}");
-            }
+impl Telemetry {
+    /// Flushes and stops the trace exporter, waiting at most a few seconds
+    /// (an unreachable collector must not hold up a stopping service).
+    pub async fn shutdown(mut self) {
+        let Some(provider) = self.provider.take() else {
+            return;
+        };
+        TRACING.store(false, Ordering::Relaxed);
+        // The SDK blocks while its export task, on this runtime, drains:
+        // wait on a blocking thread, never on a runtime worker.
+        let flushing = tokio::task::spawn_blocking(move || provider.shutdown());
+        match tokio::time::timeout(FLUSH_TIMEOUT, flushing).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => eprintln!("agentry: could not flush traces: {e}"),
+            Ok(Err(e)) => eprintln!("agentry: could not flush traces: {e}"),
+            Err(_) => eprintln!(
+                "agentry: traces not flushed within {} s; the last spans are lost",
+                FLUSH_TIMEOUT.as_secs()
+            ),
         }
     }
 }
 
 impl Drop for Telemetry {
     fn drop(&mut self) {
-        self.stop();
+        // Without `shutdown`: flush on a thread of its own, not waited for.
+        if let Some(provider) = self.provider.take() {
+            TRACING.store(false, Ordering::Relaxed);
+            let _ = std::thread::Builder::new()
+                .name("otel-flush".into())
+                .spawn(move || {
+                    let _ = provider.shutdown();
+                });
+        }
     }
 }
 

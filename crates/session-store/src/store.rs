@@ -84,8 +84,6 @@ pub enum Change {
     Deleted(String),
 }
 
-/// The store. Cheap to share behind an `Arc`; every method blocks on SQLite,
-/// so async callers run them on a blocking thread.
 /// Checkpoints the WAL from its own connection and thread, off the append
 /// path: PASSIVE, so it never blocks writers, every 200 ms.
 struct Checkpointer {
@@ -148,6 +146,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The store. Cheap to share behind an `Arc`; every method blocks on SQLite,
+/// so async callers run them on a blocking thread.
 pub struct Store {
     writer: Mutex<Connection>,
     /// Appends waiting for a commit; whoever holds the writer commits all of
@@ -213,6 +213,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::Error(_) => "error",
         event::Kind::TurnFinished(_) => "turn_finished",
         event::Kind::CancelRequested(_) => "cancel_requested",
+        event::Kind::SkillsetChosen(_) => "skillset_chosen",
         event::Kind::ToolCallState(_) => "tool_call_state",
     }
 }
@@ -265,7 +266,9 @@ impl Store {
         // Checkpoints copy the WAL into the database and fsync it: done
         // inline they stall whichever append crosses the threshold, for tens
         // or hundreds of milliseconds. A background thread does them instead.
-        writer.pragma_update(None, "wal_autocheckpoint", 0)?;
+        // A large automatic threshold stays as a safety net should the
+        // thread fall behind (about 40 MB of WAL).
+        writer.pragma_update(None, "wal_autocheckpoint", 10_000)?;
         writer.execute_batch(
             "CREATE TABLE IF NOT EXISTS sessions (
                 id TEXT PRIMARY KEY,
@@ -329,9 +332,9 @@ impl Store {
         self.reader.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Receives every change committed after this call. Changes of one
-    /// session may arrive out of seq order (they are sent after the write
-    /// lock is released); watchers fill gaps from the log.
+    /// Receives every change committed after this call, appends in commit
+    /// (and so seq) order; a watcher that lags and misses some fills the
+    /// gap from the log.
     pub fn subscribe(&self) -> broadcast::Receiver<Change> {
         self.changes.subscribe()
     }
@@ -526,9 +529,10 @@ impl Store {
         }
         drop(conn);
         lock(&slot).take().unwrap_or_else(|| {
-            Err(StoreError::InvalidArgument(
-                "internal error: an append was lost from its batch".into(),
-            ))
+            Err(StoreError::Database(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERNAL),
+                Some("an append was lost from its batch".into()),
+            )))
         })
     }
 
@@ -570,7 +574,18 @@ impl Store {
                 sp.commit()?;
                 Ok(events)
             });
+            let failed = result.is_err();
             results.push(result);
+            if failed && tx.is_autocommit() {
+                // SQLite rolled the whole transaction back (disk full, I/O
+                // error): nothing of this batch is stored; stop here rather
+                // than let later savepoints commit on their own.
+                let e = rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                    Some("the batch's transaction was rolled back".into()),
+                );
+                return failed_all(&e);
+            }
         }
         if results.iter().all(Result::is_err) {
             // Nothing to make durable: no commit, no fsync.
