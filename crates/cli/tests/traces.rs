@@ -273,7 +273,10 @@ async fn one_turn_is_one_trace_across_every_service() {
         .iter()
         .any(|(_, s)| s.name == "turn")
     {
-        assert!(Instant::now() < deadline, "the turn span was never exported");
+        assert!(
+            Instant::now() < deadline,
+            "the turn span was never exported"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     services.stop();

@@ -18,6 +18,7 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -93,7 +94,14 @@ pub fn init(
         endpoint => match exporter(endpoint, service_name) {
             Ok(provider) => {
                 let tracer = provider.tracer("agentry");
-                let layer = tracing_opentelemetry::layer().with_tracer(tracer);
+                // Spans have their own filter: quieter logs must not stop
+                // traces, and the transport's own spans (the exporter's
+                // requests among them) are never exported.
+                let layer = tracing_opentelemetry::layer()
+                    .with_tracer(tracer)
+                    .with_filter(EnvFilter::new(
+                        "info,h2=off,hyper=off,hyper_util=off,tower=off,tonic=off,opentelemetry=off",
+                    ));
                 (Some(provider), Some(layer))
             }
             Err(e) => {
@@ -107,14 +115,19 @@ pub fn init(
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(ansi);
-    let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
+    let registry = tracing_subscriber::registry().with(otel_layer);
     // An error here means a subscriber is already installed: keep it.
     let installed = match format {
-        LogFormat::Text => registry.with(fmt).try_init(),
+        LogFormat::Text => registry.with(fmt.with_filter(filter)).try_init(),
         LogFormat::Json => registry
             // Every enclosing span's fields: a line inside a turn carries
             // its session_id and turn_id however deep it is.
-            .with(fmt.json().with_current_span(false).with_span_list(true))
+            .with(
+                fmt.json()
+                    .with_current_span(false)
+                    .with_span_list(true)
+                    .with_filter(filter),
+            )
             .try_init(),
     };
     let provider = if installed.is_ok() { provider } else { None };
