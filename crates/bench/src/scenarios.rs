@@ -27,6 +27,39 @@ fn react_model() -> Fallback {
     }
 }
 
+/// Follows a session's events from its start.
+async fn follow(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+) -> anyhow::Result<tonic::Streaming<spb::Event>> {
+    Ok(client
+        .subscribe(opb::SubscribeRequest {
+            session_id: session_id.to_string(),
+            from_seq: 0,
+        })
+        .await?
+        .into_inner())
+}
+
+/// Sends a user message (tool calls under the configured policy).
+async fn submit(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+    text: &str,
+) -> Result<tonic::Response<opb::SubmitResponse>, tonic::Status> {
+    client
+        .submit(opb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(opb::Input {
+                kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                    text: text.into(),
+                    approval_mode: spb::ApprovalMode::Policy as i32,
+                })),
+            }),
+        })
+        .await
+}
+
 /// One session's sequence of turns; returns each turn's latency in ms, and
 /// the number of turns that did not complete with the expected answer.
 async fn session_turns(
@@ -41,28 +74,12 @@ async fn session_turns(
     let workspace = stack.workspace(&session.id);
     std::fs::create_dir_all(&workspace)?;
     std::fs::write(workspace.join("small.txt"), "a small file\n")?;
-    let mut events = client
-        .subscribe(opb::SubscribeRequest {
-            session_id: session.id.clone(),
-            from_seq: 0,
-        })
-        .await?
-        .into_inner();
+    let mut events = follow(&mut client, &session.id).await?;
     let mut latencies = Vec::with_capacity(turns);
     let mut errors = 0;
     for _ in 0..turns {
         let started = Instant::now();
-        let submitted = client
-            .submit(opb::SubmitRequest {
-                session_id: session.id.clone(),
-                input: Some(opb::Input {
-                    kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
-                        text: "read small.txt".into(),
-                        approval_mode: spb::ApprovalMode::Policy as i32,
-                    })),
-                }),
-            })
-            .await;
+        let submitted = submit(&mut client, &session.id, "read small.txt").await;
         if submitted.is_err() {
             errors += 1;
             continue;
@@ -251,25 +268,9 @@ async fn agentry_arrivals(stack: &Stack) -> anyhow::Result<(Vec<Instant>, f64)> 
         .create_session(opb::CreateSessionRequest::default())
         .await?
         .into_inner();
-    let mut events = client
-        .subscribe(opb::SubscribeRequest {
-            session_id: session.id.clone(),
-            from_seq: 0,
-        })
-        .await?
-        .into_inner();
+    let mut events = follow(&mut client, &session.id).await?;
     let started = Instant::now();
-    client
-        .submit(opb::SubmitRequest {
-            session_id: session.id.clone(),
-            input: Some(opb::Input {
-                kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
-                    text: "stream".into(),
-                    approval_mode: spb::ApprovalMode::Policy as i32,
-                })),
-            }),
-        })
-        .await?;
+    submit(&mut client, &session.id, "stream").await?;
     let mut arrivals = Vec::new();
     while let Some(event) = events.next().await {
         let at = Instant::now();
@@ -347,7 +348,7 @@ pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
     const RUNS: usize = 300;
     let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["tool-runner"]).await?;
     let mut runner =
-        ToolRunnerClient::new(crate::stack::connect(&stack.urls["tool-runner"]).await?);
+        ToolRunnerClient::new(agentry_testkit::cluster::connect(&stack.urls["tool-runner"]).await?);
     println!("\n== shell: `true`, {RUNS} runs each");
     let mut through = Vec::with_capacity(RUNS);
     for i in 0..RUNS + 10 {
@@ -423,7 +424,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
     const PER_WRITER: usize = 500;
     // The store alone: no orchestrator takes these sessions for its own.
     let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["session-store"]).await?;
-    let channel = crate::stack::connect(&stack.urls["session-store"]).await?;
+    let channel = agentry_testkit::cluster::connect(&stack.urls["session-store"]).await?;
     println!("\n== store: appends of one event, each durable (fsynced) before the answer");
     println!(
         "{:>8} {:>8} {:>12} {:>9} {:>9}",

@@ -6,8 +6,7 @@ use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub const SERVICES: [&str; 4] = ["session-store", "tool-runner", "scheduler", "orchestrator"];
 
@@ -89,11 +88,31 @@ impl Stack {
             stack.children.push((service, child));
         }
         for &service in services {
-            connect(&stack.urls[service])
-                .await
-                .with_context(|| format!("the {service} did not come up"))?;
+            stack.wait_for(service).await?;
         }
         Ok(stack)
+    }
+
+    /// Waits until `service` answers, and fails at once if its process
+    /// exited (its port might otherwise be answered by someone else).
+    async fn wait_for(&mut self, service: &'static str) -> anyhow::Result<()> {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(self.urls[service].clone())?.tcp_nodelay(true);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some((_, child)) = self.children.iter_mut().find(|(name, _)| *name == service)
+                && let Some(status) = child.try_wait()?
+            {
+                anyhow::bail!("the {service} did not come up: it exited ({status})");
+            }
+            match endpoint.connect().await {
+                Ok(_) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(e).with_context(|| format!("the {service} did not come up"));
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
     }
 
     /// The process id of a service.
@@ -118,7 +137,7 @@ impl Stack {
     /// HTTP/2 connection carries a bounded number of streams).
     pub async fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<Channel>> {
         Ok(OrchestratorClient::new(
-            connect(&self.urls["orchestrator"]).await?,
+            agentry_testkit::cluster::connect(&self.urls["orchestrator"]).await?,
         ))
     }
 
@@ -133,23 +152,6 @@ impl Drop for Stack {
         for (_, child) in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
-        }
-    }
-}
-
-/// Connects, retrying for up to 10 s while the service starts.
-pub async fn connect(url: &str) -> anyhow::Result<Channel> {
-    let endpoint = Endpoint::from_shared(url.to_string())?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(2));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match endpoint.connect().await {
-            Ok(channel) => return Ok(channel),
-            Err(e) if tokio::time::Instant::now() >= deadline => {
-                anyhow::bail!("cannot reach {url}: {e}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
 }

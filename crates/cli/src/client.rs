@@ -13,17 +13,24 @@ pub async fn dial(url: &str, service: &str, variable: &str) -> anyhow::Result<Ch
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
     endpoint.connect().await.map_err(|e| {
-        let mut reason = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(cause) = source {
-            reason = cause.to_string();
-            source = cause.source();
-        }
+        let reason = innermost_cause(&e);
         anyhow::anyhow!(
             "cannot reach the {service} at {url} ({reason}). Start Agentry with `agentry up`, \
              or set {variable} to a running {service}."
         )
     })
+}
+
+/// The innermost cause of an error ("Connection refused"), the part a
+/// person can act on.
+pub fn innermost_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut reason = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        reason = cause.to_string();
+        source = cause.source();
+    }
+    reason
 }
 
 /// Connects to the orchestrator named by the configuration.

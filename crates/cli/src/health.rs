@@ -1,7 +1,7 @@
 //! `agentry health`: asks services for their gRPC health (`grpc.health.v1`),
 //! as container health checks and people do.
 
-use crate::client::print_line;
+use crate::client::{innermost_cause, print_line};
 use std::process::ExitCode;
 use std::time::Duration;
 use tonic_health::pb::HealthCheckRequest;
@@ -41,15 +41,7 @@ async fn check_one(url: &str) -> anyhow::Result<ServingStatus> {
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await
-        .map_err(|e| {
-            let mut reason = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                reason = cause.to_string();
-                source = cause.source();
-            }
-            anyhow::anyhow!("cannot connect ({reason})")
-        })?;
+        .map_err(|e| anyhow::anyhow!("cannot connect ({})", innermost_cause(&e)))?;
     let response = HealthClient::new(channel)
         .check(HealthCheckRequest {
             service: String::new(),

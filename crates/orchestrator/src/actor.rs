@@ -3,6 +3,7 @@
 //! back as inputs.
 
 use crate::deps::Deps;
+use crate::metrics::{CALLS_IN_FLIGHT, CALLS_IN_FLIGHT_HELP};
 use crate::reducer::{Effect, Input, SessionState};
 use agentry_llm::{ChatRequest, Message, StreamEvent, ToolCall};
 use agentry_proto::sessions::v1::{self as pb, ApprovalDecision, ApprovalMode};
@@ -777,18 +778,24 @@ struct InFlightGauge<'a> {
 }
 
 impl<'a> InFlightGauge<'a> {
-    const NAME: &'static str = "agentry_calls_in_flight";
-    const HELP: &'static str = "Model and tool calls running now, by kind.";
-
     fn new(metrics: &'a agentry_runtime::metrics::Registry, kind: &'static str) -> Self {
-        metrics.shift(Self::NAME, Self::HELP, &[("kind", kind)], 1.0);
+        metrics.shift(
+            CALLS_IN_FLIGHT,
+            CALLS_IN_FLIGHT_HELP,
+            &[("kind", kind)],
+            1.0,
+        );
         InFlightGauge { metrics, kind }
     }
 }
 
 impl Drop for InFlightGauge<'_> {
     fn drop(&mut self) {
-        self.metrics
-            .shift(Self::NAME, Self::HELP, &[("kind", self.kind)], -1.0);
+        self.metrics.shift(
+            CALLS_IN_FLIGHT,
+            CALLS_IN_FLIGHT_HELP,
+            &[("kind", self.kind)],
+            -1.0,
+        );
     }
 }

@@ -52,9 +52,11 @@ pub fn lazy_channel(url: &str, what: &str) -> Result<Channel, RunError> {
         .map_err(|e| RunError::Config(format!("invalid {what} URL {url:?}: {e}")))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
-        // Notice a peer that vanished (a killed container sends no reset).
-        .http2_keep_alive_interval(Duration::from_secs(10))
+        // Notice a peer that vanished (a killed container sends no reset),
+        // between calls too.
+        .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true)
         .connect_lazy())
 }
 

@@ -5,6 +5,10 @@ use agentry_proto::sessions::v1 as pb;
 use agentry_runtime::metrics::Registry;
 use std::time::Duration;
 
+/// Model and tool calls running now (the orchestrator's queue depth).
+pub const CALLS_IN_FLIGHT: &str = "agentry_calls_in_flight";
+/// Its help text.
+pub const CALLS_IN_FLIGHT_HELP: &str = "Model and tool calls running now, by kind.";
 const PENDING_APPROVALS: &str = "agentry_pending_approvals";
 const PENDING_APPROVALS_HELP: &str = "Tool calls waiting for a person's decision.";
 
@@ -13,8 +17,8 @@ pub fn init(metrics: &Registry) {
     metrics.set(PENDING_APPROVALS, PENDING_APPROVALS_HELP, &[], 0.0);
     for kind in ["model", "tool"] {
         metrics.set(
-            "agentry_calls_in_flight",
-            "Model and tool calls running now, by kind.",
+            CALLS_IN_FLIGHT,
+            CALLS_IN_FLIGHT_HELP,
             &[("kind", kind)],
             0.0,
         );

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
@@ -124,14 +124,7 @@ pub struct Replica {
 
 impl Replica {
     fn new(url: String, source: &str) -> Result<Replica, String> {
-        let channel = Endpoint::from_shared(url.clone())
-            .map_err(|e| format!("invalid tool runner URL {url:?}: {e}"))?
-            .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
+        let channel = crate::lazy_channel(&url, "tool runner").map_err(|e| e.to_string())?;
         Ok(Replica {
             url,
             source: source.to_string(),
@@ -160,14 +153,13 @@ impl Replica {
     }
 
     /// Takes the replica out for a backoff that doubles with each failure.
-    fn mark_down(&self, why: &str) -> u32 {
+    fn mark_down(&self, why: &str) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         let backoff = BACKOFF_MIN
             .saturating_mul(1 << failures.min(6).saturating_sub(1))
             .min(BACKOFF_MAX);
         *lock(&self.down_until) = Some(Instant::now() + backoff);
         tracing::warn!(runner = %self.url, failures, backoff_ms = backoff.as_millis() as u64, why, "tool runner unavailable");
-        failures
     }
 
     /// Ends the calls in flight on this replica.

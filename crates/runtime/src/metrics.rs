@@ -52,7 +52,8 @@ pub struct Registry {
     families: Mutex<BTreeMap<&'static str, Family>>,
 }
 
-fn escape(value: &str) -> String {
+/// A label value escaped for the text format.
+pub fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -75,7 +76,6 @@ impl Registry {
         kind: Kind,
         labels: &[(&str, &str)],
         apply: impl FnOnce(&mut Series),
-        initial: Series,
     ) {
         let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
         let family = families.entry(name).or_insert_with(|| Family {
@@ -86,23 +86,38 @@ impl Registry {
         if family.kind != kind {
             return; // One name, one kind: a programming slip, not worth a panic.
         }
-        apply(family.series.entry(label_set(labels)).or_insert(initial));
+        let series = family
+            .series
+            .entry(label_set(labels))
+            .or_insert_with(|| match kind {
+                Kind::Histogram => Series::Histogram {
+                    counts: [0; BUCKETS.len()],
+                    sum: 0.0,
+                    count: 0,
+                },
+                Kind::Counter | Kind::Gauge => Series::Value(0.0),
+            });
+        apply(series);
+    }
+
+    fn bump(
+        &self,
+        kind: Kind,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&str, &str)],
+        by: f64,
+    ) {
+        self.update(name, help, kind, labels, |s| {
+            if let Series::Value(v) = s {
+                *v += by;
+            }
+        });
     }
 
     /// Adds `by` to a counter.
     pub fn add(&self, name: &'static str, help: &'static str, labels: &[(&str, &str)], by: f64) {
-        self.update(
-            name,
-            help,
-            Kind::Counter,
-            labels,
-            |s| {
-                if let Series::Value(v) = s {
-                    *v += by;
-                }
-            },
-            Series::Value(0.0),
-        );
+        self.bump(Kind::Counter, name, help, labels, by);
     }
 
     /// Adds one to a counter.
@@ -112,30 +127,14 @@ impl Registry {
 
     /// Sets a gauge.
     pub fn set(&self, name: &'static str, help: &'static str, labels: &[(&str, &str)], value: f64) {
-        self.update(
-            name,
-            help,
-            Kind::Gauge,
-            labels,
-            |s| *s = Series::Value(value),
-            Series::Value(0.0),
-        );
+        self.update(name, help, Kind::Gauge, labels, |s| {
+            *s = Series::Value(value)
+        });
     }
 
     /// Adds `by` (which may be negative) to a gauge.
     pub fn shift(&self, name: &'static str, help: &'static str, labels: &[(&str, &str)], by: f64) {
-        self.update(
-            name,
-            help,
-            Kind::Gauge,
-            labels,
-            |s| {
-                if let Series::Value(v) = s {
-                    *v += by;
-                }
-            },
-            Series::Value(0.0),
-        );
+        self.bump(Kind::Gauge, name, help, labels, by);
     }
 
     /// Records a duration in a histogram (in seconds).
@@ -147,28 +146,17 @@ impl Registry {
         value: Duration,
     ) {
         let seconds = value.as_secs_f64();
-        self.update(
-            name,
-            help,
-            Kind::Histogram,
-            labels,
-            |s| {
-                if let Series::Histogram { counts, sum, count } = s {
-                    for (bound, n) in BUCKETS.iter().zip(counts.iter_mut()) {
-                        if seconds <= *bound {
-                            *n += 1;
-                        }
+        self.update(name, help, Kind::Histogram, labels, |s| {
+            if let Series::Histogram { counts, sum, count } = s {
+                for (bound, n) in BUCKETS.iter().zip(counts.iter_mut()) {
+                    if seconds <= *bound {
+                        *n += 1;
                     }
-                    *sum += seconds;
-                    *count += 1;
                 }
-            },
-            Series::Histogram {
-                counts: [0; BUCKETS.len()],
-                sum: 0.0,
-                count: 0,
-            },
-        );
+                *sum += seconds;
+                *count += 1;
+            }
+        });
     }
 
     /// The current value of a counter or gauge series, for tests and tools.

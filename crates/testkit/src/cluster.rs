@@ -271,7 +271,7 @@ async fn bind_retrying(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 
 /// Connects to a gRPC server, retrying for a few seconds while it starts.
 pub async fn connect(url: &str) -> anyhow::Result<Channel> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?;
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?.tcp_nodelay(true);
     let mut last = None;
     for _ in 0..50 {
         match endpoint.connect().await {

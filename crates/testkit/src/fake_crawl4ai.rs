@@ -50,9 +50,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 /// The version `/health` reports.
 pub const VERSION: &str = "0.9.5";
@@ -141,16 +138,14 @@ impl Shared {
 
 /// A running fake Crawl4AI server; dropping it shuts the server down.
 pub struct FakeCrawl4ai {
-    addr: SocketAddr,
+    server: crate::http_server::HttpServer,
     shared: Arc<Shared>,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for FakeCrawl4ai {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FakeCrawl4ai")
-            .field("addr", &self.addr)
+            .field("addr", &self.server.addr)
             .finish_non_exhaustive()
     }
 }
@@ -158,10 +153,6 @@ impl std::fmt::Debug for FakeCrawl4ai {
 impl FakeCrawl4ai {
     /// Starts a server on an ephemeral port of 127.0.0.1.
     pub async fn start() -> anyhow::Result<FakeCrawl4ai> {
-        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-            .await
-            .map_err(|e| anyhow::anyhow!("fake crawl4ai: cannot listen: {e}"))?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared::default());
         let app = Router::new()
             .route("/health", get(health))
@@ -169,31 +160,19 @@ impl FakeCrawl4ai {
             .route("/md", post(md))
             .fallback(not_found)
             .with_state(shared.clone());
-        let (shutdown, shutdown_rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = shutdown_rx.await;
-            });
-            if let Err(e) = server.await {
-                eprintln!("fake crawl4ai on {addr} failed: {e}");
-            }
-        });
-        Ok(FakeCrawl4ai {
-            addr,
-            shared,
-            shutdown: Some(shutdown),
-            task,
-        })
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let server = crate::http_server::HttpServer::start(addr, app, "fake crawl4ai").await?;
+        Ok(FakeCrawl4ai { server, shared })
     }
 
     /// The base URL: `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr)
     }
 
     /// The address the server listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr
     }
 
     /// Scripts the page served for `url`.
@@ -278,16 +257,6 @@ impl FakeCrawl4ai {
     /// order.
     pub fn authorizations(&self) -> Vec<Option<String>> {
         self.shared.lock().authorizations.clone()
-    }
-}
-
-impl Drop for FakeCrawl4ai {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        // Stop accepting at once.
-        self.task.abort();
     }
 }
 

@@ -39,9 +39,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 /// One piece of a streamed reply; build them with [`text`], [`tool_call`], [`finish`],
@@ -315,16 +313,14 @@ impl Shared {
 
 /// A running fake model server; dropping it shuts the server down.
 pub struct FakeModel {
-    addr: SocketAddr,
+    server: crate::http_server::HttpServer,
     shared: Arc<Shared>,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for FakeModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FakeModel")
-            .field("addr", &self.addr)
+            .field("addr", &self.server.addr)
             .finish_non_exhaustive()
     }
 }
@@ -337,10 +333,6 @@ impl FakeModel {
 
     /// Starts a server on `addr` (port 0 picks a free port).
     pub async fn start_on(addr: SocketAddr) -> anyhow::Result<FakeModel> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("fake model: cannot listen on {addr}: {e}"))?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared::default());
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
@@ -351,27 +343,8 @@ impl FakeModel {
             .route("/_fake/requests", get(request_count))
             .fallback(not_found)
             .with_state(shared.clone());
-        let (shutdown, shutdown_rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            // Nagle off, as a real model server behind a proxy would have it:
-            // streamed chunks are small writes.
-            use axum::serve::ListenerExt;
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = shutdown_rx.await;
-            });
-            if let Err(e) = server.await {
-                eprintln!("fake model server on {addr} failed: {e}");
-            }
-        });
-        Ok(FakeModel {
-            addr,
-            shared,
-            shutdown: Some(shutdown),
-            task,
-        })
+        let server = crate::http_server::HttpServer::start(addr, app, "fake model").await?;
+        Ok(FakeModel { server, shared })
     }
 
     /// When each text chunk of the OpenAI-format streams so far was handed to
@@ -383,18 +356,18 @@ impl FakeModel {
 
     /// The API root to configure OpenAI-compatible clients with: `http://127.0.0.1:PORT/v1`.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        format!("http://{}/v1", self.server.addr)
     }
 
     /// The server root, to configure clients of Ollama's native API with
     /// (`http://127.0.0.1:PORT`; they post to `{root}/api/chat`).
     pub fn root_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr)
     }
 
     /// The address the server listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr
     }
 
     /// Queues a reply; each chat request (on either endpoint) consumes one, first in first out.
@@ -434,16 +407,6 @@ impl FakeModel {
         let mut inner = self.shared.lock();
         inner.fallback = fallback;
         inner.script_pos = 0;
-    }
-}
-
-impl Drop for FakeModel {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        // Stop accepting at once; streams already being served end with their tasks.
-        self.task.abort();
     }
 }
 
@@ -621,9 +584,10 @@ async fn chat(
         inner.requests.push(request.clone());
         inner.headers.push(captured);
         inner.paths.push(path.to_string());
+        let inner = &mut *inner;
         match inner.queue.pop_front() {
             Some(reply) => Some(reply),
-            None => match inner.fallback.clone() {
+            None => match &inner.fallback {
                 Fallback::Error => None,
                 Fallback::Echo => Some(Reply::text(&format!(
                     "echo: {}",
@@ -639,11 +603,15 @@ async fn chat(
                         .and_then(|m| m.last())
                         .is_some_and(|m| m["role"] == "tool");
                     if after_tool {
-                        Some(Reply::text(&text))
+                        Some(Reply::text(text))
                     } else {
                         let n = inner.script_pos;
                         inner.script_pos = inner.script_pos.wrapping_add(1);
-                        Some(Reply::tool_call(&format!("call_{n}"), &tool, arguments))
+                        Some(Reply::tool_call(
+                            &format!("call_{n}"),
+                            tool,
+                            arguments.clone(),
+                        ))
                     }
                 }
                 Fallback::Script(replies) if replies.is_empty() => None,

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod fake_crawl4ai;
 pub mod fake_model;
+mod http_server;
 
 pub use cluster::Cluster;
 pub use fake_model::{FakeModel, Reply};

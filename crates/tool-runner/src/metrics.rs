@@ -30,12 +30,7 @@ impl ToolCalls {
     }
 }
 
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+use agentry_runtime::metrics::escape;
 
 /// The metrics page.
 pub fn render(runner_id: &str, calls: &ToolCalls, web: Option<&Web>) -> String {
