@@ -28,6 +28,7 @@ async fn send_mode(
                 kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
                     text: text.to_string(),
                     approval_mode: mode as i32,
+                    plan: false,
                 })),
             }),
         })

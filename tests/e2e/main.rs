@@ -8,7 +8,9 @@ mod support;
 
 mod approvals;
 mod chat_turn;
+mod compaction;
 mod failures;
+mod plan;
 mod reminders;
 mod skillsets;
 mod text_calls;

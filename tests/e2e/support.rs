@@ -12,6 +12,7 @@ pub fn user(text: &str) -> pb::Input {
         kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
             text: text.to_string(),
             approval_mode: agentry_proto::sessions::v1::ApprovalMode::Always as i32,
+            plan: false,
         })),
     }
 }
@@ -94,6 +95,9 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::CancelRequested(_) => "cancel_requested",
             Kind::ToolCallState(_) => "tool_call_state",
             Kind::SkillsetChosen(_) => "skillset_chosen",
+            Kind::ContextCompacted(_) => "context_compacted",
+            Kind::PlanSubmitted(_) => "plan_submitted",
+            Kind::PlanStepUpdated(_) => "plan_step_updated",
         })
         .collect()
 }

@@ -54,6 +54,7 @@ async fn submit(
                 kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
                     text: text.into(),
                     approval_mode: spb::ApprovalMode::Policy as i32,
+                    plan: false,
                 })),
             }),
         })
@@ -457,6 +458,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
                                     text: "a message of about sixty bytes, as a short chat line is"
                                         .into(),
                                     approval_mode: 0,
+                                    plan: false,
                                 })),
                                 ..Default::default()
                             }],

@@ -68,6 +68,10 @@ enum Command {
         /// Print every event as one JSON object per line instead
         #[arg(long)]
         json: bool,
+        /// Plan mode: the agent writes a step-by-step plan, then carries it
+        /// out step by step, revising the plan when a step fails
+        #[arg(long)]
+        plan: bool,
         /// The message for the agent
         prompt: String,
     },
@@ -212,8 +216,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             session,
             approve,
             json,
+            plan,
             prompt,
-        } => turn::run(&config, session, approve, json, prompt).await,
+        } => turn::run(&config, session, approve, json, plan, prompt).await,
         Command::Sessions { command } => match command {
             SessionsCommand::List { limit } => session_cmds::list(&config, limit).await,
             SessionsCommand::Show { id, json } => session_cmds::show(&config, &id, json).await,

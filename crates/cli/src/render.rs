@@ -93,12 +93,38 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "type": "tool_call_state", "call_id": t.call_id,
                 "phase": phase_name(t.phase), "detail": t.detail,
             }),
+            Kind::ContextCompacted(c) => json!({
+                "type": "context_compacted", "first_seq": c.first_seq, "last_seq": c.last_seq,
+                "summary": c.summary, "messages": c.messages,
+                "tokens_before": c.tokens_before, "tokens_after": c.tokens_after, "note": c.note,
+            }),
+            Kind::PlanSubmitted(p) => json!({
+                "type": "plan_submitted", "revision": p.revision, "reason": p.reason,
+                "steps": p.steps.iter().map(|s| json!({
+                    "title": s.title, "detail": s.detail,
+                    "status": step_status_name(s.status), "summary": s.summary,
+                })).collect::<Vec<_>>(),
+            }),
+            Kind::PlanStepUpdated(u) => json!({
+                "type": "plan_step_updated", "index": u.index,
+                "status": step_status_name(u.status), "summary": u.summary, "started": u.started,
+            }),
         },
     };
     if let (Value::Object(out), Value::Object(body)) = (&mut out, body) {
         out.extend(body);
     }
     out
+}
+
+/// A plan step status's short name.
+pub fn step_status_name(status: i32) -> &'static str {
+    match pb::PlanStepStatus::try_from(status) {
+        Ok(pb::PlanStepStatus::InProgress) => "in_progress",
+        Ok(pb::PlanStepStatus::Completed) => "completed",
+        Ok(pb::PlanStepStatus::Failed) => "failed",
+        Ok(pb::PlanStepStatus::Unspecified) | Err(_) => "pending",
+    }
 }
 
 /// A tool call phase's short name.
@@ -166,6 +192,8 @@ pub struct Renderer<A: Write, B: Write> {
     pub show_approvals: bool,
     /// Token counts of the model calls of the current turn.
     step_tokens: Vec<u64>,
+    /// The titles of the current plan's steps.
+    plan: Vec<String>,
 }
 
 impl<A: Write, B: Write> Renderer<A, B> {
@@ -178,6 +206,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             show_user: false,
             show_approvals: true,
             step_tokens: Vec::new(),
+            plan: Vec::new(),
         }
     }
 
@@ -321,6 +350,55 @@ impl<A: Write, B: Write> Renderer<A, B> {
             }
             Kind::SkillsetChosen(s) if !s.skillset.is_empty() => {
                 let _ = writeln!(self.activity, "  (skillset: {})", s.skillset);
+            }
+            Kind::ContextCompacted(c) => {
+                self.end_line();
+                let how = if c.summary.is_empty() {
+                    format!("left out: {}", c.note)
+                } else {
+                    "summarised".to_string()
+                };
+                let _ = writeln!(
+                    self.activity,
+                    "  (context compacted: {} earlier messages, events {}–{}, {how}; ~{} → ~{} tokens)",
+                    c.messages, c.first_seq, c.last_seq, c.tokens_before, c.tokens_after
+                );
+            }
+            Kind::PlanSubmitted(p) => {
+                self.end_line();
+                let heading = if p.revision <= 1 {
+                    "plan:".to_string()
+                } else {
+                    format!("revised plan (revision {}):", p.revision)
+                };
+                let _ = writeln!(self.activity, "  {heading}");
+                self.plan = p.steps.iter().map(|s| s.title.clone()).collect();
+                for (i, step) in p.steps.iter().enumerate() {
+                    let mark = match pb::PlanStepStatus::try_from(step.status) {
+                        Ok(pb::PlanStepStatus::Completed) => "✓",
+                        Ok(pb::PlanStepStatus::Failed) => "✗",
+                        _ => " ",
+                    };
+                    let _ = writeln!(self.activity, "   [{mark}] {}. {}", i + 1, step.title);
+                }
+            }
+            Kind::PlanStepUpdated(u) => {
+                self.end_line();
+                let n = u.index + 1;
+                let line = match pb::PlanStepStatus::try_from(u.status) {
+                    Ok(pb::PlanStepStatus::InProgress) => format!(
+                        "  ▶ step {n}: {}",
+                        self.plan.get(u.index as usize).map_or("", String::as_str)
+                    ),
+                    Ok(pb::PlanStepStatus::Completed) => {
+                        format!("  ✓ step {n} done: {}", shorten(&u.summary, 200))
+                    }
+                    Ok(pb::PlanStepStatus::Failed) => {
+                        format!("  ✗ step {n} failed: {}", shorten(&u.summary, 200))
+                    }
+                    _ => return,
+                };
+                let _ = writeln!(self.activity, "{line}");
             }
             Kind::ToolCallState(_) | Kind::SkillsetChosen(_) => {}
         }

@@ -130,7 +130,7 @@ impl Follower {
     }
 }
 
-fn user_input(text: String, approve: Approve) -> pb::Input {
+fn user_input(text: String, approve: Approve, plan: bool) -> pb::Input {
     let approval_mode = match approve {
         Approve::Always => spb::ApprovalMode::Always,
         Approve::Never => spb::ApprovalMode::Never,
@@ -140,6 +140,7 @@ fn user_input(text: String, approve: Approve) -> pb::Input {
         kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
             text,
             approval_mode: approval_mode as i32,
+            plan,
         })),
     }
 }
@@ -158,6 +159,7 @@ pub async fn run(
     session: Option<String>,
     approve: Approve,
     json: bool,
+    plan: bool,
     prompt: String,
 ) -> anyhow::Result<ExitCode> {
     let mut client = connect(config).await?;
@@ -166,7 +168,7 @@ pub async fn run(
     let submitted = client
         .submit(pb::SubmitRequest {
             session_id: session.id.clone(),
-            input: Some(user_input(prompt, approve)),
+            input: Some(user_input(prompt, approve, plan)),
         })
         .await
         .map_err(|s| status_error("the message was not accepted", s))?
@@ -370,6 +372,8 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
     let mut last_outcome = spb::TurnOutcome::Completed as i32;
     let mut asking = Asking::Nothing;
     let mut queued: Vec<spb::ApprovalRequested> = Vec::new();
+    // Plan mode for every message, switched by /plan.
+    let mut plan_mode = false;
     let mut cancelled = false;
     let mut prompt_shown = false;
     loop {
@@ -427,7 +431,12 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
                             "" => continue,
                             "/exit" | "/quit" | "exit" | "quit" => break,
                             "/help" => {
-                                eprintln!("/session  show this session's id\n/exit     leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.");
+                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/session         show this session's id\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.");
+                                continue;
+                            }
+                            "/plan" => {
+                                plan_mode = !plan_mode;
+                                eprintln!("plan mode {}", if plan_mode { "on: every message is planned, then executed step by step" } else { "off" });
                                 continue;
                             }
                             "/session" => {
@@ -436,10 +445,14 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
                             }
                             _ => {}
                         }
+                        let (text, plan) = match text.strip_prefix("/plan ") {
+                            Some(rest) if !rest.trim().is_empty() => (rest.trim(), true),
+                            _ => (text, plan_mode),
+                        };
                         let submitted = client
                             .submit(pb::SubmitRequest {
                                 session_id: session.id.clone(),
-                                input: Some(user_input(text.to_string(), Approve::Policy)),
+                                input: Some(user_input(text.to_string(), Approve::Policy, plan)),
                             })
                             .await;
                         match submitted {

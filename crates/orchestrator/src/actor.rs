@@ -26,6 +26,8 @@ pub enum SubmitInput {
         text: String,
         /// How the turn's tool calls are approved.
         approval_mode: ApprovalMode,
+        /// Run the turn in plan mode.
+        plan: bool,
     },
     /// A decision on a call awaiting approval.
     Approval {
@@ -165,10 +167,12 @@ impl Actor {
             SubmitInput::User {
                 text,
                 approval_mode,
+                plan,
             } => Input::UserMessage {
                 turn_id: uuid::Uuid::now_v7().to_string(),
                 text,
                 approval_mode,
+                plan,
             },
             SubmitInput::Approval {
                 call_id,
@@ -434,17 +438,34 @@ impl Actor {
     }
 
     fn start_model_call(&mut self, history: Vec<Message>) {
-        let skillset = self
+        // Instructions for this call only: the turn's skillset, then what
+        // plan mode asks for now.
+        let mut extra: Vec<String> = self
             .state
             .turn_skillset()
             .and_then(|name| self.deps.skillsets.text(name))
-            .map(str::to_string);
+            .map(str::to_string)
+            .into_iter()
+            .collect();
+        let plan_mode = self.state.turn_plan().is_some();
+        extra.extend(self.state.turn_plan().map(|p| p.guidance()));
+        let spans = if self.state.history_spans.len() == history.len() {
+            self.state.history_spans.clone()
+        } else {
+            Vec::new()
+        };
+        let call = ModelCall {
+            history,
+            spans,
+            extra,
+            plan_mode,
+        };
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let span = tracing::info_span!(
             "model_call",
             model = %deps.llm.model(),
-            messages = history.len(),
+            messages = call.history.len(),
             prompt_tokens = tracing::field::Empty,
             completion_tokens = tracing::field::Empty,
             latency_ms = tracing::field::Empty,
@@ -453,7 +474,7 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "model");
-                model_call(deps.clone(), history, skillset, task, tx).await;
+                model_call(deps.clone(), call, task, tx).await;
                 drop(gauge);
             }
             .instrument(span),
@@ -491,13 +512,20 @@ impl Actor {
     }
 }
 
-async fn model_call(
-    deps: Arc<Deps>,
+/// What one model call needs besides the shared dependencies.
+struct ModelCall {
+    /// The conversation.
     history: Vec<Message>,
-    skillset: Option<String>,
-    task: u64,
-    tx: mpsc::Sender<Outcome>,
-) {
+    /// The seqs each message of `history` stands for (empty: unknown, and
+    /// the conversation is not compacted).
+    spans: Vec<(u64, u64)>,
+    /// System messages for this call only (skillset, plan-mode guidance).
+    extra: Vec<String>,
+    /// Offer the plan tools.
+    plan_mode: bool,
+}
+
+async fn model_call(deps: Arc<Deps>, call: ModelCall, task: u64, tx: mpsc::Sender<Outcome>) {
     let tools = deps.tools().await;
     if tx
         .send((task, Input::ToolCatalog(tools.flags.clone())))
@@ -506,34 +534,59 @@ async fn model_call(
     {
         return;
     }
+    let mut definitions = tools.definitions.clone();
+    if call.plan_mode {
+        definitions.extend(crate::plan::definitions());
+    }
     let native = deps.profile.native_tools;
-    let mut messages = Vec::with_capacity(history.len() + 1);
     let mut system = deps.system_prompt.clone();
     if !native {
         system.push_str("\n\n");
-        system.push_str(&crate::textcalls::instructions(&tools.definitions));
+        system.push_str(&crate::textcalls::instructions(&definitions));
     }
-    messages.push(Message::System { content: system });
-    // This turn's skillset: a system message of its own, for this turn only.
-    if let Some(skillset) = skillset {
-        messages.push(Message::System { content: skillset });
+    let mut messages = vec![Message::System { content: system }];
+    // Instructions for this call only, each a system message of its own.
+    messages.extend(
+        call.extra
+            .into_iter()
+            .map(|content| Message::System { content }),
+    );
+    // Keep the request within the context window.
+    let mut overhead: usize = messages.iter().map(|m| deps.tokenizer.message(m)).sum();
+    if native {
+        overhead += definitions
+            .iter()
+            .map(|d| {
+                deps.tokenizer.count(&d.parameters.to_string())
+                    + deps.tokenizer.count(&d.description)
+                    + 8
+            })
+            .sum::<usize>();
+    }
+    let fitted = crate::compaction::fit(&deps, overhead, call.history, &call.spans).await;
+    if fitted.truncated > 0 {
+        tracing::warn!(
+            messages = fitted.truncated,
+            "messages shortened in this request to fit the context window"
+        );
+    }
+    if let Some(event) = fitted.event
+        && tx.send((task, Input::Compacted(event))).await.is_err()
+    {
+        return;
     }
     if native {
-        messages.extend(history);
+        messages.extend(fitted.history);
     } else {
-        messages.extend(history.into_iter().map(as_text));
+        messages.extend(fitted.history.into_iter().map(as_text));
     }
+    let names: std::collections::BTreeSet<String> =
+        definitions.iter().map(|t| t.name.clone()).collect();
     let mut request = ChatRequest {
         messages,
-        tools: if native {
-            tools.definitions.clone()
-        } else {
-            Vec::new()
-        },
+        tools: if native { definitions } else { Vec::new() },
         temperature: deps.temperature,
     };
-    let names: std::collections::BTreeSet<String> =
-        tools.definitions.iter().map(|t| t.name.clone()).collect();
     let started = Instant::now();
     let failed = |message: String, retryable: bool| {
         let span = Span::current();

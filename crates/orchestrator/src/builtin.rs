@@ -1,5 +1,6 @@
 //! Tools the orchestrator serves itself: reminders, scoped to the session
-//! that calls them and backed by the scheduler service.
+//! that calls them and backed by the scheduler service, and `recall`, which
+//! reads the session's own log (the originals of compacted messages).
 
 use crate::deps::Deps;
 use crate::reducer::ToolFlags;
@@ -10,7 +11,17 @@ use serde::Deserialize;
 use std::time::Instant;
 
 /// The names of the built-in tools.
-pub const NAMES: [&str; 3] = ["schedule_reminder", "list_reminders", "cancel_reminder"];
+pub const NAMES: [&str; 4] = [
+    "schedule_reminder",
+    "list_reminders",
+    "cancel_reminder",
+    "recall",
+];
+
+/// Events one `recall` call may return.
+const RECALL_MAX_EVENTS: u64 = 200;
+/// Characters one `recall` call may return.
+const RECALL_MAX_CHARS: usize = 16_000;
 
 /// Whether `name` is a built-in tool.
 pub fn is_builtin(name: &str) -> bool {
@@ -82,7 +93,34 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
                 parallel_safe: false,
             },
         ),
+        (
+            ToolDefinition {
+                name: "recall".into(),
+                description: "Read original events of this conversation by seq, e.g. the ones                     a summary replaced (it names their range). Returns messages, tool calls and                     tool results."
+                    .into(),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "from_seq": {"type": "integer", "minimum": 1, "description": "First seq to read."},
+                        "to_seq": {"type": "integer", "minimum": 1, "description": "Last seq to read (at most 200 after from_seq)."}
+                    },
+                    "required": ["from_seq", "to_seq"],
+                    "additionalProperties": false
+                }),
+            },
+            ToolFlags {
+                read_only: true,
+                parallel_safe: true,
+            },
+        ),
     ]
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecallArgs {
+    from_seq: u64,
+    to_seq: u64,
 }
 
 #[derive(Deserialize)]
@@ -154,6 +192,7 @@ pub async fn run(deps: &Deps, session_id: &str, call: &ToolCall) -> pb::ToolResu
         "schedule_reminder" => schedule(deps, session_id, &call.arguments).await,
         "list_reminders" => list(deps, session_id, &call.arguments).await,
         "cancel_reminder" => cancel(deps, session_id, &call.arguments).await,
+        "recall" => recall(deps, session_id, &call.arguments).await,
         other => Err(format!("{other} is not a built-in tool")),
     };
     let (output, is_error) = match outcome {
@@ -266,6 +305,118 @@ async fn cancel(deps: &Deps, session_id: &str, arguments: &str) -> Result<String
     Ok(format!("cancelled reminder {}", describe(&reminder)))
 }
 
+async fn recall(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, String> {
+    let args: RecallArgs = parse("recall", arguments)?;
+    if args.from_seq == 0 || args.to_seq < args.from_seq {
+        return Err(format!(
+            "from_seq must be at least 1 and to_seq at least from_seq (got {} and {})",
+            args.from_seq, args.to_seq
+        ));
+    }
+    let to = args.to_seq.min(args.from_seq + RECALL_MAX_EVENTS - 1);
+    let events = deps
+        .store
+        .clone()
+        .read(pb::ReadRequest {
+            session_id: session_id.to_string(),
+            from_seq: args.from_seq,
+            limit: (to - args.from_seq + 1) as u32,
+        })
+        .await
+        .map_err(|s| {
+            format!(
+                "cannot read the session log from {}: {}",
+                deps.store_url,
+                s.message()
+            )
+        })?
+        .into_inner()
+        .events;
+    if events.is_empty() {
+        return Err(format!(
+            "the conversation has no events from seq {}",
+            args.from_seq
+        ));
+    }
+    let mut out = String::new();
+    let mut last = args.from_seq;
+    for event in &events {
+        let Some(line) = event.kind.as_ref().and_then(recall_line) else {
+            last = event.seq;
+            continue;
+        };
+        let line = format!("#{} {line}\n", event.seq);
+        if out.len() + line.len() > RECALL_MAX_CHARS && !out.is_empty() {
+            out.push_str(&format!(
+                "[output limit reached: call recall with from_seq {} for more]\n",
+                event.seq
+            ));
+            return Ok(out);
+        }
+        out.push_str(&line);
+        last = event.seq;
+    }
+    if last < args.to_seq && to < args.to_seq {
+        out.push_str(&format!(
+            "[at most {RECALL_MAX_EVENTS} events per call: call recall with from_seq {} for more]\n",
+            to + 1
+        ));
+    }
+    if out.is_empty() {
+        out = format!(
+            "events {}–{last} hold no messages or tool results",
+            args.from_seq
+        );
+    }
+    Ok(out)
+}
+
+/// One event as `recall` shows it; `None` for events with nothing to read
+/// (streamed deltas, state changes).
+fn recall_line(kind: &pb::event::Kind) -> Option<String> {
+    use pb::event::Kind;
+    let clip = |text: &str| -> String {
+        match text.char_indices().nth(RECALL_MAX_CHARS / 2) {
+            Some((at, _)) => format!("{}…", &text[..at]),
+            None => text.to_string(),
+        }
+    };
+    Some(match kind {
+        Kind::UserMessage(m) => format!("person: {}", clip(&m.text)),
+        Kind::ModelMessage(m) if !m.text.is_empty() => format!("you: {}", clip(&m.text)),
+        Kind::ToolCallRequested(c) => format!(
+            "you called {} (call {}) with {}",
+            c.tool,
+            c.call_id,
+            clip(&c.arguments_json)
+        ),
+        Kind::ToolResult(r) => format!(
+            "result of {} (call {}){}: {}",
+            r.tool,
+            r.call_id,
+            if r.is_error { ", an error" } else { "" },
+            clip(&r.output)
+        ),
+        Kind::ReminderDue(r) => format!("reminder due: {}", clip(&r.message)),
+        Kind::ContextCompacted(c) if !c.summary.is_empty() => format!(
+            "summary of events {}–{}: {}",
+            c.first_seq,
+            c.last_seq,
+            clip(&c.summary)
+        ),
+        Kind::PlanSubmitted(p) => format!(
+            "plan (revision {}): {}",
+            p.revision,
+            p.steps
+                .iter()
+                .map(|s| s.title.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,6 +429,33 @@ mod tests {
         };
         assert_eq!(format_time(Some(&t)), "2026-11-23T08:38:41Z");
         assert_eq!(format_time(None), "-");
+    }
+
+    #[test]
+    fn recall_shows_messages_calls_and_results() {
+        use pb::event::Kind;
+        let line = recall_line(&Kind::UserMessage(pb::UserMessage {
+            text: "hello".into(),
+            ..Default::default()
+        }));
+        assert_eq!(line.as_deref(), Some("person: hello"));
+        let line = recall_line(&Kind::ToolResult(pb::ToolResult {
+            call_id: "c1".into(),
+            tool: "bash".into(),
+            output: "boom".into(),
+            is_error: true,
+            ..Default::default()
+        }));
+        assert_eq!(
+            line.as_deref(),
+            Some("result of bash (call c1), an error: boom")
+        );
+        assert_eq!(
+            recall_line(&Kind::ModelTextDelta(pb::ModelTextDelta {
+                text: "x".into()
+            })),
+            None
+        );
     }
 
     #[test]

@@ -43,6 +43,12 @@ pub struct Deps {
     pub profile: agentry_runtime::config::ModelProfile,
     /// Instructions per kind of request.
     pub skillsets: crate::skillsets::Skillsets,
+    /// When and how conversations are compacted.
+    pub compaction: crate::compaction::Settings,
+    /// How the model's tokens are counted.
+    pub tokenizer: crate::compaction::Tokenizer,
+    /// Plan steps a plan-mode turn may start.
+    pub plan_max_steps: u32,
     tool_cache: RwLock<Option<Arc<ToolSet>>>,
 }
 
@@ -94,6 +100,9 @@ impl Deps {
             metrics: Arc::default(),
             profile: agentry_runtime::config::ModelProfile::fallback(),
             skillsets: crate::skillsets::Skillsets::default(),
+            compaction: crate::compaction::Settings::default(),
+            tokenizer: crate::compaction::Tokenizer::Estimate,
+            plan_max_steps: crate::plan::DEFAULT_MAX_STEPS,
             tool_cache: RwLock::new(None),
         }
     }

@@ -5,8 +5,10 @@
 
 pub mod actor;
 pub mod builtin;
+pub mod compaction;
 pub mod deps;
 pub mod metrics;
+pub mod plan;
 pub mod policy;
 pub mod reducer;
 pub mod reminders;
@@ -93,11 +95,13 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
     let policy = policy::Policy::from_config(&config.policy)
         .map_err(|e| RunError::Config(format!("invalid policy: {e}")))?;
     let profile = config.model_profile();
+    let tokenizer = compaction::Tokenizer::for_model(&config.llm.model, &profile.tokenizer);
     tracing::info!(
         model = %config.llm.model,
         pattern = %profile.pattern,
         native_tools = profile.native_tools,
         context_window = profile.context_window,
+        tokenizer = tokenizer.name(),
         "model profile"
     );
     let temperature = profile.temperature.or(config.llm.temperature);
@@ -113,6 +117,14 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         config.agent.max_steps,
         Arc::new(policy),
     );
+    deps.compaction = compaction::Settings {
+        enabled: config.agent.compaction,
+        threshold: config.agent.compaction_threshold,
+        keep_last: config.agent.compaction_keep_messages as usize,
+        context_window: profile.context_window as usize,
+    };
+    deps.tokenizer = tokenizer;
+    deps.plan_max_steps = config.agent.plan_max_steps;
     deps.profile = profile;
     let user_dir = (!config.agent.skillsets_dir.is_empty())
         .then(|| std::path::PathBuf::from(&config.agent.skillsets_dir));

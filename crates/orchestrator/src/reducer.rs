@@ -10,11 +10,12 @@
 //! `Validating → AwaitingApproval → Scheduled → Executing → Success | Error |
 //! Cancelled`, every change recorded as a `ToolCallState` event.
 
+use crate::plan::{Plan, PlanCall, Stage};
 use crate::policy::{Decision, Policy, SessionRule, session_rules_for};
 use agentry_llm::{Completion, Message, ToolCall};
 use agentry_proto::sessions::v1::{
-    self as pb, ApprovalDecision, ApprovalMode, ErrorSource, TokenUsage, ToolCallPhase,
-    TurnOutcome, event::Kind,
+    self as pb, ApprovalDecision, ApprovalMode, ErrorSource, PlanStepStatus, TokenUsage,
+    ToolCallPhase, TurnOutcome, event::Kind,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, LazyLock};
@@ -157,6 +158,8 @@ pub struct Turn {
     pub restarts: u32,
     /// The skillset given to the model for this turn ("" for none).
     pub skillset: String,
+    /// The plan, for a turn in plan mode.
+    pub plan: Option<Plan>,
 }
 
 impl Turn {
@@ -192,8 +195,16 @@ pub struct SessionState {
     pub turn: Option<Turn>,
     /// The conversation (without the system message).
     pub history: Vec<Message>,
-    /// Model calls allowed per turn.
+    /// For each message of `history`, the seqs of the events it stands for
+    /// (first, last): one event for most messages, a whole range for the
+    /// summary that replaced older messages.
+    pub history_spans: Vec<(u64, u64)>,
+    /// The seq of the last event applied.
+    pub last_seq: u64,
+    /// Model calls allowed per turn (per plan stage in plan mode).
     pub max_steps: u32,
+    /// Plan steps a plan-mode turn may start, retries included.
+    pub plan_max_steps: u32,
     /// Calls a person approved for the rest of the session.
     pub session_rules: Vec<SessionRule>,
     /// The policy tool calls are checked against.
@@ -215,6 +226,8 @@ pub enum Input {
         text: String,
         /// How this turn's tool calls are approved.
         approval_mode: ApprovalMode,
+        /// Run the turn in plan mode.
+        plan: bool,
     },
     /// The tools the model was offered (sent before its answer).
     ToolCatalog(BTreeMap<String, ToolFlags>),
@@ -277,6 +290,9 @@ pub enum Input {
         /// The words that decided it.
         keywords: Vec<String>,
     },
+    /// Before a model call, the oldest messages of the conversation were
+    /// summarised (or dropped) to fit the context window.
+    Compacted(pb::ContextCompacted),
 }
 
 /// Work for the effect runner.
@@ -379,7 +395,10 @@ impl SessionState {
             phase: Phase::Idle,
             turn: None,
             history: Vec::new(),
+            history_spans: Vec::new(),
+            last_seq: 0,
             max_steps: max_steps.max(1),
+            plan_max_steps: crate::plan::DEFAULT_MAX_STEPS,
             session_rules: Vec::new(),
             policy: PolicyRef(ALLOW_ALL.clone()),
             catalog: BTreeMap::new(),
@@ -402,6 +421,7 @@ impl SessionState {
     pub fn replayed<'a>(mut self, events: impl IntoIterator<Item = &'a pb::Event>) -> Self {
         for event in events {
             if let Some(kind) = &event.kind {
+                self.last_seq = event.seq.saturating_sub(1);
                 self.apply(&event.turn_id, kind);
             }
         }
@@ -426,6 +446,22 @@ impl SessionState {
             .filter(|s| !s.is_empty())
     }
 
+    /// The plan of the running turn, when it runs in plan mode.
+    pub fn turn_plan(&self) -> Option<&Plan> {
+        self.turn.as_ref().and_then(|t| t.plan.as_ref())
+    }
+
+    /// The same state allowing `steps` plan steps per plan-mode turn.
+    pub fn with_plan_max_steps(mut self, steps: u32) -> Self {
+        self.plan_max_steps = steps.max(1);
+        self
+    }
+
+    fn push_history(&mut self, message: Message) {
+        self.history.push(message);
+        self.history_spans.push((self.last_seq, self.last_seq));
+    }
+
     /// The calls waiting for a person's decision.
     pub fn awaiting_approval(&self) -> Vec<&Call> {
         self.turn
@@ -437,9 +473,10 @@ impl SessionState {
 
     /// Folds one event into the state. The only place the state changes.
     pub fn apply(&mut self, turn_id: &str, kind: &Kind) {
+        self.last_seq += 1;
         match kind {
             Kind::UserMessage(m) => {
-                self.history.push(Message::User {
+                self.push_history(Message::User {
                     content: m.text.clone(),
                 });
                 self.turn = Some(Turn {
@@ -453,11 +490,12 @@ impl SessionState {
                         .unwrap_or(ApprovalMode::Policy),
                     restarts: 0,
                     skillset: String::new(),
+                    plan: m.plan.then(Plan::default),
                 });
                 self.phase = Phase::Generate;
             }
             Kind::ModelMessage(m) => {
-                self.history.push(Message::Assistant {
+                self.push_history(Message::Assistant {
                     content: m.text.clone(),
                     tool_calls: Vec::new(),
                 });
@@ -539,6 +577,10 @@ impl SessionState {
                         content: r.output.clone(),
                     },
                 );
+                self.history_spans.insert(
+                    at.min(self.history_spans.len()),
+                    (self.last_seq, self.last_seq),
+                );
                 turn.calls[index].answered = true;
                 if turn.calls.iter().all(|c| c.answered) {
                     self.phase = Phase::Generate;
@@ -560,7 +602,7 @@ impl SessionState {
                 if r.kind == REMINDER_TASK {
                     // The Task state: the reminder becomes the message the
                     // agent acts on.
-                    self.history.push(Message::User {
+                    self.push_history(Message::User {
                         content: compose_reminder(r),
                     });
                     self.turn = Some(Turn {
@@ -573,6 +615,7 @@ impl SessionState {
                         approval_mode: ApprovalMode::Policy,
                         restarts: 0,
                         skillset: String::new(),
+                        plan: None,
                     });
                     self.phase = Phase::Generate;
                 }
@@ -580,6 +623,39 @@ impl SessionState {
             Kind::SkillsetChosen(s) => {
                 if let Some(turn) = &mut self.turn {
                     turn.skillset = s.skillset.clone();
+                }
+            }
+            Kind::ContextCompacted(c) => {
+                // The replaced messages are a prefix of the conversation.
+                let count = self
+                    .history_spans
+                    .iter()
+                    .take_while(|(_, last)| *last <= c.last_seq)
+                    .count();
+                self.history.drain(..count);
+                self.history_spans.drain(..count);
+                self.history.insert(
+                    0,
+                    Message::System {
+                        content: crate::compaction::summary_message(c),
+                    },
+                );
+                self.history_spans.insert(0, (c.first_seq, c.last_seq));
+            }
+            Kind::PlanSubmitted(p) => {
+                if let Some(turn) = self.turn.as_mut() {
+                    let steps = turn.steps;
+                    if let Some(plan) = turn.plan.as_mut() {
+                        plan.submitted(p, steps);
+                    }
+                }
+            }
+            Kind::PlanStepUpdated(u) => {
+                if let Some(turn) = self.turn.as_mut() {
+                    let steps = turn.steps;
+                    if let Some(plan) = turn.plan.as_mut() {
+                        plan.step_updated(u, steps);
+                    }
                 }
             }
             Kind::ModelTextDelta(_)
@@ -796,6 +872,10 @@ impl SessionState {
     /// After the last tool result of a step: call the model again, or stop
     /// at the step limit.
     fn after_tools(&mut self, out: &mut Out, turn_id: &str) {
+        if self.turn_plan().is_some() {
+            self.govern(out, turn_id);
+            return;
+        }
         let steps = self.turn.as_ref().map(|t| t.steps).unwrap_or_default();
         if steps >= self.max_steps {
             let finished = self.finish(
@@ -825,6 +905,7 @@ impl SessionState {
                     turn_id,
                     text,
                     approval_mode,
+                    plan,
                 },
             ) => {
                 if text.trim().is_empty() {
@@ -833,6 +914,7 @@ impl SessionState {
                 let event = Kind::UserMessage(pb::UserMessage {
                     text,
                     approval_mode: approval_mode as i32,
+                    plan,
                 });
                 self.emit(&mut out, &turn_id, event);
                 out.after.push(Effect::CallModel {
@@ -1019,6 +1101,21 @@ impl SessionState {
                     }),
                 );
             }
+            (Phase::Generate, Input::Compacted(c)) => {
+                if !self.compaction_fits(&c) {
+                    return Err(Refusal::Unexpected {
+                        input: "compaction of another conversation",
+                        phase,
+                    });
+                }
+                self.emit(&mut out, &turn_id, Kind::ContextCompacted(c));
+            }
+            (_, Input::Compacted(_)) => {
+                return Err(Refusal::Unexpected {
+                    input: "compaction",
+                    phase,
+                });
+            }
             (_, Input::SkillsetChosen { .. }) => {
                 return Err(Refusal::Unexpected {
                     input: "skillset choice",
@@ -1066,6 +1163,17 @@ impl SessionState {
         });
         self.emit(out, turn_id, message);
         if c.tool_calls.is_empty() {
+            // In plan mode, an answer without tool calls ends the step
+            // being carried out; otherwise it is the final answer.
+            if let Some(current) = self.turn_plan().and_then(|p| p.current) {
+                let update = self.step_update(current, PlanStepStatus::Completed, &c.text);
+                self.emit(out, turn_id, update);
+                // That was the last step: its answer is the turn's.
+                if !self.turn_plan().is_some_and(Plan::is_finishing) {
+                    self.govern(out, turn_id);
+                    return;
+                }
+            }
             let finished = self.finish(TurnOutcome::Completed, c.text);
             self.emit(out, turn_id, finished);
             return;
@@ -1096,10 +1204,194 @@ impl SessionState {
             );
             ids.push(id);
         }
+        let plan_mode = self.turn_plan().is_some();
         for id in &ids {
-            self.validate(out, turn_id, id);
+            let tool = call_tool(self, id);
+            if plan_mode && crate::plan::is_plan_tool(&tool) {
+                self.plan_call(out, turn_id, id);
+            } else {
+                self.validate(out, turn_id, id);
+            }
         }
         self.dispatch(out, turn_id);
+    }
+
+    fn step_update(&self, index: usize, status: PlanStepStatus, summary: &str) -> Kind {
+        let started = self.turn_plan().map(|p| p.started).unwrap_or_default();
+        let summary = match summary.trim().char_indices().nth(500) {
+            Some((at, _)) => format!("{}…", &summary.trim()[..at]),
+            None => summary.trim().to_string(),
+        };
+        Kind::PlanStepUpdated(pb::PlanStepUpdated {
+            index: index as u32,
+            status: status as i32,
+            summary,
+            started,
+        })
+    }
+
+    /// A call of `submit_plan` or `complete_step`: the reducer answers it
+    /// itself, moving the plan forward.
+    fn plan_call(&mut self, out: &mut Out, turn_id: &str, call_id: &str) {
+        let Some(call) = self.turn.as_ref().and_then(|t| t.call(call_id)).cloned() else {
+            return;
+        };
+        let Some(plan) = self.turn_plan().cloned() else {
+            return;
+        };
+        let refuse = |state: &mut Self, out: &mut Out, message: String| {
+            state.refuse_call(
+                out,
+                turn_id,
+                call_id,
+                CallPhase::Error,
+                format!("error: {message}"),
+            );
+        };
+        let parsed = match crate::plan::parse_call(&call.tool, &call.arguments) {
+            Ok(parsed) => parsed,
+            Err(e) => return refuse(self, out, e),
+        };
+        let output = match parsed {
+            PlanCall::Submit(steps) => {
+                if let Some(i) = plan.current {
+                    return refuse(
+                        self,
+                        out,
+                        format!(
+                            "step {} is still in progress: end it with complete_step first \
+                             (status \"failed\" to have the plan revised)",
+                            i + 1
+                        ),
+                    );
+                }
+                let steps = plan.revised(steps);
+                let reason = if plan.stage == Stage::Repairing {
+                    plan.failure.clone()
+                } else {
+                    String::new()
+                };
+                let count = steps.len();
+                let next = plan.completed() + 1;
+                self.emit(
+                    out,
+                    turn_id,
+                    Kind::PlanSubmitted(pb::PlanSubmitted {
+                        steps,
+                        revision: plan.revision + 1,
+                        reason,
+                    }),
+                );
+                format!("plan recorded: {count} steps; step {next} comes next")
+            }
+            PlanCall::Complete { failed, summary } => {
+                let Some(current) = plan.current else {
+                    return refuse(
+                        self,
+                        out,
+                        "no plan step is in progress: submit a plan with submit_plan first".into(),
+                    );
+                };
+                let status = if failed {
+                    PlanStepStatus::Failed
+                } else {
+                    PlanStepStatus::Completed
+                };
+                let update = self.step_update(current, status, &summary);
+                self.emit(out, turn_id, update);
+                if failed {
+                    format!("step {} recorded as failed; revise the plan", current + 1)
+                } else {
+                    format!("step {} recorded as completed", current + 1)
+                }
+            }
+        };
+        self.answer(
+            out,
+            turn_id,
+            pb::ToolResult {
+                call_id: call_id.to_string(),
+                tool: call.tool,
+                output,
+                runner_id: "orchestrator".into(),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// The plan-mode governor, once a response's calls are all answered:
+    /// start the next step, stop at the safety rail or the stage's call
+    /// limit, or ask the model to go on (planning, repairing, executing the
+    /// current step, or writing the final answer).
+    fn govern(&mut self, out: &mut Out, turn_id: &str) {
+        let Some(turn) = self.turn.as_ref() else {
+            return;
+        };
+        let Some(plan) = turn.plan.clone() else {
+            return;
+        };
+        if turn.steps.saturating_sub(plan.stage_start) >= self.max_steps {
+            let what = match (plan.stage, plan.current) {
+                (Stage::Planning, _) => "planning".to_string(),
+                (Stage::Repairing, _) => "revising the plan".to_string(),
+                (Stage::Executing, Some(i)) => format!("step {} of the plan", i + 1),
+                (Stage::Executing, None) => "the final answer".to_string(),
+            };
+            let finished = self.finish(
+                TurnOutcome::StepLimit,
+                format!(
+                    "stopped after {} model calls on {what} (the step limit); send a message to continue",
+                    self.max_steps
+                ),
+            );
+            self.emit(out, turn_id, finished);
+            return;
+        }
+        if plan.stage == Stage::Executing
+            && plan.current.is_none()
+            && let Some(next) = plan.next_pending()
+        {
+            if plan.started >= self.plan_max_steps {
+                let finished = self.finish(
+                    TurnOutcome::StepLimit,
+                    format!(
+                        "the plan stopped at its safety rail of {} steps ({} of {} steps done); \
+                         send a message to continue",
+                        self.plan_max_steps,
+                        plan.completed(),
+                        plan.steps.len()
+                    ),
+                );
+                self.emit(out, turn_id, finished);
+                return;
+            }
+            let mut update = self.step_update(next, PlanStepStatus::InProgress, "");
+            if let Kind::PlanStepUpdated(u) = &mut update {
+                u.started = plan.started + 1;
+            }
+            self.emit(out, turn_id, update);
+        }
+        out.after.push(Effect::CallModel {
+            history: self.history.clone(),
+        });
+    }
+
+    /// Whether a compaction names a prefix of the conversation that leaves
+    /// at least one message and does not split a tool call from its result.
+    fn compaction_fits(&self, c: &pb::ContextCompacted) -> bool {
+        let Some(&(first, _)) = self.history_spans.first() else {
+            return false;
+        };
+        let count = self
+            .history_spans
+            .iter()
+            .take_while(|(_, last)| *last <= c.last_seq)
+            .count();
+        first == c.first_seq
+            && count > 0
+            && self.history_spans[count - 1].1 == c.last_seq
+            && count < self.history.len()
+            && !matches!(self.history[count], Message::Tool { .. })
     }
 
     fn decide(

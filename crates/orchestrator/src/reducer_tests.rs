@@ -179,6 +179,7 @@ fn user_with(turn_id: &str, text: &str, approval_mode: ApprovalMode) -> Input {
         turn_id: turn_id.into(),
         text: text.into(),
         approval_mode,
+        plan: false,
     }
 }
 
@@ -268,6 +269,7 @@ fn user_message_with(text: &str, mode: ApprovalMode) -> Kind {
     Kind::UserMessage(pb::UserMessage {
         text: text.into(),
         approval_mode: mode as i32,
+        plan: false,
     })
 }
 
@@ -466,6 +468,7 @@ fn turn(
         approval_mode: ApprovalMode::Policy,
         restarts: 0,
         skillset: String::new(),
+        plan: None,
     }
 }
 
@@ -481,6 +484,16 @@ fn state_with(
         turn,
         history,
         ..SessionState::new(max_steps)
+    }
+}
+
+/// The state without the seqs it has seen (which explicit expected states
+/// do not spell out; the replay checks compare them in full).
+fn core(state: &SessionState) -> SessionState {
+    SessionState {
+        history_spans: Vec::new(),
+        last_seq: 0,
+        ..state.clone()
     }
 }
 
@@ -1012,7 +1025,7 @@ fn idle_user_message_records_it_and_calls_the_model() {
         ]
     );
     assert_eq!(
-        state,
+        core(&state),
         state_with(
             Phase::Generate,
             Some(turn(TURN, 0, TokenUsage::default(), vec![], 0, "")),
@@ -1056,6 +1069,7 @@ fn replay_of_an_unknown_approval_mode_uses_the_policy() {
         kind: Some(Kind::UserMessage(pb::UserMessage {
             text: "hi".into(),
             approval_mode: 99,
+            plan: false,
         })),
         ..Default::default()
     }];
@@ -1217,7 +1231,7 @@ fn generate_model_delta_is_recorded_and_changes_nothing_else() {
             })]
         )])
     );
-    assert_eq!(state, before);
+    assert_eq!(core(&state), core(&before));
 }
 
 #[test]
@@ -1235,7 +1249,7 @@ fn generate_model_done_without_tool_calls_completes_the_turn() {
         )]
     );
     assert_eq!(
-        state,
+        core(&state),
         idle(
             vec![Message::user("hello"), Message::assistant("the answer")],
             4
@@ -1281,7 +1295,7 @@ fn generate_model_done_with_two_tool_calls_runs_the_first() {
         ]
     );
     assert_eq!(
-        state,
+        core(&state),
         state_with(
             Phase::UseTools,
             Some(turn(
@@ -1464,7 +1478,7 @@ fn generate_model_failed_fails_the_turn() {
             ]
         )]
     );
-    assert_eq!(state, idle(vec![Message::user("hello")], 4));
+    assert_eq!(core(&state), idle(vec![Message::user("hello")], 4));
 
     // The session takes the next message.
     let effects = state.step(user_in(TURN2, "again")).unwrap();
@@ -1493,7 +1507,7 @@ fn generate_model_failed_after_tools_reports_the_steps_so_far() {
         ]
     );
     assert_eq!(
-        state,
+        core(&state),
         idle(
             vec![
                 Message::user("hello"),
@@ -1511,7 +1525,7 @@ fn generate_model_failure_does_not_count_as_a_restart() {
     let mut state = generating(4);
     state.apply(TURN, &error(ErrorSource::Model, "x", true));
     state.apply(TURN, &error(ErrorSource::Tool, "x", true));
-    assert_eq!(state, generating(4));
+    assert_eq!(core(&state), core(&generating(4)));
 }
 
 #[test]
@@ -1569,7 +1583,7 @@ fn generate_cancel_aborts_and_cancels_the_turn() {
             ),
         ]
     );
-    assert_eq!(state, idle(vec![Message::user("hello")], 4));
+    assert_eq!(core(&state), idle(vec![Message::user("hello")], 4));
 }
 
 #[test]
@@ -1610,7 +1624,7 @@ fn generate_interrupted_asks_the_model_again() {
         ]
     );
     assert_eq!(
-        state,
+        core(&state),
         state_with(
             Phase::Generate,
             Some(Turn {
@@ -1668,7 +1682,7 @@ fn use_tools_chunks_are_recorded_and_change_nothing_else() {
             )])
         );
     }
-    assert_eq!(state, before);
+    assert_eq!(core(&state), core(&before));
 }
 
 #[test]
@@ -1710,7 +1724,7 @@ fn use_tools_first_result_runs_the_next_call() {
         ]
     );
     assert_eq!(
-        state,
+        core(&state),
         state_with(
             Phase::UseTools,
             Some(turn(
@@ -1755,7 +1769,7 @@ fn use_tools_last_result_calls_the_model_with_the_results() {
         ]
     );
     assert_eq!(
-        state,
+        core(&state),
         state_with(
             Phase::Generate,
             Some(turn(
@@ -1867,7 +1881,7 @@ fn use_tools_cancel_closes_every_open_call() {
         ]
     );
     assert_eq!(
-        state,
+        core(&state),
         idle(
             vec![
                 Message::user("hello"),
@@ -1940,7 +1954,7 @@ fn use_tools_interrupted_reports_the_running_mutating_call_and_starts_the_next()
         ]
     );
     assert_eq!(
-        state,
+        core(&state),
         state_with(
             Phase::UseTools,
             Some(Turn {
@@ -2001,7 +2015,7 @@ fn step_limit_of_one_stops_after_the_first_tools() {
         )]
     );
     assert_eq!(
-        state,
+        core(&state),
         idle(
             vec![
                 Message::user("hello"),
@@ -2099,7 +2113,7 @@ fn step_limit_of_two_stops_after_the_second_tools_with_summed_usage() {
         )]
     );
     assert_eq!(
-        state,
+        core(&state),
         idle(
             vec![
                 Message::user("hello"),
@@ -2249,7 +2263,7 @@ fn replay_matches_a_plain_turn() {
         ],
     );
     assert_eq!(
-        session.state,
+        core(&session.state),
         idle(vec![Message::user("hi"), Message::assistant("hello")], 4)
     );
     assert_eq!(session.log.len(), 5);
@@ -3154,7 +3168,7 @@ fn backward_state_events_are_ignored_by_apply() {
         ("ghost", ToolCallPhase::Success),
     ] {
         state.apply(TURN, &phase_event(id, phase, "backward"));
-        assert_eq!(state, before, "{id} -> {phase:?}");
+        assert_eq!(core(&state), core(&before), "{id} -> {phase:?}");
     }
     let mut raw = pb::ToolCallState {
         call_id: "c2".into(),
@@ -3164,7 +3178,7 @@ fn backward_state_events_are_ignored_by_apply() {
     for unknown in [-1, 99] {
         raw.phase = unknown;
         state.apply(TURN, &Kind::ToolCallState(raw.clone()));
-        assert_eq!(state, before, "phase {unknown}");
+        assert_eq!(core(&state), core(&before), "phase {unknown}");
     }
 
     // Forward moves apply; from a terminal phase nothing moves, not even to
@@ -3488,7 +3502,7 @@ fn cancel_closes_running_waiting_and_scheduled_calls() {
         ]
     );
     assert_eq!(
-        session.state,
+        core(&session.state),
         SessionState {
             history: vec![
                 Message::user("go"),
@@ -3570,7 +3584,7 @@ fn interrupted_while_generating_asks_the_model_again_twice_then_fails() {
             ]
         )]
     );
-    assert_eq!(session.state, idle(history, 4));
+    assert_eq!(core(&session.state), idle(history, 4));
     // The next turn starts with no restarts.
     session.ok(user_in(TURN2, "again"));
     assert_eq!(session.state.turn.as_ref().unwrap().restarts, 0);

@@ -74,6 +74,7 @@ impl OrchestratorService {
         }
         let state = SessionState::new(self.deps.max_steps)
             .with_policy(self.deps.policy.clone())
+            .with_plan_max_steps(self.deps.plan_max_steps)
             .replayed(&events);
         let handle = Actor::spawn(
             session_id.to_string(),
@@ -212,6 +213,7 @@ fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
                 text: m.text,
                 approval_mode: spb::ApprovalMode::try_from(m.approval_mode)
                     .unwrap_or(spb::ApprovalMode::Policy),
+                plan: m.plan,
             })
         }
         pb::input::Kind::Cancel(c) => Ok(SubmitInput::Cancel { reason: c.reason }),

@@ -193,6 +193,33 @@ pub struct AgentConfig {
     /// built-in ones and those in the config directory's `skillsets/`.
     #[serde(default)]
     pub skillsets_dir: String,
+    /// Shorten the model's view of long conversations (summarising the
+    /// oldest messages) before a request would outgrow the context window.
+    #[serde(default = "yes")]
+    pub compaction: bool,
+    /// Compact once a request would take more than this share of the
+    /// model's context window (0.1 to 1.0).
+    #[serde(default = "default_compaction_threshold")]
+    pub compaction_threshold: f32,
+    /// Messages always kept as they are at the end of the conversation.
+    #[serde(default = "default_compaction_keep")]
+    pub compaction_keep_messages: u32,
+    /// Plan steps a plan-mode turn may start, retries included, before it
+    /// stops (the safety rail).
+    #[serde(default = "default_plan_max_steps")]
+    pub plan_max_steps: u32,
+}
+
+fn default_compaction_threshold() -> f32 {
+    0.8
+}
+
+fn default_compaction_keep() -> u32 {
+    6
+}
+
+fn default_plan_max_steps() -> u32 {
+    15
 }
 
 /// What a family of models can do.
@@ -211,6 +238,11 @@ pub struct ModelProfile {
     /// Sampling temperature for it (overrides `llm.temperature`).
     #[serde(default)]
     pub temperature: Option<f32>,
+    /// How its tokens are counted: "o200k_base" or "cl100k_base" (OpenAI's
+    /// encodings), or "estimate". Empty: the encoding known for the model
+    /// name, else the estimate.
+    #[serde(default)]
+    pub tokenizer: String,
 }
 
 fn default_context_window() -> u32 {
@@ -225,6 +257,7 @@ impl ModelProfile {
             context_window: default_context_window(),
             native_tools: true,
             temperature: None,
+            tokenizer: String::new(),
         }
     }
 
@@ -479,6 +512,8 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_MAX_STEPS", &["agent", "max_steps"]),
     ("AGENTRY_SKILLSETS", &["agent", "skillsets"]),
     ("AGENTRY_SKILLSETS_DIR", &["agent", "skillsets_dir"]),
+    ("AGENTRY_COMPACTION", &["agent", "compaction"]),
+    ("AGENTRY_PLAN_MAX_STEPS", &["agent", "plan_max_steps"]),
     ("AGENTRY_ORCHESTRATOR_URL", &["orchestrator", "url"]),
     ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
     ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
@@ -594,6 +629,44 @@ impl Config {
         }
         if self.agent.max_steps == 0 {
             return Err(invalid("agent.max_steps", "must be at least 1"));
+        }
+        if !(0.1..=1.0).contains(&self.agent.compaction_threshold) {
+            return Err(invalid(
+                "agent.compaction_threshold",
+                "must be between 0.1 and 1.0 (a share of the context window)",
+            ));
+        }
+        if self.agent.compaction_keep_messages == 0 {
+            return Err(invalid(
+                "agent.compaction_keep_messages",
+                "must be at least 1",
+            ));
+        }
+        if self.agent.plan_max_steps == 0 {
+            return Err(invalid("agent.plan_max_steps", "must be at least 1"));
+        }
+        for profile in &self.model_profiles {
+            if profile.context_window < 256 {
+                return Err(invalid(
+                    "model_profiles.context_window",
+                    &format!(
+                        "{} (for {:?}) is too small: at least 256 tokens",
+                        profile.context_window, profile.pattern
+                    ),
+                ));
+            }
+            if !matches!(
+                profile.tokenizer.as_str(),
+                "" | "o200k_base" | "cl100k_base" | "estimate"
+            ) {
+                return Err(invalid(
+                    "model_profiles.tokenizer",
+                    &format!(
+                        "{:?} (for {:?}) is not one of o200k_base, cl100k_base, estimate",
+                        profile.tokenizer, profile.pattern
+                    ),
+                ));
+            }
         }
         if self.tool_runner.default_timeout_secs == 0
             || self.tool_runner.default_timeout_secs > self.tool_runner.max_timeout_secs

@@ -214,6 +214,9 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::TurnFinished(_) => "turn_finished",
         event::Kind::CancelRequested(_) => "cancel_requested",
         event::Kind::SkillsetChosen(_) => "skillset_chosen",
+        event::Kind::ContextCompacted(_) => "context_compacted",
+        event::Kind::PlanSubmitted(_) => "plan_submitted",
+        event::Kind::PlanStepUpdated(_) => "plan_step_updated",
         event::Kind::ToolCallState(_) => "tool_call_state",
     }
 }

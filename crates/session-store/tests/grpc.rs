@@ -99,6 +99,7 @@ fn user(text: &str) -> Event {
         kind: Some(event::Kind::UserMessage(pb::UserMessage {
             text: text.into(),
             approval_mode: pb::ApprovalMode::Policy as i32,
+            plan: false,
         })),
         ..Default::default()
     }
@@ -267,6 +268,7 @@ fn one_of_each_kind() -> Vec<Event> {
         Kind::UserMessage(pb::UserMessage {
             text: "List the files, please.\nThanks ✓".into(),
             approval_mode: pb::ApprovalMode::Always as i32,
+            plan: false,
         }),
         Kind::ModelTextDelta(pb::ModelTextDelta {
             text: "Sure".into(),

@@ -106,6 +106,7 @@ pub fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
     pb::input::Kind::UserMessage(pb::UserInput {
         text: text.into(),
         approval_mode: mode as i32,
+        plan: false,
     })
 }
 
