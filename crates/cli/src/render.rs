@@ -404,3 +404,100 @@ impl<A: Write, B: Write> Renderer<A, B> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn event(kind: Kind) -> pb::Event {
+        pb::Event {
+            seq: 7,
+            kind: Some(kind),
+            ..Default::default()
+        }
+    }
+
+    fn rendered(events: &[pb::Event]) -> String {
+        let mut answer = Vec::new();
+        let mut activity = Vec::new();
+        let mut r = Renderer::new(&mut answer, &mut activity);
+        for e in events {
+            r.event(e);
+        }
+        drop(r);
+        String::from_utf8(activity).unwrap()
+    }
+
+    #[test]
+    fn compactions_are_one_visible_line() {
+        let compacted = pb::ContextCompacted {
+            first_seq: 1,
+            last_seq: 40,
+            summary: "the gist".into(),
+            messages: 12,
+            tokens_before: 27_000,
+            tokens_after: 9_000,
+            note: String::new(),
+        };
+        let text = rendered(&[event(Kind::ContextCompacted(compacted.clone()))]);
+        assert_eq!(
+            text,
+            "  (context compacted: 12 earlier messages, events 1–40, summarised; ~27000 → ~9000 tokens)\n"
+        );
+        let dropped = pb::ContextCompacted {
+            summary: String::new(),
+            note: "summarising failed (timeout)".into(),
+            ..compacted.clone()
+        };
+        let text = rendered(&[event(Kind::ContextCompacted(dropped))]);
+        assert!(
+            text.contains("left out: summarising failed (timeout)"),
+            "{text}"
+        );
+        let json = event_json(&event(Kind::ContextCompacted(compacted)));
+        assert_eq!(json["type"], "context_compacted");
+        assert_eq!(json["last_seq"], 40);
+        assert_eq!(json["summary"], "the gist");
+    }
+
+    #[test]
+    fn plans_show_their_steps_and_progress() {
+        let step = |title: &str, status: pb::PlanStepStatus| pb::PlanStep {
+            title: title.into(),
+            status: status as i32,
+            ..Default::default()
+        };
+        let events = [
+            event(Kind::PlanSubmitted(pb::PlanSubmitted {
+                steps: vec![
+                    step("read", pb::PlanStepStatus::Completed),
+                    step("write", pb::PlanStepStatus::Unspecified),
+                ],
+                revision: 2,
+                reason: "disk full".into(),
+            })),
+            event(Kind::PlanStepUpdated(pb::PlanStepUpdated {
+                index: 1,
+                status: pb::PlanStepStatus::InProgress as i32,
+                summary: String::new(),
+                started: 3,
+            })),
+            event(Kind::PlanStepUpdated(pb::PlanStepUpdated {
+                index: 1,
+                status: pb::PlanStepStatus::Failed as i32,
+                summary: "still full".into(),
+                started: 3,
+            })),
+        ];
+        assert_eq!(
+            rendered(&events),
+            "  revised plan (revision 2):\n   [✓] 1. read\n   [ ] 2. write\n  ▶ step 2: write\n  ✗ step 2 failed: still full\n"
+        );
+        let json = event_json(&events[0]);
+        assert_eq!(json["type"], "plan_submitted");
+        assert_eq!(json["steps"][0]["status"], "completed");
+        assert_eq!(json["steps"][1]["status"], "pending");
+        assert_eq!(event_json(&events[2])["status"], "failed");
+    }
+}

@@ -731,3 +731,90 @@ async fn every_service_serves_metrics() {
         "{scheduler}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_runs_plan_mode_per_message_or_for_every_message() {
+    let model = FakeModel::start().await.unwrap();
+    // "/plan list the files": a plan, its step, the final answer.
+    model.push(Reply::tool_call(
+        "p1",
+        "submit_plan",
+        json!({"steps": ["list the workspace"]}),
+    ));
+    model.push(Reply::tool_call(
+        "c1",
+        "complete_step",
+        json!({"status": "completed", "summary": "it is empty"}),
+    ));
+    model.push(Reply::text("The workspace is empty."));
+    // "/plan" switches plan mode on; "count them" is planned too, and the
+    // plain answer that ends its only step ends the turn.
+    model.push(Reply::tool_call(
+        "p2",
+        "submit_plan",
+        json!({"steps": ["count"]}),
+    ));
+    model.push(Reply::text("There are none."));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let out = run_with_input(
+        &install,
+        &["chat"],
+        b"/plan list the files\n/plan\ncount them\n",
+        &[],
+    )
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("The workspace is empty."), "{stdout}");
+    assert!(stdout.contains("There are none."), "{stdout}");
+    // Chat shows the plan and its progress with the answers.
+    assert!(
+        stdout.contains("plan:\n   [ ] 1. list the workspace"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("▶ step 1: list the workspace"), "{stdout}");
+    assert!(stdout.contains("✓ step 1 done: it is empty"), "{stdout}");
+    assert!(stderr.contains("plan mode on"), "{stderr}");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 5);
+    // The command is not part of the message.
+    assert_eq!(requests[0]["messages"][2]["content"], "list the files");
+    let offered = |i: usize| {
+        requests[i]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["function"]["name"] == "submit_plan")
+    };
+    assert!(offered(0) && offered(3));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_plan_plans_before_it_acts() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "p1",
+        "submit_plan",
+        json!({"steps": [{"title": "answer", "detail": "briefly"}]}),
+    ));
+    model.push(Reply::text("Done."));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let out = run_with_input(&install, &["run", "--plan", "--json", "say done"], b"", &[]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let types: Vec<String> = stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].to_string())
+        .filter(|t| t.contains("plan") || t.contains("turn_finished"))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "\"plan_submitted\"",
+            "\"plan_step_updated\"",
+            "\"plan_step_updated\"",
+            "\"turn_finished\""
+        ]
+    );
+    assert!(stdout.contains(r#""detail":"briefly""#), "{stdout}");
+}

@@ -241,10 +241,19 @@ pub async fn fit(
 ) -> Fitted {
     let settings = &deps.compaction;
     let tokenizer = deps.tokenizer;
+    let budget = settings.budget();
+    // A token is at least one byte (for the estimate too): a conversation
+    // whose bytes fit needs no counting.
+    if !settings.enabled || overhead + upper_bound(&history) <= budget {
+        return Fitted {
+            history,
+            event: None,
+            truncated: 0,
+        };
+    }
     let counts: Vec<usize> = history.iter().map(|m| tokenizer.message(m)).collect();
     let total = overhead + counts.iter().sum::<usize>();
-    let budget = settings.budget();
-    if !settings.enabled || total <= budget {
+    if total <= budget {
         return Fitted {
             history,
             event: None,
@@ -317,6 +326,33 @@ pub async fn fit(
         event: Some(event),
         truncated,
     }
+}
+
+/// At least as many tokens as the messages take, whatever the tokenizer.
+fn upper_bound(history: &[Message]) -> usize {
+    history
+        .iter()
+        .map(|m| {
+            PER_MESSAGE
+                + match m {
+                    Message::System { content } | Message::User { content } => content.len(),
+                    Message::Assistant {
+                        content,
+                        tool_calls,
+                    } => {
+                        content.len()
+                            + tool_calls
+                                .iter()
+                                .map(|c| PER_MESSAGE + c.name.len() + c.arguments.len())
+                                .sum::<usize>()
+                    }
+                    Message::Tool {
+                        tool_call_id,
+                        content,
+                    } => tool_call_id.len() + content.len(),
+                }
+        })
+        .sum()
 }
 
 const SUMMARY_INSTRUCTIONS: &str = "You condense conversations between a person and an AI \
@@ -515,6 +551,35 @@ mod tests {
                 "estimate {guess} vs cl100k {real} (ratio {ratio:.2}) for {:.60}",
                 sample
             );
+        }
+    }
+
+    #[test]
+    fn bytes_bound_the_tokens_of_every_tokenizer() {
+        let history = vec![
+            Message::User {
+                content: include_str!("reducer.rs").into(),
+            },
+            Message::Assistant {
+                content: "ok ✓ — done".into(),
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "bash".into(),
+                    arguments: r#"{"command":"ls -la /tmp && echo 1234567"}"#.into(),
+                }],
+            },
+            Message::Tool {
+                tool_call_id: "c1".into(),
+                content: "日本語のテキスト and 12345 numbers\n".repeat(50),
+            },
+        ];
+        for tokenizer in [
+            Tokenizer::Estimate,
+            Tokenizer::for_model("gpt-4", ""),
+            Tokenizer::for_model("gpt-4o", ""),
+        ] {
+            let counted: usize = history.iter().map(|m| tokenizer.message(m)).sum();
+            assert!(counted <= upper_bound(&history), "{tokenizer:?}");
         }
     }
 

@@ -718,7 +718,9 @@ impl Session {
     /// The state the actor rebuilds from the log: a fresh state with this
     /// session's policy and tool catalog (neither is in the log), replayed.
     fn rebuilt(&self) -> SessionState {
-        let mut fresh = SessionState::new(self.max_steps).with_policy(self.state.policy.0.clone());
+        let mut fresh = SessionState::new(self.max_steps)
+            .with_policy(self.state.policy.0.clone())
+            .with_plan_max_steps(self.state.plan_max_steps);
         fresh.catalog = self.state.catalog.clone();
         fresh.replayed(&self.log)
     }
@@ -762,7 +764,10 @@ impl Session {
             self.state,
             "replaying the log after {what} differs from the live state"
         );
-        if self.state.policy == SessionState::new(1).policy && self.state.catalog.is_empty() {
+        if self.state.policy == SessionState::new(1).policy
+            && self.state.catalog.is_empty()
+            && self.state.plan_max_steps == SessionState::new(1).plan_max_steps
+        {
             assert_eq!(
                 SessionState::replay(self.max_steps, &self.log),
                 self.state,
@@ -4601,5 +4606,372 @@ fn approve_for_session_releases_identical_calls_already_waiting() {
         run_tools(&effects),
         vec![bash("b2", "make build")],
         "b2 should run after b1"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Plan mode
+// ---------------------------------------------------------------------------
+
+fn plan_user(text: &str) -> Input {
+    Input::UserMessage {
+        turn_id: TURN.into(),
+        text: text.into(),
+        approval_mode: ApprovalMode::Policy,
+        plan: true,
+    }
+}
+
+fn submit_plan(id: &str, steps: &[&str]) -> ToolCall {
+    call(
+        id,
+        "submit_plan",
+        &serde_json::json!({ "steps": steps }).to_string(),
+    )
+}
+
+fn complete_step(id: &str, status: &str, summary: &str) -> ToolCall {
+    call(
+        id,
+        "complete_step",
+        &serde_json::json!({ "status": status, "summary": summary }).to_string(),
+    )
+}
+
+fn plan_of(state: &SessionState) -> crate::plan::Plan {
+    state.turn_plan().cloned().expect("a plan-mode turn")
+}
+
+fn step_statuses(state: &SessionState) -> Vec<&'static str> {
+    plan_of(state)
+        .steps
+        .iter()
+        .map(|s| {
+            pb::PlanStepStatus::try_from(s.status)
+                .unwrap()
+                .as_str_name()
+                .trim_start_matches("PLAN_STEP_STATUS_")
+        })
+        .collect()
+}
+
+fn calls_model(effects: &[Effect]) -> bool {
+    effects
+        .iter()
+        .any(|e| matches!(e, Effect::CallModel { .. }))
+}
+
+fn outcome_of(effects: &[Effect]) -> Option<pb::TurnFinished> {
+    events_of(effects).into_iter().find_map(|k| match k {
+        Kind::TurnFinished(f) => Some(f),
+        _ => None,
+    })
+}
+
+fn tool_output(effects: &[Effect], call_id: &str) -> String {
+    events_of(effects)
+        .into_iter()
+        .find_map(|k| match k {
+            Kind::ToolResult(r) if r.call_id == call_id => Some(r.output),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no result for {call_id} in {effects:?}"))
+}
+
+#[test]
+fn a_plan_turn_plans_executes_repairs_and_finishes() {
+    let mut session = Session::new(5);
+    let effects = session.ok(plan_user("tidy the repo"));
+    assert!(calls_model(&effects));
+    assert_eq!(plan_of(&session.state).stage, crate::plan::Stage::Planning);
+
+    // The planner: the reducer answers submit_plan itself and starts step 1.
+    let effects = session.ok(model_done("", vec![submit_plan("p1", &["list", "delete"])]));
+    assert!(
+        run_tools(&effects).is_empty(),
+        "plan tools do not go to a runner"
+    );
+    assert!(tool_output(&effects, "p1").starts_with("plan recorded: 2 steps"));
+    assert!(calls_model(&effects));
+    assert_eq!(
+        step_statuses(&session.state),
+        ["IN_PROGRESS", "UNSPECIFIED"]
+    );
+    assert_eq!(plan_of(&session.state).started, 1);
+
+    // The executor runs a tool, then ends the step.
+    let effects = session.ok(model_done("", vec![bash("b1", "ls")]));
+    assert_eq!(run_tools(&effects), vec![bash("b1", "ls")]);
+    session.ok(done("b1", "a b"));
+    let effects = session.ok(model_done(
+        "",
+        vec![complete_step("c1", "completed", "listed")],
+    ));
+    assert_eq!(tool_output(&effects, "c1"), "step 1 recorded as completed");
+    assert_eq!(step_statuses(&session.state), ["COMPLETED", "IN_PROGRESS"]);
+
+    // Step 2 fails: back to the planner, with the error.
+    let effects = session.ok(model_done(
+        "",
+        vec![complete_step("c2", "failed", "disk is read-only")],
+    ));
+    assert!(calls_model(&effects));
+    let plan = plan_of(&session.state);
+    assert_eq!(plan.stage, crate::plan::Stage::Repairing);
+    assert_eq!(plan.failure, "disk is read-only");
+    assert!(plan.guidance().contains("disk is read-only"));
+
+    // The revision keeps the completed step and starts the new one.
+    let effects = session.ok(model_done(
+        "",
+        vec![submit_plan("p2", &["remount", "delete"])],
+    ));
+    let revised = events_of(&effects)
+        .into_iter()
+        .find_map(|k| match k {
+            Kind::PlanSubmitted(p) => Some(p),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(revised.revision, 2);
+    assert_eq!(revised.reason, "disk is read-only");
+    assert_eq!(
+        step_statuses(&session.state),
+        ["COMPLETED", "IN_PROGRESS", "UNSPECIFIED"]
+    );
+    assert_eq!(plan_of(&session.state).current, Some(1));
+
+    // A plain answer ends a step too; the answer that ends the last step
+    // is the turn's.
+    let effects = session.ok(model_done("remounted", vec![]));
+    assert!(outcome_of(&effects).is_none());
+    assert_eq!(plan_of(&session.state).current, Some(2));
+    let effects = session.ok(model_done("all deleted", vec![]));
+    let finished = outcome_of(&effects).unwrap();
+    assert_eq!(finished.outcome, TurnOutcome::Completed as i32);
+    assert_eq!(finished.message, "all deleted");
+    assert!(session.state.is_idle());
+}
+
+#[test]
+fn the_rail_counts_every_started_step() {
+    let mut session = Session::new(5);
+    session.state = session.state.clone().with_plan_max_steps(2);
+    session.ok(plan_user("loop"));
+    session.ok(model_done("", vec![submit_plan("p", &["try"])]));
+    session.ok(model_done("", vec![complete_step("c", "failed", "no")]));
+    session.ok(model_done("", vec![submit_plan("p", &["try"])]));
+    assert_eq!(plan_of(&session.state).started, 2);
+    session.ok(model_done("", vec![complete_step("c", "failed", "no")]));
+    let effects = session.ok(model_done("", vec![submit_plan("p", &["try"])]));
+    let finished = outcome_of(&effects).unwrap();
+    assert_eq!(finished.outcome, TurnOutcome::StepLimit as i32);
+    assert!(
+        finished.message.contains("safety rail of 2 steps"),
+        "{}",
+        finished.message
+    );
+    assert!(!calls_model(&effects));
+}
+
+#[test]
+fn the_step_limit_applies_per_plan_stage() {
+    let mut session = Session::new(2);
+    session.ok(plan_user("work"));
+    session.ok(model_done("", vec![submit_plan("p", &["one", "two"])]));
+    // Two model calls for step 1 are allowed; the limit restarts with step 2.
+    session.ok(model_done("", vec![complete_step("c1", "completed", "")]));
+    session.ok(model_done("", vec![bash("b1", "true")]));
+    let effects = session.ok(done("b1", ""));
+    assert!(calls_model(&effects), "the second call of step 2");
+    session.ok(model_done("", vec![bash("b2", "true")]));
+    let effects = session.ok(done("b2", ""));
+    let finished = outcome_of(&effects).unwrap();
+    assert_eq!(finished.outcome, TurnOutcome::StepLimit as i32);
+    assert!(
+        finished.message.contains("on step 2 of the plan"),
+        "{}",
+        finished.message
+    );
+}
+
+#[test]
+fn plan_tools_used_out_of_order_get_clear_errors() {
+    let mut session = Session::new(6);
+    session.ok(plan_user("work"));
+    // No step is running yet.
+    let effects = session.ok(model_done("", vec![complete_step("c0", "completed", "")]));
+    assert!(
+        tool_output(&effects, "c0").contains("no plan step is in progress"),
+        "{effects:?}"
+    );
+    // Malformed plans are refused with the expected shape.
+    let effects = session.ok(model_done(
+        "",
+        vec![call("p0", "submit_plan", "{\"steps\": []}")],
+    ));
+    assert!(tool_output(&effects, "p0").contains("at least one step"));
+    session.ok(model_done("", vec![submit_plan("p1", &["one"])]));
+    // A new plan while a step runs is refused.
+    let effects = session.ok(model_done("", vec![submit_plan("p2", &["other"])]));
+    assert!(
+        tool_output(&effects, "p2").contains("step 1 is still in progress"),
+        "{effects:?}"
+    );
+    assert_eq!(plan_of(&session.state).revision, 1);
+    assert!(calls_model(&effects));
+}
+
+#[test]
+fn outside_plan_mode_plan_tools_are_ordinary_calls() {
+    let mut session = Session::new(4);
+    session.ok(user("hello"));
+    let effects = session.ok(model_done("", vec![submit_plan("p1", &["one"])]));
+    assert!(session.state.turn_plan().is_none());
+    // It goes through validation like any unknown tool (and is asked about).
+    assert!(
+        events_of(&effects)
+            .iter()
+            .all(|k| !matches!(k, Kind::PlanSubmitted(_)))
+    );
+}
+
+#[test]
+fn a_restart_mid_plan_resumes_from_the_log() {
+    let mut session = Session::new(5);
+    session.ok(plan_user("work"));
+    session.ok(model_done("", vec![submit_plan("p1", &["one", "two"])]));
+    session.ok(model_done(
+        "",
+        vec![complete_step("c1", "completed", "done one")],
+    ));
+    let mut restarted = session.restarted();
+    assert_eq!(restarted.state, session.state);
+    let effects = restarted.ok(Input::Interrupted);
+    assert!(calls_model(&effects));
+    let plan = plan_of(&restarted.state);
+    assert_eq!(plan.current, Some(1));
+    assert!(plan.guidance().contains("1. [done] one -> done one"));
+}
+
+// ---------------------------------------------------------------------------
+// Compaction
+// ---------------------------------------------------------------------------
+
+fn compacted(first_seq: u64, last_seq: u64, summary: &str) -> Input {
+    Input::Compacted(pb::ContextCompacted {
+        first_seq,
+        last_seq,
+        summary: summary.into(),
+        messages: 0,
+        tokens_before: 0,
+        tokens_after: 0,
+        note: String::new(),
+    })
+}
+
+/// Two turns, the first with a tool call: history [user, assistant(call),
+/// tool, assistant, user] and spans naming the events behind each.
+fn two_turns_with_a_tool() -> Session {
+    let mut session = Session::new(5);
+    session.ok(user("first"));
+    session.ok(model_done("", vec![bash("b1", "ls")]));
+    session.ok(done("b1", "a b"));
+    session.ok(model_done("listed", vec![]));
+    session.ok(user_in(TURN2, "second"));
+    session
+}
+
+#[test]
+fn every_message_knows_the_events_behind_it() {
+    let session = two_turns_with_a_tool();
+    let seq_of = |pred: &dyn Fn(&Kind) -> bool| {
+        session
+            .log
+            .iter()
+            .find(|e| pred(e.kind.as_ref().unwrap()))
+            .unwrap()
+            .seq
+    };
+    let user1 = seq_of(&|k| matches!(k, Kind::UserMessage(m) if m.text == "first"));
+    let call = seq_of(&|k| matches!(k, Kind::ModelMessage(m) if m.step == 1));
+    let result = seq_of(&|k| matches!(k, Kind::ToolResult(_)));
+    let answer = seq_of(&|k| matches!(k, Kind::ModelMessage(m) if m.text == "listed"));
+    let user2 = seq_of(&|k| matches!(k, Kind::UserMessage(m) if m.text == "second"));
+    let spans: Vec<(u64, u64)> = [user1, call, result, answer, user2]
+        .iter()
+        .map(|&s| (s, s))
+        .collect();
+    assert_eq!(session.state.history_spans, spans);
+    assert_eq!(session.state.last_seq, session.log.len() as u64);
+}
+
+#[test]
+fn a_compaction_replaces_a_prefix_with_its_summary() {
+    let mut session = two_turns_with_a_tool();
+    let spans = session.state.history_spans.clone();
+    // Replace the first turn (user, call, result, answer).
+    let effects = session.ok(compacted(
+        spans[0].0,
+        spans[3].1,
+        "The person asked to list.",
+    ));
+    assert!(!calls_model(&effects), "the model call is already running");
+    assert_eq!(session.state.history.len(), 2);
+    let Message::System { content } = &session.state.history[0] else {
+        panic!("{:?}", session.state.history[0])
+    };
+    assert!(content.ends_with("The person asked to list."), "{content}");
+    assert_eq!(session.state.history[1], Message::user("second"));
+    assert_eq!(
+        session.state.history_spans,
+        vec![(spans[0].0, spans[3].1), spans[4]]
+    );
+    // The turn goes on with the compacted history.
+    let effects = session.ok(model_done("", vec![bash("b2", "pwd")]));
+    assert_eq!(run_tools(&effects), vec![bash("b2", "pwd")]);
+    let effects = session.ok(done("b2", "/w"));
+    let Some(Effect::CallModel { history }) = effects.last() else {
+        panic!("{effects:?}")
+    };
+    assert_eq!(history.len(), 4);
+    // A second compaction replaces the summary and more.
+    let spans = session.state.history_spans.clone();
+    session.ok(compacted(
+        spans[0].0,
+        spans[1].1,
+        "Listed, then asked again.",
+    ));
+    assert_eq!(session.state.history_spans[0], (spans[0].0, spans[1].1));
+}
+
+#[test]
+fn compactions_that_do_not_fit_the_conversation_are_refused() {
+    let mut session = two_turns_with_a_tool();
+    let spans = session.state.history_spans.clone();
+    let unexpected = |input| Refusal::Unexpected {
+        input,
+        phase: Phase::Generate,
+    };
+    let wrong = "compaction of another conversation";
+    // It would separate the call from its result.
+    session.refused(compacted(spans[0].0, spans[1].1, "x"), unexpected(wrong));
+    // Not from the start of the conversation.
+    session.refused(compacted(spans[1].0, spans[3].1, "x"), unexpected(wrong));
+    // Not ending at a message boundary.
+    session.refused(
+        compacted(spans[0].0, spans[3].1 + 1, "x"),
+        unexpected(wrong),
+    );
+    // Nothing would be left.
+    session.refused(compacted(spans[0].0, spans[4].1, "x"), unexpected(wrong));
+    // Only before a model call.
+    session.ok(model_done("bye", vec![]));
+    session.refused(
+        compacted(spans[0].0, spans[3].1, "x"),
+        Refusal::Unexpected {
+            input: "compaction",
+            phase: Phase::Idle,
+        },
     );
 }
