@@ -217,3 +217,68 @@ async fn a_failed_summary_drops_the_oldest_messages_with_a_note() {
     assert!(!third.iter().any(|m| m.starts_with("MARK-ONE")));
     assert!(third.iter().any(|m| m.starts_with("MARK-THREE")));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_larger_than_the_window_is_shortened_in_the_request_only() {
+    let cluster = small_window_cluster().await;
+    cluster.model.push(Reply::text("That was long."));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let huge = format!("HEAD {} TAIL", "word ".repeat(30_000));
+    let turn = send(&mut client, &session.id, &huge).await;
+    let received = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&received).outcome, TurnOutcome::Completed as i32);
+    // Nothing to summarise (one message): it is shortened for the model...
+    assert!(compactions(&received).is_empty());
+    let requests = cluster.model.requests();
+    assert_eq!(requests.len(), 1);
+    let sent = contents(&requests[0]).last().unwrap().clone();
+    assert!(sent.starts_with("HEAD word"), "{:.100}", sent);
+    assert!(
+        sent.ends_with("word  TAIL"),
+        "{}",
+        &sent[sent.len() - 200..]
+    );
+    assert!(sent.contains("shortened to fit the context window"));
+    assert!(sent.len() < huge.len() / 2, "{}", sent.len());
+    // ...and kept whole in the log.
+    let mut store = cluster.store().await.unwrap();
+    let log = read_log(&mut store, &session.id).await;
+    assert!(
+        log.iter()
+            .any(|e| matches!(&e.kind, Some(Kind::UserMessage(m)) if m.text == huge))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_window_too_small_for_the_instructions_fails_the_turn_clearly() {
+    let cluster = Cluster::start_with(|c| {
+        c.llm.model = "fake-tiny-window".into();
+        c.model_profiles = vec![ModelProfile {
+            pattern: "fake-tiny-*".into(),
+            context_window: 300,
+            tokenizer: "estimate".into(),
+            ..ModelProfile::fallback()
+        }];
+    })
+    .await
+    .unwrap();
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "hi").await;
+    let received = until_finished(&mut events, &turn).await;
+    let done = finished(&received);
+    assert_eq!(done.outcome, TurnOutcome::Failed as i32);
+    assert!(
+        done.message
+            .contains("more than the model's context window of 300"),
+        "{}",
+        done.message
+    );
+    assert!(done.message.contains("model_profiles.context_window"));
+    assert_eq!(
+        cluster.model.request_count(),
+        0,
+        "nothing over-long was sent"
+    );
+}

@@ -302,8 +302,12 @@ impl Actor {
             input,
             Input::ModelDone(_) | Input::ModelFailed { .. } | Input::ToolDone(_)
         );
+        let compaction = matches!(input, Input::Compacted(_));
         match self.state.step(input) {
             Ok(more) => effects.extend(more),
+            Err(refusal) if compaction => {
+                tracing::warn!(session_id = %self.session_id, %refusal, "a compaction did not fit the conversation and was not recorded");
+            }
             Err(refusal) => {
                 tracing::debug!(session_id = %self.session_id, %refusal, "dropped an outcome");
             }
@@ -447,7 +451,8 @@ impl Actor {
             .map(str::to_string)
             .into_iter()
             .collect();
-        let plan_mode = self.state.turn_plan().is_some();
+        // The plan tools, except for the final answer.
+        let plan_mode = self.state.turn_plan().is_some_and(|p| !p.is_finishing());
         extra.extend(self.state.turn_plan().map(|p| p.guidance()));
         let spans = if self.state.history_spans.len() == history.len() {
             self.state.history_spans.clone()
@@ -564,6 +569,25 @@ async fn model_call(deps: Arc<Deps>, call: ModelCall, task: u64, tx: mpsc::Sende
             .sum::<usize>();
     }
     let fitted = crate::compaction::fit(&deps, overhead, call.history, &call.spans).await;
+    let window = deps.compaction.context_window;
+    if deps.compaction.enabled && fitted.tokens > window {
+        let message = format!(
+            "the request would take about {} tokens, more than the model's context window of \
+             {window} (the system prompt, instructions and tool definitions alone take about \
+             {overhead}); raise model_profiles.context_window if the model reads more",
+            fitted.tokens
+        );
+        let _ = tx
+            .send((
+                task,
+                Input::ModelFailed {
+                    message: format!("model call not sent: {message}"),
+                    retryable: false,
+                },
+            ))
+            .await;
+        return;
+    }
     if fitted.truncated > 0 {
         tracing::warn!(
             messages = fitted.truncated,

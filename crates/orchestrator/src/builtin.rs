@@ -96,13 +96,15 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
         (
             ToolDefinition {
                 name: "recall".into(),
-                description: "Read original events of this conversation by seq, e.g. the ones                     a summary replaced (it names their range). Returns messages, tool calls and                     tool results."
+                description: "Read original events of this conversation by seq, e.g. the ones \
+                    a summary replaced (it names their range). Returns messages, tool calls and \
+                    tool results."
                     .into(),
                 parameters: serde_json::json!({
                     "type": "object",
                     "properties": {
                         "from_seq": {"type": "integer", "minimum": 1, "description": "First seq to read."},
-                        "to_seq": {"type": "integer", "minimum": 1, "description": "Last seq to read (at most 200 after from_seq)."}
+                        "to_seq": {"type": "integer", "minimum": 1, "description": "Last seq to read; one call returns at most 200 messages and results, and says where to go on."}
                     },
                     "required": ["from_seq", "to_seq"],
                     "additionalProperties": false
@@ -313,62 +315,71 @@ async fn recall(deps: &Deps, session_id: &str, arguments: &str) -> Result<String
             args.from_seq, args.to_seq
         ));
     }
-    let to = args.to_seq.min(args.from_seq + RECALL_MAX_EVENTS - 1);
-    let events = deps
-        .store
-        .clone()
-        .read(pb::ReadRequest {
-            session_id: session_id.to_string(),
-            from_seq: args.from_seq,
-            limit: (to - args.from_seq + 1) as u32,
-        })
-        .await
-        .map_err(|s| {
-            format!(
-                "cannot read the session log from {}: {}",
-                deps.store_url,
-                s.message()
-            )
-        })?
-        .into_inner()
-        .events;
-    if events.is_empty() {
-        return Err(format!(
+    // Streamed deltas and state changes are skipped, so pages are read
+    // until enough events worth showing are found.
+    const PAGE: u64 = 500;
+    let mut out = String::new();
+    let mut shown = 0u64;
+    let mut from = args.from_seq;
+    let mut last_read = None;
+    'pages: while from <= args.to_seq {
+        let limit = PAGE.min(args.to_seq - from + 1);
+        let page = deps
+            .store
+            .clone()
+            .read(pb::ReadRequest {
+                session_id: session_id.to_string(),
+                from_seq: from,
+                limit: limit as u32,
+            })
+            .await
+            .map_err(|s| {
+                format!(
+                    "cannot read the session log from {}: {}",
+                    deps.store_url,
+                    s.message()
+                )
+            })?
+            .into_inner()
+            .events;
+        let Some(last) = page.last().map(|e| e.seq) else {
+            break;
+        };
+        for event in &page {
+            let Some(line) = event.kind.as_ref().and_then(recall_line) else {
+                last_read = Some(event.seq);
+                continue;
+            };
+            let line = format!("#{} {line}\n", event.seq);
+            if shown == RECALL_MAX_EVENTS
+                || (out.len() + line.len() > RECALL_MAX_CHARS && !out.is_empty())
+            {
+                out.push_str(&format!(
+                    "[output limit reached: call recall with from_seq {} for more]\n",
+                    event.seq
+                ));
+                return Ok(out);
+            }
+            out.push_str(&line);
+            shown += 1;
+            last_read = Some(event.seq);
+        }
+        if (page.len() as u64) < limit {
+            break 'pages;
+        }
+        from = last.saturating_add(1);
+    }
+    match last_read {
+        None => Err(format!(
             "the conversation has no events from seq {}",
             args.from_seq
-        ));
-    }
-    let mut out = String::new();
-    let mut last = args.from_seq;
-    for event in &events {
-        let Some(line) = event.kind.as_ref().and_then(recall_line) else {
-            last = event.seq;
-            continue;
-        };
-        let line = format!("#{} {line}\n", event.seq);
-        if out.len() + line.len() > RECALL_MAX_CHARS && !out.is_empty() {
-            out.push_str(&format!(
-                "[output limit reached: call recall with from_seq {} for more]\n",
-                event.seq
-            ));
-            return Ok(out);
-        }
-        out.push_str(&line);
-        last = event.seq;
-    }
-    if last < args.to_seq && to < args.to_seq {
-        out.push_str(&format!(
-            "[at most {RECALL_MAX_EVENTS} events per call: call recall with from_seq {} for more]\n",
-            to + 1
-        ));
-    }
-    if out.is_empty() {
-        out = format!(
+        )),
+        Some(last) if out.is_empty() => Ok(format!(
             "events {}–{last} hold no messages or tool results",
             args.from_seq
-        );
+        )),
+        Some(_) => Ok(out),
     }
-    Ok(out)
 }
 
 /// One event as `recall` shows it; `None` for events with nothing to read

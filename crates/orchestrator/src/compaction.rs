@@ -31,6 +31,36 @@ impl std::fmt::Debug for Tokenizer {
 /// Tokens every message costs beyond its text (role and separators).
 const PER_MESSAGE: usize = 4;
 
+/// Texts are encoded in pieces of about this many bytes, cut after a line
+/// break where there is one, so that no run of text is unboundedly long.
+const BPE_CHUNK: usize = 16 * 1024;
+
+/// `text` in pieces of at most about `size` bytes, each ending at a line
+/// break when one is near, else at a character boundary.
+fn chunks(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        if rest.len() <= size {
+            return Some(std::mem::take(&mut rest));
+        }
+        let mut end = size;
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        if let Some(newline) = rest[..end].rfind('\n')
+            && newline >= size / 2
+        {
+            end = newline + 1;
+        }
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some(piece)
+    })
+}
+
 impl Tokenizer {
     /// The tokenizer for `model`: `configured` when set ("o200k_base",
     /// "cl100k_base", "estimate"), else the encoding known for the model
@@ -69,7 +99,16 @@ impl Tokenizer {
     /// Tokens of `text`.
     pub fn count(&self, text: &str) -> usize {
         match self {
-            Tokenizer::Bpe(bpe, _) => bpe.encode_ordinary(text).len(),
+            Tokenizer::Bpe(bpe, _) => chunks(text, BPE_CHUNK)
+                .map(|chunk| {
+                    // The encoder's regex can fail on pathological input
+                    // (and then panics): fall back to the estimate.
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        bpe.encode_ordinary(chunk).len()
+                    }))
+                    .unwrap_or_else(|_| estimate(chunk))
+                })
+                .sum(),
             Tokenizer::Estimate => estimate(text),
         }
     }
@@ -140,6 +179,16 @@ pub fn estimate(text: &str) -> usize {
     tokens + close(run, len)
 }
 
+/// The context window to plan for: `configured` when set, else the size
+/// known for the model name (OpenAI's models), else 32,768 tokens.
+pub fn context_window(model: &str, configured: u32) -> usize {
+    if configured > 0 {
+        return configured as usize;
+    }
+    let name = model.rsplit('/').next().unwrap_or(model);
+    tiktoken_rs::model::get_context_size(name).unwrap_or(32_768)
+}
+
 /// Compaction settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -174,18 +223,32 @@ impl Settings {
 /// The message the model sees in place of a replaced range.
 pub fn summary_message(c: &pb::ContextCompacted) -> String {
     let range = format!("events {}–{}", c.first_seq, c.last_seq);
-    if c.summary.is_empty() {
-        format!(
+    match (c.summary.is_empty(), c.note.is_empty()) {
+        (true, _) => format!(
             "[{} earlier messages ({range}) were left out to fit the context window. Use the \
              recall tool with from_seq and to_seq to read them if you need them.]",
             c.messages
-        )
-    } else {
-        format!(
+        ),
+        (false, true) => format!(
             "[Summary of the earlier conversation ({range}), written to fit the context window. \
              Use the recall tool with from_seq and to_seq to read the original events.]\n{}",
             c.summary
-        )
+        ),
+        (false, false) => format!(
+            "[Summary of the start of the earlier conversation; the messages after it (up to \
+             {range}) were left out to fit the context window. Use the recall tool with \
+             from_seq and to_seq to read the original events.]\n{}",
+            c.summary
+        ),
+    }
+}
+
+/// The summary inside a message made by [`summary_message`] ("" for one
+/// without a summary).
+fn summary_text(message: &str) -> &str {
+    match message.split_once("]\n") {
+        Some((header, text)) if header.starts_with('[') => text,
+        _ => "",
     }
 }
 
@@ -197,7 +260,7 @@ pub fn choose_split(tokens: &[usize], is_tool: &[bool], keep: usize, room: usize
     let n = tokens.len();
     let valid = |s: usize| s >= 1 && s < n && !is_tool[s];
     let last_valid = (1..n).rev().find(|&s| valid(s))?;
-    let mut s = n.saturating_sub(keep).max(1);
+    let mut s = n.saturating_sub(keep.max(1)).max(1);
     // Keep a tool result together with the call before it.
     while s > 1 && is_tool[s] {
         s -= 1;
@@ -226,6 +289,8 @@ pub struct Fitted {
     /// Messages whose text was cut (in this request only) because even the
     /// newest messages alone do not fit.
     pub truncated: usize,
+    /// The tokens of the request (an upper bound when nothing was counted).
+    pub tokens: usize,
 }
 
 /// Makes `history` fit the budget: summarises (or drops) the oldest
@@ -244,11 +309,13 @@ pub async fn fit(
     let budget = settings.budget();
     // A token is at least one byte (for the estimate too): a conversation
     // whose bytes fit needs no counting.
-    if !settings.enabled || overhead + upper_bound(&history) <= budget {
+    let bound = overhead + upper_bound(&history);
+    if !settings.enabled || bound <= budget {
         return Fitted {
             history,
             event: None,
             truncated: 0,
+            tokens: bound,
         };
     }
     let counts: Vec<usize> = history.iter().map(|m| tokenizer.message(m)).collect();
@@ -258,6 +325,7 @@ pub async fn fit(
             history,
             event: None,
             truncated: 0,
+            tokens: total,
         };
     }
     // Room for the summary itself.
@@ -272,14 +340,23 @@ pub async fn fit(
         // Replacing only an earlier summary gains nothing.
         .filter(|&s| !(s == 1 && matches!(history[0], Message::System { .. })));
     let Some(split) = split else {
-        let (history, truncated) = shorten(history, &tokenizer, budget.saturating_sub(overhead));
+        let (history, truncated, tokens) =
+            shorten(history, &tokenizer, budget.saturating_sub(overhead));
         return Fitted {
             history,
             event: None,
             truncated,
+            tokens: overhead + tokens,
         };
     };
-    let (first_seq, last_seq) = (spans[0].0, spans[split - 1].1);
+    // Tool results sit in call order, not in the order they were recorded:
+    // the range ends at the latest event of any replaced message.
+    let first_seq = spans[0].0;
+    let last_seq = spans[..split]
+        .iter()
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(first_seq);
     let span = tracing::info_span!("compaction", first_seq, last_seq, messages = split);
     tracing::info!(
         parent: &span,
@@ -295,8 +372,14 @@ pub async fn fit(
         Ok(summary) => (summary, String::new()),
         Err(e) => {
             tracing::warn!(error = %e, "summarising failed; dropping the oldest messages instead");
+            // An earlier summary is kept: only what came after it is lost
+            // to the model (and can be recalled).
+            let earlier = match &history[0] {
+                Message::System { content } => summary_text(content).to_string(),
+                _ => String::new(),
+            };
             (
-                String::new(),
+                earlier,
                 format!("summarising failed ({e}); the oldest messages were left out instead"),
             )
         }
@@ -315,16 +398,14 @@ pub async fn fit(
         content: summary_message(&event),
     });
     compacted.extend(history.into_iter().skip(split));
-    let (compacted, truncated) = shorten(compacted, &tokenizer, budget.saturating_sub(overhead));
-    event.tokens_after = (overhead
-        + compacted
-            .iter()
-            .map(|m| tokenizer.message(m))
-            .sum::<usize>()) as u64;
+    let (compacted, truncated, tokens) =
+        shorten(compacted, &tokenizer, budget.saturating_sub(overhead));
+    event.tokens_after = (overhead + tokens) as u64;
     Fitted {
         history: compacted,
         event: Some(event),
         truncated,
+        tokens: overhead + tokens,
     }
 }
 
@@ -447,13 +528,20 @@ pub fn transcript(messages: &[Message], tokenizer: &Tokenizer, limit: usize) -> 
     if total <= limit {
         return rendered.join("\n\n");
     }
-    // Characters per message that fit, at about three characters a token.
-    let per_message = (limit * 3 / rendered.len().max(1)).max(200);
-    rendered
-        .iter()
-        .map(|r| elide_middle(r, per_message))
-        .collect::<Vec<_>>()
-        .join("\n\n")
+    // Characters per message that fit, at about three characters a token,
+    // then fewer until the whole really fits.
+    let mut per_message = (limit * 3 / rendered.len().max(1)).max(64);
+    loop {
+        let out = rendered
+            .iter()
+            .map(|r| elide_middle(r, per_message))
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        if per_message <= 64 || tokenizer.count(&out) <= limit {
+            return out;
+        }
+        per_message = per_message * 2 / 3;
+    }
 }
 
 fn elide_middle(text: &str, max_chars: usize) -> String {
@@ -467,44 +555,93 @@ fn elide_middle(text: &str, max_chars: usize) -> String {
     format!("{head} […{} characters left out…] {tail}", count - 2 * half)
 }
 
-/// Last resort: halves the longest message's text until the conversation
-/// fits `room` tokens (the log keeps the full text). Returns how many
-/// messages were shortened.
-fn shorten(mut history: Vec<Message>, tokenizer: &Tokenizer, room: usize) -> (Vec<Message>, usize) {
+const SHORTENED: &str =
+    "[…shortened to fit the context window; the session log has the full text…]";
+
+/// Last resort: shortens the longest messages (their text, or a tool call's
+/// arguments) until the conversation fits `room` tokens, in this request
+/// only (the log keeps everything). Returns the conversation, how many
+/// messages were shortened, and its tokens.
+fn shorten(
+    mut history: Vec<Message>,
+    tokenizer: &Tokenizer,
+    room: usize,
+) -> (Vec<Message>, usize, usize) {
+    let mut counts: Vec<usize> = history.iter().map(|m| tokenizer.message(m)).collect();
+    let mut total: usize = counts.iter().sum();
+    let mut stuck = vec![false; history.len()];
     let mut shortened = std::collections::BTreeSet::new();
-    for _ in 0..64 {
-        let counts: Vec<usize> = history.iter().map(|m| tokenizer.message(m)).collect();
-        if counts.iter().sum::<usize>() <= room {
-            break;
-        }
-        let Some((i, _)) = counts.iter().enumerate().max_by_key(|(_, c)| **c) else {
+    while total > room {
+        let Some(i) = (0..history.len())
+            .filter(|&i| !stuck[i])
+            .max_by_key(|&i| counts[i])
+        else {
             break;
         };
-        let content = match &mut history[i] {
-            Message::System { content }
-            | Message::User { content }
-            | Message::Assistant { content, .. }
-            | Message::Tool { content, .. } => content,
-        };
-        let chars = content.chars().count();
-        if chars < 64 {
-            break;
+        if !shrink(&mut history[i]) {
+            stuck[i] = true;
+            continue;
         }
-        let note = "[…shortened to fit the context window; the full text is in the session log…]";
-        let keep = chars / 2;
-        *content = format!(
-            "{} {note} {}",
-            content.chars().take(keep / 2).collect::<String>(),
-            content.chars().skip(chars - keep / 2).collect::<String>()
-        );
         shortened.insert(i);
+        total -= counts[i];
+        counts[i] = tokenizer.message(&history[i]);
+        total += counts[i];
     }
-    let n = shortened.len();
-    (history, n)
+    (history, shortened.len(), total)
+}
+
+/// Halves the longest text of a message: its content, or the arguments of
+/// one of its tool calls (replaced by a note, as they must stay JSON).
+/// Returns false when there is nothing left to shorten.
+fn shrink(message: &mut Message) -> bool {
+    if let Message::Assistant {
+        content,
+        tool_calls,
+    } = message
+        && let Some(call) = tool_calls
+            .iter_mut()
+            .filter(|c| c.arguments.len() > 256)
+            .max_by_key(|c| c.arguments.len())
+        && call.arguments.len() > content.len()
+    {
+        call.arguments = serde_json::json!({
+            "left_out": format!(
+                "{} bytes of arguments, to fit the context window; the session log has them",
+                call.arguments.len()
+            )
+        })
+        .to_string();
+        return true;
+    }
+    let content = match message {
+        Message::System { content }
+        | Message::User { content }
+        | Message::Assistant { content, .. }
+        | Message::Tool { content, .. } => content,
+    };
+    let (head, tail) = match content.split_once(SHORTENED) {
+        Some((head, tail)) => (head.trim_end().to_string(), tail.trim_start().to_string()),
+        None => {
+            let chars = content.chars().count();
+            (
+                content.chars().take(chars / 2).collect(),
+                content.chars().skip(chars / 2).collect(),
+            )
+        }
+    };
+    let (h, t) = (head.chars().count(), tail.chars().count());
+    if h + t < 64 {
+        return false;
+    }
+    let head: String = head.chars().take(h / 2).collect();
+    let tail: String = tail.chars().skip(t - t / 2).collect();
+    *content = format!("{head} {SHORTENED} {tail}");
+    true
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use agentry_llm::ToolCall;
 
@@ -673,13 +810,99 @@ mod tests {
                 content: "x ".repeat(4_000),
             },
         ];
-        let (out, n) = shorten(history, &Tokenizer::Estimate, 500);
+        let (out, n, tokens) = shorten(history, &Tokenizer::Estimate, 500);
         assert_eq!(n, 1);
         let total: usize = out.iter().map(|m| Tokenizer::Estimate.message(m)).sum();
         assert!(total <= 500, "{total}");
+        assert_eq!(tokens, total);
         let Message::Tool { content, .. } = &out[1] else {
             panic!()
         };
         assert!(content.contains("shortened to fit"), "{content}");
+        assert_eq!(content.matches(SHORTENED).count(), 1, "{content}");
+    }
+
+    #[test]
+    fn huge_tool_arguments_are_shortened_as_valid_json() {
+        let history = vec![
+            Message::User {
+                content: "write it".into(),
+            },
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: "w".into(),
+                    name: "write_file".into(),
+                    arguments: serde_json::json!({"path": "a", "content": "x y ".repeat(20_000)})
+                        .to_string(),
+                }],
+            },
+        ];
+        let (out, n, tokens) = shorten(history, &Tokenizer::Estimate, 300);
+        assert_eq!(n, 1);
+        assert!(tokens <= 300, "{tokens}");
+        let Message::Assistant { tool_calls, .. } = &out[1] else {
+            panic!()
+        };
+        let args: serde_json::Value = serde_json::from_str(&tool_calls[0].arguments).unwrap();
+        assert!(
+            args["left_out"]
+                .as_str()
+                .unwrap()
+                .contains("bytes of arguments")
+        );
+    }
+
+    #[test]
+    fn an_earlier_summary_is_found_in_its_message() {
+        let c = pb::ContextCompacted {
+            first_seq: 1,
+            last_seq: 9,
+            summary: "line one\nline two".into(),
+            messages: 3,
+            ..Default::default()
+        };
+        assert_eq!(summary_text(&summary_message(&c)), "line one\nline two");
+        let partial = pb::ContextCompacted {
+            note: "summarising failed (x)".into(),
+            ..c.clone()
+        };
+        let m = summary_message(&partial);
+        assert!(m.contains("were left out"), "{m}");
+        assert_eq!(summary_text(&m), "line one\nline two");
+        let dropped = pb::ContextCompacted {
+            summary: String::new(),
+            ..partial
+        };
+        assert_eq!(summary_text(&summary_message(&dropped)), "");
+    }
+
+    #[test]
+    fn long_texts_are_counted_in_pieces() {
+        let bpe = Tokenizer::for_model("gpt-4o", "");
+        // A very long run without a break, and many lines.
+        let run = "a".repeat(200_000);
+        assert!(bpe.count(&run) > 0);
+        let lines = "hello world, this is a line\n".repeat(5_000);
+        let whole = tiktoken_rs::o200k_base_singleton()
+            .encode_ordinary(&lines)
+            .len();
+        assert_eq!(bpe.count(&lines), whole);
+        let pieces: Vec<&str> = chunks("ab\ncd✓ef", 4).collect();
+        assert_eq!(pieces.concat(), "ab\ncd✓ef");
+        assert!(pieces.iter().all(|p| p.len() <= 4), "{pieces:?}");
+    }
+
+    #[test]
+    fn context_windows_come_from_config_or_the_model_name() {
+        assert_eq!(context_window("gpt-4o-mini", 0), 128_000);
+        assert_eq!(context_window("openai/gpt-4o", 0), 128_000);
+        assert_eq!(context_window("qwen2.5:7b", 0), 32_768);
+        assert_eq!(context_window("gpt-4o", 8_192), 8_192);
+    }
+
+    #[test]
+    fn a_zero_keep_count_keeps_one() {
+        assert_eq!(choose_split(&[1, 1, 1], &[false; 3], 0, 100), Some(2));
     }
 }

@@ -148,6 +148,10 @@ impl Deps {
         let mut set = ToolSet::default();
         for t in response.tools {
             if crate::builtin::is_builtin(&t.name) {
+                tracing::warn!(
+                    tool = %t.name,
+                    "the tool runner offers a tool with the name of a built-in tool; the built-in one is used"
+                );
                 continue;
             }
             let parameters = serde_json::from_str(&t.parameters_json_schema).map_err(|e| {

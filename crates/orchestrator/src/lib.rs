@@ -96,11 +96,12 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         .map_err(|e| RunError::Config(format!("invalid policy: {e}")))?;
     let profile = config.model_profile();
     let tokenizer = compaction::Tokenizer::for_model(&config.llm.model, &profile.tokenizer);
+    let context_window = compaction::context_window(&config.llm.model, profile.context_window);
     tracing::info!(
         model = %config.llm.model,
         pattern = %profile.pattern,
         native_tools = profile.native_tools,
-        context_window = profile.context_window,
+        context_window,
         tokenizer = tokenizer.name(),
         "model profile"
     );
@@ -121,7 +122,7 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
         enabled: config.agent.compaction,
         threshold: config.agent.compaction_threshold,
         keep_last: config.agent.compaction_keep_messages as usize,
-        context_window: profile.context_window as usize,
+        context_window,
     };
     deps.tokenizer = tokenizer;
     deps.plan_max_steps = config.agent.plan_max_steps;

@@ -24,6 +24,8 @@ const MAX_STEPS_PER_PLAN: usize = 30;
 const MAX_TITLE_CHARS: usize = 200;
 /// Longest step detail or summary kept.
 const MAX_TEXT_CHARS: usize = 2_000;
+/// Longest step outcome shown in the plan's outline.
+const OUTLINE_SUMMARY_CHARS: usize = 200;
 
 /// What the governor is waiting for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -154,11 +156,13 @@ impl Plan {
                 PlanStepStatus::Failed => "failed",
             };
             let _ = write!(out, "\n{}. [{mark}] {}", i + 1, step.title);
-            if !step.detail.is_empty() {
+            // Details of the step at hand only, and short outcomes: the
+            // outline goes with every call of the turn.
+            if !step.detail.is_empty() && self.current == Some(i) {
                 let _ = write!(out, " ({})", step.detail);
             }
             if !step.summary.is_empty() {
-                let _ = write!(out, " -> {}", step.summary);
+                let _ = write!(out, " -> {}", clip(&step.summary, OUTLINE_SUMMARY_CHARS));
             }
         }
     }
@@ -259,25 +263,13 @@ pub fn is_plan_tool(tool: &str) -> bool {
     tool == SUBMIT_PLAN || tool == COMPLETE_STEP
 }
 
+// Extra fields models like to add ("reasoning", "id") are ignored.
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum StepArg {
-    Title(String),
-    Full {
-        title: String,
-        #[serde(default)]
-        detail: String,
-    },
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct SubmitArgs {
-    steps: Vec<StepArg>,
+    steps: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct CompleteArgs {
     status: String,
     #[serde(default)]
@@ -317,9 +309,22 @@ pub fn parse_call(tool: &str, arguments: &str) -> Result<PlanCall, String> {
             }
             let mut steps = Vec::with_capacity(args.steps.len());
             for (i, step) in args.steps.into_iter().enumerate() {
-                let (title, detail) = match step {
-                    StepArg::Title(title) => (title, String::new()),
-                    StepArg::Full { title, detail } => (title, detail),
+                let text = |v: Option<&serde_json::Value>| {
+                    v.and_then(serde_json::Value::as_str)
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                let (title, detail) = match &step {
+                    serde_json::Value::String(title) => (title.clone(), String::new()),
+                    serde_json::Value::Object(fields) => {
+                        (text(fields.get("title")), text(fields.get("detail")))
+                    }
+                    other => {
+                        return Err(format!(
+                            "step {} must be a string or an object with a \"title\", not {other}",
+                            i + 1
+                        ));
+                    }
                 };
                 if title.trim().is_empty() {
                     return Err(format!("step {} has an empty title", i + 1));
@@ -359,6 +364,7 @@ pub fn parse_call(tool: &str, arguments: &str) -> Result<PlanCall, String> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn step(title: &str, status: PlanStepStatus) -> pb::PlanStep {
@@ -391,6 +397,14 @@ mod tests {
             (r#"{"steps": []}"#, "at least one step"),
             (r#"{"steps": ["  "]}"#, "step 1 has an empty title"),
             (r#"{"steps": "do it"}"#, "expected"),
+            (
+                r#"{"steps": ["a", 7]}"#,
+                "step 2 must be a string or an object",
+            ),
+            (
+                r#"{"steps": [{"detail": "x"}]}"#,
+                "step 1 has an empty title",
+            ),
             ("[1]", "invalid arguments for submit_plan"),
         ];
         for (args, want) in cases {
@@ -403,6 +417,17 @@ mod tests {
                 .unwrap_err()
                 .contains("at most 30")
         );
+    }
+
+    #[test]
+    fn extra_fields_are_ignored() {
+        let call = parse_call(
+            SUBMIT_PLAN,
+            r#"{"reasoning": "why", "steps": [{"id": 1, "title": "look"}]}"#,
+        )
+        .unwrap();
+        assert!(matches!(call, PlanCall::Submit(steps) if steps[0].title == "look"));
+        assert!(parse_call(COMPLETE_STEP, r#"{"status": "completed", "step": 1}"#).is_ok());
     }
 
     #[test]

@@ -626,12 +626,9 @@ impl SessionState {
                 }
             }
             Kind::ContextCompacted(c) => {
-                // The replaced messages are a prefix of the conversation.
-                let count = self
-                    .history_spans
-                    .iter()
-                    .take_while(|(_, last)| *last <= c.last_seq)
-                    .count();
+                // The replaced messages are the first `messages` of the
+                // conversation.
+                let count = (c.messages as usize).min(self.history.len());
                 self.history.drain(..count);
                 self.history_spans.drain(..count);
                 self.history.insert(
@@ -1174,6 +1171,23 @@ impl SessionState {
                     return;
                 }
             }
+            // Asked to repair the plan, the model answered instead: the
+            // plan failed.
+            if let Some(plan) = self.turn_plan().filter(|p| p.stage == Stage::Repairing) {
+                let message = format!(
+                    "the plan stopped: a step failed ({}) and the model did not revise the plan",
+                    plan.failure
+                );
+                let error = Kind::Error(pb::Error {
+                    source: ErrorSource::Model as i32,
+                    message,
+                    retryable: false,
+                });
+                self.emit(out, turn_id, error);
+                let finished = self.finish(TurnOutcome::Failed, c.text);
+                self.emit(out, turn_id, finished);
+                return;
+            }
             let finished = self.finish(TurnOutcome::Completed, c.text);
             self.emit(out, turn_id, finished);
             return;
@@ -1286,11 +1300,23 @@ impl SessionState {
             }
             PlanCall::Complete { failed, summary } => {
                 let Some(current) = plan.current else {
-                    return refuse(
-                        self,
-                        out,
-                        "no plan step is in progress: submit a plan with submit_plan first".into(),
-                    );
+                    let why = match (plan.stage, plan.next_pending()) {
+                        (Stage::Planning, _) => {
+                            "there is no plan yet: submit one with submit_plan first".to_string()
+                        }
+                        (Stage::Repairing, _) => {
+                            "the last step failed: submit a revised plan with submit_plan"
+                                .to_string()
+                        }
+                        (Stage::Executing, Some(next)) => format!(
+                            "step {next} was already ended in this response; step {} starts next",
+                            next + 1
+                        ),
+                        (Stage::Executing, None) => "every step of the plan is done: write the \
+                                                     final answer for the person, without tools"
+                            .to_string(),
+                    };
+                    return refuse(self, out, why);
                 };
                 let status = if failed {
                     PlanStepStatus::Failed
@@ -1379,18 +1405,13 @@ impl SessionState {
     /// Whether a compaction names a prefix of the conversation that leaves
     /// at least one message and does not split a tool call from its result.
     fn compaction_fits(&self, c: &pb::ContextCompacted) -> bool {
-        let Some(&(first, _)) = self.history_spans.first() else {
+        let count = c.messages as usize;
+        if count == 0 || count >= self.history.len() || self.history_spans.len() < count {
             return false;
-        };
-        let count = self
-            .history_spans
-            .iter()
-            .take_while(|(_, last)| *last <= c.last_seq)
-            .count();
-        first == c.first_seq
-            && count > 0
-            && self.history_spans[count - 1].1 == c.last_seq
-            && count < self.history.len()
+        }
+        let replaced = &self.history_spans[..count];
+        replaced[0].0 == c.first_seq
+            && replaced.iter().map(|s| s.1).max() == Some(c.last_seq)
             && !matches!(self.history[count], Message::Tool { .. })
     }
 

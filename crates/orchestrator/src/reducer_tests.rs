@@ -4802,7 +4802,7 @@ fn plan_tools_used_out_of_order_get_clear_errors() {
     // No step is running yet.
     let effects = session.ok(model_done("", vec![complete_step("c0", "completed", "")]));
     assert!(
-        tool_output(&effects, "c0").contains("no plan step is in progress"),
+        tool_output(&effects, "c0").contains("there is no plan yet"),
         "{effects:?}"
     );
     // Malformed plans are refused with the expected shape.
@@ -4858,12 +4858,12 @@ fn a_restart_mid_plan_resumes_from_the_log() {
 // Compaction
 // ---------------------------------------------------------------------------
 
-fn compacted(first_seq: u64, last_seq: u64, summary: &str) -> Input {
+fn compacted(messages: u32, first_seq: u64, last_seq: u64, summary: &str) -> Input {
     Input::Compacted(pb::ContextCompacted {
         first_seq,
         last_seq,
         summary: summary.into(),
-        messages: 0,
+        messages,
         tokens_before: 0,
         tokens_after: 0,
         note: String::new(),
@@ -4912,6 +4912,7 @@ fn a_compaction_replaces_a_prefix_with_its_summary() {
     let spans = session.state.history_spans.clone();
     // Replace the first turn (user, call, result, answer).
     let effects = session.ok(compacted(
+        4,
         spans[0].0,
         spans[3].1,
         "The person asked to list.",
@@ -4938,6 +4939,7 @@ fn a_compaction_replaces_a_prefix_with_its_summary() {
     // A second compaction replaces the summary and more.
     let spans = session.state.history_spans.clone();
     session.ok(compacted(
+        2,
         spans[0].0,
         spans[1].1,
         "Listed, then asked again.",
@@ -4955,23 +4957,117 @@ fn compactions_that_do_not_fit_the_conversation_are_refused() {
     };
     let wrong = "compaction of another conversation";
     // It would separate the call from its result.
-    session.refused(compacted(spans[0].0, spans[1].1, "x"), unexpected(wrong));
+    session.refused(compacted(2, spans[0].0, spans[1].1, "x"), unexpected(wrong));
     // Not from the start of the conversation.
-    session.refused(compacted(spans[1].0, spans[3].1, "x"), unexpected(wrong));
-    // Not ending at a message boundary.
+    session.refused(compacted(4, spans[1].0, spans[3].1, "x"), unexpected(wrong));
+    // Not the range of the messages it names.
     session.refused(
-        compacted(spans[0].0, spans[3].1 + 1, "x"),
+        compacted(4, spans[0].0, spans[3].1 + 1, "x"),
         unexpected(wrong),
     );
+    session.refused(compacted(3, spans[0].0, spans[3].1, "x"), unexpected(wrong));
     // Nothing would be left.
-    session.refused(compacted(spans[0].0, spans[4].1, "x"), unexpected(wrong));
+    session.refused(compacted(5, spans[0].0, spans[4].1, "x"), unexpected(wrong));
+    session.refused(compacted(0, spans[0].0, spans[0].1, "x"), unexpected(wrong));
     // Only before a model call.
     session.ok(model_done("bye", vec![]));
     session.refused(
-        compacted(spans[0].0, spans[3].1, "x"),
+        compacted(4, spans[0].0, spans[3].1, "x"),
         Refusal::Unexpected {
             input: "compaction",
             phase: Phase::Idle,
         },
+    );
+}
+
+/// Results are kept in call order even when a later call is answered
+/// first: a compaction names the latest event of the messages it replaces.
+#[test]
+fn a_compaction_covers_results_recorded_out_of_order() {
+    let mut session = Session::new(5);
+    session.ok(plan_user("work"));
+    session.ok(model_done("", vec![submit_plan("p1", &["one", "two"])]));
+    // complete_step is answered at once; bash's result comes later but
+    // sits before it.
+    session.ok(model_done(
+        "",
+        vec![
+            bash("b1", "ls"),
+            complete_step("c1", "completed", "one done"),
+        ],
+    ));
+    session.ok(done("b1", "a b"));
+    let spans = session.state.history_spans.clone();
+    // [user, assistant(plan), plan result, assistant(b1, c1), b1 result, c1 result]
+    assert_eq!(spans.len(), 6);
+    assert!(spans[4].0 > spans[5].0, "{spans:?}");
+    session.ok(model_done("", vec![bash("b2", "pwd")]));
+    session.ok(done("b2", "/w"));
+    // Replace the first six messages: the range ends at b1's result.
+    let last = spans.iter().map(|s| s.1).max().unwrap();
+    assert_eq!(last, spans[4].1);
+    session.refused(
+        compacted(6, spans[0].0, spans[5].1, "x"),
+        Refusal::Unexpected {
+            input: "compaction of another conversation",
+            phase: Phase::Generate,
+        },
+    );
+    session.ok(compacted(6, spans[0].0, last, "Planned; step one done."));
+    assert_eq!(session.state.history.len(), 3);
+    assert_eq!(session.state.history_spans[0], (spans[0].0, last));
+}
+
+#[test]
+fn giving_up_on_a_repair_fails_the_turn() {
+    let mut session = Session::new(5);
+    session.ok(plan_user("work"));
+    session.ok(model_done("", vec![submit_plan("p1", &["one"])]));
+    session.ok(model_done(
+        "",
+        vec![complete_step("c1", "failed", "no network")],
+    ));
+    let effects = session.ok(model_done("I cannot do this without a network.", vec![]));
+    let finished = outcome_of(&effects).unwrap();
+    assert_eq!(finished.outcome, TurnOutcome::Failed as i32);
+    assert_eq!(finished.message, "I cannot do this without a network.");
+    let error = events_of(&effects)
+        .into_iter()
+        .find_map(|k| match k {
+            Kind::Error(e) => Some(e),
+            _ => None,
+        })
+        .unwrap();
+    assert!(error.message.contains("no network"), "{}", error.message);
+}
+
+#[test]
+fn complete_step_errors_say_what_to_do_instead() {
+    let mut session = Session::new(8);
+    session.ok(plan_user("work"));
+    session.ok(model_done("", vec![submit_plan("p1", &["one", "two"])]));
+    // Two ends of the same step in one response.
+    let effects = session.ok(model_done(
+        "",
+        vec![
+            complete_step("c1", "completed", ""),
+            complete_step("c2", "completed", ""),
+        ],
+    ));
+    assert_eq!(
+        tool_output(&effects, "c2"),
+        "error: step 1 was already ended in this response; step 2 starts next"
+    );
+    session.ok(model_done("", vec![complete_step("c3", "completed", "")]));
+    // Every step done: the final answer is wanted, not another step.
+    let effects = session.ok(model_done("", vec![complete_step("c4", "completed", "")]));
+    assert!(
+        tool_output(&effects, "c4").contains("write the final answer"),
+        "{effects:?}"
+    );
+    let effects = session.ok(model_done("Both done.", vec![]));
+    assert_eq!(
+        outcome_of(&effects).unwrap().outcome,
+        TurnOutcome::Completed as i32
     );
 }

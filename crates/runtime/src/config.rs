@@ -228,8 +228,9 @@ fn default_plan_max_steps() -> u32 {
 pub struct ModelProfile {
     /// A glob on the model name (`*` any run of characters, `?` one), case-insensitive.
     pub pattern: String,
-    /// Tokens the model reads at most.
-    #[serde(default = "default_context_window")]
+    /// Tokens the model reads at most; 0: the size known for the model
+    /// name (OpenAI's models), else 32,768.
+    #[serde(default)]
     pub context_window: u32,
     /// Whether the server's native tool calling works with it; when not,
     /// tools are described in the system prompt and calls read from text.
@@ -245,16 +246,12 @@ pub struct ModelProfile {
     pub tokenizer: String,
 }
 
-fn default_context_window() -> u32 {
-    32_768
-}
-
 impl ModelProfile {
     /// The profile for any model no pattern matches.
     pub fn fallback() -> ModelProfile {
         ModelProfile {
             pattern: "*".into(),
-            context_window: default_context_window(),
+            context_window: 0,
             native_tools: true,
             temperature: None,
             tokenizer: String::new(),
@@ -646,11 +643,11 @@ impl Config {
             return Err(invalid("agent.plan_max_steps", "must be at least 1"));
         }
         for profile in &self.model_profiles {
-            if profile.context_window < 256 {
+            if profile.context_window != 0 && profile.context_window < 256 {
                 return Err(invalid(
                     "model_profiles.context_window",
                     &format!(
-                        "{} (for {:?}) is too small: at least 256 tokens",
+                        "{} (for {:?}) is too small: at least 256 tokens (0: from the model name)",
                         profile.context_window, profile.pattern
                     ),
                 ));
