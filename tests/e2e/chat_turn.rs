@@ -108,7 +108,8 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
             "write_file",
             "schedule_reminder",
             "list_reminders",
-            "cancel_reminder"
+            "cancel_reminder",
+            "recall"
         ]
     );
     assert_eq!(requests[0]["model"], "fake-model");
