@@ -346,3 +346,105 @@ async fn killed_while_tools_run_read_only_calls_rerun_and_mutating_ones_report_u
             .contains("outcome unknown")
     );
 }
+
+/// A plan-mode turn survives the orchestrator: killed while the model works
+/// on step 2, the restarted orchestrator rebuilds the plan from the log and
+/// asks for step 2 again.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_mid_plan_the_plan_resumes_at_its_step() {
+    let mut cluster = Cluster::start_only(
+        &[
+            Service::SessionStore,
+            Service::ToolRunner,
+            Service::Scheduler,
+        ],
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    let mut client = orchestrator.start().await;
+    let model = &cluster.model;
+    model.push(Reply::tool_call(
+        "p1",
+        "submit_plan",
+        json!({"steps": ["one", "two"]}),
+    ));
+    model.push(Reply::tool_call(
+        "c1",
+        "complete_step",
+        json!({"status": "completed", "summary": "one done"}),
+    ));
+    model.push(Reply::stream(vec![
+        text("working on two "),
+        pause(Duration::from_secs(30)),
+        text("never sent"),
+    ]));
+    model.push(Reply::tool_call(
+        "c2",
+        "complete_step",
+        json!({"status": "completed", "summary": "two done"}),
+    ));
+    model.push(Reply::text("Both steps are done."));
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    submit(
+        &mut client,
+        &session.id,
+        pb::input::Kind::UserMessage(pb::UserInput {
+            text: "do one then two".into(),
+            approval_mode: ApprovalMode::Always as i32,
+            plan: true,
+        }),
+    )
+    .await;
+    log.until("step 2's first delta", |k| {
+        matches!(k, Kind::ModelTextDelta(_))
+    })
+    .await;
+
+    orchestrator.kill();
+    let _client = orchestrator.start().await;
+    let done = log.finished().await;
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{:#?}",
+        log.seen
+    );
+    assert_eq!(done.message, "Both steps are done.");
+    let trail: Vec<(u32, i32)> = log
+        .seen
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::PlanStepUpdated(u)) => Some((u.index, u.status)),
+            _ => None,
+        })
+        .collect();
+    use spb::PlanStepStatus::{Completed, InProgress};
+    assert_eq!(
+        trail,
+        [
+            (0, InProgress as i32),
+            (0, Completed as i32),
+            (1, InProgress as i32),
+            (1, Completed as i32),
+        ]
+    );
+    // The retried call was told to carry out step 2, with step 1 done.
+    let requests = cluster.model.requests();
+    assert_eq!(requests.len(), 5);
+    let system: String = requests[3]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect();
+    assert!(system.contains("Carry out step 2 only"), "{system}");
+    assert!(system.contains("1. [done] one -> one done"), "{system}");
+}
