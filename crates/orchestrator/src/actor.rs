@@ -453,7 +453,7 @@ impl Actor {
             .collect();
         // The plan tools, except for the final answer.
         let plan_mode = self.state.turn_plan().is_some_and(|p| !p.is_finishing());
-        extra.extend(self.state.turn_plan().map(|p| p.guidance()));
+        extra.extend(self.state.plan_guidance());
         let spans = if self.state.history_spans.len() == history.len() {
             self.state.history_spans.clone()
         } else {

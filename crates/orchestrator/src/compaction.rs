@@ -463,26 +463,31 @@ async fn summarise(deps: &Deps, messages: &[Message], max_tokens: usize) -> Resu
         tools: Vec::new(),
         temperature: deps.temperature,
     };
-    let mut stream = deps.llm.stream(request).await.map_err(|e| e.to_string())?;
-    let mut completion = None;
-    while let Some(item) = stream.next().await {
-        match item.map_err(|e| e.to_string())? {
-            StreamEvent::TextDelta(_) => {}
-            StreamEvent::Completed(c) => {
-                completion = Some(c);
-                break;
-            }
-        }
-    }
-    let text = completion
-        .ok_or("the model stream ended without a complete response")?
-        .text
-        .trim()
-        .to_string();
+    // Counted with the other model calls (latency, tokens).
+    let started = std::time::Instant::now();
+    let completion = stream_summary(deps, request).await;
+    let usage = completion.as_ref().ok().and_then(|c| c.usage);
+    let outcome = if completion.is_ok() { "ok" } else { "error" };
+    crate::metrics::model_call_finished(&deps.metrics, outcome, started.elapsed(), usage);
+    let text = completion?.text.trim().to_string();
     if text.is_empty() {
         return Err("the model returned an empty summary".into());
     }
     Ok(clip_tokens(&text, &deps.tokenizer, max_tokens))
+}
+
+async fn stream_summary(
+    deps: &Deps,
+    request: ChatRequest,
+) -> Result<agentry_llm::Completion, String> {
+    let mut stream = deps.llm.stream(request).await.map_err(|e| e.to_string())?;
+    while let Some(item) = stream.next().await {
+        match item.map_err(|e| e.to_string())? {
+            StreamEvent::TextDelta(_) => {}
+            StreamEvent::Completed(c) => return Ok(c),
+        }
+    }
+    Err("the model stream ended without a complete response".into())
 }
 
 /// `text` cut to about `max` tokens.

@@ -446,6 +446,33 @@ impl SessionState {
             .filter(|s| !s.is_empty())
     }
 
+    /// The last two messages are answers without tool calls.
+    fn answered_twice_without_calls(&self) -> bool {
+        let n = self.history.len();
+        n >= 2
+            && self.history[n - 2..].iter().all(
+                |m| matches!(m, Message::Assistant { tool_calls, .. } if tool_calls.is_empty()),
+            )
+    }
+
+    /// What plan mode asks of the model now, for the running turn.
+    pub fn plan_guidance(&self) -> Option<String> {
+        let plan = self.turn_plan()?;
+        let mut guidance = plan.guidance();
+        let last_answered = matches!(
+            self.history.last(),
+            Some(Message::Assistant { tool_calls, .. }) if tool_calls.is_empty()
+        );
+        if plan.stage == Stage::Planning && last_answered {
+            guidance.push_str(
+                "\n\nYour last answer did not submit a plan. Call submit_plan with the steps \
+                 now; if the request truly needs no plan, give your answer again and it will be \
+                 final.",
+            );
+        }
+        Some(guidance)
+    }
+
     /// The plan of the running turn, when it runs in plan mode.
     pub fn turn_plan(&self) -> Option<&Plan> {
         self.turn.as_ref().and_then(|t| t.plan.as_ref())
@@ -1170,6 +1197,14 @@ impl SessionState {
                     self.govern(out, turn_id);
                     return;
                 }
+            }
+            // Asked for a plan, the model answered instead: it is asked
+            // once more; a second answer without a plan is final.
+            if self.turn_plan().is_some_and(|p| p.stage == Stage::Planning)
+                && !self.answered_twice_without_calls()
+            {
+                self.govern(out, turn_id);
+                return;
             }
             // Asked to repair the plan, the model answered instead: the
             // plan failed.

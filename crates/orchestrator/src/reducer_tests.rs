@@ -5071,3 +5071,32 @@ fn complete_step_errors_say_what_to_do_instead() {
         TurnOutcome::Completed as i32
     );
 }
+
+#[test]
+fn an_answer_instead_of_a_plan_is_asked_for_a_plan_once() {
+    let mut session = Session::new(5);
+    session.ok(plan_user("work"));
+    let effects = session.ok(model_done("1. look 2. fix", vec![]));
+    assert!(calls_model(&effects), "asked once more");
+    assert!(outcome_of(&effects).is_none());
+    let guidance = session.state.plan_guidance().unwrap();
+    assert!(guidance.contains("did not submit a plan"), "{guidance}");
+    // It plans now: the nudge is gone.
+    session.ok(model_done("", vec![submit_plan("p1", &["look"])]));
+    assert!(
+        !session
+            .state
+            .plan_guidance()
+            .unwrap()
+            .contains("did not submit")
+    );
+
+    // A model that answers twice has its answer taken.
+    let mut session = Session::new(5);
+    session.ok(plan_user("what is 2+2?"));
+    session.ok(model_done("4", vec![]));
+    let effects = session.ok(model_done("4", vec![]));
+    let finished = outcome_of(&effects).unwrap();
+    assert_eq!(finished.outcome, TurnOutcome::Completed as i32);
+    assert_eq!(finished.message, "4");
+}
