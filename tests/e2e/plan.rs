@@ -279,3 +279,50 @@ async fn a_pending_approval_pauses_the_plan_and_the_answer_resumes_it() {
         .unwrap();
     assert!(!written.is_error, "{}", written.output);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_text_only_model_plans_through_the_text_format() {
+    let cluster = Cluster::start_with(|c| {
+        c.llm.model = "fake-text-planner".into();
+        c.model_profiles = vec![agentry_runtime::config::ModelProfile {
+            pattern: "fake-text-*".into(),
+            native_tools: false,
+            ..agentry_runtime::config::ModelProfile::fallback()
+        }];
+    })
+    .await
+    .unwrap();
+    let model = &cluster.model;
+    model.push(Reply::text(
+        "My plan:\nTOOL:submit_plan {\"steps\": [\"list the workspace\"]}",
+    ));
+    model.push(Reply::text("TOOL:list_dir {\"path\": \".\"}"));
+    model.push(Reply::text(
+        "TOOL:complete_step {\"status\": \"completed\", \"summary\": \"empty\"}",
+    ));
+    model.push(Reply::text("The workspace is empty."));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send_plan(
+        &mut client,
+        &session.id,
+        "what is here?",
+        ApprovalMode::Always,
+    )
+    .await;
+    let received = until_finished(&mut events, &turn).await;
+    let done = finished(&received);
+    assert_eq!(done.outcome, TurnOutcome::Completed as i32, "{done:?}");
+    assert_eq!(done.message, "The workspace is empty.");
+    assert_eq!(
+        plan_trail(&received),
+        [
+            "plan r1: list the workspace",
+            "step 1 PLAN_STEP_STATUS_IN_PROGRESS",
+            "step 1 PLAN_STEP_STATUS_COMPLETED",
+        ]
+    );
+    // The plan tools were taught in the system prompt.
+    let first = system_text(&cluster.model.requests()[0]);
+    assert!(first.contains("- submit_plan:"), "{first}");
+}
