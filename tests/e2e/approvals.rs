@@ -21,21 +21,7 @@ async fn send_mode(
     text: &str,
     mode: ApprovalMode,
 ) -> String {
-    client
-        .submit(pb::SubmitRequest {
-            session_id: session_id.to_string(),
-            input: Some(pb::Input {
-                kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
-                    text: text.to_string(),
-                    approval_mode: mode as i32,
-                    plan: false,
-                })),
-            }),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .turn_id
+    send_with(client, session_id, text, mode, false).await
 }
 
 async fn decide(

@@ -22,21 +22,7 @@ async fn send_plan(
     text: &str,
     mode: ApprovalMode,
 ) -> String {
-    client
-        .submit(pb::SubmitRequest {
-            session_id: session_id.to_string(),
-            input: Some(pb::Input {
-                kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
-                    text: text.to_string(),
-                    approval_mode: mode as i32,
-                    plan: true,
-                })),
-            }),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .turn_id
+    send_with(client, session_id, text, mode, true).await
 }
 
 /// The plan events, as (kind, step index, status name or revision).

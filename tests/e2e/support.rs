@@ -37,6 +37,32 @@ pub async fn new_session(
     (session, events)
 }
 
+/// Submits a message with an approval mode, in plan mode or not; returns
+/// the turn id.
+pub async fn send_with(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+    text: &str,
+    mode: spb::ApprovalMode,
+    plan: bool,
+) -> String {
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
+                    text: text.to_string(),
+                    approval_mode: mode as i32,
+                    plan,
+                })),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .turn_id
+}
+
 /// Submits a message and returns the turn id.
 pub async fn send(
     client: &mut OrchestratorClient<Channel>,

@@ -17,7 +17,7 @@ use agentry_proto::tools::v1::tool_runner_server::{ToolRunner, ToolRunnerServer}
 use agentry_testkit::Cluster;
 use agentry_testkit::cluster::Service;
 use agentry_testkit::fake_model::{Reply, pause, text};
-use common::{Log, Orchestrator, message, submit};
+use common::{Log, Orchestrator, cluster_without_orchestrator, message, submit};
 use serde_json::json;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -27,16 +27,7 @@ use tonic::{Request, Response, Status};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_while_the_model_streams_the_turn_is_retried() {
-    let mut cluster = Cluster::start_only(
-        &[
-            Service::SessionStore,
-            Service::ToolRunner,
-            Service::Scheduler,
-        ],
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let mut cluster = cluster_without_orchestrator(|_| {}).await;
     let mut orchestrator = Orchestrator::new(&mut cluster);
     let mut client = orchestrator.start().await;
     cluster.model.push(Reply::stream(vec![
@@ -87,16 +78,7 @@ async fn killed_while_the_model_streams_the_turn_is_retried() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_while_an_approval_is_pending_it_is_offered_again() {
-    let mut cluster = Cluster::start_only(
-        &[
-            Service::SessionStore,
-            Service::ToolRunner,
-            Service::Scheduler,
-        ],
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let mut cluster = cluster_without_orchestrator(|_| {}).await;
     let mut orchestrator = Orchestrator::new(&mut cluster);
     let mut client = orchestrator.start().await;
     cluster.model.push(Reply::tool_call(
@@ -352,16 +334,7 @@ async fn killed_while_tools_run_read_only_calls_rerun_and_mutating_ones_report_u
 /// asks for step 2 again.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_mid_plan_the_plan_resumes_at_its_step() {
-    let mut cluster = Cluster::start_only(
-        &[
-            Service::SessionStore,
-            Service::ToolRunner,
-            Service::Scheduler,
-        ],
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let mut cluster = cluster_without_orchestrator(|_| {}).await;
     let mut orchestrator = Orchestrator::new(&mut cluster);
     let mut client = orchestrator.start().await;
     let model = &cluster.model;

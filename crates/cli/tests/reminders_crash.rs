@@ -12,7 +12,7 @@ use agentry_proto::scheduler::v1 as rpb;
 use agentry_proto::sessions::v1::event::Kind;
 use agentry_testkit::Cluster;
 use agentry_testkit::cluster::Service;
-use common::{Log, Orchestrator, SchedulerProcess};
+use common::{Log, Orchestrator, SchedulerProcess, cluster_without_orchestrator};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -72,16 +72,7 @@ async fn a_scheduler_killed_before_the_due_time_fires_late_after_restart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_orchestrator_killed_during_delivery_leaves_exactly_one_copy() {
-    let mut cluster = Cluster::start_only(
-        &[
-            Service::SessionStore,
-            Service::ToolRunner,
-            Service::Scheduler,
-        ],
-        |c| c.scheduler.redeliver_after_secs = 1,
-    )
-    .await
-    .unwrap();
+    let mut cluster = cluster_without_orchestrator(|c| c.scheduler.redeliver_after_secs = 1).await;
     let mut orchestrator = Orchestrator::new(&mut cluster);
     let mut client = orchestrator.start().await;
     let session = client

@@ -15,6 +15,23 @@ use tonic::transport::Channel;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agentry");
 
+/// Every service in process but the orchestrator, which the test runs as a
+/// child process (see [`Orchestrator`]).
+pub async fn cluster_without_orchestrator(
+    adjust: impl FnOnce(&mut agentry_runtime::Config),
+) -> Cluster {
+    Cluster::start_only(
+        &[
+            Service::SessionStore,
+            Service::ToolRunner,
+            Service::Scheduler,
+        ],
+        adjust,
+    )
+    .await
+    .unwrap()
+}
+
 /// The orchestrator as a child process.
 pub struct Orchestrator {
     child: Option<Child>,
