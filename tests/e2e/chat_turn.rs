@@ -88,12 +88,7 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
     // What the model was sent.
     let requests = cluster.model.requests();
     assert_eq!(requests.len(), 2);
-    let tools: Vec<&str> = requests[0]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap())
-        .collect();
+    let tools = offered_tools(&requests[0]);
     assert_eq!(
         tools,
         vec![

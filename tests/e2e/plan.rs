@@ -136,12 +136,7 @@ async fn a_plan_with_a_failing_step_is_repaired_and_completed() {
     // Each call got the instructions of its stage.
     let requests = cluster.model.requests();
     assert_eq!(requests.len(), 9);
-    let tools: Vec<&str> = requests[0]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap())
-        .collect();
+    let tools = offered_tools(&requests[0]);
     assert!(
         tools.contains(&"submit_plan") && tools.contains(&"complete_step"),
         "{tools:?}"

@@ -8,13 +8,31 @@ use tonic::transport::Channel;
 
 /// A user-message input.
 pub fn user(text: &str) -> pb::Input {
+    user_input(text, spb::ApprovalMode::Always, false)
+}
+
+/// A user-message input with an approval mode, in plan mode or not.
+pub fn user_input(text: &str, mode: spb::ApprovalMode, plan: bool) -> pb::Input {
     pb::Input {
         kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
             text: text.to_string(),
-            approval_mode: agentry_proto::sessions::v1::ApprovalMode::Always as i32,
-            plan: false,
+            approval_mode: mode as i32,
+            plan,
         })),
     }
+}
+
+/// The names of the tools a recorded model request offered.
+pub fn offered_tools(request: &serde_json::Value) -> Vec<&str> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Creates a session and subscribes to it from the start.
@@ -49,13 +67,7 @@ pub async fn send_with(
     client
         .submit(pb::SubmitRequest {
             session_id: session_id.to_string(),
-            input: Some(pb::Input {
-                kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
-                    text: text.to_string(),
-                    approval_mode: mode as i32,
-                    plan,
-                })),
-            }),
+            input: Some(user_input(text, mode, plan)),
         })
         .await
         .unwrap()
@@ -63,21 +75,13 @@ pub async fn send_with(
         .turn_id
 }
 
-/// Submits a message and returns the turn id.
+/// Submits a message (every call approved) and returns the turn id.
 pub async fn send(
     client: &mut OrchestratorClient<Channel>,
     session_id: &str,
     text: &str,
 ) -> String {
-    client
-        .submit(pb::SubmitRequest {
-            session_id: session_id.to_string(),
-            input: Some(user(text)),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .turn_id
+    send_with(client, session_id, text, spb::ApprovalMode::Always, false).await
 }
 
 /// Reads events until the turn `turn_id` finishes; returns every event read.

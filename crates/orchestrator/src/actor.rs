@@ -454,14 +454,9 @@ impl Actor {
         // The plan tools, except for the final answer.
         let plan_mode = self.state.turn_plan().is_some_and(|p| !p.is_finishing());
         extra.extend(self.state.plan_guidance());
-        let spans = if self.state.history_spans.len() == history.len() {
-            self.state.history_spans.clone()
-        } else {
-            Vec::new()
-        };
         let call = ModelCall {
             history,
-            spans,
+            spans: self.state.history_spans.clone(),
             extra,
             plan_mode,
         };
@@ -521,8 +516,8 @@ impl Actor {
 struct ModelCall {
     /// The conversation.
     history: Vec<Message>,
-    /// The seqs each message of `history` stands for (empty: unknown, and
-    /// the conversation is not compacted).
+    /// The seqs each message of `history` stands for (the conversation is
+    /// not compacted when they do not match it).
     spans: Vec<(u64, u64)>,
     /// System messages for this call only (skillset, plan-mode guidance).
     extra: Vec<String>,
@@ -540,9 +535,12 @@ async fn model_call(deps: Arc<Deps>, call: ModelCall, task: u64, tx: mpsc::Sende
         return;
     }
     let mut definitions = tools.definitions.clone();
-    if call.plan_mode {
-        definitions.extend(crate::plan::definitions());
-    }
+    let plan_tools = if call.plan_mode {
+        crate::plan::definitions()
+    } else {
+        Vec::new()
+    };
+    definitions.extend(plan_tools.iter().cloned());
     let native = deps.profile.native_tools;
     let mut system = deps.system_prompt.clone();
     if !native {
@@ -557,18 +555,14 @@ async fn model_call(deps: Arc<Deps>, call: ModelCall, task: u64, tx: mpsc::Sende
             .map(|content| Message::System { content }),
     );
     // Keep the request within the context window.
-    let mut overhead: usize = messages.iter().map(|m| deps.tokenizer.message(m)).sum();
-    if native {
-        overhead += definitions
-            .iter()
-            .map(|d| {
-                deps.tokenizer.count(&d.parameters.to_string())
-                    + deps.tokenizer.count(&d.description)
-                    + 8
-            })
-            .sum::<usize>();
-    }
-    let fitted = crate::compaction::fit(&deps, overhead, call.history, &call.spans).await;
+    let tool_tokens = if native {
+        tools.tokens(&deps.tokenizer) + deps.tokenizer.definitions(&plan_tools)
+    } else {
+        0
+    };
+    let fitted =
+        crate::compaction::fit(&deps, &messages, tool_tokens, call.history, &call.spans).await;
+    let overhead = fitted.overhead;
     let window = deps.compaction.context_window;
     if deps.compaction.enabled && fitted.tokens > window {
         let message = format!(

@@ -7,7 +7,7 @@
 //! the summary, and the `recall` tool reads the originals back.
 
 use crate::deps::Deps;
-use agentry_llm::{ChatRequest, Message, StreamEvent};
+use agentry_llm::{ChatRequest, Message, StreamEvent, ToolDefinition};
 use agentry_proto::sessions::v1 as pb;
 use futures::StreamExt;
 use std::fmt::Write as _;
@@ -115,25 +115,39 @@ impl Tokenizer {
 
     /// Tokens of one message as sent.
     pub fn message(&self, message: &Message) -> usize {
-        PER_MESSAGE
-            + match message {
-                Message::System { content } | Message::User { content } => self.count(content),
-                Message::Assistant {
-                    content,
-                    tool_calls,
-                } => {
-                    self.count(content)
-                        + tool_calls
-                            .iter()
-                            .map(|c| PER_MESSAGE + self.count(&c.name) + self.count(&c.arguments))
-                            .sum::<usize>()
-                }
-                Message::Tool {
-                    tool_call_id,
-                    content,
-                } => self.count(tool_call_id) + self.count(content),
-            }
+        measure(message, |text| self.count(text))
     }
+
+    /// Tokens of tool definitions as offered to the model.
+    pub fn definitions(&self, definitions: &[ToolDefinition]) -> usize {
+        definitions
+            .iter()
+            .map(|d| self.count(&d.parameters.to_string()) + self.count(&d.description) + 8)
+            .sum()
+    }
+}
+
+/// The cost of one message as sent: `cost` of each text it carries, plus
+/// the framing of the message and of each tool call.
+fn measure(message: &Message, cost: impl Fn(&str) -> usize) -> usize {
+    PER_MESSAGE
+        + match message {
+            Message::System { content } | Message::User { content } => cost(content),
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => {
+                cost(content)
+                    + tool_calls
+                        .iter()
+                        .map(|c| PER_MESSAGE + cost(&c.name) + cost(&c.arguments))
+                        .sum::<usize>()
+            }
+            Message::Tool {
+                tool_call_id,
+                content,
+            } => cost(tool_call_id) + cost(content),
+        }
 }
 
 /// A token estimate without a vocabulary: runs of letters cost one token
@@ -291,24 +305,30 @@ pub struct Fitted {
     pub truncated: usize,
     /// The tokens of the request (an upper bound when nothing was counted).
     pub tokens: usize,
+    /// The part of `tokens` that is not the conversation (an upper bound
+    /// when nothing was counted).
+    pub overhead: usize,
 }
 
 /// Makes `history` fit the budget: summarises (or drops) the oldest
 /// messages when the request would pass the threshold, then, as a last
-/// resort, shortens the longest messages of this request only. `overhead` is
-/// what the request costs besides the conversation (system messages, tool
-/// definitions); `spans` are the seqs each message stands for.
+/// resort, shortens the longest messages of this request only. Besides the
+/// conversation the request holds the `system` messages and tool
+/// definitions of `tool_tokens` tokens; `spans` are the seqs each message
+/// stands for.
 pub async fn fit(
     deps: &Deps,
-    overhead: usize,
+    system: &[Message],
+    tool_tokens: usize,
     history: Vec<Message>,
     spans: &[(u64, u64)],
 ) -> Fitted {
     let settings = &deps.compaction;
     let tokenizer = deps.tokenizer;
     let budget = settings.budget();
-    // A token is at least one byte (for the estimate too): a conversation
-    // whose bytes fit needs no counting.
+    // A token is at least one byte (for the estimate too): a request whose
+    // bytes fit needs no counting.
+    let overhead = tool_tokens + upper_bound(system);
     let bound = overhead + upper_bound(&history);
     if !settings.enabled || bound <= budget {
         return Fitted {
@@ -316,8 +336,10 @@ pub async fn fit(
             event: None,
             truncated: 0,
             tokens: bound,
+            overhead,
         };
     }
+    let overhead = tool_tokens + system.iter().map(|m| tokenizer.message(m)).sum::<usize>();
     let counts: Vec<usize> = history.iter().map(|m| tokenizer.message(m)).collect();
     let total = overhead + counts.iter().sum::<usize>();
     if total <= budget {
@@ -326,6 +348,7 @@ pub async fn fit(
             event: None,
             truncated: 0,
             tokens: total,
+            overhead,
         };
     }
     // Room for the summary itself.
@@ -347,6 +370,7 @@ pub async fn fit(
             event: None,
             truncated,
             tokens: overhead + tokens,
+            overhead,
         };
     };
     // Tool results sit in call order, not in the order they were recorded:
@@ -406,34 +430,13 @@ pub async fn fit(
         event: Some(event),
         truncated,
         tokens: overhead + tokens,
+        overhead,
     }
 }
 
 /// At least as many tokens as the messages take, whatever the tokenizer.
-fn upper_bound(history: &[Message]) -> usize {
-    history
-        .iter()
-        .map(|m| {
-            PER_MESSAGE
-                + match m {
-                    Message::System { content } | Message::User { content } => content.len(),
-                    Message::Assistant {
-                        content,
-                        tool_calls,
-                    } => {
-                        content.len()
-                            + tool_calls
-                                .iter()
-                                .map(|c| PER_MESSAGE + c.name.len() + c.arguments.len())
-                                .sum::<usize>()
-                    }
-                    Message::Tool {
-                        tool_call_id,
-                        content,
-                    } => tool_call_id.len() + content.len(),
-                }
-        })
-        .sum()
+fn upper_bound(messages: &[Message]) -> usize {
+    messages.iter().map(|m| measure(m, str::len)).sum()
 }
 
 const SUMMARY_INSTRUCTIONS: &str = "You condense conversations between a person and an AI \

@@ -59,9 +59,18 @@ pub struct ToolSet {
     pub definitions: Vec<ToolDefinition>,
     /// Their flags, by name.
     pub flags: BTreeMap<String, ToolFlags>,
+    /// The tokens the definitions take, counted once.
+    tokens: std::sync::OnceLock<usize>,
 }
 
 impl ToolSet {
+    /// The tokens the definitions take in a request.
+    pub fn tokens(&self, tokenizer: &crate::compaction::Tokenizer) -> usize {
+        *self
+            .tokens
+            .get_or_init(|| tokenizer.definitions(&self.definitions))
+    }
+
     fn add_builtins(&mut self) {
         for (definition, flags) in crate::builtin::definitions() {
             self.flags.insert(definition.name.clone(), flags);

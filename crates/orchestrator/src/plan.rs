@@ -276,7 +276,8 @@ struct CompleteArgs {
     summary: String,
 }
 
-fn clip(text: &str, max: usize) -> String {
+/// `text` trimmed and cut to `max` characters (marked with `…`).
+pub(crate) fn clip(text: &str, max: usize) -> String {
     let text = text.trim();
     match text.char_indices().nth(max) {
         Some((at, _)) => format!("{}…", &text[..at]),

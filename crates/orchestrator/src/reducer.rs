@@ -449,21 +449,14 @@ impl SessionState {
     /// The last two messages are answers without tool calls.
     fn answered_twice_without_calls(&self) -> bool {
         let n = self.history.len();
-        n >= 2
-            && self.history[n - 2..].iter().all(
-                |m| matches!(m, Message::Assistant { tool_calls, .. } if tool_calls.is_empty()),
-            )
+        n >= 2 && self.history[n - 2..].iter().all(is_plain_answer)
     }
 
     /// What plan mode asks of the model now, for the running turn.
     pub fn plan_guidance(&self) -> Option<String> {
         let plan = self.turn_plan()?;
         let mut guidance = plan.guidance();
-        let last_answered = matches!(
-            self.history.last(),
-            Some(Message::Assistant { tool_calls, .. }) if tool_calls.is_empty()
-        );
-        if plan.stage == Stage::Planning && last_answered {
+        if plan.stage == Stage::Planning && self.history.last().is_some_and(is_plain_answer) {
             guidance.push_str(
                 "\n\nYour last answer did not submit a plan. Call submit_plan with the steps \
                  now; if the request truly needs no plan, give your answer again and it will be \
@@ -476,6 +469,13 @@ impl SessionState {
     /// The plan of the running turn, when it runs in plan mode.
     pub fn turn_plan(&self) -> Option<&Plan> {
         self.turn.as_ref().and_then(|t| t.plan.as_ref())
+    }
+
+    /// The running turn's plan and model-call count.
+    fn plan_mut(&mut self) -> Option<(&mut Plan, u32)> {
+        let turn = self.turn.as_mut()?;
+        let steps = turn.steps;
+        turn.plan.as_mut().map(|plan| (plan, steps))
     }
 
     /// The same state allowing `steps` plan steps per plan-mode turn.
@@ -667,19 +667,13 @@ impl SessionState {
                 self.history_spans.insert(0, (c.first_seq, c.last_seq));
             }
             Kind::PlanSubmitted(p) => {
-                if let Some(turn) = self.turn.as_mut() {
-                    let steps = turn.steps;
-                    if let Some(plan) = turn.plan.as_mut() {
-                        plan.submitted(p, steps);
-                    }
+                if let Some((plan, steps)) = self.plan_mut() {
+                    plan.submitted(p, steps);
                 }
             }
             Kind::PlanStepUpdated(u) => {
-                if let Some(turn) = self.turn.as_mut() {
-                    let steps = turn.steps;
-                    if let Some(plan) = turn.plan.as_mut() {
-                        plan.step_updated(u, steps);
-                    }
+                if let Some((plan, steps)) = self.plan_mut() {
+                    plan.step_updated(u, steps);
                 }
             }
             Kind::ModelTextDelta(_)
@@ -1265,16 +1259,14 @@ impl SessionState {
         self.dispatch(out, turn_id);
     }
 
+    /// A plan step's new status; starting a step counts towards the rail.
     fn step_update(&self, index: usize, status: PlanStepStatus, summary: &str) -> Kind {
-        let started = self.turn_plan().map(|p| p.started).unwrap_or_default();
-        let summary = match summary.trim().char_indices().nth(500) {
-            Some((at, _)) => format!("{}…", &summary.trim()[..at]),
-            None => summary.trim().to_string(),
-        };
+        let started = self.turn_plan().map(|p| p.started).unwrap_or_default()
+            + u32::from(status == PlanStepStatus::InProgress);
         Kind::PlanStepUpdated(pb::PlanStepUpdated {
             index: index as u32,
             status: status as i32,
-            summary,
+            summary: crate::plan::clip(summary, 500),
             started,
         })
     }
@@ -1426,10 +1418,7 @@ impl SessionState {
                 self.emit(out, turn_id, finished);
                 return;
             }
-            let mut update = self.step_update(next, PlanStepStatus::InProgress, "");
-            if let Kind::PlanStepUpdated(u) = &mut update {
-                u.started = plan.started + 1;
-            }
+            let update = self.step_update(next, PlanStepStatus::InProgress, "");
             self.emit(out, turn_id, update);
         }
         out.after.push(Effect::CallModel {
@@ -1651,6 +1640,11 @@ pub fn compose_reminder(r: &pb::ReminderDue) -> String {
         "[Reminder] A reminder you scheduled is due now{late}: {}\nDo what it asks.",
         r.message
     )
+}
+
+/// An answer of the model without tool calls.
+fn is_plain_answer(message: &Message) -> bool {
+    matches!(message, Message::Assistant { tool_calls, .. } if tool_calls.is_empty())
 }
 
 fn call_tool(state: &SessionState, call_id: &str) -> String {
