@@ -85,6 +85,18 @@ async fn a_second_message_during_a_turn_is_refused() {
     assert_eq!(err.code(), tonic::Code::NotFound, "{}", err.message());
 }
 
+/// The pid of a live process whose command line is exactly `cmdline`.
+fn process_with_cmdline(cmdline: &str) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == cmdline.as_bytes())
+                && process_alive(*pid)
+        })
+}
+
 fn process_alive(pid: u32) -> bool {
     // A killed process that nobody has reaped yet is a zombie: dead.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -101,7 +113,7 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
     cluster.model.push(Reply::tool_call(
         "long",
         "bash",
-        json!({"command": "sleep 100 & echo $! > bg.pid; echo started; wait"}),
+        json!({"command": "sleep 4731 & echo started; wait"}),
     ));
     cluster.model.push(Reply::text("next answer"));
     let mut client = cluster.orchestrator().await.unwrap();
@@ -121,12 +133,9 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
     })
     .await
     .unwrap();
-    let pid_file = cluster.workspace_root().join(&session.id).join("bg.pid");
-    let pid: u32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    // The command runs in its own pid namespace: find its background child
+    // as this machine numbers it.
+    let pid = process_with_cmdline("sleep\u{0}4731\u{0}").expect("the background sleep runs");
     assert!(process_alive(pid));
 
     let started = Instant::now();

@@ -14,13 +14,21 @@ pub async fn check(urls: &[String], timeout: Duration, quiet: bool) -> anyhow::R
     let mut healthy = true;
     for url in urls {
         let verdict = match tokio::time::timeout(timeout, check_one(url)).await {
-            Ok(Ok(ServingStatus::Serving)) => Ok(()),
-            Ok(Ok(status)) => Err(format!("reports {}", status.as_str_name())),
+            Ok(Ok((ServingStatus::Serving, channel))) => {
+                if !quiet {
+                    print_line(format!("{url}: SERVING"))?;
+                    // A tool runner also says how it confines commands.
+                    for line in sandbox_lines(channel, timeout).await {
+                        print_line(format!("  sandbox {line}"))?;
+                    }
+                }
+                Ok(())
+            }
+            Ok(Ok((status, _))) => Err(format!("reports {}", status.as_str_name())),
             Ok(Err(e)) => Err(format!("{e:#}")),
             Err(_) => Err(format!("no answer within {} s", timeout.as_secs_f32())),
         };
         match verdict {
-            Ok(()) if !quiet => print_line(format!("{url}: SERVING"))?,
             Ok(()) => {}
             Err(why) => {
                 healthy = false;
@@ -35,18 +43,30 @@ pub async fn check(urls: &[String], timeout: Duration, quiet: bool) -> anyhow::R
     })
 }
 
-async fn check_one(url: &str) -> anyhow::Result<ServingStatus> {
+/// The sandbox report of a tool runner; nothing for other services.
+async fn sandbox_lines(channel: tonic::transport::Channel, timeout: Duration) -> Vec<String> {
+    use agentry_proto::tools::v1::{ListToolsRequest, tool_runner_client::ToolRunnerClient};
+    let mut client = ToolRunnerClient::new(channel);
+    match tokio::time::timeout(timeout, client.list_tools(ListToolsRequest {})).await {
+        Ok(Ok(response)) => response.into_inner().sandbox,
+        _ => Vec::new(),
+    }
+}
+
+async fn check_one(url: &str) -> anyhow::Result<(ServingStatus, tonic::transport::Channel)> {
     let channel = tonic::transport::Endpoint::from_shared(url.to_string())
         .map_err(|e| anyhow::anyhow!("not a valid URL: {e}"))?
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect ({})", innermost_cause(&e)))?;
-    let response = HealthClient::new(channel)
+    let response = HealthClient::new(channel.clone())
         .check(HealthCheckRequest {
             service: String::new(),
         })
         .await
         .map_err(|s| anyhow::anyhow!("health check failed: {} ({:?})", s.message(), s.code()))?;
-    Ok(ServingStatus::try_from(response.into_inner().status).unwrap_or(ServingStatus::Unknown))
+    let status =
+        ServingStatus::try_from(response.into_inner().status).unwrap_or(ServingStatus::Unknown);
+    Ok((status, channel))
 }

@@ -186,10 +186,31 @@ fn load_config(cli: &Cli) -> anyhow::Result<agentry_runtime::Config> {
     Ok(config)
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // Started by a tool runner as its sandbox helper: confine one command.
+    // This must happen before any thread exists (the helper unshares
+    // namespaces), so before the async runtime starts.
+    if std::env::args_os()
+        .next()
+        .is_some_and(|argv0| agentry_sandbox::started_as_helper(&argv0))
+    {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let code = agentry_sandbox::helper::run_main(&args);
+        return ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
+    }
+    agentry_sandbox::running_program_embeds_helper();
     let cli = Cli::parse();
-    match dispatch(cli).await {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("agentry: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e)
             if e.downcast_ref::<std::io::Error>()

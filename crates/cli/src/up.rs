@@ -37,7 +37,7 @@ async fn start(
             let root = config.workspace_root();
             let limits = agentry_tool_runner::Limits::from_config(config);
             let id = agentry_tool_runner::default_runner_id();
-            let sandbox = agentry_tool_runner::sandbox::Sandbox::from_config(&config.tool_runner)
+            let sandbox = agentry_tool_runner::sandbox::Sandbox::from_config(config)
                 .map_err(|e| anyhow::anyhow!(e))?;
             let web = config.tool_runner.web.clone();
             let metrics = match config.tool_runner.metrics_listen.trim() {

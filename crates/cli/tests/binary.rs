@@ -330,8 +330,34 @@ async fn health_reports_serving_services_and_unreachable_ones() {
     let out = install.run(&args);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
-    assert_eq!(stdout.lines().count(), 4, "{stdout}");
-    assert!(stdout.lines().all(|l| l.ends_with(": SERVING")), "{stdout}");
+    let services: Vec<&str> = stdout.lines().filter(|l| !l.starts_with("  ")).collect();
+    assert_eq!(services.len(), 4, "{stdout}");
+    assert!(
+        services.iter().all(|l| l.ends_with(": SERVING")),
+        "{stdout}"
+    );
+    // The tool runner says how it confines commands, layer by layer.
+    let sandbox: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("  sandbox "))
+        .collect();
+    for layer in ["namespaces: ", "landlock: ", "seccomp: ", "identity: "] {
+        assert!(
+            sandbox.iter().any(|l| l.starts_with(layer)),
+            "{layer} missing from {stdout}"
+        );
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        // This machine's kernel has Landlock and seccomp.
+        assert!(
+            sandbox.iter().any(|l| l.starts_with("landlock: on")),
+            "{stdout}"
+        );
+        assert!(
+            sandbox.iter().any(|l| l.starts_with("seccomp: on")),
+            "{stdout}"
+        );
+    }
 
     // No URL: the configured orchestrator; --quiet prints nothing.
     let out = install.run(&["health", "--quiet"]);

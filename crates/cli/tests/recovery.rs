@@ -170,6 +170,7 @@ impl ToolRunner for HangingRunner {
         Ok(Response::new(tpb::ListToolsResponse {
             tools: vec![tool("slow_read", true), tool("slow_write", false)],
             runner_id: "hanging-runner".into(),
+            sandbox: Vec::new(),
         }))
     }
 

@@ -326,15 +326,20 @@ pub struct ToolRunnerConfig {
     pub max_output_bytes: usize,
     /// Largest file `read_file` returns, in bytes.
     pub max_read_bytes: u64,
-    /// Environment variables passed to commands even though they look like
-    /// secrets (`AGENTRY_*`, `*_API_KEY`, `*_TOKEN`, `*_SECRET` are removed
-    /// otherwise).
+    /// Variables of the runner's environment that commands also get. The
+    /// environment of a command is built from an allowlist (PATH, HOME set
+    /// to the workspace, TMPDIR, LANG, TERM…), never inherited; name here
+    /// any other variable a command needs (it reaches every session).
     #[serde(default)]
     pub env_passthrough: Vec<String>,
-    /// When the runner runs as root, commands run as this user (empty: as
-    /// root, with a warning at start-up).
-    #[serde(default)]
+    /// When the runner runs as root, commands run as: "session" (a uid of
+    /// their own per session, from `sandbox.session_uid_base`), or the name
+    /// of a user. Never as root.
+    #[serde(default = "session")]
     pub run_as_user: String,
+    /// The OS sandbox of every process a tool starts.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
     /// Where to serve `GET /metrics` (Prometheus text); empty: not served.
     #[serde(default)]
     pub metrics_listen: String,
@@ -342,6 +347,52 @@ pub struct ToolRunnerConfig {
     pub limits: ResourceLimits,
     /// The web tools.
     pub web: WebConfig,
+}
+
+/// Where a service run as root keeps its data unless told otherwise.
+const ROOT_DATA_DIR: &str = "/var/lib/agentry";
+
+fn running_as_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+fn session() -> String {
+    "session".to_string()
+}
+
+/// The OS sandbox of tool processes.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// "auto": every layer this machine supports, the missing ones reported
+    /// at start-up; "require": refuse to start unless namespaces, Landlock
+    /// and seccomp all work; "off": commands run without an OS sandbox
+    /// (only the identity, environment and limits apply).
+    pub mode: String,
+    /// The `agentry-sandbox` helper; empty: next to the agentry program or
+    /// on PATH.
+    pub helper: String,
+    /// With `run_as_user = "session"`: session uids are
+    /// `session_uid_base + hash(session id) % session_uid_count`.
+    pub session_uid_base: u32,
+    /// How many uids sessions are spread over.
+    pub session_uid_count: u32,
+    /// More directories commands may read (e.g. a toolchain under /srv).
+    pub read_only: Vec<String>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            mode: "auto".into(),
+            helper: String::new(),
+            session_uid_base: 2_000_000,
+            session_uid_count: 1_000_000,
+            read_only: Vec::new(),
+        }
+    }
 }
 
 /// Resource limits (setrlimit) of each command; 0 means unlimited.
@@ -356,6 +407,9 @@ pub struct ResourceLimits {
     pub processes: u64,
     /// Largest file written, in MiB.
     pub file_size_mib: u64,
+    /// Open files per process.
+    #[serde(default)]
+    pub open_files: u64,
 }
 
 /// The web tools (`web_fetch`, `web_crawl`).
@@ -518,6 +572,11 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_TOOL_RUNNER_URL", &["tool_runner", "url"]),
     ("AGENTRY_TOOL_RUNNER_LISTEN", &["tool_runner", "listen"]),
     ("AGENTRY_WORKSPACE_ROOT", &["tool_runner", "workspace_root"]),
+    ("AGENTRY_SANDBOX", &["tool_runner", "sandbox", "mode"]),
+    (
+        "AGENTRY_SANDBOX_HELPER",
+        &["tool_runner", "sandbox", "helper"],
+    ),
     (
         "AGENTRY_TOOL_RUNNER_METRICS_LISTEN",
         &["tool_runner", "metrics_listen"],
@@ -624,6 +683,32 @@ impl Config {
         if self.llm.model.trim().is_empty() {
             return Err(invalid("llm.model", "must not be empty"));
         }
+        if !matches!(
+            self.tool_runner.sandbox.mode.as_str(),
+            "auto" | "require" | "off"
+        ) {
+            return Err(invalid(
+                "tool_runner.sandbox.mode",
+                &format!(
+                    "{:?} is not one of \"auto\", \"require\", \"off\"",
+                    self.tool_runner.sandbox.mode
+                ),
+            ));
+        }
+        if self.tool_runner.sandbox.session_uid_count == 0
+            || self.tool_runner.sandbox.session_uid_base < 1000
+            || self
+                .tool_runner
+                .sandbox
+                .session_uid_base
+                .checked_add(self.tool_runner.sandbox.session_uid_count)
+                .is_none_or(|end| end >= u32::MAX - 1)
+        {
+            return Err(invalid(
+                "tool_runner.sandbox.session_uid_base",
+                "session uids must be a non-empty range above 999 and below 4294967294",
+            ));
+        }
         if self.agent.max_steps == 0 {
             return Err(invalid("agent.max_steps", "must be at least 1"));
         }
@@ -699,6 +784,11 @@ impl Config {
         }
         if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
             return PathBuf::from(xdg).join("agentry");
+        }
+        // Root's home is closed to the users sandboxed commands run as, so
+        // a service run as root keeps its data where services do.
+        if running_as_root() {
+            return PathBuf::from(ROOT_DATA_DIR);
         }
         match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
             Some(home) => PathBuf::from(home).join(".local/share/agentry"),

@@ -3,6 +3,7 @@
 //! shutdown.
 
 pub mod config;
+pub mod datadir;
 pub mod metrics;
 pub mod serve;
 pub mod telemetry;

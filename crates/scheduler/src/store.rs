@@ -237,8 +237,9 @@ impl Store {
     /// Opens (creating if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            let _ = std::fs::create_dir_all(parent);
+            let _ = agentry_runtime::datadir::prepare_dir(parent);
         }
+        let _ = agentry_runtime::datadir::prepare_file(path);
         let conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;

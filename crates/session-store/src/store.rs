@@ -254,13 +254,16 @@ impl Store {
     /// Opens (creating if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
+            agentry_runtime::datadir::prepare_dir(parent).map_err(|e| {
                 StoreError::InvalidArgument(format!(
                     "cannot create data directory {}: {e}",
                     parent.display()
                 ))
             })?;
         }
+        agentry_runtime::datadir::prepare_file(path).map_err(|e| {
+            StoreError::InvalidArgument(format!("cannot create {}: {e}", path.display()))
+        })?;
         let writer = Connection::open(path)?;
         writer.busy_timeout(std::time::Duration::from_secs(5))?;
         writer.pragma_update(None, "journal_mode", "WAL")?;

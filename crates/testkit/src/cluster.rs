@@ -73,6 +73,12 @@ impl Cluster {
     ) -> anyhow::Result<Cluster> {
         let model = FakeModel::start().await?;
         let dir = tempfile::tempdir()?;
+        // Sandboxed commands run as other users when the tests run as root:
+        // they must be able to pass through to their workspaces.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
         let mut config = Config::load(&ConfigSource::default())?;
         config.data_dir = dir.path().join("data").display().to_string();
         config.tool_runner.workspace_root = dir.path().join("workspaces").display().to_string();
@@ -152,9 +158,8 @@ impl Cluster {
             }),
             Service::ToolRunner => tokio::spawn(async move {
                 let limits = agentry_tool_runner::Limits::from_config(&config);
-                let sandbox =
-                    agentry_tool_runner::sandbox::Sandbox::from_config(&config.tool_runner)
-                        .map_err(|e| anyhow::anyhow!(e))?;
+                let sandbox = agentry_tool_runner::sandbox::Sandbox::from_config(&config)
+                    .map_err(|e| anyhow::anyhow!(e))?;
                 agentry_tool_runner::run(
                     config.workspace_root(),
                     limits,

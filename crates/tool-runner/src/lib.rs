@@ -126,19 +126,32 @@ pub async fn run(
     metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentry_runtime::ServeError> {
-    std::fs::create_dir_all(&workspace_root).map_err(|e| agentry_runtime::ServeError::Bind {
+    let refuse = |reason: String| agentry_runtime::ServeError::Bind {
         addr: listener
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default(),
-        reason: format!(
-            "cannot create the workspace root {}: {e}",
-            workspace_root.display()
-        ),
-    })?;
+        reason,
+    };
+    for dir in [
+        workspace_root.clone(),
+        workspace_root.join(workspace::TEMP_DIRS),
+    ] {
+        agentry_runtime::datadir::prepare_dir(&dir).map_err(|e| {
+            refuse(format!(
+                "cannot create the workspace root {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
+    sandbox.check_reachable(&workspace_root).map_err(refuse)?;
     tracing::info!(runner_id, workspace_root = %workspace_root.display(), "tool runner ready");
-    if let Some(user) = &sandbox.run_as {
-        tracing::info!(user = %user.name, uid = user.uid, "commands run as an unprivileged user");
+    for line in sandbox.describe() {
+        if line.contains("OFF") {
+            tracing::warn!("sandbox {line}");
+        } else {
+            tracing::info!("sandbox {line}");
+        }
     }
     let chromium: Option<std::sync::Arc<dyn web::Backend>> = web.chromium.then(|| {
         std::sync::Arc::new(web::chromium::Chromium::new(

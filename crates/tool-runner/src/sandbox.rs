@@ -1,113 +1,331 @@
-//! How commands are confined beyond the workspace: a scrubbed environment,
-//! resource limits (setrlimit, through the shell's `ulimit`) and, when the
-//! runner runs as root, an unprivileged user.
+//! How the runner confines the processes tools start: which OS layers the
+//! `agentry-sandbox` helper applies (found once at start-up), the identity
+//! commands run as, their environment, limits and the paths they may see.
+//!
+//! Invariants:
+//! - commands never run as root, and never inherit the runner's
+//!   environment: [`Sandbox::environment`] is an allowlist;
+//! - with the OS sandbox on, every call goes through the helper with the
+//!   same layers the start-up probe found; a layer that fails later makes
+//!   the call fail, never run with less.
 
-use agentry_runtime::config::ToolRunnerConfig;
-use std::path::Path;
+use agentry_runtime::Config;
+use agentry_sandbox::{Ids, Layers, Report, Spec};
+use std::path::{Path, PathBuf};
 
-/// An unprivileged user commands run as.
+/// Who commands run as.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunAs {
-    /// The user's name.
-    pub name: String,
-    /// Its uid.
-    pub uid: u32,
-    /// Its primary gid.
-    pub gid: u32,
-}
-
-/// Resource limits of one command; 0 = unlimited.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Rlimits {
-    /// CPU seconds (RLIMIT_CPU).
-    pub cpu_secs: u64,
-    /// Address space in MiB (RLIMIT_AS).
-    pub address_space_mib: u64,
-    /// Processes of the user (RLIMIT_NPROC).
-    pub processes: u64,
-    /// Largest file written, in MiB (RLIMIT_FSIZE).
-    pub file_size_mib: u64,
+pub enum Identity {
+    /// The runner's own uid (a runner that is not root cannot switch). The
+    /// sandbox's Landlock scoping keeps commands from signalling or tracing
+    /// the runner.
+    Runner,
+    /// One named user for every session.
+    User {
+        /// The user's name.
+        name: String,
+        /// Its ids.
+        ids: Ids,
+    },
+    /// A uid per session: `base + hash(session) % count`, gid the same.
+    PerSession {
+        /// The first uid.
+        base: u32,
+        /// How many uids.
+        count: u32,
+    },
 }
 
 /// The confinement of commands.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Sandbox {
-    /// Secret-looking variables passed through anyway.
-    pub env_passthrough: Vec<String>,
+    /// The helper; `None` when the OS sandbox is off.
+    pub helper: Option<PathBuf>,
+    /// The layers every call gets.
+    pub layers: Layers,
+    /// What the start-up probe found (None when off).
+    pub report: Option<Report>,
+    /// Who commands run as.
+    pub identity: Identity,
     /// Resource limits.
-    pub rlimits: Rlimits,
-    /// The user commands run as, when the runner is root.
-    pub run_as: Option<RunAs>,
+    pub limits: agentry_sandbox::Limits,
+    /// The environment every command starts from.
+    pub base_env: Vec<(String, String)>,
+    /// Directories commands may read.
+    pub read_only: Vec<PathBuf>,
+    /// Paths commands may never read (data dir, config dir, workspaces).
+    pub hidden: Vec<PathBuf>,
 }
 
-/// Environment variables that never reach a command unless passed through.
-pub fn is_secret_var(name: &str) -> bool {
-    name.starts_with("AGENTRY_")
-        || name.ends_with("_API_KEY")
-        || name.ends_with("_TOKEN")
-        || name.ends_with("_SECRET")
+/// Why the sandbox cannot be set up; the runner does not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxSetupError {
+    /// The helper is missing or broken.
+    #[error(transparent)]
+    Helper(#[from] agentry_sandbox::SandboxError),
+    /// The configuration cannot be honoured.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Variables copied from the runner's environment when set.
+const INHERITED: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TZ"];
+
+/// FNV-1a, for a stable session → uid mapping across runners and restarts.
+fn fnv1a(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5_u32, |hash, b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 impl Sandbox {
-    /// The sandbox the configuration asks for. Fails when the configured
-    /// user does not exist (only checked when running as root).
-    pub fn from_config(cfg: &ToolRunnerConfig) -> Result<Sandbox, String> {
-        let run_as = if nix::unistd::geteuid().is_root() && !cfg.run_as_user.is_empty() {
-            let user = nix::unistd::User::from_name(&cfg.run_as_user)
-                .map_err(|e| format!("cannot look up user {:?}: {e}", cfg.run_as_user))?
-                .ok_or_else(|| {
-                    format!(
-                        "tool_runner.run_as_user: no user named {:?} on this system",
-                        cfg.run_as_user
-                    )
-                })?;
-            Some(RunAs {
-                name: user.name,
-                uid: user.uid.as_raw(),
-                gid: user.gid.as_raw(),
-            })
+    /// No OS sandbox, commands as the runner with an allowlisted
+    /// environment: for tests of other parts.
+    pub fn unconfined() -> Sandbox {
+        Sandbox {
+            helper: None,
+            layers: Layers::default(),
+            report: None,
+            identity: Identity::Runner,
+            limits: agentry_sandbox::Limits::default(),
+            base_env: base_env(&[]),
+            read_only: agentry_sandbox::system_read_only(),
+            hidden: Vec::new(),
+        }
+    }
+
+    /// The sandbox the configuration asks for, probing the machine.
+    pub fn from_config(config: &Config) -> Result<Sandbox, SandboxSetupError> {
+        let t = &config.tool_runner;
+        let root = nix::unistd::geteuid().is_root();
+        let identity = if !root {
+            Identity::Runner
         } else {
-            if nix::unistd::geteuid().is_root() {
-                tracing::warn!(
-                    "the tool runner runs as root and tool_runner.run_as_user is empty: commands run as root"
-                );
+            match t.run_as_user.trim() {
+                "" | "root" => {
+                    return Err(SandboxSetupError::Config(
+                        "tool_runner.run_as_user: commands never run as root; use \"session\" \
+                         (a uid per session) or the name of an unprivileged user"
+                            .into(),
+                    ));
+                }
+                "session" => Identity::PerSession {
+                    base: t.sandbox.session_uid_base,
+                    count: t.sandbox.session_uid_count,
+                },
+                name => {
+                    let user = nix::unistd::User::from_name(name)
+                        .map_err(|e| {
+                            SandboxSetupError::Config(format!("cannot look up user {name:?}: {e}"))
+                        })?
+                        .ok_or_else(|| {
+                            SandboxSetupError::Config(format!(
+                                "tool_runner.run_as_user: no user named {name:?} on this system"
+                            ))
+                        })?;
+                    if user.uid.is_root() {
+                        return Err(SandboxSetupError::Config(format!(
+                            "tool_runner.run_as_user: {name:?} is root; commands never run as root"
+                        )));
+                    }
+                    Identity::User {
+                        name: user.name,
+                        ids: Ids {
+                            uid: user.uid.as_raw(),
+                            gid: user.gid.as_raw(),
+                        },
+                    }
+                }
             }
-            None
         };
-        Ok(Sandbox {
-            env_passthrough: cfg.env_passthrough.clone(),
-            rlimits: Rlimits {
-                cpu_secs: cfg.limits.cpu_secs,
-                address_space_mib: cfg.limits.address_space_mib,
-                processes: cfg.limits.processes,
-                file_size_mib: cfg.limits.file_size_mib,
+        let workspace_root = config.workspace_root();
+        let mut hidden = vec![config.data_dir(), workspace_root.clone()];
+        hidden.extend(config.config_dir.iter().cloned());
+        let hidden = hidden
+            .into_iter()
+            .map(|p| p.canonicalize().unwrap_or(p))
+            .collect();
+        let mut read_only = agentry_sandbox::system_read_only();
+        read_only.extend(t.sandbox.read_only.iter().map(PathBuf::from));
+        let l = &t.limits;
+        let mut sandbox = Sandbox {
+            helper: None,
+            layers: Layers::default(),
+            report: None,
+            identity,
+            limits: agentry_sandbox::Limits {
+                cpu_secs: l.cpu_secs,
+                address_space_mib: l.address_space_mib,
+                processes: l.processes,
+                file_size_mib: l.file_size_mib,
+                open_files: l.open_files,
             },
-            run_as,
-        })
+            base_env: base_env(&t.env_passthrough),
+            read_only,
+            hidden,
+        };
+        if t.sandbox.mode == "off" {
+            tracing::warn!(
+                "tool_runner.sandbox.mode is \"off\": commands run without namespaces, Landlock \
+                 or seccomp; only their identity, environment and limits are confined"
+            );
+            return Ok(sandbox);
+        }
+        let configured = (!t.sandbox.helper.is_empty()).then(|| Path::new(&t.sandbox.helper));
+        let helper = agentry_sandbox::find_helper(configured)?;
+        let scratch = workspace_root.join(".tmp").join(".probe");
+        std::fs::create_dir_all(&scratch).map_err(|e| {
+            SandboxSetupError::Config(format!("cannot create {}: {e}", scratch.display()))
+        })?;
+        let probe_ids = sandbox.ids_for("probe");
+        if let Some(ids) = probe_ids {
+            chown(&scratch, ids).map_err(|e| {
+                SandboxSetupError::Config(format!("cannot hand {} over: {e}", scratch.display()))
+            })?;
+        }
+        let report = agentry_sandbox::probe(&helper, &scratch, probe_ids)?;
+        let layers = report.available();
+        if t.sandbox.mode == "require" && layers != Layers::ALL {
+            return Err(SandboxSetupError::Config(format!(
+                "tool_runner.sandbox.mode is \"require\" but not every layer works here: {}",
+                report.lines().join("; ")
+            )));
+        }
+        sandbox.helper = Some(helper);
+        sandbox.layers = layers;
+        sandbox.report = Some(report);
+        Ok(sandbox)
     }
 
-    /// Whether a variable of the runner's environment reaches commands.
-    pub fn passes(&self, name: &str) -> bool {
-        !is_secret_var(name) || self.env_passthrough.iter().any(|p| p == name)
+    /// Checks that commands, when they run as another user, can reach the
+    /// workspace root by its path (HOME and PWD are absolute): every
+    /// directory above it must let others pass (mode o+x).
+    pub fn check_reachable(&self, workspace_root: &Path) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
+        if self.ids_for("check").is_none() {
+            return Ok(());
+        }
+        let root = workspace_root
+            .canonicalize()
+            .unwrap_or_else(|_| workspace_root.to_path_buf());
+        for dir in root.ancestors() {
+            let mode = std::fs::metadata(dir)
+                .map(|m| m.permissions().mode())
+                .map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
+            if mode & 0o001 == 0 {
+                return Err(format!(
+                    "commands run as unprivileged users but cannot reach the workspace root {}: \
+                     {} is mode {:o}. Put the data directory elsewhere (AGENTRY_DATA_DIR, e.g. \
+                     /var/lib/agentry, the default for root) or set tool_runner.workspace_root \
+                     to a directory outside it",
+                    root.display(),
+                    dir.display(),
+                    mode & 0o7777
+                ));
+            }
+        }
+        Ok(())
     }
 
+    /// Lines saying how commands are confined, for logs and health.
+    pub fn describe(&self) -> Vec<String> {
+        let mut lines = match &self.report {
+            Some(report) => report.lines(),
+            None => vec!["OS sandbox: OFF (tool_runner.sandbox.mode = \"off\")".to_string()],
+        };
+        lines.push(match &self.identity {
+            Identity::Runner => "identity: the runner's uid (the runner is not root)".to_string(),
+            Identity::User { name, ids } => format!("identity: user {name} (uid {})", ids.uid),
+            Identity::PerSession { base, count } => {
+                format!("identity: a uid per session ({base}..{})", base + count)
+            }
+        });
+        lines
+    }
+
+    /// The ids commands of `session_id` run as, when they switch.
+    pub fn ids_for(&self, session_id: &str) -> Option<Ids> {
+        match &self.identity {
+            Identity::Runner => None,
+            Identity::User { ids, .. } => Some(*ids),
+            Identity::PerSession { base, count } => {
+                let id = base + fnv1a(session_id) % count;
+                Some(Ids { uid: id, gid: id })
+            }
+        }
+    }
+
+    /// Gives `path` to the identity of `session_id`, so its commands can
+    /// change it. Does not follow a symbolic link.
+    pub fn hand_over(&self, session_id: &str, path: &Path) -> std::io::Result<()> {
+        match self.ids_for(session_id) {
+            Some(ids) => chown(path, ids),
+            None => Ok(()),
+        }
+    }
+
+    /// The environment of a command of `session_id`.
+    pub fn environment(
+        &self,
+        session_id: &str,
+        workspace: &Path,
+        tmp: &Path,
+    ) -> Vec<(String, String)> {
+        let mut env = self.base_env.clone();
+        let user = match &self.identity {
+            Identity::User { name, .. } => name.clone(),
+            Identity::PerSession { .. } => {
+                format!("agentry-{}", session_id.get(..8).unwrap_or(session_id))
+            }
+            Identity::Runner => std::env::var("USER").unwrap_or_else(|_| "agentry".into()),
+        };
+        for (k, v) in [
+            ("HOME", workspace.display().to_string()),
+            ("TMPDIR", tmp.display().to_string()),
+            ("USER", user.clone()),
+            ("LOGNAME", user),
+        ] {
+            env.retain(|(name, _)| name != k);
+            env.push((k.to_string(), v));
+        }
+        env
+    }
+
+    /// The helper's spec for running `argv` in `workspace` for `session_id`.
+    pub fn spec(&self, session_id: &str, argv: Vec<String>, workspace: &Path, tmp: &Path) -> Spec {
+        Spec {
+            argv,
+            cwd: workspace.to_path_buf(),
+            env: self.environment(session_id, workspace, tmp),
+            read_write: vec![workspace.to_path_buf(), tmp.to_path_buf()],
+            read_only: self.read_only.clone(),
+            hidden: self.hidden.clone(),
+            user: self.ids_for(session_id),
+            limits: self.limits.clone(),
+            layers: self.layers,
+            network: false,
+            report: false,
+        }
+    }
+}
+
+impl Sandbox {
     /// The `ulimit` prefix that applies the limits inside the command's
-    /// shell before the command runs (bash's `ulimit` calls setrlimit).
+    /// shell when there is no helper (bash's `ulimit` calls setrlimit).
     pub fn ulimit_prefix(&self) -> String {
-        let r = &self.rlimits;
+        let r = &self.limits;
         let mut parts = Vec::new();
-        if r.cpu_secs > 0 {
-            parts.push(format!("-t {}", r.cpu_secs));
-        }
-        if r.address_space_mib > 0 {
-            parts.push(format!("-v {}", r.address_space_mib * 1024));
-        }
-        if r.processes > 0 {
-            parts.push(format!("-u {}", r.processes));
-        }
-        if r.file_size_mib > 0 {
+        for (flag, value) in [
+            ("-t", r.cpu_secs),
+            ("-v", r.address_space_mib * 1024),
+            ("-u", r.processes),
             // bash counts -f in 1024-byte blocks.
-            parts.push(format!("-f {}", r.file_size_mib * 1024));
+            ("-f", r.file_size_mib * 1024),
+            ("-n", r.open_files),
+        ] {
+            if value > 0 {
+                parts.push(format!("{flag} {value}"));
+            }
         }
         if parts.is_empty() {
             String::new()
@@ -115,14 +333,38 @@ impl Sandbox {
             format!("ulimit {} || exit 126; ", parts.join(" "))
         }
     }
+}
 
-    /// Gives `path` to the unprivileged user, so its commands can use it.
-    pub fn hand_over(&self, path: &Path) -> std::io::Result<()> {
-        match &self.run_as {
-            Some(user) => std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid)),
-            None => Ok(()),
+/// The allowlisted environment: a PATH, the locale, TERM, SHELL, and the
+/// variables named in `passthrough`.
+fn base_env(passthrough: &[String]) -> Vec<(String, String)> {
+    let path = std::env::var("PATH")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| agentry_sandbox::DEFAULT_PATH.to_string());
+    let mut env = vec![
+        ("PATH".to_string(), path),
+        ("TERM".to_string(), "dumb".to_string()),
+        ("SHELL".to_string(), "/bin/bash".to_string()),
+    ];
+    for name in INHERITED
+        .iter()
+        .copied()
+        .chain(passthrough.iter().map(String::as_str))
+    {
+        if let Ok(value) = std::env::var(name) {
+            env.retain(|(n, _)| n != name);
+            env.push((name.to_string(), value));
         }
     }
+    if !env.iter().any(|(n, _)| n == "LANG") {
+        env.push(("LANG".to_string(), "C.UTF-8".to_string()));
+    }
+    env
+}
+
+fn chown(path: &Path, ids: Ids) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(ids.uid), Some(ids.gid))
 }
 
 #[cfg(test)]
@@ -130,35 +372,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn secrets_are_scrubbed_unless_passed_through() {
+    fn session_uids_are_stable_and_in_range() {
         let sandbox = Sandbox {
-            env_passthrough: vec!["GITHUB_TOKEN".into()],
-            ..Sandbox::default()
+            identity: Identity::PerSession {
+                base: 2_000_000,
+                count: 1000,
+            },
+            ..Sandbox::unconfined()
         };
-        assert!(!sandbox.passes("AGENTRY_LLM_API_KEY"));
-        assert!(!sandbox.passes("OPENAI_API_KEY"));
-        assert!(!sandbox.passes("NPM_TOKEN"));
-        assert!(!sandbox.passes("AWS_SECRET"));
-        assert!(sandbox.passes("GITHUB_TOKEN"));
-        assert!(sandbox.passes("PATH"));
-        assert!(sandbox.passes("HOME"));
+        let a = sandbox.ids_for("session-a").map(|i| i.uid);
+        assert_eq!(a, sandbox.ids_for("session-a").map(|i| i.uid));
+        assert_ne!(a, sandbox.ids_for("session-b").map(|i| i.uid));
+        for s in ["x", "y", "0192-abc", ""] {
+            let uid = sandbox.ids_for(s).map(|i| i.uid).unwrap_or(0);
+            assert!((2_000_000..2_001_000).contains(&uid), "{uid}");
+        }
     }
 
     #[test]
-    fn limits_become_a_ulimit_prefix() {
+    fn the_environment_is_an_allowlist() {
         let sandbox = Sandbox {
-            rlimits: Rlimits {
-                cpu_secs: 10,
-                address_space_mib: 512,
-                processes: 64,
-                file_size_mib: 1,
-            },
-            ..Sandbox::default()
+            base_env: base_env(&["DEFINITELY_NOT_SET_ANYWHERE".into()]),
+            ..Sandbox::unconfined()
         };
-        assert_eq!(
-            sandbox.ulimit_prefix(),
-            "ulimit -t 10 -v 524288 -u 64 -f 1024 || exit 126; "
-        );
-        assert_eq!(Sandbox::default().ulimit_prefix(), "");
+        let env = sandbox.environment("s1", Path::new("/w/s1"), Path::new("/w/.tmp/s1"));
+        let names: Vec<&str> = env.iter().map(|(n, _)| n.as_str()).collect();
+        for name in &names {
+            assert!(
+                [
+                    "PATH", "TERM", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "TMPDIR",
+                    "USER", "LOGNAME"
+                ]
+                .contains(name),
+                "{name} is not on the allowlist"
+            );
+        }
+        assert!(env.contains(&("HOME".into(), "/w/s1".into())));
+        assert!(env.contains(&("TMPDIR".into(), "/w/.tmp/s1".into())));
     }
 }

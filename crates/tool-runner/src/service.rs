@@ -37,7 +37,7 @@ impl ToolRunnerService {
                 workspace_root,
                 limits,
                 runner_id,
-                sandbox: Sandbox::default(),
+                sandbox: Sandbox::unconfined(),
                 web: None,
                 calls: Arc::default(),
             }),
@@ -103,6 +103,7 @@ impl ToolRunner for ToolRunnerService {
         Ok(Response::new(pb::ListToolsResponse {
             tools,
             runner_id: self.inner.runner_id.clone(),
+            sandbox: self.inner.sandbox.describe(),
         }))
     }
 
@@ -118,10 +119,12 @@ impl ToolRunner for ToolRunnerService {
         }
         let workspace = Workspace::open(&self.inner.workspace_root, &req.session_id)
             .and_then(|ws| {
-                self.inner
-                    .sandbox
-                    .hand_over(ws.root())
-                    .map_err(|e| ToolError::Io(format!("cannot prepare the workspace: {e}")))?;
+                for dir in [ws.root(), ws.tmp()] {
+                    self.inner
+                        .sandbox
+                        .hand_over(&req.session_id, dir)
+                        .map_err(|e| ToolError::Io(format!("cannot prepare the workspace: {e}")))?;
+                }
                 Ok(ws)
             })
             .map_err(|e| match e {
@@ -148,9 +151,14 @@ impl ToolRunner for ToolRunnerService {
                 sink,
             );
             tokio::pin!(run);
+            // Live output is stored in the session log: like the result the
+            // model sees, it is capped per call. Past the cap it is counted,
+            // not sent; the result keeps the head and tail.
+            let mut live = LiveCap::new(inner.limits.max_output_bytes);
             let outcome = loop {
                 tokio::select! {
                     Some((stream, text)) = chunks.recv() => {
+                        let Some(text) = live.admit(text) else { continue };
                         if tx.send(Ok(chunk_message(stream, text))).await.is_err() {
                             // The caller went away: dropping `run` kills the call.
                             tracing::info!(call_id, tool, "tool call cancelled by the caller");
@@ -168,9 +176,20 @@ impl ToolRunner for ToolRunnerService {
             };
             // Forward output produced just before the end.
             while let Ok((stream, text)) = chunks.try_recv() {
+                let Some(text) = live.admit(text) else {
+                    continue;
+                };
                 if tx.send(Ok(chunk_message(stream, text))).await.is_err() {
                     return;
                 }
+            }
+            if let Some(note) = live.note() {
+                let _ = tx
+                    .send(Ok(chunk_message(
+                        agentry_proto::sessions::v1::OutputStream::Stderr,
+                        note,
+                    )))
+                    .await;
             }
             let outcome = outcome.unwrap_or_else(|e| ToolOutcome {
                 output: e.to_string(),
@@ -205,6 +224,47 @@ impl ToolRunner for ToolRunnerService {
             let _ = tx.send(Ok(result)).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Caps the live output of one call.
+struct LiveCap {
+    left: usize,
+    dropped: u64,
+}
+
+impl LiveCap {
+    fn new(limit: usize) -> Self {
+        LiveCap {
+            left: limit,
+            dropped: 0,
+        }
+    }
+
+    /// The part of `text` still within the cap, if any.
+    fn admit(&mut self, mut text: String) -> Option<String> {
+        if text.len() <= self.left {
+            self.left -= text.len();
+            return Some(text);
+        }
+        let mut keep = self.left;
+        while !text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        self.dropped += (text.len() - keep) as u64;
+        self.left = 0;
+        text.truncate(keep);
+        (!text.is_empty()).then_some(text)
+    }
+
+    /// The closing note when output was held back.
+    fn note(&self) -> Option<String> {
+        (self.dropped > 0).then(|| {
+            format!(
+                "\n[{} more bytes of live output not shown; the result keeps the head and tail]\n",
+                self.dropped
+            )
+        })
     }
 }
 

@@ -6,7 +6,6 @@ use crate::workspace::Workspace;
 use crate::{Limits, ToolError};
 use agentry_proto::sessions::v1::OutputStream;
 use serde::Deserialize;
-use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -171,15 +170,7 @@ pub async fn execute(
                 .or(timeout)
                 .unwrap_or(limits.default_timeout)
                 .min(limits.max_timeout);
-            bash(
-                &args.command,
-                workspace.root(),
-                timeout,
-                limits,
-                sandbox,
-                sink,
-            )
-            .await
+            bash(&args.command, workspace, timeout, limits, sandbox, sink).await
         }
         "read_file" => {
             let args: ReadArgs = parse_args(tool, arguments_json)?;
@@ -211,22 +202,79 @@ struct BashArgs {
 /// How long the output readers may drain after the process group is gone.
 const PIPE_DRAIN: Duration = Duration::from_millis(500);
 
-/// Kills a whole process group when dropped, so that a cancelled call leaves
-/// no process behind.
-struct GroupKill(Option<nix::unistd::Pid>);
+/// How long the sandbox helper gets to kill the command's processes after
+/// SIGTERM before its whole process group is killed.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 
-impl GroupKill {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // ESRCH (already gone) is the normal case after a clean exit.
+/// Ends a call's processes, also when the call is dropped (cancelled).
+///
+/// With the sandbox helper, SIGTERM asks the helper to kill every process
+/// the command started (it can find those that left the process group);
+/// SIGKILL of the group follows only if it does not exit in time. Without
+/// it, the process group is killed at once.
+struct CallGuard {
+    child: Option<tokio::process::Child>,
+    group: Option<nix::unistd::Pid>,
+    helper: bool,
+}
+
+impl CallGuard {
+    fn signal_start(&self) {
+        use nix::sys::signal::{Signal, kill, killpg};
+        let Some(pgid) = self.group else { return };
+        // ESRCH (already gone) is the normal case after a clean exit.
+        if self.helper {
+            let _ = kill(pgid, Signal::SIGTERM);
+        } else {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+
+    /// Stops everything and waits for the helper (bounded).
+    async fn stop(&mut self) {
+        self.signal_start();
+        if let Some(mut child) = self.child.take()
+            && tokio::time::timeout(STOP_GRACE, child.wait())
+                .await
+                .is_err()
+        {
+            let _ = child.start_kill();
+        }
+        if let Some(pgid) = self.group.take() {
             let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
         }
     }
 }
 
-impl Drop for GroupKill {
+impl Drop for CallGuard {
     fn drop(&mut self) {
-        self.kill();
+        if self.group.is_none() {
+            return;
+        }
+        self.signal_start();
+        let (child, group) = (self.child.take(), self.group.take());
+        let finish = async move {
+            if let Some(mut child) = child
+                && tokio::time::timeout(STOP_GRACE, child.wait())
+                    .await
+                    .is_err()
+            {
+                let _ = child.start_kill();
+            }
+            if let Some(pgid) = group {
+                let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(finish);
+            }
+            Err(_) => {
+                if let Some(pgid) = group {
+                    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+        }
     }
 }
 
@@ -254,7 +302,7 @@ async fn pump(
 
 async fn bash(
     command: &str,
-    cwd: &Path,
+    workspace: &Workspace,
     timeout: Duration,
     limits: &Limits,
     sandbox: &Sandbox,
@@ -265,38 +313,47 @@ async fn bash(
             "command must not be empty".into(),
         ));
     }
-    let mut cmd = tokio::process::Command::new("bash");
-    // Limits are applied by the shell (setrlimit through `ulimit`), then the
-    // command runs in a fresh bash that inherits them.
-    let script = format!("{}exec bash -c \"$1\"", sandbox.ulimit_prefix());
-    cmd.arg("-c")
-        .arg(script)
-        .arg("bash")
-        .arg(command)
-        .current_dir(cwd)
+    let session = workspace.session_id();
+    let mut cmd = match &sandbox.helper {
+        Some(helper) => {
+            let argv = vec!["bash".to_string(), "-c".to_string(), command.to_string()];
+            let spec = sandbox.spec(session, argv, workspace.root(), workspace.tmp());
+            let spec = serde_json::to_string(&spec)
+                .map_err(|e| ToolError::Io(format!("cannot describe the sandbox: {e}")))?;
+            let mut cmd = tokio::process::Command::new(helper);
+            // The name under which `agentry` itself acts as the helper.
+            cmd.arg0(agentry_sandbox::HELPER_NAME).arg(spec).env_clear();
+            cmd
+        }
+        None => {
+            // No OS sandbox: the shell applies the limits (setrlimit through
+            // `ulimit`), then the command runs in a fresh bash.
+            let script = format!("{}exec bash -c \"$1\"", sandbox.ulimit_prefix());
+            let mut cmd = tokio::process::Command::new("bash");
+            cmd.arg("-c")
+                .arg(script)
+                .arg("bash")
+                .arg(command)
+                .env_clear()
+                .envs(sandbox.environment(session, workspace.root(), workspace.tmp()));
+            if let Some(ids) = sandbox.ids_for(session) {
+                cmd.uid(ids.uid).gid(ids.gid);
+            }
+            cmd
+        }
+    };
+    cmd.current_dir(workspace.root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| !sandbox.passes(n)) {
-            cmd.env_remove(&name);
-        }
-    }
-    if let Some(user) = &sandbox.run_as {
-        cmd.uid(user.uid).gid(user.gid);
-        cmd.env("USER", &user.name).env("LOGNAME", &user.name);
-    }
+        .process_group(0);
     let mut child = cmd
         .spawn()
         .map_err(|e| ToolError::Io(format!("cannot start bash: {e}")))?;
-    let mut group = GroupKill(
-        child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(nix::unistd::Pid::from_raw),
-    );
+    let group = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(nix::unistd::Pid::from_raw);
     let (merged_tx, mut merged_rx) = mpsc::unbounded_channel();
     let mut pumps = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -316,11 +373,19 @@ async fn bash(
         )));
     }
     drop(merged_tx);
+    let mut guard = CallGuard {
+        child: Some(child),
+        group,
+        helper: sandbox.helper.is_some(),
+    };
     let mut output = CappedOutput::new(limits.max_output_bytes);
     let mut escaped = false;
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     let waited = loop {
+        let Some(child) = guard.child.as_mut() else {
+            break None;
+        };
         tokio::select! {
             Some(bytes) = merged_rx.recv() => output.push(&bytes),
             status = child.wait() => break Some(status),
@@ -329,7 +394,7 @@ async fn bash(
     };
     // Whatever happened, nothing the command started may outlive the call;
     // this also closes pipes that background processes still hold.
-    group.kill();
+    guard.stop().await;
     // A process that left the group may still hold the pipes open: give the
     // readers a moment to drain, then stop reading rather than wait for it.
     for mut p in pumps {
@@ -354,6 +419,15 @@ async fn bash(
     match waited {
         Some(Ok(status)) => {
             let code = status.code();
+            if sandbox.helper.is_some()
+                && code == Some(agentry_sandbox::SETUP_FAILED)
+                && let Some(line) = text.lines().find(|l| l.starts_with("agentry-sandbox: "))
+            {
+                return Err(ToolError::Io(format!(
+                    "the sandbox could not start the command: {}",
+                    line.trim_start_matches("agentry-sandbox: ")
+                )));
+            }
             if text.is_empty() {
                 text.push_str("(no output)");
             }
@@ -374,7 +448,6 @@ async fn bash(
         }
         Some(Err(e)) => Err(ToolError::Io(format!("waiting for bash failed: {e}"))),
         None => {
-            let _ = child.kill().await;
             text.push_str(&format!(
                 "\n[timed out after {}s; the command and its processes were killed]",
                 timeout.as_secs_f64()
@@ -522,7 +595,7 @@ async fn write_file(
     }
     for p in owned {
         sandbox
-            .hand_over(&p)
+            .hand_over(workspace.session_id(), &p)
             .map_err(|e| ToolError::Io(format!("cannot hand {shown} over: {e}")))?;
     }
     Ok(ToolOutcome {

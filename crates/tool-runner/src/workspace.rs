@@ -27,11 +27,17 @@ pub fn temp_path_for(path: &Path) -> Result<PathBuf, ToolError> {
     )))
 }
 
-/// A session's workspace directory.
+/// A session's workspace directory, and its private temp directory.
 #[derive(Debug, Clone)]
 pub struct Workspace {
     root: PathBuf,
+    tmp: PathBuf,
+    session_id: String,
 }
+
+/// The directory under the workspace root that holds each session's
+/// private temp directory (a name no session id can take).
+pub const TEMP_DIRS: &str = ".tmp";
 
 impl Workspace {
     /// Opens (creating if needed) the workspace of `session_id` under `root`.
@@ -47,13 +53,39 @@ impl Workspace {
             )));
         }
         let dir = root.join(session_id);
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            ToolError::Io(format!("cannot create workspace {}: {e}", dir.display()))
-        })?;
-        let root = dir
-            .canonicalize()
-            .map_err(|e| ToolError::Io(format!("cannot open workspace {}: {e}", dir.display())))?;
-        Ok(Workspace { root })
+        let tmp = root.join(TEMP_DIRS).join(session_id);
+        for d in [&dir, &tmp] {
+            if d.is_dir() {
+                continue;
+            }
+            std::fs::create_dir_all(d).map_err(|e| {
+                ToolError::Io(format!("cannot create workspace {}: {e}", d.display()))
+            })?;
+            // Only the session (its owner, once handed over) may enter.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+                ToolError::Io(format!("cannot protect workspace {}: {e}", d.display()))
+            })?;
+        }
+        let canonical = |d: &Path| {
+            d.canonicalize()
+                .map_err(|e| ToolError::Io(format!("cannot open workspace {}: {e}", d.display())))
+        };
+        Ok(Workspace {
+            root: canonical(&dir)?,
+            tmp: canonical(&tmp)?,
+            session_id: session_id.to_string(),
+        })
+    }
+
+    /// The session's private temp directory (TMPDIR of its commands).
+    pub fn tmp(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// The session this workspace belongs to.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
     }
 
     /// The workspace directory (canonical).

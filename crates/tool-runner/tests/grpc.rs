@@ -65,7 +65,7 @@ impl Runner {
         let task = tokio::spawn(agentry_tool_runner::run(
             root.clone(),
             limits,
-            agentry_tool_runner::sandbox::Sandbox::default(),
+            agentry_tool_runner::sandbox::Sandbox::unconfined(),
             agentry_runtime::Config::load(&agentry_runtime::ConfigSource::default())
                 .unwrap()
                 .tool_runner
@@ -733,8 +733,14 @@ async fn bash_output_over_the_cap_is_cut_with_a_marker() {
         &full[full.len() - 50..]
     );
     assert_eq!(r.output, expected);
-    // Live output is streamed whole.
-    assert_eq!(out.streamed(OutputStream::Stdout), full);
+    // Live output is capped too: its head, then a note of what was held back.
+    assert_eq!(out.streamed(OutputStream::Stdout), full[..100]);
+    let note = format!("[{cut} more bytes of live output not shown");
+    assert!(
+        out.streamed(OutputStream::Stderr).contains(&note),
+        "{:?}",
+        out.streamed(OutputStream::Stderr)
+    );
 
     // Output within the cap is not marked.
     let r = bash(&mut client, "s1", "echo short").await.result;
@@ -1056,8 +1062,19 @@ async fn malformed_requests_are_grpc_errors() {
         );
     }
     assert!(!runner.root.parent().unwrap().join("evil").exists());
-    // Nothing was created for the refused sessions.
-    assert!(std::fs::read_dir(&runner.root).unwrap().next().is_none());
+    // Nothing was created for the refused sessions (the directory of
+    // private temp dirs is the runner's own, and empty).
+    let names: Vec<_> = std::fs::read_dir(&runner.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from(".tmp")]);
+    assert!(
+        std::fs::read_dir(runner.root.join(".tmp"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
 
     let status = client
         .execute(request("s1", "", "{}"))
@@ -1187,4 +1204,27 @@ async fn concurrent_writes_to_one_path_all_succeed() {
             "round {round}: a mix of both writes"
         );
     }
+}
+
+#[tokio::test]
+async fn live_output_of_a_flood_is_capped_like_the_result() {
+    let runner = Runner::start(small_limits()).await;
+    let mut client = runner.client().await;
+    // 200 kB of output against a 100-byte limit.
+    let out = bash(&mut client, "s1", "head -c 200000 /dev/zero | tr '\\0' 'x'").await;
+    let streamed: String = out.chunks.iter().map(|c| c.text.as_str()).collect();
+    let (shown, note) = streamed
+        .split_once("\n[")
+        .expect("a note says live output was held back");
+    assert_eq!(shown, "x".repeat(100));
+    assert_eq!(
+        note,
+        "199900 more bytes of live output not shown; the result keeps the head and tail]\n"
+    );
+    assert!(out.result.truncated);
+    assert!(
+        out.result.output.contains("bytes of output cut"),
+        "{}",
+        out.result.output
+    );
 }

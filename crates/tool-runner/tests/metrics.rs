@@ -62,7 +62,7 @@ async fn metrics_show_tool_calls_and_the_breaker_state() {
     let server = tokio::spawn(agentry_tool_runner::run(
         root.path().to_path_buf(),
         Limits::from_config(&config),
-        agentry_tool_runner::sandbox::Sandbox::default(),
+        agentry_tool_runner::sandbox::Sandbox::unconfined(),
         config.tool_runner.web.clone(),
         "metrics-runner".into(),
         listener,

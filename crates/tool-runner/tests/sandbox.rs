@@ -1,14 +1,16 @@
-//! Commands run confined: resource limits applied with setrlimit, an
-//! unprivileged user when the runner is root, secrets kept out of their
-//! environment.
+//! Commands run confined by the real `agentry-sandbox` helper: limits, a
+//! uid per session when the runner is root, an allowlisted environment, no
+//! network, no way into another session's workspace.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use agentry_sandbox::{Layers, Limits as Rlimits};
 use agentry_tool_runner::Limits;
-use agentry_tool_runner::sandbox::{Rlimits, RunAs, Sandbox};
+use agentry_tool_runner::sandbox::{Identity, Sandbox};
 use agentry_tool_runner::tools::{self, ToolOutcome};
 use agentry_tool_runner::workspace::Workspace;
 use serde_json::json;
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 fn limits() -> Limits {
@@ -20,39 +22,101 @@ fn limits() -> Limits {
     }
 }
 
-async fn bash(ws: &Workspace, sandbox: &Sandbox, command: &str) -> ToolOutcome {
-    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
-    let args = json!({ "command": command }).to_string();
-    tools::execute("bash", &args, ws, &limits(), None, sandbox, None, sink)
-        .await
-        .unwrap()
+/// The sandbox with every layer this machine supports, or `None` (with a
+/// visible message; a failure under CI) when the helper is not built.
+fn confined(root: &std::path::Path) -> Option<Sandbox> {
+    let helper = match agentry_sandbox::find_helper(None) {
+        Ok(h) => h,
+        Err(e) => {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{e}");
+            eprintln!("skipping: {e}");
+            return None;
+        }
+    };
+    let root_user = nix::unistd::geteuid().is_root();
+    let identity = if root_user {
+        Identity::PerSession {
+            base: 2_000_000,
+            count: 1_000_000,
+        }
+    } else {
+        Identity::Runner
+    };
+    let scratch = root.join(".tmp/.probe");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let probe_sandbox = Sandbox {
+        identity: identity.clone(),
+        ..Sandbox::unconfined()
+    };
+    if let Some(ids) = probe_sandbox.ids_for("probe") {
+        std::os::unix::fs::lchown(&scratch, Some(ids.uid), Some(ids.gid)).unwrap();
+    }
+    let report = agentry_sandbox::probe(&helper, &scratch, probe_sandbox.ids_for("probe")).unwrap();
+    Some(Sandbox {
+        helper: Some(helper),
+        layers: report.available(),
+        report: Some(report),
+        identity,
+        hidden: vec![root.to_path_buf()],
+        ..Sandbox::unconfined()
+    })
 }
 
-fn nobody() -> Option<RunAs> {
-    let user = nix::unistd::User::from_name("nobody").ok().flatten()?;
-    Some(RunAs {
-        name: user.name,
-        uid: user.uid.as_raw(),
-        gid: user.gid.as_raw(),
-    })
+/// A workspace root that sandboxed users can traverse.
+fn workspace_root() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn open(root: &std::path::Path, session: &str, sandbox: &Sandbox) -> Workspace {
+    let ws = Workspace::open(root, session).unwrap();
+    sandbox.hand_over(session, ws.root()).unwrap();
+    sandbox.hand_over(session, ws.tmp()).unwrap();
+    ws
+}
+
+async fn run(
+    ws: &Workspace,
+    sandbox: &Sandbox,
+    tool: &str,
+    args: serde_json::Value,
+) -> ToolOutcome {
+    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
+    tools::execute(
+        tool,
+        &args.to_string(),
+        ws,
+        &limits(),
+        None,
+        sandbox,
+        None,
+        sink,
+    )
+    .await
+    .unwrap()
+}
+
+async fn bash(ws: &Workspace, sandbox: &Sandbox, command: &str) -> ToolOutcome {
+    run(ws, sandbox, "bash", json!({ "command": command })).await
 }
 
 #[tokio::test]
 async fn resource_limits_are_applied_to_commands() {
-    let root = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(root.path(), "s1").unwrap();
-    let sandbox = Sandbox {
-        rlimits: Rlimits {
-            cpu_secs: 7,
-            address_space_mib: 1024,
-            processes: 0,
-            file_size_mib: 1,
-        },
-        ..Sandbox::default()
+    let root = workspace_root();
+    let Some(mut sandbox) = confined(root.path()) else {
+        return;
     };
-    let out = bash(&ws, &sandbox, "ulimit -t; ulimit -v; ulimit -f").await;
-    assert_eq!(out.output, "7\n1048576\n1024\n");
-    // Writing past the file-size limit fails.
+    sandbox.limits = Rlimits {
+        cpu_secs: 7,
+        address_space_mib: 1024,
+        processes: 0,
+        file_size_mib: 1,
+        open_files: 64,
+    };
+    let ws = open(root.path(), "s1", &sandbox);
+    let out = bash(&ws, &sandbox, "ulimit -t; ulimit -v; ulimit -f; ulimit -n").await;
+    assert_eq!(out.output, "7\n1048576\n1024\n64\n");
     let out = bash(
         &ws,
         &sandbox,
@@ -68,46 +132,40 @@ async fn resource_limits_are_applied_to_commands() {
 }
 
 #[tokio::test]
-async fn commands_run_as_the_configured_user_when_the_runner_is_root() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: the runner is not root, so it does not switch users");
-        return;
-    }
-    let Some(user) = nobody() else {
-        assert!(std::env::var("CI").is_err(), "user nobody is missing in CI");
-        eprintln!("skipped: no user named nobody");
+async fn sessions_run_as_their_own_uid_and_cannot_reach_each_other() {
+    let root = workspace_root();
+    let Some(sandbox) = confined(root.path()) else {
         return;
     };
-    let root = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(root.path(), "s1").unwrap();
-    let sandbox = Sandbox {
-        run_as: Some(user.clone()),
-        ..Sandbox::default()
-    };
-    sandbox.hand_over(ws.root()).unwrap();
-    let out = bash(&ws, &sandbox, "id -u; touch mine.txt && echo wrote").await;
-    assert_eq!(out.output, format!("{}\nwrote\n", user.uid));
-    // It cannot touch what root keeps to itself.
-    let out = bash(&ws, &sandbox, "cat /etc/shadow").await;
-    assert!(out.is_error);
-    assert!(out.output.contains("Permission denied"), "{}", out.output);
-    // Files the runner writes are handed over too.
-    let (sink, _rx) = tokio::sync::mpsc::channel(8);
-    let args = json!({"path": "dir/note.txt", "content": "hello"}).to_string();
-    tools::execute(
-        "write_file",
-        &args,
-        &ws,
-        &limits(),
-        None,
-        &sandbox,
-        None,
-        sink,
-    )
-    .await
-    .unwrap();
+    let a = open(root.path(), "session-a", &sandbox);
+    let b = open(root.path(), "session-b", &sandbox);
+    std::fs::write(b.root().join("secret.txt"), "B-SECRET").unwrap();
     let out = bash(
-        &ws,
+        &a,
+        &sandbox,
+        "id -u; cat ../session-b/secret.txt; ls ..; echo x > ../session-b/planted",
+    )
+    .await;
+    assert!(!out.output.contains("B-SECRET"), "{}", out.output);
+    assert!(!b.root().join("planted").exists());
+    if let Some(ids) = sandbox.ids_for("session-a") {
+        assert!(
+            out.output.starts_with(&format!("{}\n", ids.uid)),
+            "{}",
+            out.output
+        );
+        assert_ne!(sandbox.ids_for("session-a"), sandbox.ids_for("session-b"));
+    }
+    // Files the runner writes belong to the session: its commands can change them.
+    run(
+        &a,
+        &sandbox,
+        "write_file",
+        json!({"path": "dir/note.txt", "content": "hello"}),
+    )
+    .await;
+    let out = bash(
+        &a,
         &sandbox,
         "echo more >> dir/note.txt && cat dir/note.txt",
     )
@@ -116,16 +174,93 @@ async fn commands_run_as_the_configured_user_when_the_runner_is_root() {
 }
 
 #[tokio::test]
-async fn the_environment_keeps_ordinary_variables() {
-    let root = tempfile::tempdir().unwrap();
-    let ws = Workspace::open(root.path(), "s1").unwrap();
-    let out = bash(&ws, &Sandbox::default(), "env").await;
-    assert!(out.output.contains("PATH="), "{}", out.output);
-    for line in out.output.lines() {
-        let name = line.split('=').next().unwrap_or("");
+async fn the_environment_is_only_the_allowlist() {
+    let root = workspace_root();
+    let Some(sandbox) = confined(root.path()) else {
+        return;
+    };
+    let ws = open(root.path(), "s1", &sandbox);
+    let out = bash(&ws, &sandbox, "env").await;
+    let mut names: Vec<&str> = out
+        .output
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(n, _)| n))
+        .collect();
+    names.sort_unstable();
+    for name in &names {
         assert!(
-            !agentry_tool_runner::sandbox::is_secret_var(name),
-            "secret-looking variable {name} reached the command"
+            [
+                "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LOGNAME", "PATH", "PWD", "SHELL", "SHLVL",
+                "TERM", "TMPDIR", "TZ", "USER", "_"
+            ]
+            .contains(name),
+            "{name} reached the command: {}",
+            out.output
         );
     }
+    assert!(
+        out.output
+            .contains(&format!("HOME={}", ws.root().display()))
+    );
+    assert!(
+        out.output
+            .contains(&format!("TMPDIR={}", ws.tmp().display()))
+    );
+}
+
+#[tokio::test]
+async fn commands_have_no_network_and_no_way_to_the_services() {
+    let root = workspace_root();
+    let Some(sandbox) = confined(root.path()) else {
+        return;
+    };
+    if sandbox.layers == Layers::default() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no sandbox layer works"
+        );
+        eprintln!("skipping: no sandbox layer works here");
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let ws = open(root.path(), "s1", &sandbox);
+    let out = bash(
+        &ws,
+        &sandbox,
+        &format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED"),
+    )
+    .await;
+    assert!(out.is_error, "{}", out.output);
+    assert!(!out.output.contains("CONNECTED"), "{}", out.output);
+    assert!(
+        listener.accept().is_err(),
+        "a connection reached the listener"
+    );
+}
+
+#[tokio::test]
+async fn a_setsid_escape_is_killed_when_the_call_ends() {
+    let root = workspace_root();
+    let Some(sandbox) = confined(root.path()) else {
+        return;
+    };
+    let ws = open(root.path(), "s1", &sandbox);
+    let out = bash(
+        &ws,
+        &sandbox,
+        "setsid bash -c 'sleep 3931 & disown' </dev/null >/dev/null 2>&1; (sleep 3932 &) ; echo started",
+    )
+    .await;
+    assert_eq!(out.output, "started\n");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let survivors: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("sleep 393"))
+        .collect();
+    assert!(survivors.is_empty(), "{survivors:?}");
 }

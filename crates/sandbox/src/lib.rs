@@ -1,0 +1,304 @@
+//! The OS sandbox of every process an agent tool starts.
+//!
+//! The tool runner never starts a tool's process itself: it starts the
+//! `agentry-sandbox` helper with a [`Spec`], and the helper confines the
+//! command before it runs, then supervises it as one unit. The layers, each
+//! applied when the machine allows it (see [`Report`]):
+//!
+//! - **namespaces** (user when not root, pid, network, mount, IPC, UTS): the
+//!   command is pid 1 of its own pid namespace, so everything it starts dies
+//!   with it; its network namespace has no interface but a downed loopback,
+//!   so there is no route anywhere, the services included; `/proc` shows only
+//!   its own processes and `/tmp` and `/dev/shm` are private to the call.
+//! - **Landlock**: reads only beneath the system directories (minus the
+//!   paths named hidden: data dir, config dir, other workspaces), writes only
+//!   beneath the workspace and the session's temp dir; no TCP connect or
+//!   bind; no signals to, and no abstract-socket connections with, processes
+//!   outside the sandbox. Ptrace of processes outside is denied by Landlock
+//!   too, so `/proc/<pid>/environ` of the services stays closed even when
+//!   the command runs under the same uid.
+//! - **seccomp**: no sockets but AF_UNIX while the network is off, no
+//!   ptrace, no new namespaces, no mounts, no io_uring, no kernel keyring,
+//!   no BPF or perf events; 32-bit and x32 system calls are refused.
+//! - **identity**: as root, commands run as an unprivileged uid of their
+//!   session (or a named user), never as the runner's user; the environment
+//!   is exactly [`Spec::env`], never inherited.
+//! - **limits**: CPU time, address space, processes (per uid, so per
+//!   session when each session has its uid), file size, open files.
+//!
+//! Failure semantics: the helper applies exactly the layers the spec
+//! requires and fails closed (exit [`SETUP_FAILED`], a message on stderr
+//! starting with `agentry-sandbox:`) when one of them cannot be applied; the
+//! runner learns which layers the machine supports once, at start-up, with
+//! [`probe`]. When the call ends — the command exits, the helper gets
+//! SIGTERM, SIGINT or SIGHUP, or the helper's parent dies — every process the
+//! command started is killed, `setsid` and double forks included.
+
+pub mod helper;
+mod landlock_rules;
+mod locate;
+mod syscalls;
+
+pub use locate::{HELPER_NAME, find_helper, running_program_embeds_helper, started_as_helper};
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The exit code of the helper when the sandbox could not be set up.
+pub const SETUP_FAILED: i32 = 125;
+
+/// What the helper is asked to run, and how confined.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    /// The command and its arguments; `argv[0]` is looked up in the
+    /// environment's PATH.
+    pub argv: Vec<String>,
+    /// The working directory (the session's workspace).
+    pub cwd: PathBuf,
+    /// The whole environment of the command.
+    pub env: Vec<(String, String)>,
+    /// Directories the command may read, write and execute beneath.
+    pub read_write: Vec<PathBuf>,
+    /// Directories (or files) the command may read and execute beneath.
+    pub read_only: Vec<PathBuf>,
+    /// Paths never readable, although beneath a `read_only` directory.
+    pub hidden: Vec<PathBuf>,
+    /// The identity the command runs as; `None` keeps the helper's.
+    pub user: Option<Ids>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// The layers to apply; each must succeed.
+    pub layers: Layers,
+    /// Whether the command may open network sockets. When false, only
+    /// AF_UNIX sockets can be made.
+    pub network: bool,
+    /// Print what was applied on stderr (`agentry-sandbox-report: …` lines)
+    /// before the command runs; used by [`probe`].
+    #[serde(default)]
+    pub report: bool,
+}
+
+/// A uid and gid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ids {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// Resource limits of one command; 0 = not limited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPU seconds (RLIMIT_CPU).
+    pub cpu_secs: u64,
+    /// Address space in MiB (RLIMIT_AS).
+    pub address_space_mib: u64,
+    /// Processes of the command's uid (RLIMIT_NPROC).
+    pub processes: u64,
+    /// Largest file written, in MiB (RLIMIT_FSIZE).
+    pub file_size_mib: u64,
+    /// Open files (RLIMIT_NOFILE).
+    pub open_files: u64,
+}
+
+/// Which layers to apply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layers {
+    /// pid, network, mount, IPC and UTS namespaces (and a user namespace
+    /// when the helper is not root).
+    pub namespaces: bool,
+    /// Landlock file-system, TCP and scope rules.
+    pub landlock: bool,
+    /// The seccomp filter.
+    pub seccomp: bool,
+}
+
+impl Layers {
+    /// Every layer.
+    pub const ALL: Layers = Layers {
+        namespaces: true,
+        landlock: true,
+        seccomp: true,
+    };
+}
+
+/// What the machine supports, found by running the helper once per layer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// Namespaces: `Ok` or why not.
+    pub namespaces: Result<(), String>,
+    /// Landlock: `Ok(ABI version)` or why not.
+    pub landlock: Result<u32, String>,
+    /// seccomp: `Ok` or why not.
+    pub seccomp: Result<(), String>,
+}
+
+impl Report {
+    /// The layers that work here.
+    pub fn available(&self) -> Layers {
+        Layers {
+            namespaces: self.namespaces.is_ok(),
+            landlock: self.landlock.is_ok(),
+            seccomp: self.seccomp.is_ok(),
+        }
+    }
+
+    /// One line per layer, for logs and `agentry health`.
+    pub fn lines(&self) -> Vec<String> {
+        let state = |r: &Result<String, String>| match r {
+            Ok(what) => format!("on ({what})"),
+            Err(why) => format!("OFF: {why}"),
+        };
+        vec![
+            format!(
+                "namespaces: {}",
+                state(
+                    &self
+                        .namespaces
+                        .clone()
+                        .map(|()| { "pid, network, mount, ipc, uts".to_string() })
+                )
+            ),
+            format!(
+                "landlock: {}",
+                state(&self.landlock.clone().map(|abi| format!("ABI {abi}")))
+            ),
+            format!(
+                "seccomp: {}",
+                state(&self.seccomp.clone().map(|()| "filter".to_string()))
+            ),
+        ]
+    }
+}
+
+/// Why the sandbox could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The helper program was not found.
+    #[error(
+        "cannot find the sandbox helper {HELPER_NAME:?} or the agentry program that embeds it \
+         (looked in: {looked}); build one with `cargo build -p agentry-sandbox` or \
+         `cargo build -p agentry-cli`, install it next to the tool runner, or set \
+         tool_runner.sandbox.helper"
+    )]
+    HelperNotFound {
+        /// The places searched.
+        looked: String,
+    },
+    /// Running the helper failed.
+    #[error("cannot run the sandbox helper {path}: {source}")]
+    Spawn {
+        /// The helper.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The helper printed something that is not a report.
+    #[error("the sandbox helper's probe answered {0:?}")]
+    BadProbe(String),
+}
+
+/// Asks `helper` which layers this machine supports, by confining a
+/// trivial command with each layer alone. `workspace` is a scratch
+/// directory the probe may use as its writable directory, `user` the
+/// identity commands will run as.
+pub fn probe(helper: &Path, workspace: &Path, user: Option<Ids>) -> Result<Report, SandboxError> {
+    let attempt = |layers: Layers| -> Result<Result<String, String>, SandboxError> {
+        let spec = Spec {
+            argv: vec!["true".into()],
+            cwd: workspace.to_path_buf(),
+            env: vec![("PATH".into(), DEFAULT_PATH.into())],
+            read_write: vec![workspace.to_path_buf()],
+            read_only: system_read_only(),
+            hidden: Vec::new(),
+            user,
+            limits: Limits::default(),
+            layers,
+            network: false,
+            report: true,
+        };
+        use std::os::unix::process::CommandExt;
+        let out = std::process::Command::new(helper)
+            .arg0(HELPER_NAME)
+            .arg(serde_json::to_string(&spec).unwrap_or_default())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|source| SandboxError::Spawn {
+                path: helper.to_path_buf(),
+                source,
+            })?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            return Ok(Ok(err.into_owned()));
+        }
+        let why = err
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("agentry-sandbox:"))
+            .map(|l| l.trim_start_matches("agentry-sandbox:").trim().to_string())
+            .unwrap_or_else(|| format!("the probe exited with {}: {}", out.status, err.trim()));
+        Ok(Err(why))
+    };
+    let none = Layers::default();
+    // The helper itself must work before any layer is judged.
+    if let Err(why) = attempt(none)? {
+        return Err(SandboxError::BadProbe(why));
+    }
+    let namespaces = attempt(Layers {
+        namespaces: true,
+        ..none
+    })?
+    .map(|_| ());
+    let landlock = attempt(Layers {
+        landlock: true,
+        ..none
+    })?
+    .and_then(|report| {
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix("agentry-sandbox-report: landlock ABI "))
+            .and_then(|abi| abi.trim().parse::<u32>().ok())
+            .ok_or_else(|| "Landlock is not enforced by this kernel".to_string())
+    });
+    let seccomp = attempt(Layers {
+        seccomp: true,
+        ..none
+    })?
+    .map(|_| ());
+    Ok(Report {
+        namespaces,
+        landlock,
+        seccomp,
+    })
+}
+
+/// The PATH commands get when none is configured.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The system directories commands may read and execute beneath, those of
+/// them that exist here.
+pub fn system_read_only() -> Vec<PathBuf> {
+    [
+        "/usr",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/etc",
+        "/opt",
+        "/proc",
+        "/sys",
+        "/dev",
+        "/run/systemd/resolve",
+        "/var/lib/dpkg",
+        "/var/cache/fontconfig",
+        "/nix/store",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .filter(|p| p.exists())
+    .collect()
+}

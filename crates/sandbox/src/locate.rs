@@ -1,0 +1,100 @@
+//! Finding the helper program.
+//!
+//! The helper is either the dedicated `agentry-sandbox` program or a program
+//! that embeds it: the `agentry` command acts as the helper when it is
+//! started under the name `agentry-sandbox` (its `argv[0]`), so an install
+//! of `agentry` alone has a working sandbox.
+
+use crate::SandboxError;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The helper's file name, and the `argv[0]` it is always started with.
+pub const HELPER_NAME: &str = "agentry-sandbox";
+
+/// A program that embeds the helper, looked for when the dedicated one is
+/// not installed.
+const EMBEDDING_NAME: &str = "agentry";
+
+static RUNNING_PROGRAM_EMBEDS_HELPER: AtomicBool = AtomicBool::new(false);
+
+/// Whether `argv0` asks a program that embeds the helper to act as it.
+pub fn started_as_helper(argv0: &std::ffi::OsStr) -> bool {
+    Path::new(argv0).file_name() == Some(std::ffi::OsStr::new(HELPER_NAME))
+}
+
+/// Declares that the running program acts as the helper when started as
+/// [`HELPER_NAME`] (see [`started_as_helper`]); [`find_helper`] then
+/// prefers it, which keeps the helper the same version as the runner.
+pub fn running_program_embeds_helper() {
+    RUNNING_PROGRAM_EMBEDS_HELPER.store(true, Ordering::Relaxed);
+}
+
+/// The helper: `configured` when given; else the running program when it
+/// embeds the helper; else `agentry-sandbox`, then `agentry`, next to the
+/// running program or one directory up (where Cargo puts binaries when the
+/// running program is a test); else `agentry-sandbox` on PATH.
+pub fn find_helper(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
+    if let Some(path) = configured {
+        return if path.is_file() {
+            Ok(path.to_path_buf())
+        } else {
+            Err(SandboxError::HelperNotFound {
+                looked: path.display().to_string(),
+            })
+        };
+    }
+    let exe = std::env::current_exe().ok();
+    if RUNNING_PROGRAM_EMBEDS_HELPER.load(Ordering::Relaxed)
+        && let Some(exe) = &exe
+    {
+        return Ok(exe.clone());
+    }
+    let mut looked = Vec::new();
+    if let Some(exe) = &exe {
+        for name in [HELPER_NAME, EMBEDDING_NAME] {
+            for dir in exe.ancestors().skip(1).take(2) {
+                let candidate = dir.join(name);
+                if candidate.is_file() {
+                    return Ok(candidate);
+                }
+                if name == HELPER_NAME {
+                    looked.push(dir.display().to_string());
+                }
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join(HELPER_NAME);
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+        looked.push("PATH".into());
+    }
+    Err(SandboxError::HelperNotFound {
+        looked: looked.join(", "),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_helper_name_is_recognised_in_any_directory() {
+        assert!(started_as_helper("agentry-sandbox".as_ref()));
+        assert!(started_as_helper("/usr/local/bin/agentry-sandbox".as_ref()));
+        assert!(!started_as_helper("agentry".as_ref()));
+        assert!(!started_as_helper("/tmp/agentry-sandbox/agentry".as_ref()));
+    }
+
+    #[test]
+    fn a_configured_helper_that_is_missing_is_an_error_naming_it() {
+        match find_helper(Some(Path::new("/nonexistent/helper"))) {
+            Err(err) => assert!(err.to_string().contains("/nonexistent/helper"), "{err}"),
+            Ok(found) => panic!("found {}", found.display()),
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The seccomp filter of a command: a deny list of system calls that let a
+//! process reach past the other layers (network sockets, other processes'
+//! memory, new namespaces, mounts, kernel interfaces that bypass the checks
+//! of ordinary calls). Everything else is allowed: the sandbox confines
+//! where a command acts, not which programs it may use.
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch, sock_filter,
+};
+use std::collections::BTreeMap;
+
+/// Calls refused with EPERM.
+const DENIED: &[libc::c_long] = &[
+    // Other processes' memory and descriptors.
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_pidfd_getfd,
+    libc::SYS_kcmp,
+    // Namespaces and mounts.
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_fsopen,
+    libc::SYS_fsmount,
+    libc::SYS_fsconfig,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_chroot,
+    // File handles bypass path-based checks.
+    libc::SYS_open_by_handle_at,
+    // Kernel interfaces with a long record of privilege escalations.
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_reboot,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+];
+
+/// Calls answered "not implemented", so that libraries fall back: clone3
+/// hides its flags behind a pointer the filter cannot read (glibc then uses
+/// clone, whose flags it can), and io_uring would perform operations (such
+/// as connect) without passing this filter.
+const UNAVAILABLE: &[libc::c_long] = &[
+    libc::SYS_clone3,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+];
+
+/// Namespace flags `clone` may not be given.
+const NAMESPACE_FLAGS: &[libc::c_int] = &[
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWCGROUP,
+];
+
+/// The first system-call number of the x32 ABI on x86_64.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+fn target() -> Result<TargetArch, String> {
+    TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|_| format!("seccomp: no filter for {}", std::env::consts::ARCH))
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
+    SeccompRule::new(conditions).map_err(|e| format!("seccomp: {e}"))
+}
+
+fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
+        .map_err(|e| format!("seccomp: {e}"))
+}
+
+/// The filters to install, in order. With `network` false, only AF_UNIX
+/// sockets can be created.
+// System-call numbers are `c_long`, i64 here but i32 on 32-bit targets.
+#[allow(clippy::useless_conversion)]
+pub fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
+    let arch = target()?;
+    let mut denied: BTreeMap<i64, Vec<SeccompRule>> = DENIED
+        .iter()
+        .map(|nr| (i64::from(*nr), Vec::new()))
+        .collect();
+    let clone_rules = NAMESPACE_FLAGS
+        .iter()
+        .map(|flag| {
+            let flag = u64::from(flag.unsigned_abs());
+            rule(vec![condition(0, SeccompCmpOp::MaskedEq(flag), flag)?])
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    denied.insert(i64::from(libc::SYS_clone), clone_rules);
+    if !network {
+        let unix = u64::from(libc::AF_UNIX.unsigned_abs());
+        denied.insert(
+            i64::from(libc::SYS_socket),
+            vec![rule(vec![condition(0, SeccompCmpOp::Ne, unix)?])?],
+        );
+    }
+    let deny = SeccompFilter::new(
+        denied,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM.unsigned_abs()),
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+    let unavailable = SeccompFilter::new(
+        UNAVAILABLE
+            .iter()
+            .map(|nr| (i64::from(*nr), Vec::new()))
+            .collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS.unsigned_abs()),
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+    let mut first: BpfProgram = deny.try_into().map_err(|e| format!("seccomp: {e}"))?;
+    if arch == TargetArch::x86_64 {
+        first.splice(0..0, x32_guard());
+    }
+    let second: BpfProgram = unavailable
+        .try_into()
+        .map_err(|e| format!("seccomp: {e}"))?;
+    Ok(vec![first, second])
+}
+
+/// Refuses every x32 system call (their numbers carry bit 30 and would
+/// slip past a list of x86_64 numbers).
+fn x32_guard() -> Vec<sock_filter> {
+    const LD_W_ABS: u16 = 0x20;
+    const JGE_K: u16 = 0x35;
+    const RET_K: u16 = 0x06;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    vec![
+        // A = seccomp_data.nr
+        sock_filter {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        sock_filter {
+            code: JGE_K,
+            jt: 0,
+            jf: 1,
+            k: X32_SYSCALL_BIT,
+        },
+        sock_filter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_ERRNO | libc::EPERM.unsigned_abs(),
+        },
+    ]
+}
+
+/// Installs the filters on the calling thread (no_new_privs must be set).
+pub fn install(network: bool) -> Result<(), String> {
+    for program in filters(network)? {
+        seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_compile_for_this_machine() {
+        let with = filters(true).unwrap_or_default();
+        let without = filters(false).unwrap_or_default();
+        assert_eq!(with.len(), 2);
+        // Closing the network adds the socket rule.
+        assert!(without[0].len() > with[0].len());
+    }
+}
