@@ -145,6 +145,16 @@ for _ in $(seq 60); do
   curl -fsS "$model/_fake/requests" >/dev/null 2>&1 && break
   sleep 0.5
 done
+# The host CLI takes the client token the services created.
+AGENTRY_TOKEN=$(dc exec -T orchestrator agentry token)
+export AGENTRY_TOKEN
+[[ $AGENTRY_TOKEN == agentry_client_* ]] && pass "the client token is available to the host CLI" ||
+  fail "agentry token in the orchestrator printed '$AGENTRY_TOKEN'"
+layers=$(dc exec -T orchestrator agentry health http://tool-runner:50053 2>&1 || true)
+echo "$layers"
+grep -q "^  sandbox landlock" <<<"$layers" && grep -q "^  sandbox seccomp" <<<"$layers" &&
+  pass "the tool runners report their sandbox layers" ||
+  fail "agentry health of a tool runner: $layers"
 runners=$(dc ps -q tool-runner | wc -l)
 if ((runners == 3)); then pass "3 tool runners are up"; else fail "expected 3 tool runners, found $runners"; fi
 "$agentry" health --quiet "$AGENTRY_ORCHESTRATOR_URL" "$AGENTRY_SCHEDULER_URL" &&

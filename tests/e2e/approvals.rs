@@ -6,12 +6,12 @@ use agentry_proto::sessions::v1::{
     self as spb, ApprovalDecision, ApprovalMode, ToolCallPhase, TurnOutcome, event::Kind,
 };
 use agentry_testkit::Cluster;
+use agentry_testkit::cluster::Channel;
 use agentry_testkit::fake_model::{Reply, finish, tool_call, usage};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 use std::time::Duration;
 use tonic::Streaming;
-use tonic::transport::Channel;
 
 type Client = pb::orchestrator_client::OrchestratorClient<Channel>;
 

@@ -62,7 +62,7 @@ async fn three_turns(
     tonic::Streaming<spb::Event>,
     Vec<spb::Event>,
     agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient<
-        tonic::transport::Channel,
+        agentry_testkit::cluster::Channel,
     >,
 ) {
     let model = &cluster.model;

@@ -8,11 +8,11 @@ use agentry_proto::sessions::v1::{
     self as spb, ApprovalDecision, ApprovalMode, PlanStepStatus, TurnOutcome, event::Kind,
 };
 use agentry_testkit::Cluster;
+use agentry_testkit::cluster::Channel;
 use agentry_testkit::fake_model::{Fallback, Reply};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use std::time::Duration;
-use tonic::transport::Channel;
 
 type Client = pb::orchestrator_client::OrchestratorClient<Channel>;
 

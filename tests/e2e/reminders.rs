@@ -324,26 +324,27 @@ async fn unacknowledged_firings_are_sent_again_and_acked_ones_are_not() {
         .await
         .unwrap();
 
-    let open =
-        |scheduler: &mut rpb::scheduler_client::SchedulerClient<tonic::transport::Channel>| {
-            let mut scheduler = scheduler.clone();
-            async move {
-                let (tx, rx) = tokio::sync::mpsc::channel(8);
-                tx.send(rpb::StreamDueRequest {
-                    kind: Some(rpb::stream_due_request::Kind::Subscribe(rpb::Subscribe {
-                        consumer: "test".into(),
-                    })),
-                })
+    let open = |scheduler: &mut rpb::scheduler_client::SchedulerClient<
+        agentry_testkit::cluster::Channel,
+    >| {
+        let mut scheduler = scheduler.clone();
+        async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(8);
+            tx.send(rpb::StreamDueRequest {
+                kind: Some(rpb::stream_due_request::Kind::Subscribe(rpb::Subscribe {
+                    consumer: "test".into(),
+                })),
+            })
+            .await
+            .unwrap();
+            let stream = scheduler
+                .stream_due(ReceiverStream::new(rx))
                 .await
-                .unwrap();
-                let stream = scheduler
-                    .stream_due(ReceiverStream::new(rx))
-                    .await
-                    .unwrap()
-                    .into_inner();
-                (tx, stream)
-            }
-        };
+                .unwrap()
+                .into_inner();
+            (tx, stream)
+        }
+    };
     let (_tx, mut stream) = open(&mut scheduler).await;
     let first = next_due(&mut stream).await;
     assert_eq!(first.reminder.as_ref().unwrap().message, "ping");

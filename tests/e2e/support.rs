@@ -2,9 +2,9 @@
 
 use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
 use agentry_proto::sessions::v1::{self as spb, event::Kind};
+use agentry_testkit::cluster::Channel;
 use std::time::Duration;
 use tonic::Streaming;
-use tonic::transport::Channel;
 
 /// A user-message input.
 pub fn user(text: &str) -> pb::Input {

@@ -8,12 +8,12 @@ use agentry_proto::sessions::v1 as spb;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
 use agentry_proto::tools::v1::{ExecuteRequest, execute_response};
+use agentry_testkit::cluster::Channel;
 use agentry_testkit::fake_model::{self, FakeModel, Fallback, Reply};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 const ANSWER: &str = "done";
 /// Sessions sharing one HTTP/2 connection.
@@ -348,8 +348,7 @@ pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
 pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
     const RUNS: usize = 300;
     let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["tool-runner"]).await?;
-    let mut runner =
-        ToolRunnerClient::new(agentry_testkit::cluster::connect(&stack.urls["tool-runner"]).await?);
+    let mut runner = ToolRunnerClient::new(stack.as_service("tool-runner").await?);
     println!("\n== shell: `true`, {RUNS} runs each");
     let mut through = Vec::with_capacity(RUNS);
     for i in 0..RUNS + 10 {
@@ -425,7 +424,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
     const PER_WRITER: usize = 500;
     // The store alone: no orchestrator takes these sessions for its own.
     let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["session-store"]).await?;
-    let channel = agentry_testkit::cluster::connect(&stack.urls["session-store"]).await?;
+    let channel = stack.as_service("session-store").await?;
     println!("\n== store: appends of one event, each durable (fsynced) before the answer");
     println!(
         "{:>8} {:>8} {:>12} {:>9} {:>9}",

@@ -2,11 +2,12 @@
 //! fresh data directory on disk and the fake model as the LLM server.
 
 use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
+use agentry_runtime::Auth;
+use agentry_testkit::cluster::Channel;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use tonic::transport::Channel;
 
 pub const SERVICES: [&str; 4] = ["session-store", "tool-runner", "scheduler", "orchestrator"];
 
@@ -14,6 +15,8 @@ pub struct Stack {
     children: Vec<(&'static str, Child)>,
     pub urls: BTreeMap<&'static str, String>,
     pub data: tempfile::TempDir,
+    /// The services' tokens, read from the data dir once they are up.
+    pub auth: Auth,
     _config: tempfile::TempDir,
 }
 
@@ -70,6 +73,7 @@ impl Stack {
             children: Vec::new(),
             urls,
             data,
+            auth: Auth::off(),
             _config: config,
         };
         for &service in services {
@@ -89,6 +93,13 @@ impl Stack {
         }
         for &service in services {
             stack.wait_for(service).await?;
+        }
+        if !services.is_empty() {
+            let auth_dir = stack.data.path().join("auth");
+            stack.auth = Auth::with_tokens(
+                agentry_runtime::auth::read_token(&auth_dir.join("client.token"))?,
+                agentry_runtime::auth::read_token(&auth_dir.join("service.token"))?,
+            );
         }
         Ok(stack)
     }
@@ -134,11 +145,18 @@ impl Stack {
     }
 
     /// A new connection to the orchestrator (one per 100 sessions: each
-    /// HTTP/2 connection carries a bounded number of streams).
+    /// HTTP/2 connection carries a bounded number of streams), with the
+    /// client token as the CLI has.
     pub async fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<Channel>> {
+        let client = Auth::client_with(self.auth.client_token().cloned());
         Ok(OrchestratorClient::new(
-            agentry_testkit::cluster::connect(&self.urls["orchestrator"]).await?,
+            agentry_testkit::cluster::connect_as(&client, &self.urls["orchestrator"]).await?,
         ))
+    }
+
+    /// A new connection to `service` with the service token.
+    pub async fn as_service(&self, service: &str) -> anyhow::Result<Channel> {
+        agentry_testkit::cluster::connect_as(&self.auth, &self.urls[service]).await
     }
 
     /// The workspace of a session.

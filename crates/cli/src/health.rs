@@ -2,6 +2,8 @@
 //! as container health checks and people do.
 
 use crate::client::{innermost_cause, print_line};
+use agentry_runtime::Auth;
+use agentry_runtime::telemetry::TracedChannel;
 use std::process::ExitCode;
 use std::time::Duration;
 use tonic_health::pb::HealthCheckRequest;
@@ -10,15 +12,20 @@ use tonic_health::pb::health_client::HealthClient;
 
 /// Checks each URL; exits 0 when every one is SERVING, 1 otherwise, with
 /// one line per service.
-pub async fn check(urls: &[String], timeout: Duration, quiet: bool) -> anyhow::Result<ExitCode> {
+pub async fn check(
+    auth: &Auth,
+    urls: &[String],
+    timeout: Duration,
+    quiet: bool,
+) -> anyhow::Result<ExitCode> {
     let mut healthy = true;
     for url in urls {
-        let verdict = match tokio::time::timeout(timeout, check_one(url)).await {
+        let verdict = match tokio::time::timeout(timeout, check_one(auth, url)).await {
             Ok(Ok((ServingStatus::Serving, channel))) => {
                 if !quiet {
                     print_line(format!("{url}: SERVING"))?;
                     // A tool runner also says how it confines commands.
-                    for line in sandbox_lines(channel, timeout).await {
+                    for line in sandbox_lines(auth.wrap(channel), timeout).await {
                         print_line(format!("  sandbox {line}"))?;
                     }
                 }
@@ -44,7 +51,7 @@ pub async fn check(urls: &[String], timeout: Duration, quiet: bool) -> anyhow::R
 }
 
 /// The sandbox report of a tool runner; nothing for other services.
-async fn sandbox_lines(channel: tonic::transport::Channel, timeout: Duration) -> Vec<String> {
+async fn sandbox_lines(channel: TracedChannel, timeout: Duration) -> Vec<String> {
     use agentry_proto::tools::v1::{ListToolsRequest, tool_runner_client::ToolRunnerClient};
     let mut client = ToolRunnerClient::new(channel);
     match tokio::time::timeout(timeout, client.list_tools(ListToolsRequest {})).await {
@@ -53,9 +60,13 @@ async fn sandbox_lines(channel: tonic::transport::Channel, timeout: Duration) ->
     }
 }
 
-async fn check_one(url: &str) -> anyhow::Result<(ServingStatus, tonic::transport::Channel)> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
-        .map_err(|e| anyhow::anyhow!("not a valid URL: {e}"))?
+async fn check_one(
+    auth: &Auth,
+    url: &str,
+) -> anyhow::Result<(ServingStatus, tonic::transport::Channel)> {
+    let channel = auth
+        .endpoint(url)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await

@@ -87,6 +87,10 @@ enum Command {
     },
     /// List the tools the agent can use
     Tools,
+    /// Print the client token of this data dir, for gRPC tools and CLIs on
+    /// other machines (`authorization: Bearer <token>` metadata, or
+    /// AGENTRY_TOKEN)
+    Token,
     /// Check that services answer their gRPC health check (exit 0 when all serve)
     Health {
         /// Service URLs to check [default: the configured orchestrator]
@@ -257,7 +261,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let timeout = std::time::Duration::try_from_secs_f64(timeout)
                 .map_err(|_| anyhow::anyhow!("--timeout must be a positive number of seconds"))?;
-            health::check(&urls, timeout, quiet).await
+            // A missing token only costs the sandbox lines of a tool runner.
+            let auth = client::credentials(&config)?;
+            health::check(&auth, &urls, timeout, quiet).await
+        }
+        Command::Token => {
+            let token = if config.auth.token.is_empty() {
+                agentry_runtime::auth::read_token(&config.client_token_file())?
+            } else {
+                agentry_runtime::auth::Token::parse(&config.auth.token)
+                    .map_err(|e| anyhow::anyhow!("AGENTRY_TOKEN: {e}"))?
+            };
+            client::print_line(token.secret()).map(|()| ExitCode::SUCCESS)
         }
         Command::Tools => session_cmds::tools(&config)
             .await

@@ -5,10 +5,17 @@ use crate::client::{dial, print_line, status_error};
 use agentry_proto::scheduler::v1 as pb;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_runtime::Config;
-use tonic::transport::Channel;
+use agentry_runtime::telemetry::TracedChannel;
 
-async fn connect(config: &Config) -> anyhow::Result<SchedulerClient<Channel>> {
-    let channel = dial(&config.scheduler.url, "scheduler", "AGENTRY_SCHEDULER_URL").await?;
+async fn connect(config: &Config) -> anyhow::Result<SchedulerClient<TracedChannel>> {
+    let auth = crate::client::credentials(config)?;
+    let channel = dial(
+        &auth,
+        &config.scheduler.url,
+        "scheduler",
+        "AGENTRY_SCHEDULER_URL",
+    )
+    .await?;
     Ok(SchedulerClient::new(channel))
 }
 

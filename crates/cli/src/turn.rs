@@ -8,13 +8,13 @@ use crate::render::{Renderer, event_json};
 use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
 use agentry_proto::sessions::v1::{self as spb, event::Kind};
 use agentry_runtime::Config;
+use agentry_runtime::telemetry::TracedChannel;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 use tonic::Streaming;
-use tonic::transport::Channel;
 
 /// Exit code of a failed turn.
 const EXIT_FAILED: u8 = 1;
@@ -38,7 +38,7 @@ fn exit_code(outcome: i32) -> ExitCode {
 
 /// Opens the named session, or creates a new one.
 async fn open_session(
-    client: &mut OrchestratorClient<Channel>,
+    client: &mut OrchestratorClient<TracedChannel>,
     session: Option<String>,
 ) -> anyhow::Result<spb::Session> {
     match session {
@@ -60,7 +60,7 @@ async fn open_session(
 /// A session's event stream that survives a restart of the orchestrator or
 /// the session store: on a broken stream it resubscribes from the next seq.
 struct Follower {
-    client: OrchestratorClient<Channel>,
+    client: OrchestratorClient<TracedChannel>,
     session_id: String,
     next_seq: u64,
     stream: Option<Streaming<spb::Event>>,
@@ -71,7 +71,7 @@ const RECONNECT_FOR: Duration = Duration::from_secs(30);
 
 impl Follower {
     async fn new(
-        client: &OrchestratorClient<Channel>,
+        client: &OrchestratorClient<TracedChannel>,
         session: &spb::Session,
     ) -> anyhow::Result<Follower> {
         let mut follower = Follower {

@@ -1,6 +1,7 @@
 //! `agentry up` (every service in this process) and `agentry serve`.
 
 use crate::Service;
+use agentry_runtime::Auth;
 use agentry_runtime::config::Config;
 use agentry_runtime::serve::bind;
 use agentry_runtime::{shutdown_signal, telemetry};
@@ -18,17 +19,20 @@ async fn on_stop(mut rx: watch::Receiver<bool>) {
 
 async fn start(
     config: &Config,
+    auth: &Auth,
     service: Service,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<ServiceFuture> {
     let data_dir = config.data_dir();
+    let auth = auth.clone();
     let shutdown = on_stop(stop);
     let fut: ServiceFuture = match service {
         Service::SessionStore => {
             let listener = bind(config.session_store.listen).await?;
             let metrics_listen = config.session_store.metrics_listen.clone();
             Box::pin(async move {
-                agentry_session_store::run(&data_dir, listener, &metrics_listen, shutdown).await?;
+                agentry_session_store::run(&data_dir, &auth, listener, &metrics_listen, shutdown)
+                    .await?;
                 Ok(())
             })
         }
@@ -53,7 +57,7 @@ async fn start(
             };
             Box::pin(async move {
                 agentry_tool_runner::run(
-                    root, limits, sandbox, web, id, listener, metrics, shutdown,
+                    root, limits, sandbox, web, id, &auth, listener, metrics, shutdown,
                 )
                 .await?;
                 Ok(())
@@ -69,6 +73,7 @@ async fn start(
                     &store_url,
                     settings,
                     std::sync::Arc::new(agentry_scheduler::SystemClock),
+                    &auth,
                     listener,
                     shutdown,
                 )
@@ -80,7 +85,7 @@ async fn start(
             let listener = bind(config.orchestrator.listen).await?;
             let config = config.clone();
             Box::pin(async move {
-                agentry_orchestrator::run(&config, listener, shutdown).await?;
+                agentry_orchestrator::run(&config, &auth, listener, shutdown).await?;
                 Ok(())
             })
         }
@@ -93,9 +98,13 @@ async fn run_services(config: &Config, services: &[Service]) -> anyhow::Result<(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     // Bind every address first, so a taken port fails before anything runs.
+    let auth = Auth::for_services(config)?;
     let mut futures = Vec::new();
     for service in services {
-        futures.push((*service, start(config, *service, stop_rx.clone()).await?));
+        futures.push((
+            *service,
+            start(config, &auth, *service, stop_rx.clone()).await?,
+        ));
     }
     for (service, fut) in futures {
         tasks.spawn(async move { (service, fut.await) });

@@ -844,3 +844,88 @@ async fn run_plan_plans_before_it_acts() {
     );
     assert!(stdout.contains(r#""detail":"briefly""#), "{stdout}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_uses_the_token_of_its_data_dir_and_others_are_refused() {
+    let model = FakeModel::start().await.unwrap();
+    let (install, up, _log) = Up::start(&model.base_url());
+    // Up::start got an answer from `agentry sessions list` with no set-up:
+    // the CLI found the client token the services created.
+    let token_file = install.dir.path().join("data/auth/client.token");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&token_file).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+
+    // `agentry token` prints it, for grpcurl and remote CLIs.
+    let out = install.run(&["token"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let token = stdout.trim().to_string();
+    assert!(token.starts_with("agentry_client_"), "{stdout}");
+    assert_eq!(
+        token,
+        std::fs::read_to_string(&token_file).unwrap().trim(),
+        "the printed token is the file's"
+    );
+
+    // Given explicitly, it works from anywhere.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = install
+        .command(&["sessions", "list"])
+        .env("AGENTRY_DATA_DIR", elsewhere.path())
+        .env("AGENTRY_TOKEN", &token)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+
+    // A wrong token and no token are refused, each with one clear line.
+    let out = install
+        .command(&["sessions", "list"])
+        .env(
+            "AGENTRY_TOKEN",
+            "agentry_client_0000000000000000000000000000",
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("not valid"), "{stderr}");
+    assert!(stderr.contains("Unauthenticated"), "{stderr}");
+    let out = install
+        .command(&["sessions", "list"])
+        .env("AGENTRY_DATA_DIR", elsewhere.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("has no client token"), "{stderr}");
+    assert!(stderr.contains("AGENTRY_TOKEN"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    up.stop();
+}
+
+#[test]
+fn a_service_without_authentication_refuses_to_listen_beyond_loopback() {
+    let install = Install::new("http://127.0.0.1:9/v1");
+    let port = free_port();
+    let out = install
+        .command(&["serve", "session-store"])
+        .env("AGENTRY_AUTH", "off")
+        .env("AGENTRY_SESSION_STORE_LISTEN", format!("0.0.0.0:{port}"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "refusing to listen on 0.0.0.0:{port} without authentication"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("auth.mode"), "{stderr}");
+}

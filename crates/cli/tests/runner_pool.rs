@@ -7,6 +7,7 @@ mod common;
 
 use agentry_orchestrator::runners::RunnerPool;
 use agentry_proto::tools::v1::{ExecuteRequest, ExecuteResult};
+use agentry_runtime::Auth;
 use common::BIN;
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
@@ -34,6 +35,8 @@ impl Runner {
             .env("AGENTRY_TOOL_RUNNER_LISTEN", format!("127.0.0.1:{port}"))
             .env("AGENTRY_WORKSPACE_ROOT", workspace)
             .env("AGENTRY_RUNNER_ID", id)
+            // The pool's behaviour is under test here, not credentials.
+            .env("AGENTRY_AUTH", "off")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -101,7 +104,7 @@ async fn two_runners() -> (tempfile::TempDir, Runner, Runner, Arc<RunnerPool>) {
     let workspace = tempfile::tempdir().unwrap();
     let a = Runner::start("runner-a", workspace.path()).await;
     let b = Runner::start("runner-b", workspace.path()).await;
-    let pool = RunnerPool::new(&format!("{},{}", a.url, b.url)).unwrap();
+    let pool = RunnerPool::new(&format!("{},{}", a.url, b.url), &Auth::off()).unwrap();
     (workspace, a, b, pool)
 }
 
@@ -261,7 +264,7 @@ async fn no_reachable_runner_is_a_clear_error() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let pool = RunnerPool::new(&format!("http://127.0.0.1:{port}")).unwrap();
+    let pool = RunnerPool::new(&format!("http://127.0.0.1:{port}"), &Auth::off()).unwrap();
     let failure = run(
         &pool,
         request("bash", serde_json::json!({"command": "true"})),

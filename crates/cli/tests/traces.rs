@@ -222,11 +222,18 @@ async fn one_turn_is_one_trace_across_every_service() {
         agentry_testkit::cluster::connect(&urls[var]).await.unwrap();
     }
 
-    // One turn.
+    // One turn, with the client token the services created.
+    let client_token =
+        agentry_runtime::auth::read_token(&data.path().join("auth/client.token")).unwrap();
+    let service_token =
+        agentry_runtime::auth::read_token(&data.path().join("auth/service.token")).unwrap();
     let mut client = OrchestratorClient::new(
-        agentry_testkit::cluster::connect(&urls["ORCHESTRATOR"])
-            .await
-            .unwrap(),
+        agentry_testkit::cluster::connect_as(
+            &agentry_runtime::Auth::client_with(Some(client_token.clone())),
+            &urls["ORCHESTRATOR"],
+        )
+        .await
+        .unwrap(),
     );
     let session_id = client
         .create_session(opb::CreateSessionRequest::default())
@@ -412,7 +419,12 @@ async fn one_turn_is_one_trace_across_every_service() {
         "log lines inside the turn: {in_turn}\n{orchestrator_log}"
     );
     let raw = collector.raw.lock().unwrap().clone();
-    for secret in [API_KEY, CRAWL_TOKEN] {
+    for secret in [
+        API_KEY,
+        CRAWL_TOKEN,
+        client_token.secret(),
+        service_token.secret(),
+    ] {
         assert!(!logs.contains(secret), "a secret was logged");
         assert!(!raw.contains(secret), "a secret is in a span");
     }

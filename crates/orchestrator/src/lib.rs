@@ -26,15 +26,14 @@ pub use service::OrchestratorService;
 use agentry_llm::{ChatClient, ProviderConfig};
 use agentry_proto::orchestrator::v1::orchestrator_server::OrchestratorServer;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_runtime::Auth;
 use agentry_runtime::Config;
-use agentry_runtime::telemetry::traced;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic::service::Routes;
-use tonic::transport::{Channel, Endpoint};
 
 /// Why the orchestrator could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -47,33 +46,21 @@ pub enum RunError {
     Serve(#[from] agentry_runtime::ServeError),
 }
 
-/// A channel that connects on first use (and reconnects), so services may
-/// start in any order.
-pub fn lazy_channel(url: &str, what: &str) -> Result<Channel, RunError> {
-    Ok(Endpoint::from_shared(url.to_string())
-        .map_err(|e| RunError::Config(format!("invalid {what} URL {url:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        // Notice a peer that vanished (a killed container sends no reset),
-        // between calls too.
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true)
-        .connect_lazy())
-}
-
-/// Builds the shared dependencies from the configuration.
-pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
-    let store = SessionStoreClient::new(traced(lazy_channel(
-        &config.session_store.url,
-        "session store",
-    )?))
-    .max_decoding_message_size(64 * 1024 * 1024);
-    let runners = runners::RunnerPool::new(&config.tool_runner.url)
+/// Builds the shared dependencies from the configuration; calls to the
+/// other services carry `auth`'s service credential.
+pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> {
+    let channel = |url: &str, what: &str| {
+        auth.lazy_channel(url)
+            .map_err(|e| RunError::Config(format!("{what}: {e}")))
+    };
+    let store = SessionStoreClient::new(channel(&config.session_store.url, "session store")?)
+        .max_decoding_message_size(64 * 1024 * 1024);
+    let runners = runners::RunnerPool::new(&config.tool_runner.url, auth)
         .map_err(|e| RunError::Config(format!("tool_runner.url: {e}")))?;
-    let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(traced(
-        lazy_channel(&config.scheduler.url, "scheduler")?,
-    ));
+    let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(channel(
+        &config.scheduler.url,
+        "scheduler",
+    )?);
     let llm = ChatClient::new(ProviderConfig {
         provider: match config.llm.provider {
             agentry_runtime::config::LlmProvider::Openai => agentry_llm::Provider::OpenAi,
@@ -137,13 +124,15 @@ pub fn deps_from_config(config: &Config) -> Result<Deps, RunError> {
     Ok(deps)
 }
 
-/// Serves the orchestrator on `listener` until `shutdown`.
+/// Serves the orchestrator on `listener` until `shutdown`, checking callers
+/// and calling the other services with `auth`.
 pub async fn run(
     config: &Config,
+    auth: &Auth,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
-    let deps = Arc::new(deps_from_config(config)?);
+    let deps = Arc::new(deps_from_config(config, auth)?);
     tracing::info!(
         model = %config.llm.model,
         llm = %config.llm.base_url,
@@ -171,6 +160,7 @@ pub async fn run(
         listener,
         Routes::new(service),
         &[OrchestratorServer::<OrchestratorService>::NAME],
+        auth,
         shutdown,
     )
     .await;

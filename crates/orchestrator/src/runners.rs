@@ -22,7 +22,8 @@ use agentry_proto::tools::v1::{
     ExecuteRequest, ExecuteResult, ListToolsRequest, ListToolsResponse, OutputChunk,
     execute_response,
 };
-use agentry_runtime::telemetry::{TracedChannel, traced};
+use agentry_runtime::Auth;
+use agentry_runtime::telemetry::TracedChannel;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -123,12 +124,15 @@ pub struct Replica {
 }
 
 impl Replica {
-    fn new(url: String, source: &str) -> Result<Replica, String> {
-        let channel = crate::lazy_channel(&url, "tool runner").map_err(|e| e.to_string())?;
+    fn new(url: String, source: &str, auth: &Auth) -> Result<Replica, String> {
+        let channel = auth
+            .endpoint(&url)
+            .map_err(|e| format!("tool runner: {e}"))?
+            .connect_lazy();
         Ok(Replica {
             url,
             source: source.to_string(),
-            client: ToolRunnerClient::new(traced(channel.clone())),
+            client: ToolRunnerClient::new(auth.wrap(channel.clone())),
             health: HealthClient::new(channel),
             in_flight: AtomicUsize::new(0),
             failures: AtomicU32::new(0),
@@ -215,6 +219,7 @@ pub struct RunnerPool {
     replicas: Mutex<Vec<Arc<Replica>>>,
     turn: AtomicUsize,
     refresher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    auth: Auth,
 }
 
 impl Drop for RunnerPool {
@@ -228,11 +233,15 @@ impl Drop for RunnerPool {
 impl RunnerPool {
     /// A pool for `tool_runner.url`. Static addresses become replicas now;
     /// names are resolved on first use.
-    pub fn new(urls: &str) -> Result<Arc<RunnerPool>, String> {
+    pub fn new(urls: &str, auth: &Auth) -> Result<Arc<RunnerPool>, String> {
         let targets = parse_targets(urls)?;
         let mut replicas = Vec::new();
         for target in targets.iter().filter(|t| !t.dynamic) {
-            replicas.push(Arc::new(Replica::new(target.url.clone(), &target.url)?));
+            replicas.push(Arc::new(Replica::new(
+                target.url.clone(),
+                &target.url,
+                auth,
+            )?));
         }
         Ok(Arc::new(RunnerPool {
             configured: urls.to_string(),
@@ -240,6 +249,7 @@ impl RunnerPool {
             replicas: Mutex::new(replicas),
             turn: AtomicUsize::new(0),
             refresher: Mutex::new(None),
+            auth: auth.clone(),
         }))
     }
 
@@ -302,7 +312,7 @@ impl RunnerPool {
         });
         for (url, source) in resolved {
             if !replicas.iter().any(|r| r.url == url) {
-                match Replica::new(url.clone(), &source) {
+                match Replica::new(url.clone(), &source, &self.auth) {
                     Ok(replica) => {
                         tracing::info!(runner = %url, "tool runner joined");
                         replicas.push(Arc::new(replica));
@@ -602,8 +612,11 @@ mod tests {
 
     #[tokio::test]
     async fn picks_the_least_loaded_and_takes_turns_on_ties() {
-        let pool =
-            RunnerPool::new("http://127.0.0.1:1,http://127.0.0.1:2,http://127.0.0.1:3").unwrap();
+        let pool = RunnerPool::new(
+            "http://127.0.0.1:1,http://127.0.0.1:2,http://127.0.0.1:3",
+            &Auth::off(),
+        )
+        .unwrap();
         let mut seen = BTreeSet::new();
         for _ in 0..3 {
             seen.insert(pool.pick(&[]).unwrap().url.clone());
@@ -627,7 +640,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_replica_is_passed_over_until_its_backoff_ends() {
-        let pool = RunnerPool::new("http://127.0.0.1:1,http://127.0.0.1:2").unwrap();
+        let pool = RunnerPool::new("http://127.0.0.1:1,http://127.0.0.1:2", &Auth::off()).unwrap();
         let replicas = pool.replicas();
         replicas[0].mark_down("test");
         for _ in 0..4 {
@@ -642,7 +655,7 @@ mod tests {
 
     #[tokio::test]
     async fn backoff_doubles_and_is_capped() {
-        let replica = Replica::new("http://127.0.0.1:1".into(), "test").unwrap();
+        let replica = Replica::new("http://127.0.0.1:1".into(), "test", &Auth::off()).unwrap();
         let mut seconds = Vec::new();
         for _ in 0..8 {
             replica.mark_down("test");

@@ -72,6 +72,9 @@ pub struct Config {
     /// OpenTelemetry export.
     #[serde(default)]
     pub otel: OtelConfig,
+    /// Who may call the services.
+    #[serde(default)]
+    pub auth: AuthConfig,
     /// What models can do, by model-name pattern; the first match applies.
     #[serde(default)]
     pub model_profiles: Vec<ModelProfile>,
@@ -294,6 +297,91 @@ pub struct OtelConfig {
     pub endpoint: String,
 }
 
+/// Who may call the services: bearer tokens (a client token for people and
+/// their tools, a service token for the services' calls to each other) and
+/// optionally TLS with client certificates.
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// "token": every call but health checks needs a token; "off": no
+    /// credential is asked for (only allowed on loopback addresses).
+    pub mode: AuthMode,
+    /// The client token's file; empty: `<data_dir>/auth/client.token`.
+    /// Services create it (mode 0600) when it does not exist.
+    pub client_token_file: String,
+    /// The service token's file; empty: `<data_dir>/auth/service.token`.
+    pub service_token_file: String,
+    /// The client token itself, for clients on another machine; empty: read
+    /// from `client_token_file`.
+    pub token: String,
+    /// TLS for every gRPC connection.
+    pub tls: TlsConfig,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            mode: AuthMode::Token,
+            client_token_file: String::new(),
+            service_token_file: String::new(),
+            token: String::new(),
+            tls: TlsConfig::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("mode", &self.mode)
+            .field("client_token_file", &self.client_token_file)
+            .field("service_token_file", &self.service_token_file)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// Whether the services ask for a credential.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Bearer tokens.
+    Token,
+    /// No credential (loopback addresses only).
+    Off,
+}
+
+/// TLS for gRPC: set all three to have every service serve TLS and require
+/// a client certificate signed by `ca`, and every client (services calling
+/// each other, the CLI) present `cert` and trust servers signed by `ca`.
+/// URLs then use `https://`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// This program's certificate chain (PEM).
+    pub cert: String,
+    /// Its private key (PEM).
+    pub key: String,
+    /// The certificate authority that signs servers' and clients'
+    /// certificates (PEM).
+    pub ca: String,
+}
+
+impl TlsConfig {
+    /// Whether TLS is configured.
+    pub fn enabled(&self) -> bool {
+        !(self.cert.is_empty() && self.key.is_empty() && self.ca.is_empty())
+    }
+}
+
 /// Where a service listens and where others reach it.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -352,7 +440,7 @@ pub struct ToolRunnerConfig {
 /// Where a service run as root keeps its data unless told otherwise.
 const ROOT_DATA_DIR: &str = "/var/lib/agentry";
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false)
@@ -597,6 +685,16 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_SCHEDULER_LISTEN", &["scheduler", "listen"]),
     ("AGENTRY_LOG_FORMAT", &["log", "format"]),
     ("AGENTRY_OTLP_ENDPOINT", &["otel", "endpoint"]),
+    ("AGENTRY_AUTH", &["auth", "mode"]),
+    ("AGENTRY_TOKEN", &["auth", "token"]),
+    ("AGENTRY_CLIENT_TOKEN_FILE", &["auth", "client_token_file"]),
+    (
+        "AGENTRY_SERVICE_TOKEN_FILE",
+        &["auth", "service_token_file"],
+    ),
+    ("AGENTRY_TLS_CERT", &["auth", "tls", "cert"]),
+    ("AGENTRY_TLS_KEY", &["auth", "tls", "key"]),
+    ("AGENTRY_TLS_CA", &["auth", "tls", "ca"]),
     (
         "AGENTRY_ORCHESTRATOR_METRICS_LISTEN",
         &["orchestrator", "metrics_listen"],
@@ -682,6 +780,14 @@ impl Config {
         }
         if self.llm.model.trim().is_empty() {
             return Err(invalid("llm.model", "must not be empty"));
+        }
+        let tls = &self.auth.tls;
+        if tls.enabled() && (tls.cert.is_empty() || tls.key.is_empty() || tls.ca.is_empty()) {
+            return Err(invalid(
+                "auth.tls",
+                "set all of cert, key and ca (AGENTRY_TLS_CERT, AGENTRY_TLS_KEY, AGENTRY_TLS_CA), \
+                 or none",
+            ));
         }
         if !matches!(
             self.tool_runner.sandbox.mode.as_str(),
@@ -775,6 +881,22 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The client token's file.
+    pub fn client_token_file(&self) -> PathBuf {
+        match self.auth.client_token_file.as_str() {
+            "" => self.data_dir().join("auth").join("client.token"),
+            path => PathBuf::from(path),
+        }
+    }
+
+    /// The service token's file.
+    pub fn service_token_file(&self) -> PathBuf {
+        match self.auth.service_token_file.as_str() {
+            "" => self.data_dir().join("auth").join("service.token"),
+            path => PathBuf::from(path),
+        }
     }
 
     /// The data directory, resolved.

@@ -2,11 +2,13 @@
 //! set-up, and a gRPC server bootstrap with health, reflection and graceful
 //! shutdown.
 
+pub mod auth;
 pub mod config;
 pub mod datadir;
 pub mod metrics;
 pub mod serve;
 pub mod telemetry;
 
+pub use auth::Auth;
 pub use config::{Config, ConfigError, ConfigSource};
 pub use serve::{ServeError, serve, shutdown_signal};

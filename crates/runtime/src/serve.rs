@@ -1,5 +1,6 @@
 //! The gRPC server bootstrap every service uses.
 
+use crate::auth::Auth;
 use std::future::Future;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -24,6 +25,9 @@ pub enum ServeError {
     /// Reflection could not be set up from the descriptor set.
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),
+    /// The credentials forbid serving here, or TLS could not be set up.
+    #[error("{0}")]
+    Auth(String),
     /// The transport failed.
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -58,12 +62,21 @@ fn incoming(
 /// Serves `routes` on `listener` together with `grpc.health.v1` (reporting
 /// each of `service_names` as SERVING) and server reflection, until
 /// `shutdown` completes; then stops accepting and drains open calls.
+///
+/// Every call but health checks goes through `auth`'s credential check;
+/// TLS is served when `auth` has it. A listener on a non-loopback address
+/// with neither tokens nor TLS is refused.
 pub async fn serve(
     listener: TcpListener,
     routes: Routes,
     service_names: &[&str],
+    auth: &Auth,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    if let Ok(addr) = listener.local_addr() {
+        auth.check_listen(addr)
+            .map_err(|e| ServeError::Auth(e.to_string()))?;
+    }
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", ServingStatus::Serving)
@@ -84,8 +97,15 @@ pub async fn serve(
         .unwrap_or_default();
     tracing::info!(addr = %local, services = ?service_names, "serving gRPC");
     let (stopping_tx, stopping) = tokio::sync::oneshot::channel::<()>();
-    let server = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = auth.server_tls() {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| ServeError::Auth(format!("cannot set up TLS: {e}")))?;
+    }
+    let server = builder
         .trace_fn(crate::telemetry::server_span)
+        .layer(auth.layer())
         .add_routes(routes)
         .add_service(health)
         .add_service(reflection)

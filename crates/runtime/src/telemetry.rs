@@ -225,10 +225,27 @@ pub fn inject_http(headers: &mut http::HeaderMap) {
     }
 }
 
-/// A tonic interceptor writing the current span's W3C trace context into
-/// every outgoing request.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Propagate;
+/// A tonic interceptor writing the current span's W3C trace context, and
+/// the caller's credential when it has one, into every outgoing request.
+#[derive(Clone, Default)]
+pub struct Propagate {
+    bearer: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
+impl std::fmt::Debug for Propagate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Propagate")
+            .field("credential", &self.bearer.is_some())
+            .finish()
+    }
+}
+
+impl Propagate {
+    /// Also sends `bearer` as the `authorization` metadata.
+    pub fn with_bearer(bearer: Option<tonic::metadata::AsciiMetadataValue>) -> Self {
+        Propagate { bearer }
+    }
+}
 
 impl tonic::service::Interceptor for Propagate {
     fn call(
@@ -238,6 +255,11 @@ impl tonic::service::Interceptor for Propagate {
         if let Some(cx) = current_context() {
             TraceContextPropagator::new()
                 .inject_context(&cx, &mut MetadataInjector(request.metadata_mut()));
+        }
+        if let Some(bearer) = &self.bearer {
+            request
+                .metadata_mut()
+                .insert("authorization", bearer.clone());
         }
         Ok(request)
     }
@@ -249,7 +271,7 @@ pub type TracedChannel =
 
 /// Wraps a channel so its requests carry trace context.
 pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
-    tonic::service::interceptor::InterceptedService::new(channel, Propagate)
+    tonic::service::interceptor::InterceptedService::new(channel, Propagate::default())
 }
 
 /// The span of one incoming gRPC request, a child of the caller's span when
@@ -294,7 +316,8 @@ mod tests {
         inject_http(&mut headers);
         assert!(headers.is_empty());
         let request =
-            tonic::service::Interceptor::call(&mut Propagate, tonic::Request::new(())).unwrap();
+            tonic::service::Interceptor::call(&mut Propagate::default(), tonic::Request::new(()))
+                .unwrap();
         assert!(request.metadata().is_empty());
         let request = http::Request::builder()
             .uri("/agentry.sessions.v1.SessionStore/Append")

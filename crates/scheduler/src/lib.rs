@@ -62,6 +62,7 @@ pub async fn run(
     session_store_url: &str,
     settings: Settings,
     clock: Arc<dyn Clock>,
+    auth: &agentry_runtime::Auth,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
@@ -69,19 +70,14 @@ pub async fn run(
     let store = tokio::task::spawn_blocking(move || store::Store::open(&path))
         .await
         .map_err(|e| RunError::Config(format!("scheduler start-up failed: {e}")))??;
-    let channel = tonic::transport::Endpoint::from_shared(session_store_url.to_string())
-        .map_err(|e| {
-            RunError::Config(format!(
-                "invalid session store URL {session_store_url:?}: {e}"
-            ))
-        })?
-        .connect_timeout(Duration::from_secs(5))
-        .connect_lazy();
+    let channel = auth
+        .lazy_channel(session_store_url)
+        .map_err(|e| RunError::Config(format!("session store: {e}")))?;
     let core = Core::new(
         Arc::new(store),
         clock,
         settings,
-        SessionStoreClient::new(agentry_runtime::telemetry::traced(channel)),
+        SessionStoreClient::new(channel),
         session_store_url.to_string(),
     );
     let metrics_core = core.clone();
@@ -101,6 +97,7 @@ pub async fn run(
         listener,
         Routes::new(SchedulerServer::new(SchedulerService::new(core))),
         &[SchedulerServer::<SchedulerService>::NAME],
+        auth,
         shutdown,
     )
     .await;

@@ -18,9 +18,11 @@ use tonic::service::Routes;
 /// The file name of the store's database inside the data directory.
 pub const DB_FILE: &str = "sessions.db";
 
-/// Opens the store under `data_dir` and serves it on `listener` until `shutdown`.
+/// Opens the store under `data_dir` and serves it on `listener` until
+/// `shutdown`, to callers `auth` accepts.
 pub async fn run(
     data_dir: &Path,
+    auth: &agentry_runtime::Auth,
     listener: TcpListener,
     metrics_listen: &str,
     shutdown: impl Future<Output = ()> + Send,
@@ -45,6 +47,7 @@ pub async fn run(
         listener,
         Routes::new(service),
         &[SessionStoreServer::<SessionStoreService>::NAME],
+        auth,
         shutdown,
     )
     .await;

@@ -41,7 +41,10 @@ impl Server {
         let (tx, rx) = oneshot::channel::<()>();
         let dir: PathBuf = data_dir.to_path_buf();
         let task = tokio::spawn(async move {
-            agentry_session_store::run(&dir, listener, "", async {
+            // Credentials are tested with the whole cluster; this store is
+            // on loopback and asks for none.
+            let auth = agentry_runtime::Auth::off();
+            agentry_session_store::run(&dir, &auth, listener, "", async {
                 let _ = rx.await;
             })
             .await

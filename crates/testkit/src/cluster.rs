@@ -5,14 +5,16 @@
 use crate::fake_model::FakeModel;
 use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
-use agentry_runtime::{Config, ConfigSource};
+use agentry_runtime::{Auth, Config, ConfigSource};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic::transport::Channel;
+
+/// A channel to a service, sending a credential when it has one.
+pub type Channel = agentry_runtime::telemetry::TracedChannel;
 
 /// Which service, for starting and stopping one of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +40,9 @@ pub struct Cluster {
     pub model: FakeModel,
     /// The configuration the services run with.
     pub config: Config,
+    /// The services' credentials: tokens created in the data dir at start,
+    /// as `agentry up` does.
+    pub auth: Auth,
     dir: tempfile::TempDir,
     running: Vec<(Service, Running)>,
     /// Listeners bound at start-up and not yet handed to their service, so
@@ -96,7 +101,7 @@ impl Cluster {
             (Service::Scheduler, &mut config.scheduler.listen),
             (Service::ToolRunner, &mut config.tool_runner.listen),
         ] {
-            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let listener = bind_below_ephemeral().await?;
             *endpoint = listener.local_addr()?;
             reserved.push((service, listener));
         }
@@ -105,9 +110,11 @@ impl Cluster {
         config.scheduler.url = format!("http://{}", config.scheduler.listen);
         config.tool_runner.url = format!("http://{}", config.tool_runner.listen);
         adjust(&mut config);
+        let auth = Auth::for_services(&config)?;
         let mut cluster = Cluster {
             model,
             config,
+            auth,
             dir,
             running: Vec::new(),
             reserved,
@@ -137,6 +144,7 @@ impl Cluster {
     /// accepts connections.
     pub async fn start_service(&mut self, service: Service) -> anyhow::Result<()> {
         let config = self.config.clone();
+        let auth = self.auth.clone();
         let addr = match service {
             Service::SessionStore => config.session_store.listen,
             Service::ToolRunner => config.tool_runner.listen,
@@ -153,7 +161,8 @@ impl Cluster {
         };
         let task: JoinHandle<anyhow::Result<()>> = match service {
             Service::SessionStore => tokio::spawn(async move {
-                agentry_session_store::run(&config.data_dir(), listener, "", shutdown).await?;
+                agentry_session_store::run(&config.data_dir(), &auth, listener, "", shutdown)
+                    .await?;
                 Ok(())
             }),
             Service::ToolRunner => tokio::spawn(async move {
@@ -166,6 +175,7 @@ impl Cluster {
                     sandbox,
                     config.tool_runner.web.clone(),
                     format!("runner-{}", addr.port()),
+                    &auth,
                     listener,
                     None,
                     shutdown,
@@ -179,6 +189,7 @@ impl Cluster {
                     &config.session_store.url,
                     agentry_scheduler::settings_from_config(&config),
                     std::sync::Arc::new(agentry_scheduler::SystemClock),
+                    &auth,
                     listener,
                     shutdown,
                 )
@@ -186,7 +197,7 @@ impl Cluster {
                 Ok(())
             }),
             Service::Orchestrator => tokio::spawn(async move {
-                agentry_orchestrator::run(&config, listener, shutdown).await?;
+                agentry_orchestrator::run(&config, &auth, listener, shutdown).await?;
                 Ok(())
             }),
         };
@@ -221,29 +232,38 @@ impl Cluster {
         listener.local_addr().ok()
     }
 
-    /// A client of the orchestrator.
+    /// The credentials of a person's client (the client token).
+    pub fn client_auth(&self) -> Auth {
+        match Auth::for_client(&self.config) {
+            Ok(auth) => auth,
+            Err(e) => panic!("the cluster's client credentials: {e}"),
+        }
+    }
+
+    /// A client of the orchestrator, with the client token as the CLI has.
     pub async fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<Channel>> {
         Ok(OrchestratorClient::new(
-            connect(&self.config.orchestrator.url).await?,
+            connect_as(&self.client_auth(), &self.config.orchestrator.url).await?,
         ))
     }
 
-    /// A client of the scheduler.
+    /// A client of the scheduler, with the service token.
     pub async fn scheduler(
         &self,
     ) -> anyhow::Result<agentry_proto::scheduler::v1::scheduler_client::SchedulerClient<Channel>>
     {
         Ok(
             agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(
-                connect(&self.config.scheduler.url).await?,
+                connect_as(&self.auth, &self.config.scheduler.url).await?,
             ),
         )
     }
 
-    /// A client of the session store.
+    /// A client of the session store, with the service token (tests read
+    /// and write logs as the services do).
     pub async fn store(&self) -> anyhow::Result<SessionStoreClient<Channel>> {
         Ok(SessionStoreClient::new(
-            connect(&self.config.session_store.url).await?,
+            connect_as(&self.auth, &self.config.session_store.url).await?,
         ))
     }
 }
@@ -254,6 +274,29 @@ impl Drop for Cluster {
             running.task.abort();
         }
     }
+}
+
+/// Binds a free loopback port below the kernel's ephemeral range, so that
+/// once a test releases it (to run a service as a process on it, or to
+/// restart one), no port-0 bind elsewhere can be handed the same port in
+/// between.
+pub async fn bind_below_ephemeral() -> anyhow::Result<TcpListener> {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut last = None;
+    for _ in 0..200 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let port = 20_000 + (hasher.finish() % 12_000) as u16;
+        match TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(anyhow::anyhow!(
+        "no free port below the ephemeral range: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    ))
 }
 
 /// Binds `addr`, retrying briefly while a just-stopped server releases it.
@@ -274,13 +317,20 @@ async fn bind_retrying(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     ))
 }
 
-/// Connects to a gRPC server, retrying for a few seconds while it starts.
+/// Connects to a gRPC server without a credential, retrying for a few
+/// seconds while it starts.
 pub async fn connect(url: &str) -> anyhow::Result<Channel> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?.tcp_nodelay(true);
+    connect_as(&Auth::off(), url).await
+}
+
+/// Connects to a gRPC server with `auth`'s credential, retrying for a few
+/// seconds while it starts.
+pub async fn connect_as(auth: &Auth, url: &str) -> anyhow::Result<Channel> {
+    let endpoint = auth.endpoint(url)?;
     let mut last = None;
     for _ in 0..50 {
         match endpoint.connect().await {
-            Ok(channel) => return Ok(channel),
+            Ok(channel) => return Ok(auth.wrap(channel)),
             Err(e) => {
                 last = Some(e);
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -122,6 +122,7 @@ pub async fn run(
     sandbox: sandbox::Sandbox,
     web: agentry_runtime::config::WebConfig,
     runner_id: String,
+    auth: &agentry_runtime::Auth,
     listener: TcpListener,
     metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
@@ -187,6 +188,7 @@ pub async fn run(
         listener,
         Routes::new(service),
         &[ToolRunnerServer::<ToolRunnerService>::NAME],
+        auth,
         shutdown,
     )
     .await;

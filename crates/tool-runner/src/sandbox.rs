@@ -140,6 +140,11 @@ impl Sandbox {
         };
         let workspace_root = config.workspace_root();
         let mut hidden = vec![config.data_dir(), workspace_root.clone()];
+        // Token files kept outside the data dir (Compose keeps them in
+        // volumes of their own).
+        for token in [config.client_token_file(), config.service_token_file()] {
+            hidden.extend(token.parent().map(Path::to_path_buf));
+        }
         hidden.extend(config.config_dir.iter().cloned());
         let hidden = hidden
             .into_iter()

@@ -62,21 +62,30 @@ impl Runner {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(agentry_tool_runner::run(
-            root.clone(),
-            limits,
-            agentry_tool_runner::sandbox::Sandbox::unconfined(),
-            agentry_runtime::Config::load(&agentry_runtime::ConfigSource::default())
-                .unwrap()
-                .tool_runner
-                .web,
-            RUNNER_ID.to_string(),
-            listener,
-            None,
-            async {
-                let _ = rx.await;
-            },
-        ));
+        let web = agentry_runtime::Config::load(&agentry_runtime::ConfigSource::default())
+            .unwrap()
+            .tool_runner
+            .web;
+        let task_root = root.clone();
+        let task = tokio::spawn(async move {
+            // On loopback, without credentials: those are tested with the
+            // whole cluster.
+            let auth = agentry_runtime::Auth::off();
+            agentry_tool_runner::run(
+                task_root,
+                limits,
+                agentry_tool_runner::sandbox::Sandbox::unconfined(),
+                web,
+                RUNNER_ID.to_string(),
+                &auth,
+                listener,
+                None,
+                async {
+                    let _ = rx.await;
+                },
+            )
+            .await
+        });
         Runner {
             addr,
             root,

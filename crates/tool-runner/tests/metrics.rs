@@ -12,7 +12,7 @@ use serde_json::json;
 use std::time::Duration;
 
 async fn call(
-    client: &mut ToolRunnerClient<tonic::transport::Channel>,
+    client: &mut ToolRunnerClient<agentry_testkit::cluster::Channel>,
     tool: &str,
     args: serde_json::Value,
 ) -> bool {
@@ -59,18 +59,28 @@ async fn metrics_show_tool_calls_and_the_breaker_state() {
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics_url = format!("http://{}/metrics", metrics.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(agentry_tool_runner::run(
+    let (root_path, limits, web) = (
         root.path().to_path_buf(),
         Limits::from_config(&config),
-        agentry_tool_runner::sandbox::Sandbox::unconfined(),
         config.tool_runner.web.clone(),
-        "metrics-runner".into(),
-        listener,
-        Some(metrics),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    );
+    let server = tokio::spawn(async move {
+        let auth = agentry_runtime::Auth::off();
+        agentry_tool_runner::run(
+            root_path,
+            limits,
+            agentry_tool_runner::sandbox::Sandbox::unconfined(),
+            web,
+            "metrics-runner".into(),
+            &auth,
+            listener,
+            Some(metrics),
+            async {
+                let _ = stopped.await;
+            },
+        )
+        .await
+    });
     let channel = agentry_testkit::cluster::connect(&format!("http://{addr}"))
         .await
         .unwrap();

@@ -7,11 +7,11 @@ use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
 use agentry_proto::sessions::v1::{self as spb, ApprovalMode, event::Kind};
 use agentry_testkit::Cluster;
+use agentry_testkit::cluster::Channel;
 use agentry_testkit::cluster::Service;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use tonic::transport::Channel;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_agentry");
 
@@ -36,6 +36,8 @@ pub async fn cluster_without_orchestrator(
 pub struct Orchestrator {
     child: Option<Child>,
     addr: SocketAddr,
+    /// The cluster's client token (the process shares its data dir).
+    auth: agentry_runtime::Auth,
     env: Vec<(String, String)>,
     config_dir: tempfile::TempDir,
 }
@@ -65,6 +67,7 @@ impl Orchestrator {
         Orchestrator {
             child: None,
             addr,
+            auth: cluster.client_auth(),
             env,
             config_dir,
         }
@@ -82,9 +85,10 @@ impl Orchestrator {
         }
         let _ = &self.config_dir;
         self.child = Some(cmd.spawn().unwrap());
-        let channel = agentry_testkit::cluster::connect(&format!("http://{}", self.addr))
-            .await
-            .unwrap();
+        let channel =
+            agentry_testkit::cluster::connect_as(&self.auth, &format!("http://{}", self.addr))
+                .await
+                .unwrap();
         OrchestratorClient::new(channel)
     }
 
