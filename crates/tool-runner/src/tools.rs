@@ -8,7 +8,7 @@ use agentry_proto::sessions::v1::OutputStream;
 use serde::Deserialize;
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
 /// A tool's description and flags.
@@ -481,19 +481,12 @@ async fn read_file(
     args: &ReadArgs,
     limits: &Limits,
 ) -> Result<ToolOutcome, ToolError> {
-    let path = workspace.resolve(&args.path)?;
-    let shown = workspace.display(&path);
-    let meta = tokio::fs::metadata(&path)
-        .await
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => {
-                ToolError::Io(format!("{shown}: no such file in the workspace"))
-            }
-            _ => ToolError::Io(format!("{shown}: {e}")),
-        })?;
-    if meta.is_dir() {
-        return Err(ToolError::Io(format!("{shown} is a directory, not a file")));
-    }
+    // One handle, opened beneath the workspace: what is checked is what
+    // is read.
+    let (file, shown) = workspace.open_read(&args.path)?;
+    let meta = file
+        .metadata()
+        .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
     let ranged = args.offset.is_some() || args.limit.is_some();
     if meta.len() > MAX_SCAN_BYTES || (!ranged && meta.len() > limits.max_read_bytes) {
         return Err(ToolError::TooLarge(format!(
@@ -506,7 +499,8 @@ async fn read_file(
             }
         )));
     }
-    let bytes = tokio::fs::read(&path)
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    tokio::io::AsyncReadExt::read_to_end(&mut tokio::fs::File::from_std(file), &mut bytes)
         .await
         .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
     if bytes.iter().take(8192).any(|b| *b == 0) {
@@ -551,53 +545,13 @@ async fn write_file(
     args: &WriteArgs,
     sandbox: &Sandbox,
 ) -> Result<ToolOutcome, ToolError> {
-    let path = workspace.resolve(&args.path)?;
-    let shown = workspace.display(&path);
-    if path.is_dir() {
-        return Err(ToolError::Io(format!("{shown} is a directory")));
-    }
-    let parent = path
-        .parent()
-        .ok_or_else(|| ToolError::InvalidArguments(format!("{shown} has no parent directory")))?
-        .to_path_buf();
-    tokio::fs::create_dir_all(&parent)
-        .await
-        .map_err(|e| ToolError::Io(format!("cannot create the directories of {shown}: {e}")))?;
-    let tmp = crate::workspace::temp_path_for(&path)?;
-    let content = args.content.as_bytes().to_vec();
-    let len = content.len();
-    let result = async {
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .await?;
-        file.write_all(&content).await?;
-        file.sync_all().await?;
-        drop(file);
-        tokio::fs::rename(&tmp, &path).await
-    }
-    .await;
-    if let Err(e) = result {
-        let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(ToolError::Io(format!("cannot write {shown}: {e}")));
-    }
-    // Files the runner writes belong to the user commands run as, so that
-    // later commands can change them; so do directories it created.
-    let mut owned = vec![path.clone()];
-    let mut dir = parent.as_path();
-    while dir != workspace.root() && dir.starts_with(workspace.root()) {
-        owned.push(dir.to_path_buf());
-        match dir.parent() {
-            Some(p) => dir = p,
-            None => break,
-        }
-    }
-    for p in owned {
-        sandbox
-            .hand_over(workspace.session_id(), &p)
-            .map_err(|e| ToolError::Io(format!("cannot hand {shown} over: {e}")))?;
-    }
+    let len = args.content.len();
+    let owner = sandbox
+        .ids_for(workspace.session_id())
+        .map(|ids| (ids.uid, ids.gid));
+    // Directories made, and the file, belong to the user commands run as,
+    // so later commands can change them.
+    let shown = workspace.replace_file(&args.path, args.content.as_bytes(), owner, None)?;
     Ok(ToolOutcome {
         output: format!("wrote {len} bytes to {shown}"),
         ..ToolOutcome::default()

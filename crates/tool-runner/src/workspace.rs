@@ -159,6 +159,223 @@ impl Workspace {
         Ok(resolved)
     }
 
+    /// Checks `path` lexically: relative, no `..`, no NUL. Returns it clean.
+    fn relative(&self, path: &str) -> Result<PathBuf, ToolError> {
+        let refuse = |why: &str| ToolError::PathOutsideWorkspace {
+            path: path.to_string(),
+            reason: why.to_string(),
+        };
+        if path.trim().is_empty() {
+            return Err(ToolError::InvalidArguments("path must not be empty".into()));
+        }
+        if path.contains('\0') {
+            return Err(ToolError::InvalidArguments(
+                "path must not contain NUL bytes".into(),
+            ));
+        }
+        let mut clean = PathBuf::new();
+        for component in Path::new(path).components() {
+            match component {
+                Component::Normal(part) => clean.push(part),
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    return Err(refuse(
+                        "'..' is not allowed; use a path inside the workspace",
+                    ));
+                }
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(refuse(
+                        "absolute paths are not allowed; use a path relative to the workspace",
+                    ));
+                }
+            }
+        }
+        Ok(clean)
+    }
+
+    /// Opens `rel` (clean, relative) beneath the workspace in one kernel
+    /// call: `openat2` with RESOLVE_BENEATH refuses any step that leaves
+    /// the workspace (a symbolic link leading out, `/proc` magic links), so
+    /// a directory swapped for a link between a check and the open cannot
+    /// lead anywhere else.
+    fn open_at(
+        &self,
+        shown: &str,
+        rel: &Path,
+        flags: rustix::fs::OFlags,
+    ) -> Result<std::os::fd::OwnedFd, ToolError> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        let root = rustix::fs::open(
+            &self.root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| ToolError::Io(format!("cannot open the workspace: {e}")))?;
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        rustix::fs::openat2(
+            &root,
+            rel,
+            // openat2 refuses O_PATH with any flag but CLOEXEC, DIRECTORY
+            // and NOFOLLOW.
+            if flags.contains(OFlags::PATH) {
+                flags | OFlags::CLOEXEC
+            } else {
+                flags | OFlags::CLOEXEC | OFlags::NOCTTY
+            },
+            // openat2 refuses a mode without O_CREAT.
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::XDEV | rustix::io::Errno::LOOP => ToolError::PathOutsideWorkspace {
+                path: shown.to_string(),
+                reason: "a symbolic link leads outside the workspace or is absolute \
+                         (links inside it must be relative)"
+                    .into(),
+            },
+            rustix::io::Errno::NOENT => {
+                ToolError::Io(format!("{shown}: no such file in the workspace"))
+            }
+            rustix::io::Errno::NOSYS => ToolError::Io(
+                "this kernel lacks openat2 (Linux 5.6 or later is needed for file tools)".into(),
+            ),
+            e => ToolError::Io(format!("{shown}: {e}")),
+        })
+    }
+
+    /// Opens an existing regular file for reading, beneath the workspace;
+    /// returns it with its path for messages.
+    pub fn open_read(&self, path: &str) -> Result<(std::fs::File, String), ToolError> {
+        use rustix::fs::OFlags;
+        let rel = self.relative(path)?;
+        let shown = rel.display().to_string();
+        // NONBLOCK: opening a FIFO must not hang the call.
+        let fd = self.open_at(&shown, &rel, OFlags::RDONLY | OFlags::NONBLOCK)?;
+        let file = std::fs::File::from(fd);
+        let meta = file
+            .metadata()
+            .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+        if meta.is_dir() {
+            return Err(ToolError::Io(format!("{shown} is a directory, not a file")));
+        }
+        if !meta.is_file() {
+            return Err(ToolError::InvalidArguments(format!(
+                "{shown} is not a regular file"
+            )));
+        }
+        Ok((file, shown))
+    }
+
+    /// Replaces (or creates) the file `path` with `content`, atomically and
+    /// beneath the workspace: missing directories are made one by one,
+    /// each opened with RESOLVE_BENEATH; the content goes to a new file in
+    /// the opened parent directory, which is then renamed over the name
+    /// (replacing a symbolic link there, never writing through it). New
+    /// files and directories, and the file, are given to `owner` through
+    /// their handles; `mode` keeps an edited file's permissions.
+    pub fn replace_file(
+        &self,
+        path: &str,
+        content: &[u8],
+        owner: Option<(u32, u32)>,
+        mode: Option<u32>,
+    ) -> Result<String, ToolError> {
+        use rustix::fs::{AtFlags, Mode, OFlags};
+        use std::io::Write;
+        let rel = self.relative(path)?;
+        let shown = rel.display().to_string();
+        let name = rel
+            .file_name()
+            .ok_or_else(|| ToolError::InvalidArguments(format!("{shown} names no file")))?
+            .to_os_string();
+        let give = |fd: &std::os::fd::OwnedFd| -> Result<(), ToolError> {
+            if let Some((uid, gid)) = owner {
+                rustix::fs::chownat(
+                    fd,
+                    "",
+                    Some(rustix::fs::Uid::from_raw(uid)),
+                    Some(rustix::fs::Gid::from_raw(gid)),
+                    AtFlags::EMPTY_PATH,
+                )
+                .map_err(|e| ToolError::Io(format!("cannot hand {shown} over: {e}")))?;
+            }
+            Ok(())
+        };
+        // The parent, made beneath the workspace one directory at a time.
+        let mut prefix = PathBuf::new();
+        let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
+        let mut dir = self.open_at(&shown, &prefix, dir_flags)?;
+        for part in rel.parent().into_iter().flat_map(Path::components) {
+            let parent = dir;
+            prefix.push(part);
+            dir = match self.open_at(&shown, &prefix, dir_flags) {
+                Ok(fd) => fd,
+                Err(ToolError::Io(_))
+                    if rustix::fs::statat(&parent, part.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
+                        .is_err() =>
+                {
+                    match rustix::fs::mkdirat(&parent, part.as_os_str(), Mode::from_raw_mode(0o755))
+                    {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => {
+                            return Err(ToolError::Io(format!(
+                                "cannot create the directories of {shown}: {e}"
+                            )));
+                        }
+                    }
+                    let made = self.open_at(&shown, &prefix, dir_flags)?;
+                    give(&made)?;
+                    made
+                }
+                Err(e) => return Err(e),
+            };
+        }
+        if let Ok(stat) = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)
+            && rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory
+        {
+            return Err(ToolError::Io(format!("{shown} is a directory")));
+        }
+        let tmp = temp_path_for(Path::new("x").join(&name).as_path())?;
+        let tmp = tmp.file_name().unwrap_or_default().to_os_string();
+        let written = (|| -> Result<(), ToolError> {
+            let fd = rustix::fs::openat(
+                &dir,
+                &tmp,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(mode.unwrap_or(0o644)),
+            )
+            .map_err(|e| ToolError::Io(format!("cannot write {shown}: {e}")))?;
+            give(&fd)?;
+            let mut file = std::fs::File::from(fd);
+            let io = |e: std::io::Error| ToolError::Io(format!("cannot write {shown}: {e}"));
+            if let Some(mode) = mode {
+                use std::os::unix::fs::PermissionsExt;
+                file.set_permissions(std::fs::Permissions::from_mode(mode))
+                    .map_err(io)?;
+            }
+            file.write_all(content).map_err(io)?;
+            file.sync_all().map_err(io)?;
+            rustix::fs::renameat(&dir, &tmp, &dir, &name)
+                .map_err(|e| ToolError::Io(format!("cannot write {shown}: {e}")))?;
+            Ok(())
+        })();
+        if written.is_err() {
+            let _ = rustix::fs::unlinkat(&dir, &tmp, AtFlags::empty());
+        }
+        written?;
+        // Make the rename durable where the file system allows it.
+        if let Ok(d) =
+            rustix::fs::openat(&dir, ".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+        {
+            let _ = rustix::fs::fsync(&d);
+        }
+        Ok(shown)
+    }
+
     /// `path` relative to the workspace, for messages.
     pub fn display(&self, path: &Path) -> String {
         path.strip_prefix(&self.root)

@@ -991,10 +991,16 @@ async fn paths_outside_the_workspace_are_refused() {
         "root data"
     );
 
-    // A symbolic link that stays inside the workspace is fine.
-    std::os::unix::fs::symlink(ws.join("mine.txt"), ws.join("alias.txt")).unwrap();
+    // A relative symbolic link that stays inside the workspace is fine;
+    // an absolute one is refused (the kernel resolves file tools' paths
+    // beneath the workspace, where absolute links cannot be followed).
+    std::os::unix::fs::symlink("mine.txt", ws.join("alias.txt")).unwrap();
     let r = read_file(&mut client, "s1", json!({ "path": "alias.txt" })).await;
     assert_eq!(ok_output(&r), "s1 data");
+    std::os::unix::fs::symlink(ws.join("mine.txt"), ws.join("absolute.txt")).unwrap();
+    let r = read_file(&mut client, "s1", json!({ "path": "absolute.txt" })).await;
+    assert!(r.is_error, "{r:?}");
+    assert!(r.output.contains("absolute"), "{r:?}");
 }
 
 // ---------------------------------------------------------------------------
