@@ -222,8 +222,7 @@ async fn killed_while_tools_run_read_only_calls_rerun_and_mutating_ones_report_u
         .await
         .unwrap();
     let runner = HangingRunner::default();
-    let runner_addr = cluster.release(Service::ToolRunner).unwrap();
-    let listener = tokio::net::TcpListener::bind(runner_addr).await.unwrap();
+    let listener = cluster.take_listener(Service::ToolRunner).unwrap();
     let serve = runner.clone();
     tokio::spawn(async move {
         tonic::transport::Server::builder()

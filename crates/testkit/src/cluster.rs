@@ -224,6 +224,13 @@ impl Cluster {
         self.start_service(service).await
     }
 
+    /// Hands over the listener reserved for `service`, for a test that
+    /// serves something of its own there (no window for another bind).
+    pub fn take_listener(&mut self, service: Service) -> Option<TcpListener> {
+        let i = self.reserved.iter().position(|(s, _)| *s == service)?;
+        Some(self.reserved.remove(i).1)
+    }
+
     /// Releases the port reserved for `service`, so that another process
     /// can bind it; returns its address.
     pub fn release(&mut self, service: Service) -> Option<SocketAddr> {

@@ -103,32 +103,7 @@ impl Workspace {
             path: path.to_string(),
             reason: why.to_string(),
         };
-        if path.trim().is_empty() {
-            return Err(ToolError::InvalidArguments("path must not be empty".into()));
-        }
-        if path.contains('\0') {
-            return Err(ToolError::InvalidArguments(
-                "path must not contain NUL bytes".into(),
-            ));
-        }
-        let rel = Path::new(path);
-        let mut clean = PathBuf::new();
-        for component in rel.components() {
-            match component {
-                Component::Normal(part) => clean.push(part),
-                Component::CurDir => {}
-                Component::ParentDir => {
-                    return Err(refuse(
-                        "'..' is not allowed; use a path inside the workspace",
-                    ));
-                }
-                Component::RootDir | Component::Prefix(_) => {
-                    return Err(refuse(
-                        "absolute paths are not allowed; use a path relative to the workspace",
-                    ));
-                }
-            }
-        }
+        let clean = self.relative(path)?;
         let joined = self.root.join(&clean);
         // Follow symbolic links through the longest part that exists.
         let mut existing = joined.as_path();
