@@ -164,6 +164,7 @@ async fn the_client_token_cannot_write_logs_run_tools_or_take_reminders() {
                 tool: "bash".into(),
                 arguments_json: r#"{"command":"touch pwned"}"#.into(),
                 timeout_ms: 0,
+                network: false,
             })
             .await
             .map(|_| ());

@@ -11,5 +11,9 @@
 mod support;
 
 mod auth;
+mod flood;
+mod network;
+mod policy;
+mod race;
 mod shell;
 mod tls;

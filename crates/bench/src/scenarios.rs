@@ -344,6 +344,35 @@ pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
     }))
 }
 
+/// Runs one tool call of the shell scenario's session to its result;
+/// fails unless it succeeded.
+async fn execute_ok(
+    runner: &mut ToolRunnerClient<agentry_testkit::cluster::Channel>,
+    i: usize,
+    tool: &str,
+    args: Value,
+) -> anyhow::Result<()> {
+    let mut stream = runner
+        .execute(ExecuteRequest {
+            call_id: format!("{tool}-{i}"),
+            session_id: "bench-shell".into(),
+            tool: tool.into(),
+            arguments_json: args.to_string(),
+            timeout_ms: 0,
+            network: false,
+        })
+        .await?
+        .into_inner();
+    let mut ok = false;
+    while let Some(message) = stream.message().await? {
+        if let Some(execute_response::Kind::Result(r)) = message.kind {
+            ok = !r.is_error;
+        }
+    }
+    anyhow::ensure!(ok, "{tool} failed through the tool runner");
+    Ok(())
+}
+
 /// The shell tool running `true` versus a bare fork/exec of `true`.
 pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
     const RUNS: usize = 300;
@@ -353,25 +382,26 @@ pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
     let mut through = Vec::with_capacity(RUNS);
     for i in 0..RUNS + 10 {
         let started = Instant::now();
-        let mut stream = runner
-            .execute(ExecuteRequest {
-                call_id: format!("c{i}"),
-                session_id: "bench-shell".into(),
-                tool: "bash".into(),
-                arguments_json: json!({"command": "true"}).to_string(),
-                timeout_ms: 0,
-            })
-            .await?
-            .into_inner();
-        let mut ok = false;
-        while let Some(message) = stream.message().await? {
-            if let Some(execute_response::Kind::Result(r)) = message.kind {
-                ok = !r.is_error;
-            }
-        }
-        anyhow::ensure!(ok, "`true` failed through the tool runner");
+        execute_ok(&mut runner, i, "bash", json!({"command": "true"})).await?;
         if i >= 10 {
             through.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    // A file tool: no process, but a thread of its own with the session's
+    // identity and a Landlock domain.
+    execute_ok(
+        &mut runner,
+        0,
+        "write_file",
+        json!({"path": "bench.txt", "content": "hello\n"}),
+    )
+    .await?;
+    let mut read = Vec::with_capacity(RUNS);
+    for i in 0..RUNS + 10 {
+        let started = Instant::now();
+        execute_ok(&mut runner, i, "read_file", json!({"path": "bench.txt"})).await?;
+        if i >= 10 {
+            read.push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
     let mut bare = Vec::with_capacity(RUNS);
@@ -385,13 +415,17 @@ pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
     let (t_mean, b_mean) = (mean(&through), mean(&bare));
     let (t50, t99, _) = summary(&mut through);
     let (b50, b99, _) = summary(&mut bare);
+    let r_mean = mean(&read);
+    let (r50, r99, _) = summary(&mut read);
     println!("tool runner: mean {t_mean:.2} ms, p50 {t50:.2}, p99 {t99:.2}");
+    println!("read_file:   mean {r_mean:.2} ms, p50 {r50:.2}, p99 {r99:.2}");
     println!("fork/exec:   mean {b_mean:.2} ms, p50 {b50:.2}, p99 {b99:.2}");
     println!("ratio (mean): {:.2}x", t_mean / b_mean);
     Ok(json!({
         "runs": RUNS,
         "tool_runner_mean_ms": t_mean, "tool_runner_p50_ms": t50, "tool_runner_p99_ms": t99,
         "fork_exec_mean_ms": b_mean, "fork_exec_p50_ms": b50, "fork_exec_p99_ms": b99,
+        "read_file_mean_ms": r_mean, "read_file_p50_ms": r50, "read_file_p99_ms": r99,
         "ratio": t_mean / b_mean,
     }))
 }

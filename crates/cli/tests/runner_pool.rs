@@ -88,6 +88,7 @@ fn request(tool: &str, arguments: serde_json::Value) -> ExecuteRequest {
         tool: tool.into(),
         arguments_json: arguments.to_string(),
         timeout_ms: 0,
+        network: false,
     }
 }
 

@@ -483,6 +483,7 @@ impl Actor {
     }
 
     fn start_tool_call(&mut self, call: ToolCall) {
+        let network = self.state.policy.0.network(&call.name, &call.arguments);
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();
@@ -497,7 +498,7 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "tool");
-                let result = tool_call(&deps, &session_id, call, task, &tx).await;
+                let result = tool_call(&deps, &session_id, call, network, task, &tx).await;
                 drop(gauge);
                 let span = Span::current();
                 span.record("runner_id", result.runner_id.as_str());
@@ -788,6 +789,7 @@ async fn tool_call(
     deps: &Deps,
     session_id: &str,
     call: ToolCall,
+    network: bool,
     task: u64,
     tx: &mpsc::Sender<Outcome>,
 ) -> pb::ToolResult {
@@ -798,6 +800,7 @@ async fn tool_call(
         tool: call.name.clone(),
         arguments_json: call.arguments.clone(),
         timeout_ms: 0,
+        network,
     };
     if crate::builtin::is_builtin(&call.name) {
         return crate::builtin::run(deps, session_id, &call).await;

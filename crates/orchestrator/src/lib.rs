@@ -10,6 +10,7 @@ pub mod deps;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
+mod policy_args;
 pub mod reducer;
 pub mod reminders;
 pub mod runners;

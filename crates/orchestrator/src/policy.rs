@@ -41,6 +41,8 @@ pub struct Policy {
     rules: Vec<CompiledRule>,
     /// Every call is allowed (tests, trusted set-ups).
     allow_all: bool,
+    /// Every bash call gets network.
+    network: bool,
 }
 
 /// What the policy decided about one call, and why.
@@ -92,6 +94,10 @@ struct CompiledRule {
     decision: Decision,
     /// How verdicts name it, e.g. `rule 2 (bash "sudo *"): no privilege escalation`.
     label: String,
+    /// An allow rule checks the arguments of the commands it knows.
+    check_arguments: bool,
+    /// Commands it decides (and does not deny) get network.
+    network: bool,
 }
 
 /// What a rule matches besides the tool.
@@ -211,6 +217,8 @@ fn compile_rule(index: usize, rule: &PolicyRule) -> Result<CompiledRule, PolicyE
         matcher,
         decision: rule.decision,
         label,
+        check_arguments: rule.check_arguments,
+        network: rule.network,
     })
 }
 
@@ -230,6 +238,7 @@ impl Policy {
             tools: cfg.tools.clone(),
             rules,
             allow_all: false,
+            network: cfg.network,
         })
     }
 
@@ -239,7 +248,47 @@ impl Policy {
             tools: BTreeMap::new(),
             rules: Vec::new(),
             allow_all: true,
+            network: false,
         }
+    }
+
+    /// Whether a call runs with outbound network (through the tool
+    /// runner's proxy). Only bash calls do: every one when the
+    /// configuration says `network = true`, else those whose every command
+    /// is decided by a rule with `network = true`. A line the policy cannot
+    /// read command by command gets none.
+    pub fn network(&self, tool: &str, arguments_json: &str) -> bool {
+        if tool != BASH {
+            return false;
+        }
+        if self.network {
+            return true;
+        }
+        let Some(command) = serde_json::from_str::<serde_json::Value>(arguments_json)
+            .ok()
+            .and_then(|v| {
+                v.get("command")
+                    .and_then(|c| c.as_str())
+                    .map(str::to_string)
+            })
+        else {
+            return false;
+        };
+        let mut commands = 0;
+        for segment in segments_of(&command) {
+            match segment.kind {
+                SegmentKind::DenyProbe => {}
+                SegmentKind::Doubtful(_) => return false,
+                SegmentKind::Command => {
+                    commands += 1;
+                    let rule = strictest(self.rules.iter(), |r| r.matches_segment(&segment.text));
+                    if !rule.is_some_and(|r| r.network && r.decision != Decision::Deny) {
+                        return false;
+                    }
+                }
+            }
+        }
+        commands > 0
     }
 
     /// The decision for a call no rule matches. `read_only` is the tool's
@@ -414,6 +463,24 @@ impl Policy {
             }),
             SegmentKind::Command => {
                 let (decision, label) = match rule {
+                    // An allow rule passes the arguments it knows to be
+                    // harmless; anything else is confirmed.
+                    Some(r) if r.decision == Decision::Allow && r.check_arguments => {
+                        let words: Vec<crate::policy_args::Word<'_>> = segment
+                            .words
+                            .iter()
+                            .map(|w| crate::policy_args::Word {
+                                text: &w.text,
+                                literal: w.literal,
+                            })
+                            .collect();
+                        match crate::policy_args::vet(&words) {
+                            Ok(()) => (r.decision, r.label.clone()),
+                            Err(why) => {
+                                (Decision::Confirm, format!("{} matches, but {why}", r.label))
+                            }
+                        }
+                    }
                     Some(r) => (r.decision, r.label.clone()),
                     None => (
                         default,
@@ -527,6 +594,9 @@ struct Segment {
     text: String,
     /// How to classify it.
     kind: SegmentKind,
+    /// The command's words, for allow rules that check arguments; empty
+    /// for redirections and doubtful segments.
+    words: Vec<ShellWord>,
 }
 
 /// How a segment is classified.
@@ -544,7 +614,7 @@ enum SegmentKind {
 }
 
 /// A word after quote removal.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct ShellWord {
     /// The word's text: quotes removed, expansions left as written.
     text: String,
@@ -590,6 +660,7 @@ fn segments_of(command: &str) -> Vec<Segment> {
             options: brush_parser::ParserOptions::default(),
             segments: Vec::new(),
             depth: 0,
+            probe_depth: 0,
         };
         walker.source(command);
         walker.segments
@@ -598,6 +669,7 @@ fn segments_of(command: &str) -> Vec<Segment> {
         vec![Segment {
             text: command.trim().to_string(),
             kind: SegmentKind::Doubtful(why),
+            words: Vec::new(),
         }]
     };
     let nesting = nesting_bound(command);
@@ -623,11 +695,104 @@ fn segments_of(command: &str) -> Vec<Segment> {
     })
 }
 
+/// The text to hand the shell parser, or `None` when a `<<` or `<<-` is
+/// followed by an end word the parser cannot be trusted with: one that is
+/// empty once its quotes are taken away (`<<''`), a comment or operator
+/// instead of a word, or a word that opens a substitution (`<<$( `). On
+/// such text the parser can loop without end and without bound on memory.
+/// The blanks between `<<` and its word are dropped (they mean nothing to
+/// the shell, but inside a substitution the parser takes them for the end
+/// word). The scan starts at every `<<` whatever the quoting around it:
+/// text that merely looks like a here-document is treated the same, which
+/// at worst costs a question or drops a blank from quoted text.
+fn for_parser(source: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let bytes = source.as_bytes();
+    let mut kept = String::new();
+    let mut copied = 0;
+    let mut at = 0;
+    while let Some(found) = source[at..].find("<<") {
+        let mut i = at + found + 2;
+        if bytes.get(i) == Some(&b'<') {
+            // A here-string.
+            at = i + 1;
+            continue;
+        }
+        if bytes.get(i) == Some(&b'-') {
+            i += 1;
+        }
+        let word = i + source[i..]
+            .bytes()
+            .take_while(|b| matches!(b, b' ' | b'\t'))
+            .count();
+        if !is_plain_here_tag(&bytes[word..]) {
+            return None;
+        }
+        kept.push_str(&source[copied..i]);
+        copied = word;
+        at = word;
+    }
+    if copied == 0 {
+        return Some(std::borrow::Cow::Borrowed(source));
+    }
+    kept.push_str(&source[copied..]);
+    Some(std::borrow::Cow::Owned(kept))
+}
+
+/// Whether the word at the start of `rest` is an end word with at least
+/// one letter besides quotes, backslashes and `$`, and nothing that opens
+/// a nested construct (`(`, `{`, `[`, a backtick).
+fn is_plain_here_tag(rest: &[u8]) -> bool {
+    if rest.first() == Some(&b'#') {
+        return false;
+    }
+    let mut quote = None;
+    let mut letters = 0usize;
+    let mut i = 0;
+    while let Some(&c) = rest.get(i) {
+        i += 1;
+        // Single quotes keep everything literal; elsewhere these open a
+        // substitution or a pattern.
+        if quote != Some(b'\'') && matches!(c, b'(' | b'{' | b'[' | b'`') {
+            return false;
+        }
+        match quote {
+            Some(q) if c == q => quote = None,
+            None if c == b'\'' || c == b'"' => quote = Some(c),
+            None | Some(b'"') if c == b'\\' => {
+                if rest.get(i).is_some_and(u8::is_ascii_alphanumeric) {
+                    letters += 1;
+                }
+                i += 1;
+            }
+            None if c.is_ascii_whitespace() || b";&|<>".contains(&c) => break,
+            // The parser takes quotes away wherever they stand; what closes
+            // a substitution the word may stand in ends it there, or not:
+            // neither way does it count.
+            _ if b"$\\'\")}]".contains(&c) || c.is_ascii_whitespace() || c.is_ascii_control() => {}
+            _ => letters += 1,
+        }
+    }
+    letters > 0
+}
+
+/// Whether every `(`, `{` and `[` of `text` has a closing partner and its
+/// backticks pair up: counted, not matched, which is enough to keep
+/// unclosed substitutions away from the word parser.
+fn brackets_balance(text: &str) -> bool {
+    let count = |c: char| text.matches(c).count();
+    count('(') == count(')')
+        && count('{') == count('}')
+        && count('[') == count(']')
+        && count('`') % 2 == 0
+}
+
 /// Parses shell source and walks its syntax tree, collecting segments.
 struct Walker {
     options: brush_parser::ParserOptions,
     segments: Vec<Segment>,
     depth: usize,
+    /// How many option values deep the walk is (deny probes).
+    probe_depth: usize,
 }
 
 /// Whether unquoted text may be changed by brace expansion or globbing.
@@ -635,6 +800,14 @@ fn has_glob(text: &str) -> bool {
     text.contains(['*', '?', '('])
         || (text.contains('[') && text.contains(']'))
         || (text.contains('{') && text.contains('}'))
+}
+
+/// Whether a command name is a shell that runs code it is given.
+fn is_shell(base: &str) -> bool {
+    matches!(
+        base,
+        "bash" | "sh" | "zsh" | "dash" | "ksh" | "mksh" | "ash"
+    )
 }
 
 /// The text after the last `/`.
@@ -650,6 +823,9 @@ fn join(words: &[ShellWord]) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+/// How deeply option values within option values are read for deny probes.
+const MAX_PROBE_DEPTH: usize = 4;
 
 /// How many tails of a wrapper's arguments are tried as deny probes.
 const MAX_PROBES: usize = 16;
@@ -913,6 +1089,7 @@ impl Walker {
         self.segments.push(Segment {
             text: text.trim().to_string(),
             kind: SegmentKind::Doubtful(why),
+            words: Vec::new(),
         });
     }
 
@@ -923,9 +1100,16 @@ impl Walker {
             self.doubt(source, "the command nests too deeply to check".to_string());
             return;
         }
+        let Some(text) = for_parser(source) else {
+            self.doubt(
+                source,
+                "a here-document has no end word to check it by".to_string(),
+            );
+            return;
+        };
         let options = self.options.clone();
         let parsed = std::panic::catch_unwind(|| {
-            brush_parser::Parser::new(std::io::Cursor::new(source.as_bytes()), &options)
+            brush_parser::Parser::new(std::io::Cursor::new(text.as_bytes()), &options)
                 .parse_program()
                 .map_err(|e| e.to_string())
         })
@@ -1090,8 +1274,18 @@ impl Walker {
                 }
             },
             ast::IoRedirect::HereDocument(_, doc) => {
-                if doc.requires_expansion {
-                    match word::parse_heredoc(&doc.doc.value, &self.options) {
+                let body = &doc.doc.value;
+                if doc.requires_expansion && !body.contains(['$', '`']) {
+                    // Nothing in it expands.
+                } else if doc.requires_expansion && !brackets_balance(body) {
+                    // The word parser backtracks exponentially over
+                    // unclosed substitutions; bash would refuse them.
+                    self.doubt(
+                        body,
+                        "a here-document has unclosed substitutions".to_string(),
+                    );
+                } else if doc.requires_expansion {
+                    match word::parse_heredoc(body, &self.options) {
                         Ok(pieces) => {
                             let (mut text, mut literal) = (String::new(), true);
                             self.pieces(&doc.doc.value, &pieces, true, &mut text, &mut literal);
@@ -1126,6 +1320,7 @@ impl Walker {
             self.segments.push(Segment {
                 text,
                 kind: SegmentKind::Command,
+                words: Vec::new(),
             });
         }
     }
@@ -1183,11 +1378,39 @@ impl Walker {
                 self.segments.push(Segment {
                     text: join(&all),
                     kind: SegmentKind::Command,
+                    words: all.clone(),
                 });
             }
             self.words(&words);
+            if is_shell(basename(&words[0].text)) {
+                self.shell_stdin(simple);
+            }
         }
         self.segments.extend(inner);
+    }
+
+    /// A shell reading its commands from a here-document or here-string
+    /// (`bash <<EOF`): the text is code, walked like a `bash -c` string.
+    fn shell_stdin(&mut self, simple: &ast::SimpleCommand) {
+        let items = simple
+            .prefix
+            .iter()
+            .flat_map(|p| p.0.iter())
+            .chain(simple.suffix.iter().flat_map(|s| s.0.iter()));
+        for item in items {
+            match item {
+                ast::CommandPrefixOrSuffixItem::IoRedirect(ast::IoRedirect::HereDocument(
+                    _,
+                    doc,
+                )) => self.source(&doc.doc.value),
+                ast::CommandPrefixOrSuffixItem::IoRedirect(ast::IoRedirect::HereString(_, w)) => {
+                    let word = self.word(&w.value);
+                    let words = [word];
+                    self.code(&words[0].text.clone(), &words);
+                }
+                _ => {}
+            }
+        }
     }
 
     /// A prefix or suffix item of a simple command; words go to `words`.
@@ -1230,14 +1453,21 @@ impl Walker {
                     "the command name is not a literal word: {}",
                     name.text
                 )),
+                words: Vec::new(),
             });
             return;
         }
         self.segments.push(Segment {
             text: text.clone(),
             kind: SegmentKind::Command,
+            words: words.to_vec(),
         });
         let base = basename(&name.text);
+        // Shells, eval and wrappers have their arguments read as commands
+        // already.
+        if !is_shell(base) && base != "eval" && wrapper_syntax(base).is_none() {
+            self.option_values(args);
+        }
         if base != name.text && !base.is_empty() {
             // `/usr/bin/sudo ls` is `sudo ls` to deny rules.
             let mut renamed = vec![ShellWord {
@@ -1248,10 +1478,12 @@ impl Walker {
             self.segments.push(Segment {
                 text: join(&renamed),
                 kind: SegmentKind::DenyProbe,
+                words: Vec::new(),
             });
         }
         match base {
-            "bash" | "sh" | "zsh" | "dash" | "ksh" | "mksh" | "ash" => self.shell(&text, args),
+            _ if is_shell(base) => self.shell(&text, args),
+            "find" => self.find_actions(args),
             "eval" => {
                 let args = match args.first() {
                     Some(first) if first.text == "--" => &args[1..],
@@ -1265,6 +1497,79 @@ impl Walker {
                 }
             }
         }
+    }
+
+    /// Arguments that read as commands (`--pager="rm -rf x"`, `-c 'rm
+    /// x'`): a deny rule matches a denied command hiding in an option
+    /// value. Only deny rules look at these probes.
+    fn option_values(&mut self, args: &[ShellWord]) {
+        // Values within values are probed a few levels deep; each level
+        // parses its text once more.
+        if self.probe_depth >= MAX_PROBE_DEPTH {
+            return;
+        }
+        let mut probed = 0;
+        for arg in args {
+            let value = match arg.text.split_once('=') {
+                Some((name, value)) if name.starts_with('-') || !name.contains(' ') => value,
+                _ => arg.text.as_str(),
+            };
+            if !value.trim().contains(char::is_whitespace) && !value.contains([';', '|', '&']) {
+                continue;
+            }
+            if probed == MAX_PROBES {
+                break;
+            }
+            probed += 1;
+            let before = self.segments.len();
+            self.probe_depth += 1;
+            self.source(value);
+            self.probe_depth -= 1;
+            for segment in &mut self.segments[before..] {
+                segment.kind = SegmentKind::DenyProbe;
+            }
+        }
+    }
+
+    /// `find ... -exec CMD ... ;`: each command `find` runs is a segment.
+    fn find_actions(&mut self, args: &[ShellWord]) {
+        self.deeper(args, |walker| walker.find_commands(args));
+    }
+
+    fn find_commands(&mut self, args: &[ShellWord]) {
+        let mut i = 0;
+        while i < args.len() {
+            if matches!(
+                args[i].text.as_str(),
+                "-exec" | "-execdir" | "-ok" | "-okdir"
+            ) {
+                let start = i + 1;
+                let mut end = start;
+                while end < args.len() && !matches!(args[end].text.as_str(), ";" | "+") {
+                    end += 1;
+                }
+                if end > start {
+                    self.words(&args[start..end]);
+                }
+                i = end;
+            }
+            i += 1;
+        }
+    }
+
+    /// Runs `f` one level deeper, or doubts `args` when the walk is as deep
+    /// as it may go.
+    fn deeper(&mut self, args: &[ShellWord], f: impl FnOnce(&mut Self)) {
+        if self.depth >= MAX_DEPTH {
+            self.doubt(
+                &join(args),
+                "the command nests too deeply to check".to_string(),
+            );
+            return;
+        }
+        self.depth += 1;
+        f(self);
+        self.depth -= 1;
     }
 
     /// Shell code given as words (`eval` arguments, a `bash -c` string).
@@ -1320,14 +1625,10 @@ impl Walker {
     /// segment of its own; where an option may have been misread, other
     /// tails of its arguments are deny probes.
     fn wrapper(&mut self, syntax: &WrapperSyntax, args: &[ShellWord]) {
-        if self.depth >= MAX_DEPTH {
-            self.doubt(
-                &join(args),
-                "the command nests too deeply to check".to_string(),
-            );
-            return;
-        }
-        self.depth += 1;
+        self.deeper(args, |walker| walker.wrapped(syntax, args));
+    }
+
+    fn wrapped(&mut self, syntax: &WrapperSyntax, args: &[ShellWord]) {
         let Wrapped {
             start,
             split_string,
@@ -1353,6 +1654,7 @@ impl Walker {
                 self.segments.push(Segment {
                     text: join(&args[tail..]),
                     kind: SegmentKind::DenyProbe,
+                    words: Vec::new(),
                 });
             }
         }
@@ -1361,7 +1663,6 @@ impl Walker {
         {
             self.words(wrapped);
         }
-        self.depth -= 1;
     }
 
     /// An arithmetic expression: only command substitutions in it matter.

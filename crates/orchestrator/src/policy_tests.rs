@@ -23,6 +23,8 @@ fn rule(
         path: path.map(str::to_string),
         decision,
         reason: reason.map(str::to_string),
+        check_arguments: true,
+        network: false,
     }
 }
 
@@ -77,6 +79,7 @@ fn test_config() -> PolicyConfig {
                 None,
             ),
         ],
+        network: false,
     }
 }
 
@@ -384,6 +387,7 @@ fn file_writes_by_redirection_are_segments() {
     let etc = Policy::from_config(&PolicyConfig {
         tools: BTreeMap::new(),
         rules: vec![bash_rule("*> /etc/*", Decision::Deny)],
+        network: false,
     })
     .unwrap();
     assert_eq!(
@@ -456,6 +460,7 @@ fn computed_command_names_are_confirmed() {
             .into_iter()
             .collect(),
         rules: vec![bash_rule("*", Decision::Allow)],
+        network: false,
     })
     .unwrap();
     assert_eq!(bash(&allow_everything, "ls").decision, Decision::Allow);
@@ -552,6 +557,7 @@ fn star_rules_match_every_tool() {
             rule("*", None, None, Decision::Confirm, None),
             bash_rule("ls*", Decision::Allow),
         ],
+        network: false,
     })
     .unwrap();
     let env_rule = r#"rule 1 (* path "**/.env"): no env files"#;
@@ -596,6 +602,7 @@ fn strictest_rule_wins() {
                 None,
             ),
         ],
+        network: false,
     })
     .unwrap();
     assert_eq!(
@@ -672,6 +679,7 @@ fn session_rules_for_bash() {
     let confirming = Policy::from_config(&PolicyConfig {
         tools: BTreeMap::new(),
         rules: vec![bash_rule("git push*", Decision::Confirm)],
+        network: false,
     })
     .unwrap();
     assert_eq!(
@@ -763,6 +771,7 @@ fn session_rules_never_override_a_configured_deny_default() {
             .into_iter()
             .collect(),
         rules: Vec::new(),
+        network: false,
     })
     .unwrap();
     let rules = session_rules_for("deploy", "{}");
@@ -778,6 +787,7 @@ fn invalid_rules_are_rejected() {
         let config = PolicyConfig {
             tools: BTreeMap::new(),
             rules: vec![bash_rule("ls*", Decision::Allow), rule],
+            network: false,
         };
         match Policy::from_config(&config) {
             Err(PolicyError::InvalidRule { index, reason }) => {
@@ -808,6 +818,7 @@ fn invalid_rules_are_rejected() {
     let err = Policy::from_config(&PolicyConfig {
         tools: BTreeMap::new(),
         rules: vec![rule("", None, None, Decision::Deny, None)],
+        network: false,
     })
     .unwrap_err();
     assert_eq!(err.to_string(), "policy rule 1: the tool name is empty");
@@ -816,6 +827,7 @@ fn invalid_rules_are_rejected() {
         Policy::from_config(&PolicyConfig {
             tools: BTreeMap::new(),
             rules: vec![rule("*", Some("sudo *"), None, Decision::Deny, None)],
+            network: false,
         })
         .is_ok()
     );
@@ -926,4 +938,73 @@ fn deep_nesting_never_overflows_the_stack() {
     let v = bash(&p, &format!("{}ls{}", "echo $(".repeat(20), ")".repeat(20)));
     assert_eq!(v.decision, Decision::Confirm);
     assert_eq!(v.rule, "the command nests too deeply to check");
+}
+
+#[test]
+fn a_here_document_without_an_end_word_is_confirmed_not_parsed() {
+    // The shell parser loops without end (and without bound on memory) on
+    // some of these; they must come back at once, as questions.
+    let policy = policy();
+    for command in [
+        "<<$( (#",
+        "<<$(  #x",
+        "cat <<$(\t(#",
+        "echo $(cat << #",
+        "cat <<- `ls` x",
+        "cat << ",
+        "cat <<",
+        "cat << ;ls",
+        "cat <<\x0c",
+        "cat <<'' #",
+        "cat <<- \"\" #",
+        "''<<\\~$( >${",
+        "cat <<\"x\\\" $( #\"",
+        "cat <<E$(x)OF",
+        "case x in <<'\"'||#$\"x\"))",
+        "${''<<\"\"} ",
+        "$[x<<'']",
+        "<<?]$(\"\"(#",
+        "cat <<E}$( #",
+        "cat <<\"$( \" #",
+    ] {
+        let verdict = bash(&policy, command);
+        assert_eq!(verdict.decision, Decision::Confirm, "{command:?}");
+        assert!(
+            verdict.rule.contains("no end word"),
+            "{command:?}: {}",
+            verdict.rule
+        );
+    }
+    // Unclosed substitutions in a body: the word parser would take
+    // exponential time (each `$((` multiplies it by about six).
+    let body = format!("cat <<EOF\n{}x\nEOF", "$((".repeat(12));
+    let verdict = bash(&policy, &body);
+    assert_eq!(verdict.decision, Decision::Confirm);
+    assert!(
+        verdict.rule.contains("unclosed substitutions"),
+        "{}",
+        verdict.rule
+    );
+    // Ordinary here-documents and here-strings are still read.
+    for command in [
+        "cat <<EOF\nhello\nEOF",
+        "cat << 'EOF'\nhello\nEOF",
+        "cat <<-\tEND\n\thi\n\tEND",
+        "cat <<\\EOF\n$x\nEOF",
+        "cat <<\"E O\"\nhi\nE O",
+        "cat > notes.txt <<'END_OF_NOTES'\nhi\nEND_OF_NOTES",
+        "cat <<<hello",
+        "x=$(cat << EOF\nhi\nEOF\n)",
+        "$(<<\t n|$(",
+        "bash <<'E$(x)'\nls\nE$(x)",
+        "cat <<< $x",
+        "echo $((1 << 4))",
+    ] {
+        let verdict = bash(&policy, command);
+        assert!(
+            !verdict.rule.contains("no end word"),
+            "{command:?}: {}",
+            verdict.rule
+        );
+    }
 }

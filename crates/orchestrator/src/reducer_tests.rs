@@ -557,6 +557,8 @@ fn rule(
         path: path.map(str::to_string),
         decision,
         reason: reason.map(str::to_string),
+        check_arguments: true,
+        network: false,
     }
 }
 
@@ -592,6 +594,7 @@ fn test_policy_config() -> PolicyConfig {
                 Some("secrets stay secret"),
             ),
         ],
+        network: false,
     }
 }
 
@@ -3441,6 +3444,7 @@ fn an_approved_read_only_call_joins_the_running_batch() {
                 PolicyDecision::Confirm,
                 None,
             )],
+            network: false,
         })
         .unwrap(),
     );
@@ -3675,6 +3679,7 @@ fn interrupted_reruns_an_edited_read_only_call_with_its_edited_arguments() {
         Policy::from_config(&PolicyConfig {
             tools: BTreeMap::from([("read_file".to_string(), PolicyDecision::Confirm)]),
             rules: vec![],
+            network: false,
         })
         .unwrap(),
     );
@@ -4555,6 +4560,7 @@ fn approve_for_session_of_a_call_confirmed_by_a_rule_takes_effect() {
                 PolicyDecision::Confirm,
                 Some("pushes are public"),
             )],
+            network: false,
         })
         .unwrap(),
     );

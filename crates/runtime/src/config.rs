@@ -140,6 +140,11 @@ pub struct PolicyConfig {
     /// Rules refining the defaults.
     #[serde(default)]
     pub rules: Vec<PolicyRule>,
+    /// Give every bash call outbound network, through the tool runner's
+    /// proxy (public addresses only, unless the runner names more). Off:
+    /// only commands of rules with `network = true` get it.
+    #[serde(default)]
+    pub network: bool,
 }
 
 /// One policy rule.
@@ -159,6 +164,17 @@ pub struct PolicyRule {
     /// Why, shown to the person and (on a deny) to the model.
     #[serde(default)]
     pub reason: Option<String>,
+    /// For an allow rule of bash: check the arguments of the commands
+    /// Agentry knows (`ls`, `cat`, `echo`, `pwd`, read-only `git`
+    /// commands) and confirm any option not known to only read, any path
+    /// outside the workspace and any computed argument. `false` trusts the
+    /// rule as written.
+    #[serde(default = "yes")]
+    pub check_arguments: bool,
+    /// For bash: commands this rule decides get outbound network through
+    /// the tool runner's proxy (when every command of the call does).
+    #[serde(default)]
+    pub network: bool,
 }
 
 impl std::fmt::Debug for LlmConfig {
@@ -469,6 +485,11 @@ pub struct SandboxConfig {
     pub session_uid_count: u32,
     /// More directories commands may read (e.g. a toolchain under /srv).
     pub read_only: Vec<String>,
+    /// Hosts (names or IP addresses) that calls granted network may reach
+    /// through the proxy although they are loopback, private, link-local
+    /// or metadata addresses. Names match exactly as the command writes
+    /// them.
+    pub network_allow_hosts: Vec<String>,
 }
 
 impl Default for SandboxConfig {
@@ -479,6 +500,7 @@ impl Default for SandboxConfig {
             session_uid_base: 2_000_000,
             session_uid_count: 1_000_000,
             read_only: Vec::new(),
+            network_allow_hosts: Vec::new(),
         }
     }
 }
@@ -498,6 +520,10 @@ pub struct ResourceLimits {
     /// Open files per process.
     #[serde(default)]
     pub open_files: u64,
+    /// Size of a session's workspace (and its temp dir), in MiB; 0: not
+    /// limited.
+    #[serde(default)]
+    pub workspace_mib: u64,
 }
 
 /// The web tools (`web_fetch`, `web_crawl`).

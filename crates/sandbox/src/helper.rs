@@ -14,7 +14,9 @@
 //!    still be opened), resource limits, the identity switch, the
 //!    parent-death signal, no_new_privs, Landlock enforced, seccomp last
 //!    (it refuses calls the earlier steps use);
-//! 4. the helper waits; when the command ends, or a stop signal arrives,
+//! 4. with network through a bridge, the helper forks the process that
+//!    forwards the namespace's `127.0.0.1:<port>` to the proxy;
+//! 5. the helper waits; when the command ends, or a stop signal arrives,
 //!    every process the command started is killed before the helper exits
 //!    with the command's status.
 
@@ -88,7 +90,19 @@ fn supervise(spec: &Spec) -> Result<WaitStatus, String> {
     if spec.layers.namespaces {
         enter_namespaces(root)?;
     }
+    let bridge = match &spec.proxy {
+        Some(crate::ProxyRoute::Bridge { socket, port }) => {
+            if !spec.layers.namespaces {
+                return Err("network: a proxy bridge needs the namespaces layer".into());
+            }
+            Some((crate::bridge::listen(*port)?, socket.clone()))
+        }
+        _ => None,
+    };
     let child = spawn(spec)?;
+    if let Some((listener, socket)) = bridge {
+        start_bridge(listener, &socket)?;
+    }
     let main = Pid::from_raw(i32::try_from(child.id()).map_err(|e| e.to_string())?);
     // The Child handle is not used to wait: the helper reaps every process
     // that is reparented to it, and the command's own status comes from
@@ -107,6 +121,24 @@ fn supervise(spec: &Spec) -> Result<WaitStatus, String> {
         let _ = nix::sys::signal::kill(main, Signal::SIGKILL);
         kill_tree(main, spec.layers.namespaces);
         return Ok(WaitStatus::Signaled(main, signal, false));
+    }
+}
+
+/// Forks the process that forwards the namespace's proxy port to the
+/// proxy's socket. It lives in the call's pid namespace, so it dies with
+/// the command at the latest.
+fn start_bridge(listener: std::net::TcpListener, socket: &Path) -> Result<(), String> {
+    // SAFETY: the helper is single-threaded, so the child may do anything
+    // after fork; it never returns into the helper's code.
+    #[allow(unsafe_code)]
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+            crate::bridge::serve(listener, socket);
+            std::process::exit(0);
+        }
+        Ok(nix::unistd::ForkResult::Parent { .. }) => Ok(()),
+        Err(e) => Err(format!("network: cannot start the proxy bridge: {e}")),
     }
 }
 
@@ -308,7 +340,7 @@ fn confine(spec: &Spec) -> Result<(), String> {
         }
     }
     if spec.layers.seccomp {
-        syscalls::install(spec.network)?;
+        syscalls::install(spec.proxy.is_some())?;
     }
     Ok(())
 }

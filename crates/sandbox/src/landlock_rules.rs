@@ -4,7 +4,7 @@
 
 use crate::Spec;
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    ABI, Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
     RulesetCreated, RulesetCreatedAttr, Scope,
 };
 use std::path::Path;
@@ -34,13 +34,17 @@ pub fn build(spec: &Spec) -> Result<RulesetCreated, String> {
         .map_err(|e| format!("landlock: {e}"))?
         .scope(Scope::from_all(TARGET))
         .map_err(|e| format!("landlock: {e}"))?;
-    if !spec.network {
-        // Handled with no rule: every TCP bind and connect is denied.
-        ruleset = ruleset
-            .handle_access(AccessNet::from_all(TARGET))
-            .map_err(|e| format!("landlock: {e}"))?;
-    }
+    // Every TCP bind and connect is denied, but a connect to the proxy's
+    // port when the call has network.
+    ruleset = ruleset
+        .handle_access(AccessNet::from_all(TARGET))
+        .map_err(|e| format!("landlock: {e}"))?;
     let mut created = ruleset.create().map_err(|e| format!("landlock: {e}"))?;
+    if let Some(proxy) = &spec.proxy {
+        created = created
+            .add_rule(NetPort::new(proxy.port(), AccessNet::ConnectTcp))
+            .map_err(|e| format!("landlock: rule for the proxy's port: {e}"))?;
+    }
     for dir in &spec.read_write {
         created = add(created, dir, all)?;
     }

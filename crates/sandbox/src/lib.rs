@@ -17,6 +17,9 @@
 //!   outside the sandbox. Ptrace of processes outside is denied by Landlock
 //!   too, so `/proc/<pid>/environ` of the services stays closed even when
 //!   the command runs under the same uid.
+//! - **network**: off unless the call was granted it; then the command's
+//!   only way out is the runner's HTTP proxy ([`ProxyRoute`]), which applies
+//!   the address rules of the web tools.
 //! - **seccomp**: no sockets but AF_UNIX while the network is off, no
 //!   ptrace, no new namespaces, no mounts, no io_uring, no kernel keyring,
 //!   no BPF or perf events; 32-bit and x32 system calls are refused.
@@ -34,12 +37,15 @@
 //! SIGTERM, SIGINT or SIGHUP, or the helper's parent dies — every process the
 //! command started is killed, `setsid` and double forks included.
 
+mod bridge;
 pub mod helper;
 mod landlock_rules;
 mod locate;
 mod syscalls;
+mod thread;
 
 pub use locate::{HELPER_NAME, find_helper, running_program_embeds_helper, started_as_helper};
+pub use thread::{ThreadConfinement, run_confined};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -69,13 +75,46 @@ pub struct Spec {
     pub limits: Limits,
     /// The layers to apply; each must succeed.
     pub layers: Layers,
-    /// Whether the command may open network sockets. When false, only
-    /// AF_UNIX sockets can be made.
-    pub network: bool,
+    /// Outbound network, through the runner's proxy; `None`: no network
+    /// at all (only AF_UNIX sockets can be made).
+    #[serde(default)]
+    pub proxy: Option<ProxyRoute>,
     /// Print what was applied on stderr (`agentry-sandbox-report: …` lines)
     /// before the command runs; used by [`probe`].
     #[serde(default)]
     pub report: bool,
+}
+
+/// How a command with network reaches the runner's HTTP proxy, the only
+/// way out it gets. The command may open TCP sockets, but Landlock lets it
+/// connect to the proxy's port only, and with namespaces its network
+/// namespace has nothing else on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProxyRoute {
+    /// With namespaces: the helper brings up the loopback of the call's
+    /// network namespace, listens on `127.0.0.1:port` there and forwards
+    /// every connection to the proxy's Unix socket.
+    Bridge {
+        /// The proxy's Unix socket.
+        socket: PathBuf,
+        /// The port the command connects to, inside its namespace.
+        port: u16,
+    },
+    /// Without namespaces: the proxy listens on the host's loopback at
+    /// this port, the only TCP port Landlock lets the command connect to.
+    Host {
+        /// The proxy's port on 127.0.0.1.
+        port: u16,
+    },
+}
+
+impl ProxyRoute {
+    /// The port the command connects to.
+    pub fn port(&self) -> u16 {
+        match self {
+            ProxyRoute::Bridge { port, .. } | ProxyRoute::Host { port } => *port,
+        }
+    }
 }
 
 /// A uid and gid.
@@ -215,7 +254,7 @@ pub fn probe(helper: &Path, workspace: &Path, user: Option<Ids>) -> Result<Repor
             user,
             limits: Limits::default(),
             layers,
-            network: false,
+            proxy: None,
             report: true,
         };
         use std::os::unix::process::CommandExt;

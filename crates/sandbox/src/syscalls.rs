@@ -92,8 +92,8 @@ fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, 
         .map_err(|e| format!("seccomp: {e}"))
 }
 
-/// The filters to install, in order. With `network` false, only AF_UNIX
-/// sockets can be created.
+/// The filters to install, in order. Only AF_UNIX sockets can be created,
+/// and AF_INET and AF_INET6 ones when `network` is true.
 // System-call numbers are `c_long`, i64 here but i32 on 32-bit targets.
 #[allow(clippy::useless_conversion)]
 pub fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
@@ -110,13 +110,17 @@ pub fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     denied.insert(i64::from(libc::SYS_clone), clone_rules);
-    if !network {
-        let unix = u64::from(libc::AF_UNIX.unsigned_abs());
-        denied.insert(
-            i64::from(libc::SYS_socket),
-            vec![rule(vec![condition(0, SeccompCmpOp::Ne, unix)?])?],
-        );
+    // Sockets of any other family (netlink, packet, vsock…) are refused;
+    // TCP/IP ones only when the call has network.
+    let mut families = vec![libc::AF_UNIX];
+    if network {
+        families.extend([libc::AF_INET, libc::AF_INET6]);
     }
+    let other_family = families
+        .iter()
+        .map(|f| condition(0, SeccompCmpOp::Ne, u64::from(f.unsigned_abs())))
+        .collect::<Result<Vec<_>, _>>()?;
+    denied.insert(i64::from(libc::SYS_socket), vec![rule(other_family)?]);
     let deny = SeccompFilter::new(
         denied,
         SeccompAction::Allow,
@@ -191,7 +195,7 @@ mod tests {
         let with = filters(true).unwrap_or_default();
         let without = filters(false).unwrap_or_default();
         assert_eq!(with.len(), 2);
-        // Closing the network adds the socket rule.
-        assert!(without[0].len() > with[0].len());
+        // Opening the network lets two more socket families through.
+        assert!(with[0].len() > without[0].len());
     }
 }

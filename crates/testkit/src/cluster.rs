@@ -155,6 +155,15 @@ impl Cluster {
             Some(i) => self.reserved.remove(i).1,
             None => bind_retrying(addr).await?,
         };
+        // Set up here, not in the task, so a missing helper fails the start
+        // with its own message.
+        let sandbox = match service {
+            Service::ToolRunner => Some(
+                agentry_tool_runner::sandbox::Sandbox::from_config(&config)
+                    .map_err(|e| anyhow::anyhow!("the tool runner cannot start: {e}"))?,
+            ),
+            _ => None,
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
@@ -167,8 +176,7 @@ impl Cluster {
             }),
             Service::ToolRunner => tokio::spawn(async move {
                 let limits = agentry_tool_runner::Limits::from_config(&config);
-                let sandbox = agentry_tool_runner::sandbox::Sandbox::from_config(&config)
-                    .map_err(|e| anyhow::anyhow!(e))?;
+                let sandbox = sandbox.ok_or_else(|| anyhow::anyhow!("no sandbox"))?;
                 agentry_tool_runner::run(
                     config.workspace_root(),
                     limits,

@@ -9,6 +9,7 @@
 //! and never follow symbolic links.
 
 use crate::output::CappedOutput;
+use crate::sandbox::Sandbox;
 use crate::tools::{ToolOutcome, ToolSpec};
 use crate::workspace::Workspace;
 use crate::{Limits, ToolError};
@@ -16,8 +17,6 @@ use ignore::gitignore::Gitignore;
 use ignore::{DirEntry, Match, WalkBuilder};
 use serde::Deserialize;
 use std::ffi::OsStr;
-use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -139,24 +138,32 @@ pub async fn execute(
     arguments_json: &str,
     workspace: &Workspace,
     limits: &Limits,
+    sandbox: &Sandbox,
 ) -> Option<Result<ToolOutcome, ToolError>> {
     let result = match tool {
-        "edit_file" => run_blocking(tool, arguments_json, workspace, limits, edit_file).await,
-        "list_dir" => run_blocking(tool, arguments_json, workspace, limits, list_dir).await,
-        "glob" => run_blocking(tool, arguments_json, workspace, limits, glob).await,
-        "grep" => run_blocking(tool, arguments_json, workspace, limits, grep).await,
+        "read_file" => confined(tool, arguments_json, workspace, limits, sandbox, read_file).await,
+        "write_file" => {
+            confined(tool, arguments_json, workspace, limits, sandbox, write_file).await
+        }
+        "edit_file" => confined(tool, arguments_json, workspace, limits, sandbox, edit_file).await,
+        "list_dir" => confined(tool, arguments_json, workspace, limits, sandbox, list_dir).await,
+        "glob" => confined(tool, arguments_json, workspace, limits, sandbox, glob).await,
+        "grep" => confined(tool, arguments_json, workspace, limits, sandbox, grep).await,
         _ => return None,
     };
     Some(result)
 }
 
-/// Parses the arguments, then runs `f` on a blocking thread (the file tools
-/// do synchronous file-system work).
-async fn run_blocking<A, F>(
+/// Parses the arguments, then runs `f` on a thread of its own confined
+/// like a command of the session (its identity, and a Landlock domain
+/// holding only the workspace): what a file tool can touch is what the
+/// session's shell can.
+async fn confined<A, F>(
     tool: &str,
     arguments_json: &str,
     workspace: &Workspace,
     limits: &Limits,
+    sandbox: &Sandbox,
     f: F,
 ) -> Result<ToolOutcome, ToolError>
 where
@@ -164,11 +171,15 @@ where
     F: FnOnce(&Workspace, A, &Limits) -> Result<ToolOutcome, ToolError> + Send + 'static,
 {
     let args: A = crate::tools::parse_args(tool, arguments_json)?;
+    let confinement = sandbox.file_confinement(workspace);
     let workspace = workspace.clone();
     let limits = limits.clone();
-    tokio::task::spawn_blocking(move || f(&workspace, args, &limits))
-        .await
-        .map_err(|e| ToolError::Io(format!("{tool} failed: {e}")))?
+    tokio::task::spawn_blocking(move || {
+        agentry_sandbox::run_confined(&confinement, move || f(&workspace, args, &limits))
+    })
+    .await
+    .map_err(|e| ToolError::Io(format!("{tool} failed: {e}")))?
+    .map_err(|e| ToolError::Io(format!("{tool} could not be confined: {e}")))?
 }
 
 /// The capped output of a successful call.
@@ -207,6 +218,99 @@ fn existing(path: &Path, shown: &str) -> Result<std::fs::Metadata, ToolError> {
     })
 }
 
+// ------------------------------------------------------ read_file, write_file
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadArgs {
+    path: String,
+    #[serde(default)]
+    offset: Option<usize>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Files larger than this are never loaded whole.
+const MAX_SCAN_BYTES: u64 = 64 * 1024 * 1024;
+
+fn read_file(
+    workspace: &Workspace,
+    args: ReadArgs,
+    limits: &Limits,
+) -> Result<ToolOutcome, ToolError> {
+    // One handle, opened beneath the workspace: what is checked is what
+    // is read.
+    let (file, shown) = workspace.open_read(&args.path)?;
+    let meta = file
+        .metadata()
+        .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+    let ranged = args.offset.is_some() || args.limit.is_some();
+    if meta.len() > MAX_SCAN_BYTES || (!ranged && meta.len() > limits.max_read_bytes) {
+        return Err(ToolError::TooLarge(format!(
+            "{shown} is {} bytes, over the {}-byte limit; read a line range with offset and limit",
+            meta.len(),
+            if ranged {
+                MAX_SCAN_BYTES
+            } else {
+                limits.max_read_bytes
+            }
+        )));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::io::Read::read_to_end(&mut { file }, &mut bytes)
+        .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+    if bytes.iter().take(8192).any(|b| *b == 0) {
+        return Err(ToolError::Binary(shown));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| ToolError::Binary(shown.clone()))?;
+    let selected = if ranged {
+        let offset = args.offset.unwrap_or(1).max(1);
+        let limit = args.limit.unwrap_or(usize::MAX);
+        let total = text.lines().count();
+        if offset > total.max(1) {
+            return Err(ToolError::InvalidArguments(format!(
+                "offset {offset} is past the end of {shown} ({total} lines)"
+            )));
+        }
+        text.split_inclusive('\n')
+            .skip(offset - 1)
+            .take(limit)
+            .collect::<String>()
+    } else {
+        text
+    };
+    let mut capped = CappedOutput::new(limits.max_read_bytes as usize);
+    capped.push(selected.as_bytes());
+    let (output, truncated) = capped.finish();
+    Ok(ToolOutcome {
+        output,
+        truncated,
+        ..ToolOutcome::default()
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    content: String,
+}
+
+fn write_file(
+    workspace: &Workspace,
+    args: WriteArgs,
+    limits: &Limits,
+) -> Result<ToolOutcome, ToolError> {
+    let len = args.content.len();
+    workspace.check_quota(limits.workspace_bytes, len as u64)?;
+    // The thread runs as the session's user: what it makes is theirs.
+    let shown = workspace.replace_file(&args.path, args.content.as_bytes(), None)?;
+    Ok(ToolOutcome {
+        output: format!("wrote {len} bytes to {shown}"),
+        ..ToolOutcome::default()
+    })
+}
+
 // ---------------------------------------------------------------- edit_file
 
 #[derive(Deserialize)]
@@ -234,31 +338,25 @@ fn edit_file(
             "old_string and new_string are identical; there is nothing to change".into(),
         ));
     }
-    let path = workspace.resolve(&args.path)?;
-    let shown = shown(workspace, &path);
-    let meta = std::fs::metadata(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => ToolError::Io(format!(
-            "{shown}: no such file in the workspace; use write_file to create it"
-        )),
-        _ => ToolError::Io(format!("{shown}: {e}")),
+    let (mut file, shown) = workspace.open_read(&args.path).map_err(|e| match e {
+        ToolError::Io(m) if m.ends_with("no such file in the workspace") => {
+            ToolError::Io(format!("{m}; use write_file to create it"))
+        }
+        e => e,
     })?;
-    if meta.is_dir() {
-        return Err(ToolError::InvalidArguments(format!(
-            "{shown} is a directory, not a file"
-        )));
-    }
-    if !meta.is_file() {
-        return Err(ToolError::InvalidArguments(format!(
-            "{shown} is not a regular file"
-        )));
-    }
+    let meta = file
+        .metadata()
+        .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
     if meta.len() > MAX_EDIT_BYTES {
         return Err(ToolError::TooLarge(format!(
             "{shown} is {} bytes, over the {MAX_EDIT_BYTES}-byte limit of edit_file",
             meta.len()
         )));
     }
-    let bytes = std::fs::read(&path).map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::io::Read::read_to_end(&mut file, &mut bytes)
+        .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+    drop(file);
     let binary = || {
         ToolError::InvalidArguments(format!(
             "{shown} is a binary file (not UTF-8 text); edit_file only edits text files"
@@ -290,7 +388,11 @@ fn edit_file(
         old_text.replacen(&args.old_string, &args.new_string, 1)
     };
 
-    write_atomically(&path, &shown, new_text.as_bytes(), &meta)?;
+    let growth = (new_text.len() as u64).saturating_sub(meta.len());
+    if growth > 0 {
+        workspace.check_quota(limits.workspace_bytes, growth)?;
+    }
+    workspace.replace_file(&args.path, new_text.as_bytes(), Some(&meta))?;
 
     let diff = similar::TextDiff::configure()
         .timeout(DIFF_TIMEOUT)
@@ -360,50 +462,6 @@ fn line_trimmed_match(content: &str, old: &str) -> Option<usize> {
             })
         })
         .map(|i| i + 1)
-}
-
-/// Replaces `path` atomically with `content`: a uniquely named temporary
-/// file, created exclusively in the same directory, given the original's
-/// owner and permissions, synced, then renamed over it.
-fn write_atomically(
-    path: &Path,
-    shown: &str,
-    content: &[u8],
-    original: &std::fs::Metadata,
-) -> Result<(), ToolError> {
-    let tmp = crate::workspace::temp_path_for(path)?;
-    let parent = tmp.parent().unwrap_or(path);
-    let result = (|| -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        file.write_all(content)?;
-        // Keep the owner (commands may run as another user than the runner)
-        // when allowed, then the permissions (chown may clear setuid bits).
-        let created = file.metadata()?;
-        if (created.uid(), created.gid()) != (original.uid(), original.gid())
-            && let Err(e) =
-                std::os::unix::fs::fchown(&file, Some(original.uid()), Some(original.gid()))
-        {
-            tracing::warn!(path = %shown, error = %e, "cannot keep the owner of an edited file");
-        }
-        file.set_permissions(original.permissions())?;
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&tmp, path)?;
-        // Make the rename durable; not all file systems allow syncing a
-        // directory, and the edit is done either way.
-        if let Ok(dir) = std::fs::File::open(parent) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(ToolError::Io(format!("cannot write {shown}: {e}")));
-    }
-    Ok(())
 }
 
 // ------------------------------------------------------------------- walking
@@ -730,9 +788,15 @@ fn grep(workspace: &Workspace, args: GrepArgs, limits: &Limits) -> Result<ToolOu
     let mut lines = Vec::new();
     let mut total = 0usize;
     for file in &files {
-        let Ok(bytes) = std::fs::read(file) else {
+        // Opened again beneath the workspace (openat2), not by the name the
+        // walk found: a directory swapped for a link since is refused.
+        let Ok((mut handle, _)) = workspace.open_read(&workspace.display(file)) else {
             continue;
         };
+        let mut bytes = Vec::new();
+        if std::io::Read::read_to_end(&mut handle, &mut bytes).is_err() {
+            continue;
+        }
         if bytes.len() as u64 > MAX_GREP_FILE_BYTES
             || bytes.iter().take(BINARY_SNIFF_BYTES).any(|b| *b == 0)
         {

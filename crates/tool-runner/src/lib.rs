@@ -3,6 +3,7 @@
 //! (`agentry.tools.v1.ToolRunner`). Stateless: any number of replicas may
 //! share one workspace volume.
 
+pub mod egress;
 pub mod files;
 pub mod metrics;
 pub mod output;
@@ -85,6 +86,9 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Largest file `read_file` returns whole, in bytes.
     pub max_read_bytes: u64,
+    /// Largest size of a session's workspace and temp dir, in bytes; 0:
+    /// not limited.
+    pub workspace_bytes: u64,
 }
 
 impl Limits {
@@ -96,6 +100,7 @@ impl Limits {
             max_timeout: Duration::from_secs(t.max_timeout_secs),
             max_output_bytes: t.max_output_bytes,
             max_read_bytes: t.max_read_bytes,
+            workspace_bytes: t.limits.workspace_mib.saturating_mul(1024 * 1024),
         }
     }
 }
@@ -168,9 +173,11 @@ pub async fn run(
     });
     let web = std::sync::Arc::new(web::Web::new(&web, chromium));
     let background = web.start_background();
+    let egress = start_egress(&sandbox, &workspace_root).await;
     let runner = ToolRunnerService::new(workspace_root, limits, runner_id)
         .with_sandbox(sandbox)
-        .with_web(web);
+        .with_web(web)
+        .with_egress(egress);
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let metrics_task = metrics.map(|listener| {
         let page = runner.clone();
@@ -200,4 +207,24 @@ pub async fn run(
         let _ = task.await;
     }
     served
+}
+
+/// Starts the network proxy the way this machine's sandbox can confine
+/// commands to it.
+pub async fn start_egress(
+    sandbox: &sandbox::Sandbox,
+    workspace_root: &std::path::Path,
+) -> std::sync::Arc<egress::Egress> {
+    let socket = workspace_root
+        .join(workspace::TEMP_DIRS)
+        .join(egress::SOCKET_NAME);
+    let route = sandbox.network_route();
+    egress::Egress::start(
+        &sandbox.network_allow_hosts,
+        &socket,
+        route == Ok(sandbox::NetworkRoute::Bridge),
+        route == Ok(sandbox::NetworkRoute::HostPort),
+        route.as_ref().err().map(String::as_str).unwrap_or_default(),
+    )
+    .await
 }

@@ -55,6 +55,20 @@ pub struct Sandbox {
     pub read_only: Vec<PathBuf>,
     /// Paths commands may never read (data dir, config dir, workspaces).
     pub hidden: Vec<PathBuf>,
+    /// Internal hosts that calls granted network may reach.
+    pub network_allow_hosts: Vec<String>,
+}
+
+/// The first Landlock ABI with TCP connect rules.
+const LANDLOCK_NET_ABI: u32 = 4;
+
+/// How calls granted network reach the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkRoute {
+    /// A Unix socket, bridged into the call's network namespace.
+    Bridge,
+    /// A TCP port on the host's loopback.
+    HostPort,
 }
 
 /// Why the sandbox cannot be set up; the runner does not start.
@@ -91,6 +105,7 @@ impl Sandbox {
             base_env: base_env(&[]),
             read_only: agentry_sandbox::system_read_only(),
             hidden: Vec::new(),
+            network_allow_hosts: Vec::new(),
         }
     }
 
@@ -168,6 +183,7 @@ impl Sandbox {
             base_env: base_env(&t.env_passthrough),
             read_only,
             hidden,
+            network_allow_hosts: t.sandbox.network_allow_hosts.clone(),
         };
         if t.sandbox.mode == "off" {
             tracing::warn!(
@@ -260,6 +276,46 @@ impl Sandbox {
         }
     }
 
+    /// How calls granted network reach the proxy: through a bridge into
+    /// their network namespace, or the host's loopback when Landlock can
+    /// hold them to the proxy's port; `Err` says why neither works.
+    pub fn network_route(&self) -> Result<NetworkRoute, String> {
+        if self.helper.is_none() {
+            // No OS sandbox: commands have the host's network anyway; the
+            // proxy variables only steer HTTP clients through the checks.
+            return Ok(NetworkRoute::HostPort);
+        }
+        if self.layers.namespaces {
+            return Ok(NetworkRoute::Bridge);
+        }
+        let abi = self
+            .report
+            .as_ref()
+            .and_then(|r| r.landlock.as_ref().ok().copied())
+            .filter(|_| self.layers.landlock);
+        match abi {
+            Some(abi) if abi >= LANDLOCK_NET_ABI => Ok(NetworkRoute::HostPort),
+            _ => Err(
+                "network can be confined to the proxy only with the namespaces layer or with \
+                 Landlock ABI 4 or newer (TCP rules), and this machine has neither"
+                    .to_string(),
+            ),
+        }
+    }
+
+    /// How the file tools of `workspace` are confined: the identity of its
+    /// commands, and Landlock when commands get it.
+    pub fn file_confinement(
+        &self,
+        workspace: &crate::workspace::Workspace,
+    ) -> agentry_sandbox::ThreadConfinement {
+        agentry_sandbox::ThreadConfinement {
+            workspace: workspace.root().to_path_buf(),
+            ids: self.ids_for(workspace.session_id()),
+            landlock: self.helper.is_some() && self.layers.landlock,
+        }
+    }
+
     /// Gives `path` to the identity of `session_id`, so its commands can
     /// change it. Does not follow a symbolic link.
     pub fn hand_over(&self, session_id: &str, path: &Path) -> std::io::Result<()> {
@@ -296,19 +352,31 @@ impl Sandbox {
         env
     }
 
-    /// The helper's spec for running `argv` in `workspace` for `session_id`.
-    pub fn spec(&self, session_id: &str, argv: Vec<String>, workspace: &Path, tmp: &Path) -> Spec {
+    /// The helper's spec for running `argv` in `workspace` for `session_id`,
+    /// with network through the proxy when `network` is given.
+    pub fn spec(
+        &self,
+        session_id: &str,
+        argv: Vec<String>,
+        workspace: &Path,
+        tmp: &Path,
+        network: Option<&crate::egress::Pass>,
+    ) -> Spec {
+        let mut env = self.environment(session_id, workspace, tmp);
+        if let Some(pass) = network {
+            env.extend(pass.environment());
+        }
         Spec {
             argv,
             cwd: workspace.to_path_buf(),
-            env: self.environment(session_id, workspace, tmp),
+            env,
             read_write: vec![workspace.to_path_buf(), tmp.to_path_buf()],
             read_only: self.read_only.clone(),
             hidden: self.hidden.clone(),
             user: self.ids_for(session_id),
             limits: self.limits.clone(),
             layers: self.layers,
-            network: false,
+            proxy: network.map(|pass| pass.route.clone()),
             report: false,
         }
     }

@@ -20,12 +20,14 @@ pub struct ToolRunnerService {
     inner: Arc<Inner>,
 }
 
+#[derive(Clone)]
 struct Inner {
     workspace_root: PathBuf,
     limits: Limits,
     runner_id: String,
     sandbox: Sandbox,
     web: Option<Arc<crate::web::Web>>,
+    egress: Option<Arc<crate::egress::Egress>>,
     calls: Arc<crate::metrics::ToolCalls>,
 }
 
@@ -39,22 +41,34 @@ impl ToolRunnerService {
                 runner_id,
                 sandbox: Sandbox::unconfined(),
                 web: None,
+                egress: None,
                 calls: Arc::default(),
             }),
         }
     }
 
+    fn with(self, change: impl FnOnce(&mut Inner)) -> Self {
+        let mut inner = (*self.inner).clone();
+        change(&mut inner);
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
     /// The same runner confining commands with `sandbox`.
     pub fn with_sandbox(self, sandbox: Sandbox) -> Self {
-        let inner = Arc::new(Inner {
-            workspace_root: self.inner.workspace_root.clone(),
-            limits: self.inner.limits.clone(),
-            runner_id: self.inner.runner_id.clone(),
-            sandbox,
-            web: self.inner.web.clone(),
-            calls: self.inner.calls.clone(),
-        });
-        Self { inner }
+        self.with(|inner| inner.sandbox = sandbox)
+    }
+
+    /// The same runner serving the web tools with `web`.
+    pub fn with_web(self, web: Arc<crate::web::Web>) -> Self {
+        self.with(|inner| inner.web = Some(web))
+    }
+
+    /// The same runner giving network to calls that ask for it through
+    /// `egress`.
+    pub fn with_egress(self, egress: Arc<crate::egress::Egress>) -> Self {
+        self.with(|inner| inner.egress = Some(egress))
     }
 
     /// The metrics page (Prometheus text).
@@ -64,19 +78,6 @@ impl ToolRunnerService {
             &self.inner.calls,
             self.inner.web.as_deref(),
         )
-    }
-
-    /// The same runner serving the web tools with `web`.
-    pub fn with_web(self, web: Arc<crate::web::Web>) -> Self {
-        let inner = Arc::new(Inner {
-            workspace_root: self.inner.workspace_root.clone(),
-            limits: self.inner.limits.clone(),
-            runner_id: self.inner.runner_id.clone(),
-            sandbox: self.inner.sandbox.clone(),
-            web: Some(web),
-            calls: self.inner.calls.clone(),
-        });
-        Self { inner }
     }
 }
 
@@ -131,6 +132,20 @@ impl ToolRunner for ToolRunnerService {
                 ToolError::InvalidRequest(m) => Status::invalid_argument(m),
                 other => Status::internal(other.to_string()),
             })?;
+        let pass = if req.network {
+            let egress = self.inner.egress.as_ref().ok_or_else(|| {
+                Status::failed_precondition(
+                    "this call asks for network, but this tool runner gives none",
+                )
+            })?;
+            Some(egress.grant().map_err(|why| {
+                Status::failed_precondition(format!(
+                    "this call asks for network, but this tool runner cannot give it: {why}"
+                ))
+            })?)
+        } else {
+            None
+        };
         let (tx, rx) = mpsc::channel(64);
         let inner = self.inner.clone();
         tokio::spawn(async move {
@@ -148,9 +163,15 @@ impl ToolRunner for ToolRunnerService {
                 timeout,
                 &inner.sandbox,
                 inner.web.as_deref(),
+                pass.as_ref(),
                 sink,
             );
-            tokio::pin!(run);
+            let mut run = Box::pin(run);
+            let watch = QuotaWatch::start(&inner, &req.tool, &workspace).await;
+            // Measured at the start: the first tick is due later.
+            let period = Duration::from_millis(500);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             // Live output is stored in the session log: like the result the
             // model sees, it is capped per call. Past the cap it is counted,
             // not sent; the result keeps the head and tail.
@@ -167,12 +188,27 @@ impl ToolRunner for ToolRunnerService {
                         }
                     }
                     outcome = &mut run => break outcome,
+                    _ = tick.tick(), if watch.is_some() => {
+                        if let Some(watch) = &watch
+                            && let Some(stopped) = watch.stopped().await
+                        {
+                            tracing::info!(call_id, "a command outgrew the workspace quota");
+                            break Ok(stopped);
+                        }
+                    }
                     () = tx.closed() => {
                         tracing::info!(call_id, tool, "tool call cancelled by the caller");
                         inner.calls.record(&tool, "cancelled");
                         return;
                     }
                 }
+            };
+            // Dropping the call kills it and everything it started.
+            drop(run);
+            // A command that finished between two measures.
+            let outcome = match (&watch, outcome) {
+                (Some(watch), Ok(done)) => Ok(watch.finished(done).await),
+                (_, outcome) => outcome,
             };
             // Forward output produced just before the end.
             while let Ok((stream, text)) = chunks.try_recv() {
@@ -183,6 +219,8 @@ impl ToolRunner for ToolRunnerService {
                     return;
                 }
             }
+            let network_note = pass.as_ref().and_then(crate::egress::Pass::note);
+            drop(pass);
             if let Some(note) = live.note() {
                 let _ = tx
                     .send(Ok(chunk_message(
@@ -191,11 +229,17 @@ impl ToolRunner for ToolRunnerService {
                     )))
                     .await;
             }
-            let outcome = outcome.unwrap_or_else(|e| ToolOutcome {
+            let mut outcome = outcome.unwrap_or_else(|e| ToolOutcome {
                 output: e.to_string(),
                 is_error: true,
                 ..ToolOutcome::default()
             });
+            if let Some(note) = network_note {
+                if !outcome.output.is_empty() && !outcome.output.ends_with('\n') {
+                    outcome.output.push('\n');
+                }
+                outcome.output.push_str(&note);
+            }
             let duration_ms = started.elapsed().as_millis() as u64;
             let outcome_name = match (outcome.timed_out, outcome.is_error) {
                 (true, _) => "timeout",
@@ -279,3 +323,75 @@ fn chunk_message(
         })),
     }
 }
+
+/// The workspace quota during a bash call: a command may not grow the
+/// workspace past it (nor one already past it). The workspace is measured
+/// at the start, every half second while the command runs, and at the end,
+/// each time on a thread confined like the file tools.
+struct QuotaWatch {
+    confinement: agentry_sandbox::ThreadConfinement,
+    workspace: Workspace,
+    quota: u64,
+    /// The most the workspace may take: the quota, or more when it already
+    /// took more at the start.
+    allowed: u64,
+}
+
+impl QuotaWatch {
+    /// A watch for `tool`'s call, when it is bash and there is a quota.
+    async fn start(inner: &Inner, tool: &str, workspace: &Workspace) -> Option<QuotaWatch> {
+        let quota = inner.limits.workspace_bytes;
+        if quota == 0 || tool != "bash" {
+            return None;
+        }
+        let mut watch = QuotaWatch {
+            confinement: inner.sandbox.file_confinement(workspace),
+            workspace: workspace.clone(),
+            quota,
+            allowed: quota,
+        };
+        watch.allowed = watch.usage().await.unwrap_or(0).max(quota);
+        Some(watch)
+    }
+
+    async fn usage(&self) -> Option<u64> {
+        let (confinement, workspace) = (self.confinement.clone(), self.workspace.clone());
+        tokio::task::spawn_blocking(move || {
+            agentry_sandbox::run_confined(&confinement, move || workspace.usage())
+        })
+        .await
+        .ok()
+        .and_then(Result::ok)
+    }
+
+    /// The outcome of a call stopped for outgrowing the quota, if it did.
+    async fn stopped(&self) -> Option<ToolOutcome> {
+        let used = self.usage().await.filter(|used| *used > self.allowed)?;
+        Some(ToolOutcome {
+            output: format!(
+                "[stopped: the workspace grew to {} MiB, past its quota of {} MiB \
+                 (tool_runner.limits.workspace_mib); delete files to make room]",
+                used / MIB,
+                self.quota / MIB
+            ),
+            is_error: true,
+            ..ToolOutcome::default()
+        })
+    }
+
+    /// `done`, told when the call ended with the workspace past the quota.
+    async fn finished(&self, mut done: ToolOutcome) -> ToolOutcome {
+        if let Some(used) = self.usage().await.filter(|used| *used > self.allowed) {
+            done.output.push_str(&format!(
+                "\n[the workspace is now {} MiB, past its quota of {} MiB \
+                 (tool_runner.limits.workspace_mib): writes are refused until files are deleted]",
+                used / MIB,
+                self.quota / MIB
+            ));
+            done.is_error = true;
+        }
+        done
+    }
+}
+
+const MIB: u64 = 1024 * 1024;

@@ -141,9 +141,17 @@ pub async fn execute(
     timeout: Option<Duration>,
     sandbox: &Sandbox,
     web: Option<&crate::web::Web>,
+    network: Option<&crate::egress::Pass>,
     sink: OutputSink,
 ) -> Result<ToolOutcome, ToolError> {
-    if let Some(result) = crate::files::execute(tool, arguments_json, workspace, limits).await {
+    if network.is_some() && tool != "bash" {
+        return Err(ToolError::InvalidRequest(format!(
+            "network is given to bash calls only, not to {tool}"
+        )));
+    }
+    if let Some(result) =
+        crate::files::execute(tool, arguments_json, workspace, limits, sandbox).await
+    {
         return result;
     }
     if let Some(web) = web
@@ -170,15 +178,16 @@ pub async fn execute(
                 .or(timeout)
                 .unwrap_or(limits.default_timeout)
                 .min(limits.max_timeout);
-            bash(&args.command, workspace, timeout, limits, sandbox, sink).await
-        }
-        "read_file" => {
-            let args: ReadArgs = parse_args(tool, arguments_json)?;
-            read_file(workspace, &args, limits).await
-        }
-        "write_file" => {
-            let args: WriteArgs = parse_args(tool, arguments_json)?;
-            write_file(workspace, &args, sandbox).await
+            bash(
+                &args.command,
+                workspace,
+                timeout,
+                limits,
+                sandbox,
+                network,
+                sink,
+            )
+            .await
         }
         other => Err(ToolError::UnknownTool {
             name: other.to_string(),
@@ -306,6 +315,7 @@ async fn bash(
     timeout: Duration,
     limits: &Limits,
     sandbox: &Sandbox,
+    network: Option<&crate::egress::Pass>,
     sink: OutputSink,
 ) -> Result<ToolOutcome, ToolError> {
     if command.trim().is_empty() {
@@ -317,7 +327,7 @@ async fn bash(
     let mut cmd = match &sandbox.helper {
         Some(helper) => {
             let argv = vec!["bash".to_string(), "-c".to_string(), command.to_string()];
-            let spec = sandbox.spec(session, argv, workspace.root(), workspace.tmp());
+            let spec = sandbox.spec(session, argv, workspace.root(), workspace.tmp(), network);
             let spec = serde_json::to_string(&spec)
                 .map_err(|e| ToolError::Io(format!("cannot describe the sandbox: {e}")))?;
             let mut cmd = tokio::process::Command::new(helper);
@@ -335,7 +345,12 @@ async fn bash(
                 .arg("bash")
                 .arg(command)
                 .env_clear()
-                .envs(sandbox.environment(session, workspace.root(), workspace.tmp()));
+                .envs(sandbox.environment(session, workspace.root(), workspace.tmp()))
+                .envs(
+                    network
+                        .map(crate::egress::Pass::environment)
+                        .unwrap_or_default(),
+                );
             if let Some(ids) = sandbox.ids_for(session) {
                 cmd.uid(ids.uid).gid(ids.gid);
             }
@@ -461,99 +476,4 @@ async fn bash(
             })
         }
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReadArgs {
-    path: String,
-    #[serde(default)]
-    offset: Option<usize>,
-    #[serde(default)]
-    limit: Option<usize>,
-}
-
-/// Files larger than this are never loaded whole.
-const MAX_SCAN_BYTES: u64 = 64 * 1024 * 1024;
-
-async fn read_file(
-    workspace: &Workspace,
-    args: &ReadArgs,
-    limits: &Limits,
-) -> Result<ToolOutcome, ToolError> {
-    // One handle, opened beneath the workspace: what is checked is what
-    // is read.
-    let (file, shown) = workspace.open_read(&args.path)?;
-    let meta = file
-        .metadata()
-        .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
-    let ranged = args.offset.is_some() || args.limit.is_some();
-    if meta.len() > MAX_SCAN_BYTES || (!ranged && meta.len() > limits.max_read_bytes) {
-        return Err(ToolError::TooLarge(format!(
-            "{shown} is {} bytes, over the {}-byte limit; read a line range with offset and limit",
-            meta.len(),
-            if ranged {
-                MAX_SCAN_BYTES
-            } else {
-                limits.max_read_bytes
-            }
-        )));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    tokio::io::AsyncReadExt::read_to_end(&mut tokio::fs::File::from_std(file), &mut bytes)
-        .await
-        .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
-    if bytes.iter().take(8192).any(|b| *b == 0) {
-        return Err(ToolError::Binary(shown));
-    }
-    let text = String::from_utf8(bytes).map_err(|_| ToolError::Binary(shown.clone()))?;
-    let selected = if ranged {
-        let offset = args.offset.unwrap_or(1).max(1);
-        let limit = args.limit.unwrap_or(usize::MAX);
-        let total = text.lines().count();
-        if offset > total.max(1) {
-            return Err(ToolError::InvalidArguments(format!(
-                "offset {offset} is past the end of {shown} ({total} lines)"
-            )));
-        }
-        text.split_inclusive('\n')
-            .skip(offset - 1)
-            .take(limit)
-            .collect::<String>()
-    } else {
-        text
-    };
-    let mut capped = CappedOutput::new(limits.max_read_bytes as usize);
-    capped.push(selected.as_bytes());
-    let (output, truncated) = capped.finish();
-    Ok(ToolOutcome {
-        output,
-        truncated,
-        ..ToolOutcome::default()
-    })
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WriteArgs {
-    path: String,
-    content: String,
-}
-
-async fn write_file(
-    workspace: &Workspace,
-    args: &WriteArgs,
-    sandbox: &Sandbox,
-) -> Result<ToolOutcome, ToolError> {
-    let len = args.content.len();
-    let owner = sandbox
-        .ids_for(workspace.session_id())
-        .map(|ids| (ids.uid, ids.gid));
-    // Directories made, and the file, belong to the user commands run as,
-    // so later commands can change them.
-    let shown = workspace.replace_file(&args.path, args.content.as_bytes(), owner, None)?;
-    Ok(ToolOutcome {
-        output: format!("wrote {len} bytes to {shown}"),
-        ..ToolOutcome::default()
-    })
 }

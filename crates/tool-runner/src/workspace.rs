@@ -235,7 +235,9 @@ impl Workspace {
             .metadata()
             .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
         if meta.is_dir() {
-            return Err(ToolError::Io(format!("{shown} is a directory, not a file")));
+            return Err(ToolError::InvalidArguments(format!(
+                "{shown} is a directory, not a file"
+            )));
         }
         if !meta.is_file() {
             return Err(ToolError::InvalidArguments(format!(
@@ -249,16 +251,18 @@ impl Workspace {
     /// beneath the workspace: missing directories are made one by one,
     /// each opened with RESOLVE_BENEATH; the content goes to a new file in
     /// the opened parent directory, which is then renamed over the name
-    /// (replacing a symbolic link there, never writing through it). New
-    /// files and directories, and the file, are given to `owner` through
-    /// their handles; `mode` keeps an edited file's permissions.
+    /// (replacing a symbolic link there, never writing through it). What
+    /// is made belongs to the caller's identity (file tools run as the
+    /// session's user); `keep` is an edited file's original metadata, whose
+    /// permissions the new file gets, and its owner when the caller may.
     pub fn replace_file(
         &self,
         path: &str,
         content: &[u8],
-        owner: Option<(u32, u32)>,
-        mode: Option<u32>,
+        keep: Option<&std::fs::Metadata>,
     ) -> Result<String, ToolError> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let mode = keep.map(|m| m.permissions().mode() & 0o7777);
         use rustix::fs::{AtFlags, Mode, OFlags};
         use std::io::Write;
         let rel = self.relative(path)?;
@@ -267,19 +271,6 @@ impl Workspace {
             .file_name()
             .ok_or_else(|| ToolError::InvalidArguments(format!("{shown} names no file")))?
             .to_os_string();
-        let give = |fd: &std::os::fd::OwnedFd| -> Result<(), ToolError> {
-            if let Some((uid, gid)) = owner {
-                rustix::fs::chownat(
-                    fd,
-                    "",
-                    Some(rustix::fs::Uid::from_raw(uid)),
-                    Some(rustix::fs::Gid::from_raw(gid)),
-                    AtFlags::EMPTY_PATH,
-                )
-                .map_err(|e| ToolError::Io(format!("cannot hand {shown} over: {e}")))?;
-            }
-            Ok(())
-        };
         // The parent, made beneath the workspace one directory at a time.
         let mut prefix = PathBuf::new();
         let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
@@ -302,9 +293,7 @@ impl Workspace {
                             )));
                         }
                     }
-                    let made = self.open_at(&shown, &prefix, dir_flags)?;
-                    give(&made)?;
-                    made
+                    self.open_at(&shown, &prefix, dir_flags)?
                 }
                 Err(e) => return Err(e),
             };
@@ -312,7 +301,9 @@ impl Workspace {
         if let Ok(stat) = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)
             && rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory
         {
-            return Err(ToolError::Io(format!("{shown} is a directory")));
+            return Err(ToolError::InvalidArguments(format!(
+                "{shown} is a directory"
+            )));
         }
         let tmp = temp_path_for(Path::new("x").join(&name).as_path())?;
         let tmp = tmp.file_name().unwrap_or_default().to_os_string();
@@ -324,11 +315,20 @@ impl Workspace {
                 Mode::from_raw_mode(mode.unwrap_or(0o644)),
             )
             .map_err(|e| ToolError::Io(format!("cannot write {shown}: {e}")))?;
-            give(&fd)?;
             let mut file = std::fs::File::from(fd);
             let io = |e: std::io::Error| ToolError::Io(format!("cannot write {shown}: {e}"));
+            // Through the handle, never a name: no link can redirect it.
+            if let Some(meta) = keep
+                && (meta.uid(), meta.gid())
+                    != (
+                        rustix::process::geteuid().as_raw(),
+                        rustix::process::getegid().as_raw(),
+                    )
+                && let Err(e) = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()))
+            {
+                tracing::debug!(path = %shown, error = %e, "an edited file changes owner");
+            }
             if let Some(mode) = mode {
-                use std::os::unix::fs::PermissionsExt;
                 file.set_permissions(std::fs::Permissions::from_mode(mode))
                     .map_err(io)?;
             }
@@ -349,6 +349,56 @@ impl Workspace {
             let _ = rustix::fs::fsync(&d);
         }
         Ok(shown)
+    }
+
+    /// The disk space the workspace and its temp dir take, in bytes
+    /// (allocated blocks, so sparse files count what they use). Symbolic
+    /// links are not followed; the walk stops counting after a million
+    /// entries. Run it confined (a file-tool thread): a directory swapped
+    /// for a link while it walks then leads nowhere.
+    pub fn usage(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        const MAX_ENTRIES: usize = 1_000_000;
+        let mut total = 0u64;
+        let mut seen = 0usize;
+        let mut stack = vec![self.root.clone(), self.tmp.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                seen += 1;
+                if seen > MAX_ENTRIES {
+                    return total;
+                }
+                let Ok(meta) = entry.path().symlink_metadata() else {
+                    continue;
+                };
+                total = total.saturating_add(meta.blocks().saturating_mul(512));
+                if meta.is_dir() {
+                    stack.push(entry.path());
+                }
+            }
+        }
+        total
+    }
+
+    /// `Err` with the reason when writing `adding` more bytes would take
+    /// the workspace past `quota` bytes (0: no quota).
+    pub fn check_quota(&self, quota: u64, adding: u64) -> Result<(), ToolError> {
+        if quota == 0 {
+            return Ok(());
+        }
+        let used = self.usage();
+        if used.saturating_add(adding) > quota {
+            return Err(ToolError::TooLarge(format!(
+                "the workspace takes {} MiB; {adding} more bytes would exceed its quota of {} \
+                 MiB (tool_runner.limits.workspace_mib): delete files first",
+                used / (1024 * 1024),
+                quota / (1024 * 1024)
+            )));
+        }
+        Ok(())
     }
 
     /// `path` relative to the workspace, for messages.

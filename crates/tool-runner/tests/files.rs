@@ -3,6 +3,7 @@
 //! session's workspace.
 
 use agentry_tool_runner::files;
+use agentry_tool_runner::sandbox::Sandbox;
 use agentry_tool_runner::tools::ToolOutcome;
 use agentry_tool_runner::workspace::Workspace;
 use agentry_tool_runner::{Limits, ToolError};
@@ -17,6 +18,7 @@ fn limits() -> Limits {
         max_timeout: Duration::from_secs(60),
         max_output_bytes: 262_144,
         max_read_bytes: 262_144,
+        workspace_bytes: 0,
     }
 }
 
@@ -37,9 +39,15 @@ fn read(ws: &Workspace, rel: &str) -> String {
 }
 
 async fn call(ws: &Workspace, tool: &str, args: Value) -> Result<ToolOutcome, ToolError> {
-    files::execute(tool, &args.to_string(), ws, &limits())
-        .await
-        .expect("a file tool")
+    files::execute(
+        tool,
+        &args.to_string(),
+        ws,
+        &limits(),
+        &Sandbox::unconfined(),
+    )
+    .await
+    .expect("a file tool")
 }
 
 async fn ok(ws: &Workspace, tool: &str, args: Value) -> String {
@@ -91,25 +99,27 @@ fn specs_have_the_right_flags() {
 #[tokio::test]
 async fn unknown_tools_are_not_ours() {
     let (_d, ws) = setup();
-    assert!(files::execute("bash", "{}", &ws, &limits()).await.is_none());
-    assert!(
-        files::execute("read_file", "{}", &ws, &limits())
-            .await
-            .is_none()
-    );
+    let sandbox = Sandbox::unconfined();
+    for tool in ["bash", "web_fetch"] {
+        assert!(
+            files::execute(tool, "{}", &ws, &limits(), &sandbox)
+                .await
+                .is_none()
+        );
+    }
 }
 
 #[tokio::test]
 async fn bad_arguments_are_invalid() {
     let (_d, ws) = setup();
-    let err = files::execute("grep", "{not json", &ws, &limits())
+    let err = files::execute("grep", "{not json", &ws, &limits(), &Sandbox::unconfined())
         .await
         .unwrap()
         .unwrap_err();
     assert!(
         matches!(&err, ToolError::InvalidArguments(m) if m.starts_with("arguments of grep are not valid JSON: "))
     );
-    let err = files::execute("glob", "[1]", &ws, &limits())
+    let err = files::execute("glob", "[1]", &ws, &limits(), &Sandbox::unconfined())
         .await
         .unwrap()
         .unwrap_err();
@@ -129,7 +139,7 @@ async fn bad_arguments_are_invalid() {
     );
     // No arguments at all: list_dir has defaults for everything.
     write(&ws, "a.txt", "x");
-    let out = files::execute("list_dir", "", &ws, &limits())
+    let out = files::execute("list_dir", "", &ws, &limits(), &Sandbox::unconfined())
         .await
         .unwrap()
         .unwrap();
@@ -404,7 +414,8 @@ async fn edit_keeps_permissions_and_owner() {
 async fn edit_through_a_symlink_inside_edits_the_target() {
     let (_d, ws) = setup();
     write(&ws, "real/f.txt", "old\n");
-    symlink(ws.root().join("real"), ws.root().join("link")).unwrap();
+    // Links inside the workspace are relative (absolute ones are refused).
+    symlink("real", ws.root().join("link")).unwrap();
     let out = ok(
         &ws,
         "edit_file",
@@ -413,7 +424,7 @@ async fn edit_through_a_symlink_inside_edits_the_target() {
     .await;
     assert_eq!(
         out,
-        "--- a/real/f.txt\n+++ b/real/f.txt\n@@ -1 +1 @@\n-old\n+new\nreplaced 1 occurrence"
+        "--- a/link/f.txt\n+++ b/link/f.txt\n@@ -1 +1 @@\n-old\n+new\nreplaced 1 occurrence"
     );
     assert_eq!(read(&ws, "real/f.txt"), "new\n");
     assert!(

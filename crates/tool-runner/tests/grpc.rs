@@ -31,6 +31,7 @@ fn default_limits() -> Limits {
         max_timeout: Duration::from_secs(120),
         max_output_bytes: 64 * 1024,
         max_read_bytes: 256 * 1024,
+        workspace_bytes: 0,
     }
 }
 
@@ -41,6 +42,7 @@ fn small_limits() -> Limits {
         max_timeout: Duration::from_secs(2),
         max_output_bytes: 100,
         max_read_bytes: 1024,
+        workspace_bytes: 0,
     }
 }
 
@@ -158,6 +160,7 @@ fn request(session: &str, tool: &str, arguments_json: &str) -> ExecuteRequest {
         tool: tool.to_string(),
         arguments_json: arguments_json.to_string(),
         timeout_ms: 0,
+        network: false,
     }
 }
 
@@ -1242,4 +1245,44 @@ async fn live_output_of_a_flood_is_capped_like_the_result() {
         "{}",
         out.result.output
     );
+}
+
+#[tokio::test]
+async fn the_workspace_quota_stops_growth_and_refuses_writes() {
+    const MIB: u64 = 1024 * 1024;
+    let runner = Runner::start(Limits {
+        workspace_bytes: 8 * MIB,
+        ..default_limits()
+    })
+    .await;
+    let mut client = runner.client().await;
+
+    // A command that keeps growing the workspace is stopped.
+    let out = bash(
+        &mut client,
+        "q1",
+        "for i in $(seq 1 60); do head -c 1048576 /dev/urandom > f$i; sleep 0.1; done; echo finished",
+    )
+    .await;
+    assert_error_mentions(&out.result, "past its quota of 8 MiB");
+    assert!(!out.result.output.contains("finished"), "{:?}", out.result);
+    let written = std::fs::read_dir(runner.workspace("q1")).unwrap().count();
+    assert!((8..30).contains(&written), "{written} files written");
+
+    // While over the quota, writes are refused with the reason.
+    let refused = write_file(&mut client, "q1", "more.txt", "x").await;
+    assert_error_mentions(&refused, "quota of 8 MiB");
+    assert!(!runner.workspace("q1").join("more.txt").exists());
+
+    // A command that writes everything before it is measured is told.
+    let out = bash(&mut client, "q2", "head -c 12582912 /dev/urandom > big").await;
+    assert_error_mentions(&out.result, "writes are refused until files are deleted");
+
+    // Deleting makes room: a command may run over the quota as long as it
+    // does not grow the workspace.
+    let out = bash(&mut client, "q1", "rm -f f*; echo cleaned").await;
+    assert_eq!(ok_output(&out.result).trim(), "cleaned");
+    let written = write_file(&mut client, "q1", "more.txt", "x").await;
+    ok_output(&written);
+    runner.stop().await;
 }

@@ -23,6 +23,7 @@ async fn call(
             tool: tool.into(),
             arguments_json: args.to_string(),
             timeout_ms: 0,
+            network: false,
         })
         .await
         .unwrap()

@@ -19,6 +19,7 @@ fn limits() -> Limits {
         max_timeout: Duration::from_secs(60),
         max_output_bytes: 65536,
         max_read_bytes: 262144,
+        workspace_bytes: 0,
     }
 }
 
@@ -90,6 +91,7 @@ async fn run(
         &limits(),
         None,
         sandbox,
+        None,
         None,
         sink,
     )
