@@ -69,7 +69,7 @@ async fn cluster(allow: &[&str]) -> Cluster {
 
 /// Runs the commands as one turn's bash calls, every call approved;
 /// returns their outputs in order.
-async fn run_in_a_turn(cluster: &Cluster, commands: &[String]) -> Vec<String> {
+pub(crate) async fn run_in_a_turn(cluster: &Cluster, commands: &[String]) -> Vec<String> {
     for (i, command) in commands.iter().enumerate() {
         cluster.model.push(Reply::tool_call(
             &format!("call-{i}"),

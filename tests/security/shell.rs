@@ -1,27 +1,13 @@
 //! What a command the agent runs can reach, tried through a real turn:
 //! the model (the attacker here) asks for bash, every call is approved.
 
-use crate::support::{finished, new_session, send, tool_results, until_finished};
 use agentry_testkit::Cluster;
-use agentry_testkit::fake_model::Reply;
-use serde_json::json;
 
 /// Runs `command` through a turn in a new session; returns the tool output.
 async fn run_in_a_turn(cluster: &Cluster, command: &str) -> String {
-    cluster.model.push(Reply::tool_call(
-        "call-1",
-        "bash",
-        json!({ "command": command }),
-    ));
-    cluster.model.push(Reply::text("done"));
-    let mut client = cluster.orchestrator().await.unwrap();
-    let (session, mut events) = new_session(&mut client).await;
-    let turn = send(&mut client, &session.id, "go").await;
-    let received = until_finished(&mut events, &turn).await;
-    finished(&received);
-    let results = tool_results(&received);
-    assert_eq!(results.len(), 1, "{received:?}");
-    results[0].output.clone()
+    crate::network::run_in_a_turn(cluster, &[command.to_string()])
+        .await
+        .remove(0)
 }
 
 fn port(url: &str) -> u16 {
