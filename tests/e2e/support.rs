@@ -18,6 +18,7 @@ pub fn user_input(text: &str, mode: spb::ApprovalMode, plan: bool) -> pb::Input 
             text: text.to_string(),
             approval_mode: mode as i32,
             plan,
+            network: false,
         })),
     }
 }

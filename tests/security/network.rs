@@ -1,13 +1,16 @@
-//! Network for a command, opened by a policy rule: the only way out is the
-//! tool runner's proxy, which keeps loopback, private, link-local and
-//! metadata addresses closed unless the runner's configuration names them,
-//! and serves only calls that were granted network.
+//! Network for a command, opened by a policy rule or by the person for a
+//! turn: the only way out is the tool runner's proxy, which keeps loopback,
+//! private, link-local and metadata addresses closed unless the runner's
+//! configuration names them, and serves only calls that were granted
+//! network.
 //!
 //! A small HTTP server on the host's loopback stands in for "somewhere"
 //! (this machine reaches no public address): it is closed to commands by
 //! default, and reachable once `network_allow_hosts` names 127.0.0.1.
 
 use crate::support::{finished, new_session, send, tool_results, until_finished};
+use agentry_proto::orchestrator::v1 as opb;
+use agentry_proto::sessions::v1::{self as spb, event::Kind};
 use agentry_runtime::config::{PolicyDecision, PolicyRule};
 use agentry_testkit::Cluster;
 use agentry_testkit::fake_model::Reply;
@@ -181,4 +184,68 @@ async fn a_host_the_runner_names_is_reachable_by_request_and_by_tunnel() {
         "{}",
         outputs[2]
     );
+}
+
+/// A turn the person gave network (`agentry run --network`): its bash calls
+/// go out through the proxy without any rule, under the same proxy rules;
+/// the turns before and after it, and calls the model asks for in them,
+/// get none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_the_person_gives_network_reaches_out_and_the_turns_around_it_do_not() {
+    let port = page_server().await;
+    let cluster = Cluster::start_with(|config| {
+        config.tool_runner.sandbox.network_allow_hosts = vec!["127.0.0.1".into()];
+    })
+    .await
+    .unwrap();
+    let fetch = curl(&format!("http://127.0.0.1:{port}/"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let mut outputs = Vec::new();
+    for (i, network) in [false, true, false].into_iter().enumerate() {
+        cluster.model.push(Reply::tool_call(
+            &format!("call-{i}"),
+            "bash",
+            json!({ "command": fetch }),
+        ));
+        cluster.model.push(Reply::text("done"));
+        let turn = client
+            .submit(opb::SubmitRequest {
+                session_id: session.id.clone(),
+                input: Some(opb::Input {
+                    kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                        text: "fetch the page".into(),
+                        approval_mode: spb::ApprovalMode::Always as i32,
+                        plan: false,
+                        network,
+                    })),
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .turn_id;
+        let received = until_finished(&mut events, &turn).await;
+        finished(&received);
+        let recorded = received.iter().find_map(|e| match &e.kind {
+            Some(Kind::UserMessage(m)) => Some(m.network),
+            _ => None,
+        });
+        assert_eq!(recorded, Some(network), "the log records the switch");
+        let results = tool_results(&received);
+        assert_eq!(results.len(), 1, "{received:?}");
+        outputs.push(results[0].output.clone());
+    }
+    assert!(
+        outputs[1].contains(SECRET)
+            && outputs[1].contains(&format!("[agentry network: reached 127.0.0.1:{port}")),
+        "the turn with network: {}",
+        outputs[1]
+    );
+    for output in [&outputs[0], &outputs[2]] {
+        assert!(
+            output.contains("status=000") && !output.contains(SECRET),
+            "a turn without network: {output}"
+        );
+    }
 }

@@ -55,6 +55,7 @@ async fn submit(
                     text: text.into(),
                     approval_mode: spb::ApprovalMode::Policy as i32,
                     plan: false,
+                    network: false,
                 })),
             }),
         })
@@ -492,6 +493,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
                                         .into(),
                                     approval_mode: 0,
                                     plan: false,
+                                    network: false,
                                 })),
                                 ..Default::default()
                             }],

@@ -56,6 +56,10 @@ enum Command {
         /// Continue this session instead of starting a new one
         #[arg(long, short)]
         session: Option<String>,
+        /// Give the agent's bash commands outbound network through the tool
+        /// runner's proxy (public hosts only); switch it with /network
+        #[arg(long)]
+        network: bool,
     },
     /// Run one turn headless and print the final answer
     Run {
@@ -72,6 +76,10 @@ enum Command {
         /// out step by step, revising the plan when a step fails
         #[arg(long)]
         plan: bool,
+        /// Give the agent's bash commands outbound network through the tool
+        /// runner's proxy (public hosts only)
+        #[arg(long)]
+        network: bool,
         /// The message for the agent
         prompt: String,
     },
@@ -236,14 +244,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve { service } => up::serve(&config, service)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Chat { session } => turn::chat(&config, session).await,
+        Command::Chat { session, network } => turn::chat(&config, session, network).await,
         Command::Run {
             session,
             approve,
             json,
             plan,
+            network,
             prompt,
-        } => turn::run(&config, session, approve, json, plan, prompt).await,
+        } => {
+            let mode = turn::Mode {
+                approve,
+                plan,
+                network,
+            };
+            turn::run(&config, session, mode, json, prompt).await
+        }
         Command::Sessions { command } => match command {
             SessionsCommand::List { limit } => session_cmds::list(&config, limit).await,
             SessionsCommand::Show { id, json } => session_cmds::show(&config, &id, json).await,

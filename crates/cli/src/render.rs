@@ -41,7 +41,9 @@ pub fn event_json(event: &pb::Event) -> Value {
     let body = match &event.kind {
         None => json!({"type": "unknown"}),
         Some(kind) => match kind {
-            Kind::UserMessage(m) => json!({"type": "user_message", "text": m.text}),
+            Kind::UserMessage(m) => json!({
+                "type": "user_message", "text": m.text, "plan": m.plan, "network": m.network,
+            }),
             Kind::ModelTextDelta(d) => json!({"type": "model_text_delta", "text": d.text}),
             Kind::ModelMessage(m) => json!({
                 "type": "model_message", "text": m.text, "finish_reason": m.finish_reason,

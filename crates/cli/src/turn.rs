@@ -130,8 +130,19 @@ impl Follower {
     }
 }
 
-fn user_input(text: String, approve: Approve, plan: bool) -> pb::Input {
-    let approval_mode = match approve {
+/// How a message's turn runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Mode {
+    /// How tool calls needing confirmation are handled.
+    pub approve: Approve,
+    /// Plan mode.
+    pub plan: bool,
+    /// Outbound network for the turn's bash calls.
+    pub network: bool,
+}
+
+fn user_input(text: String, mode: Mode) -> pb::Input {
+    let approval_mode = match mode.approve {
         Approve::Always => spb::ApprovalMode::Always,
         Approve::Never => spb::ApprovalMode::Never,
         Approve::Policy => spb::ApprovalMode::Policy,
@@ -140,7 +151,8 @@ fn user_input(text: String, approve: Approve, plan: bool) -> pb::Input {
         kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
             text,
             approval_mode: approval_mode as i32,
-            plan,
+            plan: mode.plan,
+            network: mode.network,
         })),
     }
 }
@@ -157,9 +169,8 @@ fn cancel_input() -> pb::Input {
 pub async fn run(
     config: &Config,
     session: Option<String>,
-    approve: Approve,
+    mode: Mode,
     json: bool,
-    plan: bool,
     prompt: String,
 ) -> anyhow::Result<ExitCode> {
     let mut client = connect(config).await?;
@@ -168,7 +179,7 @@ pub async fn run(
     let submitted = client
         .submit(pb::SubmitRequest {
             session_id: session.id.clone(),
-            input: Some(user_input(prompt, approve, plan)),
+            input: Some(user_input(prompt, mode)),
         })
         .await
         .map_err(|s| status_error("the message was not accepted", s))?
@@ -295,7 +306,11 @@ fn approval_submit(session_id: &str, input: pb::ApprovalInput) -> pb::SubmitRequ
 }
 
 /// `agentry chat`: interactive, or one message per line from a pipe.
-pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<ExitCode> {
+pub async fn chat(
+    config: &Config,
+    session: Option<String>,
+    network: bool,
+) -> anyhow::Result<ExitCode> {
     let mut client = connect(config).await?;
     let session = open_session(&mut client, session).await?;
     let interactive = std::io::stdin().is_terminal();
@@ -317,6 +332,11 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
             "session {}{resumed}. Type a message; /help for commands, Ctrl+D to leave.",
             session.id
         );
+        if network {
+            eprintln!(
+                "network on: the agent's commands reach public hosts through the tool runner's proxy (/network to switch)"
+            );
+        }
     }
     let (notices_tx, mut notices) = mpsc::unbounded_channel::<Notice>();
     let mut open_turn: Option<String> = None;
@@ -372,8 +392,10 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
     let mut last_outcome = spb::TurnOutcome::Completed as i32;
     let mut asking = Asking::Nothing;
     let mut queued: Vec<spb::ApprovalRequested> = Vec::new();
-    // Plan mode for every message, switched by /plan.
+    // Plan mode for every message, switched by /plan; network likewise, by
+    // /network.
     let mut plan_mode = false;
+    let mut network = network;
     let mut cancelled = false;
     let mut prompt_shown = false;
     loop {
@@ -431,12 +453,17 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
                             "" => continue,
                             "/exit" | "/quit" | "exit" | "quit" => break,
                             "/help" => {
-                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/session         show this session's id\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.");
+                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/network         outbound network for the agent's commands on or off (now {})\n/session         show this session's id\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.", if network { "on" } else { "off" });
                                 continue;
                             }
                             "/plan" => {
                                 plan_mode = !plan_mode;
                                 eprintln!("plan mode {}", if plan_mode { "on: every message is planned, then executed step by step" } else { "off" });
+                                continue;
+                            }
+                            "/network" => {
+                                network = !network;
+                                eprintln!("network {}", if network { "on: the agent's commands reach public hosts through the tool runner's proxy" } else { "off" });
                                 continue;
                             }
                             "/session" => {
@@ -452,7 +479,7 @@ pub async fn chat(config: &Config, session: Option<String>) -> anyhow::Result<Ex
                         let submitted = client
                             .submit(pb::SubmitRequest {
                                 session_id: session.id.clone(),
-                                input: Some(user_input(text.to_string(), Approve::Policy, plan)),
+                                input: Some(user_input(text.to_string(), Mode { approve: Approve::Policy, plan, network })),
                             })
                             .await;
                         match submitted {

@@ -233,9 +233,12 @@ async fn up_then_run_prints_the_answer() {
     assert_eq!(events.last().unwrap()["type"], "turn_finished");
     assert_eq!(events.last().unwrap()["outcome"], "completed");
 
-    // `run --json` continues the session and prints every event as JSON.
+    assert_eq!(events.first().unwrap()["network"], false);
+
+    // `run --json` continues the session and prints every event as JSON;
+    // `--network` is recorded with the message.
     model.push(Reply::text("still 42"));
-    let out = install.run(&["run", "--session", &id, "--json", "and again?"]);
+    let out = install.run(&["run", "--session", &id, "--json", "--network", "and again?"]);
     assert!(out.status.success());
     let (stdout, _) = text(&out);
     let events: Vec<serde_json::Value> = stdout
@@ -244,6 +247,8 @@ async fn up_then_run_prints_the_answer() {
         .collect();
     assert_eq!(events[0]["type"], "user_message");
     assert_eq!(events[0]["text"], "and again?");
+    assert_eq!(events[0]["network"], true);
+    assert_eq!(events[0]["plan"], false);
     assert!(events.iter().all(|e| e["session_id"] == id.as_str()));
     assert_eq!(events.last().unwrap()["message"], "still 42");
 
@@ -813,6 +818,54 @@ async fn chat_runs_plan_mode_per_message_or_for_every_message() {
             .any(|t| t["function"]["name"] == "submit_plan")
     };
     assert!(offered(0) && offered(3));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_network_is_switched_per_message_and_recorded() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("one"));
+    model.push(Reply::text("two"));
+    model.push(Reply::text("three"));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let out = run_with_input(
+        &install,
+        &["chat", "--network"],
+        b"first\n/network\nsecond\n/network\nthird\n",
+        &[],
+    )
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("network off"), "{stderr}");
+    assert!(stderr.contains("network on: "), "{stderr}");
+    let (list, _) = text(&install.run(&["sessions", "list"]));
+    let id = list
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    let (json_lines, _) = text(&install.run(&["sessions", "show", id, "--json"]));
+    let switches: Vec<(String, bool)> = json_lines
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["type"] == "user_message")
+        .map(|e| {
+            (
+                e["text"].as_str().unwrap().to_string(),
+                e["network"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        switches,
+        vec![
+            ("first".to_string(), true),
+            ("second".to_string(), false),
+            ("third".to_string(), true),
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

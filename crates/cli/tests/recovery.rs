@@ -372,6 +372,7 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
             text: "do one then two".into(),
             approval_mode: ApprovalMode::Always as i32,
             plan: true,
+            network: false,
         }),
     )
     .await;

@@ -28,6 +28,8 @@ pub enum SubmitInput {
         approval_mode: ApprovalMode,
         /// Run the turn in plan mode.
         plan: bool,
+        /// Give the turn's bash calls outbound network.
+        network: bool,
     },
     /// A decision on a call awaiting approval.
     Approval {
@@ -168,11 +170,13 @@ impl Actor {
                 text,
                 approval_mode,
                 plan,
+                network,
             } => Input::UserMessage {
                 turn_id: uuid::Uuid::now_v7().to_string(),
                 text,
                 approval_mode,
                 plan,
+                network,
             },
             SubmitInput::Approval {
                 call_id,
@@ -483,7 +487,10 @@ impl Actor {
     }
 
     fn start_tool_call(&mut self, call: ToolCall) {
-        let network = self.state.policy.0.network(&call.name, &call.arguments);
+        // Network comes from the policy, or from the person for this turn
+        // (bash calls only; the runner's proxy rules hold either way).
+        let network = self.state.policy.0.network(&call.name, &call.arguments)
+            || (call.name == "bash" && self.state.turn.as_ref().is_some_and(|t| t.network));
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();

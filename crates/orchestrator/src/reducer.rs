@@ -160,6 +160,8 @@ pub struct Turn {
     pub skillset: String,
     /// The plan, for a turn in plan mode.
     pub plan: Option<Plan>,
+    /// The person gave this turn's bash calls outbound network.
+    pub network: bool,
 }
 
 impl Turn {
@@ -228,6 +230,8 @@ pub enum Input {
         approval_mode: ApprovalMode,
         /// Run the turn in plan mode.
         plan: bool,
+        /// Give the turn's bash calls outbound network.
+        network: bool,
     },
     /// The tools the model was offered (sent before its answer).
     ToolCatalog(BTreeMap<String, ToolFlags>),
@@ -518,6 +522,7 @@ impl SessionState {
                     restarts: 0,
                     skillset: String::new(),
                     plan: m.plan.then(Plan::default),
+                    network: m.network,
                 });
                 self.phase = Phase::Generate;
             }
@@ -643,6 +648,7 @@ impl SessionState {
                         restarts: 0,
                         skillset: String::new(),
                         plan: None,
+                        network: false,
                     });
                     self.phase = Phase::Generate;
                 }
@@ -924,6 +930,7 @@ impl SessionState {
                     text,
                     approval_mode,
                     plan,
+                    network,
                 },
             ) => {
                 if text.trim().is_empty() {
@@ -933,6 +940,7 @@ impl SessionState {
                     text,
                     approval_mode: approval_mode as i32,
                     plan,
+                    network,
                 });
                 self.emit(&mut out, &turn_id, event);
                 out.after.push(Effect::CallModel {

@@ -180,6 +180,7 @@ fn user_with(turn_id: &str, text: &str, approval_mode: ApprovalMode) -> Input {
         text: text.into(),
         approval_mode,
         plan: false,
+        network: false,
     }
 }
 
@@ -270,6 +271,7 @@ fn user_message_with(text: &str, mode: ApprovalMode) -> Kind {
         text: text.into(),
         approval_mode: mode as i32,
         plan: false,
+        network: false,
     })
 }
 
@@ -469,6 +471,7 @@ fn turn(
         restarts: 0,
         skillset: String::new(),
         plan: None,
+        network: false,
     }
 }
 
@@ -1078,6 +1081,7 @@ fn replay_of_an_unknown_approval_mode_uses_the_policy() {
             text: "hi".into(),
             approval_mode: 99,
             plan: false,
+            network: false,
         })),
         ..Default::default()
     }];
@@ -4625,6 +4629,7 @@ fn plan_user(text: &str) -> Input {
         text: text.into(),
         approval_mode: ApprovalMode::Policy,
         plan: true,
+        network: false,
     }
 }
 
@@ -5105,4 +5110,51 @@ fn an_answer_instead_of_a_plan_is_asked_for_a_plan_once() {
     let finished = outcome_of(&effects).unwrap();
     assert_eq!(finished.outcome, TurnOutcome::Completed as i32);
     assert_eq!(finished.message, "4");
+}
+
+// ---------------------------------------------------------------------------
+// The person's network switch
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_inherits_it() {
+    let mut session = Session::new(4);
+    let effects = session.ok(Input::UserMessage {
+        turn_id: TURN.into(),
+        text: "fetch it".into(),
+        approval_mode: ApprovalMode::Policy,
+        plan: false,
+        network: true,
+    });
+    assert_eq!(
+        events_of(&effects),
+        vec![Kind::UserMessage(pb::UserMessage {
+            text: "fetch it".into(),
+            approval_mode: ApprovalMode::Policy as i32,
+            plan: false,
+            network: true,
+        })]
+    );
+    // `step` has checked that the replayed log gives the same state.
+    assert!(session.state.turn.as_ref().unwrap().network);
+    session.ok(model_done("fetched", vec![]));
+    assert_eq!(session.state.turn, None);
+
+    // The next message does not say network: none.
+    session.ok(user_in(TURN2, "again"));
+    assert!(!session.state.turn.as_ref().unwrap().network);
+    session.ok(model_done("done", vec![]));
+
+    // Nor does a turn a reminder starts, with nobody there to give it.
+    session.ok(Input::ReminderDue {
+        turn_id: "turn-3".into(),
+        reminder: pb::ReminderDue {
+            reminder_id: "r1".into(),
+            firing_id: "f1".into(),
+            message: "check the page".into(),
+            kind: crate::reducer::REMINDER_TASK.into(),
+            ..Default::default()
+        },
+    });
+    assert!(!session.state.turn.as_ref().unwrap().network);
 }

@@ -214,6 +214,7 @@ fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
                 approval_mode: spb::ApprovalMode::try_from(m.approval_mode)
                     .unwrap_or(spb::ApprovalMode::Policy),
                 plan: m.plan,
+                network: m.network,
             })
         }
         pb::input::Kind::Cancel(c) => Ok(SubmitInput::Cancel { reason: c.reason }),

@@ -103,6 +103,7 @@ fn user(text: &str) -> Event {
             text: text.into(),
             approval_mode: pb::ApprovalMode::Policy as i32,
             plan: false,
+            network: false,
         })),
         ..Default::default()
     }
@@ -272,6 +273,7 @@ fn one_of_each_kind() -> Vec<Event> {
             text: "List the files, please.\nThanks ✓".into(),
             approval_mode: pb::ApprovalMode::Always as i32,
             plan: false,
+            network: false,
         }),
         Kind::ModelTextDelta(pb::ModelTextDelta {
             text: "Sure".into(),

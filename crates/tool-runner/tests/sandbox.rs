@@ -266,3 +266,136 @@ async fn a_setsid_escape_is_killed_when_the_call_ends() {
         .collect();
     assert!(survivors.is_empty(), "{survivors:?}");
 }
+
+/// Without the namespaces layer, a call granted network reaches the
+/// runner's proxy on a loopback port that Landlock (TCP rules, ABI 4+)
+/// holds it to: the page comes through the proxy, a connection around it
+/// is refused by the kernel, and a call without the grant cannot even
+/// reach the proxy.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_namespaces_a_granted_call_reaches_only_the_proxy_port() {
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let root = workspace_root();
+    let Some(mut sandbox) = confined(root.path()) else {
+        return;
+    };
+    let abi = sandbox
+        .report
+        .as_ref()
+        .and_then(|r| r.landlock.as_ref().ok().copied())
+        .unwrap_or(0);
+    if !sandbox.layers.landlock || abi < 4 {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "Landlock with TCP rules (ABI 4+) is missing; ABI {abi}"
+        );
+        eprintln!("skipping: Landlock with TCP rules (ABI 4+) is missing here");
+        return;
+    }
+    sandbox.layers.namespaces = false;
+    sandbox.network_allow_hosts = vec!["127.0.0.1".into()];
+    assert_eq!(
+        sandbox.network_route(),
+        Ok(agentry_tool_runner::sandbox::NetworkRoute::HostPort)
+    );
+    std::fs::create_dir_all(root.path().join(".tmp")).unwrap();
+    let egress = agentry_tool_runner::start_egress(&sandbox, root.path()).await;
+    egress.available().unwrap();
+
+    // A page on the host's loopback, counting the connections it gets.
+    let page = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = page.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    std::thread::spawn(move || {
+        for stream in page.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            counted.fetch_add(1, Ordering::SeqCst);
+            let mut head = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buffer) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buffer[..n]),
+                }
+            }
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nthe-page",
+            );
+        }
+    });
+
+    let ws = open(root.path(), "s1", &sandbox);
+    let curl = |args: String| json!({ "command": format!("curl -sS --max-time 10 -w ' status=%{{http_code}}' {args}") });
+    let pass = egress.grant().unwrap();
+    let agentry_sandbox::ProxyRoute::Host { port: proxy_port } = pass.route else {
+        panic!("not the host route: {:?}", pass.route);
+    };
+    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
+    let through = tools::execute(
+        "bash",
+        &curl(format!("http://127.0.0.1:{port}/")).to_string(),
+        &ws,
+        &limits(),
+        None,
+        &sandbox,
+        None,
+        Some(&pass),
+        sink,
+    )
+    .await
+    .unwrap();
+    assert!(
+        through.output.contains("the-page") && through.output.contains("status=200"),
+        "{}",
+        through.output
+    );
+    assert!(
+        pass.note()
+            .is_some_and(|n| n.contains(&format!("reached 127.0.0.1:{port}"))),
+        "{:?}",
+        pass.note()
+    );
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+
+    // Around the proxy, with the grant: the kernel refuses the connection.
+    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
+    let around = tools::execute(
+        "bash",
+        &curl(format!("--noproxy '*' http://127.0.0.1:{port}/")).to_string(),
+        &ws,
+        &limits(),
+        None,
+        &sandbox,
+        None,
+        Some(&pass),
+        sink,
+    )
+    .await
+    .unwrap();
+    assert!(around.output.contains("status=000"), "{}", around.output);
+
+    // Without the grant: not even the proxy's port.
+    let without = run(
+        &ws,
+        &sandbox,
+        "bash",
+        curl(format!(
+            "--proxy http://127.0.0.1:{proxy_port} http://127.0.0.1:{port}/"
+        )),
+    )
+    .await;
+    assert!(
+        without.output.contains("status=000") && !without.output.contains("407"),
+        "{}",
+        without.output
+    );
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "the page was reached"
+    );
+}

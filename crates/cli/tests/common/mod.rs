@@ -128,6 +128,7 @@ pub fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
         text: text.into(),
         approval_mode: mode as i32,
         plan: false,
+        network: false,
     })
 }
 
