@@ -28,6 +28,9 @@ pub fn describe(request: &spb::ApprovalRequested) -> String {
         ("bash", Value::Object(map)) => {
             let command = map.get("command").and_then(Value::as_str).unwrap_or("");
             out.push_str(&format!("    $ {command}\n"));
+            if request.network {
+                out.push_str("    with network: public hosts, through the tool runner's proxy\n");
+            }
         }
         ("write_file", Value::Object(map)) => {
             let path = map.get("path").and_then(Value::as_str).unwrap_or("?");
@@ -132,5 +135,30 @@ async fn edit_arguments(arguments_json: &str) -> anyhow::Result<String> {
         Ok(Value::Object(map)) => Ok(Value::Object(map).to_string()),
         Ok(_) => anyhow::bail!("the edited arguments must be a JSON object"),
         Err(e) => anyhow::bail!("the edited arguments are not valid JSON: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bash_call_with_network_says_so_before_the_person_answers() {
+        let mut request = spb::ApprovalRequested {
+            call_id: "c1".into(),
+            tool: "bash".into(),
+            arguments_json: r#"{"command":"curl https://example.org"}"#.into(),
+            matched_rule: r#"rule 1 (bash "curl *")"#.into(),
+            network: false,
+        };
+        let without = describe(&request);
+        assert!(without.contains("$ curl https://example.org"), "{without}");
+        assert!(!without.contains("network"), "{without}");
+        request.network = true;
+        let with = describe(&request);
+        assert!(
+            with.contains("with network: public hosts, through the tool runner's proxy"),
+            "{with}"
+        );
     }
 }

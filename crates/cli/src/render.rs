@@ -56,6 +56,7 @@ pub fn event_json(event: &pb::Event) -> Value {
             Kind::ApprovalRequested(a) => json!({
                 "type": "approval_requested", "call_id": a.call_id, "tool": a.tool,
                 "arguments": a.arguments_json, "matched_rule": a.matched_rule,
+                "network": a.network,
             }),
             Kind::ApprovalDecided(a) => json!({
                 "type": "approval_decided", "call_id": a.call_id,

@@ -487,10 +487,7 @@ impl Actor {
     }
 
     fn start_tool_call(&mut self, call: ToolCall) {
-        // Network comes from the policy, or from the person for this turn
-        // (bash calls only; the runner's proxy rules hold either way).
-        let network = self.state.policy.0.network(&call.name, &call.arguments)
-            || (call.name == "bash" && self.state.turn.as_ref().is_some_and(|t| t.network));
+        let network = self.state.network_for(&call.name, &call.arguments);
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();

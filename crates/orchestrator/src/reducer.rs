@@ -437,6 +437,14 @@ impl SessionState {
         self.phase == Phase::Idle
     }
 
+    /// Whether a call runs with outbound network: the policy grants it, or
+    /// the person gave the running turn network (bash calls only). The
+    /// runner's proxy rules hold either way.
+    pub fn network_for(&self, tool: &str, arguments_json: &str) -> bool {
+        self.policy.0.network(tool, arguments_json)
+            || (tool == "bash" && self.turn.as_ref().is_some_and(|t| t.network))
+    }
+
     /// The running turn's id, if any.
     pub fn turn_id(&self) -> Option<&str> {
         self.turn.as_ref().map(|t| t.id.as_str())
@@ -831,6 +839,7 @@ impl SessionState {
                     turn_id,
                     Kind::ApprovalRequested(pb::ApprovalRequested {
                         call_id: call_id.to_string(),
+                        network: self.network_for(&tool, &args),
                         tool,
                         arguments_json: args,
                         matched_rule: verdict.rule,
@@ -1617,6 +1626,7 @@ impl SessionState {
                             tool: call.tool.clone(),
                             arguments_json: call.effective_arguments.clone(),
                             matched_rule: verdict.rule,
+                            network: self.network_for(&call.tool, &call.effective_arguments),
                         }),
                     );
                 }

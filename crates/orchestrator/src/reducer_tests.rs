@@ -345,6 +345,7 @@ fn approval_requested(call: &ToolCall, matched_rule: &str) -> Kind {
         tool: call.name.clone(),
         arguments_json: call.arguments.clone(),
         matched_rule: matched_rule.into(),
+        network: false,
     })
 }
 
@@ -5157,4 +5158,58 @@ fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_in
         },
     });
     assert!(!session.state.turn.as_ref().unwrap().network);
+}
+
+#[test]
+fn an_approval_request_says_when_the_call_would_get_network() {
+    let mut config = test_policy_config();
+    config.rules.push(PolicyRule {
+        tool: "bash".into(),
+        command: Some("curl *".into()),
+        path: None,
+        decision: PolicyDecision::Confirm,
+        reason: None,
+        check_arguments: true,
+        network: true,
+    });
+    let policy = Arc::new(Policy::from_config(&config).unwrap());
+    let asked = |session: &mut Session, call: ToolCall| -> bool {
+        let effects = session.ok(model_done("", vec![call]));
+        events_of(&effects)
+            .iter()
+            .find_map(|k| match k {
+                Kind::ApprovalRequested(a) => Some(a.network),
+                _ => None,
+            })
+            .expect("an approval request")
+    };
+
+    // A rule with network: the person is told.
+    let mut session = Session::with_policy(4, policy.clone(), catalog());
+    session.ok(user("fetch"));
+    assert!(asked(&mut session, bash("b1", "curl https://example.org")));
+    // Another command in the same turn: no network.
+    session.ok(deny("b1", ""));
+    assert!(!asked(&mut session, bash("b2", "make build")));
+    assert!(
+        !session
+            .state
+            .network_for("bash", r#"{"command":"make build"}"#)
+    );
+
+    // A turn the person gave network: every bash call has it, other tools not.
+    let mut session = Session::with_policy(4, policy, catalog());
+    session.ok(Input::UserMessage {
+        turn_id: TURN.into(),
+        text: "build".into(),
+        approval_mode: ApprovalMode::Policy,
+        plan: false,
+        network: true,
+    });
+    assert!(asked(&mut session, bash("b1", "make build")));
+    assert!(
+        !session
+            .state
+            .network_for("write_file", r#"{"path":"a","content":""}"#)
+    );
 }

@@ -297,6 +297,7 @@ fn one_of_each_kind() -> Vec<Event> {
             tool: "bash".into(),
             arguments_json: r#"{"command":"ls"}"#.into(),
             matched_rule: "bash: ask".into(),
+            network: false,
         }),
         Kind::ApprovalDecided(pb::ApprovalDecided {
             call_id: "c1".into(),
