@@ -4,6 +4,8 @@
 # the host's `agentry` CLI talking to the published orchestrator port.
 #
 #   1. a turn whose tool calls are served by at least two distinct runners;
+#      a turn given network reaches only the runners' proxy, which refuses
+#      private addresses, and a turn without has none;
 #   2. a runner killed (docker kill) while it runs a long command: the turn
 #      ends cleanly with an error for the model, the session stays intact,
 #      and the next turn works on the remaining runners;
@@ -191,6 +193,36 @@ distinct=$(jq -rs '[.[] | select(.type == "tool_result") | .runner_id] | unique 
   fail "tool calls served by $distinct runner(s): $(jq -r 'select(.type == "tool_result") | .runner_id' "$work/turn1.jsonl" | tr '\n' ' ')"
 has '.type == "tool_result" and .call_id == "b1" and (.output | test("kept across runners"))' \
   "$work/turn1.jsonl" && pass "runners share the workspace" || fail "bash did not see the written file"
+
+# --- network for a turn, in containers -------------------------------------
+# No namespaces in the containers: a turn given network reaches the runner's
+# proxy on a loopback port Landlock holds it to. The image has no curl, so
+# bash speaks HTTP to the proxy itself. The fake model is on a private
+# address: the proxy refuses it (403); around the proxy, and in a turn
+# without network, the kernel refuses the connection.
+log "a turn with network: the proxy, its rules, nothing around it"
+via_proxy='p=${http_proxy#http://}; cred=${p%@*}; hp=${p#*@}; hp=${hp%/}; exec 3<>/dev/tcp/${hp%:*}/${hp##*:} && printf "GET http://fake-model:8080/ HTTP/1.1\r\nHost: fake-model\r\nProxy-Authorization: Basic %s\r\nConnection: close\r\n\r\n" "$(printf %s "$cred" | base64 -w0)" >&3 && head -1 <&3'
+direct='exec 3<>/dev/tcp/fake-model/8080 && echo CONNECTED'
+queue "$(jq -n --arg via "$via_proxy" --arg direct "$direct" '[
+  {"tool_call": {"id": "n1", "name": "bash", "arguments": {"command": $via}}},
+  {"tool_call": {"id": "n2", "name": "bash", "arguments": {"command": $direct}}},
+  {"text": "Checked."}
+]')"
+"$agentry" run --approve always --network --json "check the network" >"$work/network.jsonl"
+has '.type == "tool_result" and .call_id == "n1" and (.output | test("403")) and (.output | test("agentry network: refused 1"))' \
+  "$work/network.jsonl" && pass "a private address is refused by the proxy" ||
+  fail "through the proxy: $(jq -c 'select(.type == "tool_result" and .call_id == "n1")' "$work/network.jsonl")"
+has '.type == "tool_result" and .call_id == "n2" and (.output | test("CONNECTED") | not)' \
+  "$work/network.jsonl" && pass "nothing is reached around the proxy" ||
+  fail "around the proxy: $(jq -c 'select(.type == "tool_result" and .call_id == "n2")' "$work/network.jsonl")"
+queue "$(jq -n --arg direct "$direct" '[
+  {"tool_call": {"id": "n3", "name": "bash", "arguments": {"command": ("echo proxy=${http_proxy:-none}; " + $direct)}}},
+  {"text": "Checked."}
+]')"
+"$agentry" run --approve always --json "check again" >"$work/no-network.jsonl"
+has '.type == "tool_result" and .call_id == "n3" and (.output | test("proxy=none")) and (.output | test("CONNECTED") | not)' \
+  "$work/no-network.jsonl" && pass "a turn without network has none" ||
+  fail "without network: $(jq -c 'select(.type == "tool_result" and .call_id == "n3")' "$work/no-network.jsonl")"
 
 # --- 2. a runner killed mid-call ------------------------------------------
 log "turn 2: a runner is killed while it runs a long command"
