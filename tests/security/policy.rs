@@ -4,7 +4,7 @@
 //! commands inside allowed ones, and a fuzz target for the shell
 //! segmenter.
 
-use agentry_orchestrator::policy::{Decision, Policy};
+use agentry_policy::{Decision, Policy};
 use agentry_runtime::config::{Config, ConfigSource};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};

@@ -1,10 +1,10 @@
 //! What every session actor shares: clients of the other services and of
 //! the model, and the agent's settings.
 
-use crate::policy::Policy;
 use crate::reducer::ToolFlags;
 use crate::runners::RunnerPool;
 use agentry_llm::{ChatClient, ToolDefinition};
+use agentry_policy::Policy;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_runtime::telemetry::TracedChannel;

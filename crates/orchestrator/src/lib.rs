@@ -9,8 +9,6 @@ pub mod compaction;
 pub mod deps;
 pub mod metrics;
 pub mod plan;
-pub mod policy;
-mod policy_args;
 pub mod reducer;
 pub mod reminders;
 pub mod runners;
@@ -80,7 +78,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
     let system_prompt = config
         .system_prompt()
         .map_err(|e| RunError::Config(e.to_string()))?;
-    let policy = policy::Policy::from_config(&config.policy)
+    let policy = agentry_policy::Policy::from_config(&config.policy)
         .map_err(|e| RunError::Config(format!("invalid policy: {e}")))?;
     let profile = config.model_profile();
     let tokenizer = compaction::Tokenizer::for_model(&config.llm.model, &profile.tokenizer);

@@ -11,8 +11,8 @@
 //! Cancelled`, every change recorded as a `ToolCallState` event.
 
 use crate::plan::{Plan, PlanCall, Stage};
-use crate::policy::{Decision, Policy, SessionRule, session_rules_for};
 use agentry_llm::{Completion, Message, ToolCall};
+use agentry_policy::{Decision, Policy, SessionRule, session_rules_for};
 use agentry_proto::sessions::v1::{
     self as pb, ApprovalDecision, ApprovalMode, ErrorSource, PlanStepStatus, TokenUsage,
     ToolCallPhase, TurnOutcome, event::Kind,

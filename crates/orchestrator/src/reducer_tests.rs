@@ -4,11 +4,11 @@
 //! lifecycle (policy, approvals, dispatch, recovery after a restart), and the
 //! replay property (the state is exactly the fold of the recorded events).
 
-use crate::policy::{Decision, Policy, SessionRule};
 use crate::reducer::{
     Call, CallPhase, Effect, Input, Phase, PolicyRef, Refusal, SessionState, ToolFlags, Turn,
 };
 use agentry_llm::{Completion, Message, ToolCall, Usage};
+use agentry_policy::{Decision, Policy, SessionRule};
 use agentry_proto::sessions::v1::{
     self as pb, ApprovalDecision, ApprovalMode, ErrorSource, OutputStream, TokenUsage,
     ToolCallPhase, TurnOutcome, event::Kind,

@@ -118,64 +118,7 @@ pub enum LlmProvider {
     Ollama,
 }
 
-/// What a policy does with a tool call.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[serde(rename_all = "lowercase")]
-pub enum PolicyDecision {
-    /// Run it.
-    Allow,
-    /// Ask a person first.
-    Confirm,
-    /// Refuse it; the model is told why.
-    Deny,
-}
-
-/// The tool-call policy.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyConfig {
-    /// The default decision per tool name.
-    #[serde(default)]
-    pub tools: std::collections::BTreeMap<String, PolicyDecision>,
-    /// Rules refining the defaults.
-    #[serde(default)]
-    pub rules: Vec<PolicyRule>,
-    /// Give every bash call outbound network, through the tool runner's
-    /// proxy (public addresses only, unless the runner names more). Off:
-    /// only commands of rules with `network = true` get it.
-    #[serde(default)]
-    pub network: bool,
-}
-
-/// One policy rule.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyRule {
-    /// The tool name, or `*` for every tool.
-    pub tool: String,
-    /// For `bash`: a glob matched against each simple command.
-    #[serde(default)]
-    pub command: Option<String>,
-    /// For file tools: a glob matched against the path argument.
-    #[serde(default)]
-    pub path: Option<String>,
-    /// What to do when it matches.
-    pub decision: PolicyDecision,
-    /// Why, shown to the person and (on a deny) to the model.
-    #[serde(default)]
-    pub reason: Option<String>,
-    /// For an allow rule of bash: check the arguments of the commands
-    /// Agentry knows (`ls`, `cat`, `echo`, `pwd`, read-only `git`
-    /// commands) and confirm any option not known to only read, any path
-    /// outside the workspace and any computed argument. `false` trusts the
-    /// rule as written.
-    #[serde(default = "yes")]
-    pub check_arguments: bool,
-    /// For bash: commands this rule decides get outbound network through
-    /// the tool runner's proxy (when every command of the call does).
-    #[serde(default)]
-    pub network: bool,
-}
+pub use agentry_policy::{PolicyConfig, PolicyDecision, PolicyRule};
 
 impl std::fmt::Debug for LlmConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -1,8 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use super::*;
+use crate::rules::normalize_path;
+use crate::shell::{MAX_NESTING, nesting_bound};
+use crate::*;
 use pretty_assertions::assert_eq;
 use serde_json::json;
+use std::collections::BTreeMap;
 
 const RM_RULE: &str = r#"rule 1 (bash "rm -rf /*"): never delete from the root of the file system"#;
 const SUDO_RULE: &str = r#"rule 2 (bash "sudo *"): no privilege escalation"#;
@@ -847,8 +850,13 @@ fn allow_all_allows_everything() {
 
 #[test]
 fn the_shipped_defaults() {
-    let config = agentry_runtime::Config::load(&agentry_runtime::ConfigSource::default()).unwrap();
-    let p = Policy::from_config(&config.policy).unwrap();
+    // The `[policy]` section of the configuration compiled into the binary.
+    #[derive(serde::Deserialize)]
+    struct Shipped {
+        policy: PolicyConfig,
+    }
+    let shipped: Shipped = toml::from_str(include_str!("../../../config/default.toml")).unwrap();
+    let p = Policy::from_config(&shipped.policy).unwrap();
     assert_eq!(bash(&p, "ls -la").decision, Decision::Allow);
     assert_eq!(
         bash(&p, "git status && git diff HEAD~1").decision,
