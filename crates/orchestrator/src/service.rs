@@ -17,11 +17,15 @@ use tonic::{Request, Response, Status, Streaming};
 /// The longest user message accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
+/// A session's actor, once loaded.
+type SessionSlot = Arc<Mutex<Option<SessionHandle>>>;
+
 /// The Orchestrator gRPC service.
 #[derive(Clone)]
 pub struct OrchestratorService {
     deps: Arc<Deps>,
-    sessions: Arc<Mutex<HashMap<String, SessionHandle>>>,
+    /// One slot per session, each locked on its own while the session loads.
+    sessions: Arc<std::sync::Mutex<HashMap<String, SessionSlot>>>,
 }
 
 fn store_status(url: &str, status: Status) -> Status {
@@ -39,18 +43,51 @@ impl OrchestratorService {
     pub fn new(deps: Arc<Deps>) -> Self {
         Self {
             deps,
-            sessions: Arc::new(Mutex::new(HashMap::new())),
+            sessions: Arc::default(),
         }
     }
 
     /// The actor of a session, loading the session from its log if needed.
+    ///
+    /// Loading (reading and replaying the log) holds only that session's
+    /// slot: inputs to other sessions go on meanwhile, and inputs to this
+    /// one wait for it and then share the actor it started.
     async fn session(&self, session_id: &str) -> Result<SessionHandle, Status> {
-        let mut sessions = self.sessions.lock().await;
-        if let Some(handle) = sessions.get(session_id)
+        let slot = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(session_id.to_string())
+            .or_default()
+            .clone();
+        let mut current = slot.lock().await;
+        if let Some(handle) = current.as_ref()
             && !handle.commands.is_closed()
         {
             return Ok(handle.clone());
         }
+        match self.load(session_id).await {
+            Ok(handle) => {
+                *current = Some(handle.clone());
+                Ok(handle)
+            }
+            Err(status) => {
+                // Forget the slot of a session that could not be loaded (it
+                // may not exist), unless another caller has replaced it.
+                drop(current);
+                let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+                if sessions.get(session_id).is_some_and(|s| {
+                    Arc::ptr_eq(s, &slot) && s.try_lock().is_ok_and(|h| h.is_none())
+                }) {
+                    sessions.remove(session_id);
+                }
+                Err(status)
+            }
+        }
+    }
+
+    /// Reads a session's log, replays it and starts its actor.
+    async fn load(&self, session_id: &str) -> Result<SessionHandle, Status> {
         let mut events = Vec::new();
         let mut from = 1;
         loop {
@@ -76,14 +113,12 @@ impl OrchestratorService {
             .with_policy(self.deps.policy.clone())
             .with_plan_max_steps(self.deps.plan_max_steps)
             .replayed(&events);
-        let handle = Actor::spawn(
+        Ok(Actor::spawn(
             session_id.to_string(),
             state,
             events.len() as u64,
             self.deps.clone(),
-        );
-        sessions.insert(session_id.to_string(), handle.clone());
-        Ok(handle)
+        ))
     }
 
     /// The shared dependencies.
