@@ -4525,7 +4525,7 @@ fn random_inputs_keep_invariants_and_replay() {
 }
 
 // ---------------------------------------------------------------------------
-// Known bugs (ignored until the reducer is fixed)
+// Malformed decisions and other regressions once found
 // ---------------------------------------------------------------------------
 
 /// The proto says an edit carries "replacement arguments (a JSON object)";
