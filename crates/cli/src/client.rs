@@ -61,7 +61,8 @@ pub async fn connect(config: &Config) -> anyhow::Result<OrchestratorClient<Trace
         "AGENTRY_ORCHESTRATOR_URL",
     )
     .await?;
-    Ok(OrchestratorClient::new(channel).max_decoding_message_size(64 * 1024 * 1024))
+    Ok(OrchestratorClient::new(channel)
+        .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES))
 }
 
 /// Turns a gRPC status into a one-line error.

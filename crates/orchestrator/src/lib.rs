@@ -53,7 +53,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
             .map_err(|e| RunError::Config(format!("{what}: {e}")))
     };
     let store = SessionStoreClient::new(channel(&config.session_store.url, "session store")?)
-        .max_decoding_message_size(64 * 1024 * 1024);
+        .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES);
     let runners = runners::RunnerPool::new(&config.tool_runner.url, auth)
         .map_err(|e| RunError::Config(format!("tool_runner.url: {e}")))?;
     let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(channel(

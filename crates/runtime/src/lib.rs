@@ -10,5 +10,9 @@ pub mod serve;
 pub mod telemetry;
 
 pub use auth::Auth;
+
+/// The largest gRPC message a service or client accepts (a page of events
+/// read from the store, a session listing), in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 pub use config::{Config, ConfigError, ConfigSource};
 pub use serve::{ServeError, serve, shutdown_signal};

@@ -86,10 +86,18 @@ pub async fn serve(
             .set_service_status(*name, ServingStatus::Serving)
             .await;
     }
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(agentry_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Reflection v1, and v1alpha for the clients that speak only it
+    // (Postman, grpc_cli, Evans, older grpcurl).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(agentry_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
         .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
     let local = listener
         .local_addr()
@@ -108,7 +116,8 @@ pub async fn serve(
         .layer(auth.layer())
         .add_routes(routes)
         .add_service(health)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming(listener), async move {
             shutdown.await;
             let _ = stopping_tx.send(());

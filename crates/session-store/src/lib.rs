@@ -42,7 +42,8 @@ pub async fn run(
         agentry_runtime::metrics::spawn(metrics_listen, "session store", move || metrics.render())
             .await
             .map_err(RunError::Startup)?;
-    let service = SessionStoreServer::new(service).max_decoding_message_size(64 * 1024 * 1024);
+    let service = SessionStoreServer::new(service)
+        .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES);
     let served = agentry_runtime::serve(
         listener,
         Routes::new(service),
