@@ -6,12 +6,12 @@ mod support;
 
 use std::time::Duration;
 
+use agentry_fakes::fake_model::{
+    FakeModel, Fallback, Reply, cut, finish, pause, raw, text, tool_call, usage,
+};
 use agentry_llm::{
     ChatClient, ChatRequest, Completion, LlmError, Message, Provider, StreamEvent, ToolCall,
     ToolDefinition, Usage,
-};
-use agentry_testkit::fake_model::{
-    FakeModel, Fallback, Reply, cut, finish, pause, raw, text, tool_call, usage,
 };
 use futures::StreamExt;
 use pretty_assertions::assert_eq;

@@ -6,8 +6,8 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use agentry_fakes::fake_model::{FakeModel, Reply, cut, raw, text};
 use agentry_llm::{LlmError, Provider, ProviderConfig, StreamEvent};
-use agentry_testkit::fake_model::{FakeModel, Reply, cut, raw, text};
 use pretty_assertions::assert_eq;
 use support::{client, hello, retrying, run_err, run_ok};
 

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
+use agentry_fakes::fake_model::{
+    FakeModel, Fallback, Reply, cut, finish, pause, raw, text, tool_call, usage,
+};
 use agentry_llm::{
     ChatClient, ChatRequest, ChatStream, Completion, LlmError, Message, Provider, ProviderConfig,
     StreamEvent, ToolCall, ToolDefinition, Usage,
-};
-use agentry_testkit::fake_model::{
-    FakeModel, Fallback, Reply, cut, finish, pause, raw, text, tool_call, usage,
 };
 use futures::StreamExt;
 use pretty_assertions::assert_eq;

@@ -1,11 +1,11 @@
-//! Test support for Agentry: a fake OpenAI-compatible model server that
-//! speaks the real wire protocol ([`fake_model`]), and a harness that runs
-//! every service in-process on ephemeral loopback ports ([`cluster`]).
+//! The whole-cluster test harness: every service in-process on ephemeral
+//! loopback ports ([`cluster`]), with the wire fakes of `agentry-fakes`
+//! (re-exported here) standing in for the model server and Crawl4AI.
+//!
+//! It depends on every service crate; tests of one client crate should use
+//! `agentry-fakes` alone.
 
 pub mod cluster;
-pub mod fake_crawl4ai;
-pub mod fake_model;
-mod http_server;
 
+pub use agentry_fakes::{FakeModel, Reply, fake_crawl4ai, fake_model};
 pub use cluster::Cluster;
-pub use fake_model::{FakeModel, Reply};

@@ -3,16 +3,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use agentry_fakes::fake_crawl4ai::{FakeCrawl4ai, FakePage};
 use agentry_proto::tools::v1::ExecuteRequest;
 use agentry_proto::tools::v1::execute_response::Kind;
 use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
-use agentry_testkit::fake_crawl4ai::{FakeCrawl4ai, FakePage};
 use agentry_tool_runner::Limits;
 use serde_json::json;
 use std::time::Duration;
 
 async fn call(
-    client: &mut ToolRunnerClient<agentry_testkit::cluster::Channel>,
+    client: &mut ToolRunnerClient<agentry_runtime::telemetry::TracedChannel>,
     tool: &str,
     args: serde_json::Value,
 ) -> bool {
@@ -82,8 +82,8 @@ async fn metrics_show_tool_calls_and_the_breaker_state() {
         )
         .await
     });
-    let channel = agentry_testkit::cluster::connect(&format!("http://{addr}"))
-        .await
+    let channel = agentry_runtime::Auth::off()
+        .lazy_channel(&format!("http://{addr}"))
         .unwrap();
     let mut client = ToolRunnerClient::new(channel);
 

@@ -8,7 +8,7 @@
 
 mod web_support;
 
-use agentry_testkit::fake_crawl4ai::{FakeCrawl4ai, FakePage};
+use agentry_fakes::fake_crawl4ai::{FakeCrawl4ai, FakePage};
 use agentry_tool_runner::web::breaker::{
     Breaker, BreakerSettings, BreakerState, BreakerStats, ManualClock, Refused,
 };

@@ -8,7 +8,7 @@
 
 mod web_support;
 
-use agentry_testkit::fake_crawl4ai::{FakeCrawl4ai, FakePage};
+use agentry_fakes::fake_crawl4ai::{FakeCrawl4ai, FakePage};
 use agentry_tool_runner::tools::ToolOutcome;
 use agentry_tool_runner::web::breaker::{BreakerState, BreakerStats};
 use agentry_tool_runner::web::crawl4ai::{Crawl4ai, Crawl4aiSettings, Crawl4aiStats, Health};

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use agentry_fakes::fake_model::FakeModel;
 use agentry_llm::{
     ChatClient, ChatRequest, ChatStream, Completion, LlmError, Message, Provider, ProviderConfig,
     StreamEvent,
 };
-use agentry_testkit::fake_model::FakeModel;
 use futures::StreamExt;
 
 /// A configuration for `fake` speaking `provider`, without retries.

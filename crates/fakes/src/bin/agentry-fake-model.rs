@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentry_testkit::fake_model::{FakeModel, Fallback, Reply, parse_script};
+use agentry_fakes::fake_model::{FakeModel, Fallback, Reply, parse_script};
 use anyhow::{Context, bail};
 use serde_json::Value;
 

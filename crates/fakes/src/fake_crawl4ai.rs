@@ -29,7 +29,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! use agentry_testkit::fake_crawl4ai::{FakeCrawl4ai, FakePage};
+//! use agentry_fakes::fake_crawl4ai::{FakeCrawl4ai, FakePage};
 //! let fake = FakeCrawl4ai::start().await?;
 //! fake.page("https://example.com/", FakePage::new("Example", "# Hello"));
 //! // ... point a client at fake.url() ...

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentry_testkit::fake_model::{FakeModel, Fallback};
+use agentry_fakes::fake_model::{FakeModel, Fallback};
 use serde_json::{Value, json};
 
 #[tokio::test]

@@ -14,7 +14,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! use agentry_testkit::fake_model::{FakeModel, Reply, finish, text, usage};
+//! use agentry_fakes::fake_model::{FakeModel, Reply, finish, text, usage};
 //! let fake = FakeModel::start().await?;
 //! fake.push(Reply::text("Hello there"));
 //! fake.push(Reply::stream(vec![text("Hi"), finish("stop"), usage(3, 1)]));

@@ -1,0 +1,15 @@
+//! Test doubles of the components Agentry talks to but cannot run here,
+//! each speaking the real wire protocol so the real client code is what
+//! talks to it: an OpenAI-compatible model server (SSE; also Ollama's
+//! NDJSON) in [`fake_model`], and the Crawl4AI REST API in
+//! [`fake_crawl4ai`].
+//!
+//! A leaf crate: it must not depend on any Agentry crate, so the client
+//! crates' tests (`agentry-llm`, `agentry-tool-runner`) build without the
+//! services. The whole-cluster harness is `agentry-testkit`.
+
+pub mod fake_crawl4ai;
+pub mod fake_model;
+mod http_server;
+
+pub use fake_model::{FakeModel, Reply};
