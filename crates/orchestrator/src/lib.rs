@@ -15,6 +15,7 @@ pub mod runners;
 pub mod service;
 pub mod skillsets;
 pub mod textcalls;
+pub mod tokens;
 
 #[cfg(test)]
 mod reducer_tests;
