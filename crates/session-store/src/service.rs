@@ -18,7 +18,11 @@ pub fn status_of(e: StoreError) -> Status {
         StoreError::Conflict { .. } => Status::failed_precondition(e.to_string()),
         StoreError::InvalidArgument(_) => Status::invalid_argument(e.to_string()),
         StoreError::Database(_) if retryable => Status::unavailable(e.to_string()),
-        StoreError::Database(_) | StoreError::Corrupt { .. } => Status::internal(e.to_string()),
+        StoreError::Database(_)
+        | StoreError::Corrupt { .. }
+        | StoreError::Io { .. }
+        | StoreError::NewerSchema { .. }
+        | StoreError::Migration { .. } => Status::internal(e.to_string()),
     }
 }
 

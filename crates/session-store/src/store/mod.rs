@@ -1,0 +1,229 @@
+//! The SQLite event store: sessions plus an append-only, gap-free event log
+//! per session. Appends are durable (`synchronous=FULL` in WAL mode) before
+//! they return.
+//!
+//! - `schema`: the tables, and the migrations that bring a database written
+//!   by an earlier version up to date;
+//! - `append`: validation and group commit;
+//! - `sessions`: create, get, list, delete, fork;
+//! - `read`: pages of a log;
+//! - `checkpoint`: the background WAL checkpointer.
+
+mod append;
+mod checkpoint;
+mod error;
+mod read;
+mod schema;
+mod sessions;
+
+pub use error::StoreError;
+pub use schema::{SCHEMA_VERSION, version_of};
+
+use agentry_proto::sessions::v1::{Event, Session, event};
+use checkpoint::Checkpointer;
+use rusqlite::Connection;
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::broadcast;
+
+/// The longest title or preview kept, in characters.
+const PREVIEW_CHARS: usize = 120;
+/// The most events one `append` may carry.
+pub const MAX_APPEND_EVENTS: usize = 10_000;
+/// The most events one `read` returns.
+pub const MAX_READ_EVENTS: u32 = 10_000;
+
+/// A change to the store, broadcast to watchers after it is committed.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Events appended in one call.
+    Appended(Arc<Vec<Event>>),
+    /// A session was deleted.
+    Deleted(String),
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The store. Cheap to share behind an `Arc`; every method blocks on SQLite,
+/// so async callers run them on a blocking thread.
+pub struct Store {
+    writer: Mutex<Connection>,
+    /// Appends waiting for a commit; whoever holds the writer commits all of
+    /// them in one transaction (one fsync): group commit.
+    queue: Mutex<Vec<append::QueuedAppend>>,
+    /// Transactions committed by appends (fewer than appends when batched).
+    commits: std::sync::atomic::AtomicU64,
+    _checkpointer: Checkpointer,
+    reader: Mutex<Connection>,
+    changes: broadcast::Sender<Change>,
+    /// The last recency stamp given out: listings sort by it, so sessions
+    /// touched within the same millisecond still list in write order.
+    touched: AtomicI64,
+}
+
+/// Checks a session id: 1–64 letters, digits, `-` or `_`.
+pub fn validate_session_id(id: &str) -> Result<(), StoreError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidArgument(format!(
+            "invalid session id {id:?}: use 1-64 letters, digits, '-' or '_'"
+        )))
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Milliseconds since the epoch as a protobuf timestamp.
+pub fn timestamp_from_ms(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+fn ms_from_timestamp(ts: &prost_types::Timestamp) -> i64 {
+    ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000)
+}
+
+/// The stable name of an event's kind, kept in its own column.
+pub fn kind_name(kind: &event::Kind) -> &'static str {
+    match kind {
+        event::Kind::UserMessage(_) => "user_message",
+        event::Kind::ModelTextDelta(_) => "model_text_delta",
+        event::Kind::ModelMessage(_) => "model_message",
+        event::Kind::ToolCallRequested(_) => "tool_call_requested",
+        event::Kind::ApprovalRequested(_) => "approval_requested",
+        event::Kind::ApprovalDecided(_) => "approval_decided",
+        event::Kind::ToolOutputChunk(_) => "tool_output_chunk",
+        event::Kind::ToolResult(_) => "tool_result",
+        event::Kind::ReminderDue(_) => "reminder_due",
+        event::Kind::Error(_) => "error",
+        event::Kind::TurnFinished(_) => "turn_finished",
+        event::Kind::CancelRequested(_) => "cancel_requested",
+        event::Kind::SkillsetChosen(_) => "skillset_chosen",
+        event::Kind::ContextCompacted(_) => "context_compacted",
+        event::Kind::PlanSubmitted(_) => "plan_submitted",
+        event::Kind::PlanStepUpdated(_) => "plan_step_updated",
+        event::Kind::ToolCallState(_) => "tool_call_state",
+    }
+}
+
+fn preview_of(text: &str) -> String {
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    let mut out: String = line.chars().take(PREVIEW_CHARS).collect();
+    if line.chars().count() > PREVIEW_CHARS {
+        out.push('…');
+    }
+    out
+}
+
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open";
+
+fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
+    Ok(Session {
+        id: row.get(0)?,
+        title: row.get(1)?,
+        created_at: Some(timestamp_from_ms(row.get(2)?)),
+        updated_at: Some(timestamp_from_ms(row.get(3)?)),
+        event_count: row.get::<_, i64>(4)? as u64,
+        user_message_count: row.get::<_, i64>(5)? as u64,
+        preview: row.get(6)?,
+        forked_from: row.get(7)?,
+        turn_open: row.get::<_, i64>(8)? != 0,
+    })
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            agentry_runtime::datadir::prepare_dir(parent).map_err(|source| StoreError::Io {
+                what: "create the data directory",
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+        agentry_runtime::datadir::prepare_file(path).map_err(|source| StoreError::Io {
+            what: "create the database file",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut writer = Connection::open(path)?;
+        writer.busy_timeout(std::time::Duration::from_secs(5))?;
+        writer.pragma_update(None, "journal_mode", "WAL")?;
+        writer.pragma_update(None, "synchronous", "FULL")?;
+        writer.pragma_update(None, "foreign_keys", "ON")?;
+        // Checkpoints copy the WAL into the database and fsync it: done
+        // inline they stall whichever append crosses the threshold, for tens
+        // or hundreds of milliseconds. A background thread does them instead.
+        // A large automatic threshold stays as a safety net should the
+        // thread fall behind (about 40 MB of WAL).
+        writer.pragma_update(None, "wal_autocheckpoint", 10_000)?;
+        schema::migrate(&mut writer)?;
+        let touched: i64 =
+            writer.query_row("SELECT COALESCE(MAX(touched), 0) FROM sessions", [], |r| {
+                r.get(0)
+            })?;
+        let reader = Connection::open(path)?;
+        reader.busy_timeout(std::time::Duration::from_secs(5))?;
+        let checkpointer = Checkpointer::start(path)?;
+        let (changes, _) = broadcast::channel(1024);
+        Ok(Store {
+            writer: Mutex::new(writer),
+            queue: Mutex::new(Vec::new()),
+            commits: std::sync::atomic::AtomicU64::new(0),
+            _checkpointer: checkpointer,
+            reader: Mutex::new(reader),
+            changes,
+            touched: AtomicI64::new(touched),
+        })
+    }
+
+    /// Append transactions committed so far: with appends arriving
+    /// together, fewer than the appends (one fsync serves many).
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// The next recency stamp (called with the write lock held).
+    fn touch(&self) -> i64 {
+        self.touched.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Connection> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn reader(&self) -> MutexGuard<'_, Connection> {
+        self.reader.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Receives every change committed after this call, appends in commit
+    /// (and so seq) order; a watcher that lags and misses some fills the
+    /// gap from the log.
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests;

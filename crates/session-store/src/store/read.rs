@@ -1,0 +1,58 @@
+//! Reading a session's log: pages of events in seq order, decoded.
+
+use super::{MAX_READ_EVENTS, Store, StoreError};
+use agentry_proto::sessions::v1::Event;
+use prost::Message;
+use rusqlite::{Connection, params};
+
+impl Store {
+    /// Reads up to `limit` events from `from_seq`; returns them and whether
+    /// more follow.
+    pub fn read(
+        &self,
+        session_id: &str,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<(Vec<Event>, bool), StoreError> {
+        let limit = match limit {
+            0 => 1000,
+            n => n.min(MAX_READ_EVENTS),
+        };
+        let from = from_seq.max(1);
+        let conn = self.reader();
+        let session = Self::session_in(&conn, session_id)?;
+        let to = session
+            .event_count
+            .min(from.saturating_add(u64::from(limit)) - 1);
+        let events = Self::read_in(&conn, session_id, from, to)?;
+        Ok((events, to < session.event_count))
+    }
+
+    pub(super) fn read_in(
+        conn: &Connection,
+        session_id: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        if from > to {
+            return Ok(Vec::new());
+        }
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, body FROM events WHERE session_id = ?1 AND seq BETWEEN ?2 AND ?3 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map(params![session_id, from as i64, to as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+        })?;
+        let mut events = Vec::new();
+        for row in rows {
+            let (seq, body) = row?;
+            let event = Event::decode(body.as_slice()).map_err(|e| StoreError::Corrupt {
+                session_id: session_id.to_string(),
+                seq: seq as u64,
+                reason: e.to_string(),
+            })?;
+            events.push(event);
+        }
+        Ok(events)
+    }
+}

@@ -1,0 +1,148 @@
+//! Sessions: create, look up, list (most recently touched first), delete,
+//! fork.
+
+use super::{
+    Change, SESSION_COLUMNS, Store, StoreError, now_ms, preview_of, session_from_row,
+    validate_session_id,
+};
+use agentry_proto::sessions::v1::{Event, Session};
+use rusqlite::{Connection, OptionalExtension, params};
+
+impl Store {
+    /// Creates a session with `id` (generated when empty).
+    pub fn create_session(&self, id: &str, title: &str) -> Result<Session, StoreError> {
+        let id = if id.is_empty() {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            validate_session_id(id)?;
+            id.to_string()
+        };
+        let now = now_ms();
+        let title = preview_of(title);
+        let conn = self.writer();
+        let inserted = conn.execute(
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, touched)
+             VALUES (?1, ?2, ?3, ?3, ?4) ON CONFLICT(id) DO NOTHING",
+            params![id, title, now, self.touch()],
+        )?;
+        if inserted == 0 {
+            return Err(StoreError::AlreadyExists(id));
+        }
+        Self::session_in(&conn, &id)
+    }
+
+    pub(super) fn session_in(conn: &Connection, id: &str) -> Result<Session, StoreError> {
+        conn.query_row(
+            &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
+            [id],
+            session_from_row,
+        )
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
+    /// Returns one session.
+    pub fn get_session(&self, id: &str) -> Result<Session, StoreError> {
+        Self::session_in(&self.reader(), id)
+    }
+
+    /// Lists sessions, most recently updated first, with the total count.
+    pub fn list_sessions(
+        &self,
+        limit: u32,
+        offset: u32,
+        only_open_turns: bool,
+    ) -> Result<(Vec<Session>, u64), StoreError> {
+        let limit = match limit {
+            0 => 50,
+            n => n.min(1000),
+        };
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE turn_open >= ?3 ORDER BY touched DESC LIMIT ?1 OFFSET ?2"
+        ))?;
+        let sessions = stmt
+            .query_map(
+                params![limit, offset, i64::from(only_open_turns)],
+                session_from_row,
+            )?
+            .collect::<Result<Vec<_>, _>>()?;
+        let total: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM sessions WHERE turn_open >= ?1",
+            [i64::from(only_open_turns)],
+            |r| r.get(0),
+        )?;
+        Ok((sessions, total as u64))
+    }
+
+    /// Deletes a session and its log; returns how many events went with it.
+    pub fn delete_session(&self, id: &str) -> Result<u64, StoreError> {
+        let mut conn = self.writer();
+        let tx = conn.transaction()?;
+        let count: Option<i64> = tx
+            .query_row(
+                "SELECT event_count FROM sessions WHERE id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(count) = count else {
+            return Err(StoreError::NotFound(id.to_string()));
+        };
+        tx.execute("DELETE FROM events WHERE session_id = ?1", [id])?;
+        tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+        tx.commit()?;
+        drop(conn);
+        let _ = self.changes.send(Change::Deleted(id.to_string()));
+        Ok(count as u64)
+    }
+
+    /// Copies a session's events up to `up_to_seq` (0: all) into a new session.
+    pub fn fork_session(
+        &self,
+        id: &str,
+        up_to_seq: u64,
+        new_id: &str,
+    ) -> Result<Session, StoreError> {
+        let new_id = if new_id.is_empty() {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            validate_session_id(new_id)?;
+            new_id.to_string()
+        };
+        let mut conn = self.writer();
+        let tx = conn.transaction()?;
+        let source = Self::session_in(&tx, id)?;
+        let last = if up_to_seq == 0 {
+            source.event_count
+        } else if up_to_seq > source.event_count {
+            return Err(StoreError::InvalidArgument(format!(
+                "cannot fork session {id:?} at seq {up_to_seq}: its log ends at seq {}",
+                source.event_count
+            )));
+        } else {
+            up_to_seq
+        };
+        let now = now_ms();
+        let inserted = tx.execute(
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from, touched)
+             VALUES (?1, ?2, ?3, ?3, ?4, ?5) ON CONFLICT(id) DO NOTHING",
+            params![new_id, source.title, now, id, self.touch()],
+        )?;
+        if inserted == 0 {
+            return Err(StoreError::AlreadyExists(new_id));
+        }
+        let events = Self::read_in(&tx, id, 1, last)?;
+        let renamed: Vec<Event> = events
+            .into_iter()
+            .map(|mut e| {
+                e.session_id = new_id.clone();
+                e
+            })
+            .collect();
+        Self::insert_events(&tx, &new_id, 0, &renamed, now, self.touch())?;
+        let session = Self::session_in(&tx, &new_id)?;
+        tx.commit()?;
+        Ok(session)
+    }
+}
