@@ -1,0 +1,227 @@
+//! Construction and replay, the tool catalog.
+
+use super::*;
+use pretty_assertions::assert_eq;
+
+// ---------------------------------------------------------------------------
+// Construction and replay basics
+// ---------------------------------------------------------------------------
+
+#[test]
+fn new_session_is_idle_and_empty() {
+    let state = SessionState::new(3);
+    assert_eq!(state.phase, Phase::Idle);
+    assert_eq!(state.turn, None);
+    assert_eq!(state.history, vec![]);
+    assert_eq!(state.max_steps, 3);
+    assert_eq!(state.session_rules, vec![]);
+    assert_eq!(state.catalog, BTreeMap::new());
+    assert!(state.is_idle());
+    assert_eq!(state.turn_id(), None);
+    assert!(state.awaiting_approval().is_empty());
+    // The shared allow-all policy.
+    assert_eq!(state.policy, SessionState::new(7).policy);
+    let verdict = state
+        .policy
+        .0
+        .check("bash", r#"{"command":"sudo rm -rf /"}"#, false, &[]);
+    assert_eq!(verdict.decision, Decision::Allow);
+    assert_eq!(verdict.rule, ALLOW_ALL);
+}
+
+#[test]
+fn policies_compare_by_instance() {
+    let policy = test_policy();
+    let a = SessionState::new(3).with_policy(policy.clone());
+    let b = SessionState::new(3).with_policy(policy.clone());
+    assert_eq!(a, b);
+    assert!(Arc::ptr_eq(&a.policy.0, &policy));
+    // Same rules, another instance: a different policy.
+    assert_ne!(a, SessionState::new(3).with_policy(test_policy()));
+    assert_ne!(
+        SessionState::new(3).policy,
+        PolicyRef(Arc::new(Policy::allow_all()))
+    );
+    // `with_policy` changes nothing else.
+    assert_eq!(
+        SessionState {
+            policy: SessionState::new(3).policy,
+            ..a
+        },
+        SessionState::new(3)
+    );
+}
+
+#[test]
+fn max_steps_is_at_least_one() {
+    assert_eq!(SessionState::new(0).max_steps, 1);
+    assert_eq!(SessionState::replay(0, &[]).max_steps, 1);
+    assert_eq!(SessionState::replay(0, &[]), SessionState::new(0));
+}
+
+#[test]
+fn replay_of_no_events_is_a_new_session() {
+    assert_eq!(SessionState::replay(5, &[]), SessionState::new(5));
+    let policy = test_policy();
+    assert_eq!(
+        SessionState::new(5)
+            .with_policy(policy.clone())
+            .replayed(&[]),
+        SessionState::new(5).with_policy(policy)
+    );
+}
+
+#[test]
+fn replay_skips_events_without_a_kind() {
+    let events = vec![
+        pb::Event {
+            turn_id: TURN.into(),
+            kind: None,
+            ..Default::default()
+        },
+        pb::Event {
+            turn_id: TURN.into(),
+            kind: Some(user_message("hi")),
+            ..Default::default()
+        },
+        pb::Event::default(),
+    ];
+    let mut expected = SessionState::new(2);
+    expected.step(user("hi")).unwrap();
+    assert_eq!(SessionState::replay(2, &events), expected);
+}
+
+#[test]
+fn replayed_keeps_the_policy_and_the_catalog() {
+    let mut live = Session::with_policy(4, test_policy(), catalog());
+    live.ok(user("go"));
+    live.ok(model_done("", vec![bash("b1", "make build")]));
+    live.ok(approve_for_session("b1"));
+    let rebuilt = live.rebuilt();
+    assert!(Arc::ptr_eq(&rebuilt.policy.0, &live.state.policy.0));
+    assert_eq!(rebuilt.catalog, catalog());
+    assert_eq!(rebuilt, live.state);
+    // `replay` uses the allow-all policy and an empty catalog; the rest is
+    // the same fold.
+    let plain = SessionState::replay(4, &live.log);
+    assert_eq!(
+        plain,
+        SessionState {
+            policy: SessionState::new(1).policy,
+            catalog: BTreeMap::new(),
+            ..live.state.clone()
+        }
+    );
+}
+
+#[test]
+fn refusals_read_well() {
+    assert_eq!(
+        Refusal::Unexpected {
+            input: "tool output",
+            phase: Phase::Idle,
+        }
+        .to_string(),
+        "unexpected tool output while the session is Idle"
+    );
+    assert_eq!(Refusal::EmptyMessage.to_string(), "the message is empty");
+    assert_eq!(
+        Refusal::NothingToCancel.to_string(),
+        "no turn is running in this session"
+    );
+    assert_eq!(
+        Refusal::Busy.to_string(),
+        "a turn is already running in this session; wait for it to finish or cancel it"
+    );
+    assert_eq!(
+        Refusal::NoPendingApproval {
+            call_id: "c9".into()
+        }
+        .to_string(),
+        r#"no approval is pending for call "c9""#
+    );
+    assert_eq!(
+        Refusal::InvalidDecision("bad edit".into()).to_string(),
+        "bad edit"
+    );
+}
+
+#[test]
+fn only_malformed_inputs_are_invalid_arguments() {
+    assert!(Refusal::EmptyMessage.is_invalid_argument());
+    assert!(Refusal::InvalidDecision("x".into()).is_invalid_argument());
+    for refusal in [
+        Refusal::Busy,
+        Refusal::NothingToCancel,
+        Refusal::NoPendingApproval {
+            call_id: "c1".into(),
+        },
+        Refusal::Unexpected {
+            input: "tool result",
+            phase: Phase::UseTools,
+        },
+    ] {
+        assert!(!refusal.is_invalid_argument(), "{refusal:?}");
+    }
+}
+
+#[test]
+fn call_phases_only_move_forward() {
+    use CallPhase::*;
+    let all = [
+        Validating,
+        AwaitingApproval,
+        Scheduled,
+        Executing,
+        Success,
+        Error,
+        Cancelled,
+    ];
+    for (i, from) in all.iter().enumerate() {
+        for (j, to) in all.iter().enumerate() {
+            // The three terminal phases are equally far.
+            let forward = j > i && !from.is_terminal();
+            assert_eq!(from.can_move_to(*to), forward, "{from:?} -> {to:?}");
+        }
+        assert_eq!(from.is_terminal(), i >= 4, "{from:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tool catalog (any phase)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn tool_catalog_is_taken_in_every_phase_without_events() {
+    for state in [
+        SessionState::new(4),
+        generating(4),
+        using_tools(4),
+        generating_step_two(4),
+        idle_after_turn(4),
+    ] {
+        let mut after = state.clone();
+        assert_eq!(after.step(Input::ToolCatalog(catalog())), Ok(vec![]));
+        assert_eq!(
+            after,
+            SessionState {
+                catalog: catalog(),
+                ..state.clone()
+            }
+        );
+        // A new catalog replaces the old one.
+        let small = BTreeMap::from([("grep".to_string(), READ_ONLY_SERIAL)]);
+        assert_eq!(after.step(Input::ToolCatalog(small.clone())), Ok(vec![]));
+        assert_eq!(after.catalog, small);
+        assert_eq!(after.step(Input::ToolCatalog(BTreeMap::new())), Ok(vec![]));
+        assert_eq!(after, state);
+    }
+}
+
+#[test]
+fn tool_catalog_does_not_change_calls_already_requested() {
+    let mut state = using_tools(4);
+    let calls = calls_of(&state);
+    state.step(Input::ToolCatalog(catalog())).unwrap();
+    assert_eq!(calls_of(&state), calls);
+}

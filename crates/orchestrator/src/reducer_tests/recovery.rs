@@ -1,0 +1,396 @@
+//! Recovery after a restart, repeated call ids.
+
+use super::*;
+use pretty_assertions::assert_eq;
+
+// ---------------------------------------------------------------------------
+// Recovery after a restart (the actor rebuilds the state from the log, then
+// steps Interrupted)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn interrupted_while_generating_asks_the_model_again_twice_then_fails() {
+    let mut live = Session::new(4);
+    live.ok(user("hello"));
+    live.ok(model_done("let me look", two_calls()));
+    live.ok(done("c1", "out1"));
+    live.ok(done("c2", "out2"));
+    // Crash while the model answers the second time.
+    let mut session = live.restarted();
+    assert_eq!(session.state, live.state);
+    assert_eq!(session.state.phase, Phase::Generate);
+    let history = vec![
+        Message::user("hello"),
+        assistant("let me look", two_calls()),
+        Message::tool("c1", "out1"),
+        Message::tool("c2", "out2"),
+    ];
+    for restarts in 1..=2 {
+        let effects = session.ok(Input::Interrupted);
+        assert_eq!(
+            effects,
+            vec![
+                record(
+                    TURN,
+                    vec![error(ErrorSource::Orchestrator, RESTARTED_GENERATING, true)]
+                ),
+                Effect::CallModel {
+                    history: history.clone()
+                },
+            ]
+        );
+        assert_eq!(session.state.turn.as_ref().unwrap().restarts, restarts);
+        // And it crashes again.
+        session = session.restarted();
+        assert_eq!(session.state.turn.as_ref().unwrap().restarts, restarts);
+    }
+    let effects = session.ok(Input::Interrupted);
+    assert_eq!(
+        effects,
+        vec![record(
+            TURN,
+            vec![
+                error(ErrorSource::Orchestrator, &gave_up(3), false),
+                finished(TurnOutcome::Failed, &gave_up(3), 1, token_usage(10, 2)),
+            ]
+        )]
+    );
+    assert_eq!(core(&session.state), idle(history, 4));
+    // The next turn starts with no restarts.
+    session.ok(user_in(TURN2, "again"));
+    assert_eq!(session.state.turn.as_ref().unwrap().restarts, 0);
+    session.ok(Input::Interrupted);
+    assert_eq!(session.state.turn.as_ref().unwrap().restarts, 1);
+}
+
+#[test]
+fn interrupted_at_the_start_of_a_turn_asks_the_model() {
+    let mut live = Session::new(4);
+    live.ok(user("hello"));
+    live.ok(Input::ModelDelta("par".into()));
+    let mut session = live.restarted();
+    assert_eq!(
+        session.ok(Input::Interrupted),
+        vec![
+            record(
+                TURN,
+                vec![error(ErrorSource::Orchestrator, RESTARTED_GENERATING, true)]
+            ),
+            Effect::CallModel {
+                history: vec![Message::user("hello")]
+            },
+        ]
+    );
+}
+
+#[test]
+fn interrupted_reruns_read_only_calls_that_were_running() {
+    let mut live = policed(4, ApprovalMode::Policy);
+    let r1 = read_file("r1", "a.txt");
+    let r2 = grep("r2");
+    let r3 = read_file("r3", "b.txt");
+    live.ok(model_done("", vec![r1.clone(), r2.clone(), r3.clone()]));
+    live.ok(chunk("r1", OutputStream::Stdout, "partial"));
+    live.ok(done("r2", "2"));
+    let mut session = live.restarted();
+    assert_eq!(session.state, live.state);
+    let effects = session.ok(Input::Interrupted);
+    // No state event: the calls stay Executing and simply run again.
+    assert_eq!(
+        effects,
+        vec![
+            record(
+                TURN,
+                vec![error(
+                    ErrorSource::Orchestrator,
+                    RESTARTED_USING_TOOLS,
+                    true
+                )]
+            ),
+            Effect::RunTool(r1),
+            Effect::RunTool(r3),
+        ]
+    );
+    assert_eq!(
+        calls_of(&session.state)
+            .iter()
+            .map(|c| c.phase)
+            .collect::<Vec<_>>(),
+        vec![
+            CallPhase::Executing,
+            CallPhase::Success,
+            CallPhase::Executing
+        ]
+    );
+    session.ok(done("r3", "3"));
+    let effects = session.ok(done("r1", "1"));
+    assert!(matches!(effects.last(), Some(Effect::CallModel { .. })));
+    assert_eq!(
+        session.state.history[2..].to_vec(),
+        vec![
+            Message::tool("r1", "1"),
+            Message::tool("r2", "2"),
+            Message::tool("r3", "3"),
+        ]
+    );
+}
+
+#[test]
+fn interrupted_reruns_an_edited_read_only_call_with_its_edited_arguments() {
+    let policy = Arc::new(
+        Policy::from_config(&PolicyConfig {
+            tools: BTreeMap::from([("read_file".to_string(), PolicyDecision::Confirm)]),
+            rules: vec![],
+            network: false,
+        })
+        .unwrap(),
+    );
+    let mut live = Session::with_policy(4, policy, catalog());
+    live.ok(user("go"));
+    live.ok(model_done("", vec![read_file("r1", "a.txt")]));
+    live.ok(edit("r1", r#"{"path":"b.txt"}"#));
+    let mut session = live.restarted();
+    let effects = session.ok(Input::Interrupted);
+    assert_eq!(
+        run_tools(&effects),
+        vec![call("r1", "read_file", r#"{"path":"b.txt"}"#)]
+    );
+}
+
+#[test]
+fn interrupted_reports_mutating_calls_that_were_running_as_unknown() {
+    let mut live = policed(4, ApprovalMode::Policy);
+    let m1 = bash("m1", "git status");
+    let w2 = write_file("w2", "out.txt");
+    live.ok(model_done("", vec![m1.clone(), w2.clone()]));
+    assert_eq!(phase_of(&live.state, "m1"), Some(CallPhase::Executing));
+    live.ok(chunk("m1", OutputStream::Stdout, "On branch main"));
+    let mut session = live.restarted();
+    let unknown = outcome_unknown("bash");
+    let effects = session.ok(Input::Interrupted);
+    // The pending approval of w2 is asked again.
+    assert_eq!(
+        effects,
+        vec![record(
+            TURN,
+            concat(vec![
+                vec![error(
+                    ErrorSource::Orchestrator,
+                    RESTARTED_USING_TOOLS,
+                    true
+                )],
+                closed(&m1, ToolCallPhase::Error, &unknown),
+                vec![approval_requested(&w2, WRITE_FILE_DEFAULT)],
+            ])
+        )]
+    );
+    assert_eq!(session.state.history[2], Message::tool("m1", &unknown));
+    // A late result of the lost run is stale.
+    session.refused(
+        done("m1", "late"),
+        Refusal::Unexpected {
+            input: "tool result",
+            phase: Phase::UseTools,
+        },
+    );
+    assert_eq!(run_tools(&session.ok(approve("w2"))), vec![w2]);
+}
+
+#[test]
+fn interrupted_with_only_mutating_calls_running_calls_the_model() {
+    let mut live = Session::new(4);
+    live.ok(user("hello"));
+    live.ok(model_done("", vec![c1()]));
+    let mut session = live.restarted();
+    let unknown = outcome_unknown("shell");
+    let history = vec![
+        Message::user("hello"),
+        assistant("", vec![c1()]),
+        Message::tool("c1", &unknown),
+    ];
+    assert_eq!(
+        session.ok(Input::Interrupted),
+        vec![
+            record(
+                TURN,
+                concat(vec![
+                    vec![error(
+                        ErrorSource::Orchestrator,
+                        RESTARTED_USING_TOOLS,
+                        true
+                    )],
+                    closed(&c1(), ToolCallPhase::Error, &unknown),
+                ])
+            ),
+            Effect::CallModel {
+                history: history.clone()
+            },
+        ]
+    );
+    assert_eq!(session.state.phase, Phase::Generate);
+    assert_eq!(session.state.history, history);
+}
+
+#[test]
+fn interrupted_asks_again_for_pending_approvals_and_keeps_the_rest_waiting() {
+    let mut live = policed(4, ApprovalMode::Policy);
+    let r1 = read_file("r1", "a.txt");
+    let b2 = bash("b2", "make build");
+    let r3 = read_file("r3", "b.txt");
+    live.ok(model_done("", vec![r1.clone(), b2.clone(), r3.clone()]));
+    let mut session = live.restarted();
+    let effects = session.ok(Input::Interrupted);
+    assert_eq!(
+        effects,
+        vec![
+            record(
+                TURN,
+                vec![
+                    error(ErrorSource::Orchestrator, RESTARTED_USING_TOOLS, true),
+                    approval_requested(&b2, BASH_DEFAULT),
+                ]
+            ),
+            Effect::RunTool(r1),
+        ]
+    );
+    assert_eq!(
+        session.state.awaiting_approval(),
+        vec![&call_in_catalog(&b2, CallPhase::AwaitingApproval, false)]
+    );
+    assert_eq!(phase_of(&session.state, "r3"), Some(CallPhase::Scheduled));
+    // The decision works as before the restart.
+    session.ok(done("r1", "1"));
+    assert_eq!(run_tools(&session.ok(approve("b2"))), vec![b2]);
+}
+
+#[test]
+fn interrupted_starts_scheduled_calls_left_behind_a_lost_mutating_call() {
+    let mut live = policed(4, ApprovalMode::Policy);
+    let m1 = bash("m1", "git status");
+    let r2 = read_file("r2", "a.txt");
+    let r3 = grep("r3");
+    let m4 = bash("m4", "git status");
+    live.ok(model_done("", vec![m1.clone(), r2.clone(), r3.clone(), m4]));
+    let mut session = live.restarted();
+    let unknown = outcome_unknown("bash");
+    assert_eq!(
+        session.ok(Input::Interrupted),
+        vec![
+            record(
+                TURN,
+                concat(vec![
+                    vec![error(
+                        ErrorSource::Orchestrator,
+                        RESTARTED_USING_TOOLS,
+                        true
+                    )],
+                    closed(&m1, ToolCallPhase::Error, &unknown),
+                    vec![executing("r2"), executing("r3")],
+                ])
+            ),
+            Effect::RunTool(r2),
+            Effect::RunTool(r3),
+        ]
+    );
+}
+
+#[test]
+fn restarts_count_across_the_phases_of_a_turn() {
+    let mut live = Session::new(4);
+    live.ok(user("hello"));
+    live.ok(model_done("", vec![c1()]));
+    // Restart while c1 runs: outcome unknown, the model is asked.
+    let mut session = live.restarted();
+    session.ok(Input::Interrupted);
+    // Restart while the model answers.
+    let mut session = session.restarted();
+    session.ok(Input::Interrupted);
+    assert_eq!(session.state.turn.as_ref().unwrap().restarts, 2);
+    // The third restart of the turn gives up.
+    let mut session = session.restarted();
+    let effects = session.ok(Input::Interrupted);
+    assert_eq!(
+        events_of(&effects),
+        vec![
+            error(ErrorSource::Orchestrator, &gave_up(3), false),
+            finished(TurnOutcome::Failed, &gave_up(3), 1, token_usage(10, 2)),
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Repeated call ids
+// ---------------------------------------------------------------------------
+
+/// A response may repeat a call id; the repeats get a suffix so every call
+/// can be told apart, runs, and gets its own answer.
+#[test]
+fn repeated_call_ids_in_one_response_get_suffixes() {
+    let first = call("dup", "shell", r#"{"cmd":"a"}"#);
+    let second = call("dup", "shell", r#"{"cmd":"b"}"#);
+    let third = call("dup", "shell", r#"{"cmd":"c"}"#);
+    let other = call("dup-2", "shell", r#"{"cmd":"d"}"#);
+    let renamed = |c: &ToolCall, id: &str| ToolCall {
+        id: id.into(),
+        ..c.clone()
+    };
+    let calls_as_recorded = vec![
+        first.clone(),
+        renamed(&second, "dup-2"),
+        renamed(&third, "dup-3"),
+        renamed(&other, "dup-2-2"),
+    ];
+    let mut session = Session::new(4);
+    session.ok(user("hello"));
+    let effects = session.ok(model_done("", vec![first.clone(), second, third, other]));
+    assert_eq!(
+        effects,
+        vec![
+            record(
+                TURN,
+                concat(vec![
+                    vec![first_message("")],
+                    calls_as_recorded.iter().map(requested).collect(),
+                    calls_as_recorded.iter().map(|c| allowed(&c.id)).collect(),
+                    vec![executing("dup")],
+                ])
+            ),
+            Effect::RunTool(first),
+        ]
+    );
+    for (i, c) in calls_as_recorded.iter().enumerate() {
+        let effects = session.ok(done(&c.id, &format!("out {i}")));
+        match calls_as_recorded.get(i + 1) {
+            Some(next) => assert_eq!(run_tools(&effects), vec![next.clone()]),
+            None => assert!(matches!(effects.last(), Some(Effect::CallModel { .. }))),
+        }
+    }
+    assert_eq!(
+        session.state.history,
+        vec![
+            Message::user("hello"),
+            assistant("", calls_as_recorded),
+            Message::tool("dup", "out 0"),
+            Message::tool("dup-2", "out 1"),
+            Message::tool("dup-3", "out 2"),
+            Message::tool("dup-2-2", "out 3"),
+        ]
+    );
+}
+
+#[test]
+fn call_ids_may_repeat_across_responses() {
+    let mut state = generating_step_two(4);
+    let effects = state.step(model_done("", vec![c1()])).unwrap();
+    assert_eq!(run_tools(&effects), vec![c1()]);
+    state.step(done("c1", "second")).unwrap();
+    assert_eq!(
+        state.history[2..].to_vec(),
+        vec![
+            Message::tool("c1", "out1"),
+            Message::tool("c2", "out2"),
+            assistant("", vec![c1()]),
+            Message::tool("c1", "second"),
+        ]
+    );
+}

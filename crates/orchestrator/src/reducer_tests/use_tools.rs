@@ -1,0 +1,348 @@
+//! The use-tools phase.
+
+use super::*;
+use pretty_assertions::assert_eq;
+
+// ---------------------------------------------------------------------------
+// UseTools
+// ---------------------------------------------------------------------------
+
+#[test]
+fn use_tools_user_message_is_busy() {
+    assert_refused(&using_tools(4), user_in(TURN2, "hey"), Refusal::Busy);
+    let mut one_left = using_tools(4);
+    one_left.step(done("c1", "out1")).unwrap();
+    assert_refused(&one_left, user_in(TURN2, "hey"), Refusal::Busy);
+}
+
+#[test]
+fn use_tools_model_output_is_refused() {
+    let unexpected = Refusal::Unexpected {
+        input: "model output",
+        phase: Phase::UseTools,
+    };
+    let state = using_tools(4);
+    assert_refused(&state, Input::ModelDelta("x".into()), unexpected.clone());
+    assert_refused(&state, model_done("late", vec![]), unexpected.clone());
+    assert_refused(&state, model_done("late", two_calls()), unexpected.clone());
+    assert_refused(&state, model_failed("late", true), unexpected);
+}
+
+#[test]
+fn use_tools_chunks_are_recorded_and_change_nothing_else() {
+    let mut state = using_tools(4);
+    let before = state.clone();
+    for (stream, text) in [
+        (OutputStream::Stdout, "line 1\n"),
+        (OutputStream::Stderr, "warning\n"),
+    ] {
+        assert_eq!(
+            state.step(chunk("c1", stream, text)),
+            Ok(vec![record(
+                TURN,
+                vec![Kind::ToolOutputChunk(pb::ToolOutputChunk {
+                    call_id: "c1".into(),
+                    stream: stream as i32,
+                    text: text.into(),
+                })]
+            )])
+        );
+    }
+    assert_eq!(core(&state), core(&before));
+}
+
+#[test]
+fn use_tools_chunks_of_calls_not_running_are_refused() {
+    let unexpected = Refusal::Unexpected {
+        input: "tool output",
+        phase: Phase::UseTools,
+    };
+    let state = using_tools(4);
+    // c2 is scheduled, not running.
+    for id in ["c2", "ghost", ""] {
+        assert_refused(
+            &state,
+            chunk(id, OutputStream::Stdout, "x"),
+            unexpected.clone(),
+        );
+    }
+    let mut one_left = state;
+    one_left.step(done("c1", "out1")).unwrap();
+    assert_refused(
+        &one_left,
+        chunk("c1", OutputStream::Stdout, "late"),
+        unexpected,
+    );
+}
+
+#[test]
+fn use_tools_first_result_runs_the_next_call() {
+    let mut state = using_tools(4);
+    let effects = state.step(done("c1", "out1")).unwrap();
+    assert_eq!(
+        effects,
+        vec![
+            record(
+                TURN,
+                concat(vec![success("c1", "out1"), vec![executing("c2")]])
+            ),
+            Effect::RunTool(c2()),
+        ]
+    );
+    assert_eq!(
+        core(&state),
+        state_with(
+            Phase::UseTools,
+            Some(turn(
+                TURN,
+                1,
+                token_usage(10, 2),
+                vec![
+                    call_in(&c1(), CallPhase::Success, true),
+                    call_in(&c2(), CallPhase::Executing, false),
+                ],
+                1,
+                "let me look"
+            )),
+            vec![
+                Message::user("hello"),
+                assistant("let me look", two_calls()),
+                Message::tool("c1", "out1"),
+            ],
+            4
+        )
+    );
+}
+
+#[test]
+fn use_tools_last_result_calls_the_model_with_the_results() {
+    let mut state = using_tools(4);
+    state.step(done("c1", "out1")).unwrap();
+    let effects = state.step(done("c2", "out2")).unwrap();
+    let history = vec![
+        Message::user("hello"),
+        assistant("let me look", two_calls()),
+        Message::tool("c1", "out1"),
+        Message::tool("c2", "out2"),
+    ];
+    assert_eq!(
+        effects,
+        vec![
+            record(TURN, success("c2", "out2")),
+            Effect::CallModel {
+                history: history.clone(),
+            },
+        ]
+    );
+    assert_eq!(
+        core(&state),
+        state_with(
+            Phase::Generate,
+            Some(turn(
+                TURN,
+                1,
+                token_usage(10, 2),
+                vec![
+                    call_in(&c1(), CallPhase::Success, true),
+                    call_in(&c2(), CallPhase::Success, true),
+                ],
+                1,
+                "let me look"
+            )),
+            history,
+            4
+        )
+    );
+}
+
+#[test]
+fn use_tools_error_result_is_passed_to_the_model() {
+    let mut state = generating(4);
+    state.step(model_done("", vec![c1()])).unwrap();
+    let failed = pb::ToolResult {
+        is_error: true,
+        exit_code: Some(2),
+        ..tool_result("c1", "ls: cannot access 'x'")
+    };
+    let effects = state.step(Input::ToolDone(failed.clone())).unwrap();
+    assert_eq!(
+        effects,
+        vec![
+            record(
+                TURN,
+                vec![
+                    phase_event("c1", ToolCallPhase::Error, ""),
+                    Kind::ToolResult(failed),
+                ]
+            ),
+            Effect::CallModel {
+                history: vec![
+                    Message::user("hello"),
+                    assistant("", vec![c1()]),
+                    Message::tool("c1", "ls: cannot access 'x'"),
+                ],
+            },
+        ]
+    );
+    assert_eq!(phase_of(&state, "c1"), Some(CallPhase::Error));
+}
+
+#[test]
+fn use_tools_result_without_a_tool_name_gets_the_calls() {
+    let mut state = using_tools(4);
+    let effects = state
+        .step(Input::ToolDone(pb::ToolResult {
+            tool: String::new(),
+            ..tool_result("c1", "out1")
+        }))
+        .unwrap();
+    assert_eq!(
+        events_of(&effects)[1],
+        Kind::ToolResult(tool_result("c1", "out1"))
+    );
+}
+
+#[test]
+fn use_tools_result_for_a_call_not_running_is_refused() {
+    let unexpected = Refusal::Unexpected {
+        input: "tool result",
+        phase: Phase::UseTools,
+    };
+    let state = using_tools(4);
+    // Scheduled (not started), unknown, and empty ids.
+    assert_refused(&state, done("c2", "out2"), unexpected.clone());
+    assert_refused(&state, done("nope", "?"), unexpected.clone());
+    assert_refused(&state, done("", "?"), unexpected.clone());
+
+    // A second result for an answered call.
+    let mut one_left = state;
+    one_left.step(done("c1", "out1")).unwrap();
+    assert_refused(&one_left, done("c1", "again"), unexpected);
+}
+
+#[test]
+fn use_tools_cancel_closes_every_open_call() {
+    let mut state = using_tools(4);
+    let effects = state.step(cancel("enough")).unwrap();
+    assert_eq!(
+        effects,
+        vec![
+            Effect::AbortInFlight,
+            record(
+                TURN,
+                concat(vec![
+                    vec![Kind::CancelRequested(pb::CancelRequested {
+                        reason: "enough".into()
+                    })],
+                    closed(&c1(), ToolCallPhase::Cancelled, CANCELLED_OUTPUT),
+                    closed(&c2(), ToolCallPhase::Cancelled, CANCELLED_OUTPUT),
+                    vec![finished(
+                        TurnOutcome::Cancelled,
+                        "cancelled",
+                        1,
+                        token_usage(10, 2)
+                    )],
+                ])
+            ),
+        ]
+    );
+    assert_eq!(
+        core(&state),
+        idle(
+            vec![
+                Message::user("hello"),
+                assistant("let me look", two_calls()),
+                Message::tool("c1", CANCELLED_OUTPUT),
+                Message::tool("c2", CANCELLED_OUTPUT),
+            ],
+            4
+        )
+    );
+}
+
+#[test]
+fn use_tools_cancel_after_the_first_result_closes_only_the_rest() {
+    let mut state = using_tools(4);
+    state.step(done("c1", "out1")).unwrap();
+    let effects = state.step(cancel("")).unwrap();
+    assert_eq!(
+        effects,
+        vec![
+            Effect::AbortInFlight,
+            record(
+                TURN,
+                concat(vec![
+                    vec![Kind::CancelRequested(pb::CancelRequested::default())],
+                    closed(&c2(), ToolCallPhase::Cancelled, CANCELLED_OUTPUT),
+                    vec![finished(
+                        TurnOutcome::Cancelled,
+                        "cancelled",
+                        1,
+                        token_usage(10, 2)
+                    )],
+                ])
+            ),
+        ]
+    );
+    assert_eq!(
+        state.history,
+        vec![
+            Message::user("hello"),
+            assistant("let me look", two_calls()),
+            Message::tool("c1", "out1"),
+            Message::tool("c2", CANCELLED_OUTPUT),
+        ]
+    );
+    assert!(state.is_idle());
+}
+
+#[test]
+fn use_tools_interrupted_reports_the_running_mutating_call_and_starts_the_next() {
+    let mut state = using_tools(4);
+    let unknown = outcome_unknown("shell");
+    let effects = state.step(Input::Interrupted).unwrap();
+    assert_eq!(
+        effects,
+        vec![
+            record(
+                TURN,
+                concat(vec![
+                    vec![error(
+                        ErrorSource::Orchestrator,
+                        RESTARTED_USING_TOOLS,
+                        true
+                    )],
+                    closed(&c1(), ToolCallPhase::Error, &unknown),
+                    vec![executing("c2")],
+                ])
+            ),
+            Effect::RunTool(c2()),
+        ]
+    );
+    assert_eq!(
+        core(&state),
+        state_with(
+            Phase::UseTools,
+            Some(Turn {
+                restarts: 1,
+                ..turn(
+                    TURN,
+                    1,
+                    token_usage(10, 2),
+                    vec![
+                        call_in(&c1(), CallPhase::Error, true),
+                        call_in(&c2(), CallPhase::Executing, false),
+                    ],
+                    1,
+                    "let me look"
+                )
+            }),
+            vec![
+                Message::user("hello"),
+                assistant("let me look", two_calls()),
+                Message::tool("c1", &unknown),
+            ],
+            4
+        )
+    );
+}
