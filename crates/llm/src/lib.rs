@@ -6,6 +6,10 @@
 //! followed by one [`StreamEvent::Completed`] holding the assembled text, tool calls, finish
 //! reason and token usage. Failures before the first event are retried with exponential
 //! backoff (see [`ProviderConfig::max_retries`]).
+//!
+//! It owns the model wire protocols and nothing of the agent: it must not
+//! depend on the services, the proto types or the runtime; the orchestrator
+//! decides what is sent.
 
 mod assemble;
 mod client;

@@ -2,6 +2,11 @@
 //! (a pure reducer, [`reducer`]) and performs its effects ([`actor`]):
 //! calling the model, running tools on the tool runner, and appending every
 //! event to the session store before anyone sees it.
+//!
+//! It owns the agent's decisions (the reducer, the policy's application,
+//! prompts, compaction) and talks to the other services only through their
+//! gRPC contracts: it must not depend on another service's crate. The policy
+//! itself is the pure `agentry-policy` crate.
 
 pub mod actor;
 pub mod builtin;

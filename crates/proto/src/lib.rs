@@ -2,6 +2,7 @@
 //!
 //! Nothing but generated code and the encoded file descriptor set lives here;
 //! the services translate between these types and their own domain types.
+//! It must not depend on any other Agentry crate.
 #![allow(clippy::all, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 /// Session events and the session store contract.

@@ -1,6 +1,10 @@
 //! What every Agentry service binary needs: layered configuration, logging
 //! set-up, and a gRPC server bootstrap with health, reflection and graceful
 //! shutdown.
+//!
+//! Shared by every service and the CLI; it must not depend on any service
+//! crate (only on `agentry-proto` and the pure `agentry-policy`, whose
+//! configuration types it loads).
 
 pub mod auth;
 pub mod config;

@@ -36,6 +36,9 @@
 //! [`probe`]. When the call ends — the command exits, the helper gets
 //! SIGTERM, SIGINT or SIGHUP, or the helper's parent dies — every process the
 //! command started is killed, `setsid` and double forks included.
+//!
+//! A leaf: the helper must start fast and small, so this crate must not
+//! depend on any other Agentry crate, the async runtime or gRPC.
 
 mod bridge;
 pub mod helper;

@@ -6,6 +6,9 @@
 //! moves it on in one transaction; consumers receive firings over
 //! `StreamDue` and ack them, and anything unacknowledged is sent again —
 //! after a restart of either side too.
+//!
+//! It knows sessions only by id and reaches the session store through its
+//! gRPC contract: it must not depend on another service's crate.
 
 pub mod schedule;
 pub mod service;

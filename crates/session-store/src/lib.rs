@@ -1,5 +1,8 @@
 //! The session store: sessions and their append-only event logs in SQLite,
 //! served over gRPC (`agentry.sessions.v1.SessionStore`).
+//!
+//! It stores what it is given and decides nothing about the agent: it must
+//! not depend on the orchestrator, the tool runner or the scheduler.
 
 pub mod service;
 pub mod store;

@@ -4,6 +4,7 @@
 //!
 //! It depends on every service crate; tests of one client crate should use
 //! `agentry-fakes` alone.
+//! Nothing but tests and benchmarks may depend on it.
 
 pub mod cluster;
 

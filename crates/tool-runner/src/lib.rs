@@ -2,6 +2,10 @@
 //! the session's workspace, and serves them over gRPC
 //! (`agentry.tools.v1.ToolRunner`). Stateless: any number of replicas may
 //! share one workspace volume.
+//!
+//! It runs what it is asked and keeps the sandbox's rules; whether a call
+//! may run at all is the orchestrator's policy. It must not depend on the
+//! orchestrator, the session store or the scheduler.
 
 pub mod egress;
 pub mod files;
