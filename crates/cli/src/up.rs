@@ -23,61 +23,32 @@ async fn start(
     service: Service,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<ServiceFuture> {
-    let data_dir = config.data_dir();
     let auth = auth.clone();
     let shutdown = on_stop(stop);
     let fut: ServiceFuture = match service {
         Service::SessionStore => {
             let listener = bind(config.session_store.listen).await?;
-            let metrics_listen = config.session_store.metrics_listen.clone();
+            let config = config.clone();
             Box::pin(async move {
-                agentry_session_store::run(&data_dir, &auth, listener, &metrics_listen, shutdown)
-                    .await?;
+                agentry_session_store::run(&config, &auth, listener, shutdown).await?;
                 Ok(())
             })
         }
         Service::ToolRunner => {
             let listener = bind(config.tool_runner.listen).await?;
-            let root = config.workspace_root();
-            let limits = agentry_tool_runner::Limits::from_config(config);
-            let id = agentry_tool_runner::default_runner_id();
-            let sandbox = agentry_tool_runner::sandbox::Sandbox::from_config(config)
-                .map_err(|e| anyhow::anyhow!(e))?;
-            let web = config.tool_runner.web.clone();
-            let metrics = match config.tool_runner.metrics_listen.trim() {
-                "" => None,
-                addr => {
-                    let addr: std::net::SocketAddr = addr.parse().map_err(|e| {
-                        anyhow::anyhow!(
-                            "tool_runner.metrics_listen {addr:?} is not an address: {e}"
-                        )
-                    })?;
-                    Some(bind(addr).await?)
-                }
-            };
+            // Set up before anything runs, so a missing helper or a bad
+            // metrics address fails the start.
+            let setup = agentry_tool_runner::Setup::from_config(config).await?;
             Box::pin(async move {
-                agentry_tool_runner::run(
-                    root, limits, sandbox, web, id, &auth, listener, metrics, shutdown,
-                )
-                .await?;
+                agentry_tool_runner::serve(setup, &auth, listener, shutdown).await?;
                 Ok(())
             })
         }
         Service::Scheduler => {
             let listener = bind(config.scheduler.listen).await?;
-            let settings = agentry_scheduler::settings_from_config(config);
-            let store_url = config.session_store.url.clone();
+            let config = config.clone();
             Box::pin(async move {
-                agentry_scheduler::run(
-                    &data_dir,
-                    &store_url,
-                    settings,
-                    std::sync::Arc::new(agentry_scheduler::SystemClock),
-                    &auth,
-                    listener,
-                    shutdown,
-                )
-                .await?;
+                agentry_scheduler::run(&config, &auth, listener, shutdown).await?;
                 Ok(())
             })
         }

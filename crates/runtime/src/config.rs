@@ -390,6 +390,9 @@ pub struct ToolRunnerConfig {
     /// Where to serve `GET /metrics` (Prometheus text); empty: not served.
     #[serde(default)]
     pub metrics_listen: String,
+    /// This runner's name in tool results; empty: `<hostname>-<pid>`.
+    #[serde(default)]
+    pub id: String,
     /// Resource limits of each command.
     pub limits: ResourceLimits,
     /// The web tools.
@@ -629,6 +632,7 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_TOOL_RUNNER_URL", &["tool_runner", "url"]),
     ("AGENTRY_TOOL_RUNNER_LISTEN", &["tool_runner", "listen"]),
     ("AGENTRY_WORKSPACE_ROOT", &["tool_runner", "workspace_root"]),
+    ("AGENTRY_RUNNER_ID", &["tool_runner", "id"]),
     ("AGENTRY_SANDBOX", &["tool_runner", "sandbox", "mode"]),
     (
         "AGENTRY_SANDBOX_HELPER",

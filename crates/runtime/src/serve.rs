@@ -22,6 +22,10 @@ pub enum ServeError {
         /// Why.
         reason: String,
     },
+    /// The service's configuration cannot be carried out (a setting, a
+    /// missing component).
+    #[error("{0}")]
+    Startup(String),
     /// Reflection could not be set up from the descriptor set.
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),

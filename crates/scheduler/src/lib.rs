@@ -19,7 +19,6 @@ pub use service::{Clock, Core, SchedulerService, Settings, SystemClock};
 use agentry_proto::scheduler::v1::scheduler_server::SchedulerServer;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -58,18 +57,20 @@ pub fn settings_from_config(config: &agentry_runtime::Config) -> Settings {
     }
 }
 
-/// Serves the scheduler on `listener` until `shutdown`, with its data under
-/// `data_dir` and sessions checked against the store at `session_store_url`.
+/// Serves the scheduler the configuration describes (reminders in the data
+/// directory, sessions checked against `session_store.url`) on `listener`
+/// until `shutdown`: what `agentry up`, `agentry serve scheduler` and the
+/// test cluster start.
 pub async fn run(
-    data_dir: &Path,
-    session_store_url: &str,
-    settings: Settings,
-    clock: Arc<dyn Clock>,
+    config: &agentry_runtime::Config,
     auth: &agentry_runtime::Auth,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
-    let path = data_dir.join(DB_FILE);
+    let settings = settings_from_config(config);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let session_store_url = config.session_store.url.as_str();
+    let path = config.data_dir().join(DB_FILE);
     let store = tokio::task::spawn_blocking(move || store::Store::open(&path))
         .await
         .map_err(|e| RunError::Config(format!("scheduler start-up failed: {e}")))??;

@@ -12,7 +12,6 @@ pub use store::{Store, StoreError};
 
 use agentry_proto::sessions::v1::session_store_server::SessionStoreServer;
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
@@ -21,16 +20,18 @@ use tonic::service::Routes;
 /// The file name of the store's database inside the data directory.
 pub const DB_FILE: &str = "sessions.db";
 
-/// Opens the store under `data_dir` and serves it on `listener` until
-/// `shutdown`, to callers `auth` accepts.
+/// Serves the session store the configuration describes (its database in
+/// the data directory, metrics where `session_store.metrics_listen` says)
+/// on `listener` until `shutdown`, to callers `auth` accepts: what `agentry
+/// up`, `agentry serve session-store` and the test cluster start.
 pub async fn run(
-    data_dir: &Path,
+    config: &agentry_runtime::Config,
     auth: &agentry_runtime::Auth,
     listener: TcpListener,
-    metrics_listen: &str,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
-    let path = data_dir.join(DB_FILE);
+    let metrics_listen = config.session_store.metrics_listen.as_str();
+    let path = config.data_dir().join(DB_FILE);
     let store = tokio::task::spawn_blocking(move || Store::open(&path))
         .await
         .map_err(|e| RunError::Startup(e.to_string()))??;

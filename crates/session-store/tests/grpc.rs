@@ -44,7 +44,10 @@ impl Server {
             // Credentials are tested with the whole cluster; this store is
             // on loopback and asks for none.
             let auth = agentry_runtime::Auth::off();
-            agentry_session_store::run(&dir, &auth, listener, "", async {
+            let mut config =
+                agentry_runtime::Config::load(&agentry_runtime::ConfigSource::default()).unwrap();
+            config.data_dir = dir.to_string_lossy().into_owned();
+            agentry_session_store::run(&config, &auth, listener, async {
                 let _ = rx.await;
             })
             .await

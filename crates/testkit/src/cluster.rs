@@ -157,11 +157,12 @@ impl Cluster {
         };
         // Set up here, not in the task, so a missing helper fails the start
         // with its own message.
-        let sandbox = match service {
-            Service::ToolRunner => Some(
-                agentry_tool_runner::sandbox::Sandbox::from_config(&config)
-                    .map_err(|e| anyhow::anyhow!("the tool runner cannot start: {e}"))?,
-            ),
+        let runner = match service {
+            Service::ToolRunner => {
+                let mut config = config.clone();
+                config.tool_runner.id = format!("runner-{}", addr.port());
+                Some(agentry_tool_runner::Setup::from_config(&config).await?)
+            }
             _ => None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
@@ -170,38 +171,16 @@ impl Cluster {
         };
         let task: JoinHandle<anyhow::Result<()>> = match service {
             Service::SessionStore => tokio::spawn(async move {
-                agentry_session_store::run(&config.data_dir(), &auth, listener, "", shutdown)
-                    .await?;
+                agentry_session_store::run(&config, &auth, listener, shutdown).await?;
                 Ok(())
             }),
             Service::ToolRunner => tokio::spawn(async move {
-                let limits = agentry_tool_runner::Limits::from_config(&config);
-                let sandbox = sandbox.ok_or_else(|| anyhow::anyhow!("no sandbox"))?;
-                agentry_tool_runner::run(
-                    config.workspace_root(),
-                    limits,
-                    sandbox,
-                    config.tool_runner.web.clone(),
-                    format!("runner-{}", addr.port()),
-                    &auth,
-                    listener,
-                    None,
-                    shutdown,
-                )
-                .await?;
+                let setup = runner.ok_or_else(|| anyhow::anyhow!("no tool runner set-up"))?;
+                agentry_tool_runner::serve(setup, &auth, listener, shutdown).await?;
                 Ok(())
             }),
             Service::Scheduler => tokio::spawn(async move {
-                agentry_scheduler::run(
-                    &config.data_dir(),
-                    &config.session_store.url,
-                    agentry_scheduler::settings_from_config(&config),
-                    std::sync::Arc::new(agentry_scheduler::SystemClock),
-                    &auth,
-                    listener,
-                    shutdown,
-                )
-                .await?;
+                agentry_scheduler::run(&config, &auth, listener, shutdown).await?;
                 Ok(())
             }),
             Service::Orchestrator => tokio::spawn(async move {

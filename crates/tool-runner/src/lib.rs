@@ -112,30 +112,92 @@ impl Limits {
 /// How a runner identifies itself in results: `AGENTRY_RUNNER_ID`, else the
 /// host name and process id.
 pub fn default_runner_id() -> String {
-    if let Ok(id) = std::env::var("AGENTRY_RUNNER_ID")
-        && !id.is_empty()
-    {
-        return id;
-    }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "runner".to_string());
     format!("{host}-{}", std::process::id())
 }
 
-/// Serves the tool runner on `listener` until `shutdown`.
-#[allow(clippy::too_many_arguments)] // the service's whole start-up context, used by two callers
+/// What a tool runner starts with: [`Setup::from_config`] builds it from
+/// the configuration; tests of the runner alone build it by hand.
+pub struct Setup {
+    /// Where sessions' workspaces live.
+    pub workspace_root: PathBuf,
+    /// Timeouts and output limits.
+    pub limits: Limits,
+    /// How commands are confined.
+    pub sandbox: sandbox::Sandbox,
+    /// The web tools' settings.
+    pub web: agentry_runtime::config::WebConfig,
+    /// This runner's name in tool results.
+    pub runner_id: String,
+    /// Where to serve `/metrics`, if anywhere.
+    pub metrics: Option<TcpListener>,
+}
+
+impl Setup {
+    /// The runner the configuration describes (binding its metrics
+    /// address, if any).
+    pub async fn from_config(
+        config: &agentry_runtime::Config,
+    ) -> Result<Setup, agentry_runtime::ServeError> {
+        let sandbox = sandbox::Sandbox::from_config(config).map_err(|reason| {
+            agentry_runtime::ServeError::Startup(format!("the tool runner cannot start: {reason}"))
+        })?;
+        let metrics = match config.tool_runner.metrics_listen.trim() {
+            "" => None,
+            addr => {
+                let addr: std::net::SocketAddr = addr.parse().map_err(|e| {
+                    agentry_runtime::ServeError::Startup(format!(
+                        "tool_runner.metrics_listen {addr:?} is not an address: {e}"
+                    ))
+                })?;
+                Some(agentry_runtime::serve::bind(addr).await?)
+            }
+        };
+        let runner_id = match config.tool_runner.id.trim() {
+            "" => default_runner_id(),
+            id => id.to_string(),
+        };
+        Ok(Setup {
+            workspace_root: config.workspace_root(),
+            limits: Limits::from_config(config),
+            sandbox,
+            web: config.tool_runner.web.clone(),
+            runner_id,
+            metrics,
+        })
+    }
+}
+
+/// Serves the tool runner the configuration describes on `listener` until
+/// `shutdown`: what `agentry up`, `agentry serve tool-runner` and the test
+/// cluster start.
 pub async fn run(
-    workspace_root: PathBuf,
-    limits: Limits,
-    sandbox: sandbox::Sandbox,
-    web: agentry_runtime::config::WebConfig,
-    runner_id: String,
+    config: &agentry_runtime::Config,
     auth: &agentry_runtime::Auth,
     listener: TcpListener,
-    metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), agentry_runtime::ServeError> {
+    let setup = Setup::from_config(config).await?;
+    serve(setup, auth, listener, shutdown).await
+}
+
+/// Serves a tool runner set up by hand on `listener` until `shutdown`.
+pub async fn serve(
+    setup: Setup,
+    auth: &agentry_runtime::Auth,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), agentry_runtime::ServeError> {
+    let Setup {
+        workspace_root,
+        limits,
+        sandbox,
+        web,
+        runner_id,
+        metrics,
+    } = setup;
     let refuse = |reason: String| agentry_runtime::ServeError::Bind {
         addr: listener
             .local_addr()

@@ -73,19 +73,17 @@ impl Runner {
             // On loopback, without credentials: those are tested with the
             // whole cluster.
             let auth = agentry_runtime::Auth::off();
-            agentry_tool_runner::run(
-                task_root,
+            let setup = agentry_tool_runner::Setup {
+                workspace_root: task_root,
                 limits,
-                agentry_tool_runner::sandbox::Sandbox::unconfined(),
+                sandbox: agentry_tool_runner::sandbox::Sandbox::unconfined(),
                 web,
-                RUNNER_ID.to_string(),
-                &auth,
-                listener,
-                None,
-                async {
-                    let _ = rx.await;
-                },
-            )
+                runner_id: RUNNER_ID.to_string(),
+                metrics: None,
+            };
+            agentry_tool_runner::serve(setup, &auth, listener, async {
+                let _ = rx.await;
+            })
             .await
         });
         Runner {

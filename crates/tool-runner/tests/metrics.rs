@@ -67,19 +67,17 @@ async fn metrics_show_tool_calls_and_the_breaker_state() {
     );
     let server = tokio::spawn(async move {
         let auth = agentry_runtime::Auth::off();
-        agentry_tool_runner::run(
-            root_path,
+        let setup = agentry_tool_runner::Setup {
+            workspace_root: root_path,
             limits,
-            agentry_tool_runner::sandbox::Sandbox::unconfined(),
+            sandbox: agentry_tool_runner::sandbox::Sandbox::unconfined(),
             web,
-            "metrics-runner".into(),
-            &auth,
-            listener,
-            Some(metrics),
-            async {
-                let _ = stopped.await;
-            },
-        )
+            runner_id: "metrics-runner".into(),
+            metrics: Some(metrics),
+        };
+        agentry_tool_runner::serve(setup, &auth, listener, async {
+            let _ = stopped.await;
+        })
         .await
     });
     let channel = agentry_runtime::Auth::off()
