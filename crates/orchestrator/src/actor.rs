@@ -368,7 +368,7 @@ impl Actor {
             // before it are durable.
             let overlaps = match &effect {
                 Effect::CallModel { .. } => true,
-                Effect::RunTool(call) => self.deps.is_read_only_cached(&call.name),
+                Effect::RunTool { read_only, .. } => *read_only,
                 Effect::Record { .. } | Effect::AbortInFlight => false,
             };
             let mut waiting = Some(effect);
@@ -394,7 +394,11 @@ impl Actor {
         match effect {
             Effect::Record { .. } => {}
             Effect::CallModel { history } => self.start_model_call(history),
-            Effect::RunTool(call) => self.start_tool_call(call),
+            Effect::RunTool {
+                call,
+                read_only,
+                network,
+            } => self.start_tool_call(call, read_only, network),
             Effect::AbortInFlight => self.abort_in_flight(),
         }
     }
@@ -486,8 +490,7 @@ impl Actor {
         self.in_flight.insert(task, handle.abort_handle());
     }
 
-    fn start_tool_call(&mut self, call: ToolCall) {
-        let network = self.state.network_for(&call.name, &call.arguments);
+    fn start_tool_call(&mut self, call: ToolCall, read_only: bool, network: bool) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();
@@ -502,7 +505,8 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "tool");
-                let result = tool_call(&deps, &session_id, call, network, task, &tx).await;
+                let result =
+                    tool_call(&deps, &session_id, call, read_only, network, task, &tx).await;
                 drop(gauge);
                 let span = Span::current();
                 span.record("runner_id", result.runner_id.as_str());
@@ -793,6 +797,7 @@ async fn tool_call(
     deps: &Deps,
     session_id: &str,
     call: ToolCall,
+    read_only: bool,
     network: bool,
     task: u64,
     tx: &mpsc::Sender<Outcome>,
@@ -809,12 +814,6 @@ async fn tool_call(
     if crate::builtin::is_builtin(&call.name) {
         return crate::builtin::run(deps, session_id, &call).await;
     }
-    let read_only = deps
-        .tools()
-        .await
-        .flags
-        .get(&call.name)
-        .is_some_and(|flags| flags.read_only);
     let call_id = call.id.clone();
     let outcome = deps
         .runners

@@ -140,17 +140,6 @@ impl Deps {
         }
     }
 
-    /// Whether `tool` is known to be read-only, from the tools fetched so
-    /// far; never waits (unknown means no).
-    pub fn is_read_only_cached(&self, tool: &str) -> bool {
-        self.tool_cache.try_read().is_ok_and(|cache| {
-            cache
-                .as_ref()
-                .and_then(|set| set.flags.get(tool))
-                .is_some_and(|flags| flags.read_only)
-        })
-    }
-
     /// Asks the tool runner for its tools.
     pub async fn fetch_tools(&self) -> Result<ToolSet, tonic::Status> {
         let response = self.runners.list_tools().await?;

@@ -316,7 +316,15 @@ pub enum Effect {
         history: Vec<Message>,
     },
     /// Run a tool call.
-    RunTool(ToolCall),
+    RunTool {
+        /// The call, with the arguments it runs with.
+        call: ToolCall,
+        /// The tool only reads: it may overlap the append of the events
+        /// before it, and is run again after a restart.
+        read_only: bool,
+        /// The call gets outbound network (see [`SessionState::network_for`]).
+        network: bool,
+    },
     /// Stop every model call and tool call in flight.
     AbortInFlight,
 }
@@ -443,6 +451,15 @@ impl SessionState {
     pub fn network_for(&self, tool: &str, arguments_json: &str) -> bool {
         self.policy.0.network(tool, arguments_json)
             || (tool == "bash" && self.turn.as_ref().is_some_and(|t| t.network))
+    }
+
+    /// The effect that runs `call`.
+    fn run_tool(&self, call: &Call) -> Effect {
+        Effect::RunTool {
+            call: call.as_tool_call(),
+            read_only: call.read_only,
+            network: self.network_for(&call.tool, &call.effective_arguments),
+        }
     }
 
     /// The running turn's id, if any.
@@ -890,7 +907,7 @@ impl SessionState {
         for id in start {
             self.emit(out, turn_id, state_event(&id, CallPhase::Executing, ""));
             if let Some(call) = self.turn.as_ref().and_then(|t| t.call(&id)) {
-                out.after.push(Effect::RunTool(call.as_tool_call()));
+                out.after.push(self.run_tool(call));
             }
         }
         let all_done = self
@@ -1592,7 +1609,7 @@ impl SessionState {
         for call in calls {
             match call.phase {
                 CallPhase::Executing if call.read_only => {
-                    out.after.push(Effect::RunTool(call.as_tool_call()));
+                    out.after.push(self.run_tool(&call));
                 }
                 CallPhase::Executing => {
                     let output = format!(

@@ -44,7 +44,7 @@ fn policy_allows_denies_and_asks() {
                     ],
                 ])
             ),
-            Effect::RunTool(read.clone()),
+            ran(read.clone()),
         ]
     );
     assert_eq!(
@@ -179,7 +179,7 @@ fn approve_schedules_and_runs_the_call() {
                     executing("b1"),
                 ]
             ),
-            Effect::RunTool(build.clone()),
+            ran(build.clone()),
         ]
     );
     assert!(session.state.awaiting_approval().is_empty());
@@ -193,7 +193,7 @@ fn approve_schedules_and_runs_the_call() {
                 TURN,
                 concat(vec![success("b1", "built"), vec![executing("r2")]])
             ),
-            Effect::RunTool(read_file("r2", "a.txt")),
+            ran(read_file("r2", "a.txt")),
         ]
     );
     let effects = session.ok(done("r2", "text"));
@@ -236,7 +236,7 @@ fn approve_for_session_records_allowances_and_later_calls_pass() {
                     executing("b1"),
                 ]
             ),
-            Effect::RunTool(both),
+            ran(both),
         ]
     );
     let rules = vec![
@@ -288,7 +288,7 @@ fn approve_for_session_records_allowances_and_later_calls_pass() {
                     vec![executing("b2")],
                 ])
             ),
-            Effect::RunTool(test),
+            ran(test),
         ]
     );
 }
@@ -388,7 +388,7 @@ fn deny_answers_with_the_reason() {
                     vec![executing("r2")],
                 ])
             ),
-            Effect::RunTool(read_file("r2", "a.txt")),
+            ran(read_file("r2", "a.txt")),
         ]
     );
     assert_eq!(session.state.history[2], Message::tool("b1", output));
@@ -453,7 +453,7 @@ fn edit_into_an_allowed_call_runs_the_edited_arguments() {
                     executing("b1"),
                 ]
             ),
-            Effect::RunTool(edited),
+            ran(edited),
         ]
     );
     assert_eq!(
@@ -516,7 +516,7 @@ fn edit_into_a_denied_call_answers_with_an_error() {
                     vec![executing("r2")],
                 ])
             ),
-            Effect::RunTool(read_file("r2", "a.txt")),
+            ran(read_file("r2", "a.txt")),
         ]
     );
     assert_eq!(calls_of(&session.state)[0].effective_arguments, edited_args);
@@ -633,7 +633,7 @@ fn approval_mode_always_schedules_confirmed_calls_but_not_denied_ones() {
                     vec![executing("b1")],
                 ])
             ),
-            Effect::RunTool(build),
+            ran(build),
         ]
     );
     assert!(session.state.awaiting_approval().is_empty());
@@ -666,7 +666,7 @@ fn approval_mode_never_refuses_calls_needing_a_person() {
                     vec![scheduled("r2", READ_FILE_DEFAULT), executing("r2")],
                 ])
             ),
-            Effect::RunTool(read),
+            ran(read),
         ]
     );
     assert!(session.state.awaiting_approval().is_empty());

@@ -101,7 +101,7 @@ fn generate_model_done_with_two_tool_calls_runs_the_first() {
                     executing("c1"),
                 ]
             ),
-            Effect::RunTool(c1()),
+            ran(c1()),
         ]
     );
     assert_eq!(
@@ -163,7 +163,7 @@ fn generate_model_done_takes_the_flags_from_the_catalog() {
 fn generate_model_done_with_only_tool_calls_has_empty_assistant_text() {
     let mut state = generating(4);
     let effects = state.step(model_done("", vec![c1()])).unwrap();
-    assert_eq!(effects.last(), Some(&Effect::RunTool(c1())));
+    assert_eq!(effects.last(), Some(&ran(c1())));
     assert_eq!(state.history.last(), Some(&assistant("", vec![c1()])));
 }
 

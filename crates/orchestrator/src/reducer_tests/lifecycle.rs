@@ -113,9 +113,9 @@ fn read_only_parallel_calls_start_together_and_a_mutating_call_waits_for_them() 
                     ],
                 ])
             ),
-            Effect::RunTool(r1),
-            Effect::RunTool(r2),
-            Effect::RunTool(r3),
+            ran(r1),
+            ran(r2),
+            ran(r3),
         ]
     );
     // They finish out of order; the results go into the history in the
@@ -143,7 +143,7 @@ fn read_only_parallel_calls_start_together_and_a_mutating_call_waits_for_them() 
                 TURN,
                 concat(vec![success("r2", "x"), vec![executing("m4")]])
             ),
-            Effect::RunTool(m4),
+            ran(m4),
         ]
     );
     assert_eq!(
@@ -185,7 +185,7 @@ fn a_mutating_call_between_read_only_ones_splits_the_batches() {
                 TURN,
                 concat(vec![success("r1", "1"), vec![executing("m3")]])
             ),
-            Effect::RunTool(m3),
+            ran(m3),
         ]
     );
     assert_eq!(
@@ -198,8 +198,8 @@ fn a_mutating_call_between_read_only_ones_splits_the_batches() {
                     vec![executing("r4"), executing("r5")],
                 ])
             ),
-            Effect::RunTool(r4),
-            Effect::RunTool(r5),
+            ran(r4),
+            ran(r5),
         ]
     );
     session.ok(done("r5", "5"));
@@ -275,7 +275,7 @@ fn a_call_awaiting_approval_holds_up_the_calls_after_it() {
                 TURN,
                 concat(vec![success("b2", "2"), vec![executing("r3")]])
             ),
-            Effect::RunTool(r3),
+            ran(r3),
         ]
     );
 }

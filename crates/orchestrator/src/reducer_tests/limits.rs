@@ -17,7 +17,7 @@ fn step_limit_of_one_stops_after_the_first_tools() {
                 TURN,
                 concat(vec![success("c1", "out1"), vec![executing("c2")]])
             ),
-            Effect::RunTool(c2()),
+            ran_unflagged(c2()),
         ])
     );
     let effects = state.step(done("c2", "out2")).unwrap();
@@ -81,7 +81,7 @@ fn step_limit_of_two_stops_after_the_second_tools_with_summed_usage() {
             Some(usage(10, 2)),
         )))
         .unwrap();
-    assert_eq!(effects.last(), Some(&Effect::RunTool(c1())));
+    assert_eq!(effects.last(), Some(&ran(c1())));
     let effects = state.step(done("c1", "out1")).unwrap();
     assert_eq!(
         effects,
@@ -115,7 +115,7 @@ fn step_limit_of_two_stops_after_the_second_tools_with_summed_usage() {
                     executing("c2"),
                 ]
             ),
-            Effect::RunTool(c2()),
+            ran_unflagged(c2()),
         ]
     );
     let effects = state.step(done("c2", "out2")).unwrap();

@@ -249,7 +249,7 @@ fn run_tools(effects: &[Effect]) -> Vec<ToolCall> {
     effects
         .iter()
         .filter_map(|e| match e {
-            Effect::RunTool(call) => Some(call.clone()),
+            Effect::RunTool { call, .. } => Some(call.clone()),
             _ => None,
         })
         .collect()
@@ -631,6 +631,26 @@ fn catalog() -> BTreeMap<String, ToolFlags> {
     ])
 }
 
+/// The effect that runs `call`, with the test catalog's read-only flag
+/// and no network.
+fn ran(call: ToolCall) -> Effect {
+    Effect::RunTool {
+        read_only: flags_of(&call.name).read_only,
+        call,
+        network: false,
+    }
+}
+
+/// The same, for a session given no catalog (every tool counts as
+/// mutating).
+fn ran_unflagged(call: ToolCall) -> Effect {
+    Effect::RunTool {
+        call,
+        read_only: false,
+        network: false,
+    }
+}
+
 fn flags_of(tool: &str) -> ToolFlags {
     catalog().get(tool).copied().unwrap_or_default()
 }
@@ -686,7 +706,7 @@ fn check_effect_shape(effects: &[Effect]) {
     }
     for effect in rest {
         assert!(
-            matches!(effect, Effect::RunTool(_) | Effect::CallModel { .. }),
+            matches!(effect, Effect::RunTool { .. } | Effect::CallModel { .. }),
             "unexpected effect {effect:?} in {effects:?}"
         );
     }

@@ -107,8 +107,8 @@ fn interrupted_reruns_read_only_calls_that_were_running() {
                     true
                 )]
             ),
-            Effect::RunTool(r1),
-            Effect::RunTool(r3),
+            ran(r1),
+            ran(r3),
         ]
     );
     assert_eq!(
@@ -250,7 +250,7 @@ fn interrupted_asks_again_for_pending_approvals_and_keeps_the_rest_waiting() {
                     approval_requested(&b2, BASH_DEFAULT),
                 ]
             ),
-            Effect::RunTool(r1),
+            ran(r1),
         ]
     );
     assert_eq!(
@@ -288,8 +288,8 @@ fn interrupted_starts_scheduled_calls_left_behind_a_lost_mutating_call() {
                     vec![executing("r2"), executing("r3")],
                 ])
             ),
-            Effect::RunTool(r2),
-            Effect::RunTool(r3),
+            ran(r2),
+            ran(r3),
         ]
     );
 }
@@ -355,7 +355,7 @@ fn repeated_call_ids_in_one_response_get_suffixes() {
                     vec![executing("dup")],
                 ])
             ),
-            Effect::RunTool(first),
+            ran(first),
         ]
     );
     for (i, c) in calls_as_recorded.iter().enumerate() {

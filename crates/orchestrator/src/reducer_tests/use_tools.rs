@@ -86,7 +86,7 @@ fn use_tools_first_result_runs_the_next_call() {
                 TURN,
                 concat(vec![success("c1", "out1"), vec![executing("c2")]])
             ),
-            Effect::RunTool(c2()),
+            ran_unflagged(c2()),
         ]
     );
     assert_eq!(
@@ -316,7 +316,7 @@ fn use_tools_interrupted_reports_the_running_mutating_call_and_starts_the_next()
                     vec![executing("c2")],
                 ])
             ),
-            Effect::RunTool(c2()),
+            ran_unflagged(c2()),
         ]
     );
     assert_eq!(
