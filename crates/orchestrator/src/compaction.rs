@@ -30,12 +30,15 @@ pub struct Settings {
 }
 
 impl Default for Settings {
+    /// The built-in configuration's settings, for a model of unknown
+    /// context window.
     fn default() -> Self {
+        let agent = &agentry_runtime::Config::builtin().agent;
         Settings {
-            enabled: true,
-            threshold: 0.8,
-            keep_last: 6,
-            context_window: 32_768,
+            enabled: agent.compaction,
+            threshold: agent.compaction_threshold,
+            keep_last: agent.compaction_keep_messages as usize,
+            context_window: crate::tokens::context_window("", 0),
         }
     }
 }

@@ -111,7 +111,7 @@ impl Deps {
             skillsets: crate::skillsets::Skillsets::default(),
             compaction: crate::compaction::Settings::default(),
             tokenizer: crate::compaction::Tokenizer::Estimate,
-            plan_max_steps: crate::plan::DEFAULT_MAX_STEPS,
+            plan_max_steps: crate::plan::default_max_steps(),
             tool_cache: RwLock::new(None),
         }
     }

@@ -12,8 +12,11 @@ use agentry_proto::sessions::v1::{self as pb, PlanStepStatus};
 use serde::Deserialize;
 use std::fmt::Write as _;
 
-/// Plan steps a turn may start (retries included) unless configured.
-pub const DEFAULT_MAX_STEPS: u32 = 15;
+/// Plan steps a turn may start (retries included) unless configured: the
+/// built-in configuration's `agent.plan_max_steps`.
+pub fn default_max_steps() -> u32 {
+    agentry_runtime::Config::builtin().agent.plan_max_steps
+}
 /// The planner's tool.
 pub const SUBMIT_PLAN: &str = "submit_plan";
 /// The executor's tool.

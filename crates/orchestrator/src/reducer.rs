@@ -410,7 +410,7 @@ impl SessionState {
             history_spans: Vec::new(),
             last_seq: 0,
             max_steps: max_steps.max(1),
-            plan_max_steps: crate::plan::DEFAULT_MAX_STEPS,
+            plan_max_steps: crate::plan::default_max_steps(),
             session_rules: Vec::new(),
             policy: PolicyRef(ALLOW_ALL.clone()),
             catalog: BTreeMap::new(),

@@ -73,7 +73,6 @@ pub struct Config {
     #[serde(default)]
     pub otel: OtelConfig,
     /// Who may call the services.
-    #[serde(default)]
     pub auth: AuthConfig,
     /// What models can do, by model-name pattern; the first match applies.
     #[serde(default)]
@@ -149,7 +148,6 @@ pub struct AgentConfig {
     /// Model calls allowed in one turn.
     pub max_steps: u32,
     /// Pick a skillset per user message by its intent.
-    #[serde(default = "yes")]
     pub skillsets: bool,
     /// A directory of the user's own skillsets (`<name>.md`), read after the
     /// built-in ones and those in the config directory's `skillsets/`.
@@ -157,31 +155,15 @@ pub struct AgentConfig {
     pub skillsets_dir: String,
     /// Shorten the model's view of long conversations (summarising the
     /// oldest messages) before a request would outgrow the context window.
-    #[serde(default = "yes")]
     pub compaction: bool,
     /// Compact once a request would take more than this share of the
     /// model's context window (0.1 to 1.0).
-    #[serde(default = "default_compaction_threshold")]
     pub compaction_threshold: f32,
     /// Messages always kept as they are at the end of the conversation.
-    #[serde(default = "default_compaction_keep")]
     pub compaction_keep_messages: u32,
     /// Plan steps a plan-mode turn may start, retries included, before it
     /// stops (the safety rail).
-    #[serde(default = "default_plan_max_steps")]
     pub plan_max_steps: u32,
-}
-
-fn default_compaction_threshold() -> f32 {
-    0.8
-}
-
-fn default_compaction_keep() -> u32 {
-    6
-}
-
-fn default_plan_max_steps() -> u32 {
-    15
 }
 
 /// What a family of models can do.
@@ -260,7 +242,7 @@ pub struct OtelConfig {
 /// their tools, a service token for the services' calls to each other) and
 /// optionally TLS with client certificates.
 #[derive(Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     /// "token": every call but health checks needs a token; "off": no
     /// credential is asked for (only allowed on loopback addresses).
@@ -275,18 +257,6 @@ pub struct AuthConfig {
     pub token: String,
     /// TLS for every gRPC connection.
     pub tls: TlsConfig,
-}
-
-impl Default for AuthConfig {
-    fn default() -> Self {
-        AuthConfig {
-            mode: AuthMode::Token,
-            client_token_file: String::new(),
-            service_token_file: String::new(),
-            token: String::new(),
-            tls: TlsConfig::default(),
-        }
-    }
 }
 
 impl std::fmt::Debug for AuthConfig {
@@ -382,10 +352,8 @@ pub struct ToolRunnerConfig {
     /// When the runner runs as root, commands run as: "session" (a uid of
     /// their own per session, from `sandbox.session_uid_base`), or the name
     /// of a user. Never as root.
-    #[serde(default = "session")]
     pub run_as_user: String,
     /// The OS sandbox of every process a tool starts.
-    #[serde(default)]
     pub sandbox: SandboxConfig,
     /// Where to serve `GET /metrics` (Prometheus text); empty: not served.
     #[serde(default)]
@@ -408,13 +376,9 @@ pub(crate) fn running_as_root() -> bool {
         .unwrap_or(false)
 }
 
-fn session() -> String {
-    "session".to_string()
-}
-
 /// The OS sandbox of tool processes.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct SandboxConfig {
     /// "auto": every layer this machine supports, the missing ones reported
     /// at start-up; "require": refuse to start unless namespaces, Landlock
@@ -436,19 +400,6 @@ pub struct SandboxConfig {
     /// or metadata addresses. Names match exactly as the command writes
     /// them.
     pub network_allow_hosts: Vec<String>,
-}
-
-impl Default for SandboxConfig {
-    fn default() -> Self {
-        SandboxConfig {
-            mode: "auto".into(),
-            helper: String::new(),
-            session_uid_base: 2_000_000,
-            session_uid_count: 1_000_000,
-            read_only: Vec::new(),
-            network_allow_hosts: Vec::new(),
-        }
-    }
 }
 
 /// Resource limits (setrlimit) of each command; 0 means unlimited.
@@ -491,7 +442,6 @@ pub struct WebConfig {
     pub chromium_max_pages: usize,
     /// Chromium's own sandbox; turn off where user namespaces are denied
     /// (containers). Always off when running as root.
-    #[serde(default = "yes")]
     pub chromium_sandbox: bool,
     /// Longest a page may take to load.
     pub page_timeout_secs: u64,
@@ -683,6 +633,19 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
 ];
 
 impl Config {
+    /// The built-in defaults (`config/default.toml`, compiled in), with no
+    /// file or environment applied: the one source of default values for
+    /// code that runs without a configuration (tests, pure modules).
+    pub fn builtin() -> &'static Config {
+        static BUILTIN: std::sync::LazyLock<Config> = std::sync::LazyLock::new(|| {
+            // The compiled-in file is checked by this crate's tests; a
+            // failure here is a defect of the build, not of the input.
+            #[allow(clippy::expect_used)]
+            Config::load(&ConfigSource::default()).expect("the built-in defaults are valid")
+        });
+        &BUILTIN
+    }
+
     /// Resolves the configuration from its layers.
     pub fn load(source: &ConfigSource) -> Result<Config, ConfigError> {
         let mut merged = parse_layer("built-in defaults", DEFAULT_TOML)?;

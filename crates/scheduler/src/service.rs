@@ -50,13 +50,9 @@ pub struct Settings {
 }
 
 impl Default for Settings {
+    /// The built-in configuration's settings.
     fn default() -> Self {
-        Settings {
-            missed: MissedPolicy::Once,
-            grace: chrono::Duration::seconds(60),
-            redeliver_after: Duration::from_secs(10),
-            metrics_listen: String::new(),
-        }
+        crate::settings_from_config(agentry_runtime::Config::builtin())
     }
 }
 
