@@ -473,7 +473,7 @@ mod tests {
     fn bytes_bound_the_tokens_of_every_tokenizer() {
         let history = vec![
             Message::User {
-                content: include_str!("reducer.rs").into(),
+                content: include_str!("reducer/step.rs").into(),
             },
             Message::Assistant {
                 content: "ok ✓ — done".into(),

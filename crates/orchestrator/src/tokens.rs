@@ -229,7 +229,7 @@ mod tests {
         let samples = [
             include_str!("../../../README.md"),
             include_str!("../../../docs/architecture.md"),
-            include_str!("reducer.rs"),
+            include_str!("reducer/step.rs"),
             include_str!("../../../config/default.toml"),
             r#"{"path": "src/main.rs", "content": "fn main() {\n    println!(\"hi\");\n}\n", "mode": 420}"#,
             "total 48\ndrwxr-xr-x  5 nobody nogroup 4096 Nov 23 17:47 .\n-rw-r--r--  1 nobody nogroup 1234 Nov 23 17:40 Cargo.toml\n",

@@ -1,0 +1,193 @@
+//! The fold: how each recorded event changes the state. The only place
+//! the state changes.
+
+use super::*;
+
+impl SessionState {
+    /// Folds one event into the state. The only place the state changes.
+    pub fn apply(&mut self, turn_id: &str, kind: &Kind) {
+        self.last_seq += 1;
+        match kind {
+            Kind::UserMessage(m) => {
+                self.push_history(Message::User {
+                    content: m.text.clone(),
+                });
+                self.turn = Some(Turn {
+                    id: turn_id.to_string(),
+                    steps: 0,
+                    usage: TokenUsage::default(),
+                    calls: Vec::new(),
+                    assistant_index: 0,
+                    last_text: String::new(),
+                    approval_mode: ApprovalMode::try_from(m.approval_mode)
+                        .unwrap_or(ApprovalMode::Policy),
+                    restarts: 0,
+                    skillset: String::new(),
+                    plan: m.plan.then(Plan::default),
+                    network: m.network,
+                });
+                self.phase = Phase::Generate;
+            }
+            Kind::ModelMessage(m) => {
+                self.push_history(Message::Assistant {
+                    content: m.text.clone(),
+                    tool_calls: Vec::new(),
+                });
+                let index = self.history.len() - 1;
+                if let Some(turn) = &mut self.turn {
+                    turn.steps += 1;
+                    if let Some(u) = &m.usage {
+                        add_usage(&mut turn.usage, u);
+                    }
+                    turn.last_text = m.text.clone();
+                    turn.calls.clear();
+                    turn.assistant_index = index;
+                }
+            }
+            Kind::ToolCallRequested(c) => {
+                let call = ToolCall {
+                    id: c.call_id.clone(),
+                    name: c.tool.clone(),
+                    arguments: c.arguments_json.clone(),
+                };
+                if let Some(turn) = &mut self.turn {
+                    if let Some(Message::Assistant { tool_calls, .. }) =
+                        self.history.get_mut(turn.assistant_index)
+                    {
+                        tool_calls.push(call);
+                    }
+                    turn.calls.push(Call {
+                        id: c.call_id.clone(),
+                        tool: c.tool.clone(),
+                        arguments: c.arguments_json.clone(),
+                        effective_arguments: c.arguments_json.clone(),
+                        read_only: c.read_only,
+                        parallel_safe: c.parallel_safe,
+                        phase: CallPhase::Validating,
+                        answered: false,
+                    });
+                }
+                self.phase = Phase::UseTools;
+            }
+            Kind::ToolCallState(s) => {
+                if let (Some(turn), Some(to)) = (&mut self.turn, CallPhase::from_proto(s.phase))
+                    && let Some(call) = turn.call_mut(&s.call_id)
+                    && call.phase.can_move_to(to)
+                {
+                    call.phase = to;
+                }
+            }
+            Kind::ApprovalDecided(d) => {
+                if let Some(turn) = &mut self.turn
+                    && let Some(call) = turn.call_mut(&d.call_id)
+                    && d.decision == ApprovalDecision::Edit as i32
+                {
+                    call.effective_arguments = d.edited_arguments_json.clone();
+                }
+                for a in &d.allowances {
+                    let rule = SessionRule {
+                        tool: a.tool.clone(),
+                        command: (!a.command.is_empty()).then(|| a.command.clone()),
+                        path: (!a.path.is_empty()).then(|| a.path.clone()),
+                    };
+                    if !self.session_rules.contains(&rule) {
+                        self.session_rules.push(rule);
+                    }
+                }
+            }
+            Kind::ToolResult(r) => {
+                let Some(turn) = &mut self.turn else { return };
+                let Some(index) = turn.calls.iter().position(|c| c.id == r.call_id) else {
+                    return;
+                };
+                // Keep tool messages in the model's call order, whatever
+                // order the calls finished in.
+                let before = turn.calls[..index].iter().filter(|c| c.answered).count();
+                let at = (turn.assistant_index + 1 + before).min(self.history.len());
+                self.history.insert(
+                    at,
+                    Message::Tool {
+                        tool_call_id: r.call_id.clone(),
+                        content: r.output.clone(),
+                    },
+                );
+                self.history_spans.insert(
+                    at.min(self.history_spans.len()),
+                    (self.last_seq, self.last_seq),
+                );
+                turn.calls[index].answered = true;
+                if turn.calls.iter().all(|c| c.answered) {
+                    self.phase = Phase::Generate;
+                }
+            }
+            Kind::Error(e) => {
+                if e.source == ErrorSource::Orchestrator as i32
+                    && let Some(turn) = &mut self.turn
+                {
+                    turn.restarts += 1;
+                }
+            }
+            Kind::TurnFinished(_) => {
+                self.turn = None;
+                self.phase = Phase::Idle;
+            }
+            Kind::ReminderDue(r) => {
+                self.delivered_firings.insert(r.firing_id.clone());
+                if r.kind == REMINDER_TASK {
+                    // The Task state: the reminder becomes the message the
+                    // agent acts on.
+                    self.push_history(Message::User {
+                        content: compose_reminder(r),
+                    });
+                    self.turn = Some(Turn {
+                        id: turn_id.to_string(),
+                        steps: 0,
+                        usage: TokenUsage::default(),
+                        calls: Vec::new(),
+                        assistant_index: 0,
+                        last_text: String::new(),
+                        approval_mode: ApprovalMode::Policy,
+                        restarts: 0,
+                        skillset: String::new(),
+                        plan: None,
+                        network: false,
+                    });
+                    self.phase = Phase::Generate;
+                }
+            }
+            Kind::SkillsetChosen(s) => {
+                if let Some(turn) = &mut self.turn {
+                    turn.skillset = s.skillset.clone();
+                }
+            }
+            Kind::ContextCompacted(c) => {
+                // The replaced messages are the first `messages` of the
+                // conversation.
+                let count = (c.messages as usize).min(self.history.len());
+                self.history.drain(..count);
+                self.history_spans.drain(..count);
+                self.history.insert(
+                    0,
+                    Message::System {
+                        content: crate::compaction::summary_message(c),
+                    },
+                );
+                self.history_spans.insert(0, (c.first_seq, c.last_seq));
+            }
+            Kind::PlanSubmitted(p) => {
+                if let Some((plan, steps)) = self.plan_mut() {
+                    plan.submitted(p, steps);
+                }
+            }
+            Kind::PlanStepUpdated(u) => {
+                if let Some((plan, steps)) = self.plan_mut() {
+                    plan.step_updated(u, steps);
+                }
+            }
+            Kind::ModelTextDelta(_)
+            | Kind::ApprovalRequested(_)
+            | Kind::ToolOutputChunk(_)
+            | Kind::CancelRequested(_) => {}
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! The tool-call lifecycle: validation, the policy's verdict, approvals,
+//! dispatch in order, results, and recovery after a restart.
+
+use super::*;
+
+impl SessionState {
+    /// A call's result, with its terminal state.
+    pub(super) fn answer(&mut self, out: &mut Out, turn_id: &str, mut result: pb::ToolResult) {
+        let Some(call) = self
+            .turn
+            .as_ref()
+            .and_then(|t| t.call(&result.call_id))
+            .cloned()
+        else {
+            return;
+        };
+        if call.effective_arguments != call.arguments {
+            result.output = format!(
+                "[the person edited the arguments to {}]\n{}",
+                call.effective_arguments, result.output
+            );
+        }
+        let phase = if result.is_error {
+            CallPhase::Error
+        } else {
+            CallPhase::Success
+        };
+        if call.phase.can_move_to(phase) {
+            self.emit(out, turn_id, state_event(&call.id, phase, ""));
+        }
+        if result.tool.is_empty() {
+            result.tool = call.tool;
+        }
+        self.emit(out, turn_id, Kind::ToolResult(result));
+    }
+
+    /// An error result for a call that will not run.
+    pub(super) fn refuse_call(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        call_id: &str,
+        phase: CallPhase,
+        output: String,
+    ) {
+        let tool = call_tool(self, call_id);
+        self.emit(out, turn_id, state_event(call_id, phase, output.clone()));
+        self.emit(
+            out,
+            turn_id,
+            Kind::ToolResult(pb::ToolResult {
+                call_id: call_id.to_string(),
+                tool,
+                output,
+                is_error: true,
+                ..Default::default()
+            }),
+        );
+    }
+
+    /// Checks one requested call: its arguments, then the policy.
+    pub(super) fn validate(&mut self, out: &mut Out, turn_id: &str, call_id: &str) {
+        let Some(turn) = self.turn.as_ref() else {
+            return;
+        };
+        let Some(call) = turn.call(call_id) else {
+            return;
+        };
+        let (tool, args, read_only, mode) = (
+            call.tool.clone(),
+            call.effective_arguments.clone(),
+            call.read_only,
+            turn.approval_mode,
+        );
+        if let Err(reason) = check_arguments(&args) {
+            let output = format!("error: invalid arguments for {tool}: {reason}");
+            self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            return;
+        }
+        let verdict = self
+            .policy
+            .0
+            .check(&tool, &args, read_only, &self.session_rules);
+        match (verdict.decision, mode) {
+            (Decision::Deny, _) => {
+                let output = format!("error: denied by policy: {}", verdict.rule);
+                self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            }
+            (Decision::Confirm, ApprovalMode::Never) => {
+                let output = format!(
+                    "error: this call needs a person's approval ({}), and this turn runs without one",
+                    verdict.rule
+                );
+                self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            }
+            (Decision::Allow, _) => {
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(call_id, CallPhase::Scheduled, verdict.rule),
+                );
+            }
+            (Decision::Confirm, ApprovalMode::Always) => {
+                let detail = format!("approved for this turn ({})", verdict.rule);
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(call_id, CallPhase::Scheduled, detail),
+                );
+            }
+            (Decision::Confirm, ApprovalMode::Policy | ApprovalMode::Unspecified) => {
+                self.emit(
+                    out,
+                    turn_id,
+                    Kind::ApprovalRequested(pb::ApprovalRequested {
+                        call_id: call_id.to_string(),
+                        network: self.network_for(&tool, &args),
+                        tool,
+                        arguments_json: args,
+                        matched_rule: verdict.rule,
+                    }),
+                );
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(call_id, CallPhase::AwaitingApproval, ""),
+                );
+            }
+        }
+    }
+
+    /// Starts whatever calls may run now, or moves on when all are done.
+    ///
+    /// Calls run in the model's order; a run of consecutive parallel-safe,
+    /// read-only calls runs concurrently; a call awaiting approval holds up
+    /// the calls after it.
+    pub(super) fn dispatch(&mut self, out: &mut Out, turn_id: &str) {
+        let Some(turn) = self.turn.as_ref() else {
+            return;
+        };
+        let mut start = Vec::new();
+        for (i, call) in turn.calls.iter().enumerate() {
+            if call.phase.is_terminal() {
+                continue;
+            }
+            let concurrent = call.read_only && call.parallel_safe;
+            match call.phase {
+                // Reaching a call means every open call before it is concurrent.
+                CallPhase::Executing if concurrent => {}
+                CallPhase::Scheduled if concurrent => start.push(call.id.clone()),
+                CallPhase::Scheduled => {
+                    if turn.calls[..i].iter().all(|c| c.phase.is_terminal()) {
+                        start.push(call.id.clone());
+                    }
+                    break;
+                }
+                CallPhase::Executing
+                | CallPhase::Validating
+                | CallPhase::AwaitingApproval
+                | CallPhase::Success
+                | CallPhase::Error
+                | CallPhase::Cancelled => break,
+            }
+        }
+        for id in start {
+            self.emit(out, turn_id, state_event(&id, CallPhase::Executing, ""));
+            if let Some(call) = self.turn.as_ref().and_then(|t| t.call(&id)) {
+                out.after.push(self.run_tool(call));
+            }
+        }
+        let all_done = self
+            .turn
+            .as_ref()
+            .is_some_and(|t| t.calls.iter().all(|c| c.answered));
+        if all_done {
+            self.after_tools(out, turn_id);
+        }
+    }
+
+    /// After the last tool result of a step: call the model again, or stop
+    /// at the step limit.
+    pub(super) fn after_tools(&mut self, out: &mut Out, turn_id: &str) {
+        if self.turn_plan().is_some() {
+            self.govern(out, turn_id);
+            return;
+        }
+        let steps = self.turn.as_ref().map(|t| t.steps).unwrap_or_default();
+        if steps >= self.max_steps {
+            let finished = self.finish(
+                TurnOutcome::StepLimit,
+                format!(
+                    "stopped after {steps} model calls (the step limit); send a message to continue"
+                ),
+            );
+            self.emit(out, turn_id, finished);
+        } else {
+            out.after.push(Effect::CallModel {
+                history: self.history.clone(),
+            });
+        }
+    }
+
+    pub(super) fn is_executing(&self, call_id: &str) -> bool {
+        self.turn
+            .as_ref()
+            .and_then(|t| t.call(call_id))
+            .is_some_and(|c| c.phase == CallPhase::Executing)
+    }
+
+    pub(super) fn open_calls(&self) -> Vec<String> {
+        self.turn
+            .iter()
+            .flat_map(|t| t.calls.iter())
+            .filter(|c| !c.phase.is_terminal())
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    pub(super) fn decide(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        call_id: String,
+        decision: ApprovalDecision,
+        reason: String,
+        edited: String,
+    ) -> Result<(), Refusal> {
+        let Some(call) = self.turn.as_ref().and_then(|t| t.call(&call_id)).cloned() else {
+            return Err(Refusal::NoPendingApproval { call_id });
+        };
+        let decided = |allowances: Vec<pb::SessionAllowance>, edited: String| {
+            Kind::ApprovalDecided(pb::ApprovalDecided {
+                call_id: call_id.clone(),
+                decision: decision as i32,
+                reason: reason.clone(),
+                edited_arguments_json: edited,
+                allowances,
+            })
+        };
+        match decision {
+            ApprovalDecision::Unspecified => {
+                return Err(Refusal::InvalidDecision(
+                    "the decision is not set: approve, approve for session, deny or edit".into(),
+                ));
+            }
+            ApprovalDecision::Approve => {
+                self.emit(out, turn_id, decided(Vec::new(), String::new()));
+                let detail = "approved by a person";
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(&call_id, CallPhase::Scheduled, detail),
+                );
+            }
+            ApprovalDecision::ApproveForSession => {
+                let allowances = session_rules_for(&call.tool, &call.effective_arguments)
+                    .into_iter()
+                    .map(|r| pb::SessionAllowance {
+                        tool: r.tool,
+                        command: r.command.unwrap_or_default(),
+                        path: r.path.unwrap_or_default(),
+                    })
+                    .collect();
+                self.emit(out, turn_id, decided(allowances, String::new()));
+                let detail = "approved by a person for this session";
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(&call_id, CallPhase::Scheduled, detail),
+                );
+                self.release_allowed(out, turn_id);
+            }
+            ApprovalDecision::Deny => {
+                self.emit(out, turn_id, decided(Vec::new(), String::new()));
+                let why = if reason.trim().is_empty() {
+                    "no reason given".to_string()
+                } else {
+                    reason.clone()
+                };
+                let output = format!("error: the person denied this call: {why}");
+                self.refuse_call(out, turn_id, &call_id, CallPhase::Error, output);
+            }
+            ApprovalDecision::Edit => {
+                if edited.trim().is_empty() {
+                    return Err(Refusal::InvalidDecision(
+                        "an edit needs the new arguments (a JSON object)".into(),
+                    ));
+                }
+                check_arguments(&edited).map_err(|e| {
+                    Refusal::InvalidDecision(format!("the edited arguments are invalid: {e}"))
+                })?;
+                self.emit(out, turn_id, decided(Vec::new(), edited.clone()));
+                // The edited call is checked by the policy again; the person's
+                // edit counts as approval unless the policy denies it.
+                let verdict =
+                    self.policy
+                        .0
+                        .check(&call.tool, &edited, call.read_only, &self.session_rules);
+                match verdict.decision {
+                    Decision::Deny => {
+                        let output = format!(
+                            "error: the edited call is denied by policy: {}",
+                            verdict.rule
+                        );
+                        self.refuse_call(out, turn_id, &call_id, CallPhase::Error, output);
+                    }
+                    Decision::Allow | Decision::Confirm => {
+                        let detail = "edited and approved by a person";
+                        self.emit(
+                            out,
+                            turn_id,
+                            state_event(&call_id, CallPhase::Scheduled, detail),
+                        );
+                    }
+                }
+            }
+        }
+        self.dispatch(out, turn_id);
+        Ok(())
+    }
+
+    /// Schedules waiting calls that the session's standing approvals now
+    /// allow (e.g. identical calls in the same response).
+    pub(super) fn release_allowed(&mut self, out: &mut Out, turn_id: &str) {
+        let waiting: Vec<Call> = self.awaiting_approval().into_iter().cloned().collect();
+        for call in waiting {
+            let verdict = self.policy.0.check(
+                &call.tool,
+                &call.effective_arguments,
+                call.read_only,
+                &self.session_rules,
+            );
+            if verdict.decision == Decision::Allow {
+                self.emit(
+                    out,
+                    turn_id,
+                    state_event(&call.id, CallPhase::Scheduled, verdict.rule),
+                );
+            }
+        }
+    }
+
+    /// After a restart: re-run read-only calls that were running, report
+    /// mutating ones as of unknown outcome, ask again for pending approvals,
+    /// and carry on.
+    pub(super) fn recover_calls(&mut self, out: &mut Out, turn_id: &str) {
+        let calls: Vec<Call> = self
+            .turn
+            .as_ref()
+            .map(|t| t.calls.clone())
+            .unwrap_or_default();
+        for call in calls {
+            match call.phase {
+                CallPhase::Executing if call.read_only => {
+                    out.after.push(self.run_tool(&call));
+                }
+                CallPhase::Executing => {
+                    let output = format!(
+                        "error: outcome unknown: the runtime restarted while this {} call was \
+                         running; it may or may not have taken effect. Check before repeating it.",
+                        call.tool
+                    );
+                    self.refuse_call(out, turn_id, &call.id, CallPhase::Error, output);
+                }
+                CallPhase::AwaitingApproval => {
+                    let verdict = self.policy.0.check(
+                        &call.tool,
+                        &call.effective_arguments,
+                        call.read_only,
+                        &self.session_rules,
+                    );
+                    if verdict.decision == Decision::Allow {
+                        let id = call.id.clone();
+                        self.emit(
+                            out,
+                            turn_id,
+                            state_event(&id, CallPhase::Scheduled, verdict.rule),
+                        );
+                        continue;
+                    }
+                    self.emit(
+                        out,
+                        turn_id,
+                        Kind::ApprovalRequested(pb::ApprovalRequested {
+                            call_id: call.id.clone(),
+                            tool: call.tool.clone(),
+                            arguments_json: call.effective_arguments.clone(),
+                            matched_rule: verdict.rule,
+                            network: self.network_for(&call.tool, &call.effective_arguments),
+                        }),
+                    );
+                }
+                CallPhase::Validating => self.validate(out, turn_id, &call.id),
+                CallPhase::Scheduled
+                | CallPhase::Success
+                | CallPhase::Error
+                | CallPhase::Cancelled => {}
+            }
+        }
+        self.dispatch(out, turn_id);
+    }
+}

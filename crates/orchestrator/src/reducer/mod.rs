@@ -1,0 +1,590 @@
+//! The session state machine: a pure reducer with no I/O.
+//!
+//! `step(input)` decides which events to record and which effects to run;
+//! the state itself only ever changes by [`SessionState::apply`]ing an event,
+//! so replaying a session's log rebuilds exactly the state that wrote it.
+//!
+//! Turn states: `Idle → Generate → UseTools ⇄ (awaiting approval) → Generate
+//! … → Idle`; the turn's cleanup is the `TurnFinished` event that returns it
+//! to `Idle`. Each tool call has its own forward-only lifecycle:
+//! `Validating → AwaitingApproval → Scheduled → Executing → Success | Error |
+//! Cancelled`, every change recorded as a `ToolCallState` event.
+//!
+//! Here: the state and its types; `step` (deciding), `apply` (the fold),
+//! `calls` (the tool-call lifecycle), `plan_calls` (plan mode's tools).
+
+use crate::plan::{Plan, PlanCall, Stage};
+use agentry_llm::{Completion, Message, ToolCall};
+use agentry_policy::{Decision, Policy, SessionRule, session_rules_for};
+use agentry_proto::sessions::v1::{
+    self as pb, ApprovalDecision, ApprovalMode, ErrorSource, PlanStepStatus, TokenUsage,
+    ToolCallPhase, TurnOutcome, event::Kind,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, LazyLock};
+
+/// Where a session is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// No turn running; waiting for input.
+    Idle,
+    /// Waiting for the model's response.
+    Generate,
+    /// Handling the tool calls of the last model response.
+    UseTools,
+}
+
+/// A tool's flags, as the tool runner describes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ToolFlags {
+    /// It changes nothing.
+    pub read_only: bool,
+    /// It may run concurrently with other parallel-safe calls.
+    pub parallel_safe: bool,
+}
+
+/// The lifecycle state of one tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallPhase {
+    /// Requested; being checked.
+    Validating,
+    /// Waiting for a person.
+    AwaitingApproval,
+    /// Allowed; waiting to run.
+    Scheduled,
+    /// Running on a tool runner.
+    Executing,
+    /// Finished without error.
+    Success,
+    /// Failed, denied, or its outcome is unknown.
+    Error,
+    /// Stopped by a cancel.
+    Cancelled,
+}
+
+impl CallPhase {
+    fn rank(self) -> u8 {
+        match self {
+            CallPhase::Validating => 0,
+            CallPhase::AwaitingApproval => 1,
+            CallPhase::Scheduled => 2,
+            CallPhase::Executing => 3,
+            CallPhase::Success | CallPhase::Error | CallPhase::Cancelled => 4,
+        }
+    }
+
+    /// Whether the call is over.
+    pub fn is_terminal(self) -> bool {
+        self.rank() == 4
+    }
+
+    /// Whether moving from `self` to `to` goes forward.
+    pub fn can_move_to(self, to: CallPhase) -> bool {
+        to.rank() > self.rank()
+    }
+
+    fn to_proto(self) -> ToolCallPhase {
+        match self {
+            CallPhase::Validating => ToolCallPhase::Validating,
+            CallPhase::AwaitingApproval => ToolCallPhase::AwaitingApproval,
+            CallPhase::Scheduled => ToolCallPhase::Scheduled,
+            CallPhase::Executing => ToolCallPhase::Executing,
+            CallPhase::Success => ToolCallPhase::Success,
+            CallPhase::Error => ToolCallPhase::Error,
+            CallPhase::Cancelled => ToolCallPhase::Cancelled,
+        }
+    }
+
+    fn from_proto(phase: i32) -> Option<CallPhase> {
+        match ToolCallPhase::try_from(phase).ok()? {
+            ToolCallPhase::Validating => Some(CallPhase::Validating),
+            ToolCallPhase::AwaitingApproval => Some(CallPhase::AwaitingApproval),
+            ToolCallPhase::Scheduled => Some(CallPhase::Scheduled),
+            ToolCallPhase::Executing => Some(CallPhase::Executing),
+            ToolCallPhase::Success => Some(CallPhase::Success),
+            ToolCallPhase::Error => Some(CallPhase::Error),
+            ToolCallPhase::Cancelled => Some(CallPhase::Cancelled),
+            ToolCallPhase::Unspecified => None,
+        }
+    }
+}
+
+/// One tool call of the current model response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    /// The call's id.
+    pub id: String,
+    /// The tool.
+    pub tool: String,
+    /// The arguments the model wrote.
+    pub arguments: String,
+    /// The arguments it runs with (a person may have edited them).
+    pub effective_arguments: String,
+    /// The tool changes nothing.
+    pub read_only: bool,
+    /// The tool may run concurrently with other parallel-safe calls.
+    pub parallel_safe: bool,
+    /// Where the call is.
+    pub phase: CallPhase,
+    /// Its result has been recorded.
+    pub answered: bool,
+}
+
+impl Call {
+    fn as_tool_call(&self) -> ToolCall {
+        ToolCall {
+            id: self.id.clone(),
+            name: self.tool.clone(),
+            arguments: self.effective_arguments.clone(),
+        }
+    }
+}
+
+/// The running turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// The turn's id.
+    pub id: String,
+    /// Model responses received so far.
+    pub steps: u32,
+    /// Token usage so far.
+    pub usage: TokenUsage,
+    /// The tool calls of the latest model response, in the model's order.
+    pub calls: Vec<Call>,
+    /// Where the latest assistant message is in the history.
+    pub assistant_index: usize,
+    /// The text of the last model response.
+    pub last_text: String,
+    /// How tool calls needing confirmation are handled.
+    pub approval_mode: ApprovalMode,
+    /// Restarts of the orchestrator during this turn.
+    pub restarts: u32,
+    /// The skillset given to the model for this turn ("" for none).
+    pub skillset: String,
+    /// The plan, for a turn in plan mode.
+    pub plan: Option<Plan>,
+    /// The person gave this turn's bash calls outbound network.
+    pub network: bool,
+}
+
+impl Turn {
+    fn call(&self, id: &str) -> Option<&Call> {
+        self.calls.iter().find(|c| c.id == id)
+    }
+
+    fn call_mut(&mut self, id: &str) -> Option<&mut Call> {
+        self.calls.iter_mut().find(|c| c.id == id)
+    }
+}
+
+/// The policy a session checks tool calls against. Two states compare equal
+/// when they share the same policy instance.
+#[derive(Debug, Clone)]
+pub struct PolicyRef(pub Arc<Policy>);
+
+impl PartialEq for PolicyRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+static ALLOW_ALL: LazyLock<Arc<Policy>> = LazyLock::new(|| Arc::new(Policy::allow_all()));
+
+/// A session's state: its phase, its running turn, and the conversation as
+/// the model sees it (a projection of the log).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionState {
+    /// Where the session is.
+    pub phase: Phase,
+    /// The running turn, when not idle.
+    pub turn: Option<Turn>,
+    /// The conversation (without the system message).
+    pub history: Vec<Message>,
+    /// For each message of `history`, the seqs of the events it stands for
+    /// (first, last): one event for most messages, a whole range for the
+    /// summary that replaced older messages.
+    pub history_spans: Vec<(u64, u64)>,
+    /// The seq of the last event applied.
+    pub last_seq: u64,
+    /// Model calls allowed per turn (per plan stage in plan mode).
+    pub max_steps: u32,
+    /// Plan steps a plan-mode turn may start, retries included.
+    pub plan_max_steps: u32,
+    /// Calls a person approved for the rest of the session.
+    pub session_rules: Vec<SessionRule>,
+    /// The policy tool calls are checked against.
+    pub policy: PolicyRef,
+    /// The flags of the tools the model may call.
+    pub catalog: BTreeMap<String, ToolFlags>,
+    /// Reminder firings already in the log (a firing enters at most once).
+    pub delivered_firings: BTreeSet<String>,
+}
+
+/// Something that happened, fed to [`SessionState::step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The person sent a message.
+    UserMessage {
+        /// The id for the turn it starts.
+        turn_id: String,
+        /// The text.
+        text: String,
+        /// How this turn's tool calls are approved.
+        approval_mode: ApprovalMode,
+        /// Run the turn in plan mode.
+        plan: bool,
+        /// Give the turn's bash calls outbound network.
+        network: bool,
+    },
+    /// The tools the model was offered (sent before its answer).
+    ToolCatalog(BTreeMap<String, ToolFlags>),
+    /// The model streamed text.
+    ModelDelta(String),
+    /// The model finished its response.
+    ModelDone(Completion),
+    /// The model call failed.
+    ModelFailed {
+        /// What went wrong, for people.
+        message: String,
+        /// Whether a retry may succeed.
+        retryable: bool,
+    },
+    /// A running tool produced output.
+    ToolChunk {
+        /// The call.
+        call_id: String,
+        /// Which stream.
+        stream: pb::OutputStream,
+        /// The text.
+        text: String,
+    },
+    /// A tool call finished.
+    ToolDone(pb::ToolResult),
+    /// A person decided on a call awaiting approval.
+    Approval {
+        /// The call.
+        call_id: String,
+        /// The decision.
+        decision: ApprovalDecision,
+        /// Their reason.
+        reason: String,
+        /// Replacement arguments, for an edit.
+        edited_arguments_json: String,
+    },
+    /// The person asked to stop the turn.
+    Cancel {
+        /// Why, if they said.
+        reason: String,
+    },
+    /// A reminder fell due: `notify` ones are recorded at any time; a
+    /// `task` one starts a turn when the session is idle.
+    ReminderDue {
+        /// The id for the turn a task reminder starts.
+        turn_id: String,
+        /// The firing.
+        reminder: pb::ReminderDue,
+    },
+    /// The session was loaded with a turn that never finished (the
+    /// orchestrator stopped mid-turn): recover it.
+    Interrupted,
+    /// The intent of the message that started the turn, and the skillset
+    /// chosen for it; only before the turn's first model answer.
+    SkillsetChosen {
+        /// The intent.
+        intent: String,
+        /// The skillset ("" for none).
+        skillset: String,
+        /// The words that decided it.
+        keywords: Vec<String>,
+    },
+    /// Before a model call, the oldest messages of the conversation were
+    /// summarised (or dropped) to fit the context window.
+    Compacted(pb::ContextCompacted),
+}
+
+/// Work for the effect runner.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Append these events (in order) to the log, then publish them.
+    Record {
+        /// The turn they belong to.
+        turn_id: String,
+        /// The events.
+        events: Vec<Kind>,
+    },
+    /// Call the model with this conversation (the runner adds the system
+    /// message and the tool definitions).
+    CallModel {
+        /// The conversation.
+        history: Vec<Message>,
+    },
+    /// Run a tool call.
+    RunTool {
+        /// The call, with the arguments it runs with.
+        call: ToolCall,
+        /// The tool only reads: it may overlap the append of the events
+        /// before it, and is run again after a restart.
+        read_only: bool,
+        /// The call gets outbound network (see [`SessionState::network_for`]).
+        network: bool,
+    },
+    /// Stop every model call and tool call in flight.
+    AbortInFlight,
+}
+
+/// An input that does not fit the session's state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A message arrived while a turn runs.
+    #[error("a turn is already running in this session; wait for it to finish or cancel it")]
+    Busy,
+    /// A cancel arrived with no turn running.
+    #[error("no turn is running in this session")]
+    NothingToCancel,
+    /// The message is empty.
+    #[error("the message is empty")]
+    EmptyMessage,
+    /// A decision for a call that is not waiting for one (unknown, already
+    /// decided, or from an earlier turn).
+    #[error("no approval is pending for call {call_id:?}")]
+    NoPendingApproval {
+        /// The call named.
+        call_id: String,
+    },
+    /// A decision that cannot be carried out as given.
+    #[error("{0}")]
+    InvalidDecision(String),
+    /// An outcome arrived that the state does not expect (a stale result).
+    #[error("unexpected {input} while the session is {phase:?}")]
+    Unexpected {
+        /// The input's name.
+        input: &'static str,
+        /// The phase.
+        phase: Phase,
+    },
+}
+
+impl Refusal {
+    /// Whether the input itself was malformed (rather than ill-timed).
+    pub fn is_invalid_argument(&self) -> bool {
+        match self {
+            Refusal::EmptyMessage | Refusal::InvalidDecision(_) => true,
+            Refusal::Busy
+            | Refusal::NothingToCancel
+            | Refusal::NoPendingApproval { .. }
+            | Refusal::Unexpected { .. } => false,
+        }
+    }
+}
+
+fn add_usage(total: &mut TokenUsage, u: &TokenUsage) {
+    total.prompt_tokens += u.prompt_tokens;
+    total.completion_tokens += u.completion_tokens;
+    total.total_tokens += u.total_tokens;
+}
+
+/// What one step produces: effects to run before recording (aborts), the
+/// events to record, then effects to run after they are stored.
+#[derive(Default)]
+struct Out {
+    before: Vec<Effect>,
+    events: Vec<Kind>,
+    after: Vec<Effect>,
+}
+
+/// Limit on model-call retries after orchestrator restarts within one turn.
+const MAX_RESTARTS_PER_TURN: u32 = 2;
+
+fn state_event(call_id: &str, phase: CallPhase, detail: impl Into<String>) -> Kind {
+    Kind::ToolCallState(pb::ToolCallState {
+        call_id: call_id.to_string(),
+        phase: phase.to_proto() as i32,
+        detail: detail.into(),
+    })
+}
+
+mod apply;
+mod calls;
+mod plan_calls;
+mod step;
+
+impl SessionState {
+    /// An idle session with an empty conversation that allows every call.
+    pub fn new(max_steps: u32) -> Self {
+        SessionState {
+            phase: Phase::Idle,
+            turn: None,
+            history: Vec::new(),
+            history_spans: Vec::new(),
+            last_seq: 0,
+            max_steps: max_steps.max(1),
+            plan_max_steps: crate::plan::default_max_steps(),
+            session_rules: Vec::new(),
+            policy: PolicyRef(ALLOW_ALL.clone()),
+            catalog: BTreeMap::new(),
+            delivered_firings: BTreeSet::new(),
+        }
+    }
+
+    /// The same state checking calls against `policy`.
+    pub fn with_policy(mut self, policy: Arc<Policy>) -> Self {
+        self.policy = PolicyRef(policy);
+        self
+    }
+
+    /// Rebuilds the state from a session's stored events.
+    pub fn replay<'a>(max_steps: u32, events: impl IntoIterator<Item = &'a pb::Event>) -> Self {
+        SessionState::new(max_steps).replayed(events)
+    }
+
+    /// Applies stored events to this (fresh) state.
+    pub fn replayed<'a>(mut self, events: impl IntoIterator<Item = &'a pb::Event>) -> Self {
+        for event in events {
+            if let Some(kind) = &event.kind {
+                self.last_seq = event.seq.saturating_sub(1);
+                self.apply(&event.turn_id, kind);
+            }
+        }
+        self
+    }
+
+    /// Whether no turn is running.
+    pub fn is_idle(&self) -> bool {
+        self.phase == Phase::Idle
+    }
+
+    /// Whether a call runs with outbound network: the policy grants it, or
+    /// the person gave the running turn network (bash calls only). The
+    /// runner's proxy rules hold either way.
+    pub fn network_for(&self, tool: &str, arguments_json: &str) -> bool {
+        self.policy.0.network(tool, arguments_json)
+            || (tool == "bash" && self.turn.as_ref().is_some_and(|t| t.network))
+    }
+
+    /// The effect that runs `call`.
+    fn run_tool(&self, call: &Call) -> Effect {
+        Effect::RunTool {
+            call: call.as_tool_call(),
+            read_only: call.read_only,
+            network: self.network_for(&call.tool, &call.effective_arguments),
+        }
+    }
+
+    /// The running turn's id, if any.
+    pub fn turn_id(&self) -> Option<&str> {
+        self.turn.as_ref().map(|t| t.id.as_str())
+    }
+
+    /// The skillset of the running turn, if it has one.
+    pub fn turn_skillset(&self) -> Option<&str> {
+        self.turn
+            .as_ref()
+            .map(|t| t.skillset.as_str())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// The last two messages are answers without tool calls.
+    fn answered_twice_without_calls(&self) -> bool {
+        let n = self.history.len();
+        n >= 2 && self.history[n - 2..].iter().all(is_plain_answer)
+    }
+
+    /// What plan mode asks of the model now, for the running turn.
+    pub fn plan_guidance(&self) -> Option<String> {
+        let plan = self.turn_plan()?;
+        let mut guidance = plan.guidance();
+        if plan.stage == Stage::Planning && self.history.last().is_some_and(is_plain_answer) {
+            guidance.push_str(
+                "\n\nYour last answer did not submit a plan. Call submit_plan with the steps \
+                 now; if the request truly needs no plan, give your answer again and it will be \
+                 final.",
+            );
+        }
+        Some(guidance)
+    }
+
+    /// The plan of the running turn, when it runs in plan mode.
+    pub fn turn_plan(&self) -> Option<&Plan> {
+        self.turn.as_ref().and_then(|t| t.plan.as_ref())
+    }
+
+    /// The running turn's plan and model-call count.
+    fn plan_mut(&mut self) -> Option<(&mut Plan, u32)> {
+        let turn = self.turn.as_mut()?;
+        let steps = turn.steps;
+        turn.plan.as_mut().map(|plan| (plan, steps))
+    }
+
+    /// The same state allowing `steps` plan steps per plan-mode turn.
+    pub fn with_plan_max_steps(mut self, steps: u32) -> Self {
+        self.plan_max_steps = steps.max(1);
+        self
+    }
+
+    fn push_history(&mut self, message: Message) {
+        self.history.push(message);
+        self.history_spans.push((self.last_seq, self.last_seq));
+    }
+
+    /// The calls waiting for a person's decision.
+    pub fn awaiting_approval(&self) -> Vec<&Call> {
+        self.turn
+            .iter()
+            .flat_map(|t| t.calls.iter())
+            .filter(|c| c.phase == CallPhase::AwaitingApproval)
+            .collect()
+    }
+}
+
+/// The kind name of reminders that start a turn.
+pub const REMINDER_TASK: &str = "task";
+
+/// The message a task reminder puts before the model.
+pub fn compose_reminder(r: &pb::ReminderDue) -> String {
+    let late = if r.late_ms >= 60_000 {
+        format!(
+            " (it fired {} minutes late: the scheduler was not running when it fell due)",
+            r.late_ms / 60_000
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "[Reminder] A reminder you scheduled is due now{late}: {}\nDo what it asks.",
+        r.message
+    )
+}
+
+/// An answer of the model without tool calls.
+fn is_plain_answer(message: &Message) -> bool {
+    matches!(message, Message::Assistant { tool_calls, .. } if tool_calls.is_empty())
+}
+
+fn call_tool(state: &SessionState, call_id: &str) -> String {
+    state
+        .turn
+        .as_ref()
+        .and_then(|t| t.call(call_id))
+        .map(|c| c.tool.clone())
+        .unwrap_or_default()
+}
+
+fn orchestrator_error(message: &str, retryable: bool) -> Kind {
+    Kind::Error(pb::Error {
+        source: ErrorSource::Orchestrator as i32,
+        message: message.to_string(),
+        retryable,
+    })
+}
+
+/// Tool arguments must be a JSON object (empty means `{}`).
+fn check_arguments(arguments: &str) -> Result<(), String> {
+    if arguments.trim().is_empty() {
+        return Ok(());
+    }
+    match serde_json::from_str::<serde_json::Value>(arguments) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        Ok(other) => Err(format!("expected a JSON object, got {other}")),
+        Err(e) => Err(format!("not valid JSON ({e})")),
+    }
+}

@@ -1,0 +1,440 @@
+//! Deciding: `step` takes an input, records events and returns effects;
+//! the model's answers, and the governor of a turn's steps and context.
+
+use super::*;
+
+impl SessionState {
+    /// Records `kind` (applying it at once).
+    pub(super) fn emit(&mut self, out: &mut Out, turn_id: &str, kind: Kind) {
+        self.apply(turn_id, &kind);
+        out.events.push(kind);
+    }
+
+    pub(super) fn finish(&self, outcome: TurnOutcome, message: String) -> Kind {
+        let (steps, usage) = self
+            .turn
+            .as_ref()
+            .map(|t| (t.steps, t.usage))
+            .unwrap_or_default();
+        Kind::TurnFinished(pb::TurnFinished {
+            outcome: outcome as i32,
+            message,
+            steps,
+            usage: Some(usage),
+        })
+    }
+
+    pub(super) fn into_effects(turn_id: &str, out: Out) -> Vec<Effect> {
+        let mut effects = out.before;
+        if !out.events.is_empty() {
+            effects.push(Effect::Record {
+                turn_id: turn_id.to_string(),
+                events: out.events,
+            });
+        }
+        effects.extend(out.after);
+        effects
+    }
+
+    /// Takes one input; returns the effects to run, or why the input does
+    /// not fit. A refused input leaves the state unchanged.
+    pub fn step(&mut self, input: Input) -> Result<Vec<Effect>, Refusal> {
+        let phase = self.phase;
+        let turn_id = self.turn_id().unwrap_or_default().to_string();
+        let mut out = Out::default();
+        match (phase, input) {
+            (
+                Phase::Idle,
+                Input::UserMessage {
+                    turn_id,
+                    text,
+                    approval_mode,
+                    plan,
+                    network,
+                },
+            ) => {
+                if text.trim().is_empty() {
+                    return Err(Refusal::EmptyMessage);
+                }
+                let event = Kind::UserMessage(pb::UserMessage {
+                    text,
+                    approval_mode: approval_mode as i32,
+                    plan,
+                    network,
+                });
+                self.emit(&mut out, &turn_id, event);
+                out.after.push(Effect::CallModel {
+                    history: self.history.clone(),
+                });
+                return Ok(Self::into_effects(&turn_id, out));
+            }
+            (Phase::Generate | Phase::UseTools, Input::UserMessage { .. }) => {
+                return Err(Refusal::Busy);
+            }
+            (_, Input::ToolCatalog(catalog)) => {
+                self.catalog = catalog;
+            }
+            (Phase::Generate, Input::ModelDelta(text)) => {
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::ModelTextDelta(pb::ModelTextDelta { text }),
+                );
+            }
+            (Phase::Generate, Input::ModelDone(c)) => self.model_done(&mut out, &turn_id, c),
+            (Phase::Generate, Input::ModelFailed { message, retryable }) => {
+                let error = Kind::Error(pb::Error {
+                    source: ErrorSource::Model as i32,
+                    message: message.clone(),
+                    retryable,
+                });
+                self.emit(&mut out, &turn_id, error);
+                let finished = self.finish(TurnOutcome::Failed, message);
+                self.emit(&mut out, &turn_id, finished);
+            }
+            (
+                Phase::UseTools,
+                Input::ToolChunk {
+                    call_id,
+                    stream,
+                    text,
+                },
+            ) => {
+                if !self.is_executing(&call_id) {
+                    return Err(Refusal::Unexpected {
+                        input: "tool output",
+                        phase,
+                    });
+                }
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::ToolOutputChunk(pb::ToolOutputChunk {
+                        call_id,
+                        stream: stream as i32,
+                        text,
+                    }),
+                );
+            }
+            (Phase::UseTools, Input::ToolDone(result)) => {
+                if !self.is_executing(&result.call_id) {
+                    return Err(Refusal::Unexpected {
+                        input: "tool result",
+                        phase,
+                    });
+                }
+                self.answer(&mut out, &turn_id, result);
+                self.dispatch(&mut out, &turn_id);
+            }
+            (
+                _,
+                Input::Approval {
+                    call_id,
+                    decision,
+                    reason,
+                    edited_arguments_json,
+                },
+            ) => {
+                let pending = self
+                    .turn
+                    .as_ref()
+                    .and_then(|t| t.call(&call_id))
+                    .is_some_and(|c| c.phase == CallPhase::AwaitingApproval);
+                if !pending {
+                    return Err(Refusal::NoPendingApproval { call_id });
+                }
+                self.decide(
+                    &mut out,
+                    &turn_id,
+                    call_id,
+                    decision,
+                    reason,
+                    edited_arguments_json,
+                )?;
+            }
+            (Phase::Generate | Phase::UseTools, Input::Cancel { reason }) => {
+                out.before.push(Effect::AbortInFlight);
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::CancelRequested(pb::CancelRequested { reason }),
+                );
+                for id in self.open_calls() {
+                    let output = "error: cancelled before it finished".to_string();
+                    self.refuse_call(&mut out, &turn_id, &id, CallPhase::Cancelled, output);
+                }
+                let finished = self.finish(TurnOutcome::Cancelled, "cancelled".to_string());
+                self.emit(&mut out, &turn_id, finished);
+            }
+            (Phase::Idle, Input::Cancel { .. }) => return Err(Refusal::NothingToCancel),
+            (
+                _,
+                Input::ReminderDue {
+                    turn_id: new_turn,
+                    reminder,
+                },
+            ) => {
+                if self.delivered_firings.contains(&reminder.firing_id) {
+                    return Ok(Vec::new()); // Redelivered: already in the log.
+                }
+                if reminder.kind == REMINDER_TASK {
+                    if phase != Phase::Idle {
+                        return Err(Refusal::Busy);
+                    }
+                    self.emit(&mut out, &new_turn, Kind::ReminderDue(reminder));
+                    out.after.push(Effect::CallModel {
+                        history: self.history.clone(),
+                    });
+                    return Ok(Self::into_effects(&new_turn, out));
+                }
+                self.emit(&mut out, &turn_id, Kind::ReminderDue(reminder));
+            }
+            (Phase::Generate, Input::Interrupted) => {
+                let restarts = self.turn.as_ref().map(|t| t.restarts).unwrap_or_default();
+                if restarts >= MAX_RESTARTS_PER_TURN {
+                    let message = format!(
+                        "the orchestrator restarted {} times during this turn; giving up on it",
+                        restarts + 1
+                    );
+                    self.emit(&mut out, &turn_id, orchestrator_error(&message, false));
+                    let finished = self.finish(TurnOutcome::Failed, message);
+                    self.emit(&mut out, &turn_id, finished);
+                } else {
+                    let message = "the orchestrator restarted while the model was answering; \
+                                   asking the model again";
+                    self.emit(&mut out, &turn_id, orchestrator_error(message, true));
+                    out.after.push(Effect::CallModel {
+                        history: self.history.clone(),
+                    });
+                }
+            }
+            (Phase::UseTools, Input::Interrupted) => {
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    orchestrator_error(
+                        "the orchestrator restarted while tool calls were in progress",
+                        true,
+                    ),
+                );
+                self.recover_calls(&mut out, &turn_id);
+            }
+            (Phase::Idle, Input::Interrupted) => {}
+            (
+                Phase::Idle | Phase::UseTools,
+                Input::ModelDelta(_) | Input::ModelDone(_) | Input::ModelFailed { .. },
+            ) => {
+                return Err(Refusal::Unexpected {
+                    input: "model output",
+                    phase,
+                });
+            }
+            (
+                Phase::Generate,
+                Input::SkillsetChosen {
+                    intent,
+                    skillset,
+                    keywords,
+                },
+            ) if self.turn.as_ref().is_some_and(|t| t.steps == 0) => {
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::SkillsetChosen(pb::SkillsetChosen {
+                        intent,
+                        skillset,
+                        keywords,
+                    }),
+                );
+            }
+            (Phase::Generate, Input::Compacted(c)) => {
+                if !self.compaction_fits(&c) {
+                    return Err(Refusal::Unexpected {
+                        input: "compaction of another conversation",
+                        phase,
+                    });
+                }
+                self.emit(&mut out, &turn_id, Kind::ContextCompacted(c));
+            }
+            (_, Input::Compacted(_)) => {
+                return Err(Refusal::Unexpected {
+                    input: "compaction",
+                    phase,
+                });
+            }
+            (_, Input::SkillsetChosen { .. }) => {
+                return Err(Refusal::Unexpected {
+                    input: "skillset choice",
+                    phase,
+                });
+            }
+            (Phase::Idle | Phase::Generate, Input::ToolChunk { .. } | Input::ToolDone(_)) => {
+                return Err(Refusal::Unexpected {
+                    input: "tool output",
+                    phase,
+                });
+            }
+        }
+        Ok(Self::into_effects(&turn_id, out))
+    }
+
+    pub(super) fn model_done(&mut self, out: &mut Out, turn_id: &str, c: Completion) {
+        let step = self.turn.as_ref().map(|t| t.steps).unwrap_or_default() + 1;
+        let message = Kind::ModelMessage(pb::ModelMessage {
+            text: c.text.clone(),
+            finish_reason: c.finish_reason.clone(),
+            usage: c.usage.map(|u| TokenUsage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+                total_tokens: u.total_tokens,
+            }),
+            model: c.model.clone(),
+            step,
+        });
+        self.emit(out, turn_id, message);
+        if c.tool_calls.is_empty() {
+            // In plan mode, an answer without tool calls ends the step
+            // being carried out; otherwise it is the final answer.
+            if let Some(current) = self.turn_plan().and_then(|p| p.current) {
+                let update = self.step_update(current, PlanStepStatus::Completed, &c.text);
+                self.emit(out, turn_id, update);
+                // That was the last step: its answer is the turn's.
+                if !self.turn_plan().is_some_and(Plan::is_finishing) {
+                    self.govern(out, turn_id);
+                    return;
+                }
+            }
+            // Asked for a plan, the model answered instead: it is asked
+            // once more; a second answer without a plan is final.
+            if self.turn_plan().is_some_and(|p| p.stage == Stage::Planning)
+                && !self.answered_twice_without_calls()
+            {
+                self.govern(out, turn_id);
+                return;
+            }
+            // Asked to repair the plan, the model answered instead: the
+            // plan failed.
+            if let Some(plan) = self.turn_plan().filter(|p| p.stage == Stage::Repairing) {
+                let message = format!(
+                    "the plan stopped: a step failed ({}) and the model did not revise the plan",
+                    plan.failure
+                );
+                let error = Kind::Error(pb::Error {
+                    source: ErrorSource::Model as i32,
+                    message,
+                    retryable: false,
+                });
+                self.emit(out, turn_id, error);
+                let finished = self.finish(TurnOutcome::Failed, c.text);
+                self.emit(out, turn_id, finished);
+                return;
+            }
+            let finished = self.finish(TurnOutcome::Completed, c.text);
+            self.emit(out, turn_id, finished);
+            return;
+        }
+        // Ids must be unique within the response: the model's own ids are
+        // kept, repeats get a suffix.
+        let mut seen: Vec<String> = Vec::new();
+        let mut ids = Vec::new();
+        for call in &c.tool_calls {
+            let mut id = call.id.clone();
+            let mut n = 2;
+            while seen.contains(&id) {
+                id = format!("{}-{n}", call.id);
+                n += 1;
+            }
+            seen.push(id.clone());
+            let flags = self.catalog.get(&call.name).copied().unwrap_or_default();
+            self.emit(
+                out,
+                turn_id,
+                Kind::ToolCallRequested(pb::ToolCallRequested {
+                    call_id: id.clone(),
+                    tool: call.name.clone(),
+                    arguments_json: call.arguments.clone(),
+                    read_only: flags.read_only,
+                    parallel_safe: flags.parallel_safe,
+                }),
+            );
+            ids.push(id);
+        }
+        let plan_mode = self.turn_plan().is_some();
+        for id in &ids {
+            let tool = call_tool(self, id);
+            if plan_mode && crate::plan::is_plan_tool(&tool) {
+                self.plan_call(out, turn_id, id);
+            } else {
+                self.validate(out, turn_id, id);
+            }
+        }
+        self.dispatch(out, turn_id);
+    }
+
+    /// The plan-mode governor, once a response's calls are all answered:
+    /// start the next step, stop at the safety rail or the stage's call
+    /// limit, or ask the model to go on (planning, repairing, executing the
+    /// current step, or writing the final answer).
+    pub(super) fn govern(&mut self, out: &mut Out, turn_id: &str) {
+        let Some(turn) = self.turn.as_ref() else {
+            return;
+        };
+        let Some(plan) = turn.plan.clone() else {
+            return;
+        };
+        if turn.steps.saturating_sub(plan.stage_start) >= self.max_steps {
+            let what = match (plan.stage, plan.current) {
+                (Stage::Planning, _) => "planning".to_string(),
+                (Stage::Repairing, _) => "revising the plan".to_string(),
+                (Stage::Executing, Some(i)) => format!("step {} of the plan", i + 1),
+                (Stage::Executing, None) => "the final answer".to_string(),
+            };
+            let finished = self.finish(
+                TurnOutcome::StepLimit,
+                format!(
+                    "stopped after {} model calls on {what} (the step limit); send a message to continue",
+                    self.max_steps
+                ),
+            );
+            self.emit(out, turn_id, finished);
+            return;
+        }
+        if plan.stage == Stage::Executing
+            && plan.current.is_none()
+            && let Some(next) = plan.next_pending()
+        {
+            if plan.started >= self.plan_max_steps {
+                let finished = self.finish(
+                    TurnOutcome::StepLimit,
+                    format!(
+                        "the plan stopped at its safety rail of {} steps ({} of {} steps done); \
+                         send a message to continue",
+                        self.plan_max_steps,
+                        plan.completed(),
+                        plan.steps.len()
+                    ),
+                );
+                self.emit(out, turn_id, finished);
+                return;
+            }
+            let update = self.step_update(next, PlanStepStatus::InProgress, "");
+            self.emit(out, turn_id, update);
+        }
+        out.after.push(Effect::CallModel {
+            history: self.history.clone(),
+        });
+    }
+
+    /// Whether a compaction names a prefix of the conversation that leaves
+    /// at least one message and does not split a tool call from its result.
+    pub(super) fn compaction_fits(&self, c: &pb::ContextCompacted) -> bool {
+        let count = c.messages as usize;
+        if count == 0 || count >= self.history.len() || self.history_spans.len() < count {
+            return false;
+        }
+        let replaced = &self.history_spans[..count];
+        replaced[0].0 == c.first_seq
+            && replaced.iter().map(|s| s.1).max() == Some(c.last_seq)
+            && !matches!(self.history[count], Message::Tool { .. })
+    }
+}
