@@ -1,0 +1,489 @@
+//! Resolving the configuration: the layers (built-in defaults, the config
+//! directory's files, the environment), each parsed and checked on its own,
+//! merged in order; and what is derived from it (data directory, workspace
+//! root, system prompt, model profile).
+
+use super::*;
+
+/// Where to look for configuration, and the environment to apply.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    /// The config directory; `None` reads no files (built-in defaults only).
+    pub dir: Option<PathBuf>,
+    /// Environment variables to apply (tests pass their own map; binaries
+    /// pass the process environment).
+    pub env: BTreeMap<String, String>,
+}
+
+impl ConfigSource {
+    /// The directory from `AGENTRY_CONFIG_DIR`, else `./config` when it
+    /// exists, with the process environment.
+    pub fn from_process(dir_override: Option<PathBuf>) -> Self {
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        let dir = dir_override
+            .or_else(|| env.get("AGENTRY_CONFIG_DIR").map(PathBuf::from))
+            .or_else(|| {
+                let local = PathBuf::from("config");
+                local.is_dir().then_some(local)
+            });
+        Self { dir, env }
+    }
+}
+
+/// Environment variables and the key each one sets.
+const ENV_KEYS: &[(&str, &[&str])] = &[
+    ("AGENTRY_DATA_DIR", &["data_dir"]),
+    ("AGENTRY_LLM_BASE_URL", &["llm", "base_url"]),
+    ("AGENTRY_LLM_MODEL", &["llm", "model"]),
+    ("AGENTRY_LLM_API_KEY", &["llm", "api_key"]),
+    ("AGENTRY_LLM_PROVIDER", &["llm", "provider"]),
+    ("AGENTRY_MAX_STEPS", &["agent", "max_steps"]),
+    ("AGENTRY_SKILLSETS", &["agent", "skillsets"]),
+    ("AGENTRY_SKILLSETS_DIR", &["agent", "skillsets_dir"]),
+    ("AGENTRY_COMPACTION", &["agent", "compaction"]),
+    ("AGENTRY_PLAN_MAX_STEPS", &["agent", "plan_max_steps"]),
+    ("AGENTRY_ORCHESTRATOR_URL", &["orchestrator", "url"]),
+    ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
+    ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
+    ("AGENTRY_SESSION_STORE_LISTEN", &["session_store", "listen"]),
+    ("AGENTRY_TOOL_RUNNER_URL", &["tool_runner", "url"]),
+    ("AGENTRY_TOOL_RUNNER_LISTEN", &["tool_runner", "listen"]),
+    ("AGENTRY_WORKSPACE_ROOT", &["tool_runner", "workspace_root"]),
+    ("AGENTRY_RUNNER_ID", &["tool_runner", "id"]),
+    ("AGENTRY_SANDBOX", &["tool_runner", "sandbox", "mode"]),
+    (
+        "AGENTRY_SANDBOX_HELPER",
+        &["tool_runner", "sandbox", "helper"],
+    ),
+    (
+        "AGENTRY_TOOL_RUNNER_METRICS_LISTEN",
+        &["tool_runner", "metrics_listen"],
+    ),
+    (
+        "AGENTRY_CRAWL4AI_URL",
+        &["tool_runner", "web", "crawl4ai_url"],
+    ),
+    (
+        "AGENTRY_CRAWL4AI_TOKEN",
+        &["tool_runner", "web", "crawl4ai_token"],
+    ),
+    (
+        "AGENTRY_CHROMIUM_SANDBOX",
+        &["tool_runner", "web", "chromium_sandbox"],
+    ),
+    ("AGENTRY_SCHEDULER_URL", &["scheduler", "url"]),
+    ("AGENTRY_SCHEDULER_LISTEN", &["scheduler", "listen"]),
+    ("AGENTRY_LOG_FORMAT", &["log", "format"]),
+    ("AGENTRY_OTLP_ENDPOINT", &["otel", "endpoint"]),
+    ("AGENTRY_AUTH", &["auth", "mode"]),
+    ("AGENTRY_TOKEN", &["auth", "token"]),
+    ("AGENTRY_CLIENT_TOKEN_FILE", &["auth", "client_token_file"]),
+    (
+        "AGENTRY_SERVICE_TOKEN_FILE",
+        &["auth", "service_token_file"],
+    ),
+    ("AGENTRY_TLS_CERT", &["auth", "tls", "cert"]),
+    ("AGENTRY_TLS_KEY", &["auth", "tls", "key"]),
+    ("AGENTRY_TLS_CA", &["auth", "tls", "ca"]),
+    (
+        "AGENTRY_ORCHESTRATOR_METRICS_LISTEN",
+        &["orchestrator", "metrics_listen"],
+    ),
+    (
+        "AGENTRY_SESSION_STORE_METRICS_LISTEN",
+        &["session_store", "metrics_listen"],
+    ),
+    (
+        "AGENTRY_SCHEDULER_METRICS_LISTEN",
+        &["scheduler", "metrics_listen"],
+    ),
+];
+
+impl Config {
+    /// The built-in defaults (`config/default.toml`, compiled in), with no
+    /// file or environment applied: the one source of default values for
+    /// code that runs without a configuration (tests, pure modules).
+    pub fn builtin() -> &'static Config {
+        static BUILTIN: std::sync::LazyLock<Config> = std::sync::LazyLock::new(|| {
+            // The compiled-in file is checked by this crate's tests; a
+            // failure here is a defect of the build, not of the input.
+            #[allow(clippy::expect_used)]
+            Config::load(&ConfigSource::default()).expect("the built-in defaults are valid")
+        });
+        &BUILTIN
+    }
+
+    /// Resolves the configuration from its layers.
+    pub fn load(source: &ConfigSource) -> Result<Config, ConfigError> {
+        let mut merged = parse_layer("built-in defaults", DEFAULT_TOML)?;
+        check_layer("built-in defaults", &merged)?;
+        if let Some(dir) = &source.dir {
+            for name in ["default.toml", "local.toml"] {
+                let path = dir.join(name);
+                let text = match std::fs::read_to_string(&path) {
+                    Ok(text) => text,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        return Err(ConfigError::Read {
+                            path,
+                            reason: e.to_string(),
+                        });
+                    }
+                };
+                let label = path.display().to_string();
+                let layer = parse_layer(&label, &text)?;
+                // Check the layer over the defaults so that a layer may set
+                // only some keys, yet errors still name this file.
+                let mut candidate = merged.clone();
+                merge(&mut candidate, layer);
+                check_layer(&label, &candidate)?;
+                merged = candidate;
+            }
+        }
+        for (var, path) in ENV_KEYS {
+            let Some(value) = source.env.get(*var) else {
+                continue;
+            };
+            let mut candidate = merged.clone();
+            set_path(&mut candidate, path, env_value(&merged, path, value));
+            check_layer(var, &candidate).map_err(|e| ConfigError::Env {
+                var: (*var).to_string(),
+                value: if var.ends_with("_API_KEY") || var.ends_with("_TOKEN") {
+                    "<redacted>".to_string()
+                } else {
+                    value.clone()
+                },
+                reason: match e {
+                    ConfigError::Invalid { reason, .. } => reason,
+                    other => other.to_string(),
+                },
+            })?;
+            merged = candidate;
+        }
+        let mut config = deserialize("merged configuration", &merged)?;
+        config.config_dir = source.dir.clone();
+        config.validate("configuration")?;
+        Ok(config)
+    }
+
+    fn validate(&self, label: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+            source_name: label.to_string(),
+            reason: format!("{key}: {reason}"),
+        };
+        if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://"))
+        {
+            return Err(invalid(
+                "llm.base_url",
+                &format!(
+                    "{:?} is not an http(s) URL (e.g. http://localhost:11434/v1)",
+                    self.llm.base_url
+                ),
+            ));
+        }
+        if self.llm.model.trim().is_empty() {
+            return Err(invalid("llm.model", "must not be empty"));
+        }
+        let tls = &self.auth.tls;
+        if tls.enabled() && (tls.cert.is_empty() || tls.key.is_empty() || tls.ca.is_empty()) {
+            return Err(invalid(
+                "auth.tls",
+                "set all of cert, key and ca (AGENTRY_TLS_CERT, AGENTRY_TLS_KEY, AGENTRY_TLS_CA), \
+                 or none",
+            ));
+        }
+        if !matches!(
+            self.tool_runner.sandbox.mode.as_str(),
+            "auto" | "require" | "off"
+        ) {
+            return Err(invalid(
+                "tool_runner.sandbox.mode",
+                &format!(
+                    "{:?} is not one of \"auto\", \"require\", \"off\"",
+                    self.tool_runner.sandbox.mode
+                ),
+            ));
+        }
+        if self.tool_runner.sandbox.session_uid_count == 0
+            || self.tool_runner.sandbox.session_uid_base < 1000
+            || self
+                .tool_runner
+                .sandbox
+                .session_uid_base
+                .checked_add(self.tool_runner.sandbox.session_uid_count)
+                .is_none_or(|end| end >= u32::MAX - 1)
+        {
+            return Err(invalid(
+                "tool_runner.sandbox.session_uid_base",
+                "session uids must be a non-empty range above 999 and below 4294967294",
+            ));
+        }
+        if self.agent.max_steps == 0 {
+            return Err(invalid("agent.max_steps", "must be at least 1"));
+        }
+        if !(0.1..=1.0).contains(&self.agent.compaction_threshold) {
+            return Err(invalid(
+                "agent.compaction_threshold",
+                "must be between 0.1 and 1.0 (a share of the context window)",
+            ));
+        }
+        if self.agent.compaction_keep_messages == 0 {
+            return Err(invalid(
+                "agent.compaction_keep_messages",
+                "must be at least 1",
+            ));
+        }
+        if self.agent.plan_max_steps == 0 {
+            return Err(invalid("agent.plan_max_steps", "must be at least 1"));
+        }
+        for profile in &self.model_profiles {
+            if profile.context_window != 0 && profile.context_window < 256 {
+                return Err(invalid(
+                    "model_profiles.context_window",
+                    &format!(
+                        "{} (for {:?}) is too small: at least 256 tokens (0: from the model name)",
+                        profile.context_window, profile.pattern
+                    ),
+                ));
+            }
+            if !matches!(
+                profile.tokenizer.as_str(),
+                "" | "o200k_base" | "cl100k_base" | "estimate"
+            ) {
+                return Err(invalid(
+                    "model_profiles.tokenizer",
+                    &format!(
+                        "{:?} (for {:?}) is not one of o200k_base, cl100k_base, estimate",
+                        profile.tokenizer, profile.pattern
+                    ),
+                ));
+            }
+        }
+        if self.tool_runner.default_timeout_secs == 0
+            || self.tool_runner.default_timeout_secs > self.tool_runner.max_timeout_secs
+        {
+            return Err(invalid(
+                "tool_runner.default_timeout_secs",
+                "must be between 1 and tool_runner.max_timeout_secs",
+            ));
+        }
+        for (key, url) in [
+            ("orchestrator.url", &self.orchestrator.url),
+            ("session_store.url", &self.session_store.url),
+            ("tool_runner.url", &self.tool_runner.url),
+            ("scheduler.url", &self.scheduler.url),
+        ] {
+            // tool_runner.url may list several runners, separated by commas.
+            for url in url.split(',').map(str::trim) {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(invalid(
+                        key,
+                        &format!("{url:?} is not an http(s) URL (e.g. http://127.0.0.1:50051)"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The client token's file.
+    pub fn client_token_file(&self) -> PathBuf {
+        match self.auth.client_token_file.as_str() {
+            "" => self.data_dir().join("auth").join("client.token"),
+            path => PathBuf::from(path),
+        }
+    }
+
+    /// The service token's file.
+    pub fn service_token_file(&self) -> PathBuf {
+        match self.auth.service_token_file.as_str() {
+            "" => self.data_dir().join("auth").join("service.token"),
+            path => PathBuf::from(path),
+        }
+    }
+
+    /// The data directory, resolved.
+    pub fn data_dir(&self) -> PathBuf {
+        if !self.data_dir.is_empty() {
+            return PathBuf::from(&self.data_dir);
+        }
+        if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+            return PathBuf::from(xdg).join("agentry");
+        }
+        // Root's home is closed to the users sandboxed commands run as, so
+        // a service run as root keeps its data where services do.
+        if running_as_root() {
+            return PathBuf::from(ROOT_DATA_DIR);
+        }
+        match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".local/share/agentry"),
+            None => PathBuf::from(".agentry"),
+        }
+    }
+
+    /// The root of the session workspaces, resolved.
+    pub fn workspace_root(&self) -> PathBuf {
+        if self.tool_runner.workspace_root.is_empty() {
+            self.data_dir().join("workspaces")
+        } else {
+            PathBuf::from(&self.tool_runner.workspace_root)
+        }
+    }
+
+    /// The system instructions: `system.md` in the config directory when
+    /// non-empty, else `default_system.md` there, else the built-in text.
+    pub fn system_prompt(&self) -> Result<String, ConfigError> {
+        let Some(dir) = &self.config_dir else {
+            return Ok(DEFAULT_SYSTEM_PROMPT.to_string());
+        };
+        for name in ["system.md", "default_system.md"] {
+            match read_optional(&dir.join(name))? {
+                Some(text) if !text.trim().is_empty() => return Ok(text),
+                _ => continue,
+            }
+        }
+        Ok(DEFAULT_SYSTEM_PROMPT.to_string())
+    }
+
+    /// The model call timeout.
+    pub fn llm_request_timeout(&self) -> Duration {
+        Duration::from_secs(self.llm.request_timeout_secs)
+    }
+}
+
+fn read_optional(path: &Path) -> Result<Option<String>, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ConfigError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn parse_layer(label: &str, text: &str) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>()
+        .map_err(|e| ConfigError::Invalid {
+            source_name: label.to_string(),
+            reason: describe_toml_error(&e, text),
+        })
+}
+
+fn check_layer(label: &str, table: &toml::Table) -> Result<(), ConfigError> {
+    deserialize(label, table)?.validate(label)
+}
+
+fn deserialize(label: &str, table: &toml::Table) -> Result<Config, ConfigError> {
+    let text = toml::to_string(table).map_err(|e| ConfigError::Invalid {
+        source_name: label.to_string(),
+        reason: e.to_string(),
+    })?;
+    toml::from_str::<Config>(&text).map_err(|e| ConfigError::Invalid {
+        source_name: label.to_string(),
+        reason: describe_toml_error(&e, &text),
+    })
+}
+
+/// Names the key an error is about, from the error's span in `text`.
+fn describe_toml_error(e: &toml::de::Error, text: &str) -> String {
+    let message = e.message().trim().to_string();
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let key = key_at(text, span.start);
+    match key {
+        Some(key) => format!("{key}: {message}"),
+        None => message,
+    }
+}
+
+/// The dotted key whose line contains byte offset `at`.
+fn key_at(text: &str, at: usize) -> Option<String> {
+    let mut table = String::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') && trimmed.ends_with(']') {
+            table = trimmed
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_string();
+        }
+        let end = offset + line.len();
+        if at >= offset && at < end.max(offset + 1) {
+            if let Some((key, _)) = trimmed.split_once('=') {
+                let key = key.trim();
+                return Some(if table.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{table}.{key}")
+                });
+            }
+            return (!table.is_empty()).then_some(table);
+        }
+        offset = end;
+    }
+    None
+}
+
+fn merge(base: &mut toml::Table, layer: toml::Table) {
+    for (key, value) in layer {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(base_table)), toml::Value::Table(layer_table)) => {
+                merge(base_table, layer_table);
+            }
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[&str], value: toml::Value) {
+    match path {
+        [] => {}
+        [last] => {
+            table.insert((*last).to_string(), value);
+        }
+        [first, rest @ ..] => {
+            let entry = table
+                .entry((*first).to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let toml::Value::Table(inner) = entry {
+                set_path(inner, rest, value);
+            }
+        }
+    }
+}
+
+/// Converts an environment string to the TOML type the key already has.
+fn env_value(table: &toml::Table, path: &[&str], raw: &str) -> toml::Value {
+    let mut current: Option<&toml::Value> = None;
+    let mut scope = table;
+    for (i, key) in path.iter().enumerate() {
+        match scope.get(*key) {
+            Some(toml::Value::Table(inner)) if i + 1 < path.len() => scope = inner,
+            Some(value) if i + 1 == path.len() => current = Some(value),
+            _ => break,
+        }
+    }
+    match current {
+        Some(toml::Value::Integer(_)) => raw
+            .trim()
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .unwrap_or_else(|_| toml::Value::String(raw.to_string())),
+        Some(toml::Value::Float(_)) => raw
+            .trim()
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .unwrap_or_else(|_| toml::Value::String(raw.to_string())),
+        Some(toml::Value::Boolean(_)) => match raw.trim() {
+            "true" | "1" | "yes" => toml::Value::Boolean(true),
+            "false" | "0" | "no" => toml::Value::Boolean(false),
+            _ => toml::Value::String(raw.to_string()),
+        },
+        _ => toml::Value::String(raw.to_string()),
+    }
+}

@@ -1,0 +1,546 @@
+//! Layered configuration: built-in defaults ← `config/default.toml` ←
+//! `config/local.toml` ← `AGENTRY_*` environment variables, later wins.
+//!
+//! Every layer is parsed and checked on its own, so an error names the file
+//! (or variable), the key and the reason.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The defaults, compiled in so the binaries work without a config directory.
+pub const DEFAULT_TOML: &str = include_str!("../../../../config/default.toml");
+/// The default system instructions, compiled in for the same reason.
+pub const DEFAULT_SYSTEM_PROMPT: &str = include_str!("../../../../config/default_system.md");
+
+/// A configuration problem, reported at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A file could not be read.
+    #[error("cannot read config file {path}: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A file (or the built-in defaults) is not valid.
+    #[error("invalid config in {source_name}: {reason}")]
+    Invalid {
+        /// The file or layer name.
+        source_name: String,
+        /// What is wrong, with the key where known.
+        reason: String,
+    },
+    /// An environment variable has a bad value.
+    #[error("invalid value for {var}={value:?}: {reason}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// Its value (never printed for secrets).
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The resolved configuration of every service.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where sessions, reminders and workspaces are kept; empty for the default.
+    #[serde(default)]
+    pub data_dir: String,
+    /// The model server.
+    pub llm: LlmConfig,
+    /// The agent loop.
+    pub agent: AgentConfig,
+    /// Which tool calls are allowed, denied or need a person.
+    pub policy: PolicyConfig,
+    /// The orchestrator service.
+    pub orchestrator: Endpoint,
+    /// The session store service.
+    pub session_store: Endpoint,
+    /// The tool runner service.
+    pub tool_runner: ToolRunnerConfig,
+    /// The scheduler service.
+    pub scheduler: SchedulerConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// OpenTelemetry export.
+    #[serde(default)]
+    pub otel: OtelConfig,
+    /// Who may call the services.
+    pub auth: AuthConfig,
+    /// What models can do, by model-name pattern; the first match applies.
+    #[serde(default)]
+    pub model_profiles: Vec<ModelProfile>,
+    /// The directory the files were read from, if any.
+    #[serde(skip)]
+    pub config_dir: Option<PathBuf>,
+}
+
+/// The model server.
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// The wire protocol.
+    pub provider: LlmProvider,
+    /// Base URL, e.g. `http://localhost:11434/v1` (OpenAI-compatible) or
+    /// `http://localhost:11434` (Ollama's native API).
+    pub base_url: String,
+    /// The model name sent with each request.
+    pub model: String,
+    /// Bearer token; empty for none.
+    #[serde(default)]
+    pub api_key: String,
+    /// Longest a model call may take.
+    pub request_timeout_secs: u64,
+    /// Longest connecting may take.
+    pub connect_timeout_secs: u64,
+    /// Sampling temperature, when set.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Retries before any output was streamed.
+    pub max_retries: u32,
+}
+
+/// The model server's wire protocol.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LlmProvider {
+    /// OpenAI-compatible `/chat/completions` with SSE streaming.
+    Openai,
+    /// Ollama's native `/api/chat` with NDJSON streaming.
+    Ollama,
+}
+
+pub use agentry_policy::{PolicyConfig, PolicyDecision, PolicyRule};
+
+impl std::fmt::Debug for LlmConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field(
+                "api_key",
+                &if self.api_key.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("request_timeout_secs", &self.request_timeout_secs)
+            .field("connect_timeout_secs", &self.connect_timeout_secs)
+            .field("temperature", &self.temperature)
+            .field("provider", &self.provider)
+            .field("max_retries", &self.max_retries)
+            .finish()
+    }
+}
+
+/// The agent loop.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Model calls allowed in one turn.
+    pub max_steps: u32,
+    /// Pick a skillset per user message by its intent.
+    pub skillsets: bool,
+    /// A directory of the user's own skillsets (`<name>.md`), read after the
+    /// built-in ones and those in the config directory's `skillsets/`.
+    #[serde(default)]
+    pub skillsets_dir: String,
+    /// Shorten the model's view of long conversations (summarising the
+    /// oldest messages) before a request would outgrow the context window.
+    pub compaction: bool,
+    /// Compact once a request would take more than this share of the
+    /// model's context window (0.1 to 1.0).
+    pub compaction_threshold: f32,
+    /// Messages always kept as they are at the end of the conversation.
+    pub compaction_keep_messages: u32,
+    /// Plan steps a plan-mode turn may start, retries included, before it
+    /// stops (the safety rail).
+    pub plan_max_steps: u32,
+}
+
+/// What a family of models can do.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelProfile {
+    /// A glob on the model name (`*` any run of characters, `?` one), case-insensitive.
+    pub pattern: String,
+    /// Tokens the model reads at most; 0: the size known for the model
+    /// name (OpenAI's models), else 32,768.
+    #[serde(default)]
+    pub context_window: u32,
+    /// Whether the server's native tool calling works with it; when not,
+    /// tools are described in the system prompt and calls read from text.
+    #[serde(default = "yes")]
+    pub native_tools: bool,
+    /// Sampling temperature for it (overrides `llm.temperature`).
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// How its tokens are counted: "o200k_base" or "cl100k_base" (OpenAI's
+    /// encodings), or "estimate". Empty: the encoding known for the model
+    /// name, else the estimate.
+    #[serde(default)]
+    pub tokenizer: String,
+}
+
+impl ModelProfile {
+    /// The profile for any model no pattern matches.
+    pub fn fallback() -> ModelProfile {
+        ModelProfile {
+            pattern: "*".into(),
+            context_window: 0,
+            native_tools: true,
+            temperature: None,
+            tokenizer: String::new(),
+        }
+    }
+
+    /// Whether `model` matches the pattern.
+    pub fn matches(&self, model: &str) -> bool {
+        fn glob(p: &[u8], s: &[u8]) -> bool {
+            match (p.first(), s.first()) {
+                (None, None) => true,
+                (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
+                (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
+                (Some(a), Some(b)) if a.eq_ignore_ascii_case(b) => glob(&p[1..], &s[1..]),
+                _ => false,
+            }
+        }
+        glob(self.pattern.as_bytes(), model.as_bytes())
+    }
+}
+
+impl Config {
+    /// The profile of the configured model: the first whose pattern matches.
+    pub fn model_profile(&self) -> ModelProfile {
+        self.model_profiles
+            .iter()
+            .find(|p| p.matches(&self.llm.model))
+            .cloned()
+            .unwrap_or_else(ModelProfile::fallback)
+    }
+}
+
+/// OpenTelemetry export.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OtelConfig {
+    /// OTLP/gRPC endpoint for traces, e.g. `http://localhost:4317`; empty:
+    /// traces are not exported.
+    #[serde(default)]
+    pub endpoint: String,
+}
+
+/// Who may call the services: bearer tokens (a client token for people and
+/// their tools, a service token for the services' calls to each other) and
+/// optionally TLS with client certificates.
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// "token": every call but health checks needs a token; "off": no
+    /// credential is asked for (only allowed on loopback addresses).
+    pub mode: AuthMode,
+    /// The client token's file; empty: `<data_dir>/auth/client.token`.
+    /// Services create it (mode 0600) when it does not exist.
+    pub client_token_file: String,
+    /// The service token's file; empty: `<data_dir>/auth/service.token`.
+    pub service_token_file: String,
+    /// The client token itself, for clients on another machine; empty: read
+    /// from `client_token_file`.
+    pub token: String,
+    /// TLS for every gRPC connection.
+    pub tls: TlsConfig,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("mode", &self.mode)
+            .field("client_token_file", &self.client_token_file)
+            .field("service_token_file", &self.service_token_file)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// Whether the services ask for a credential.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Bearer tokens.
+    Token,
+    /// No credential (loopback addresses only).
+    Off,
+}
+
+/// TLS for gRPC: set all three to have every service serve TLS and require
+/// a client certificate signed by `ca`, and every client (services calling
+/// each other, the CLI) present `cert` and trust servers signed by `ca`.
+/// URLs then use `https://`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// This program's certificate chain (PEM).
+    pub cert: String,
+    /// Its private key (PEM).
+    pub key: String,
+    /// The certificate authority that signs servers' and clients'
+    /// certificates (PEM).
+    pub ca: String,
+}
+
+impl TlsConfig {
+    /// Whether TLS is configured.
+    pub fn enabled(&self) -> bool {
+        !(self.cert.is_empty() && self.key.is_empty() && self.ca.is_empty())
+    }
+}
+
+/// Where a service listens and where others reach it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    /// The socket address the service binds.
+    pub listen: SocketAddr,
+    /// The URL clients dial.
+    pub url: String,
+    /// Serve Prometheus metrics on `GET /metrics` here; empty: not served.
+    #[serde(default)]
+    pub metrics_listen: String,
+}
+
+/// The tool runner.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ToolRunnerConfig {
+    /// The socket address the service binds.
+    pub listen: SocketAddr,
+    /// The URL the orchestrator dials.
+    pub url: String,
+    /// Root of the session workspaces; empty for `<data_dir>/workspaces`.
+    #[serde(default)]
+    pub workspace_root: String,
+    /// Default shell timeout.
+    pub default_timeout_secs: u64,
+    /// Largest shell timeout a call may ask for.
+    pub max_timeout_secs: u64,
+    /// Largest tool output kept, in bytes.
+    pub max_output_bytes: usize,
+    /// Largest file `read_file` returns, in bytes.
+    pub max_read_bytes: u64,
+    /// Variables of the runner's environment that commands also get. The
+    /// environment of a command is built from an allowlist (PATH, HOME set
+    /// to the workspace, TMPDIR, LANG, TERM…), never inherited; name here
+    /// any other variable a command needs (it reaches every session).
+    #[serde(default)]
+    pub env_passthrough: Vec<String>,
+    /// When the runner runs as root, commands run as: "session" (a uid of
+    /// their own per session, from `sandbox.session_uid_base`), or the name
+    /// of a user. Never as root.
+    pub run_as_user: String,
+    /// The OS sandbox of every process a tool starts.
+    pub sandbox: SandboxConfig,
+    /// Where to serve `GET /metrics` (Prometheus text); empty: not served.
+    #[serde(default)]
+    pub metrics_listen: String,
+    /// This runner's name in tool results; empty: `<hostname>-<pid>`.
+    #[serde(default)]
+    pub id: String,
+    /// Resource limits of each command.
+    pub limits: ResourceLimits,
+    /// The web tools.
+    pub web: WebConfig,
+}
+
+/// Where a service run as root keeps its data unless told otherwise.
+const ROOT_DATA_DIR: &str = "/var/lib/agentry";
+
+pub(crate) fn running_as_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+/// The OS sandbox of tool processes.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// "auto": every layer this machine supports, the missing ones reported
+    /// at start-up; "require": refuse to start unless namespaces, Landlock
+    /// and seccomp all work; "off": commands run without an OS sandbox
+    /// (only the identity, environment and limits apply).
+    pub mode: String,
+    /// The `agentry-sandbox` helper; empty: next to the agentry program or
+    /// on PATH.
+    pub helper: String,
+    /// With `run_as_user = "session"`: session uids are
+    /// `session_uid_base + hash(session id) % session_uid_count`.
+    pub session_uid_base: u32,
+    /// How many uids sessions are spread over.
+    pub session_uid_count: u32,
+    /// More directories commands may read (e.g. a toolchain under /srv).
+    pub read_only: Vec<String>,
+    /// Hosts (names or IP addresses) that calls granted network may reach
+    /// through the proxy although they are loopback, private, link-local
+    /// or metadata addresses. Names match exactly as the command writes
+    /// them.
+    pub network_allow_hosts: Vec<String>,
+}
+
+/// Resource limits (setrlimit) of each command; 0 means unlimited.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceLimits {
+    /// CPU seconds.
+    pub cpu_secs: u64,
+    /// Address space, in MiB.
+    pub address_space_mib: u64,
+    /// Processes of the user.
+    pub processes: u64,
+    /// Largest file written, in MiB.
+    pub file_size_mib: u64,
+    /// Open files per process.
+    #[serde(default)]
+    pub open_files: u64,
+    /// Size of a session's workspace (and its temp dir), in MiB; 0: not
+    /// limited.
+    #[serde(default)]
+    pub workspace_mib: u64,
+}
+
+/// The web tools (`web_fetch`, `web_crawl`).
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WebConfig {
+    /// The Crawl4AI REST service; empty to skip it.
+    #[serde(default)]
+    pub crawl4ai_url: String,
+    /// Bearer token for Crawl4AI; empty for none.
+    #[serde(default)]
+    pub crawl4ai_token: String,
+    /// Use headless Chromium (`chromium` on PATH) when Crawl4AI cannot help.
+    pub chromium: bool,
+    /// The Chromium executable; empty to look for `chromium` on PATH.
+    #[serde(default)]
+    pub chromium_path: String,
+    /// Pages open at once in Chromium.
+    pub chromium_max_pages: usize,
+    /// Chromium's own sandbox; turn off where user namespaces are denied
+    /// (containers). Always off when running as root.
+    pub chromium_sandbox: bool,
+    /// Longest a page may take to load.
+    pub page_timeout_secs: u64,
+    /// Longest a plain HTTP fetch may take.
+    pub http_timeout_secs: u64,
+    /// Largest body a plain HTTP fetch reads, in bytes.
+    pub max_body_bytes: usize,
+    /// Redirects followed at most.
+    pub max_redirects: usize,
+    /// Characters of page text returned to the model.
+    pub max_chars: usize,
+    /// Hosts (names or IP addresses) allowed even though they resolve to
+    /// loopback, private, link-local or metadata addresses.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl std::fmt::Debug for WebConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebConfig")
+            .field("crawl4ai_url", &self.crawl4ai_url)
+            .field(
+                "crawl4ai_token",
+                &if self.crawl4ai_token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("chromium", &self.chromium)
+            .field("chromium_path", &self.chromium_path)
+            .field("chromium_max_pages", &self.chromium_max_pages)
+            .field("chromium_sandbox", &self.chromium_sandbox)
+            .field("page_timeout_secs", &self.page_timeout_secs)
+            .field("http_timeout_secs", &self.http_timeout_secs)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_redirects", &self.max_redirects)
+            .field("max_chars", &self.max_chars)
+            .field("allow_hosts", &self.allow_hosts)
+            .finish()
+    }
+}
+
+/// The scheduler.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// The socket address the service binds.
+    pub listen: SocketAddr,
+    /// The URL the orchestrator and the CLI dial.
+    pub url: String,
+    /// What to do with occurrences of a recurring reminder missed while the
+    /// scheduler was down, when the reminder names no policy.
+    pub missed: MissedOccurrences,
+    /// How long a delivered firing may stay unacknowledged before it is
+    /// sent again.
+    pub redeliver_after_secs: u64,
+    /// Serve Prometheus metrics on `GET /metrics` here; empty: not served.
+    #[serde(default)]
+    pub metrics_listen: String,
+}
+
+/// What to do with missed occurrences of a recurring reminder.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum MissedOccurrences {
+    /// Fire once for all of them.
+    Once,
+    /// Fire once per occurrence.
+    All,
+    /// Fire none; wait for the next one.
+    Skip,
+}
+
+/// Log output.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+mod load;
+
+pub use load::ConfigSource;
+
+#[cfg(test)]
+mod tests;

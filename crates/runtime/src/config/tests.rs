@@ -1,0 +1,172 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use super::*;
+
+fn source(dir: Option<&Path>, env: &[(&str, &str)]) -> ConfigSource {
+    ConfigSource {
+        dir: dir.map(Path::to_path_buf),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+#[test]
+fn defaults_load() {
+    let config = Config::load(&source(None, &[])).unwrap();
+    assert_eq!(config.llm.base_url, "http://localhost:11434/v1");
+    assert_eq!(config.agent.max_steps, 15);
+    assert_eq!(config.orchestrator.url, "http://127.0.0.1:50051");
+    assert_eq!(config.log.format, LogFormat::Text);
+}
+
+#[test]
+fn layers_apply_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("default.toml"),
+        "[llm]\nmodel = \"from-default\"\nbase_url = \"http://a/v1\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[llm]\nmodel = \"from-local\"\n[agent]\nmax_steps = 3\n",
+    )
+    .unwrap();
+    let config = Config::load(&source(
+        Some(dir.path()),
+        &[("AGENTRY_MAX_STEPS", "7"), ("AGENTRY_LLM_API_KEY", "sk-1")],
+    ))
+    .unwrap();
+    assert_eq!(config.llm.model, "from-local");
+    assert_eq!(config.llm.base_url, "http://a/v1");
+    assert_eq!(config.agent.max_steps, 7);
+    assert_eq!(config.llm.api_key, "sk-1");
+    assert!(!format!("{config:?}").contains("sk-1"));
+}
+
+#[test]
+fn the_first_matching_model_profile_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[[model_profiles]]\npattern = \"tiny-*\"\nnative_tools = false\ncontext_window = 4096\n\
+         [[model_profiles]]\npattern = \"*\"\n",
+    )
+    .unwrap();
+    let mut config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+    config.llm.model = "Tiny-Chat:1b".into();
+    let p = config.model_profile();
+    assert!(!p.native_tools);
+    assert_eq!(p.context_window, 4096);
+    config.llm.model = "qwen2.5:7b".into();
+    assert!(config.model_profile().native_tools);
+    assert!(ModelProfile::fallback().matches("anything"));
+    let q = ModelProfile {
+        pattern: "a?c".into(),
+        ..ModelProfile::fallback()
+    };
+    assert!(q.matches("abc") && !q.matches("abbc"));
+}
+
+#[test]
+fn container_settings_from_the_environment() {
+    let config = Config::load(&source(
+        None,
+        &[
+            ("AGENTRY_CHROMIUM_SANDBOX", "false"),
+            (
+                "AGENTRY_TOOL_RUNNER_URL",
+                "http://tool-runner:50053, http://10.0.0.9:50053",
+            ),
+        ],
+    ))
+    .unwrap();
+    assert!(!config.tool_runner.web.chromium_sandbox);
+    assert!(
+        Config::load(&source(None, &[]))
+            .unwrap()
+            .tool_runner
+            .web
+            .chromium_sandbox
+    );
+    let err = Config::load(&source(
+        None,
+        &[("AGENTRY_TOOL_RUNNER_URL", "http://a:1,tool-runner:50053")],
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("tool_runner.url"), "{err}");
+    assert!(
+        err.contains("\"tool-runner:50053\" is not an http(s) URL"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_file_names_file_key_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[agent]\nmax_steps = \"many\"\n",
+    )
+    .unwrap();
+    let err = Config::load(&source(Some(dir.path()), &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("local.toml"), "{err}");
+    assert!(err.contains("max_steps"), "{err}");
+    assert!(err.contains("invalid type"), "{err}");
+}
+
+#[test]
+fn unknown_key_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("default.toml"), "[llm]\nmodle = \"x\"\n").unwrap();
+    let err = Config::load(&source(Some(dir.path()), &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("default.toml"), "{err}");
+    assert!(err.contains("modle"), "{err}");
+}
+
+#[test]
+fn syntax_error_is_reported_with_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("local.toml"), "[llm\n").unwrap();
+    let err = Config::load(&source(Some(dir.path()), &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("local.toml"), "{err}");
+}
+
+#[test]
+fn bad_env_value_names_variable() {
+    let err = Config::load(&source(None, &[("AGENTRY_MAX_STEPS", "lots")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("AGENTRY_MAX_STEPS"), "{err}");
+    assert!(err.contains("lots"), "{err}");
+    let err = Config::load(&source(None, &[("AGENTRY_LLM_BASE_URL", "localhost:1")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("llm.base_url"), "{err}");
+    let err = Config::load(&source(None, &[("AGENTRY_ORCHESTRATOR_LISTEN", "nowhere")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("AGENTRY_ORCHESTRATOR_LISTEN"), "{err}");
+}
+
+#[test]
+fn system_prompt_prefers_non_empty_system_md() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+    assert_eq!(config.system_prompt().unwrap(), DEFAULT_SYSTEM_PROMPT);
+    std::fs::write(dir.path().join("default_system.md"), "default one").unwrap();
+    std::fs::write(dir.path().join("system.md"), "  \n").unwrap();
+    assert_eq!(config.system_prompt().unwrap(), "default one");
+    std::fs::write(dir.path().join("system.md"), "mine").unwrap();
+    assert_eq!(config.system_prompt().unwrap(), "mine");
+    config.config_dir = None;
+    assert_eq!(config.system_prompt().unwrap(), DEFAULT_SYSTEM_PROMPT);
+}
