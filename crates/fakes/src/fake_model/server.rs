@@ -1,0 +1,278 @@
+//! The HTTP routes: chat (OpenAI and Ollama), model listings, the control
+//! API, and the errors each protocol expects.
+
+use super::wire::*;
+use super::*;
+
+pub(super) fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// The two wire protocols served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Protocol {
+    OpenAi,
+    Ollama,
+}
+
+pub(super) fn error_response(status: u16, message: &str) -> Response {
+    protocol_error(Protocol::OpenAi, status, message)
+}
+
+/// An error answer in the format of `protocol`.
+pub(super) fn protocol_error(protocol: Protocol, status: u16, message: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    match protocol {
+        Protocol::OpenAi => {
+            let kind = if status.is_client_error() {
+                "invalid_request_error"
+            } else {
+                "server_error"
+            };
+            json_response(
+                status,
+                &json!({"error": {"message": message, "type": kind, "param": null, "code": null}}),
+            )
+        }
+        Protocol::Ollama => json_response(status, &json!({"error": message})),
+    }
+}
+
+pub(super) async fn not_found(request: Request) -> Response {
+    let message = format!(
+        "fake model: no route for {} {}",
+        request.method(),
+        request.uri().path()
+    );
+    error_response(404, &message)
+}
+
+pub(super) async fn models() -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [
+            {"id": "fake-model", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
+            {"id": "fake-model-large", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
+        ]}),
+    )
+}
+
+pub(super) async fn ollama_tags() -> Response {
+    let model = |name: &str| {
+        json!({
+            "name": name, "model": name, "modified_at": "2024-01-01T00:00:00Z", "size": 0,
+            "digest": "0000000000000000000000000000000000000000000000000000000000000000",
+            "details": {"format": "gguf", "family": "fake", "parameter_size": "0B",
+                        "quantization_level": "F16"},
+        })
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({"models": [model("fake-model"), model("fake-model-large")]}),
+    )
+}
+
+/// The text of the last user message of a request body.
+pub(super) fn last_user_message(body: &Value) -> String {
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return String::new();
+    };
+    let Some(message) = messages
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+    else {
+        return String::new();
+    };
+    match message.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        // Content parts: [{"type":"text","text":"..."}]
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// `POST /_fake/replies`: queues the replies of a script (see [`parse_script`]), so a
+/// test driving the server from outside (a container, a shell script) can say what
+/// the next model calls answer.
+pub(super) async fn push_replies(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let parsed = serde_json::from_slice::<Value>(&body)
+        .map_err(|e| anyhow::anyhow!("not JSON: {e}"))
+        .and_then(|value| parse_script(&value));
+    match parsed {
+        Ok(replies) => {
+            let mut inner = shared.lock();
+            let queued = replies.len();
+            inner.queue.extend(replies);
+            Json(serde_json::json!({"queued": queued, "pending": inner.queue.len()}))
+                .into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": {"message": format!("bad script: {e:#}")}})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /_fake/requests`: how many model requests arrived and how many replies are queued.
+pub(super) async fn request_count(State(shared): State<Arc<Shared>>) -> Response {
+    let inner = shared.lock();
+    Json(serde_json::json!({"requests": inner.requests.len(), "pending": inner.queue.len()}))
+        .into_response()
+}
+
+pub(super) async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    chat(
+        shared,
+        Protocol::OpenAi,
+        "/v1/chat/completions",
+        headers,
+        body,
+    )
+    .await
+}
+
+pub(super) async fn ollama_chat(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    chat(shared, Protocol::Ollama, "/api/chat", headers, body).await
+}
+
+/// Captures a chat request and answers it with the next scripted reply.
+pub(super) async fn chat(
+    shared: Arc<Shared>,
+    protocol: Protocol,
+    path: &str,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let captured: Vec<(String, String)> = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_string(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let reply = {
+        let mut inner = shared.lock();
+        inner.requests.push(request.clone());
+        inner.headers.push(captured);
+        inner.paths.push(path.to_string());
+        let inner = &mut *inner;
+        match inner.queue.pop_front() {
+            Some(reply) => Some(reply),
+            None => match &inner.fallback {
+                Fallback::Error => None,
+                Fallback::Echo => Some(Reply::text(&format!(
+                    "echo: {}",
+                    last_user_message(&request)
+                ))),
+                Fallback::ToolThenText {
+                    tool,
+                    arguments,
+                    text,
+                } => {
+                    let after_tool = request["messages"]
+                        .as_array()
+                        .and_then(|m| m.last())
+                        .is_some_and(|m| m["role"] == "tool");
+                    if after_tool {
+                        Some(Reply::text(text))
+                    } else {
+                        let n = inner.script_pos;
+                        inner.script_pos = inner.script_pos.wrapping_add(1);
+                        Some(Reply::tool_call(
+                            &format!("call_{n}"),
+                            tool,
+                            arguments.clone(),
+                        ))
+                    }
+                }
+                Fallback::Script(replies) if replies.is_empty() => None,
+                Fallback::Script(replies) => {
+                    let reply = replies[inner.script_pos % replies.len()].clone();
+                    inner.script_pos = inner.script_pos.wrapping_add(1);
+                    Some(reply)
+                }
+            },
+        }
+    };
+    let Some(reply) = reply else {
+        return protocol_error(protocol, 500, "fake model: no scripted reply left");
+    };
+    if !request.is_object() {
+        return protocol_error(
+            protocol,
+            400,
+            "fake model: the request body is not a JSON object",
+        );
+    }
+    if let Some(d) = reply.delay {
+        tokio::time::sleep(d).await;
+    }
+    let mut response = match reply.kind {
+        ReplyKind::Error { status, message } => protocol_error(protocol, status, &message),
+        ReplyKind::Stream(chunks) => {
+            let model = request
+                .get("model")
+                .and_then(Value::as_str)
+                .unwrap_or("fake-model")
+                .to_string();
+            let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+            let content_type = match protocol {
+                Protocol::OpenAi => {
+                    let id = format!(
+                        "chatcmpl-fake-{}",
+                        shared.next_id.fetch_add(1, Ordering::Relaxed)
+                    );
+                    let framer = Framer {
+                        id,
+                        model,
+                        created: SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0),
+                    };
+                    tokio::spawn(send_stream(framer, chunks, tx, shared.clone()));
+                    "text/event-stream"
+                }
+                Protocol::Ollama => {
+                    tokio::spawn(send_ndjson(model, chunks, tx));
+                    "application/x-ndjson"
+                }
+            };
+            let mut response = Response::new(Body::from_stream(ReceiverStream::new(rx)));
+            let h = response.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response
+        }
+    };
+    if let Some(value) = reply
+        .retry_after
+        .and_then(|v| HeaderValue::from_str(&v).ok())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
+}
