@@ -14,6 +14,7 @@ pub mod compaction;
 pub mod deps;
 pub mod metrics;
 pub mod plan;
+pub mod prompt;
 pub mod reducer;
 pub mod reminders;
 pub mod runners;

@@ -2,13 +2,14 @@
 //! (append to the store, call the model, run tools) and feeds their outcomes
 //! back as inputs.
 
+mod model_call;
+mod tool_call;
+
 use crate::deps::Deps;
 use crate::metrics::{CALLS_IN_FLIGHT, CALLS_IN_FLIGHT_HELP};
 use crate::reducer::{Effect, Input, SessionState};
-use agentry_llm::{ChatRequest, Message, StreamEvent, ToolCall};
+use agentry_llm::{Message, ToolCall};
 use agentry_proto::sessions::v1::{self as pb, ApprovalDecision, ApprovalMode};
-use agentry_proto::tools::v1::{ExecuteRequest, OutputChunk};
-use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -462,7 +463,7 @@ impl Actor {
         // The plan tools, except for the final answer.
         let plan_mode = self.state.turn_plan().is_some_and(|p| !p.is_finishing());
         extra.extend(self.state.plan_guidance());
-        let call = ModelCall {
+        let call = model_call::ModelCall {
             history,
             spans: self.state.history_spans.clone(),
             extra,
@@ -482,7 +483,7 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "model");
-                model_call(deps.clone(), call, task, tx).await;
+                model_call::model_call(deps.clone(), call, task, tx).await;
                 drop(gauge);
             }
             .instrument(span),
@@ -506,7 +507,8 @@ impl Actor {
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "tool");
                 let result =
-                    tool_call(&deps, &session_id, call, read_only, network, task, &tx).await;
+                    tool_call::tool_call(&deps, &session_id, call, read_only, network, task, &tx)
+                        .await;
                 drop(gauge);
                 let span = Span::current();
                 span.record("runner_id", result.runner_id.as_str());
@@ -518,332 +520,6 @@ impl Actor {
             .instrument(span),
         );
         self.in_flight.insert(task, handle.abort_handle());
-    }
-}
-
-/// What one model call needs besides the shared dependencies.
-struct ModelCall {
-    /// The conversation.
-    history: Vec<Message>,
-    /// The seqs each message of `history` stands for (the conversation is
-    /// not compacted when they do not match it).
-    spans: Vec<(u64, u64)>,
-    /// System messages for this call only (skillset, plan-mode guidance).
-    extra: Vec<String>,
-    /// Offer the plan tools.
-    plan_mode: bool,
-}
-
-async fn model_call(deps: Arc<Deps>, call: ModelCall, task: u64, tx: mpsc::Sender<Outcome>) {
-    let tools = deps.tools().await;
-    if tx
-        .send((task, Input::ToolCatalog(tools.flags.clone())))
-        .await
-        .is_err()
-    {
-        return;
-    }
-    let mut definitions = tools.definitions.clone();
-    let plan_tools = if call.plan_mode {
-        crate::plan::definitions()
-    } else {
-        Vec::new()
-    };
-    definitions.extend(plan_tools.iter().cloned());
-    let native = deps.profile.native_tools;
-    let mut system = deps.system_prompt.clone();
-    if !native {
-        system.push_str("\n\n");
-        system.push_str(&crate::textcalls::instructions(&definitions));
-    }
-    let mut messages = vec![Message::System { content: system }];
-    // Instructions for this call only, each a system message of its own.
-    messages.extend(
-        call.extra
-            .into_iter()
-            .map(|content| Message::System { content }),
-    );
-    // Keep the request within the context window.
-    let tool_tokens = if native {
-        tools.tokens(&deps.tokenizer) + deps.tokenizer.definitions(&plan_tools)
-    } else {
-        0
-    };
-    let fitted =
-        crate::compaction::fit(&deps, &messages, tool_tokens, call.history, &call.spans).await;
-    let overhead = fitted.overhead;
-    let window = deps.compaction.context_window;
-    if deps.compaction.enabled && fitted.tokens > window {
-        let message = format!(
-            "the request would take about {} tokens, more than the model's context window of \
-             {window} (the system prompt, instructions and tool definitions alone take about \
-             {overhead}); raise model_profiles.context_window if the model reads more",
-            fitted.tokens
-        );
-        let _ = tx
-            .send((
-                task,
-                Input::ModelFailed {
-                    message: format!("model call not sent: {message}"),
-                    retryable: false,
-                },
-            ))
-            .await;
-        return;
-    }
-    if fitted.truncated > 0 {
-        tracing::warn!(
-            messages = fitted.truncated,
-            "messages shortened in this request to fit the context window"
-        );
-    }
-    if let Some(event) = fitted.event
-        && tx.send((task, Input::Compacted(event))).await.is_err()
-    {
-        return;
-    }
-    if native {
-        messages.extend(fitted.history);
-    } else {
-        messages.extend(fitted.history.into_iter().map(as_text));
-    }
-    let names: std::collections::BTreeSet<String> =
-        definitions.iter().map(|t| t.name.clone()).collect();
-    let mut request = ChatRequest {
-        messages,
-        tools: if native { definitions } else { Vec::new() },
-        temperature: deps.temperature,
-    };
-    let started = Instant::now();
-    let failed = |message: String, retryable: bool| {
-        let span = Span::current();
-        span.record("outcome", "error");
-        span.record("latency_ms", started.elapsed().as_millis() as u64);
-        crate::metrics::model_call_finished(&deps.metrics, "error", started.elapsed(), None);
-        (
-            task,
-            Input::ModelFailed {
-                message: format!("model call failed: {message}"),
-                retryable,
-            },
-        )
-    };
-    // A tool call written as text that cannot be read gets one correction.
-    let mut corrected = false;
-    loop {
-        let completion = match stream_once(&deps, request.clone(), task, &tx).await {
-            Ok(Some(completion)) => completion,
-            Ok(None) => return, // Nobody listens any more.
-            Err((message, retryable)) => {
-                let _ = tx.send(failed(message, retryable)).await;
-                return;
-            }
-        };
-        let completion = if completion.tool_calls.is_empty() {
-            match read_text_calls(completion, &names, native) {
-                Ok(completion) => completion,
-                Err((text, error)) if !corrected => {
-                    tracing::info!(%error, "asking the model to rewrite a malformed tool call");
-                    corrected = true;
-                    request.messages.push(Message::Assistant {
-                        content: text,
-                        tool_calls: Vec::new(),
-                    });
-                    request.messages.push(Message::User {
-                        content: crate::textcalls::correction(&error),
-                    });
-                    continue;
-                }
-                Err((_, error)) => {
-                    let message = format!(
-                        "the model wrote a tool call that could not be read, even after being shown the format: {error}"
-                    );
-                    let _ = tx.send(failed(message, false)).await;
-                    return;
-                }
-            }
-        } else {
-            completion
-        };
-        let elapsed = started.elapsed();
-        let span = Span::current();
-        span.record("outcome", "ok");
-        span.record("latency_ms", elapsed.as_millis() as u64);
-        if let Some(usage) = completion.usage {
-            span.record("prompt_tokens", usage.prompt_tokens);
-            span.record("completion_tokens", usage.completion_tokens);
-        }
-        crate::metrics::model_call_finished(&deps.metrics, "ok", elapsed, completion.usage);
-        tracing::debug!(
-            elapsed_ms = elapsed.as_millis() as u64,
-            "model call finished"
-        );
-        let _ = tx.send((task, Input::ModelDone(completion))).await;
-        return;
-    }
-}
-
-/// One streamed request: deltas go to the actor as they come; the complete
-/// answer is returned (`None` when the actor is gone).
-async fn stream_once(
-    deps: &Deps,
-    request: ChatRequest,
-    task: u64,
-    tx: &mpsc::Sender<Outcome>,
-) -> Result<Option<agentry_llm::Completion>, (String, bool)> {
-    let mut stream = deps
-        .llm
-        .stream(request)
-        .await
-        .map_err(|e| (e.to_string(), e.is_retryable()))?;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(StreamEvent::TextDelta(text)) => {
-                if tx.send((task, Input::ModelDelta(text))).await.is_err() {
-                    return Ok(None);
-                }
-            }
-            Ok(StreamEvent::Completed(completion)) => return Ok(Some(completion)),
-            Err(e) => return Err((e.to_string(), e.is_retryable())),
-        }
-    }
-    Err((
-        "the model stream ended without a complete response".into(),
-        true,
-    ))
-}
-
-/// Tool calls written in the text become real calls. A text that tries to
-/// call a tool but cannot be read is returned with the reason; plain text
-/// passes through. Without native tool calling, fenced JSON blocks count too.
-fn read_text_calls(
-    mut completion: agentry_llm::Completion,
-    names: &std::collections::BTreeSet<String>,
-    native: bool,
-) -> Result<agentry_llm::Completion, (String, String)> {
-    let tries = crate::textcalls::looks_like_a_call(&completion.text)
-        || (!native && completion.text.contains("```"));
-    if !tries {
-        return Ok(completion);
-    }
-    match crate::textcalls::parse(&completion.text, names) {
-        Ok(parsed) if parsed.calls.is_empty() => Ok(completion),
-        Ok(parsed) => {
-            completion.tool_calls = parsed
-                .calls
-                .into_iter()
-                .map(|c| ToolCall {
-                    id: format!("text-{}", uuid::Uuid::now_v7().simple()),
-                    name: c.name,
-                    arguments: c.arguments,
-                })
-                .collect();
-            completion.text = parsed.prose;
-            completion.finish_reason = "tool_calls".into();
-            Ok(completion)
-        }
-        Err(error) => Err((completion.text, error)),
-    }
-}
-
-/// A message for a model without native tool calling: its calls written
-/// the way it was told to write them, results as plain messages.
-fn as_text(message: Message) -> Message {
-    match message {
-        Message::Assistant {
-            content,
-            tool_calls,
-        } if !tool_calls.is_empty() => {
-            let mut text = content;
-            for call in tool_calls {
-                if !text.is_empty() {
-                    text.push('\n');
-                }
-                let arguments = if call.arguments.trim().is_empty() {
-                    "{}".to_string()
-                } else {
-                    call.arguments
-                };
-                text.push_str(&format!("TOOL:{} {arguments}", call.name));
-            }
-            Message::Assistant {
-                content: text,
-                tool_calls: Vec::new(),
-            }
-        }
-        Message::Tool {
-            tool_call_id,
-            content,
-        } => Message::User {
-            content: format!("Result of tool call {tool_call_id}:\n{content}"),
-        },
-        other => other,
-    }
-}
-
-fn tool_error(call: &ToolCall, output: String, started: Instant) -> pb::ToolResult {
-    pb::ToolResult {
-        call_id: call.id.clone(),
-        tool: call.name.clone(),
-        output,
-        is_error: true,
-        exit_code: None,
-        duration_ms: started.elapsed().as_millis() as u64,
-        runner_id: String::new(),
-    }
-}
-
-async fn tool_call(
-    deps: &Deps,
-    session_id: &str,
-    call: ToolCall,
-    read_only: bool,
-    network: bool,
-    task: u64,
-    tx: &mpsc::Sender<Outcome>,
-) -> pb::ToolResult {
-    let started = Instant::now();
-    let request = ExecuteRequest {
-        call_id: call.id.clone(),
-        session_id: session_id.to_string(),
-        tool: call.name.clone(),
-        arguments_json: call.arguments.clone(),
-        timeout_ms: 0,
-        network,
-    };
-    if crate::builtin::is_builtin(&call.name) {
-        return crate::builtin::run(deps, session_id, &call).await;
-    }
-    let call_id = call.id.clone();
-    let outcome = deps
-        .runners
-        .execute(request, read_only, |chunk: OutputChunk| {
-            let stream =
-                pb::OutputStream::try_from(chunk.stream).unwrap_or(pb::OutputStream::Unspecified);
-            let input = Input::ToolChunk {
-                call_id: call_id.clone(),
-                stream,
-                text: chunk.text,
-            };
-            let tx = tx.clone();
-            async move { tx.send((task, input)).await.is_ok() }
-        })
-        .await;
-    match outcome {
-        Ok(result) => pb::ToolResult {
-            call_id: call.id.clone(),
-            tool: call.name.clone(),
-            output: result.output,
-            is_error: result.is_error,
-            exit_code: result.exit_code,
-            duration_ms: result.duration_ms,
-            runner_id: result.runner_id,
-        },
-        Err(failure) => {
-            let mut result = tool_error(&call, failure.message, started);
-            result.runner_id = failure.runner;
-            result
-        }
     }
 }
 

@@ -1,0 +1,71 @@
+//! One tool call: a built-in tool in the orchestrator, anything else on the
+//! least busy tool runner, its output streamed back to the actor.
+
+use super::*;
+use agentry_proto::tools::v1::{ExecuteRequest, OutputChunk};
+
+pub(super) fn tool_error(call: &ToolCall, output: String, started: Instant) -> pb::ToolResult {
+    pb::ToolResult {
+        call_id: call.id.clone(),
+        tool: call.name.clone(),
+        output,
+        is_error: true,
+        exit_code: None,
+        duration_ms: started.elapsed().as_millis() as u64,
+        runner_id: String::new(),
+    }
+}
+
+pub(super) async fn tool_call(
+    deps: &Deps,
+    session_id: &str,
+    call: ToolCall,
+    read_only: bool,
+    network: bool,
+    task: u64,
+    tx: &mpsc::Sender<Outcome>,
+) -> pb::ToolResult {
+    let started = Instant::now();
+    let request = ExecuteRequest {
+        call_id: call.id.clone(),
+        session_id: session_id.to_string(),
+        tool: call.name.clone(),
+        arguments_json: call.arguments.clone(),
+        timeout_ms: 0,
+        network,
+    };
+    if crate::builtin::is_builtin(&call.name) {
+        return crate::builtin::run(deps, session_id, &call).await;
+    }
+    let call_id = call.id.clone();
+    let outcome = deps
+        .runners
+        .execute(request, read_only, |chunk: OutputChunk| {
+            let stream =
+                pb::OutputStream::try_from(chunk.stream).unwrap_or(pb::OutputStream::Unspecified);
+            let input = Input::ToolChunk {
+                call_id: call_id.clone(),
+                stream,
+                text: chunk.text,
+            };
+            let tx = tx.clone();
+            async move { tx.send((task, input)).await.is_ok() }
+        })
+        .await;
+    match outcome {
+        Ok(result) => pb::ToolResult {
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            output: result.output,
+            is_error: result.is_error,
+            exit_code: result.exit_code,
+            duration_ms: result.duration_ms,
+            runner_id: result.runner_id,
+        },
+        Err(failure) => {
+            let mut result = tool_error(&call, failure.message, started);
+            result.runner_id = failure.runner;
+            result
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! What the model sees, decided in one pure place: the system prompt, the
+//! turn's own instructions (skillset, plan guidance), the tool definitions
+//! (natively, or described in the system prompt with calls read back from
+//! text), and the conversation as that model can read it. Fitting the
+//! conversation to the context window is `compaction`'s; this module takes
+//! the fitted history.
+//!
+//! Pure: no I/O, unit-tested below.
+
+use crate::tokens::Tokenizer;
+use agentry_llm::{ChatRequest, Completion, Message, ToolCall, ToolDefinition};
+use std::collections::BTreeSet;
+
+/// The parts of a request that come before the conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    /// The system message, then one system message per instruction of
+    /// this call.
+    pub head: Vec<Message>,
+    /// Every tool the model may call this time.
+    pub definitions: Vec<ToolDefinition>,
+    /// The model calls tools natively; otherwise the definitions are in the
+    /// system message and calls are read from its text.
+    pub native: bool,
+    /// The tokens the definitions take in the request (0 when they are part
+    /// of the system message, which is counted with the head).
+    pub tool_tokens: usize,
+}
+
+/// What goes into one model call's prompt.
+#[derive(Debug, Clone, Copy)]
+pub struct Parts<'a> {
+    /// The configured system prompt.
+    pub system_prompt: &'a str,
+    /// Instructions for this call only (skillset, plan guidance).
+    pub extra: &'a [String],
+    /// The tools the runners and the orchestrator offer.
+    pub tools: &'a [ToolDefinition],
+    /// The tokens `tools` take (counted once per tool set).
+    pub tools_tokens: usize,
+    /// Offer the plan tools too.
+    pub plan_mode: bool,
+    /// The model's profile says native tool calling works.
+    pub native: bool,
+}
+
+/// Builds the prompt for one model call.
+pub fn build(parts: Parts<'_>, tokenizer: &Tokenizer) -> Prompt {
+    let plan_tools = if parts.plan_mode {
+        crate::plan::definitions()
+    } else {
+        Vec::new()
+    };
+    let mut definitions = parts.tools.to_vec();
+    definitions.extend(plan_tools.iter().cloned());
+    let mut system = parts.system_prompt.to_string();
+    if !parts.native {
+        system.push_str("\n\n");
+        system.push_str(&crate::textcalls::instructions(&definitions));
+    }
+    let mut head = vec![Message::System { content: system }];
+    head.extend(parts.extra.iter().map(|content| Message::System {
+        content: content.clone(),
+    }));
+    let tool_tokens = if parts.native {
+        parts.tools_tokens + tokenizer.definitions(&plan_tools)
+    } else {
+        0
+    };
+    Prompt {
+        head,
+        definitions,
+        native: parts.native,
+        tool_tokens,
+    }
+}
+
+impl Prompt {
+    /// The names of the tools offered, for reading calls from text.
+    pub fn names(&self) -> BTreeSet<String> {
+        self.definitions.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// The request: the head, then the (fitted) conversation, written the
+    /// way this model reads it.
+    pub fn request(&self, history: Vec<Message>, temperature: Option<f32>) -> ChatRequest {
+        let mut messages = self.head.clone();
+        if self.native {
+            messages.extend(history);
+        } else {
+            messages.extend(history.into_iter().map(as_text));
+        }
+        ChatRequest {
+            messages,
+            tools: if self.native {
+                self.definitions.clone()
+            } else {
+                Vec::new()
+            },
+            temperature,
+        }
+    }
+}
+
+/// Tool calls written in the text become real calls. A text that tries to
+/// call a tool but cannot be read is returned with the reason; plain text
+/// passes through. Without native tool calling, fenced JSON blocks count too.
+pub fn read_text_calls(
+    mut completion: Completion,
+    names: &BTreeSet<String>,
+    native: bool,
+) -> Result<Completion, (String, String)> {
+    let tries = crate::textcalls::looks_like_a_call(&completion.text)
+        || (!native && completion.text.contains("```"));
+    if !tries {
+        return Ok(completion);
+    }
+    match crate::textcalls::parse(&completion.text, names) {
+        Ok(parsed) if parsed.calls.is_empty() => Ok(completion),
+        Ok(parsed) => {
+            completion.tool_calls = parsed
+                .calls
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: format!("text-{}", uuid::Uuid::now_v7().simple()),
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect();
+            completion.text = parsed.prose;
+            completion.finish_reason = "tool_calls".into();
+            Ok(completion)
+        }
+        Err(error) => Err((completion.text, error)),
+    }
+}
+
+/// A message for a model without native tool calling: its calls written
+/// the way it was told to write them, results as plain messages.
+fn as_text(message: Message) -> Message {
+    match message {
+        Message::Assistant {
+            content,
+            tool_calls,
+        } if !tool_calls.is_empty() => {
+            let mut text = content;
+            for call in tool_calls {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                let arguments = if call.arguments.trim().is_empty() {
+                    "{}".to_string()
+                } else {
+                    call.arguments
+                };
+                text.push_str(&format!("TOOL:{} {arguments}", call.name));
+            }
+            Message::Assistant {
+                content: text,
+                tool_calls: Vec::new(),
+            }
+        }
+        Message::Tool {
+            tool_call_id,
+            content,
+        } => Message::User {
+            content: format!("Result of tool call {tool_call_id}:\n{content}"),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn bash_tool() -> ToolDefinition {
+        ToolDefinition {
+            name: "bash".into(),
+            description: "Run a command".into(),
+            parameters: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+        }
+    }
+
+    fn history() -> Vec<Message> {
+        vec![
+            Message::User {
+                content: "list files".into(),
+            },
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "bash".into(),
+                    arguments: String::new(),
+                }],
+            },
+            Message::Tool {
+                tool_call_id: "c1".into(),
+                content: "a.txt".into(),
+            },
+        ]
+    }
+
+    fn parts<'a>(tools: &'a [ToolDefinition], extra: &'a [String], native: bool) -> Parts<'a> {
+        Parts {
+            system_prompt: "You are helpful.",
+            extra,
+            tools,
+            tools_tokens: 42,
+            plan_mode: false,
+            native,
+        }
+    }
+
+    #[test]
+    fn a_native_model_gets_tools_and_the_conversation_as_is() {
+        let tools = [bash_tool()];
+        let extra = ["Use the coding skillset.".to_string()];
+        let prompt = build(parts(&tools, &extra, true), &Tokenizer::Estimate);
+        assert_eq!(prompt.tool_tokens, 42);
+        let request = prompt.request(history(), Some(0.2));
+        assert_eq!(
+            request.messages[..2],
+            [
+                Message::System {
+                    content: "You are helpful.".into()
+                },
+                Message::System {
+                    content: "Use the coding skillset.".into()
+                },
+            ]
+        );
+        assert_eq!(request.messages[2..], history()[..]);
+        assert_eq!(request.tools, vec![bash_tool()]);
+        assert_eq!(request.temperature, Some(0.2));
+        assert_eq!(prompt.names(), BTreeSet::from(["bash".to_string()]));
+    }
+
+    #[test]
+    fn a_model_without_native_tools_reads_them_in_the_system_prompt_and_writes_calls_as_text() {
+        let tools = [bash_tool()];
+        let prompt = build(parts(&tools, &[], false), &Tokenizer::Estimate);
+        assert_eq!(prompt.tool_tokens, 0, "counted with the system message");
+        let request = prompt.request(history(), None);
+        assert!(request.tools.is_empty());
+        let Message::System { content } = &request.messages[0] else {
+            panic!("{:?}", request.messages[0]);
+        };
+        assert!(content.starts_with("You are helpful.\n\n"), "{content}");
+        assert!(content.contains("bash"), "{content}");
+        assert_eq!(
+            request.messages[2],
+            Message::Assistant {
+                content: "TOOL:bash {}".into(),
+                tool_calls: Vec::new(),
+            }
+        );
+        assert_eq!(
+            request.messages[3],
+            Message::User {
+                content: "Result of tool call c1:\na.txt".into()
+            }
+        );
+    }
+
+    #[test]
+    fn plan_mode_offers_the_plan_tools_and_counts_them() {
+        let tools = [bash_tool()];
+        let mut plan = parts(&tools, &[], true);
+        plan.plan_mode = true;
+        let prompt = build(plan, &Tokenizer::Estimate);
+        let names = prompt.names();
+        assert!(names.contains(crate::plan::SUBMIT_PLAN), "{names:?}");
+        assert!(names.contains(crate::plan::COMPLETE_STEP), "{names:?}");
+        assert!(prompt.tool_tokens > 42);
+    }
+
+    #[test]
+    fn calls_written_as_text_become_calls_and_plain_text_passes() {
+        let names = BTreeSet::from(["bash".to_string()]);
+        let completion = |text: &str| Completion {
+            text: text.into(),
+            tool_calls: Vec::new(),
+            finish_reason: "stop".into(),
+            usage: None,
+            model: "m".into(),
+        };
+        let plain = read_text_calls(completion("All done."), &names, false).unwrap();
+        assert!(plain.tool_calls.is_empty());
+        let called = read_text_calls(
+            completion("Listing.\nTOOL:bash {\"command\": \"ls\"}"),
+            &names,
+            false,
+        )
+        .unwrap();
+        assert_eq!(called.tool_calls.len(), 1);
+        assert_eq!(called.tool_calls[0].name, "bash");
+        assert_eq!(called.finish_reason, "tool_calls");
+        let (_, error) =
+            read_text_calls(completion("TOOL:bash {not json"), &names, false).unwrap_err();
+        assert!(!error.is_empty());
+    }
+}
