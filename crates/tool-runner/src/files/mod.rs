@@ -1,0 +1,225 @@
+//! The file tools: `edit_file` (exact string replacement), `list_dir`,
+//! `glob` and `grep`.
+//!
+//! Every path given goes through [`Workspace::resolve`]; every path shown is
+//! relative to the workspace root. Walks respect `.gitignore` files (also
+//! outside git repositories, and those of the directories between the
+//! workspace root and the searched directory, but never those above the
+//! workspace), skip hidden entries unless asked, never descend into `.git`
+//! and never follow symbolic links.
+
+use crate::output::CappedOutput;
+use crate::sandbox::Sandbox;
+use crate::tools::{ToolOutcome, ToolSpec};
+use crate::workspace::Workspace;
+use crate::{Limits, ToolError};
+use ignore::gitignore::Gitignore;
+use ignore::{DirEntry, Match, WalkBuilder};
+use serde::Deserialize;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Most entries `list_dir` and `glob` show.
+mod edit;
+mod search;
+
+use edit::*;
+use search::*;
+
+const MAX_ENTRIES: usize = 1000;
+/// Deepest `list_dir` goes.
+const MAX_LIST_DEPTH: u64 = 5;
+/// `grep` results when the call names no limit.
+const DEFAULT_GREP_RESULTS: usize = 200;
+/// The most `grep` results a call may ask for.
+const MAX_GREP_RESULTS: usize = 2000;
+/// `grep` skips larger files.
+const MAX_GREP_FILE_BYTES: u64 = 10 * 1024 * 1024;
+/// Longest line `grep` shows, in characters.
+const MAX_GREP_LINE_CHARS: usize = 300;
+/// Largest compiled regex.
+const REGEX_SIZE_LIMIT: usize = 1024 * 1024;
+/// How much of a file is looked at for NUL bytes to call it binary.
+const BINARY_SNIFF_BYTES: usize = 8192;
+/// Largest file `edit_file` edits.
+const MAX_EDIT_BYTES: u64 = 16 * 1024 * 1024;
+/// How long computing an `edit_file` diff may take before it gets coarser.
+const DIFF_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Descriptions of the file tools (`edit_file`, `glob`, `grep`, `list_dir`),
+/// sorted by name. All but `edit_file` are read-only, parallel-safe and not
+/// sensitive; `edit_file` changes files, runs alone and is sensitive.
+pub fn specs() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: "edit_file",
+            description: "Edit a text file in the workspace by exact string replacement: \
+                `old_string` is replaced by `new_string`. `old_string` must match the file \
+                exactly (including whitespace and indentation) and occur exactly once, unless \
+                `replace_all` is true; add surrounding lines to make it unique. Returns a \
+                unified diff of the change. Use write_file to create files.",
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path relative to the workspace."},
+                    "old_string": {"type": "string", "description": "The exact text to replace (not empty)."},
+                    "new_string": {"type": "string", "description": "The text to put in its place (must differ from old_string)."},
+                    "replace_all": {"type": "boolean", "description": "Replace every occurrence instead of exactly one (default false)."}
+                },
+                "required": ["path", "old_string", "new_string"],
+                "additionalProperties": false
+            }),
+            read_only: false,
+            parallel_safe: false,
+            sensitive: true,
+        },
+        ToolSpec {
+            name: "glob",
+            description: "Find files whose path (relative to `path`) matches a glob pattern, \
+                e.g. \"**/*.rs\" or \"src/*.toml\". `*` does not cross '/', `**` matches any \
+                number of directories. Files ignored by .gitignore are skipped, and so are \
+                hidden ones unless the pattern names them (\".*\", \"**/.github/**\"). Returns \
+                paths relative to the workspace, sorted.",
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Glob pattern, relative to `path`."},
+                    "path": {"type": "string", "description": "Directory to search, relative to the workspace (default \".\")."}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+            read_only: true,
+            parallel_safe: true,
+            sensitive: false,
+        },
+        ToolSpec {
+            name: "grep",
+            description: "Search file contents with a regular expression (Rust regex syntax), \
+                line by line. Returns matching lines as \"path:line_number:line\", sorted by \
+                path then line. Skips binary files, files over 10 MiB, hidden files and files \
+                ignored by .gitignore.",
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Regular expression to search for."},
+                    "path": {"type": "string", "description": "File or directory to search, relative to the workspace (default \".\")."},
+                    "include": {"type": "string", "description": "Only search files whose name matches this glob, e.g. \"*.rs\" (a glob containing '/' is matched against the path relative to `path`)."},
+                    "case_insensitive": {"type": "boolean", "description": "Ignore case (default false)."},
+                    "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_GREP_RESULTS, "description": "Most matching lines returned (default 200)."}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+            read_only: true,
+            parallel_safe: true,
+            sensitive: false,
+        },
+        ToolSpec {
+            name: "list_dir",
+            description: "List a directory of the workspace: directories end with '/', symbolic \
+                links are shown as \"name -> target\", files with their size. Entries ignored \
+                by .gitignore are left out, and so are hidden ones unless `show_hidden`. Paths \
+                are relative to the workspace, sorted.",
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Directory relative to the workspace (default \".\")."},
+                    "depth": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_DEPTH, "description": "How many levels to list (default 1)."},
+                    "show_hidden": {"type": "boolean", "description": "Include hidden entries (names starting with '.'; default false)."}
+                },
+                "additionalProperties": false
+            }),
+            read_only: true,
+            parallel_safe: true,
+            sensitive: false,
+        },
+    ]
+}
+
+/// Runs `tool` if it is one of the file tools; `None` otherwise.
+pub async fn execute(
+    tool: &str,
+    arguments_json: &str,
+    workspace: &Workspace,
+    limits: &Limits,
+    sandbox: &Sandbox,
+) -> Option<Result<ToolOutcome, ToolError>> {
+    let result = match tool {
+        "read_file" => confined(tool, arguments_json, workspace, limits, sandbox, read_file).await,
+        "write_file" => {
+            confined(tool, arguments_json, workspace, limits, sandbox, write_file).await
+        }
+        "edit_file" => confined(tool, arguments_json, workspace, limits, sandbox, edit_file).await,
+        "list_dir" => confined(tool, arguments_json, workspace, limits, sandbox, list_dir).await,
+        "glob" => confined(tool, arguments_json, workspace, limits, sandbox, glob).await,
+        "grep" => confined(tool, arguments_json, workspace, limits, sandbox, grep).await,
+        _ => return None,
+    };
+    Some(result)
+}
+
+/// Parses the arguments, then runs `f` on a thread of its own confined
+/// like a command of the session (its identity, and a Landlock domain
+/// holding only the workspace): what a file tool can touch is what the
+/// session's shell can.
+async fn confined<A, F>(
+    tool: &str,
+    arguments_json: &str,
+    workspace: &Workspace,
+    limits: &Limits,
+    sandbox: &Sandbox,
+    f: F,
+) -> Result<ToolOutcome, ToolError>
+where
+    A: for<'de> Deserialize<'de> + Send + 'static,
+    F: FnOnce(&Workspace, A, &Limits) -> Result<ToolOutcome, ToolError> + Send + 'static,
+{
+    let args: A = crate::tools::parse_args(tool, arguments_json)?;
+    let confinement = sandbox.file_confinement(workspace);
+    let workspace = workspace.clone();
+    let limits = limits.clone();
+    tokio::task::spawn_blocking(move || {
+        agentry_sandbox::run_confined(&confinement, move || f(&workspace, args, &limits))
+    })
+    .await
+    .map_err(|e| ToolError::Io(format!("{tool} failed: {e}")))?
+    .map_err(|e| ToolError::Io(format!("{tool} could not be confined: {e}")))?
+}
+
+/// The capped output of a successful call.
+fn outcome(text: &str, limits: &Limits) -> ToolOutcome {
+    let mut capped = CappedOutput::new(limits.max_output_bytes);
+    capped.push(text.as_bytes());
+    let (output, truncated) = capped.finish();
+    ToolOutcome {
+        output,
+        truncated,
+        ..ToolOutcome::default()
+    }
+}
+
+/// `path` relative to the workspace, "." for the root itself.
+fn shown(workspace: &Workspace, path: &Path) -> String {
+    let s = workspace.display(path);
+    if s.is_empty() { ".".to_string() } else { s }
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn default_path() -> String {
+    ".".to_string()
+}
+
+/// Metadata of an existing path, with a clear error when it is missing.
+fn existing(path: &Path, shown: &str) -> Result<std::fs::Metadata, ToolError> {
+    std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ToolError::Io(format!(
+            "{shown}: no such file or directory in the workspace"
+        )),
+        _ => ToolError::Io(format!("{shown}: {e}")),
+    })
+}
