@@ -7,6 +7,7 @@
 //! the summary, and the `recall` tool reads the originals back.
 
 use crate::deps::Deps;
+use crate::errors::ModelCallError;
 use crate::tokens::measure;
 use agentry_llm::{ChatRequest, Message, StreamEvent};
 use agentry_proto::sessions::v1 as pb;
@@ -262,7 +263,11 @@ const SUMMARY_INSTRUCTIONS: &str = "You condense conversations between a person 
     specific (names, paths, numbers); leave out pleasantries. Write plain text, no preamble.";
 
 /// Asks the model for a summary of `messages`, of at most `max_tokens`.
-async fn summarise(deps: &Deps, messages: &[Message], max_tokens: usize) -> Result<String, String> {
+async fn summarise(
+    deps: &Deps,
+    messages: &[Message],
+    max_tokens: usize,
+) -> Result<String, ModelCallError> {
     // The transcript must leave room in the window for the instructions
     // and the answer.
     let limit = (deps.compaction.context_window / 2).max(256);
@@ -290,7 +295,7 @@ async fn summarise(deps: &Deps, messages: &[Message], max_tokens: usize) -> Resu
     crate::metrics::model_call_finished(&deps.metrics, outcome, started.elapsed(), usage);
     let text = completion?.text.trim().to_string();
     if text.is_empty() {
-        return Err("the model returned an empty summary".into());
+        return Err(ModelCallError::EmptySummary);
     }
     Ok(clip_tokens(&text, &deps.tokenizer, max_tokens))
 }
@@ -298,15 +303,15 @@ async fn summarise(deps: &Deps, messages: &[Message], max_tokens: usize) -> Resu
 async fn stream_summary(
     deps: &Deps,
     request: ChatRequest,
-) -> Result<agentry_llm::Completion, String> {
-    let mut stream = deps.llm.stream(request).await.map_err(|e| e.to_string())?;
+) -> Result<agentry_llm::Completion, ModelCallError> {
+    let mut stream = deps.llm.stream(request).await?;
     while let Some(item) = stream.next().await {
-        match item.map_err(|e| e.to_string())? {
+        match item? {
             StreamEvent::TextDelta(_) => {}
             StreamEvent::Completed(c) => return Ok(c),
         }
     }
-    Err("the model stream ended without a complete response".into())
+    Err(ModelCallError::Unfinished)
 }
 
 /// `text` cut to about `max` tokens.

@@ -12,6 +12,7 @@ pub mod actor;
 pub mod builtin;
 pub mod compaction;
 pub mod deps;
+pub mod errors;
 pub mod metrics;
 pub mod plan;
 pub mod prompt;
@@ -44,9 +45,29 @@ use tonic::service::Routes;
 /// Why the orchestrator could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// A setting is unusable.
+    /// Another service's address is unusable.
+    #[error("{service}: {source}")]
+    Service {
+        /// Which one (its configuration key).
+        service: &'static str,
+        /// Why.
+        source: agentry_runtime::auth::AuthError,
+    },
+    /// The tool runners' addresses are unusable.
+    #[error("tool_runner.url: {0}")]
+    Runners(String),
+    /// The model client cannot be set up.
+    #[error(transparent)]
+    Model(#[from] agentry_llm::LlmError),
+    /// The system prompt cannot be read.
+    #[error(transparent)]
+    SystemPrompt(#[from] agentry_runtime::ConfigError),
+    /// The policy's rules are invalid.
+    #[error("invalid policy: {0}")]
+    Policy(#[from] agentry_policy::PolicyError),
+    /// The metrics endpoint cannot be served.
     #[error("{0}")]
-    Config(String),
+    Metrics(String),
     /// Serving failed.
     #[error(transparent)]
     Serve(#[from] agentry_runtime::ServeError),
@@ -55,17 +76,17 @@ pub enum RunError {
 /// Builds the shared dependencies from the configuration; calls to the
 /// other services carry `auth`'s service credential.
 pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> {
-    let channel = |url: &str, what: &str| {
+    let channel = |url: &str, service: &'static str| {
         auth.lazy_channel(url)
-            .map_err(|e| RunError::Config(format!("{what}: {e}")))
+            .map_err(|source| RunError::Service { service, source })
     };
-    let store = SessionStoreClient::new(channel(&config.session_store.url, "session store")?)
+    let store = SessionStoreClient::new(channel(&config.session_store.url, "session_store.url")?)
         .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES);
-    let runners = runners::RunnerPool::new(&config.tool_runner.url, auth)
-        .map_err(|e| RunError::Config(format!("tool_runner.url: {e}")))?;
+    let runners =
+        runners::RunnerPool::new(&config.tool_runner.url, auth).map_err(RunError::Runners)?;
     let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(channel(
         &config.scheduler.url,
-        "scheduler",
+        "scheduler.url",
     )?);
     let llm = ChatClient::new(ProviderConfig {
         provider: match config.llm.provider {
@@ -79,14 +100,10 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
         max_retries: config.llm.max_retries,
         retry_base_delay: ProviderConfig::DEFAULT_RETRY_BASE_DELAY,
-    })
-    .map_err(|e| RunError::Config(e.to_string()))?
+    })?
     .with_headers_hook(agentry_runtime::telemetry::inject_http);
-    let system_prompt = config
-        .system_prompt()
-        .map_err(|e| RunError::Config(e.to_string()))?;
-    let policy = agentry_policy::Policy::from_config(&config.policy)
-        .map_err(|e| RunError::Config(format!("invalid policy: {e}")))?;
+    let system_prompt = config.system_prompt()?;
+    let policy = agentry_policy::Policy::from_config(&config.policy)?;
     let profile = config.model_profile();
     let tokenizer = compaction::Tokenizer::for_model(&config.llm.model, &profile.tokenizer);
     let context_window = compaction::context_window(&config.llm.model, profile.context_window);
@@ -154,7 +171,7 @@ pub async fn run(
         move || metrics.render(),
     )
     .await
-    .map_err(RunError::Config)?;
+    .map_err(RunError::Metrics)?;
     let orchestrator = OrchestratorService::new(deps);
     // Sessions left mid-turn by an earlier process are recovered now.
     let recovering = orchestrator.clone();

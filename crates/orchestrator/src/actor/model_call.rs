@@ -2,6 +2,7 @@
 //! window, streamed, and its answer (or failure) handed back to the actor.
 
 use super::*;
+use crate::errors::ModelCallError;
 use agentry_llm::{ChatRequest, StreamEvent};
 use futures::StreamExt;
 
@@ -106,8 +107,10 @@ pub(super) async fn model_call(
         let completion = match stream_once(&deps, request.clone(), task, &tx).await {
             Ok(Some(completion)) => completion,
             Ok(None) => return, // Nobody listens any more.
-            Err((message, retryable)) => {
-                let _ = tx.send(failed(message, retryable)).await;
+            Err(error) => {
+                let _ = tx
+                    .send(failed(error.to_string(), error.is_retryable()))
+                    .await;
                 return;
             }
         };
@@ -162,12 +165,8 @@ pub(super) async fn stream_once(
     request: ChatRequest,
     task: u64,
     tx: &mpsc::Sender<Outcome>,
-) -> Result<Option<agentry_llm::Completion>, (String, bool)> {
-    let mut stream = deps
-        .llm
-        .stream(request)
-        .await
-        .map_err(|e| (e.to_string(), e.is_retryable()))?;
+) -> Result<Option<agentry_llm::Completion>, ModelCallError> {
+    let mut stream = deps.llm.stream(request).await?;
     while let Some(item) = stream.next().await {
         match item {
             Ok(StreamEvent::TextDelta(text)) => {
@@ -176,11 +175,8 @@ pub(super) async fn stream_once(
                 }
             }
             Ok(StreamEvent::Completed(completion)) => return Ok(Some(completion)),
-            Err(e) => return Err((e.to_string(), e.is_retryable())),
+            Err(e) => return Err(e.into()),
         }
     }
-    Err((
-        "the model stream ended without a complete response".into(),
-        true,
-    ))
+    Err(ModelCallError::Unfinished)
 }

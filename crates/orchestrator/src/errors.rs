@@ -1,0 +1,55 @@
+//! Typed errors of the orchestrator's own work (the service's start-up
+//! errors are [`crate::RunError`]; refusals of inputs are the reducer's
+//! [`crate::reducer::Refusal`]).
+
+use agentry_llm::LlmError;
+
+/// Why a model call gave no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelCallError {
+    /// The model server or the connection failed.
+    #[error(transparent)]
+    Llm(#[from] LlmError),
+    /// The stream ended before the complete response.
+    #[error("the model stream ended without a complete response")]
+    Unfinished,
+    /// A summary was asked for and nothing came back.
+    #[error("the model returned an empty summary")]
+    EmptySummary,
+}
+
+impl ModelCallError {
+    /// Whether asking again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ModelCallError::Llm(e) => e.is_retryable(),
+            ModelCallError::Unfinished => true,
+            ModelCallError::EmptySummary => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_follows_the_cause() {
+        assert!(ModelCallError::Unfinished.is_retryable());
+        assert!(!ModelCallError::EmptySummary.is_retryable());
+        let refused = ModelCallError::from(LlmError::Http {
+            status: 400,
+            message: "bad request".into(),
+        });
+        assert!(!refused.is_retryable());
+        assert_eq!(
+            refused.to_string(),
+            "model server returned HTTP 400: bad request"
+        );
+        let busy = ModelCallError::from(LlmError::Http {
+            status: 503,
+            message: "busy".into(),
+        });
+        assert!(busy.is_retryable());
+    }
+}
