@@ -232,6 +232,11 @@ fn hidden_sudo_is_denied() {
         "cat <(sudo ls)",
         "cat <<EOF\n$(sudo id)\nEOF\n",
         "echo $(echo $(echo `sudo id`))",
+        // Backquotes nest by escaping: `\`` one level down, `\\\``
+        // two levels down.
+        r"echo `echo \`sudo id\``",
+        r"echo `echo \`echo \\\`sudo id\\\`\``",
+        r#"echo "`echo \"\`sudo id\`\"`""#,
         "bash -lc 'sudo ls'",
         "bash -c 'bash -c \"sudo ls\"'",
         "sudo bash -c 'ls'",

@@ -656,11 +656,21 @@ impl Walker {
                     *literal = false;
                     self.parameter_expr(expr);
                 }
-                WordPiece::CommandSubstitution(code)
-                | WordPiece::BackquotedCommandSubstitution(code) => {
+                WordPiece::CommandSubstitution(code) => {
                     text.push_str(source);
                     *literal = false;
                     self.source(code);
+                }
+                WordPiece::BackquotedCommandSubstitution(code) => {
+                    text.push_str(source);
+                    *literal = false;
+                    // The parser undoes `\`` but not `\\` or `\$`, so a
+                    // substitution nested two levels down would hide: the
+                    // body is read from the source as the shell reads it.
+                    match backquoted_body(source, quoted) {
+                        Some(body) => self.source(&body),
+                        None => self.source(code),
+                    }
                 }
                 WordPiece::EscapeSequence(s) => {
                     let escaped = s.strip_prefix('\\').unwrap_or(s);
@@ -790,4 +800,32 @@ impl Walker {
             ParameterExpr::VariableNames { .. } | ParameterExpr::MemberKeys { .. } => {}
         }
     }
+}
+
+/// The command inside a backquoted substitution (`source` with its
+/// backquotes), as the shell runs it: a backslash is dropped before `$`,
+/// a backquote or a backslash (and, inside double quotes, before `"`),
+/// and kept before anything else.
+fn backquoted_body(source: &str, quoted: bool) -> Option<String> {
+    let inner = source.strip_prefix('`')?.strip_suffix('`')?;
+    let mut body = String::with_capacity(inner.len());
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.peek() {
+                Some('$' | '`' | '\\') => {}
+                Some('"') if quoted => {}
+                _ => {
+                    body.push(c);
+                    continue;
+                }
+            }
+            if let Some(next) = chars.next() {
+                body.push(next);
+            }
+            continue;
+        }
+        body.push(c);
+    }
+    Some(body)
 }
