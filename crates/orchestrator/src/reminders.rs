@@ -4,7 +4,7 @@
 //! so delivery is at-least-once; the session's record of delivered firing
 //! ids makes it exactly-once in the log.
 
-use crate::actor::SubmitInput;
+use crate::reducer::Input;
 use crate::service::OrchestratorService;
 use agentry_proto::scheduler::v1 as spb;
 use agentry_proto::sessions::v1 as pb;
@@ -69,7 +69,13 @@ async fn consume_once(service: &OrchestratorService) -> Result<(), tonic::Status
             continue;
         };
         let delivered = service
-            .submit_input(&session_id, SubmitInput::Reminder(event))
+            .submit_input(
+                &session_id,
+                Input::ReminderDue {
+                    turn_id: crate::service::new_turn_id(),
+                    reminder: event,
+                },
+            )
             .await;
         let ack = match delivered {
             Ok(_) => true,

@@ -1,7 +1,8 @@
 //! The gRPC face of the orchestrator and the registry of session actors.
 
-use crate::actor::{Actor, Command, SessionHandle, SubmitInput, Submitted};
+use crate::actor::{Actor, Command, SessionHandle, Submitted};
 use crate::deps::Deps;
+use crate::reducer::Input;
 use crate::reducer::SessionState;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::orchestrator::v1::orchestrator_server::Orchestrator;
@@ -163,11 +164,7 @@ impl OrchestratorService {
     }
 
     /// Submits one input to a session.
-    pub async fn submit_input(
-        &self,
-        session_id: &str,
-        input: SubmitInput,
-    ) -> Result<Submitted, Status> {
+    pub async fn submit_input(&self, session_id: &str, input: Input) -> Result<Submitted, Status> {
         // One retry covers an actor that stopped (store trouble) just now.
         for _ in 0..2 {
             let handle = self.session(session_id).await?;
@@ -228,8 +225,14 @@ impl OrchestratorService {
     }
 }
 
-/// Checks an input from a client and turns it into a [`SubmitInput`].
-fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
+/// The id of a turn an input starts.
+pub fn new_turn_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// Checks an input from a client and turns it into the reducer's input:
+/// the one type from the wire to the state machine.
+fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
     let kind = input.and_then(|i| i.kind).ok_or_else(|| {
         Status::invalid_argument("the input is empty: set user_message, approval or cancel")
     })?;
@@ -244,7 +247,8 @@ fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
                     m.text.len()
                 )));
             }
-            Ok(SubmitInput::User {
+            Ok(Input::UserMessage {
+                turn_id: new_turn_id(),
                 text: m.text,
                 approval_mode: spb::ApprovalMode::try_from(m.approval_mode)
                     .unwrap_or(spb::ApprovalMode::Policy),
@@ -252,7 +256,7 @@ fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
                 network: m.network,
             })
         }
-        pb::input::Kind::Cancel(c) => Ok(SubmitInput::Cancel { reason: c.reason }),
+        pb::input::Kind::Cancel(c) => Ok(Input::Cancel { reason: c.reason }),
         pb::input::Kind::Approval(a) => {
             if a.call_id.is_empty() {
                 return Err(Status::invalid_argument("the approval names no call_id"));
@@ -260,7 +264,7 @@ fn parse_input(input: Option<pb::Input>) -> Result<SubmitInput, Status> {
             let decision = spb::ApprovalDecision::try_from(a.decision).map_err(|_| {
                 Status::invalid_argument(format!("unknown approval decision {}", a.decision))
             })?;
-            Ok(SubmitInput::Approval {
+            Ok(Input::Approval {
                 call_id: a.call_id,
                 decision,
                 reason: a.reason,

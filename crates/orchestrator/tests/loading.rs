@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use agentry_orchestrator::OrchestratorService;
-use agentry_orchestrator::actor::SubmitInput;
+use agentry_orchestrator::reducer::Input;
+use agentry_orchestrator::service::new_turn_id;
 use agentry_proto::sessions::v1::session_store_server::{SessionStore, SessionStoreServer};
 use agentry_proto::sessions::v1::{self as spb, ApprovalMode};
 use agentry_runtime::{Auth, Config, ConfigSource};
@@ -121,8 +122,9 @@ impl SessionStore for GatedStore {
     }
 }
 
-fn message(text: &str) -> SubmitInput {
-    SubmitInput::User {
+fn message(text: &str) -> Input {
+    Input::UserMessage {
+        turn_id: new_turn_id(),
         text: text.into(),
         approval_mode: ApprovalMode::Policy,
         plan: false,

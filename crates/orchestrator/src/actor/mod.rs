@@ -9,7 +9,7 @@ use crate::deps::Deps;
 use crate::metrics::{CALLS_IN_FLIGHT, CALLS_IN_FLIGHT_HELP};
 use crate::reducer::{Effect, Input, SessionState};
 use agentry_llm::{Message, ToolCall};
-use agentry_proto::sessions::v1::{self as pb, ApprovalDecision, ApprovalMode};
+use agentry_proto::sessions::v1 as pb;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -17,40 +17,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tonic::Status;
 use tracing::{Instrument, Span};
-
-/// Inputs a client may submit.
-#[derive(Debug, Clone)]
-pub enum SubmitInput {
-    /// A message from the person.
-    User {
-        /// The text.
-        text: String,
-        /// How the turn's tool calls are approved.
-        approval_mode: ApprovalMode,
-        /// Run the turn in plan mode.
-        plan: bool,
-        /// Give the turn's bash calls outbound network.
-        network: bool,
-    },
-    /// A decision on a call awaiting approval.
-    Approval {
-        /// The call.
-        call_id: String,
-        /// The decision.
-        decision: ApprovalDecision,
-        /// Why.
-        reason: String,
-        /// Replacement arguments, for an edit.
-        edited_arguments_json: String,
-    },
-    /// Stop the running turn.
-    Cancel {
-        /// Why.
-        reason: String,
-    },
-    /// A reminder fell due for this session.
-    Reminder(pb::ReminderDue),
-}
 
 /// What a successful submit reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +29,7 @@ pub struct Submitted {
 
 /// A request to a session actor.
 pub(crate) struct Command {
-    pub input: SubmitInput,
+    pub input: Input,
     pub reply: oneshot::Sender<Result<Submitted, Status>>,
 }
 
@@ -166,36 +132,7 @@ impl Actor {
     async fn handle_command(&mut self, command: Command) -> Result<(), Broken> {
         // A cancel ends the turn it belongs to: remember which.
         let turn_before = self.state.turn_id().map(str::to_string);
-        let input = match command.input {
-            SubmitInput::User {
-                text,
-                approval_mode,
-                plan,
-                network,
-            } => Input::UserMessage {
-                turn_id: uuid::Uuid::now_v7().to_string(),
-                text,
-                approval_mode,
-                plan,
-                network,
-            },
-            SubmitInput::Approval {
-                call_id,
-                decision,
-                reason,
-                edited_arguments_json,
-            } => Input::Approval {
-                call_id,
-                decision,
-                reason,
-                edited_arguments_json,
-            },
-            SubmitInput::Cancel { reason } => Input::Cancel { reason },
-            SubmitInput::Reminder(reminder) => Input::ReminderDue {
-                turn_id: uuid::Uuid::now_v7().to_string(),
-                reminder,
-            },
-        };
+        let input = command.input;
         // Only a message that selects a skillset records a choice.
         let chosen = match &input {
             Input::UserMessage { text, .. } => self
