@@ -2,7 +2,7 @@
 
 use crate::support::*;
 use agentry_proto::orchestrator::v1 as pb;
-use agentry_proto::sessions::v1::{TurnOutcome, event::Kind};
+use agentry_proto::sessions::v1::{self as spb, TurnOutcome, event::Kind};
 use agentry_testkit::Cluster;
 use agentry_testkit::cluster::Service;
 use agentry_testkit::fake_model::{Reply, finish, text, usage};
@@ -29,11 +29,13 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
     let turn = send(&mut client, &session.id, "what is 6*7?").await;
     let received = until_finished(&mut events, &turn).await;
 
-    // Every event, in order, gap-free.
+    // Every event, in order, gap-free; the tools the model was offered are
+    // recorded before its first call.
     assert_eq!(
         kinds(&received),
         vec![
             "user_message",
+            "tools_offered",
             "model_message",
             "tool_call_requested",
             "tool_call_state",
@@ -107,6 +109,33 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
             "recall"
         ]
     );
+    // The log says which tools the model had: exactly those it was sent,
+    // with their flags, recorded once (both calls had the same).
+    let offered: Vec<&spb::ToolsOffered> = received
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::ToolsOffered(t)) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(offered.len(), 1);
+    let recorded: Vec<&str> = offered[0].tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(recorded, tools);
+    for (tool, sent) in offered[0]
+        .tools
+        .iter()
+        .zip(requests[0]["tools"].as_array().unwrap())
+    {
+        assert_eq!(sent["function"]["description"], tool.description.as_str());
+        let schema: serde_json::Value = serde_json::from_str(&tool.parameters_json_schema).unwrap();
+        assert_eq!(sent["function"]["parameters"], schema);
+    }
+    let flags = |name: &str| {
+        let t = offered[0].tools.iter().find(|t| t.name == name).unwrap();
+        (t.read_only, t.parallel_safe)
+    };
+    assert!(!flags("bash").0);
+    assert!(flags("read_file").0);
     assert_eq!(requests[0]["model"], "fake-model");
     assert_eq!(requests[0]["stream"], true);
     let second = requests[1]["messages"].as_array().unwrap();

@@ -129,6 +129,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::ContextCompacted(_) => "context_compacted",
             Kind::PlanSubmitted(_) => "plan_submitted",
             Kind::PlanStepUpdated(_) => "plan_step_updated",
+            Kind::ToolsOffered(_) => "tools_offered",
         })
         .collect()
 }

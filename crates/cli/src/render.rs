@@ -96,6 +96,13 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "type": "tool_call_state", "call_id": t.call_id,
                 "phase": phase_name(t.phase), "detail": t.detail,
             }),
+            Kind::ToolsOffered(t) => json!({
+                "type": "tools_offered",
+                "tools": t.tools.iter().map(|tool| json!({
+                    "name": tool.name, "read_only": tool.read_only,
+                    "parallel_safe": tool.parallel_safe,
+                })).collect::<Vec<_>>(),
+            }),
             Kind::ContextCompacted(c) => json!({
                 "type": "context_compacted", "first_seq": c.first_seq, "last_seq": c.last_seq,
                 "summary": c.summary, "messages": c.messages,
@@ -403,7 +410,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 };
                 let _ = writeln!(self.activity, "{line}");
             }
-            Kind::ToolCallState(_) | Kind::SkillsetChosen(_) => {}
+            Kind::ToolCallState(_) | Kind::SkillsetChosen(_) | Kind::ToolsOffered(_) => {}
         }
     }
 }

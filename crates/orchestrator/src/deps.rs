@@ -1,14 +1,13 @@
 //! What every session actor shares: clients of the other services and of
 //! the model, and the agent's settings.
 
-use crate::reducer::ToolFlags;
+use crate::reducer::{Catalog, ToolFlags};
 use crate::runners::RunnerPool;
 use agentry_llm::{ChatClient, ToolDefinition};
 use agentry_policy::Policy;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_runtime::telemetry::TracedChannel;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::RwLock;
@@ -27,10 +26,9 @@ pub struct Deps {
     pub scheduler_url: String,
     /// The model.
     pub llm: ChatClient,
-    /// System instructions.
-    pub system_prompt: String,
-    /// Sampling temperature.
-    pub temperature: Option<f32>,
+    /// What shapes every model request (system prompt, skillsets, tool
+    /// calling, token counting, compaction, temperature).
+    pub view: Arc<crate::prompt::View>,
     /// Model calls allowed per turn.
     pub max_steps: u32,
     /// How long an append keeps retrying while the store is unavailable.
@@ -39,44 +37,9 @@ pub struct Deps {
     pub policy: Arc<Policy>,
     /// The orchestrator's metrics.
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
-    /// What the model can do.
-    pub profile: agentry_runtime::config::ModelProfile,
-    /// Instructions per kind of request.
-    pub skillsets: crate::skillsets::Skillsets,
-    /// When and how conversations are compacted.
-    pub compaction: crate::compaction::Settings,
-    /// How the model's tokens are counted.
-    pub tokenizer: crate::compaction::Tokenizer,
     /// Plan steps a plan-mode turn may start.
     pub plan_max_steps: u32,
-    tool_cache: RwLock<Option<Arc<ToolSet>>>,
-}
-
-/// The tools the model may call.
-#[derive(Debug, Default)]
-pub struct ToolSet {
-    /// As offered to the model.
-    pub definitions: Vec<ToolDefinition>,
-    /// Their flags, by name.
-    pub flags: BTreeMap<String, ToolFlags>,
-    /// The tokens the definitions take, counted once.
-    tokens: std::sync::OnceLock<usize>,
-}
-
-impl ToolSet {
-    /// The tokens the definitions take in a request.
-    pub fn tokens(&self, tokenizer: &crate::compaction::Tokenizer) -> usize {
-        *self
-            .tokens
-            .get_or_init(|| tokenizer.definitions(&self.definitions))
-    }
-
-    fn add_builtins(&mut self) {
-        for (definition, flags) in crate::builtin::definitions() {
-            self.flags.insert(definition.name.clone(), flags);
-            self.definitions.push(definition);
-        }
-    }
+    tool_cache: RwLock<Option<Arc<Catalog>>>,
 }
 
 impl Deps {
@@ -89,8 +52,7 @@ impl Deps {
         scheduler: SchedulerClient<TracedChannel>,
         scheduler_url: String,
         llm: ChatClient,
-        system_prompt: String,
-        temperature: Option<f32>,
+        view: crate::prompt::View,
         max_steps: u32,
         policy: Arc<Policy>,
     ) -> Self {
@@ -101,23 +63,18 @@ impl Deps {
             scheduler,
             scheduler_url,
             llm,
-            system_prompt,
-            temperature,
+            view: Arc::new(view),
             max_steps,
             store_retry_window: Duration::from_secs(10),
             policy,
             metrics: Arc::default(),
-            profile: agentry_runtime::config::ModelProfile::fallback(),
-            skillsets: crate::skillsets::Skillsets::default(),
-            compaction: crate::compaction::Settings::default(),
-            tokenizer: crate::compaction::Tokenizer::Estimate,
             plan_max_steps: crate::plan::default_max_steps(),
             tool_cache: RwLock::new(None),
         }
     }
 
     /// The tools as the model sees them, fetched from the runner once.
-    pub async fn tools(&self) -> Arc<ToolSet> {
+    pub async fn tools(&self) -> Arc<Catalog> {
         if let Some(cached) = self.tool_cache.read().await.as_ref() {
             return cached.clone();
         }
@@ -133,17 +90,17 @@ impl Deps {
                     error = %status.message(),
                     "cannot list the tool runner's tools; offering only the built-in ones"
                 );
-                let mut set = ToolSet::default();
-                set.add_builtins();
-                Arc::new(set)
+                let mut catalog = Catalog::default();
+                add_builtins(&mut catalog);
+                Arc::new(catalog)
             }
         }
     }
 
     /// Asks the tool runner for its tools.
-    pub async fn fetch_tools(&self) -> Result<ToolSet, tonic::Status> {
+    pub async fn fetch_tools(&self) -> Result<Catalog, tonic::Status> {
         let response = self.runners.list_tools().await?;
-        let mut set = ToolSet::default();
+        let mut set = Catalog::default();
         for t in response.tools {
             if crate::builtin::is_builtin(&t.name) {
                 tracing::warn!(
@@ -155,20 +112,26 @@ impl Deps {
             let parameters = serde_json::from_str(&t.parameters_json_schema).map_err(|e| {
                 tonic::Status::internal(format!("tool {} has an invalid JSON schema: {e}", t.name))
             })?;
-            set.flags.insert(
-                t.name.clone(),
+            set.add(
+                ToolDefinition {
+                    name: t.name,
+                    description: t.description,
+                    parameters,
+                },
                 ToolFlags {
                     read_only: t.read_only,
                     parallel_safe: t.parallel_safe,
                 },
             );
-            set.definitions.push(ToolDefinition {
-                name: t.name,
-                description: t.description,
-                parameters,
-            });
         }
-        set.add_builtins();
+        add_builtins(&mut set);
         Ok(set)
+    }
+}
+
+/// The orchestrator's own tools, offered after the runners'.
+fn add_builtins(catalog: &mut Catalog) {
+    for (definition, flags) in crate::builtin::definitions() {
+        catalog.add(definition, flags);
     }
 }

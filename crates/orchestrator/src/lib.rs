@@ -116,6 +116,25 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         "model profile"
     );
     let temperature = profile.temperature.or(config.llm.temperature);
+    let user_dir = (!config.agent.skillsets_dir.is_empty())
+        .then(|| std::path::PathBuf::from(&config.agent.skillsets_dir));
+    let view = prompt::View {
+        system_prompt,
+        skillsets: skillsets::Skillsets::load(
+            config.agent.skillsets,
+            config.config_dir.as_deref(),
+            user_dir.as_deref(),
+        ),
+        native: profile.native_tools,
+        tokenizer,
+        compaction: prompt::Settings {
+            enabled: config.agent.compaction,
+            threshold: config.agent.compaction_threshold,
+            keep_last: config.agent.compaction_keep_messages as usize,
+            context_window,
+        },
+        temperature,
+    };
     let mut deps = Deps::new(
         store,
         config.session_store.url.clone(),
@@ -123,27 +142,11 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         scheduler,
         config.scheduler.url.clone(),
         llm,
-        system_prompt,
-        temperature,
+        view,
         config.agent.max_steps,
         Arc::new(policy),
     );
-    deps.compaction = compaction::Settings {
-        enabled: config.agent.compaction,
-        threshold: config.agent.compaction_threshold,
-        keep_last: config.agent.compaction_keep_messages as usize,
-        context_window,
-    };
-    deps.tokenizer = tokenizer;
     deps.plan_max_steps = config.agent.plan_max_steps;
-    deps.profile = profile;
-    let user_dir = (!config.agent.skillsets_dir.is_empty())
-        .then(|| std::path::PathBuf::from(&config.agent.skillsets_dir));
-    deps.skillsets = skillsets::Skillsets::load(
-        config.agent.skillsets,
-        config.config_dir.as_deref(),
-        user_dir.as_deref(),
-    );
     Ok(deps)
 }
 

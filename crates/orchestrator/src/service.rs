@@ -113,6 +113,7 @@ impl OrchestratorService {
         let state = SessionState::new(self.deps.max_steps)
             .with_policy(self.deps.policy.clone())
             .with_plan_max_steps(self.deps.plan_max_steps)
+            .with_view(self.deps.view.clone())
             .replayed(&events);
         Ok(Actor::spawn(
             session_id.to_string(),

@@ -7,10 +7,12 @@ mod tool_call;
 
 use crate::deps::Deps;
 use crate::metrics::{CALLS_IN_FLIGHT, CALLS_IN_FLIGHT_HELP};
-use crate::reducer::{Effect, Input, SessionState};
+use crate::prompt::{CompactionJob, ModelRequest};
+use crate::reducer::{Catalog, Effect, Input, SessionState};
 use agentry_llm::{Message, ToolCall};
 use agentry_proto::sessions::v1 as pb;
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -54,6 +56,8 @@ pub(crate) struct Actor {
     tasks_started: u64,
     /// The span of the turn running now: the root of the turn's trace.
     turn_span: Option<(String, Span)>,
+    /// The tool catalog last found equal to the recorded one.
+    offered: Option<Arc<Catalog>>,
 }
 
 /// The store could not record an event: the actor stops, and the session is
@@ -94,6 +98,7 @@ impl Actor {
             in_flight: HashMap::new(),
             tasks_started: 0,
             turn_span: None,
+            offered: None,
         };
         tokio::spawn(actor.run(commands));
         SessionHandle {
@@ -133,35 +138,10 @@ impl Actor {
         // A cancel ends the turn it belongs to: remember which.
         let turn_before = self.state.turn_id().map(str::to_string);
         let input = command.input;
-        // Only a message that selects a skillset records a choice.
-        let chosen = match &input {
-            Input::UserMessage { text, .. } => self
-                .deps
-                .skillsets
-                .choose(text)
-                .filter(|(_, skillset)| !skillset.is_empty()),
-            _ => None,
-        };
         let effects = match self.state.step(input) {
             // The skillset chosen for the message is recorded with it, before
             // the model is called.
-            Ok(effects) => match chosen {
-                Some((intent, skillset)) => {
-                    let choice = Input::SkillsetChosen {
-                        intent: intent.name,
-                        skillset,
-                        keywords: intent.keywords,
-                    };
-                    let more = self.state.step(choice).unwrap_or_default();
-                    let (mut records, rest): (Vec<Effect>, Vec<Effect>) = effects
-                        .into_iter()
-                        .partition(|e| matches!(e, Effect::Record { .. }));
-                    records.extend(more);
-                    records.extend(rest);
-                    records
-                }
-                None => effects,
-            },
+            Ok(effects) => effects,
             Err(refusal) => {
                 let status = if refusal.is_invalid_argument() {
                     Status::invalid_argument(refusal.to_string())
@@ -242,12 +222,15 @@ impl Actor {
         }
         let finishes_task = matches!(
             input,
-            Input::ModelDone(_) | Input::ModelFailed { .. } | Input::ToolDone(_)
+            Input::ModelDone(_)
+                | Input::ModelFailed { .. }
+                | Input::ToolDone(_)
+                | Input::Summarised { .. }
         );
-        let compaction = matches!(input, Input::Compacted(_));
+        let summary = matches!(input, Input::Summarised { .. });
         match self.state.step(input) {
             Ok(more) => effects.extend(more),
-            Err(refusal) if compaction => {
+            Err(refusal) if summary => {
                 tracing::warn!(session_id = %self.session_id, %refusal, "a compaction did not fit the conversation and was not recorded");
             }
             Err(refusal) => {
@@ -270,7 +253,18 @@ impl Actor {
     async fn run_effects(&mut self, effects: Vec<Effect>) -> Result<Option<u64>, Broken> {
         let mut first_seq = None;
         let mut batch: Vec<pb::Event> = Vec::new();
-        for effect in effects {
+        let mut effects = VecDeque::from(effects);
+        while let Some(effect) = effects.pop_front() {
+            // A model call is decided with the tools offered now: if they
+            // changed, the reducer records them and decides the call again.
+            if matches!(effect, Effect::CallModel { .. } | Effect::Summarise { .. })
+                && let Some(instead) = self.tools_changed().await
+            {
+                for effect in instead.into_iter().rev() {
+                    effects.push_front(effect);
+                }
+                continue;
+            }
             if let Effect::Record { turn_id, events } = effect {
                 let time = now();
                 for kind in &events {
@@ -305,7 +299,7 @@ impl Actor {
             // re-runs read-only calls. Anything else waits until the events
             // before it are durable.
             let overlaps = match &effect {
-                Effect::CallModel { .. } => true,
+                Effect::CallModel { .. } | Effect::Summarise { .. } => true,
                 Effect::RunTool { read_only, .. } => *read_only,
                 Effect::Record { .. } | Effect::AbortInFlight => false,
             };
@@ -328,10 +322,38 @@ impl Actor {
         Ok(first_seq)
     }
 
+    /// The effects that replace a model call about to start when the tools
+    /// offered differ from the recorded catalog (`None` when they do not).
+    async fn tools_changed(&mut self) -> Option<Vec<Effect>> {
+        let tools = self.deps.tools().await;
+        if self
+            .offered
+            .as_ref()
+            .is_some_and(|offered| Arc::ptr_eq(offered, &tools))
+        {
+            return None;
+        }
+        if *tools == *self.state.catalog {
+            self.offered = Some(tools);
+            return None;
+        }
+        match self.state.step(Input::ToolCatalog(tools.clone())) {
+            Ok(effects) => {
+                self.offered = Some(tools);
+                Some(effects)
+            }
+            Err(refusal) => {
+                tracing::debug!(session_id = %self.session_id, %refusal, "tool catalog not taken");
+                None
+            }
+        }
+    }
+
     fn start_effect(&mut self, effect: Effect) {
         match effect {
             Effect::Record { .. } => {}
-            Effect::CallModel { history } => self.start_model_call(history),
+            Effect::CallModel { request } => self.start_model_call(request),
+            Effect::Summarise { job, messages } => self.start_summary(job, messages),
             Effect::RunTool {
                 call,
                 read_only,
@@ -387,31 +409,13 @@ impl Actor {
         (self.tasks_started, self.outcomes_tx.clone())
     }
 
-    fn start_model_call(&mut self, history: Vec<Message>) {
-        // Instructions for this call only: the turn's skillset, then what
-        // plan mode asks for now.
-        let mut extra: Vec<String> = self
-            .state
-            .turn_skillset()
-            .and_then(|name| self.deps.skillsets.text(name))
-            .map(str::to_string)
-            .into_iter()
-            .collect();
-        // The plan tools, except for the final answer.
-        let plan_mode = self.state.turn_plan().is_some_and(|p| !p.is_finishing());
-        extra.extend(self.state.plan_guidance());
-        let call = model_call::ModelCall {
-            history,
-            spans: self.state.history_spans.clone(),
-            extra,
-            plan_mode,
-        };
+    fn start_model_call(&mut self, request: ModelRequest) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let span = tracing::info_span!(
             "model_call",
             model = %deps.llm.model(),
-            messages = call.history.len(),
+            messages = request.history.len(),
             prompt_tokens = tracing::field::Empty,
             completion_tokens = tracing::field::Empty,
             latency_ms = tracing::field::Empty,
@@ -420,7 +424,27 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "model");
-                model_call::model_call(deps.clone(), call, task, tx).await;
+                model_call::model_call(deps.clone(), request, task, tx).await;
+                drop(gauge);
+            }
+            .instrument(span),
+        );
+        self.in_flight.insert(task, handle.abort_handle());
+    }
+
+    fn start_summary(&mut self, job: CompactionJob, messages: Vec<Message>) {
+        let (task, tx) = self.next_task();
+        let deps = self.deps.clone();
+        let span = tracing::info_span!(
+            "compaction",
+            first_seq = job.first_seq,
+            last_seq = job.last_seq,
+            messages = job.messages,
+        );
+        let handle = tokio::spawn(
+            async move {
+                let gauge = InFlightGauge::new(&deps.metrics, "model");
+                model_call::summary_call(&deps, job, messages, task, tx).await;
                 drop(gauge);
             }
             .instrument(span),

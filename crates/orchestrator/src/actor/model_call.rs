@@ -1,92 +1,28 @@
-//! One model call: the prompt built, the request fitted to the context
-//! window, streamed, and its answer (or failure) handed back to the actor.
+//! One model call: the reducer's request streamed, calls written as text
+//! read back (with one correction), and its answer (or failure) handed back
+//! to the actor; and the summarising call a compaction asks for.
 
 use super::*;
 use crate::errors::ModelCallError;
 use agentry_llm::{ChatRequest, StreamEvent};
 use futures::StreamExt;
 
-/// What one model call needs besides the shared dependencies.
-pub(super) struct ModelCall {
-    /// The conversation.
-    pub(super) history: Vec<Message>,
-    /// The seqs each message of `history` stands for (the conversation is
-    /// not compacted when they do not match it).
-    pub(super) spans: Vec<(u64, u64)>,
-    /// System messages for this call only (skillset, plan-mode guidance).
-    pub(super) extra: Vec<String>,
-    /// Offer the plan tools.
-    pub(super) plan_mode: bool,
-}
-
+/// One model call with exactly the request the reducer decided.
 pub(super) async fn model_call(
     deps: Arc<Deps>,
-    call: ModelCall,
+    request: ModelRequest,
     task: u64,
     tx: mpsc::Sender<Outcome>,
 ) {
-    let tools = deps.tools().await;
-    if tx
-        .send((task, Input::ToolCatalog(tools.flags.clone())))
-        .await
-        .is_err()
-    {
-        return;
-    }
-    let prompt = crate::prompt::build(
-        crate::prompt::Parts {
-            system_prompt: &deps.system_prompt,
-            extra: &call.extra,
-            tools: &tools.definitions,
-            tools_tokens: tools.tokens(&deps.tokenizer),
-            plan_mode: call.plan_mode,
-            native: deps.profile.native_tools,
-        },
-        &deps.tokenizer,
-    );
-    // Keep the request within the context window.
-    let fitted = crate::compaction::fit(
-        &deps,
-        &prompt.head,
-        prompt.tool_tokens,
-        call.history,
-        &call.spans,
-    )
-    .await;
-    let overhead = fitted.overhead;
-    let window = deps.compaction.context_window;
-    if deps.compaction.enabled && fitted.tokens > window {
-        let message = format!(
-            "the request would take about {} tokens, more than the model's context window of \
-             {window} (the system prompt, instructions and tool definitions alone take about \
-             {overhead}); raise model_profiles.context_window if the model reads more",
-            fitted.tokens
-        );
-        let _ = tx
-            .send((
-                task,
-                Input::ModelFailed {
-                    message: format!("model call not sent: {message}"),
-                    retryable: false,
-                },
-            ))
-            .await;
-        return;
-    }
-    if fitted.truncated > 0 {
+    if request.truncated > 0 {
         tracing::warn!(
-            messages = fitted.truncated,
+            messages = request.truncated,
             "messages shortened in this request to fit the context window"
         );
     }
-    if let Some(event) = fitted.event
-        && tx.send((task, Input::Compacted(event))).await.is_err()
-    {
-        return;
-    }
-    let names = prompt.names();
-    let native = prompt.native;
-    let mut request = prompt.request(fitted.history, deps.temperature);
+    let names = request.names();
+    let native = request.native;
+    let mut request = request.into_chat();
     let started = Instant::now();
     let failed = |message: String, retryable: bool| {
         let span = Span::current();
@@ -179,4 +115,28 @@ pub(super) async fn stream_once(
         }
     }
     Err(ModelCallError::Unfinished)
+}
+
+/// Writes the summary a compaction asked for and hands it back (or why
+/// there is none: the reducer then leaves the oldest messages out).
+pub(super) async fn summary_call(
+    deps: &Deps,
+    job: CompactionJob,
+    messages: Vec<Message>,
+    task: u64,
+    tx: mpsc::Sender<Outcome>,
+) {
+    tracing::info!(
+        tokens = job.tokens_before,
+        budget = deps.view.compaction.budget(),
+        tokenizer = deps.view.tokenizer.name(),
+        "the conversation nears the context window; summarising older messages"
+    );
+    let summary = crate::compaction::summarise(deps, &messages, job.max_tokens)
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "summarising failed; dropping the oldest messages instead");
+            e.to_string()
+        });
+    let _ = tx.send((task, Input::Summarised { job, summary })).await;
 }

@@ -169,10 +169,13 @@ impl SessionState {
                 self.history.insert(
                     0,
                     Message::System {
-                        content: crate::compaction::summary_message(c),
+                        content: crate::prompt::summary_message(c),
                     },
                 );
                 self.history_spans.insert(0, (c.first_seq, c.last_seq));
+            }
+            Kind::ToolsOffered(t) => {
+                self.catalog = Arc::new(Catalog::from_event(t));
             }
             Kind::PlanSubmitted(p) => {
                 if let Some((plan, steps)) = self.plan_mut() {

@@ -194,9 +194,7 @@ impl SessionState {
             );
             self.emit(out, turn_id, finished);
         } else {
-            out.after.push(Effect::CallModel {
-                history: self.history.clone(),
-            });
+            self.call_model(out, turn_id, true);
         }
     }
 

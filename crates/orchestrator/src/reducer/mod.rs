@@ -11,16 +11,19 @@
 //! Cancelled`, every change recorded as a `ToolCallState` event.
 //!
 //! Here: the state and its types; `step` (deciding), `apply` (the fold),
-//! `calls` (the tool-call lifecycle), `plan_calls` (plan mode's tools).
+//! `calls` (the tool-call lifecycle), `plan_calls` (plan mode's tools),
+//! `model` (each model call's exact request, and compaction), `catalog` (the
+//! tools offered, as recorded).
 
 use crate::plan::{Plan, PlanCall, Stage};
+use crate::prompt::{CompactionJob, ModelRequest, View};
 use agentry_llm::{Completion, Message, ToolCall};
 use agentry_policy::{Decision, Policy, SessionRule, session_rules_for};
 use agentry_proto::sessions::v1::{
     self as pb, ApprovalDecision, ApprovalMode, ErrorSource, PlanStepStatus, TokenUsage,
     ToolCallPhase, TurnOutcome, event::Kind,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, LazyLock};
 
 /// Where a session is.
@@ -190,6 +193,19 @@ impl PartialEq for PolicyRef {
 
 static ALLOW_ALL: LazyLock<Arc<Policy>> = LazyLock::new(|| Arc::new(Policy::allow_all()));
 
+/// The settings that shape a session's model requests. Two states compare
+/// equal when they share the same instance.
+#[derive(Debug, Clone)]
+pub struct ViewRef(pub Arc<View>);
+
+impl PartialEq for ViewRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+static DEFAULT_VIEW: LazyLock<Arc<View>> = LazyLock::new(|| Arc::new(View::default()));
+
 /// A session's state: its phase, its running turn, and the conversation as
 /// the model sees it (a projection of the log).
 #[derive(Debug, Clone, PartialEq)]
@@ -214,8 +230,11 @@ pub struct SessionState {
     pub session_rules: Vec<SessionRule>,
     /// The policy tool calls are checked against.
     pub policy: PolicyRef,
-    /// The flags of the tools the model may call.
-    pub catalog: BTreeMap<String, ToolFlags>,
+    /// The tools the model is offered (as last recorded).
+    pub catalog: Arc<Catalog>,
+    /// What shapes the model requests (not in the log: the orchestrator's
+    /// settings).
+    pub view: ViewRef,
     /// Reminder firings already in the log (a firing enters at most once).
     pub delivered_firings: BTreeSet<String>,
 }
@@ -236,8 +255,10 @@ pub enum Input {
         /// Give the turn's bash calls outbound network.
         network: bool,
     },
-    /// The tools the model was offered (sent before its answer).
-    ToolCatalog(BTreeMap<String, ToolFlags>),
+    /// The tools the model is offered now, fed in place of a model call
+    /// about to start (only while generating): recorded when they changed,
+    /// and the model call is decided again with them.
+    ToolCatalog(Arc<Catalog>),
     /// The model streamed text.
     ModelDelta(String),
     /// The model finished its response.
@@ -287,19 +308,14 @@ pub enum Input {
     /// The session was loaded with a turn that never finished (the
     /// orchestrator stopped mid-turn): recover it.
     Interrupted,
-    /// The intent of the message that started the turn, and the skillset
-    /// chosen for it; only before the turn's first model answer.
-    SkillsetChosen {
-        /// The intent.
-        intent: String,
-        /// The skillset ("" for none).
-        skillset: String,
-        /// The words that decided it.
-        keywords: Vec<String>,
+    /// The summary a compaction asked for was written (or writing it
+    /// failed, with the reason).
+    Summarised {
+        /// The compaction, as the reducer asked for it.
+        job: CompactionJob,
+        /// The summary, or why there is none.
+        summary: Result<String, String>,
     },
-    /// Before a model call, the oldest messages of the conversation were
-    /// summarised (or dropped) to fit the context window.
-    Compacted(pb::ContextCompacted),
 }
 
 /// Work for the effect runner.
@@ -312,11 +328,18 @@ pub enum Effect {
         /// The events.
         events: Vec<Kind>,
     },
-    /// Call the model with this conversation (the runner adds the system
-    /// message and the tool definitions).
+    /// Call the model with exactly this request.
     CallModel {
-        /// The conversation.
-        history: Vec<Message>,
+        /// The request.
+        request: ModelRequest,
+    },
+    /// Ask the model to summarise these messages for a compaction; the
+    /// outcome comes back as [`Input::Summarised`].
+    Summarise {
+        /// The compaction.
+        job: CompactionJob,
+        /// The messages to summarise.
+        messages: Vec<Message>,
     },
     /// Run a tool call.
     RunTool {
@@ -405,8 +428,12 @@ fn state_event(call_id: &str, phase: CallPhase, detail: impl Into<String>) -> Ki
 
 mod apply;
 mod calls;
+mod catalog;
+mod model;
 mod plan_calls;
 mod step;
+
+pub use catalog::Catalog;
 
 impl SessionState {
     /// An idle session with an empty conversation that allows every call.
@@ -421,7 +448,8 @@ impl SessionState {
             plan_max_steps: crate::plan::default_max_steps(),
             session_rules: Vec::new(),
             policy: PolicyRef(ALLOW_ALL.clone()),
-            catalog: BTreeMap::new(),
+            catalog: Arc::default(),
+            view: ViewRef(DEFAULT_VIEW.clone()),
             delivered_firings: BTreeSet::new(),
         }
     }
@@ -429,6 +457,13 @@ impl SessionState {
     /// The same state checking calls against `policy`.
     pub fn with_policy(mut self, policy: Arc<Policy>) -> Self {
         self.policy = PolicyRef(policy);
+        self
+    }
+
+    /// The same state shaping model requests with `view` (set before
+    /// replaying).
+    pub fn with_view(mut self, view: Arc<View>) -> Self {
+        self.view = ViewRef(view);
         self
     }
 

@@ -56,6 +56,13 @@ impl SessionState {
                 if text.trim().is_empty() {
                     return Err(Refusal::EmptyMessage);
                 }
+                // Only a message that selects a skillset records a choice.
+                let chosen = self
+                    .view
+                    .0
+                    .skillsets
+                    .choose(&text)
+                    .filter(|(_, skillset)| !skillset.is_empty());
                 let event = Kind::UserMessage(pb::UserMessage {
                     text,
                     approval_mode: approval_mode as i32,
@@ -63,16 +70,22 @@ impl SessionState {
                     network,
                 });
                 self.emit(&mut out, &turn_id, event);
-                out.after.push(Effect::CallModel {
-                    history: self.history.clone(),
-                });
+                if let Some((intent, skillset)) = chosen {
+                    let choice = Kind::SkillsetChosen(pb::SkillsetChosen {
+                        intent: intent.name,
+                        skillset,
+                        keywords: intent.keywords,
+                    });
+                    self.emit(&mut out, &turn_id, choice);
+                }
+                self.call_model(&mut out, &turn_id, true);
                 return Ok(Self::into_effects(&turn_id, out));
             }
             (Phase::Generate | Phase::UseTools, Input::UserMessage { .. }) => {
                 return Err(Refusal::Busy);
             }
             (_, Input::ToolCatalog(catalog)) => {
-                self.catalog = catalog;
+                self.offer_tools(&mut out, &turn_id, catalog)?;
             }
             (Phase::Generate, Input::ModelDelta(text)) => {
                 self.emit(
@@ -182,9 +195,7 @@ impl SessionState {
                         return Err(Refusal::Busy);
                     }
                     self.emit(&mut out, &new_turn, Kind::ReminderDue(reminder));
-                    out.after.push(Effect::CallModel {
-                        history: self.history.clone(),
-                    });
+                    self.call_model(&mut out, &new_turn, true);
                     return Ok(Self::into_effects(&new_turn, out));
                 }
                 self.emit(&mut out, &turn_id, Kind::ReminderDue(reminder));
@@ -203,9 +214,7 @@ impl SessionState {
                     let message = "the orchestrator restarted while the model was answering; \
                                    asking the model again";
                     self.emit(&mut out, &turn_id, orchestrator_error(message, true));
-                    out.after.push(Effect::CallModel {
-                        history: self.history.clone(),
-                    });
+                    self.call_model(&mut out, &turn_id, true);
                 }
             }
             (Phase::UseTools, Input::Interrupted) => {
@@ -229,44 +238,8 @@ impl SessionState {
                     phase,
                 });
             }
-            (
-                Phase::Generate,
-                Input::SkillsetChosen {
-                    intent,
-                    skillset,
-                    keywords,
-                },
-            ) if self.turn.as_ref().is_some_and(|t| t.steps == 0) => {
-                self.emit(
-                    &mut out,
-                    &turn_id,
-                    Kind::SkillsetChosen(pb::SkillsetChosen {
-                        intent,
-                        skillset,
-                        keywords,
-                    }),
-                );
-            }
-            (Phase::Generate, Input::Compacted(c)) => {
-                if !self.compaction_fits(&c) {
-                    return Err(Refusal::Unexpected {
-                        input: "compaction of another conversation",
-                        phase,
-                    });
-                }
-                self.emit(&mut out, &turn_id, Kind::ContextCompacted(c));
-            }
-            (_, Input::Compacted(_)) => {
-                return Err(Refusal::Unexpected {
-                    input: "compaction",
-                    phase,
-                });
-            }
-            (_, Input::SkillsetChosen { .. }) => {
-                return Err(Refusal::Unexpected {
-                    input: "skillset choice",
-                    phase,
-                });
+            (_, Input::Summarised { job, summary }) => {
+                self.summarised(&mut out, &turn_id, job, summary)?;
             }
             (Phase::Idle | Phase::Generate, Input::ToolChunk { .. } | Input::ToolDone(_)) => {
                 return Err(Refusal::Unexpected {
@@ -345,7 +318,12 @@ impl SessionState {
                 n += 1;
             }
             seen.push(id.clone());
-            let flags = self.catalog.get(&call.name).copied().unwrap_or_default();
+            let flags = self
+                .catalog
+                .flags
+                .get(&call.name)
+                .copied()
+                .unwrap_or_default();
             self.emit(
                 out,
                 turn_id,
@@ -420,9 +398,7 @@ impl SessionState {
             let update = self.step_update(next, PlanStepStatus::InProgress, "");
             self.emit(out, turn_id, update);
         }
-        out.after.push(Effect::CallModel {
-            history: self.history.clone(),
-        });
+        self.call_model(out, turn_id, true);
     }
 
     /// Whether a compaction names a prefix of the conversation that leaves

@@ -105,9 +105,7 @@ fn policy_denying_every_call_calls_the_model_with_the_reasons() {
                     closed(&sudo, ToolCallPhase::Error, &output),
                 ])
             ),
-            Effect::CallModel {
-                history: history.clone()
-            },
+            model_call(&session.state, history.clone()),
         ]
     );
     assert_eq!(session.state.phase, Phase::Generate);
@@ -199,14 +197,15 @@ fn approve_schedules_and_runs_the_call() {
     let effects = session.ok(done("r2", "text"));
     assert_eq!(
         effects.last(),
-        Some(&Effect::CallModel {
-            history: vec![
+        Some(&model_call(
+            &session.state,
+            vec![
                 Message::user("go"),
                 assistant("", vec![build, read_file("r2", "a.txt")]),
                 Message::tool("b1", "built"),
                 Message::tool("r2", "text"),
             ]
-        })
+        ))
     );
 }
 
@@ -417,9 +416,7 @@ fn deny_of_the_last_call_calls_the_model() {
     let effects = session.ok(deny("b1", "no"));
     assert_eq!(
         effects.last(),
-        Some(&Effect::CallModel {
-            history: session.state.history.clone()
-        })
+        Some(&model_call(&session.state, session.state.history.clone()))
     );
     assert_eq!(session.state.phase, Phase::Generate);
 }

@@ -15,7 +15,7 @@ fn new_session_is_idle_and_empty() {
     assert_eq!(state.history, vec![]);
     assert_eq!(state.max_steps, 3);
     assert_eq!(state.session_rules, vec![]);
-    assert_eq!(state.catalog, BTreeMap::new());
+    assert_eq!(*state.catalog, Catalog::default());
     assert!(state.is_idle());
     assert_eq!(state.turn_id(), None);
     assert!(state.awaiting_approval().is_empty());
@@ -108,7 +108,7 @@ fn replayed_keeps_the_policy_and_the_catalog() {
         plain,
         SessionState {
             policy: SessionState::new(1).policy,
-            catalog: BTreeMap::new(),
+            catalog: Arc::default(),
             ..live.state.clone()
         }
     );
@@ -192,36 +192,74 @@ fn call_phases_only_move_forward() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn tool_catalog_is_taken_in_every_phase_without_events() {
-    for state in [
-        SessionState::new(4),
-        generating(4),
-        using_tools(4),
-        generating_step_two(4),
-        idle_after_turn(4),
-    ] {
+fn a_changed_tool_catalog_is_recorded_and_the_model_call_decided_again() {
+    for state in [generating(4), generating_step_two(4)] {
         let mut after = state.clone();
-        assert_eq!(after.step(Input::ToolCatalog(catalog())), Ok(vec![]));
+        let effects = after.step(Input::ToolCatalog(catalog())).unwrap();
         assert_eq!(
-            after,
-            SessionState {
-                catalog: catalog(),
-                ..state.clone()
-            }
+            effects,
+            vec![
+                record(TURN, vec![Kind::ToolsOffered(catalog().to_event())]),
+                model_call(&after, state.history.clone()),
+            ]
         );
+        assert_eq!(after.catalog, catalog());
+        let Some(Effect::CallModel { request }) = effects.last() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(request.tools, catalog().definitions, "offered as recorded");
+        // The same tools again: nothing to record, the call stands.
+        assert_eq!(after.step(Input::ToolCatalog(catalog())), Ok(vec![]));
         // A new catalog replaces the old one.
-        let small = BTreeMap::from([("grep".to_string(), READ_ONLY_SERIAL)]);
-        assert_eq!(after.step(Input::ToolCatalog(small.clone())), Ok(vec![]));
+        let small = catalog_of(&[("grep", READ_ONLY_SERIAL)]);
+        let effects = after.step(Input::ToolCatalog(small.clone())).unwrap();
+        assert_eq!(
+            events_of(&effects),
+            vec![Kind::ToolsOffered(small.to_event())]
+        );
         assert_eq!(after.catalog, small);
-        assert_eq!(after.step(Input::ToolCatalog(BTreeMap::new())), Ok(vec![]));
+        assert_eq!(after.history, state.history);
+        assert_eq!(after.phase, Phase::Generate);
+    }
+}
+
+#[test]
+fn the_tool_catalog_is_only_taken_before_a_model_call() {
+    for state in [SessionState::new(4), using_tools(4), idle_after_turn(4)] {
+        let mut after = state.clone();
+        assert_eq!(
+            after.step(Input::ToolCatalog(catalog())),
+            Err(Refusal::Unexpected {
+                input: "tool catalog",
+                phase: state.phase,
+            })
+        );
         assert_eq!(after, state);
     }
+}
+
+#[test]
+fn a_recorded_catalog_comes_back_on_replay() {
+    let mut session = Session::new(4);
+    session.ok(user("go"));
+    session.ok(Input::ToolCatalog(catalog()));
+    // The flags of the recorded catalog decide how calls run, after a
+    // restart too.
+    let restarted = session.restarted();
+    assert_eq!(*restarted.state.catalog, *catalog());
+    assert_eq!(*SessionState::replay(4, &session.log).catalog, *catalog());
+    let effects = session.ok(model_done("", vec![read_file("r1", "a.txt")]));
+    assert_eq!(run_tools(&effects), vec![read_file("r1", "a.txt")]);
+    assert!(
+        effects.contains(&ran(read_file("r1", "a.txt"))),
+        "{effects:?}"
+    );
 }
 
 #[test]
 fn tool_catalog_does_not_change_calls_already_requested() {
     let mut state = using_tools(4);
     let calls = calls_of(&state);
-    state.step(Input::ToolCatalog(catalog())).unwrap();
+    assert!(state.step(Input::ToolCatalog(catalog())).is_err());
     assert_eq!(calls_of(&state), calls);
 }

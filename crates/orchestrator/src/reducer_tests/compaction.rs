@@ -8,16 +8,44 @@ use pretty_assertions::assert_eq;
 // Compaction
 // ---------------------------------------------------------------------------
 
+/// The summary of the first `messages` messages (events `first_seq` to
+/// `last_seq`) came back.
 fn compacted(messages: u32, first_seq: u64, last_seq: u64, summary: &str) -> Input {
-    Input::Compacted(pb::ContextCompacted {
-        first_seq,
-        last_seq,
-        summary: summary.into(),
-        messages,
-        tokens_before: 0,
-        tokens_after: 0,
-        note: String::new(),
+    Input::Summarised {
+        job: CompactionJob {
+            messages: messages as usize,
+            first_seq,
+            last_seq,
+            tokens_before: 0,
+            max_tokens: 100,
+        },
+        summary: Ok(summary.into()),
+    }
+}
+
+/// A view whose model reads `window` tokens, compacting past 80% and
+/// keeping the last two messages.
+fn window_of(window: usize) -> Arc<View> {
+    Arc::new(View {
+        compaction: Settings {
+            enabled: true,
+            threshold: 0.8,
+            keep_last: 2,
+            context_window: window,
+        },
+        ..View::default()
     })
+}
+
+/// A session with `view`, one finished turn with a long message, and a
+/// second long message just sent; returns the effects of sending it.
+fn two_long_messages(view: Arc<View>) -> (Session, Vec<Effect>) {
+    let mut session = Session::new(5);
+    session.state = session.state.clone().with_view(view);
+    session.ok(user(&format!("first {}", "word ".repeat(200))));
+    session.ok(model_done("answer one", vec![]));
+    let effects = session.ok(user_in(TURN2, &format!("second {}", "word ".repeat(200))));
+    (session, effects)
 }
 
 /// Two turns, the first with a tool call: history [user, assistant(call),
@@ -67,8 +95,12 @@ fn a_compaction_replaces_a_prefix_with_its_summary() {
         spans[3].1,
         "The person asked to list.",
     ));
-    assert!(!calls_model(&effects), "the model call is already running");
     assert_eq!(session.state.history.len(), 2);
+    // The model is called with the summary in place of the replaced turn.
+    assert_eq!(
+        effects.last(),
+        Some(&model_call(&session.state, session.state.history.clone()))
+    );
     let Message::System { content } = &session.state.history[0] else {
         panic!("{:?}", session.state.history[0])
     };
@@ -82,10 +114,10 @@ fn a_compaction_replaces_a_prefix_with_its_summary() {
     let effects = session.ok(model_done("", vec![bash("b2", "pwd")]));
     assert_eq!(run_tools(&effects), vec![bash("b2", "pwd")]);
     let effects = session.ok(done("b2", "/w"));
-    let Some(Effect::CallModel { history }) = effects.last() else {
+    let Some(Effect::CallModel { request }) = effects.last() else {
         panic!("{effects:?}")
     };
-    assert_eq!(history.len(), 4);
+    assert_eq!(request.history.len(), 4);
     // A second compaction replaces the summary and more.
     let spans = session.state.history_spans.clone();
     session.ok(compacted(
@@ -166,6 +198,153 @@ fn a_compaction_covers_results_recorded_out_of_order() {
     session.ok(compacted(6, spans[0].0, last, "Planned; step one done."));
     assert_eq!(session.state.history.len(), 3);
     assert_eq!(session.state.history_spans[0], (spans[0].0, last));
+}
+
+#[test]
+fn a_request_past_the_threshold_asks_for_a_summary_first() {
+    let view = window_of(400);
+    let (session, effects) = two_long_messages(view.clone());
+    let spans = session.state.history_spans.clone();
+    let Some(Effect::Summarise { job, messages }) = effects.last() else {
+        panic!("{effects:?}")
+    };
+    assert!(!calls_model(&effects), "the summary comes first");
+    // The oldest message goes; the last two stay.
+    assert_eq!(job.messages, 1);
+    assert_eq!(messages, &session.state.history[..1]);
+    assert_eq!((job.first_seq, job.last_seq), spans[0]);
+    assert!(
+        job.tokens_before > view.compaction.budget(),
+        "{job:?} {}",
+        view.compaction.budget()
+    );
+    assert!(job.max_tokens > 0 && job.max_tokens <= view.compaction.budget() / 4);
+}
+
+#[test]
+fn a_summary_is_recorded_and_the_model_called_with_it() {
+    let (mut session, effects) = two_long_messages(window_of(400));
+    let Some(Effect::Summarise { job, .. }) = effects.last().cloned() else {
+        panic!("{effects:?}")
+    };
+    let before = session.state.history.clone();
+    let effects = session.ok(Input::Summarised {
+        job: job.clone(),
+        summary: Ok("The person wrote a long first message.".into()),
+    });
+    let [Kind::ContextCompacted(c)] = &events_of(&effects)[..] else {
+        panic!("{effects:?}")
+    };
+    assert_eq!(c.summary, "The person wrote a long first message.");
+    assert_eq!(c.messages, 1);
+    assert_eq!((c.first_seq, c.last_seq), (job.first_seq, job.last_seq));
+    assert_eq!(c.tokens_before, job.tokens_before as u64);
+    assert!(
+        c.tokens_after > 0 && c.tokens_after < c.tokens_before,
+        "{c:?}"
+    );
+    assert_eq!(session.state.history[1..], before[1..]);
+    assert_eq!(
+        effects.last(),
+        Some(&model_call(&session.state, session.state.history.clone()))
+    );
+}
+
+#[test]
+fn a_failed_summary_leaves_the_oldest_messages_out_with_a_note() {
+    let (mut session, effects) = two_long_messages(window_of(400));
+    let Some(Effect::Summarise { job, .. }) = effects.last().cloned() else {
+        panic!("{effects:?}")
+    };
+    let effects = session.ok(Input::Summarised {
+        job,
+        summary: Err("the model server is down".into()),
+    });
+    let [Kind::ContextCompacted(c)] = &events_of(&effects)[..] else {
+        panic!("{effects:?}")
+    };
+    assert_eq!(c.summary, "");
+    assert!(
+        c.note
+            .contains("summarising failed (the model server is down)"),
+        "{}",
+        c.note
+    );
+    let Message::System { content } = &session.state.history[0] else {
+        panic!("{:?}", session.state.history[0])
+    };
+    assert!(content.contains("were left out"), "{content}");
+    assert!(calls_model(&effects));
+}
+
+#[test]
+fn a_request_that_cannot_fit_ends_the_turn_instead_of_calling_the_model() {
+    let view = Arc::new(View {
+        system_prompt: "Be careful. ".repeat(100),
+        ..(*window_of(200)).clone()
+    });
+    let mut session = Session::new(5);
+    session.state = session.state.clone().with_view(view);
+    let effects = session.ok(user("hello"));
+    assert!(!calls_model(&effects), "{effects:?}");
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::Summarise { .. })),
+        "{effects:?}"
+    );
+    let error = events_of(&effects)
+        .into_iter()
+        .find_map(|k| match k {
+            Kind::Error(e) => Some(e),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        error
+            .message
+            .starts_with("model call not sent: the request would take about"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("context window of 200"),
+        "{}",
+        error.message
+    );
+    assert_eq!(
+        outcome_of(&effects).unwrap().outcome,
+        TurnOutcome::Failed as i32
+    );
+    assert!(session.state.is_idle());
+}
+
+#[test]
+fn a_message_that_selects_a_skillset_records_it_and_the_model_reads_it() {
+    let skillsets = crate::skillsets::Skillsets::load(true, None, None);
+    let text = skillsets.text("debugging").unwrap().to_string();
+    let view = Arc::new(View {
+        skillsets,
+        ..View::default()
+    });
+    let mut session = Session::new(5);
+    session.state = session.state.clone().with_view(view);
+    let effects = session.ok(user("why does this crash with a panic?"));
+    let events = events_of(&effects);
+    assert!(matches!(events[0], Kind::UserMessage(_)), "{events:?}");
+    let Kind::SkillsetChosen(chosen) = &events[1] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(chosen.skillset, "debugging");
+    assert!(chosen.keywords.contains(&"panic".to_string()), "{chosen:?}");
+    let Some(Effect::CallModel { request }) = effects.last() else {
+        panic!("{effects:?}")
+    };
+    assert_eq!(request.head[1], Message::System { content: text });
+    // A message that selects none records nothing.
+    session.ok(model_done("fixed", vec![]));
+    let effects = session.ok(user_in(TURN2, "hello there"));
+    assert_eq!(events_of(&effects).len(), 1, "{effects:?}");
 }
 
 #[test]

@@ -215,7 +215,10 @@ fn generate_model_done_with_only_invalid_calls_calls_the_model_again() {
     let mut state = generating(4);
     let effects = state.step(model_done("", vec![bad.clone()])).unwrap();
     assert_eq!(effects.len(), 2);
-    let Effect::CallModel { history } = &effects[1] else {
+    let Effect::CallModel {
+        request: ModelRequest { history, .. },
+    } = &effects[1]
+    else {
         panic!("expected a model call, got {effects:?}");
     };
     assert_eq!(history, &state.history);
@@ -296,9 +299,7 @@ fn generate_model_failed_fails_the_turn() {
         effects,
         vec![
             record(TURN2, vec![user_message("again")]),
-            Effect::CallModel {
-                history: vec![Message::user("hello"), Message::user("again")],
-            },
+            model_call(&state, vec![Message::user("hello"), Message::user("again")]),
         ]
     );
     assert_eq!(state.phase, Phase::Generate);
@@ -428,9 +429,7 @@ fn generate_interrupted_asks_the_model_again() {
                 TURN,
                 vec![error(ErrorSource::Orchestrator, RESTARTED_GENERATING, true)]
             ),
-            Effect::CallModel {
-                history: vec![Message::user("hello")],
-            },
+            model_call(&state, vec![Message::user("hello")]),
         ]
     );
     assert_eq!(

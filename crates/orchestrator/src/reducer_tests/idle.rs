@@ -15,9 +15,7 @@ fn idle_user_message_records_it_and_calls_the_model() {
         effects,
         vec![
             record(TURN, vec![user_message("hello")]),
-            Effect::CallModel {
-                history: vec![Message::user("hello")],
-            },
+            model_call(&state, vec![Message::user("hello")]),
         ]
     );
     assert_eq!(
@@ -98,9 +96,7 @@ fn idle_user_message_after_a_turn_sends_the_whole_conversation() {
         effects,
         vec![
             record(TURN2, vec![user_message("and then?")]),
-            Effect::CallModel {
-                history: history.clone(),
-            },
+            model_call(&state, history.clone()),
         ]
     );
     assert_eq!(state.turn_id(), Some(TURN2));

@@ -156,9 +156,7 @@ fn read_only_parallel_calls_start_together_and_a_mutating_call_waits_for_them() 
         effects,
         vec![
             record(TURN, success("m4", "clean")),
-            Effect::CallModel {
-                history: full.clone()
-            },
+            model_call(&session.state, full.clone()),
         ]
     );
     assert_eq!(session.state.history, full);

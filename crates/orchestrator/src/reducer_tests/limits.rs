@@ -87,13 +87,14 @@ fn step_limit_of_two_stops_after_the_second_tools_with_summed_usage() {
         effects,
         vec![
             record(TURN, success("c1", "out1")),
-            Effect::CallModel {
-                history: vec![
+            model_call(
+                &state,
+                vec![
                     Message::user("hello"),
                     assistant("first", vec![c1()]),
                     Message::tool("c1", "out1"),
-                ],
-            },
+                ]
+            ),
         ]
     );
     let effects = state

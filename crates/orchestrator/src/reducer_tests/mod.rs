@@ -4,8 +4,10 @@
 //! lifecycle (policy, approvals, dispatch, recovery after a restart), and the
 //! replay property (the state is exactly the fold of the recorded events).
 
+use crate::prompt::{CompactionJob, ModelRequest, Settings, View};
 use crate::reducer::{
-    Call, CallPhase, Effect, Input, Phase, PolicyRef, Refusal, SessionState, ToolFlags, Turn,
+    Call, CallPhase, Catalog, Effect, Input, Phase, PolicyRef, Refusal, SessionState, ToolFlags,
+    Turn,
 };
 use agentry_llm::{Completion, Message, ToolCall, Usage};
 use agentry_policy::{Decision, Policy, SessionRule};
@@ -621,14 +623,38 @@ const READ_ONLY_SERIAL: ToolFlags = ToolFlags {
 
 /// read_file and grep are read-only and parallel-safe, stat is read-only but
 /// must run alone, bash and write_file change things.
-fn catalog() -> BTreeMap<String, ToolFlags> {
-    BTreeMap::from([
-        ("bash".to_string(), MUTATING),
-        ("write_file".to_string(), MUTATING),
-        ("read_file".to_string(), READ_ONLY_PARALLEL),
-        ("grep".to_string(), READ_ONLY_PARALLEL),
-        ("stat".to_string(), READ_ONLY_SERIAL),
+fn catalog() -> Arc<Catalog> {
+    catalog_of(&[
+        ("bash", MUTATING),
+        ("write_file", MUTATING),
+        ("read_file", READ_ONLY_PARALLEL),
+        ("grep", READ_ONLY_PARALLEL),
+        ("stat", READ_ONLY_SERIAL),
     ])
+}
+
+/// A catalog of these tools, each with a one-line description.
+fn catalog_of(tools: &[(&str, ToolFlags)]) -> Arc<Catalog> {
+    let mut catalog = Catalog::default();
+    for (name, flags) in tools {
+        catalog.add(
+            agentry_llm::ToolDefinition {
+                name: name.to_string(),
+                description: format!("The {name} tool."),
+                parameters: serde_json::json!({"type": "object"}),
+            },
+            *flags,
+        );
+    }
+    Arc::new(catalog)
+}
+
+/// The model call a state makes with `history`: its prompt, the
+/// conversation as given.
+fn model_call(state: &SessionState, history: Vec<Message>) -> Effect {
+    Effect::CallModel {
+        request: state.request_for(history),
+    }
 }
 
 /// The effect that runs `call`, with the test catalog's read-only flag
@@ -652,7 +678,7 @@ fn ran_unflagged(call: ToolCall) -> Effect {
 }
 
 fn flags_of(tool: &str) -> ToolFlags {
-    catalog().get(tool).copied().unwrap_or_default()
+    catalog().flags.get(tool).copied().unwrap_or_default()
 }
 
 /// A call as the turn holds it, with the test catalog's flags.
@@ -695,7 +721,7 @@ fn phase_of(state: &SessionState, call_id: &str) -> Option<CallPhase> {
 // ---------------------------------------------------------------------------
 
 /// Checks the shape every step's effects have: an optional abort first, at
-/// most one Record, then only RunTool and CallModel.
+/// most one Record, then only RunTool, CallModel and Summarise.
 fn check_effect_shape(effects: &[Effect]) {
     let mut rest = effects;
     if let [Effect::AbortInFlight, tail @ ..] = rest {
@@ -706,7 +732,10 @@ fn check_effect_shape(effects: &[Effect]) {
     }
     for effect in rest {
         assert!(
-            matches!(effect, Effect::RunTool { .. } | Effect::CallModel { .. }),
+            matches!(
+                effect,
+                Effect::RunTool { .. } | Effect::CallModel { .. } | Effect::Summarise { .. }
+            ),
             "unexpected effect {effect:?} in {effects:?}"
         );
     }
@@ -731,23 +760,23 @@ impl Session {
         }
     }
 
-    fn with_policy(
-        max_steps: u32,
-        policy: Arc<Policy>,
-        catalog: BTreeMap<String, ToolFlags>,
-    ) -> Self {
+    /// A session checking calls against `policy`, whose tools are
+    /// `catalog` (as if an earlier log had recorded them).
+    fn with_policy(max_steps: u32, policy: Arc<Policy>, catalog: Arc<Catalog>) -> Self {
         let mut session = Session::new(max_steps);
         session.state = session.state.with_policy(policy);
-        session.ok(Input::ToolCatalog(catalog));
+        session.state.catalog = catalog;
         session
     }
 
     /// The state the actor rebuilds from the log: a fresh state with this
-    /// session's policy and tool catalog (neither is in the log), replayed.
+    /// session's policy and view (not in the log) and its catalog (which a
+    /// `ToolsOffered` event in the log replaces), replayed.
     fn rebuilt(&self) -> SessionState {
         let mut fresh = SessionState::new(self.max_steps)
             .with_policy(self.state.policy.0.clone())
-            .with_plan_max_steps(self.state.plan_max_steps);
+            .with_plan_max_steps(self.state.plan_max_steps)
+            .with_view(self.state.view.0.clone());
         fresh.catalog = self.state.catalog.clone();
         fresh.replayed(&self.log)
     }
@@ -792,7 +821,8 @@ impl Session {
             "replaying the log after {what} differs from the live state"
         );
         if self.state.policy == SessionState::new(1).policy
-            && self.state.catalog.is_empty()
+            && self.state.catalog.definitions.is_empty()
+            && self.state.view == SessionState::new(1).view
             && self.state.plan_max_steps == SessionState::new(1).plan_max_steps
         {
             assert_eq!(

@@ -96,6 +96,38 @@ impl Generator {
         "ghost".into()
     }
 
+    /// A summary of a prefix of the conversation: usually one that fits
+    /// it, sometimes one that names the wrong events, or a failed one.
+    fn summarised(&mut self, state: &SessionState) -> Input {
+        let spans = &state.history_spans;
+        let messages = 1 + self.rng.below(spans.len().max(1) as u64) as usize;
+        let first_seq = spans.first().map(|s| s.0).unwrap_or(1);
+        let mut last_seq = spans
+            .iter()
+            .take(messages)
+            .map(|s| s.1)
+            .max()
+            .unwrap_or(first_seq);
+        if self.rng.below(5) == 0 {
+            last_seq += 1;
+        }
+        let summary = if self.rng.below(4) == 0 {
+            Err("down".to_string())
+        } else {
+            Ok("summary".to_string())
+        };
+        Input::Summarised {
+            job: CompactionJob {
+                messages,
+                first_seq,
+                last_seq,
+                tokens_before: 10,
+                max_tokens: 10,
+            },
+            summary,
+        }
+    }
+
     fn calls(&mut self) -> Vec<ToolCall> {
         let mut calls: Vec<ToolCall> = Vec::new();
         for _ in 0..self.rng.below(5) {
@@ -160,11 +192,12 @@ impl Generator {
             }
             18 => cancel("r"),
             19 => Input::ToolCatalog(if self.rng.below(3) == 0 {
-                BTreeMap::new()
+                Arc::default()
             } else {
                 catalog()
             }),
             20 if self.rng.below(2) == 0 => Input::Interrupted,
+            23 if self.rng.below(2) == 0 => self.summarised(state),
             _ => {
                 let id = self.pick_id(&executing, &[]);
                 done(&id, "out")
@@ -192,6 +225,8 @@ struct Coverage {
     edit_notes: u32,
     person_denials: u32,
     cancelled_calls: u32,
+    compactions: u32,
+    catalogs: u32,
 }
 
 impl Coverage {
@@ -214,6 +249,8 @@ impl Coverage {
         for kind in events_of(effects) {
             match kind {
                 Kind::TurnFinished(f) => self.outcomes[f.outcome as usize] += 1,
+                Kind::ContextCompacted(_) => self.compactions += 1,
+                Kind::ToolsOffered(_) => self.catalogs += 1,
                 Kind::ToolResult(r) if !r.is_error => {
                     self.ok_results += 1;
                     if r.output.starts_with("[the person edited the arguments to ") {
@@ -435,7 +472,7 @@ fn check_step(
     let model_calls: Vec<&Vec<Message>> = effects
         .iter()
         .filter_map(|e| match e {
-            Effect::CallModel { history } => Some(history),
+            Effect::CallModel { request } => Some(&request.history),
             _ => None,
         })
         .collect();
@@ -500,7 +537,7 @@ fn random_inputs_keep_invariants_and_replay() {
         let max_steps = (seed % 4 + 1) as u32;
         let mut session = match seed % 3 {
             0 => Session::new(max_steps),
-            1 => Session::with_policy(max_steps, policy.clone(), BTreeMap::new()),
+            1 => Session::with_policy(max_steps, policy.clone(), Arc::default()),
             _ => Session::with_policy(max_steps, policy.clone(), catalog()),
         };
         let mut generator = Generator {
@@ -567,6 +604,8 @@ fn random_inputs_keep_invariants_and_replay() {
         edit_notes,
         person_denials,
         cancelled_calls,
+        compactions,
+        catalogs,
         ..
     } = coverage;
     for (name, count, least) in [
@@ -584,6 +623,8 @@ fn random_inputs_keep_invariants_and_replay() {
         ("results noting an edit", edit_notes, 3),
         ("calls denied by a person", person_denials, 10),
         ("cancelled calls", cancelled_calls, 10),
+        ("compactions", compactions, 10),
+        ("tool catalogs recorded", catalogs, 10),
     ] {
         assert!(count >= least, "only {count} {name}");
     }

@@ -34,9 +34,7 @@ fn interrupted_while_generating_asks_the_model_again_twice_then_fails() {
                     TURN,
                     vec![error(ErrorSource::Orchestrator, RESTARTED_GENERATING, true)]
                 ),
-                Effect::CallModel {
-                    history: history.clone()
-                },
+                model_call(&session.state, history.clone()),
             ]
         );
         assert_eq!(session.state.turn.as_ref().unwrap().restarts, restarts);
@@ -76,9 +74,7 @@ fn interrupted_at_the_start_of_a_turn_asks_the_model() {
                 TURN,
                 vec![error(ErrorSource::Orchestrator, RESTARTED_GENERATING, true)]
             ),
-            Effect::CallModel {
-                history: vec![Message::user("hello")]
-            },
+            model_call(&session.state, vec![Message::user("hello")]),
         ]
     );
 }
@@ -222,9 +218,7 @@ fn interrupted_with_only_mutating_calls_running_calls_the_model() {
                     closed(&c1(), ToolCallPhase::Error, &unknown),
                 ])
             ),
-            Effect::CallModel {
-                history: history.clone()
-            },
+            model_call(&session.state, history.clone()),
         ]
     );
     assert_eq!(session.state.phase, Phase::Generate);

@@ -129,9 +129,7 @@ fn use_tools_last_result_calls_the_model_with_the_results() {
         effects,
         vec![
             record(TURN, success("c2", "out2")),
-            Effect::CallModel {
-                history: history.clone(),
-            },
+            model_call(&state, history.clone()),
         ]
     );
     assert_eq!(
@@ -175,13 +173,14 @@ fn use_tools_error_result_is_passed_to_the_model() {
                     Kind::ToolResult(failed),
                 ]
             ),
-            Effect::CallModel {
-                history: vec![
+            model_call(
+                &state,
+                vec![
                     Message::user("hello"),
                     assistant("", vec![c1()]),
                     Message::tool("c1", "ls: cannot access 'x'"),
-                ],
-            },
+                ]
+            ),
         ]
     );
     assert_eq!(phase_of(&state, "c1"), Some(CallPhase::Error));

@@ -120,6 +120,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::PlanSubmitted(_) => "plan_submitted",
         event::Kind::PlanStepUpdated(_) => "plan_step_updated",
         event::Kind::ToolCallState(_) => "tool_call_state",
+        event::Kind::ToolsOffered(_) => "tools_offered",
     }
 }
 

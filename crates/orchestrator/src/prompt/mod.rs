@@ -1,15 +1,66 @@
 //! What the model sees, decided in one pure place: the system prompt, the
 //! turn's own instructions (skillset, plan guidance), the tool definitions
 //! (natively, or described in the system prompt with calls read back from
-//! text), and the conversation as that model can read it. Fitting the
-//! conversation to the context window is `compaction`'s; this module takes
-//! the fitted history.
+//! text), the conversation as that model can read it, and fitting it all to
+//! the context window (`fit`: which messages to summarise, drop or shorten).
+//! The reducer builds each request here and hands it to the actor whole.
 //!
-//! Pure: no I/O, unit-tested below.
+//! Pure: no I/O, unit-tested below and in `fit`.
 
+mod fit;
+
+pub use fit::{
+    CompactionJob, Fit, Settings, choose_split, compacted, compaction_event, fit, summary_message,
+};
+
+use crate::skillsets::Skillsets;
 use crate::tokens::Tokenizer;
 use agentry_llm::{ChatRequest, Completion, Message, ToolCall, ToolDefinition};
 use std::collections::BTreeSet;
+
+/// The settings that shape every request of one orchestrator.
+#[derive(Clone)]
+pub struct View {
+    /// The configured system prompt.
+    pub system_prompt: String,
+    /// Instructions per kind of request.
+    pub skillsets: Skillsets,
+    /// The model's profile says native tool calling works.
+    pub native: bool,
+    /// How the model's tokens are counted.
+    pub tokenizer: Tokenizer,
+    /// When and how conversations are compacted.
+    pub compaction: Settings,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+}
+
+impl Default for View {
+    /// No system prompt or skillsets, native tool calls, the built-in
+    /// compaction settings.
+    fn default() -> Self {
+        View {
+            system_prompt: String::new(),
+            skillsets: Skillsets::default(),
+            native: true,
+            tokenizer: Tokenizer::Estimate,
+            compaction: Settings::default(),
+            temperature: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View")
+            .field("system_prompt_bytes", &self.system_prompt.len())
+            .field("native", &self.native)
+            .field("tokenizer", &self.tokenizer.name())
+            .field("compaction", &self.compaction)
+            .field("temperature", &self.temperature)
+            .finish_non_exhaustive()
+    }
+}
 
 /// The parts of a request that come before the conversation.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,23 +132,61 @@ impl Prompt {
         self.definitions.iter().map(|t| t.name.clone()).collect()
     }
 
-    /// The request: the head, then the (fitted) conversation, written the
-    /// way this model reads it.
-    pub fn request(&self, history: Vec<Message>, temperature: Option<f32>) -> ChatRequest {
-        let mut messages = self.head.clone();
+    /// The request with this head and the (fitted) conversation.
+    pub fn into_request(
+        self,
+        history: Vec<Message>,
+        truncated: usize,
+        temperature: Option<f32>,
+    ) -> ModelRequest {
+        ModelRequest {
+            head: self.head,
+            history,
+            tools: self.definitions,
+            native: self.native,
+            temperature,
+            truncated,
+        }
+    }
+}
+
+/// One model call, exactly as it is to be sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRequest {
+    /// The system messages.
+    pub head: Vec<Message>,
+    /// The conversation, fitted to the context window.
+    pub history: Vec<Message>,
+    /// The tools offered (natively, or described in the system message).
+    pub tools: Vec<ToolDefinition>,
+    /// The model calls tools natively.
+    pub native: bool,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Messages shortened in this request only to fit the window.
+    pub truncated: usize,
+}
+
+impl ModelRequest {
+    /// The names of the tools offered, for reading calls from text.
+    pub fn names(&self) -> BTreeSet<String> {
+        self.tools.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// The request on the wire: the head, then the conversation written
+    /// the way this model reads it.
+    pub fn into_chat(self) -> ChatRequest {
+        let mut messages = self.head;
+        messages.reserve(self.history.len());
         if self.native {
-            messages.extend(history);
+            messages.extend(self.history);
         } else {
-            messages.extend(history.into_iter().map(as_text));
+            messages.extend(self.history.into_iter().map(as_text));
         }
         ChatRequest {
             messages,
-            tools: if self.native {
-                self.definitions.clone()
-            } else {
-                Vec::new()
-            },
-            temperature,
+            tools: if self.native { self.tools } else { Vec::new() },
+            temperature: self.temperature,
         }
     }
 }
@@ -221,7 +310,8 @@ mod tests {
         let extra = ["Use the coding skillset.".to_string()];
         let prompt = build(parts(&tools, &extra, true), &Tokenizer::Estimate);
         assert_eq!(prompt.tool_tokens, 42);
-        let request = prompt.request(history(), Some(0.2));
+        let names = prompt.names();
+        let request = prompt.into_request(history(), 0, Some(0.2)).into_chat();
         assert_eq!(
             request.messages[..2],
             [
@@ -236,7 +326,7 @@ mod tests {
         assert_eq!(request.messages[2..], history()[..]);
         assert_eq!(request.tools, vec![bash_tool()]);
         assert_eq!(request.temperature, Some(0.2));
-        assert_eq!(prompt.names(), BTreeSet::from(["bash".to_string()]));
+        assert_eq!(names, BTreeSet::from(["bash".to_string()]));
     }
 
     #[test]
@@ -244,7 +334,7 @@ mod tests {
         let tools = [bash_tool()];
         let prompt = build(parts(&tools, &[], false), &Tokenizer::Estimate);
         assert_eq!(prompt.tool_tokens, 0, "counted with the system message");
-        let request = prompt.request(history(), None);
+        let request = prompt.into_request(history(), 0, None).into_chat();
         assert!(request.tools.is_empty());
         let Message::System { content } = &request.messages[0] else {
             panic!("{:?}", request.messages[0]);

@@ -1,0 +1,156 @@
+//! Each model call decided whole: the exact request (system prompt, the
+//! turn's instructions, the recorded tool catalog, the conversation fitted
+//! to the context window), or first a summary of the oldest messages, or
+//! the end of the turn when the request cannot fit at all.
+
+use super::*;
+use crate::prompt::{Fit, Parts};
+
+impl SessionState {
+    /// The model is to be called now: emits the request (or the summary it
+    /// needs first; `may_summarise` is false right after one).
+    pub(super) fn call_model(&mut self, out: &mut Out, turn_id: &str, may_summarise: bool) {
+        let view = self.view.0.clone();
+        let prompt = self.prompt();
+        let fitted = crate::prompt::fit(
+            &view.compaction,
+            view.tokenizer,
+            &prompt.head,
+            prompt.tool_tokens,
+            &self.history,
+            &self.history_spans,
+            may_summarise,
+        );
+        match fitted {
+            Fit::Send {
+                history,
+                truncated,
+                tokens,
+                overhead,
+            } => {
+                let window = view.compaction.context_window;
+                if view.compaction.enabled && tokens > window {
+                    let message = format!(
+                        "model call not sent: the request would take about {tokens} tokens, more \
+                         than the model's context window of {window} (the system prompt, \
+                         instructions and tool definitions alone take about {overhead}); raise \
+                         model_profiles.context_window if the model reads more"
+                    );
+                    let error = Kind::Error(pb::Error {
+                        source: ErrorSource::Model as i32,
+                        message: message.clone(),
+                        retryable: false,
+                    });
+                    self.emit(out, turn_id, error);
+                    let finished = self.finish(TurnOutcome::Failed, message);
+                    self.emit(out, turn_id, finished);
+                    return;
+                }
+                let request = prompt.into_request(history, truncated, view.temperature);
+                out.after.push(Effect::CallModel { request });
+            }
+            Fit::Summarise(job) => {
+                let messages = self.history[..job.messages].to_vec();
+                out.after.push(Effect::Summarise { job, messages });
+            }
+        }
+    }
+
+    /// The request this state makes with `history` as the conversation.
+    #[cfg(test)]
+    pub(crate) fn request_for(&self, history: Vec<Message>) -> ModelRequest {
+        self.prompt()
+            .into_request(history, 0, self.view.0.temperature)
+    }
+
+    /// The head of the next request: the system prompt, the turn's
+    /// skillset and plan guidance, and the tools (the plan tools too while
+    /// a plan is being worked on).
+    fn prompt(&self) -> crate::prompt::Prompt {
+        let view = &self.view.0;
+        let mut extra: Vec<String> = self
+            .turn_skillset()
+            .and_then(|name| view.skillsets.text(name))
+            .map(str::to_string)
+            .into_iter()
+            .collect();
+        extra.extend(self.plan_guidance());
+        let plan_mode = self.turn_plan().is_some_and(|p| !p.is_finishing());
+        crate::prompt::build(
+            Parts {
+                system_prompt: &view.system_prompt,
+                extra: &extra,
+                tools: &self.catalog.definitions,
+                tools_tokens: self.catalog.tokens(&view.tokenizer),
+                plan_mode,
+                native: view.native,
+            },
+            &view.tokenizer,
+        )
+    }
+
+    /// The tools offered changed before a model call: recorded, and the
+    /// call decided again with them.
+    pub(super) fn offer_tools(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        catalog: Arc<Catalog>,
+    ) -> Result<(), Refusal> {
+        if self.phase != Phase::Generate {
+            return Err(Refusal::Unexpected {
+                input: "tool catalog",
+                phase: self.phase,
+            });
+        }
+        if *catalog == *self.catalog {
+            return Ok(());
+        }
+        self.emit(out, turn_id, Kind::ToolsOffered(catalog.to_event()));
+        self.call_model(out, turn_id, true);
+        Ok(())
+    }
+
+    /// A summary for `job` came back: the compaction is recorded (the
+    /// oldest messages left out with a note when there is no summary),
+    /// then the model is called with the shorter conversation.
+    pub(super) fn summarised(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        job: CompactionJob,
+        summary: Result<String, String>,
+    ) -> Result<(), Refusal> {
+        if self.phase != Phase::Generate {
+            return Err(Refusal::Unexpected {
+                input: "compaction",
+                phase: self.phase,
+            });
+        }
+        let mut event = crate::prompt::compaction_event(&job, &self.history, summary);
+        if !self.compaction_fits(&event) {
+            return Err(Refusal::Unexpected {
+                input: "compaction of another conversation",
+                phase: self.phase,
+            });
+        }
+        // The tokens after: the request as it will be sent.
+        let view = self.view.0.clone();
+        let prompt = self.prompt();
+        let after = crate::prompt::compacted(&event, &self.history);
+        if let Fit::Send { tokens, .. } = crate::prompt::fit(
+            &view.compaction,
+            view.tokenizer,
+            &prompt.head,
+            prompt.tool_tokens,
+            &after,
+            &[],
+            false,
+        ) {
+            event.tokens_after = tokens as u64;
+        }
+        self.emit(out, turn_id, Kind::ContextCompacted(event));
+        self.call_model(out, turn_id, false);
+        Ok(())
+    }
+}
