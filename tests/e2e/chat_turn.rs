@@ -320,3 +320,65 @@ async fn ollama_native_provider_runs_a_tool_turn() {
     assert_eq!(messages[3]["role"], "tool");
     assert_eq!(messages[3]["content"], "42\n");
 }
+
+/// The log says which tools each model call had: with the tool runner down,
+/// only the orchestrator's own tools are offered (and recorded); once it is
+/// up, the next call offers its tools too, and the change is recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_in_the_tools_offered_is_recorded_before_the_call_that_has_it() {
+    let mut cluster = Cluster::start_only(
+        &[
+            Service::SessionStore,
+            Service::Scheduler,
+            Service::Orchestrator,
+        ],
+        |_| {},
+    )
+    .await
+    .unwrap();
+    // Nothing listens at the runner's address: calls to it fail at once.
+    cluster.release(Service::ToolRunner).unwrap();
+    cluster.model.push(Reply::text("hello"));
+    cluster.model.push(Reply::text("hello again"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+
+    let turn = send(&mut client, &session.id, "hi").await;
+    let first = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&first).outcome, TurnOutcome::Completed as i32);
+    let offered = |events: &[spb::Event]| -> Vec<Vec<String>> {
+        events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                Some(Kind::ToolsOffered(t)) => {
+                    Some(t.tools.iter().map(|t| t.name.clone()).collect())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let builtins = vec![
+        "schedule_reminder",
+        "list_reminders",
+        "cancel_reminder",
+        "recall",
+    ];
+    assert_eq!(offered(&first), vec![builtins.clone()]);
+    let requests = cluster.model.requests();
+    assert_eq!(offered_tools(&requests[0]), builtins);
+
+    cluster.start_service(Service::ToolRunner).await.unwrap();
+    let turn = send(&mut client, &session.id, "and now?").await;
+    let second = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&second).outcome, TurnOutcome::Completed as i32);
+    let now = offered(&second);
+    assert_eq!(now.len(), 1, "{:?}", kinds(&second));
+    assert!(now[0].contains(&"bash".to_string()), "{now:?}");
+    let requests = cluster.model.requests();
+    assert_eq!(offered_tools(&requests[1]), now[0]);
+    // Recorded after the message and before the model's answer.
+    let order = kinds(&second);
+    let at = |kind: &str| order.iter().position(|k| *k == kind).unwrap();
+    assert!(at("user_message") < at("tools_offered"), "{order:?}");
+    assert!(at("tools_offered") < at("model_message"), "{order:?}");
+}
