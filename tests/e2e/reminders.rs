@@ -30,7 +30,7 @@ fn request(session_id: &str, due: &str, message: &str) -> rpb::CreateReminderReq
         session_id: session_id.into(),
         due: due.into(),
         message: message.into(),
-        kind: rpb::ReminderKind::Notify as i32,
+        kind: agentry_proto::sessions::v1::ReminderKind::Notify as i32,
         recurrence: None,
     }
 }
@@ -72,7 +72,14 @@ async fn a_reminder_the_model_schedules_fires_into_the_session() {
     .await
     .expect("the reminder fired within 10 s");
     assert_eq!(due.message, "stand up and stretch");
-    assert_eq!(due.kind, "notify");
+    assert_eq!(
+        due.kind(),
+        agentry_proto::sessions::v1::ReminderKind::Notify
+    );
+    assert!(
+        due.legacy_kind.is_empty(),
+        "new events carry the typed kind"
+    );
     assert!(due.late_ms < 1000, "{}", due.late_ms);
     // Listed as completed.
     let listed = cluster
@@ -110,7 +117,7 @@ async fn a_task_reminder_runs_a_turn_on_its_message() {
         .await
         .unwrap()
         .create_reminder(rpb::CreateReminderRequest {
-            kind: rpb::ReminderKind::Task as i32,
+            kind: agentry_proto::sessions::v1::ReminderKind::Task as i32,
             ..request(&session_id, "in 1s", "water the plants")
         })
         .await
@@ -123,7 +130,7 @@ async fn a_task_reminder_runs_a_turn_on_its_message() {
     let Some(Kind::ReminderDue(due)) = &first.kind else {
         panic!("expected reminder_due, got {first:?}");
     };
-    assert_eq!(due.kind, "task");
+    assert_eq!(due.kind(), agentry_proto::sessions::v1::ReminderKind::Task);
     let turn = first.turn_id.clone();
     assert!(!turn.is_empty());
     let rest = until_finished(&mut events, &turn).await;

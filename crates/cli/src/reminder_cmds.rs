@@ -4,6 +4,7 @@ use crate::ReminderStatus;
 use crate::client::{dial, print_line, status_error};
 use agentry_proto::scheduler::v1 as pb;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
+use agentry_proto::sessions::v1::ReminderKind;
 use agentry_runtime::Config;
 use agentry_runtime::telemetry::TracedChannel;
 
@@ -30,10 +31,10 @@ fn when(t: Option<&prost_types::Timestamp>) -> String {
 }
 
 fn kind_name(kind: i32) -> &'static str {
-    match pb::ReminderKind::try_from(kind) {
-        Ok(pb::ReminderKind::Task) => "task",
-        Ok(pb::ReminderKind::Notify) => "notify",
-        Ok(pb::ReminderKind::Unspecified) | Err(_) => "?",
+    match ReminderKind::try_from(kind) {
+        Ok(ReminderKind::Task) => "task",
+        Ok(ReminderKind::Notify) => "notify",
+        Ok(ReminderKind::Unspecified) | Err(_) => "?",
     }
 }
 

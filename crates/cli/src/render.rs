@@ -75,7 +75,8 @@ pub fn event_json(event: &pb::Event) -> Value {
             }),
             Kind::ReminderDue(r) => json!({
                 "type": "reminder_due", "reminder_id": r.reminder_id, "firing_id": r.firing_id,
-                "message": r.message, "kind": r.kind, "late_ms": r.late_ms,
+                "message": r.message, "kind": reminder_kind_name(r.reminder_kind()),
+                "late_ms": r.late_ms,
             }),
             Kind::Error(e) => json!({
                 "type": "error",
@@ -138,6 +139,15 @@ pub fn step_status_name(status: i32) -> &'static str {
 }
 
 /// A tool call phase's short name.
+/// A reminder's kind as the JSON output names it.
+fn reminder_kind_name(kind: pb::ReminderKind) -> &'static str {
+    match kind {
+        pb::ReminderKind::Notify => "notify",
+        pb::ReminderKind::Task => "task",
+        pb::ReminderKind::Unspecified => "unspecified",
+    }
+}
+
 pub fn phase_name(phase: i32) -> &'static str {
     match pb::ToolCallPhase::try_from(phase) {
         Ok(pb::ToolCallPhase::Validating) => "validating",

@@ -21,7 +21,7 @@ fn reminder(session_id: &str, due: &str, message: &str) -> rpb::CreateReminderRe
         session_id: session_id.into(),
         due: due.into(),
         message: message.into(),
-        kind: rpb::ReminderKind::Notify as i32,
+        kind: agentry_proto::sessions::v1::ReminderKind::Notify as i32,
         recurrence: None,
     }
 }

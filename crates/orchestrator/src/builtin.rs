@@ -164,8 +164,8 @@ fn format_time(t: Option<&prost_types::Timestamp>) -> String {
 }
 
 fn describe(r: &spb::Reminder) -> String {
-    let kind = match spb::ReminderKind::try_from(r.kind) {
-        Ok(spb::ReminderKind::Task) => "task",
+    let kind = match pb::ReminderKind::try_from(r.kind) {
+        Ok(pb::ReminderKind::Task) => "task",
         _ => "notify",
     };
     let status = match spb::ReminderStatus::try_from(r.status) {
@@ -226,8 +226,8 @@ fn scheduler_error(deps: &Deps, status: tonic::Status) -> String {
 async fn schedule(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, String> {
     let args: ScheduleArgs = parse("schedule_reminder", arguments)?;
     let kind = match args.kind.as_deref().unwrap_or("notify") {
-        "notify" => spb::ReminderKind::Notify,
-        "task" => spb::ReminderKind::Task,
+        "notify" => pb::ReminderKind::Notify,
+        "task" => pb::ReminderKind::Task,
         other => {
             return Err(format!(
                 "kind must be \"notify\" or \"task\", not {other:?}"

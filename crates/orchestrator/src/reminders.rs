@@ -15,17 +15,14 @@ use tokio_stream::wrappers::ReceiverStream;
 /// Turns a firing into the session event's payload.
 pub fn event_of(due: &spb::DueReminder) -> Option<(String, pb::ReminderDue)> {
     let reminder = due.reminder.as_ref()?;
-    let kind = match spb::ReminderKind::try_from(reminder.kind) {
-        Ok(spb::ReminderKind::Task) => "task",
-        _ => "notify",
-    };
     Some((
         reminder.session_id.clone(),
         pb::ReminderDue {
             reminder_id: reminder.id.clone(),
             firing_id: due.firing_id.clone(),
             message: reminder.message.clone(),
-            kind: kind.to_string(),
+            legacy_kind: String::new(),
+            kind: reminder.kind,
             due_time: due.due_time,
             late_ms: due.late_ms,
         },

@@ -5,8 +5,8 @@ use crate::schedule::{self, MissedPolicy, Recurrence};
 use crate::store::{Firing, Kind, NewReminder, Reminder, Status, Store, StoreError};
 use agentry_proto::scheduler::v1 as pb;
 use agentry_proto::scheduler::v1::scheduler_server::Scheduler;
-use agentry_proto::sessions::v1::GetSessionRequest;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_proto::sessions::v1::{GetSessionRequest, ReminderKind};
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -111,8 +111,8 @@ pub fn reminder_to_proto(r: &Reminder) -> pb::Reminder {
         session_id: r.session_id.clone(),
         message: r.message.clone(),
         kind: match r.kind {
-            Kind::Notify => pb::ReminderKind::Notify,
-            Kind::Task => pb::ReminderKind::Task,
+            Kind::Notify => ReminderKind::Notify,
+            Kind::Task => ReminderKind::Task,
         } as i32,
         next_due: r.next_due.map(timestamp),
         recurrence: r.cron.as_ref().map(|cron| pb::Recurrence {
@@ -288,10 +288,10 @@ impl Core {
                 "the reminder's message is {chars} characters; at most {MAX_MESSAGE_CHARS} are accepted"
             )));
         }
-        let kind = match pb::ReminderKind::try_from(req.kind) {
-            Ok(pb::ReminderKind::Notify) => Kind::Notify,
-            Ok(pb::ReminderKind::Task) => Kind::Task,
-            Ok(pb::ReminderKind::Unspecified) | Err(_) => {
+        let kind = match ReminderKind::try_from(req.kind) {
+            Ok(ReminderKind::Notify) => Kind::Notify,
+            Ok(ReminderKind::Task) => Kind::Task,
+            Ok(ReminderKind::Unspecified) | Err(_) => {
                 return Err(invalid("kind must be notify or task".into()));
             }
         };

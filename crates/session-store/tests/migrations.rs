@@ -68,8 +68,9 @@ fn finished() -> event::Kind {
 }
 
 fn reminder(kind: &str) -> event::Kind {
+    // The kind as the first release wrote it.
     event::Kind::ReminderDue(ReminderDue {
-        kind: kind.into(),
+        legacy_kind: kind.into(),
         ..Default::default()
     })
 }

@@ -80,7 +80,7 @@ impl SessionState {
             Kind::ApprovalDecided(d) => {
                 if let Some(turn) = &mut self.turn
                     && let Some(call) = turn.call_mut(&d.call_id)
-                    && d.decision == ApprovalDecision::Edit as i32
+                    && d.decision() == ApprovalDecision::Edit
                 {
                     call.effective_arguments = d.edited_arguments_json.clone();
                 }
@@ -121,7 +121,7 @@ impl SessionState {
                 }
             }
             Kind::Error(e) => {
-                if e.source == ErrorSource::Orchestrator as i32
+                if e.source() == ErrorSource::Orchestrator
                     && let Some(turn) = &mut self.turn
                 {
                     turn.restarts += 1;
@@ -133,7 +133,7 @@ impl SessionState {
             }
             Kind::ReminderDue(r) => {
                 self.delivered_firings.insert(r.firing_id.clone());
-                if r.kind == REMINDER_TASK {
+                if r.reminder_kind() == pb::ReminderKind::Task {
                     // The Task state: the reminder becomes the message the
                     // agent acts on.
                     self.push_history(Message::User {
@@ -175,7 +175,7 @@ impl SessionState {
                 self.history_spans.insert(0, (c.first_seq, c.last_seq));
             }
             Kind::ToolsOffered(t) => {
-                self.catalog = Arc::new(Catalog::from_event(t));
+                self.catalog = Catalog::interned(Arc::new(Catalog::from_event(t)));
             }
             Kind::PlanSubmitted(p) => {
                 if let Some((plan, steps)) = self.plan_mut() {

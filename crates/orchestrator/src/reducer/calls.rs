@@ -227,13 +227,15 @@ impl SessionState {
             return Err(Refusal::NoPendingApproval { call_id });
         };
         let decided = |allowances: Vec<pb::SessionAllowance>, edited: String| {
-            Kind::ApprovalDecided(pb::ApprovalDecided {
+            let mut decided = pb::ApprovalDecided {
                 call_id: call_id.clone(),
-                decision: decision as i32,
+                decision: 0,
                 reason: reason.clone(),
                 edited_arguments_json: edited,
                 allowances,
-            })
+            };
+            decided.set_decision(decision);
+            Kind::ApprovalDecided(decided)
         };
         match decision {
             ApprovalDecision::Unspecified => {

@@ -7,7 +7,7 @@ use crate::tokens::Tokenizer;
 use agentry_llm::ToolDefinition;
 use agentry_proto::sessions::v1 as pb;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 /// The tools offered to the model, with their flags. Two catalogs are equal
 /// when they offer the same tools.
@@ -28,7 +28,27 @@ impl PartialEq for Catalog {
     }
 }
 
+/// The catalogs in use, so that sessions offered the same tools share one
+/// copy (with its schemas a catalog takes tens of KiB).
+static INTERNED: Mutex<Vec<Weak<Catalog>>> = Mutex::new(Vec::new());
+
 impl Catalog {
+    /// The shared copy of `catalog`: an equal one already in use, or this
+    /// one (then shared from now on).
+    pub fn interned(catalog: Arc<Catalog>) -> Arc<Catalog> {
+        let mut interned = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
+        interned.retain(|weak| weak.strong_count() > 0);
+        let existing = interned
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|existing| **existing == *catalog);
+        if let Some(existing) = existing {
+            return existing;
+        }
+        interned.push(Arc::downgrade(&catalog));
+        catalog
+    }
+
     /// The tokens the definitions take in a request.
     pub fn tokens(&self, tokenizer: &Tokenizer) -> usize {
         *self
@@ -122,6 +142,31 @@ mod tests {
         assert_eq!(event.tools[0].name, "read_file");
         assert!(event.tools[0].read_only && !event.tools[1].read_only);
         assert_eq!(Catalog::from_event(&event), catalog);
+    }
+
+    #[test]
+    fn equal_catalogs_share_one_copy() {
+        let mut catalog = Catalog::default();
+        catalog.add(
+            ToolDefinition {
+                name: "only_in_this_test".into(),
+                description: "A tool.".into(),
+                parameters: serde_json::json!({"type": "object"}),
+            },
+            ToolFlags::default(),
+        );
+        let first = Catalog::interned(Arc::new(catalog.clone()));
+        let again = Catalog::interned(Arc::new(Catalog::from_event(&catalog.to_event())));
+        assert!(Arc::ptr_eq(&first, &again));
+        let mut other = catalog.clone();
+        other.flags.insert(
+            "only_in_this_test".into(),
+            ToolFlags {
+                read_only: true,
+                parallel_safe: false,
+            },
+        );
+        assert!(!Arc::ptr_eq(&first, &Catalog::interned(Arc::new(other))));
     }
 
     #[test]

@@ -419,11 +419,13 @@ struct Out {
 const MAX_RESTARTS_PER_TURN: u32 = 2;
 
 fn state_event(call_id: &str, phase: CallPhase, detail: impl Into<String>) -> Kind {
-    Kind::ToolCallState(pb::ToolCallState {
+    let mut state = pb::ToolCallState {
         call_id: call_id.to_string(),
-        phase: phase.to_proto() as i32,
+        phase: 0,
         detail: detail.into(),
-    })
+    };
+    state.set_phase(phase.to_proto());
+    Kind::ToolCallState(state)
 }
 
 mod apply;
@@ -571,9 +573,6 @@ impl SessionState {
     }
 }
 
-/// The kind name of reminders that start a turn.
-pub const REMINDER_TASK: &str = "task";
-
 /// The message a task reminder puts before the model.
 pub fn compose_reminder(r: &pb::ReminderDue) -> String {
     let late = if r.late_ms >= 60_000 {
@@ -605,11 +604,19 @@ fn call_tool(state: &SessionState, call_id: &str) -> String {
 }
 
 fn orchestrator_error(message: &str, retryable: bool) -> Kind {
-    Kind::Error(pb::Error {
-        source: ErrorSource::Orchestrator as i32,
-        message: message.to_string(),
+    error_event(ErrorSource::Orchestrator, message.to_string(), retryable)
+}
+
+/// An `error` event. Enums become their wire numbers only where events are
+/// built; decisions read them back through the typed getters.
+fn error_event(source: ErrorSource, message: String, retryable: bool) -> Kind {
+    let mut error = pb::Error {
+        source: 0,
+        message,
         retryable,
-    })
+    };
+    error.set_source(source);
+    Kind::Error(error)
 }
 
 /// Tool arguments must be a JSON object (empty means `{}`).

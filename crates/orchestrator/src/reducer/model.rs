@@ -36,11 +36,7 @@ impl SessionState {
                          instructions and tool definitions alone take about {overhead}); raise \
                          model_profiles.context_window if the model reads more"
                     );
-                    let error = Kind::Error(pb::Error {
-                        source: ErrorSource::Model as i32,
-                        message: message.clone(),
-                        retryable: false,
-                    });
+                    let error = error_event(ErrorSource::Model, message.clone(), false);
                     self.emit(out, turn_id, error);
                     let finished = self.finish(TurnOutcome::Failed, message);
                     self.emit(out, turn_id, finished);
@@ -106,6 +102,8 @@ impl SessionState {
         if *catalog == *self.catalog {
             return Ok(());
         }
+        // The catalog given is the copy the sessions share.
+        let catalog = Catalog::interned(catalog);
         self.emit(out, turn_id, Kind::ToolsOffered(catalog.to_event()));
         self.call_model(out, turn_id, true);
         Ok(())

@@ -7,12 +7,14 @@ impl SessionState {
     pub(super) fn step_update(&self, index: usize, status: PlanStepStatus, summary: &str) -> Kind {
         let started = self.turn_plan().map(|p| p.started).unwrap_or_default()
             + u32::from(status == PlanStepStatus::InProgress);
-        Kind::PlanStepUpdated(pb::PlanStepUpdated {
+        let mut update = pb::PlanStepUpdated {
             index: index as u32,
-            status: status as i32,
+            status: 0,
             summary: crate::plan::clip(summary, 500),
             started,
-        })
+        };
+        update.set_status(status);
+        Kind::PlanStepUpdated(update)
     }
 
     /// A call of `submit_plan` or `complete_step`: the reducer answers it

@@ -16,12 +16,14 @@ impl SessionState {
             .as_ref()
             .map(|t| (t.steps, t.usage))
             .unwrap_or_default();
-        Kind::TurnFinished(pb::TurnFinished {
-            outcome: outcome as i32,
+        let mut finished = pb::TurnFinished {
+            outcome: 0,
             message,
             steps,
             usage: Some(usage),
-        })
+        };
+        finished.set_outcome(outcome);
+        Kind::TurnFinished(finished)
     }
 
     pub(super) fn into_effects(turn_id: &str, out: Out) -> Vec<Effect> {
@@ -63,13 +65,14 @@ impl SessionState {
                     .skillsets
                     .choose(&text)
                     .filter(|(_, skillset)| !skillset.is_empty());
-                let event = Kind::UserMessage(pb::UserMessage {
+                let mut message = pb::UserMessage {
                     text,
-                    approval_mode: approval_mode as i32,
+                    approval_mode: 0,
                     plan,
                     network,
-                });
-                self.emit(&mut out, &turn_id, event);
+                };
+                message.set_approval_mode(approval_mode);
+                self.emit(&mut out, &turn_id, Kind::UserMessage(message));
                 if let Some((intent, skillset)) = chosen {
                     let choice = Kind::SkillsetChosen(pb::SkillsetChosen {
                         intent: intent.name,
@@ -96,11 +99,7 @@ impl SessionState {
             }
             (Phase::Generate, Input::ModelDone(c)) => self.model_done(&mut out, &turn_id, c),
             (Phase::Generate, Input::ModelFailed { message, retryable }) => {
-                let error = Kind::Error(pb::Error {
-                    source: ErrorSource::Model as i32,
-                    message: message.clone(),
-                    retryable,
-                });
+                let error = error_event(ErrorSource::Model, message.clone(), retryable);
                 self.emit(&mut out, &turn_id, error);
                 let finished = self.finish(TurnOutcome::Failed, message);
                 self.emit(&mut out, &turn_id, finished);
@@ -119,15 +118,13 @@ impl SessionState {
                         phase,
                     });
                 }
-                self.emit(
-                    &mut out,
-                    &turn_id,
-                    Kind::ToolOutputChunk(pb::ToolOutputChunk {
-                        call_id,
-                        stream: stream as i32,
-                        text,
-                    }),
-                );
+                let mut chunk = pb::ToolOutputChunk {
+                    call_id,
+                    stream: 0,
+                    text,
+                };
+                chunk.set_stream(stream);
+                self.emit(&mut out, &turn_id, Kind::ToolOutputChunk(chunk));
             }
             (Phase::UseTools, Input::ToolDone(result)) => {
                 if !self.is_executing(&result.call_id) {
@@ -190,7 +187,7 @@ impl SessionState {
                 if self.delivered_firings.contains(&reminder.firing_id) {
                     return Ok(Vec::new()); // Redelivered: already in the log.
                 }
-                if reminder.kind == REMINDER_TASK {
+                if reminder.reminder_kind() == pb::ReminderKind::Task {
                     if phase != Phase::Idle {
                         return Err(Refusal::Busy);
                     }
@@ -292,11 +289,7 @@ impl SessionState {
                     "the plan stopped: a step failed ({}) and the model did not revise the plan",
                     plan.failure
                 );
-                let error = Kind::Error(pb::Error {
-                    source: ErrorSource::Model as i32,
-                    message,
-                    retryable: false,
-                });
+                let error = error_event(ErrorSource::Model, message, false);
                 self.emit(out, turn_id, error);
                 let finished = self.finish(TurnOutcome::Failed, c.text);
                 self.emit(out, turn_id, finished);

@@ -43,7 +43,7 @@ fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_in
             reminder_id: "r1".into(),
             firing_id: "f1".into(),
             message: "check the page".into(),
-            kind: crate::reducer::REMINDER_TASK.into(),
+            kind: pb::ReminderKind::Task as i32,
             ..Default::default()
         },
     });

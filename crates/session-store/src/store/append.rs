@@ -6,7 +6,7 @@ use super::{
     Change, MAX_APPEND_EVENTS, Store, StoreError, kind_name, lock, ms_from_timestamp, now_ms,
     preview_of, timestamp_from_ms,
 };
-use agentry_proto::sessions::v1::{Event, event};
+use agentry_proto::sessions::v1::{Event, ReminderKind, event};
 use prost::Message;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::sync::atomic::Ordering;
@@ -211,7 +211,9 @@ impl Store {
                         turn_open = Some(true);
                     }
                     event::Kind::TurnFinished(_) => turn_open = Some(false),
-                    event::Kind::ReminderDue(r) if r.kind == "task" => turn_open = Some(true),
+                    event::Kind::ReminderDue(r) if r.reminder_kind() == ReminderKind::Task => {
+                        turn_open = Some(true)
+                    }
                     _ => {}
                 }
                 let time = e.time.as_ref().map(ms_from_timestamp).unwrap_or(now);

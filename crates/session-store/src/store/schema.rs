@@ -14,7 +14,7 @@
 //!   turn is open (`turn_open`); the listing index on `touched`.
 
 use super::{StoreError, kind_name};
-use agentry_proto::sessions::v1::{Event, event};
+use agentry_proto::sessions::v1::{Event, ReminderKind, event};
 use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
@@ -142,7 +142,7 @@ fn last_turn_is_open(tx: &Transaction<'_>, session_id: &str) -> rusqlite::Result
     let boundary = |kind: &event::Kind| -> Option<bool> {
         match kind {
             event::Kind::UserMessage(_) => Some(true),
-            event::Kind::ReminderDue(r) if r.kind == "task" => Some(true),
+            event::Kind::ReminderDue(r) if r.reminder_kind() == ReminderKind::Task => Some(true),
             event::Kind::TurnFinished(_) => Some(false),
             _ => None,
         }
