@@ -170,10 +170,10 @@ impl OrchestratorService {
         for _ in 0..2 {
             let handle = self.session(session_id).await?;
             let (reply, answer) = oneshot::channel();
-            let command = Command {
+            let command = Box::new(Command {
                 input: input.clone(),
                 reply,
-            };
+            });
             if handle.commands.send(command).await.is_err() {
                 continue;
             }

@@ -38,11 +38,14 @@ pub(crate) struct Command {
 /// A handle to a running session actor.
 #[derive(Clone)]
 pub(crate) struct SessionHandle {
-    pub commands: mpsc::Sender<Command>,
+    /// Boxed, like the outcomes: the channel's blocks stay small.
+    pub commands: mpsc::Sender<Box<Command>>,
 }
 
-/// Outcomes of in-flight work, tagged with the task that produced them.
-type Outcome = (u64, Input);
+/// Outcomes of in-flight work, tagged with the task that produced them;
+/// boxed, so that the channel's blocks (which an idle session keeps) stay
+/// small.
+type Outcome = Box<(u64, Input)>;
 
 pub(crate) struct Actor {
     session_id: String,
@@ -106,7 +109,7 @@ impl Actor {
         }
     }
 
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+    async fn run(mut self, mut commands: mpsc::Receiver<Box<Command>>) {
         // A turn left unfinished by an earlier process is closed first.
         if !self.state.is_idle() {
             tracing::warn!(session_id = %self.session_id, "closing a turn interrupted by a restart");
@@ -120,7 +123,7 @@ impl Actor {
         loop {
             let result = tokio::select! {
                 command = commands.recv() => match command {
-                    Some(command) => self.handle_command(command).await,
+                    Some(command) => self.handle_command(*command).await,
                     None => break,
                 },
                 Some(outcome) = self.outcomes.recv() => self.handle_outcome(outcome).await,
@@ -169,16 +172,18 @@ impl Actor {
         }
     }
 
-    async fn handle_outcome(&mut self, (task, input): Outcome) -> Result<(), Broken> {
+    async fn handle_outcome(&mut self, outcome: Outcome) -> Result<(), Broken> {
+        let (task, input) = *outcome;
         let mut effects = Vec::new();
         self.fold_outcome(task, input, &mut effects);
         // Fold whatever else is ready into the same append (streamed text
         // arrives much faster than one durable write per delta).
         let mut folded = 1;
         while folded < MAX_BATCH {
-            let Ok((task, input)) = self.outcomes.try_recv() else {
+            let Ok(outcome) = self.outcomes.try_recv() else {
                 break;
             };
+            let (task, input) = *outcome;
             self.fold_outcome(task, input, &mut effects);
             folded += 1;
         }
@@ -476,7 +481,7 @@ impl Actor {
                 span.record("outcome", if result.is_error { "error" } else { "ok" });
                 span.record("duration_ms", result.duration_ms);
                 crate::metrics::tool_call_finished(&deps.metrics, &result);
-                let _ = tx.send((task, Input::ToolDone(result))).await;
+                let _ = tx.send(Box::new((task, Input::ToolDone(result)))).await;
             }
             .instrument(span),
         );

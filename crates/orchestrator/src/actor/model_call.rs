@@ -29,13 +29,13 @@ pub(super) async fn model_call(
         span.record("outcome", "error");
         span.record("latency_ms", started.elapsed().as_millis() as u64);
         crate::metrics::model_call_finished(&deps.metrics, "error", started.elapsed(), None);
-        (
+        Box::new((
             task,
             Input::ModelFailed {
                 message: format!("model call failed: {message}"),
                 retryable,
             },
-        )
+        ))
     };
     // A tool call written as text that cannot be read gets one correction.
     let mut corrected = false;
@@ -89,7 +89,9 @@ pub(super) async fn model_call(
             elapsed_ms = elapsed.as_millis() as u64,
             "model call finished"
         );
-        let _ = tx.send((task, Input::ModelDone(completion))).await;
+        let _ = tx
+            .send(Box::new((task, Input::ModelDone(completion))))
+            .await;
         return;
     }
 }
@@ -106,7 +108,11 @@ pub(super) async fn stream_once(
     while let Some(item) = stream.next().await {
         match item {
             Ok(StreamEvent::TextDelta(text)) => {
-                if tx.send((task, Input::ModelDelta(text))).await.is_err() {
+                if tx
+                    .send(Box::new((task, Input::ModelDelta(text))))
+                    .await
+                    .is_err()
+                {
                     return Ok(None);
                 }
             }
@@ -138,5 +144,7 @@ pub(super) async fn summary_call(
             tracing::warn!(error = %e, "summarising failed; dropping the oldest messages instead");
             e.to_string()
         });
-    let _ = tx.send((task, Input::Summarised { job, summary })).await;
+    let _ = tx
+        .send(Box::new((task, Input::Summarised { job, summary })))
+        .await;
 }

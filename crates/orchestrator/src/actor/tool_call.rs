@@ -49,7 +49,7 @@ pub(super) async fn tool_call(
                 text: chunk.text,
             };
             let tx = tx.clone();
-            async move { tx.send((task, input)).await.is_ok() }
+            async move { tx.send(Box::new((task, input))).await.is_ok() }
         })
         .await;
     match outcome {

@@ -175,7 +175,7 @@ impl SessionState {
                 self.history_spans.insert(0, (c.first_seq, c.last_seq));
             }
             Kind::ToolsOffered(t) => {
-                self.catalog = Catalog::interned(Arc::new(Catalog::from_event(t)));
+                self.catalog = Catalog::shared_from_event(t);
             }
             Kind::PlanSubmitted(p) => {
                 if let Some((plan, steps)) = self.plan_mut() {

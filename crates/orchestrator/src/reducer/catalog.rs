@@ -28,25 +28,46 @@ impl PartialEq for Catalog {
     }
 }
 
-/// The catalogs in use, so that sessions offered the same tools share one
-/// copy (with its schemas a catalog takes tens of KiB).
-static INTERNED: Mutex<Vec<Weak<Catalog>>> = Mutex::new(Vec::new());
+/// The catalogs in use, each with the event that records it, so that
+/// sessions offered the same tools share one copy (with its schemas a
+/// catalog takes tens of KiB) and replaying a log does not parse the same
+/// schemas again for every session.
+static INTERNED: Mutex<Vec<(Weak<Catalog>, pb::ToolsOffered)>> = Mutex::new(Vec::new());
+
+type Interned = Vec<(Weak<Catalog>, pb::ToolsOffered)>;
+
+fn interned_list() -> std::sync::MutexGuard<'static, Interned> {
+    let mut list = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
+    list.retain(|(weak, _)| weak.strong_count() > 0);
+    list
+}
 
 impl Catalog {
     /// The shared copy of `catalog`: an equal one already in use, or this
     /// one (then shared from now on).
     pub fn interned(catalog: Arc<Catalog>) -> Arc<Catalog> {
-        let mut interned = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
-        interned.retain(|weak| weak.strong_count() > 0);
-        let existing = interned
+        let mut list = interned_list();
+        let existing = list
             .iter()
-            .filter_map(Weak::upgrade)
+            .filter_map(|(weak, _)| weak.upgrade())
             .find(|existing| **existing == *catalog);
         if let Some(existing) = existing {
             return existing;
         }
-        interned.push(Arc::downgrade(&catalog));
+        list.push((Arc::downgrade(&catalog), catalog.to_event()));
         catalog
+    }
+
+    /// The shared copy of the catalog an event recorded.
+    pub fn shared_from_event(event: &pb::ToolsOffered) -> Arc<Catalog> {
+        let existing = interned_list()
+            .iter()
+            .find(|(_, recorded)| recorded == event)
+            .and_then(|(weak, _)| weak.upgrade());
+        match existing {
+            Some(existing) => existing,
+            None => Catalog::interned(Arc::new(Catalog::from_event(event))),
+        }
     }
 
     /// The tokens the definitions take in a request.
@@ -158,6 +179,10 @@ mod tests {
         let first = Catalog::interned(Arc::new(catalog.clone()));
         let again = Catalog::interned(Arc::new(Catalog::from_event(&catalog.to_event())));
         assert!(Arc::ptr_eq(&first, &again));
+        assert!(Arc::ptr_eq(
+            &first,
+            &Catalog::shared_from_event(&catalog.to_event())
+        ));
         let mut other = catalog.clone();
         other.flags.insert(
             "only_in_this_test".into(),
