@@ -608,9 +608,9 @@ pub mod lateness {
         let loader = store.clone();
         tokio::task::spawn_blocking(move || loader.create_many(reminders, now)).await??;
         // The worker never checks sessions; this client is never dialled.
-        let sessions = SessionStoreClient::new(agentry_runtime::telemetry::traced(
-            tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy(),
-        ));
+        let sessions = SessionStoreClient::new(
+            agentry_runtime::Auth::off().lazy_channel("http://127.0.0.1:9")?,
+        );
         let core = Core::new(
             store,
             Arc::new(SystemClock),

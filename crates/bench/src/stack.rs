@@ -107,8 +107,7 @@ impl Stack {
     /// Waits until `service` answers, and fails at once if its process
     /// exited (its port might otherwise be answered by someone else).
     async fn wait_for(&mut self, service: &'static str) -> anyhow::Result<()> {
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(self.urls[service].clone())?.tcp_nodelay(true);
+        let endpoint = self.auth.endpoint(&self.urls[service])?;
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             if let Some((_, child)) = self.children.iter_mut().find(|(name, _)| *name == service)
