@@ -7,6 +7,7 @@
 //! parsed line is in `walker`.
 
 mod walker;
+mod words;
 
 use brush_parser::ast;
 
