@@ -56,13 +56,7 @@ pub(super) async fn model_call(
                 Err((text, error)) if !corrected => {
                     tracing::info!(%error, "asking the model to rewrite a malformed tool call");
                     corrected = true;
-                    request.messages.push(Message::Assistant {
-                        content: text,
-                        tool_calls: Vec::new(),
-                    });
-                    request.messages.push(Message::User {
-                        content: crate::textcalls::correction(&error),
-                    });
+                    crate::prompt::ask_to_rewrite(&mut request, text, &error);
                     continue;
                 }
                 Err((_, error)) => {

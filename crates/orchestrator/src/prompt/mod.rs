@@ -191,6 +191,18 @@ impl ModelRequest {
     }
 }
 
+/// The request again, showing the model the answer whose tool call could
+/// not be read (`text`), why, and the format to write it in.
+pub fn ask_to_rewrite(request: &mut ChatRequest, text: String, error: &str) {
+    request.messages.push(Message::Assistant {
+        content: text,
+        tool_calls: Vec::new(),
+    });
+    request.messages.push(Message::User {
+        content: crate::textcalls::correction(error),
+    });
+}
+
 /// Tool calls written in the text become real calls. A text that tries to
 /// call a tool but cannot be read is returned with the reason; plain text
 /// passes through. Without native tool calling, fenced JSON blocks count too.
@@ -366,6 +378,27 @@ mod tests {
         assert!(names.contains(crate::plan::SUBMIT_PLAN), "{names:?}");
         assert!(names.contains(crate::plan::COMPLETE_STEP), "{names:?}");
         assert!(prompt.tool_tokens > 42);
+    }
+
+    #[test]
+    fn an_unreadable_call_is_shown_back_with_the_reason() {
+        let tools = [bash_tool()];
+        let prompt = build(parts(&tools, &[], false), &Tokenizer::Estimate);
+        let mut request = prompt.into_request(history(), 0, None).into_chat();
+        let sent = request.messages.len();
+        ask_to_rewrite(&mut request, "TOOL:bash {oops".into(), "not valid JSON");
+        assert_eq!(request.messages.len(), sent + 2);
+        assert_eq!(
+            request.messages[sent],
+            Message::Assistant {
+                content: "TOOL:bash {oops".into(),
+                tool_calls: Vec::new(),
+            }
+        );
+        let Message::User { content } = &request.messages[sent + 1] else {
+            panic!("{:?}", request.messages[sent + 1]);
+        };
+        assert!(content.contains("not valid JSON"), "{content}");
     }
 
     #[test]
