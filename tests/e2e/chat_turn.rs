@@ -382,3 +382,37 @@ async fn a_change_in_the_tools_offered_is_recorded_before_the_call_that_has_it()
     assert!(at("user_message") < at("tools_offered"), "{order:?}");
     assert!(at("tools_offered") < at("model_message"), "{order:?}");
 }
+
+/// With a price configured for the model, each turn ends with what its
+/// model calls cost, cached prompt tokens at their own price.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_ends_with_its_cost_at_the_configured_price() {
+    let cluster = Cluster::start_with(|config| {
+        config.model_prices = vec![agentry_runtime::config::ModelPrice {
+            pattern: "fake-*".into(),
+            input: 3.0,
+            output: 15.0,
+            cached_input: Some(0.3),
+            currency: None,
+        }];
+    })
+    .await
+    .unwrap();
+    cluster.model.push(Reply::stream(vec![
+        text("Hello."),
+        finish("stop"),
+        agentry_testkit::fake_model::usage_cached(10_000, 500, 8_000),
+    ]));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "hi").await;
+    let received = until_finished(&mut events, &turn).await;
+    let done = finished(&received);
+    assert_eq!(done.outcome, TurnOutcome::Completed as i32);
+    assert_eq!(done.usage.unwrap().cached_prompt_tokens, 8_000);
+    // 2,000 uncached × 3 + 8,000 cached × 0.3 + 500 out × 15, per million.
+    let expected = (2_000.0 * 3.0 + 8_000.0 * 0.3 + 500.0 * 15.0) / 1e6;
+    let cost = done.cost.expect("a priced turn has a cost");
+    assert!((cost - expected).abs() < 1e-12, "{cost} vs {expected}");
+    assert_eq!(done.currency, "USD");
+}

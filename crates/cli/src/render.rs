@@ -18,6 +18,7 @@ fn usage_json(u: Option<&pb::TokenUsage>) -> Value {
             "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens,
+            "cached_prompt_tokens": u.cached_prompt_tokens,
         })
     })
     .unwrap_or(Value::Null)
@@ -87,6 +88,7 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "type": "turn_finished",
                 "outcome": outcome_name(t.outcome),
                 "message": t.message, "steps": t.steps, "usage": usage_json(t.usage.as_ref()),
+                "cost": t.cost, "currency": t.currency,
             }),
             Kind::CancelRequested(c) => json!({"type": "cancel_requested", "reason": c.reason}),
             Kind::SkillsetChosen(s) => json!({
@@ -214,9 +216,42 @@ pub struct Renderer<A: Write, B: Write> {
     step_tokens: Vec<u64>,
     /// The titles of the current plan's steps.
     plan: Vec<String>,
+    /// What the turns seen so far cost, and in which currency.
+    session_cost: Option<(f64, String)>,
+}
+
+/// An amount of money: `$0.0123` in USD, else `0.0123 EUR`.
+fn money(amount: f64, currency: &str) -> String {
+    let digits = if amount != 0.0 && amount.abs() < 0.01 {
+        4
+    } else {
+        2
+    };
+    match currency {
+        "USD" | "" => format!("${amount:.digits$}"),
+        other => format!("{amount:.digits$} {other}"),
+    }
 }
 
 impl<A: Write, B: Write> Renderer<A, B> {
+    /// ", $0.0012" for a turn, with the session's total so far once there
+    /// was more than one priced turn.
+    fn cost_note(&mut self, cost: f64, currency: &str) -> String {
+        let total = match self.session_cost.take() {
+            Some((total, seen)) if seen == currency => Some(total + cost),
+            _ => None,
+        };
+        self.session_cost = Some((total.unwrap_or(cost), currency.to_string()));
+        match total {
+            Some(total) => format!(
+                ", {}; session {}",
+                money(cost, currency),
+                money(total, currency)
+            ),
+            None => format!(", {}", money(cost, currency)),
+        }
+    }
+
     /// A renderer writing to `answer` and `activity`.
     pub fn new(answer: A, activity: B) -> Self {
         Self {
@@ -226,6 +261,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             show_user: false,
             show_approvals: true,
             step_tokens: Vec::new(),
+            session_cost: None,
             plan: Vec::new(),
         }
     }
@@ -344,6 +380,10 @@ impl<A: Write, B: Write> Renderer<A, B> {
                         )
                     })
                     .unwrap_or_default();
+                let cost = t
+                    .cost
+                    .map(|cost| self.cost_note(cost, &t.currency))
+                    .unwrap_or_default();
                 match pb::TurnOutcome::try_from(t.outcome) {
                     Ok(pb::TurnOutcome::Completed) => {}
                     Ok(pb::TurnOutcome::Cancelled) => {
@@ -359,7 +399,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 }
                 let _ = writeln!(
                     self.activity,
-                    "  ({} step{}{usage})",
+                    "  ({} step{}{usage}{cost})",
                     t.steps,
                     if t.steps == 1 { "" } else { "s" }
                 );
@@ -519,5 +559,39 @@ mod tests {
         assert_eq!(json["steps"][0]["status"], "completed");
         assert_eq!(json["steps"][1]["status"], "pending");
         assert_eq!(event_json(&events[2])["status"], "failed");
+    }
+
+    #[test]
+    fn a_priced_turn_shows_its_cost_and_the_session_total() {
+        let finished = |cost: Option<f64>, currency: &str| {
+            event(Kind::TurnFinished(pb::TurnFinished {
+                outcome: pb::TurnOutcome::Completed as i32,
+                message: "ok".into(),
+                steps: 1,
+                usage: Some(pb::TokenUsage {
+                    prompt_tokens: 900,
+                    completion_tokens: 100,
+                    total_tokens: 1_000,
+                    cached_prompt_tokens: 300,
+                }),
+                cost,
+                currency: currency.into(),
+            }))
+        };
+        let text = rendered(&[finished(Some(0.0012), "USD")]);
+        assert!(
+            text.contains("1000 tokens (900 in, 100 out), $0.0012)"),
+            "{text}"
+        );
+        let text = rendered(&[finished(Some(0.0012), "USD"), finished(Some(0.5), "USD")]);
+        assert!(text.contains(", $0.50; session $0.50)"), "{text}");
+        let text = rendered(&[finished(Some(2.0), "EUR")]);
+        assert!(text.contains(", 2.00 EUR)"), "{text}");
+        let text = rendered(&[finished(None, "")]);
+        assert!(!text.contains('$'), "{text}");
+        let json = event_json(&finished(Some(0.0012), "USD"));
+        assert_eq!(json["cost"], 0.0012);
+        assert_eq!(json["currency"], "USD");
+        assert_eq!(json["usage"]["cached_prompt_tokens"], 300);
     }
 }

@@ -73,6 +73,14 @@ struct WireUsage {
     completion_tokens: Option<u64>,
     #[serde(default)]
     total_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<WirePromptDetails>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WirePromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -149,6 +157,10 @@ impl Assembler {
                 prompt_tokens: prompt,
                 completion_tokens: completion,
                 total_tokens: u.total_tokens.unwrap_or(prompt + completion),
+                cached_prompt_tokens: u
+                    .prompt_tokens_details
+                    .and_then(|d| d.cached_tokens)
+                    .unwrap_or(0),
             });
         }
         let mut events = Vec::new();

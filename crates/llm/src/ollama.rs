@@ -222,6 +222,7 @@ impl LineAssembler {
                 prompt_tokens: prompt,
                 completion_tokens: completion,
                 total_tokens: prompt + completion,
+                cached_prompt_tokens: 0,
             });
         }
         Ok(LineStep::Done(events))
@@ -494,7 +495,8 @@ mod tests {
             Some(Usage {
                 prompt_tokens: 122,
                 completion_tokens: 33,
-                total_tokens: 155
+                total_tokens: 155,
+                cached_prompt_tokens: 0,
             })
         );
     }

@@ -97,6 +97,9 @@ pub struct Usage {
     pub completion_tokens: u64,
     /// Sum of both, as reported by the server.
     pub total_tokens: u64,
+    /// Of the prompt's tokens, those the server read from its prompt cache
+    /// (0 when it does not say).
+    pub cached_prompt_tokens: u64,
 }
 
 impl Message {

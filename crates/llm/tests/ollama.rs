@@ -44,7 +44,8 @@ async fn text_deltas_stream_in_order_then_completed_with_usage() {
             usage: Some(Usage {
                 prompt_tokens: 7,
                 completion_tokens: 3,
-                total_tokens: 10
+                total_tokens: 10,
+                cached_prompt_tokens: 0,
             }),
             model: "test-model".into(),
         }
@@ -99,7 +100,8 @@ async fn finish_reason_and_usage_come_from_the_done_line() {
         Some(Usage {
             prompt_tokens: 120,
             completion_tokens: 4096,
-            total_tokens: 4216
+            total_tokens: 4216,
+            cached_prompt_tokens: 0,
         })
     );
     let (deltas, completion) = run_ok(&client, hello()).await;

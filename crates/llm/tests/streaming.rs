@@ -104,7 +104,8 @@ async fn text_deltas_arrive_in_order_then_completed_with_usage() {
             usage: Some(Usage {
                 prompt_tokens: 7,
                 completion_tokens: 3,
-                total_tokens: 10
+                total_tokens: 10,
+                cached_prompt_tokens: 0,
             }),
             model: "test-model".into(),
         }
@@ -155,7 +156,8 @@ async fn convenience_text_reply_round_trips() {
         Some(Usage {
             prompt_tokens: 10,
             completion_tokens: 4,
-            total_tokens: 14
+            total_tokens: 14,
+            cached_prompt_tokens: 0,
         })
     );
 }

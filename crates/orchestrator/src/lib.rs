@@ -134,6 +134,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
             context_window,
         },
         temperature,
+        price: config.model_price(),
     };
     let mut deps = Deps::new(
         store,

@@ -42,6 +42,16 @@ pub fn turn_finished(metrics: &Registry, outcome: &str) {
     );
 }
 
+/// A priced turn ended: what its model calls cost, added up per currency.
+pub fn turn_cost(metrics: &Registry, cost: f64, currency: &str) {
+    metrics.add(
+        "agentry_model_cost_total",
+        "What the model calls of finished turns cost at the configured prices, by currency.",
+        &[("currency", currency)],
+        cost,
+    );
+}
+
 /// A tool call ended.
 pub fn tool_call_finished(metrics: &Registry, result: &pb::ToolResult) {
     let outcome = if result.is_error { "error" } else { "ok" };

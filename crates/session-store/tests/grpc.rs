@@ -270,6 +270,7 @@ fn one_of_each_kind() -> Vec<Event> {
         prompt_tokens: 120,
         completion_tokens: 30,
         total_tokens: 150,
+        cached_prompt_tokens: 20,
     };
     let kinds = vec![
         Kind::UserMessage(pb::UserMessage {
@@ -351,6 +352,8 @@ fn one_of_each_kind() -> Vec<Event> {
             message: "done".into(),
             steps: 2,
             usage: Some(usage),
+            cost: Some(0.25),
+            currency: "USD".into(),
         }),
         Kind::CancelRequested(pb::CancelRequested {
             reason: "enough".into(),

@@ -67,6 +67,7 @@ enum ChunkKind {
     Usage {
         prompt: u64,
         completion: u64,
+        cached: u64,
     },
     Pause(Duration),
     Cut,
@@ -97,7 +98,17 @@ pub fn finish(reason: &str) -> Chunk {
 
 /// The usage chunk (`choices: []`), with `total_tokens = prompt + completion`.
 pub fn usage(prompt: u64, completion: u64) -> Chunk {
-    Chunk(ChunkKind::Usage { prompt, completion })
+    usage_cached(prompt, completion, 0)
+}
+
+/// The same, saying that `cached` of the prompt's tokens came from the
+/// server's prompt cache (`prompt_tokens_details.cached_tokens`).
+pub fn usage_cached(prompt: u64, completion: u64, cached: u64) -> Chunk {
+    Chunk(ChunkKind::Usage {
+        prompt,
+        completion,
+        cached,
+    })
 }
 
 /// Wait `d` before sending the next chunk.

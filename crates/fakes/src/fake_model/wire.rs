@@ -51,7 +51,9 @@ pub(super) async fn send_ndjson(
                 done_reason = Some(reason);
                 continue;
             }
-            ChunkKind::Usage { prompt, completion } => {
+            ChunkKind::Usage {
+                prompt, completion, ..
+            } => {
                 counts = Some((prompt, completion));
                 continue;
             }
@@ -233,14 +235,21 @@ impl Framer {
                 events
             }
             ChunkKind::Finish(reason) => vec![self.delta(json!({}), json!(reason))],
-            ChunkKind::Usage { prompt, completion } => vec![self.envelope(
-                json!([]),
-                json!({
+            ChunkKind::Usage {
+                prompt,
+                completion,
+                cached,
+            } => {
+                let mut usage = json!({
                     "prompt_tokens": prompt,
                     "completion_tokens": completion,
                     "total_tokens": prompt + completion,
-                }),
-            )],
+                });
+                if *cached > 0 {
+                    usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+                }
+                vec![self.envelope(json!([]), usage)]
+            }
             ChunkKind::Raw(data) => vec![sse(data)],
             ChunkKind::Pause(_) | ChunkKind::Cut => Vec::new(),
         }

@@ -287,6 +287,9 @@ impl Actor {
                             .unwrap_or("TURN_OUTCOME_UNSPECIFIED");
                         Span::current().record("outcome", outcome);
                         crate::metrics::turn_finished(&self.deps.metrics, outcome);
+                        if let Some(cost) = finished.cost {
+                            crate::metrics::turn_cost(&self.deps.metrics, cost, &finished.currency);
+                        }
                     }
                 }
                 batch.extend(events.into_iter().map(|kind| pb::Event {

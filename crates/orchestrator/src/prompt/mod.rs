@@ -33,6 +33,8 @@ pub struct View {
     pub compaction: Settings,
     /// Sampling temperature.
     pub temperature: Option<f32>,
+    /// What the model costs, when configured.
+    pub price: Option<agentry_runtime::config::ModelPrice>,
 }
 
 impl Default for View {
@@ -46,6 +48,7 @@ impl Default for View {
             tokenizer: Tokenizer::Estimate,
             compaction: Settings::default(),
             temperature: None,
+            price: None,
         }
     }
 }

@@ -25,6 +25,7 @@ impl SessionState {
                     skillset: String::new(),
                     plan: m.plan.then(Plan::default),
                     network: m.network,
+                    cost: 0.0,
                 });
                 self.phase = Phase::Generate;
             }
@@ -34,10 +35,18 @@ impl SessionState {
                     tool_calls: Vec::new(),
                 });
                 let index = self.history.len() - 1;
+                let price = self.view.0.price.as_ref();
                 if let Some(turn) = &mut self.turn {
                     turn.steps += 1;
                     if let Some(u) = &m.usage {
                         add_usage(&mut turn.usage, u);
+                        if let Some(price) = price {
+                            turn.cost += price.cost(
+                                u.prompt_tokens,
+                                u.cached_prompt_tokens,
+                                u.completion_tokens,
+                            );
+                        }
                     }
                     turn.last_text = m.text.clone();
                     turn.calls.clear();
@@ -151,6 +160,7 @@ impl SessionState {
                         skillset: String::new(),
                         plan: None,
                         network: false,
+                        cost: 0.0,
                     });
                     self.phase = Phase::Generate;
                 }

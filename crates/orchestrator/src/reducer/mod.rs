@@ -168,6 +168,9 @@ pub struct Turn {
     pub plan: Option<Plan>,
     /// The person gave this turn's bash calls outbound network.
     pub network: bool,
+    /// What its model calls cost so far, at the configured price (0 when
+    /// none is configured).
+    pub cost: f64,
 }
 
 impl Turn {
@@ -404,6 +407,7 @@ fn add_usage(total: &mut TokenUsage, u: &TokenUsage) {
     total.prompt_tokens += u.prompt_tokens;
     total.completion_tokens += u.completion_tokens;
     total.total_tokens += u.total_tokens;
+    total.cached_prompt_tokens += u.cached_prompt_tokens;
 }
 
 /// What one step produces: effects to run before recording (aborts), the

@@ -11,16 +11,19 @@ impl SessionState {
     }
 
     pub(super) fn finish(&self, outcome: TurnOutcome, message: String) -> Kind {
-        let (steps, usage) = self
+        let (steps, usage, cost) = self
             .turn
             .as_ref()
-            .map(|t| (t.steps, t.usage))
+            .map(|t| (t.steps, t.usage, t.cost))
             .unwrap_or_default();
+        let price = self.view.0.price.as_ref();
         let mut finished = pb::TurnFinished {
             outcome: 0,
             message,
             steps,
             usage: Some(usage),
+            cost: price.map(|_| cost),
+            currency: price.map(|p| p.currency().to_string()).unwrap_or_default(),
         };
         finished.set_outcome(outcome);
         Kind::TurnFinished(finished)
@@ -257,6 +260,7 @@ impl SessionState {
                 prompt_tokens: u.prompt_tokens,
                 completion_tokens: u.completion_tokens,
                 total_tokens: u.total_tokens,
+                cached_prompt_tokens: u.cached_prompt_tokens,
             }),
             model: c.model.clone(),
             step,

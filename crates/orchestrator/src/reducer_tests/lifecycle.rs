@@ -1,6 +1,7 @@
 //! The call lifecycle, dispatch order and cancels.
 
 use super::approvals::awaiting_build;
+use super::plan::outcome_of;
 use super::*;
 use pretty_assertions::assert_eq;
 
@@ -386,4 +387,57 @@ fn cancel_closes_running_waiting_and_scheduled_calls() {
             phase: Phase::Idle,
         },
     );
+}
+
+#[test]
+fn a_turn_ends_with_its_cost_at_the_configured_price() {
+    let price = agentry_runtime::config::ModelPrice {
+        pattern: "*".into(),
+        input: 2.0,
+        output: 8.0,
+        cached_input: Some(0.5),
+        currency: Some("EUR".into()),
+    };
+    let view = Arc::new(View {
+        price: Some(price),
+        ..View::default()
+    });
+    let mut session = Session::new(4);
+    session.state = session.state.clone().with_view(view);
+    session.ok(user("go"));
+    let cached = Usage {
+        cached_prompt_tokens: 400,
+        ..usage(1_000, 200)
+    };
+    session.ok(Input::ModelDone(completion_with_usage(
+        "",
+        vec![bash("b1", "ls")],
+        Some(cached),
+    )));
+    session.ok(done("b1", "a"));
+    let effects = session.ok(Input::ModelDone(completion_with_usage(
+        "done",
+        vec![],
+        Some(usage(2_000, 100)),
+    )));
+    let finished = outcome_of(&effects).unwrap();
+    // 600 uncached × 2 + 400 cached × 0.5 + 200 out × 8, then 2,000 × 2 +
+    // 100 × 8, per million tokens.
+    let expected = (600.0 * 2.0 + 400.0 * 0.5 + 200.0 * 8.0 + 2_000.0 * 2.0 + 100.0 * 8.0) / 1e6;
+    let cost = finished.cost.unwrap();
+    assert!((cost - expected).abs() < 1e-12, "{cost} vs {expected}");
+    assert_eq!(finished.currency, "EUR");
+    assert_eq!(finished.usage.unwrap().cached_prompt_tokens, 400);
+
+    // Without a price, no cost.
+    let mut session = Session::new(4);
+    session.ok(user("go"));
+    let effects = session.ok(Input::ModelDone(completion_with_usage(
+        "done",
+        vec![],
+        Some(usage(10, 10)),
+    )));
+    let finished = outcome_of(&effects).unwrap();
+    assert_eq!(finished.cost, None);
+    assert_eq!(finished.currency, "");
 }

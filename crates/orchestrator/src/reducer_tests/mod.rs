@@ -117,6 +117,7 @@ fn usage(prompt: u64, completion: u64) -> Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: prompt + completion,
+        cached_prompt_tokens: 0,
     }
 }
 
@@ -125,6 +126,7 @@ fn token_usage(prompt: u64, completion: u64) -> TokenUsage {
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: prompt + completion,
+        cached_prompt_tokens: 0,
     }
 }
 
@@ -411,6 +413,8 @@ fn finished(outcome: TurnOutcome, message: &str, steps: u32, usage: TokenUsage) 
         message: message.into(),
         steps,
         usage: Some(usage),
+        cost: None,
+        currency: String::new(),
     })
 }
 
@@ -475,6 +479,7 @@ fn turn(
         skillset: String::new(),
         plan: None,
         network: false,
+        cost: 0.0,
     }
 }
 

@@ -236,6 +236,22 @@ impl Config {
         if self.agent.plan_max_steps == 0 {
             return Err(invalid("agent.plan_max_steps", "must be at least 1"));
         }
+        for price in &self.model_prices {
+            let prices = [Some(price.input), Some(price.output), price.cached_input];
+            if prices
+                .into_iter()
+                .flatten()
+                .any(|p| !p.is_finite() || p < 0.0)
+            {
+                return Err(invalid(
+                    "model_prices",
+                    &format!(
+                        "the prices for {:?} must be numbers of 0 or more (per million tokens)",
+                        price.pattern
+                    ),
+                ));
+            }
+        }
         for profile in &self.model_profiles {
             if profile.context_window != 0 && profile.context_window < 256 {
                 return Err(invalid(

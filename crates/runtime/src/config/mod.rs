@@ -77,6 +77,9 @@ pub struct Config {
     /// What models can do, by model-name pattern; the first match applies.
     #[serde(default)]
     pub model_profiles: Vec<ModelProfile>,
+    /// What models cost, by model-name pattern; the first match applies.
+    #[serde(default)]
+    pub model_prices: Vec<ModelPrice>,
     /// The directory the files were read from, if any.
     #[serde(skip)]
     pub config_dir: Option<PathBuf>,
@@ -204,16 +207,56 @@ impl ModelProfile {
 
     /// Whether `model` matches the pattern.
     pub fn matches(&self, model: &str) -> bool {
-        fn glob(p: &[u8], s: &[u8]) -> bool {
-            match (p.first(), s.first()) {
-                (None, None) => true,
-                (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
-                (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
-                (Some(a), Some(b)) if a.eq_ignore_ascii_case(b) => glob(&p[1..], &s[1..]),
-                _ => false,
-            }
+        glob_matches(&self.pattern, model)
+    }
+}
+
+/// Whether a model name matches a pattern: `*` any run of characters, `?`
+/// one, case-insensitive.
+fn glob_matches(pattern: &str, model: &str) -> bool {
+    fn glob(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
+            (Some(b'?'), Some(_)) => glob(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a.eq_ignore_ascii_case(b) => glob(&p[1..], &s[1..]),
+            _ => false,
         }
-        glob(self.pattern.as_bytes(), model.as_bytes())
+    }
+    glob(pattern.as_bytes(), model.as_bytes())
+}
+
+/// What a family of models costs, per million tokens.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    /// A glob on the model name, as for profiles.
+    pub pattern: String,
+    /// Per million prompt tokens.
+    pub input: f64,
+    /// Per million generated tokens.
+    pub output: f64,
+    /// Per million prompt tokens read from the server's prompt cache; unset:
+    /// the same as `input`.
+    #[serde(default)]
+    pub cached_input: Option<f64>,
+    /// The currency of the prices; unset: USD.
+    #[serde(default)]
+    pub currency: Option<String>,
+}
+
+impl ModelPrice {
+    /// What a model call with this usage costs.
+    pub fn cost(&self, prompt: u64, cached_prompt: u64, completion: u64) -> f64 {
+        let cached = cached_prompt.min(prompt);
+        let uncached = (prompt - cached) as f64 * self.input;
+        let cached = cached as f64 * self.cached_input.unwrap_or(self.input);
+        (uncached + cached + completion as f64 * self.output) / 1_000_000.0
+    }
+
+    /// The currency of the prices.
+    pub fn currency(&self) -> &str {
+        self.currency.as_deref().unwrap_or("USD")
     }
 }
 
@@ -225,6 +268,15 @@ impl Config {
             .find(|p| p.matches(&self.llm.model))
             .cloned()
             .unwrap_or_else(ModelProfile::fallback)
+    }
+
+    /// The price of the configured model: the first whose pattern matches;
+    /// `None` when none does.
+    pub fn model_price(&self) -> Option<ModelPrice> {
+        self.model_prices
+            .iter()
+            .find(|p| glob_matches(&p.pattern, &self.llm.model))
+            .cloned()
     }
 }
 

@@ -70,6 +70,42 @@ fn the_first_matching_model_profile_applies() {
 }
 
 #[test]
+fn the_first_matching_model_price_applies_and_bad_prices_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[[model_prices]]\npattern = \"gpt-4o-mini*\"\ninput = 0.15\noutput = 0.6\n\
+         cached_input = 0.075\n\
+         [[model_prices]]\npattern = \"claude-*\"\ninput = 3\noutput = 15\ncurrency = \"EUR\"\n",
+    )
+    .unwrap();
+    let mut config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+    config.llm.model = "gpt-4o-mini-2024".into();
+    let price = config.model_price().unwrap();
+    assert_eq!(price.currency(), "USD");
+    // 1M uncached in, 1M cached in, 1M out.
+    assert!((price.cost(2_000_000, 1_000_000, 1_000_000) - 0.825).abs() < 1e-9);
+    config.llm.model = "claude-x".into();
+    let price = config.model_price().unwrap();
+    assert_eq!(price.currency(), "EUR");
+    // Unset cached price: the input price.
+    assert!((price.cost(1_000_000, 500_000, 0) - 3.0).abs() < 1e-9);
+    config.llm.model = "llama3".into();
+    assert_eq!(config.model_price(), None);
+
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[[model_prices]]\npattern = \"*\"\ninput = -1\noutput = 1\n",
+    )
+    .unwrap();
+    let error = Config::load(&source(Some(dir.path()), &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("model_prices"), "{error}");
+    assert!(error.contains("0 or more"), "{error}");
+}
+
+#[test]
 fn container_settings_from_the_environment() {
     let config = Config::load(&source(
         None,
