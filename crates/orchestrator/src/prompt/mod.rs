@@ -18,7 +18,8 @@ use crate::tokens::Tokenizer;
 use agentry_llm::{ChatRequest, Completion, Message, ToolCall, ToolDefinition};
 use std::collections::BTreeSet;
 
-/// The settings that shape every request of one orchestrator.
+/// The orchestrator's settings that every session's decisions use: what
+/// shapes each model request, and what a model call costs.
 #[derive(Clone)]
 pub struct View {
     /// The configured system prompt.
