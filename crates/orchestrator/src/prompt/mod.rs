@@ -131,11 +131,6 @@ pub fn build(parts: Parts<'_>, tokenizer: &Tokenizer) -> Prompt {
 }
 
 impl Prompt {
-    /// The names of the tools offered, for reading calls from text.
-    pub fn names(&self) -> BTreeSet<String> {
-        self.definitions.iter().map(|t| t.name.clone()).collect()
-    }
-
     /// The request with this head and the (fitted) conversation.
     pub fn into_request(
         self,
@@ -326,8 +321,9 @@ mod tests {
         let extra = ["Use the coding skillset.".to_string()];
         let prompt = build(parts(&tools, &extra, true), &Tokenizer::Estimate);
         assert_eq!(prompt.tool_tokens, 42);
-        let names = prompt.names();
-        let request = prompt.into_request(history(), 0, Some(0.2)).into_chat();
+        let request = prompt.into_request(history(), 0, Some(0.2));
+        let names = request.names();
+        let request = request.into_chat();
         assert_eq!(
             request.messages[..2],
             [
@@ -378,10 +374,10 @@ mod tests {
         let mut plan = parts(&tools, &[], true);
         plan.plan_mode = true;
         let prompt = build(plan, &Tokenizer::Estimate);
-        let names = prompt.names();
+        assert!(prompt.tool_tokens > 42);
+        let names = prompt.into_request(Vec::new(), 0, None).names();
         assert!(names.contains(crate::plan::SUBMIT_PLAN), "{names:?}");
         assert!(names.contains(crate::plan::COMPLETE_STEP), "{names:?}");
-        assert!(prompt.tool_tokens > 42);
     }
 
     #[test]

@@ -10,17 +10,41 @@ impl SessionState {
     /// The model is to be called now: emits the request (or the summary it
     /// needs first; `may_summarise` is false right after one).
     pub(super) fn call_model(&mut self, out: &mut Out, turn_id: &str, may_summarise: bool) {
-        let view = self.view.0.clone();
         let prompt = self.prompt();
-        let fitted = crate::prompt::fit(
+        let fitted = self.fit(&prompt, &self.history, &self.history_spans, may_summarise);
+        self.model_effect(out, turn_id, prompt, fitted);
+    }
+
+    /// How `history` goes into a request with `prompt`'s head.
+    fn fit(
+        &self,
+        prompt: &crate::prompt::Prompt,
+        history: &[Message],
+        spans: &[(u64, u64)],
+        may_summarise: bool,
+    ) -> Fit {
+        let view = &self.view.0;
+        crate::prompt::fit(
             &view.compaction,
             view.tokenizer,
             &prompt.head,
             prompt.tool_tokens,
-            &self.history,
-            &self.history_spans,
+            history,
+            spans,
             may_summarise,
-        );
+        )
+    }
+
+    /// Emits what a fitted request calls for: the model call, the summary
+    /// it needs first, or the end of a turn whose request cannot fit.
+    fn model_effect(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        prompt: crate::prompt::Prompt,
+        fitted: Fit,
+    ) {
+        let view = self.view.0.clone();
         match fitted {
             Fit::Send {
                 history,
@@ -132,23 +156,16 @@ impl SessionState {
                 phase: self.phase,
             });
         }
-        // The tokens after: the request as it will be sent.
-        let view = self.view.0.clone();
+        // The request as it will be sent (no second summary for it): its
+        // tokens are the compaction's tokens after.
         let prompt = self.prompt();
         let after = crate::prompt::compacted(&event, &self.history);
-        if let Fit::Send { tokens, .. } = crate::prompt::fit(
-            &view.compaction,
-            view.tokenizer,
-            &prompt.head,
-            prompt.tool_tokens,
-            &after,
-            &[],
-            false,
-        ) {
-            event.tokens_after = tokens as u64;
+        let fitted = self.fit(&prompt, &after, &[], false);
+        if let Fit::Send { tokens, .. } = &fitted {
+            event.tokens_after = *tokens as u64;
         }
         self.emit(out, turn_id, Kind::ContextCompacted(event));
-        self.call_model(out, turn_id, false);
+        self.model_effect(out, turn_id, prompt, fitted);
         Ok(())
     }
 }

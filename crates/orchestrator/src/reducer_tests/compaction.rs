@@ -8,6 +8,17 @@ use pretty_assertions::assert_eq;
 // Compaction
 // ---------------------------------------------------------------------------
 
+/// The error event among `effects`.
+fn error_of(effects: &[Effect]) -> pb::Error {
+    events_of(effects)
+        .into_iter()
+        .find_map(|k| match k {
+            Kind::Error(e) => Some(e),
+            _ => None,
+        })
+        .expect("an error event")
+}
+
 /// The summary of the first `messages` messages (events `first_seq` to
 /// `last_seq`) came back.
 fn compacted(messages: u32, first_seq: u64, last_seq: u64, summary: &str) -> Input {
@@ -293,13 +304,7 @@ fn a_request_that_cannot_fit_ends_the_turn_instead_of_calling_the_model() {
             .any(|e| matches!(e, Effect::Summarise { .. })),
         "{effects:?}"
     );
-    let error = events_of(&effects)
-        .into_iter()
-        .find_map(|k| match k {
-            Kind::Error(e) => Some(e),
-            _ => None,
-        })
-        .unwrap();
+    let error = error_of(&effects);
     assert!(
         error
             .message
@@ -360,13 +365,7 @@ fn giving_up_on_a_repair_fails_the_turn() {
     let finished = outcome_of(&effects).unwrap();
     assert_eq!(finished.outcome, TurnOutcome::Failed as i32);
     assert_eq!(finished.message, "I cannot do this without a network.");
-    let error = events_of(&effects)
-        .into_iter()
-        .find_map(|k| match k {
-            Kind::Error(e) => Some(e),
-            _ => None,
-        })
-        .unwrap();
+    let error = error_of(&effects);
     assert!(error.message.contains("no network"), "{}", error.message);
 }
 
