@@ -979,6 +979,10 @@ fn a_here_document_without_an_end_word_is_confirmed_not_parsed() {
         "<<?]$(\"\"(#",
         "cat <<E}$( #",
         "cat <<\"$( \" #",
+        "<<\"\")f ",
+        "<<'')f ",
+        "${<<''}i ",
+        "$(<<\"\"]x",
     ] {
         let verdict = bash(&policy, command);
         assert_eq!(verdict.decision, Decision::Confirm, "{command:?}");

@@ -176,6 +176,7 @@ fn is_plain_here_tag(rest: &[u8]) -> bool {
     }
     let mut quote = None;
     let mut letters = 0usize;
+    let mut closed = false;
     let mut i = 0;
     while let Some(&c) = rest.get(i) {
         i += 1;
@@ -188,16 +189,18 @@ fn is_plain_here_tag(rest: &[u8]) -> bool {
             Some(q) if c == q => quote = None,
             None if c == b'\'' || c == b'"' => quote = Some(c),
             None | Some(b'"') if c == b'\\' => {
-                if rest.get(i).is_some_and(u8::is_ascii_alphanumeric) {
+                if !closed && rest.get(i).is_some_and(u8::is_ascii_alphanumeric) {
                     letters += 1;
                 }
                 i += 1;
             }
             None if c.is_ascii_whitespace() || b";&|<>".contains(&c) => break,
-            // The parser takes quotes away wherever they stand; what closes
-            // a substitution the word may stand in ends it there, or not:
-            // neither way does it count.
+            // What closes a substitution the word may stand in ends it
+            // there, or not: only letters before it count either way.
+            None | Some(b'"') if b")}]".contains(&c) => closed = true,
+            // The parser takes quotes away wherever they stand.
             _ if b"$\\'\")}]".contains(&c) || c.is_ascii_whitespace() || c.is_ascii_control() => {}
+            _ if closed => {}
             _ => letters += 1,
         }
     }
