@@ -282,3 +282,40 @@ async fn a_window_too_small_for_the_instructions_fails_the_turn_clearly() {
         "nothing over-long was sent"
     );
 }
+
+#[tokio::test]
+async fn the_context_window_is_read_from_the_model_server() {
+    // No window in the profile; the server (posing as llama.cpp started
+    // with a 300-token context) says how much it gives the model.
+    let mut cluster = Cluster::start_with(|c| {
+        c.model_profiles = vec![ModelProfile {
+            tokenizer: "estimate".into(),
+            ..ModelProfile::fallback()
+        }];
+    })
+    .await
+    .unwrap();
+    cluster
+        .model
+        .set_server(agentry_testkit::fake_model::ServerKind::LlamaCpp { n_ctx: 300 });
+    cluster
+        .restart_service(agentry_testkit::cluster::Service::Orchestrator)
+        .await
+        .unwrap();
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "hi").await;
+    let done = finished(&until_finished(&mut events, &turn).await);
+    assert_eq!(done.outcome, TurnOutcome::Failed as i32);
+    assert!(
+        done.message
+            .contains("context window of 300 (llama.cpp /props"),
+        "{}",
+        done.message
+    );
+    assert_eq!(
+        cluster.model.request_count(),
+        0,
+        "nothing over-long was sent"
+    );
+}

@@ -24,11 +24,14 @@ pub type ChatStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, LlmError>> +
 /// A client of one model on one server. Cloning is cheap and shares the connection pool.
 #[derive(Clone)]
 pub struct ChatClient {
-    http: reqwest::Client,
-    provider: Provider,
-    url: Arc<str>,
-    model: Arc<str>,
-    auth: Option<HeaderValue>,
+    pub(crate) http: reqwest::Client,
+    pub(crate) provider: Provider,
+    pub(crate) url: Arc<str>,
+    pub(crate) model: Arc<str>,
+    pub(crate) auth: Option<HeaderValue>,
+    /// The context window asked for with each request, where the protocol
+    /// has a way to (Ollama's `options.num_ctx`).
+    num_ctx: Option<u32>,
     request_timeout: Duration,
     max_retries: u32,
     retry_base_delay: Duration,
@@ -139,6 +142,7 @@ impl ChatClient {
             max_retries: cfg.max_retries,
             retry_base_delay: cfg.retry_base_delay,
             headers_hook: None,
+            num_ctx: None,
         })
     }
 
@@ -155,6 +159,15 @@ impl ChatClient {
     /// The full URL requests are sent to (`.../chat/completions` or `.../api/chat`).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Asks for a context window of `tokens` with every request, where the
+    /// protocol has a way to: Ollama's native API (`options.num_ctx`), which
+    /// otherwise gives the model the server's default, often a few thousand
+    /// tokens, and drops the oldest part of longer prompts.
+    pub fn with_context_window(mut self, tokens: u32) -> Self {
+        self.num_ctx = Some(tokens);
+        self
     }
 
     /// Adds headers to every request, e.g. W3C trace context.
@@ -180,7 +193,7 @@ impl ChatClient {
     pub async fn stream(&self, req: ChatRequest) -> Result<ChatStream, LlmError> {
         let body = match self.provider {
             Provider::OpenAi => req.to_wire_bytes(&self.model),
-            Provider::Ollama => serde_json::to_vec(&req.to_ollama_wire(&self.model)),
+            Provider::Ollama => serde_json::to_vec(&req.to_ollama_wire(&self.model, self.num_ctx)),
         }
         .map_err(|e| LlmError::InvalidConfig(format!("cannot serialize the request: {e}")))?;
         tracing::debug!(
@@ -376,7 +389,7 @@ fn error_message(body: &str) -> Option<String> {
 }
 
 /// A short cause for a failed connection, e.g. "connection refused".
-fn connect_reason(e: &reqwest::Error) -> String {
+pub(crate) fn connect_reason(e: &reqwest::Error) -> String {
     let mut source: Option<&(dyn std::error::Error + 'static)> = e.source();
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {

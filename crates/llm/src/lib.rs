@@ -19,8 +19,10 @@ mod ollama;
 mod openai;
 mod retry;
 mod types;
+mod window;
 
 pub use client::{ChatClient, ChatStream};
 pub use config::{Provider, ProviderConfig};
 pub use error::LlmError;
 pub use types::{ChatRequest, Completion, Message, StreamEvent, ToolCall, ToolDefinition, Usage};
+pub use window::{ServerWindow, WindowKind};

@@ -29,10 +29,11 @@ const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 impl ChatRequest {
     /// The streaming request body sent to Ollama's `{base_url}/api/chat`.
     ///
+    /// `num_ctx`, when given, asks for that context window (`options.num_ctx`).
     /// Tool-call arguments are sent as JSON objects (as Ollama expects) when they parse as one,
     /// else as the original string; a tool result names its tool in `tool_name` when an earlier
     /// assistant message holds the call it answers.
-    pub fn to_ollama_wire(&self, model: &str) -> Value {
+    pub fn to_ollama_wire(&self, model: &str, num_ctx: Option<u32>) -> Value {
         let mut tool_names: HashMap<&str, &str> = HashMap::new();
         let mut messages = Vec::with_capacity(self.messages.len());
         for message in &self.messages {
@@ -88,8 +89,15 @@ impl ChatRequest {
             );
         }
         body.insert("stream".into(), Value::Bool(true));
+        let mut options = Map::new();
         if let Some(t) = self.temperature {
-            body.insert("options".into(), json!({"temperature": decimal(t)}));
+            options.insert("temperature".into(), json!(decimal(t)));
+        }
+        if let Some(n) = num_ctx {
+            options.insert("num_ctx".into(), json!(n));
+        }
+        if !options.is_empty() {
+            body.insert("options".into(), Value::Object(options));
         }
         Value::Object(body)
     }
@@ -455,7 +463,7 @@ mod tests {
             temperature: Some(0.7),
         };
         assert_eq!(
-            req.to_ollama_wire("m"),
+            req.to_ollama_wire("m", None),
             json!({
                 "model": "m",
                 "messages": [

@@ -73,6 +73,19 @@ impl Deps {
         }
     }
 
+    /// Plans every request for a context window of `tokens` (`source` says
+    /// where that number comes from), and asks the
+    /// model server for it where the protocol can (Ollama's `num_ctx`).
+    pub fn set_context_window(&mut self, tokens: usize, source: String) {
+        let compaction = &mut std::sync::Arc::make_mut(&mut self.view).compaction;
+        compaction.context_window = tokens;
+        compaction.window_source = source;
+        self.llm = self
+            .llm
+            .clone()
+            .with_context_window(u32::try_from(tokens).unwrap_or(u32::MAX));
+    }
+
     /// The tools as the model sees them, fetched from the runner once.
     pub async fn tools(&self) -> Arc<Catalog> {
         if let Some(cached) = self.tool_cache.read().await.as_ref() {

@@ -23,6 +23,7 @@ pub mod service;
 pub mod skillsets;
 pub mod textcalls;
 pub mod tokens;
+pub mod window;
 
 #[cfg(test)]
 mod reducer_tests;
@@ -132,6 +133,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
             threshold: config.agent.compaction_threshold,
             keep_last: config.agent.compaction_keep_messages as usize,
             context_window,
+            window_source: String::new(),
         },
         temperature,
         price: config.model_price(),
@@ -148,6 +150,11 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         Arc::new(policy),
     );
     deps.plan_max_steps = config.agent.plan_max_steps;
+    // Until the model server is asked (see `run`), the profile's window.
+    deps.set_context_window(
+        context_window,
+        window::decide(&config.llm.model, profile.context_window, Ok(None)).source,
+    );
     Ok(deps)
 }
 
@@ -159,7 +166,10 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
-    let deps = Arc::new(deps_from_config(config, auth)?);
+    let mut deps = deps_from_config(config, auth)?;
+    let window = window::settle(&deps.llm, config.model_profile().context_window).await;
+    deps.set_context_window(window.tokens, window.source);
+    let deps = Arc::new(deps);
     tracing::info!(
         model = %config.llm.model,
         llm = %config.llm.base_url,

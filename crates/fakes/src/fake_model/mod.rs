@@ -45,10 +45,13 @@ use tokio_stream::wrappers::ReceiverStream;
 /// One piece of a streamed reply; build them with [`text`], [`tool_call`], [`finish`],
 mod script;
 mod server;
+mod window;
 mod wire;
 
 pub use script::parse_script;
 use server::*;
+pub use window::ServerKind;
+use window::*;
 
 /// [`usage`], [`pause`], [`cut`] and [`raw`].
 #[derive(Clone, Debug, PartialEq)]
@@ -253,6 +256,8 @@ struct Inner {
     script_pos: usize,
     /// When each text chunk of an OpenAI stream was handed to the server.
     text_sent: Vec<std::time::Instant>,
+    /// The server it poses as when asked about its context window.
+    server: ServerKind,
 }
 
 #[derive(Default)]
@@ -295,6 +300,9 @@ impl FakeModel {
             .route("/v1/models", get(models))
             .route("/api/chat", post(ollama_chat))
             .route("/api/tags", get(ollama_tags))
+            .route("/props", get(props))
+            .route("/api/ps", get(ollama_ps))
+            .route("/api/show", post(ollama_show))
             .route("/_fake/replies", post(push_replies))
             .route("/_fake/requests", get(request_count))
             .fallback(not_found)
@@ -356,6 +364,11 @@ impl FakeModel {
     /// order.
     pub fn request_paths(&self) -> Vec<String> {
         self.shared.lock().paths.clone()
+    }
+
+    /// Poses as `kind` of server when asked about the context window.
+    pub fn set_server(&self, kind: ServerKind) {
+        self.shared.lock().server = kind;
     }
 
     /// Sets what to answer when the queue is empty.

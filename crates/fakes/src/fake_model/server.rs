@@ -52,14 +52,19 @@ pub(super) async fn not_found(request: Request) -> Response {
     error_response(404, &message)
 }
 
-pub(super) async fn models() -> Response {
-    json_response(
-        StatusCode::OK,
-        &json!({"object": "list", "data": [
-            {"id": "fake-model", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
-            {"id": "fake-model-large", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
-        ]}),
-    )
+pub(super) async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    let mut data = json!([
+        {"id": "fake-model", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
+        {"id": "fake-model-large", "object": "model", "created": 0, "owned_by": "agentry-testkit"},
+    ]);
+    if let ServerKind::Vllm { max_model_len } = shared.lock().server
+        && let Some(models) = data.as_array_mut()
+    {
+        for model in models {
+            model["max_model_len"] = json!(max_model_len);
+        }
+    }
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
 pub(super) async fn ollama_tags() -> Response {

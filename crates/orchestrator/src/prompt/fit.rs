@@ -24,6 +24,9 @@ pub struct Settings {
     pub keep_last: usize,
     /// The model's context window, in tokens.
     pub context_window: usize,
+    /// Where the window comes from, for messages (a setting, or what the
+    /// model server said).
+    pub window_source: String,
 }
 
 impl Default for Settings {
@@ -36,6 +39,7 @@ impl Default for Settings {
             threshold: agent.compaction_threshold,
             keep_last: agent.compaction_keep_messages as usize,
             context_window: crate::tokens::context_window("", 0),
+            window_source: "the default".to_string(),
         }
     }
 }

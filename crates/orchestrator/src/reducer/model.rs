@@ -56,9 +56,12 @@ impl SessionState {
                 if view.compaction.enabled && tokens > window {
                     let message = format!(
                         "model call not sent: the request would take about {tokens} tokens, more \
-                         than the model's context window of {window} (the system prompt, \
-                         instructions and tool definitions alone take about {overhead}); raise \
-                         model_profiles.context_window if the model reads more"
+                         than the model's context window of {window} ({}; the system prompt, \
+                         instructions and tool definitions alone take about {overhead}): give the \
+                         model a larger window (the server's context size and \
+                         model_profiles.context_window), offer it fewer tools, or shorten the \
+                         message",
+                        view.compaction.window_source
                     );
                     let error = error_event(ErrorSource::Model, message.clone(), false);
                     self.emit(out, turn_id, error);

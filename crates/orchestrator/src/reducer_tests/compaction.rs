@@ -43,6 +43,7 @@ fn window_of(window: usize) -> Arc<View> {
             threshold: 0.8,
             keep_last: 2,
             context_window: window,
+            ..Settings::default()
         },
         ..View::default()
     })

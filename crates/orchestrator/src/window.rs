@@ -1,0 +1,182 @@
+//! One truth about the context window: the orchestrator plans every
+//! request for the window of the model's profile (or the one known for the
+//! model's name), bounded by what the model server says it gives the model.
+//! The server is asked once, at start; a disagreement is logged once, as a
+//! warning that says what to change.
+
+use crate::tokens::context_window;
+use agentry_llm::{ChatClient, ServerWindow, WindowKind};
+use std::time::Duration;
+
+/// How long each question to the model server may take at start.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The window decided, and what to tell the operator about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The context window to plan requests for, in tokens.
+    pub tokens: usize,
+    /// Where it comes from, for the log.
+    pub source: String,
+    /// A disagreement or doubt worth a warning.
+    pub warning: Option<String>,
+}
+
+/// Decides the window for `model` from the profile's `configured` window
+/// (0: unset) and the server's answer (`Err`: it could not be asked).
+pub fn decide(
+    model: &str,
+    configured: u32,
+    server: Result<Option<ServerWindow>, String>,
+) -> Decision {
+    let planned = context_window(model, configured);
+    let planned_source = if configured > 0 {
+        "model_profiles.context_window".to_string()
+    } else {
+        "the size known for the model name, else the default".to_string()
+    };
+    let keep = |warning: Option<String>| Decision {
+        tokens: planned,
+        source: planned_source.clone(),
+        warning,
+    };
+    let window = match server {
+        Err(e) => {
+            return keep(Some(format!(
+                "could not ask the model server for its context window ({e}); planning for \
+                 {planned} tokens"
+            )));
+        }
+        Ok(None) => return keep(None),
+        Ok(Some(window)) => window,
+    };
+    let Some(stated) = window.tokens.map(|t| t as usize) else {
+        return keep(Some(format!(
+            "{} does not say how many tokens it gives the model; planning for {planned} tokens: \
+             make the server give at least that (for Ollama set OLLAMA_CONTEXT_LENGTH, or use \
+             llm.provider = \"ollama\", which asks for the window with each request), or set \
+             model_profiles.context_window to what it gives",
+            window.source
+        )));
+    };
+    match window.kind {
+        WindowKind::Serving if configured == 0 => Decision {
+            tokens: stated,
+            source: window.source,
+            warning: None,
+        },
+        WindowKind::Serving => {
+            let tokens = planned.min(stated);
+            let warning = (stated != planned).then(|| {
+                format!(
+                    "the model server gives the model {stated} tokens ({}), \
+                     model_profiles.context_window says {planned}: planning for {tokens}; set \
+                     both to the same size",
+                    window.source
+                )
+            });
+            Decision {
+                tokens,
+                source: if tokens == stated {
+                    window.source
+                } else {
+                    planned_source
+                },
+                warning,
+            }
+        }
+        WindowKind::Trained if stated < planned => Decision {
+            tokens: stated,
+            warning: (configured > 0).then(|| {
+                format!(
+                    "model_profiles.context_window says {planned} tokens but the model takes at \
+                     most {stated} ({}): planning for {stated}",
+                    window.source
+                )
+            }),
+            source: window.source,
+        },
+        WindowKind::Trained => keep(None),
+    }
+}
+
+/// Asks the model server and decides (see [`decide`]); logs the outcome.
+pub async fn settle(llm: &ChatClient, configured: u32) -> Decision {
+    let server = llm
+        .server_context_window(PROBE_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string());
+    let decision = decide(llm.model(), configured, server);
+    if let Some(warning) = &decision.warning {
+        tracing::warn!(model = %llm.model(), context_window = decision.tokens, "{warning}");
+    }
+    tracing::info!(
+        model = %llm.model(),
+        context_window = decision.tokens,
+        source = %decision.source,
+        "context window"
+    );
+    decision
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn stated(tokens: Option<u32>, kind: WindowKind) -> Result<Option<ServerWindow>, String> {
+        Ok(Some(ServerWindow {
+            tokens,
+            kind,
+            source: "the server".to_string(),
+        }))
+    }
+
+    #[test]
+    fn the_server_decides_when_the_profile_is_silent() {
+        let d = decide("qwen2.5", 0, stated(Some(2048), WindowKind::Serving));
+        assert_eq!((d.tokens, d.warning), (2048, None));
+        // Larger than the default guess too: the server knows.
+        let d = decide("qwen2.5", 0, stated(Some(131_072), WindowKind::Serving));
+        assert_eq!(d.tokens, 131_072);
+    }
+
+    #[test]
+    fn the_smaller_of_profile_and_server_wins_with_one_warning() {
+        let d = decide("phi3", 4096, stated(Some(2048), WindowKind::Serving));
+        assert_eq!(d.tokens, 2048);
+        let warning = d.warning.unwrap();
+        assert!(
+            warning.contains("2048") && warning.contains("4096"),
+            "{warning}"
+        );
+        let d = decide("phi3", 4096, stated(Some(8192), WindowKind::Serving));
+        assert_eq!(d.tokens, 4096);
+        assert!(d.warning.is_some());
+        let d = decide("phi3", 4096, stated(Some(4096), WindowKind::Serving));
+        assert_eq!((d.tokens, d.warning), (4096, None));
+    }
+
+    #[test]
+    fn a_trained_maximum_only_bounds_the_plan() {
+        // Ollama native: the client asks for the planned window.
+        let d = decide("llama3", 0, stated(Some(131_072), WindowKind::Trained));
+        assert_eq!((d.tokens, d.warning), (32_768, None));
+        let d = decide("tiny", 8192, stated(Some(2048), WindowKind::Trained));
+        assert_eq!(d.tokens, 2048);
+        assert!(d.warning.is_some());
+    }
+
+    #[test]
+    fn silence_and_failure_keep_the_plan() {
+        let d = decide("gpt-4o", 0, Ok(None));
+        assert_eq!((d.tokens, d.warning), (128_000, None));
+        let d = decide("x", 4096, Err("connection refused".into()));
+        assert_eq!(d.tokens, 4096);
+        assert!(d.warning.unwrap().contains("connection refused"));
+        let d = decide("x", 0, stated(None, WindowKind::Serving));
+        assert_eq!(d.tokens, 32_768);
+        assert!(d.warning.unwrap().contains("OLLAMA_CONTEXT_LENGTH"));
+    }
+}
