@@ -150,10 +150,19 @@ pub enum Fit {
 
 /// Decides how `history` fits the budget. Besides the conversation the
 /// request holds the `head` messages and tool definitions of `tool_tokens`
-/// tokens; `spans` are the seqs each message stands for. When the request
-/// would pass the threshold, the oldest messages are to be summarised
-/// (if `may_summarise`: not right after a summary); otherwise, or when no cut
-/// leaves a valid rest, the longest messages are shortened.
+/// tokens; `spans` are the seqs each message stands for; the running turn
+/// began with the message at `turn_start`. When the request would pass the
+/// threshold, the oldest messages are to be summarised (if `may_summarise`:
+/// not right after a summary); otherwise, or when no cut leaves a valid
+/// rest, the longest messages are shortened.
+///
+/// A compaction never hurts the running turn: its user message and
+/// everything after it (its tool exchange) are never summarised, and a
+/// summary is only asked for when it makes the request smaller (what it
+/// replaces takes more than the summary may). Shortening leaves the turn's
+/// user message alone unless that message by itself takes more than half
+/// the window.
+#[allow(clippy::too_many_arguments)]
 pub fn fit(
     settings: &Settings,
     tokenizer: Tokenizer,
@@ -161,6 +170,7 @@ pub fn fit(
     tool_tokens: usize,
     history: &[Message],
     spans: &[(u64, u64)],
+    turn_start: usize,
     may_summarise: bool,
 ) -> Fit {
     let budget = settings.budget();
@@ -194,15 +204,31 @@ pub fn fit(
         .iter()
         .map(|m| matches!(m, Message::Tool { .. }))
         .collect();
-    let split = choose_split(&counts, &is_tool, settings.keep_last, room)
-        .filter(|_| may_summarise && spans.len() == history.len())
-        // Replacing only an earlier summary gains nothing.
-        .filter(|&s| !(s == 1 && matches!(history[0], Message::System { .. })));
+    // The cut falls at the running turn's user message at the latest.
+    let turn_start = turn_start.min(history.len().saturating_sub(1));
+    let turn_tail: usize = counts.get(turn_start + 1..).unwrap_or(&[]).iter().sum();
+    let keep = settings
+        .keep_last
+        .saturating_sub(history.len().saturating_sub(turn_start + 1));
+    let split = choose_split(
+        counts.get(..=turn_start).unwrap_or(&[]),
+        is_tool.get(..=turn_start).unwrap_or(&[]),
+        keep,
+        room.saturating_sub(turn_tail),
+    )
+    .filter(|_| may_summarise && spans.len() == history.len())
+    // Replacing only an earlier summary gains nothing.
+    .filter(|&s| !(s == 1 && matches!(history[0], Message::System { .. })))
+    // A summary that may be as long as what it replaces makes nothing smaller.
+    .filter(|&s| counts[..s].iter().sum::<usize>() > reserve);
     let Some(split) = split else {
+        let protected =
+            (counts.get(turn_start) <= Some(&(settings.context_window / 2))).then_some(turn_start);
         let (history, truncated, tokens) = shorten(
             history.to_vec(),
             &tokenizer,
             budget.saturating_sub(overhead),
+            protected,
         );
         return Fit::Send {
             history,
@@ -285,16 +311,21 @@ const SHORTENED: &str =
 
 /// Last resort: shortens the longest messages (their text, or a tool call's
 /// arguments) until the conversation fits `room` tokens, in this request
-/// only (the log keeps everything). Returns the conversation, how many
-/// messages were shortened, and its tokens.
+/// only (the log keeps everything); the `protected` message is left whole.
+/// Returns the conversation, how many messages were shortened, and its
+/// tokens.
 fn shorten(
     mut history: Vec<Message>,
     tokenizer: &Tokenizer,
     room: usize,
+    protected: Option<usize>,
 ) -> (Vec<Message>, usize, usize) {
     let mut counts: Vec<usize> = history.iter().map(|m| tokenizer.message(m)).collect();
     let mut total: usize = counts.iter().sum();
     let mut stuck = vec![false; history.len()];
+    if let Some(slot) = protected.and_then(|i| stuck.get_mut(i)) {
+        *slot = true;
+    }
     let mut shortened = std::collections::BTreeSet::new();
     while total > room {
         let Some(i) = (0..history.len())
@@ -463,7 +494,7 @@ mod tests {
                 content: "x ".repeat(4_000),
             },
         ];
-        let (out, n, tokens) = shorten(history, &Tokenizer::Estimate, 500);
+        let (out, n, tokens) = shorten(history, &Tokenizer::Estimate, 500, None);
         assert_eq!(n, 1);
         let total: usize = out.iter().map(|m| Tokenizer::Estimate.message(m)).sum();
         assert!(total <= 500, "{total}");
@@ -491,7 +522,7 @@ mod tests {
                 }],
             },
         ];
-        let (out, n, tokens) = shorten(history, &Tokenizer::Estimate, 300);
+        let (out, n, tokens) = shorten(history, &Tokenizer::Estimate, 300, None);
         assert_eq!(n, 1);
         assert!(tokens <= 300, "{tokens}");
         let Message::Assistant { tool_calls, .. } = &out[1] else {
@@ -533,5 +564,136 @@ mod tests {
     #[test]
     fn a_zero_keep_count_keeps_one() {
         assert_eq!(choose_split(&[1, 1, 1], &[false; 3], 0, 100), Some(2));
+    }
+}
+
+#[cfg(test)]
+mod turn_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use agentry_llm::ToolCall;
+
+    fn words(n: usize) -> String {
+        "word ".repeat(n)
+    }
+
+    fn settings(window: usize, keep_last: usize) -> Settings {
+        Settings {
+            enabled: true,
+            threshold: 0.8,
+            keep_last,
+            context_window: window,
+            window_source: "test".into(),
+        }
+    }
+
+    /// An earlier turn, then the running one: its question, a call, and a
+    /// large result.
+    fn conversation(earlier: usize, result: usize) -> Vec<Message> {
+        vec![
+            Message::user(words(earlier)),
+            Message::assistant(words(earlier)),
+            Message::user("what is in notes.txt?"),
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "read_file".into(),
+                    arguments: r#"{"path":"notes.txt"}"#.into(),
+                }],
+            },
+            Message::Tool {
+                tool_call_id: "c1".into(),
+                content: words(result),
+            },
+        ]
+    }
+
+    fn spans(n: usize) -> Vec<(u64, u64)> {
+        (1..=n as u64).map(|s| (s, s)).collect()
+    }
+
+    #[test]
+    fn the_running_turn_is_never_summarised() {
+        // keep_last 1 would once have cut inside the running turn.
+        let history = conversation(800, 1500);
+        let fitted = fit(
+            &settings(2048, 1),
+            Tokenizer::Estimate,
+            &[],
+            0,
+            &history,
+            &spans(5),
+            2,
+            true,
+        );
+        match fitted {
+            Fit::Summarise(job) => assert_eq!(job.messages, 2, "only the earlier turn"),
+            other => panic!("expected a summary, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_summary_that_would_not_shrink_the_request_is_not_asked_for() {
+        // The earlier turn is smaller than a summary may be: shortening the
+        // tool result is all that helps, and the question stays whole.
+        let history = conversation(20, 6000);
+        let fitted = fit(
+            &settings(4096, 1),
+            Tokenizer::Estimate,
+            &[],
+            0,
+            &history,
+            &spans(5),
+            2,
+            true,
+        );
+        let Fit::Send {
+            history: sent,
+            truncated,
+            ..
+        } = fitted
+        else {
+            panic!("expected a send, got {fitted:?}");
+        };
+        assert_eq!(truncated, 1);
+        assert_eq!(sent[2], history[2], "the question is whole");
+        assert!(matches!(&sent[4], Message::Tool { content, .. } if content.contains(SHORTENED)));
+    }
+
+    #[test]
+    fn the_question_is_shortened_only_when_it_alone_fills_half_the_window() {
+        let question = vec![Message::user(words(3000))];
+        let fitted = fit(
+            &settings(2048, 6),
+            Tokenizer::Estimate,
+            &[],
+            0,
+            &question,
+            &spans(1),
+            0,
+            true,
+        );
+        assert!(
+            matches!(fitted, Fit::Send { truncated: 1, .. }),
+            "{fitted:?}"
+        );
+        let question = vec![Message::user(words(1500))];
+        let fitted = fit(
+            &settings(4096, 6),
+            Tokenizer::Estimate,
+            &[Message::system(words(2000))],
+            0,
+            &question,
+            &spans(1),
+            0,
+            true,
+        );
+        // Left whole: the turn then fails for want of room rather than
+        // answering a question it was not shown.
+        assert!(
+            matches!(fitted, Fit::Send { truncated: 0, .. }),
+            "{fitted:?}"
+        );
     }
 }

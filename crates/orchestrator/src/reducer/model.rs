@@ -24,6 +24,12 @@ impl SessionState {
         may_summarise: bool,
     ) -> Fit {
         let view = &self.view.0;
+        // The running turn began with the latest person's (or reminder's)
+        // message.
+        let turn_start = history
+            .iter()
+            .rposition(|m| matches!(m, Message::User { .. }))
+            .unwrap_or(history.len());
         crate::prompt::fit(
             &view.compaction,
             view.tokenizer,
@@ -31,6 +37,7 @@ impl SessionState {
             prompt.tool_tokens,
             history,
             spans,
+            turn_start,
             may_summarise,
         )
     }
