@@ -13,6 +13,7 @@ mod failures;
 mod plan;
 mod reminders;
 mod skillsets;
+mod small_windows;
 mod text_calls;
 mod turn_control;
 mod web;

@@ -49,6 +49,7 @@ pub fn event_json(event: &pb::Event) -> Value {
             Kind::ModelMessage(m) => json!({
                 "type": "model_message", "text": m.text, "finish_reason": m.finish_reason,
                 "usage": usage_json(m.usage.as_ref()), "model": m.model, "step": m.step,
+                "fixed_tokens": m.fixed_tokens, "context_window": m.context_window,
             }),
             Kind::ToolCallRequested(c) => json!({
                 "type": "tool_call_requested", "call_id": c.call_id, "tool": c.tool,
@@ -200,6 +201,16 @@ fn shorten(text: &str, max: usize) -> String {
 
 /// Renders events for a person.
 ///
+/// How much of the context window the fixed part of every request takes
+/// (system prompt, instructions, tool definitions).
+pub fn fixed_part(fixed_tokens: u32, context_window: u32) -> String {
+    let share = f64::from(fixed_tokens) * 100.0 / f64::from(context_window.max(1));
+    format!(
+        "(fixed part of each request: ~{fixed_tokens} tokens, {share:.0}% of the \
+         {context_window}-token context window)"
+    )
+}
+
 /// `answer` receives the model's text as it streams; `activity` receives tool
 /// calls, results, errors and turn summaries. For `agentry run` the first is
 /// stdout and the second stderr, so stdout holds the answer alone.
@@ -293,6 +304,13 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 self.step_tokens
                     .push(m.usage.as_ref().map(|u| u.total_tokens).unwrap_or(0));
                 self.end_line();
+                if m.fixed_tokens > 0 && m.context_window > 0 {
+                    let _ = writeln!(
+                        self.activity,
+                        "{}",
+                        fixed_part(m.fixed_tokens, m.context_window)
+                    );
+                }
             }
             Kind::ToolCallRequested(c) => {
                 self.end_line();

@@ -124,6 +124,18 @@ pub async fn tools(config: &Config) -> anyhow::Result<()> {
         .await
         .map_err(|s| status_error("cannot list tools", s))?
         .into_inner();
+    print_line(format!(
+        "model {}: context window {} tokens ({}){}\n{}\n",
+        config.llm.model,
+        response.context_window,
+        response.window_source,
+        if response.lean {
+            "; lean requests (short tool definitions, the tools each turn's skillset needs)"
+        } else {
+            ""
+        },
+        crate::render::fixed_part(response.fixed_tokens, response.context_window),
+    ))?;
     for t in response.tools {
         let mut flags = Vec::new();
         if t.read_only {

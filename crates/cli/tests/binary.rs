@@ -199,6 +199,26 @@ async fn up_then_run_prints_the_answer() {
     assert_eq!(stdout.trim(), "6*7 is 42.");
     assert!(stderr.contains("bash echo $((6*7))"), "{stderr}");
     assert!(stderr.contains("← 42"), "{stderr}");
+    // The session's first answer says what every request carries, and
+    // `agentry tools` gives the same figure.
+    let fixed_part = |text: &str| -> String {
+        let at = text
+            .find("(fixed part of each request: ~")
+            .unwrap_or_else(|| panic!("no fixed part in {text}"));
+        text[at..].lines().next().unwrap().to_string()
+    };
+    let first = fixed_part(&stderr);
+    assert!(
+        first.ends_with("% of the 32768-token context window)"),
+        "{first}"
+    );
+    let (tools, _) = text(&install.run(&["tools"]));
+    assert!(
+        tools.starts_with("model fake-model: context window 32768 tokens ("),
+        "{tools}"
+    );
+    assert_eq!(fixed_part(&tools), first);
+    assert!(tools.contains("\nbash "), "{tools}");
     let requests = model.requests();
     assert_eq!(requests.len(), 2);
     assert_eq!(requests[1]["messages"][3]["content"], "42\n");

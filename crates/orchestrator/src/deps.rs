@@ -77,9 +77,10 @@ impl Deps {
     /// where that number comes from), and asks the
     /// model server for it where the protocol can (Ollama's `num_ctx`).
     pub fn set_context_window(&mut self, tokens: usize, source: String) {
-        let compaction = &mut std::sync::Arc::make_mut(&mut self.view).compaction;
-        compaction.context_window = tokens;
-        compaction.window_source = source;
+        let view = std::sync::Arc::make_mut(&mut self.view);
+        view.lean = tokens <= crate::prompt::lean::LEAN_WINDOW;
+        view.compaction.context_window = tokens;
+        view.compaction.window_source = source;
         self.llm = self
             .llm
             .clone()

@@ -137,6 +137,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         },
         temperature,
         price: config.model_price(),
+        lean: false,
     };
     let mut deps = Deps::new(
         store,

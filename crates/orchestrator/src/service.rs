@@ -431,6 +431,28 @@ impl Orchestrator for OrchestratorService {
                 sensitive: t.sensitive,
             })
             .collect();
-        Ok(Response::new(pb::ListToolsResponse { tools }))
+        let view = &self.deps.view;
+        let catalog = self.deps.tools().await;
+        let prompt = crate::prompt::build(
+            crate::prompt::Parts {
+                system_prompt: &view.system_prompt,
+                extra: &[],
+                tools: &catalog.definitions,
+                tools_tokens: catalog.tokens(&view.tokenizer),
+                plan_mode: false,
+                native: view.native,
+                lean: view.lean,
+                skillset: "",
+            },
+            &view.tokenizer,
+        );
+        let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Ok(Response::new(pb::ListToolsResponse {
+            tools,
+            context_window: to_u32(view.compaction.context_window),
+            window_source: view.compaction.window_source.clone(),
+            fixed_tokens: to_u32(prompt.tokens(&view.tokenizer)),
+            lean: view.lean,
+        }))
     }
 }

@@ -41,7 +41,10 @@ pub struct Parsed {
 }
 
 /// The instructions for a model that calls tools through text.
-pub fn instructions(tools: &[agentry_llm::ToolDefinition]) -> String {
+///
+/// `lean` gives each tool one line (its signature and first sentence)
+/// instead of its description and JSON schema.
+pub fn instructions(tools: &[agentry_llm::ToolDefinition], lean: bool) -> String {
     let mut out = String::from(
         "You can use tools. To call one, write a line of its own, exactly:\n\
          TOOL:<tool name> <arguments as one JSON object>\n\
@@ -50,6 +53,10 @@ pub fn instructions(tools: &[agentry_llm::ToolDefinition]) -> String {
          Call tools only this way. The tools:\n",
     );
     for tool in tools {
+        if lean {
+            out.push_str(&format!("- {}\n", crate::prompt::lean::signature(tool)));
+            continue;
+        }
         out.push_str(&format!(
             "- {}: {}\n  arguments (JSON schema): {}\n",
             tool.name, tool.description, tool.parameters
@@ -270,11 +277,14 @@ mod tests {
 
     #[test]
     fn instructions_name_every_tool_and_the_format() {
-        let text = instructions(&[agentry_llm::ToolDefinition {
-            name: "read_file".into(),
-            description: "Reads a file.".into(),
-            parameters: serde_json::json!({"type": "object"}),
-        }]);
+        let text = instructions(
+            &[agentry_llm::ToolDefinition {
+                name: "read_file".into(),
+                description: "Reads a file.".into(),
+                parameters: serde_json::json!({"type": "object"}),
+            }],
+            false,
+        );
         assert!(text.contains("TOOL:<tool name>"));
         assert!(text.contains("- read_file: Reads a file."));
         assert!(correction("bad JSON").contains("bad JSON"));

@@ -288,6 +288,7 @@ fn one_of_each_kind() -> Vec<Event> {
             usage: Some(usage),
             model: "test-model".into(),
             step: 1,
+            ..Default::default()
         }),
         Kind::ToolCallRequested(pb::ToolCallRequested {
             call_id: "c1".into(),

@@ -8,6 +8,7 @@
 //! Pure: no I/O, unit-tested below and in `fit`.
 
 mod fit;
+pub mod lean;
 
 pub use fit::{
     CompactionJob, Fit, Settings, choose_split, compacted, compaction_event, fit, summary_message,
@@ -36,6 +37,8 @@ pub struct View {
     pub temperature: Option<f32>,
     /// What the model costs, when configured.
     pub price: Option<agentry_runtime::config::ModelPrice>,
+    /// The window is small: requests are lean (see [`lean`]).
+    pub lean: bool,
 }
 
 impl Default for View {
@@ -50,6 +53,7 @@ impl Default for View {
             compaction: Settings::default(),
             temperature: None,
             price: None,
+            lean: false,
         }
     }
 }
@@ -97,6 +101,11 @@ pub struct Parts<'a> {
     pub plan_mode: bool,
     /// The model's profile says native tool calling works.
     pub native: bool,
+    /// The window is small: lean tool definitions, only those the turn's
+    /// skillset needs.
+    pub lean: bool,
+    /// The turn's skillset ("" for none).
+    pub skillset: &'a str,
 }
 
 /// Builds the prompt for one model call.
@@ -108,19 +117,24 @@ pub fn build(parts: Parts<'_>, tokenizer: &Tokenizer) -> Prompt {
     };
     let mut definitions = parts.tools.to_vec();
     definitions.extend(plan_tools.iter().cloned());
+    if parts.lean {
+        definitions = lean::definitions(&definitions, parts.skillset);
+    }
     let mut system = parts.system_prompt.to_string();
     if !parts.native {
         system.push_str("\n\n");
-        system.push_str(&crate::textcalls::instructions(&definitions));
+        system.push_str(&crate::textcalls::instructions(&definitions, parts.lean));
     }
     let mut head = vec![Message::System { content: system }];
     head.extend(parts.extra.iter().map(|content| Message::System {
         content: content.clone(),
     }));
-    let tool_tokens = if parts.native {
-        parts.tools_tokens + tokenizer.definitions(&plan_tools)
-    } else {
-        0
+    let tool_tokens = match (parts.native, parts.lean) {
+        (false, _) => 0,
+        // Lean definitions depend on the turn: counted each time (they
+        // are few and short).
+        (true, true) => tokenizer.definitions(&definitions),
+        (true, false) => parts.tools_tokens + tokenizer.definitions(&plan_tools),
     };
     Prompt {
         head,
@@ -131,6 +145,16 @@ pub fn build(parts: Parts<'_>, tokenizer: &Tokenizer) -> Prompt {
 }
 
 impl Prompt {
+    /// The tokens of the fixed part: the system messages and the tool
+    /// definitions.
+    pub fn tokens(&self, tokenizer: &Tokenizer) -> usize {
+        self.head
+            .iter()
+            .map(|m| tokenizer.message(m))
+            .sum::<usize>()
+            + self.tool_tokens
+    }
+
     /// The request with this head and the (fitted) conversation.
     pub fn into_request(
         self,
@@ -312,6 +336,8 @@ mod tests {
             tools_tokens: 42,
             plan_mode: false,
             native,
+            lean: false,
+            skillset: "",
         }
     }
 

@@ -96,7 +96,7 @@ impl SessionState {
     /// The head of the next request: the system prompt, the turn's
     /// skillset and plan guidance, and the tools (the plan tools too while
     /// a plan is being worked on).
-    fn prompt(&self) -> crate::prompt::Prompt {
+    pub(super) fn prompt(&self) -> crate::prompt::Prompt {
         let view = &self.view.0;
         let mut extra: Vec<String> = self
             .turn_skillset()
@@ -114,6 +114,8 @@ impl SessionState {
                 tools_tokens: self.catalog.tokens(&view.tokenizer),
                 plan_mode,
                 native: view.native,
+                lean: view.lean,
+                skillset: self.turn_skillset().unwrap_or_default(),
             },
             &view.tokenizer,
         )

@@ -253,6 +253,22 @@ impl SessionState {
 
     pub(super) fn model_done(&mut self, out: &mut Out, turn_id: &str, c: Completion) {
         let step = self.turn.as_ref().map(|t| t.steps).unwrap_or_default() + 1;
+        // The session's first answer (nothing answered or summarised yet)
+        // records what its requests are made of.
+        let first = !self
+            .history
+            .iter()
+            .any(|m| matches!(m, Message::Assistant { .. } | Message::System { .. }));
+        let (fixed_tokens, context_window) = if !first {
+            (0, 0)
+        } else {
+            let view = &self.view.0;
+            let fixed = self.prompt().tokens(&view.tokenizer);
+            (
+                u32::try_from(fixed).unwrap_or(u32::MAX),
+                u32::try_from(view.compaction.context_window).unwrap_or(u32::MAX),
+            )
+        };
         let message = Kind::ModelMessage(pb::ModelMessage {
             text: c.text.clone(),
             finish_reason: c.finish_reason.clone(),
@@ -264,6 +280,8 @@ impl SessionState {
             }),
             model: c.model.clone(),
             step,
+            fixed_tokens,
+            context_window,
         });
         self.emit(out, turn_id, message);
         if c.tool_calls.is_empty() {

@@ -31,7 +31,7 @@ fn policy_allows_denies_and_asks() {
             record(
                 TURN,
                 concat(vec![
-                    vec![first_message("checking")],
+                    vec![first_answer(FIXED_WITH_TOOLS, first_message("checking"))],
                     calls.iter().map(requested_in_catalog).collect(),
                     vec![scheduled("r1", READ_FILE_DEFAULT)],
                     closed(&secret, ToolCallPhase::Error, &denied_secret),
@@ -101,7 +101,10 @@ fn policy_denying_every_call_calls_the_model_with_the_reasons() {
             record(
                 TURN,
                 concat(vec![
-                    vec![first_message(""), requested_in_catalog(&sudo)],
+                    vec![
+                        first_answer(FIXED_WITH_TOOLS, first_message("")),
+                        requested_in_catalog(&sudo)
+                    ],
                     closed(&sudo, ToolCallPhase::Error, &output),
                 ])
             ),
@@ -139,7 +142,7 @@ fn approval_request_names_the_matched_rule() {
         vec![record(
             TURN,
             vec![
-                first_message(""),
+                first_answer(FIXED_WITH_TOOLS, first_message("")),
                 requested_in_catalog(&build),
                 requested_in_catalog(&write),
                 approval_requested(&build, BASH_DEFAULT),
@@ -621,7 +624,7 @@ fn approval_mode_always_schedules_confirmed_calls_but_not_denied_ones() {
                 TURN,
                 concat(vec![
                     vec![
-                        first_message(""),
+                        first_answer(FIXED_WITH_TOOLS, first_message("")),
                         requested_in_catalog(&build),
                         requested_in_catalog(&sudo),
                         scheduled("b1", &format!("approved for this turn ({BASH_DEFAULT})")),
@@ -655,7 +658,7 @@ fn approval_mode_never_refuses_calls_needing_a_person() {
                 TURN,
                 concat(vec![
                     vec![
-                        first_message(""),
+                        first_answer(FIXED_WITH_TOOLS, first_message("")),
                         requested_in_catalog(&build),
                         requested_in_catalog(&read),
                     ],

@@ -53,7 +53,10 @@ fn generate_model_done_without_tool_calls_completes_the_turn() {
         vec![record(
             TURN,
             vec![
-                model_message("the answer", "stop", 1, Some(token_usage(10, 2))),
+                first_answer(
+                    FIXED_BARE,
+                    model_message("the answer", "stop", 1, Some(token_usage(10, 2)))
+                ),
                 finished(TurnOutcome::Completed, "the answer", 1, token_usage(10, 2)),
             ]
         )]
@@ -76,7 +79,7 @@ fn generate_model_done_without_usage_records_none_and_sums_zero() {
     assert_eq!(
         events_of(&effects),
         vec![
-            model_message("ok", "stop", 1, None),
+            first_answer(FIXED_BARE, model_message("ok", "stop", 1, None)),
             finished(TurnOutcome::Completed, "ok", 1, TokenUsage::default()),
         ]
     );
@@ -93,7 +96,7 @@ fn generate_model_done_with_two_tool_calls_runs_the_first() {
             record(
                 TURN,
                 vec![
-                    first_message("let me look"),
+                    first_answer(FIXED_BARE, first_message("let me look")),
                     requested(&c1()),
                     requested(&c2()),
                     allowed("c1"),
@@ -182,7 +185,7 @@ fn generate_model_done_with_invalid_arguments_answers_with_an_error() {
     assert_eq!(
         events[..4].to_vec(),
         vec![
-            first_message(""),
+            first_answer(FIXED_BARE, first_message("")),
             requested(&bad_json),
             requested(&not_object),
             requested(&empty),

@@ -101,7 +101,7 @@ fn read_only_parallel_calls_start_together_and_a_mutating_call_waits_for_them() 
             record(
                 TURN,
                 concat(vec![
-                    vec![first_message("looking")],
+                    vec![first_answer(FIXED_WITH_TOOLS, first_message("looking"))],
                     calls.iter().map(requested_in_catalog).collect(),
                     vec![
                         scheduled("r1", READ_FILE_DEFAULT),

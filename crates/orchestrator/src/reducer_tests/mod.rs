@@ -286,7 +286,27 @@ fn model_message(text: &str, finish_reason: &str, step: u32, usage: Option<Token
         usage,
         model: MODEL.into(),
         step,
+        ..Default::default()
     })
+}
+
+/// The fixed part of a request in the default view (an empty system
+/// prompt), in estimated tokens.
+const FIXED_BARE: u32 = 4;
+/// The same with the test catalog of tools.
+const FIXED_WITH_TOOLS: u32 = 119;
+
+/// `message` as the session's first answer: it records the request's
+/// fixed part and the window (the default view's 32,768 tokens).
+fn first_answer(fixed: u32, message: Kind) -> Kind {
+    match message {
+        Kind::ModelMessage(m) => Kind::ModelMessage(pb::ModelMessage {
+            fixed_tokens: fixed,
+            context_window: 32_768,
+            ..m
+        }),
+        other => other,
+    }
 }
 
 /// The model message of a first response with tool calls.

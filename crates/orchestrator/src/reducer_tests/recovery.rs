@@ -343,7 +343,7 @@ fn repeated_call_ids_in_one_response_get_suffixes() {
             record(
                 TURN,
                 concat(vec![
-                    vec![first_message("")],
+                    vec![first_answer(FIXED_BARE, first_message(""))],
                     calls_as_recorded.iter().map(requested).collect(),
                     calls_as_recorded.iter().map(|c| allowed(&c.id)).collect(),
                     vec![executing("dup")],
