@@ -416,3 +416,37 @@ async fn a_turn_ends_with_its_cost_at_the_configured_price() {
     assert!((cost - expected).abs() < 1e-12, "{cost} vs {expected}");
     assert_eq!(done.currency, "USD");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_required_tool_call_is_asked_for_on_the_first_call_of_each_turn() {
+    let cluster = Cluster::start_with(|c| {
+        c.llm.tool_choice = agentry_runtime::config::ToolChoice::Required;
+        c.llm.extra_body.insert("max_tokens".into(), 64.into());
+    })
+    .await
+    .unwrap();
+    cluster
+        .model
+        .push(Reply::tool_call("call_1", "list_reminders", json!({})));
+    cluster.model.push(Reply::text("You have no reminders."));
+    cluster.model.push(Reply::text("Hello."));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    for message in ["which reminders do I have?", "thanks"] {
+        let turn = send(&mut client, &session.id, message).await;
+        let done = finished(&until_finished(&mut events, &turn).await);
+        assert_eq!(
+            done.outcome,
+            TurnOutcome::Completed as i32,
+            "{}",
+            done.message
+        );
+    }
+    let requests = cluster.model.requests();
+    let choices: Vec<Option<&str>> = requests
+        .iter()
+        .map(|r| r.get("tool_choice").and_then(|c| c.as_str()))
+        .collect();
+    assert_eq!(choices, [Some("required"), None, Some("required")]);
+    assert!(requests.iter().all(|r| r["max_tokens"] == 64));
+}

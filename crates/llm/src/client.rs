@@ -32,6 +32,8 @@ pub struct ChatClient {
     /// The context window asked for with each request, where the protocol
     /// has a way to (Ollama's `options.num_ctx`).
     num_ctx: Option<u32>,
+    /// Keys added to every request body.
+    extra_body: Option<Arc<serde_json::Map<String, Value>>>,
     request_timeout: Duration,
     max_retries: u32,
     retry_base_delay: Duration,
@@ -143,6 +145,7 @@ impl ChatClient {
             retry_base_delay: cfg.retry_base_delay,
             headers_hook: None,
             num_ctx: None,
+            extra_body: None,
         })
     }
 
@@ -170,6 +173,15 @@ impl ChatClient {
         self
     }
 
+    /// Adds these keys to every request body, for settings of a particular
+    /// server (`max_tokens`, `top_k`, `parallel_tool_calls`, ...). A key the
+    /// request has already is replaced, except `options` (Ollama), whose
+    /// keys are added to the request's own.
+    pub fn with_extra_body(mut self, extra: serde_json::Map<String, Value>) -> Self {
+        self.extra_body = (!extra.is_empty()).then(|| Arc::new(extra));
+        self
+    }
+
     /// Adds headers to every request, e.g. W3C trace context.
     pub fn with_headers_hook(mut self, hook: fn(&mut reqwest::header::HeaderMap)) -> Self {
         self.headers_hook = Some(hook);
@@ -191,9 +203,18 @@ impl ChatClient {
     /// [`LlmError::Http`] for non-2xx answers, [`LlmError::Malformed`] or
     /// [`LlmError::Truncated`] for a bad complete (non-streamed) answer.
     pub async fn stream(&self, req: ChatRequest) -> Result<ChatStream, LlmError> {
-        let body = match self.provider {
-            Provider::OpenAi => req.to_wire_bytes(&self.model),
-            Provider::Ollama => serde_json::to_vec(&req.to_ollama_wire(&self.model, self.num_ctx)),
+        let body = match (self.provider, &self.extra_body) {
+            (Provider::OpenAi, None) => req.to_wire_bytes(&self.model),
+            (Provider::OpenAi, Some(extra)) => {
+                serde_json::to_vec(&with_extra(req.to_wire(&self.model), extra))
+            }
+            (Provider::Ollama, extra) => {
+                let body = req.to_ollama_wire(&self.model, self.num_ctx);
+                serde_json::to_vec(&match extra {
+                    Some(extra) => with_extra(body, extra),
+                    None => body,
+                })
+            }
         }
         .map_err(|e| LlmError::InvalidConfig(format!("cannot serialize the request: {e}")))?;
         tracing::debug!(
@@ -386,6 +407,23 @@ fn error_message(body: &str) -> Option<String> {
         None => value.get("message").and_then(text),
     }
     .map(|m| snippet(&m, MAX_ERROR_BODY_CHARS))
+}
+
+/// `body` with the `extra` keys (see [`ChatClient::with_extra_body`]).
+fn with_extra(mut body: Value, extra: &serde_json::Map<String, Value>) -> Value {
+    if let Value::Object(map) = &mut body {
+        for (key, value) in extra {
+            match (map.get_mut(key), value) {
+                (Some(Value::Object(own)), Value::Object(added)) if key == "options" => {
+                    own.extend(added.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
+                _ => {
+                    map.insert(key.clone(), value.clone());
+                }
+            }
+        }
+    }
+    body
 }
 
 /// A short cause for a failed connection, e.g. "connection refused".

@@ -461,6 +461,7 @@ mod tests {
             ],
             tools: vec![],
             temperature: Some(0.7),
+            require_tool: false,
         };
         assert_eq!(
             req.to_ollama_wire("m", None),

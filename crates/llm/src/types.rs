@@ -11,6 +11,10 @@ pub struct ChatRequest {
     pub tools: Vec<ToolDefinition>,
     /// Sampling temperature; the server default is used when `None`.
     pub temperature: Option<f32>,
+    /// The model must call one of the tools (`"tool_choice": "required"`
+    /// on the OpenAI-compatible wire; Ollama's native API has no such
+    /// switch). Ignored without tools.
+    pub require_tool: bool,
 }
 
 /// A message of the conversation.
@@ -200,6 +204,7 @@ impl ChatRequest {
             messages,
             tools: Vec::new(),
             temperature: None,
+            require_tool: false,
         }
     }
 
@@ -221,6 +226,9 @@ impl ChatRequest {
             }
             if let Some(t) = self.temperature {
                 map.insert("temperature".into(), json!(decimal(t)));
+            }
+            if self.require_tool && !self.tools.is_empty() {
+                map.insert("tool_choice".into(), json!("required"));
             }
         }
         body
@@ -245,6 +253,9 @@ impl ChatRequest {
         if !self.tools.is_empty() {
             let tools: Vec<Value> = self.tools.iter().map(ToolDefinition::to_wire).collect();
             map.serialize_entry("tools", &tools)?;
+            if self.require_tool {
+                map.serialize_entry("tool_choice", "required")?;
+            }
         }
         map.end()?;
         Ok(out)

@@ -585,6 +585,7 @@ async fn request_body_matches_the_openai_wire_format() {
             }),
         }],
         temperature: Some(0.25),
+        require_tool: false,
     };
     run_ok(&client(&fake), req).await;
     assert_eq!(

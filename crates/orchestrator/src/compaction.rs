@@ -42,6 +42,7 @@ pub async fn summarise(
         ],
         tools: Vec::new(),
         temperature: deps.view.temperature,
+        require_tool: false,
     };
     // Counted with the other model calls (latency, tokens).
     let started = std::time::Instant::now();

@@ -102,7 +102,8 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         max_retries: config.llm.max_retries,
         retry_base_delay: ProviderConfig::DEFAULT_RETRY_BASE_DELAY,
     })?
-    .with_headers_hook(agentry_runtime::telemetry::inject_http);
+    .with_headers_hook(agentry_runtime::telemetry::inject_http)
+    .with_extra_body(config.llm.extra_body_json());
     let system_prompt = config.system_prompt()?;
     let policy = agentry_policy::Policy::from_config(&config.policy)?;
     let profile = config.model_profile();
@@ -138,6 +139,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         temperature,
         price: config.model_price(),
         lean: false,
+        require_first_tool: config.llm.tool_choice == agentry_runtime::config::ToolChoice::Required,
     };
     let mut deps = Deps::new(
         store,

@@ -443,6 +443,7 @@ impl Orchestrator for OrchestratorService {
                 native: view.native,
                 lean: view.lean,
                 skillset: "",
+                require_tool: false,
             },
             &view.tokenizer,
         );

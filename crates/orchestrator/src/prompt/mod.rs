@@ -39,6 +39,9 @@ pub struct View {
     pub price: Option<agentry_runtime::config::ModelPrice>,
     /// The window is small: requests are lean (see [`lean`]).
     pub lean: bool,
+    /// The first model call of each turn must call a tool
+    /// (`llm.tool_choice = "required"`).
+    pub require_first_tool: bool,
 }
 
 impl Default for View {
@@ -54,6 +57,7 @@ impl Default for View {
             temperature: None,
             price: None,
             lean: false,
+            require_first_tool: false,
         }
     }
 }
@@ -84,6 +88,8 @@ pub struct Prompt {
     /// The tokens the definitions take in the request (0 when they are part
     /// of the system message, which is counted with the head).
     pub tool_tokens: usize,
+    /// The model must call a tool (natively offered tools only).
+    pub require_tool: bool,
 }
 
 /// What goes into one model call's prompt.
@@ -106,6 +112,8 @@ pub struct Parts<'a> {
     pub lean: bool,
     /// The turn's skillset ("" for none).
     pub skillset: &'a str,
+    /// The model must call a tool this time.
+    pub require_tool: bool,
 }
 
 /// Builds the prompt for one model call.
@@ -137,6 +145,7 @@ pub fn build(parts: Parts<'_>, tokenizer: &Tokenizer) -> Prompt {
         (true, false) => parts.tools_tokens + tokenizer.definitions(&plan_tools),
     };
     Prompt {
+        require_tool: parts.require_tool && parts.native && !definitions.is_empty(),
         head,
         definitions,
         native: parts.native,
@@ -169,6 +178,7 @@ impl Prompt {
             native: self.native,
             temperature,
             truncated,
+            require_tool: self.require_tool,
         }
     }
 }
@@ -188,6 +198,8 @@ pub struct ModelRequest {
     pub temperature: Option<f32>,
     /// Messages shortened in this request only to fit the window.
     pub truncated: usize,
+    /// The model must call a tool.
+    pub require_tool: bool,
 }
 
 impl ModelRequest {
@@ -210,6 +222,7 @@ impl ModelRequest {
             messages,
             tools: if self.native { self.tools } else { Vec::new() },
             temperature: self.temperature,
+            require_tool: self.require_tool,
         }
     }
 }
@@ -338,6 +351,7 @@ mod tests {
             native,
             lean: false,
             skillset: "",
+            require_tool: false,
         }
     }
 

@@ -116,6 +116,8 @@ impl SessionState {
                 native: view.native,
                 lean: view.lean,
                 skillset: self.turn_skillset().unwrap_or_default(),
+                require_tool: view.require_first_tool
+                    && self.turn.as_ref().is_some_and(|t| t.steps == 0),
             },
             &view.tokenizer,
         )

@@ -37,6 +37,7 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_LLM_MODEL", &["llm", "model"]),
     ("AGENTRY_LLM_API_KEY", &["llm", "api_key"]),
     ("AGENTRY_LLM_PROVIDER", &["llm", "provider"]),
+    ("AGENTRY_LLM_TOOL_CHOICE", &["llm", "tool_choice"]),
     ("AGENTRY_MAX_STEPS", &["agent", "max_steps"]),
     ("AGENTRY_SKILLSETS", &["agent", "skillsets"]),
     ("AGENTRY_SKILLSETS_DIR", &["agent", "skillsets_dir"]),
@@ -251,6 +252,20 @@ impl Config {
                     ),
                 ));
             }
+        }
+        if let Some(key) = self.llm.extra_body.keys().find(|k| {
+            matches!(
+                k.as_str(),
+                "model" | "messages" | "stream" | "stream_options" | "tools" | "tool_choice"
+            )
+        }) {
+            return Err(invalid(
+                "llm.extra_body",
+                &format!(
+                    "{key:?} is set by Agentry itself (model, messages, stream, stream_options, \
+                     tools and tool_choice cannot be overridden; see llm.tool_choice)"
+                ),
+            ));
         }
         for profile in &self.model_profiles {
             if profile.context_window != 0 && profile.context_window < 256 {

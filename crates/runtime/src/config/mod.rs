@@ -108,6 +108,36 @@ pub struct LlmConfig {
     pub temperature: Option<f32>,
     /// Retries before any output was streamed.
     pub max_retries: u32,
+    /// Whether the model is made to call a tool.
+    #[serde(default)]
+    pub tool_choice: ToolChoice,
+    /// Keys added to every request body, for server-specific settings
+    /// (`max_tokens`, `top_k`, `parallel_tool_calls`, `logit_bias`...).
+    #[serde(default)]
+    pub extra_body: toml::Table,
+}
+
+impl LlmConfig {
+    /// `extra_body` as JSON, to add to request bodies.
+    pub fn extra_body_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        match serde_json::to_value(&self.extra_body) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+}
+
+/// Whether the model is made to call a tool.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolChoice {
+    /// The model decides (the server's default).
+    #[default]
+    Auto,
+    /// The first model call of each turn must call a tool (`tool_choice:
+    /// "required"`); later calls decide, so that the turn can end with an
+    /// answer. For small models that answer in prose instead of calling.
+    Required,
 }
 
 /// The model server's wire protocol.

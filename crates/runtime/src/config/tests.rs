@@ -206,3 +206,42 @@ fn system_prompt_prefers_non_empty_system_md() {
     config.config_dir = None;
     assert_eq!(config.system_prompt().unwrap(), DEFAULT_SYSTEM_PROMPT);
 }
+
+#[test]
+fn tool_choice_and_extra_body_are_read_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[llm]\ntool_choice = \"required\"\n[llm.extra_body]\nmax_tokens = 64\n\
+         logit_bias = { \"{\" = 8 }\n",
+    )
+    .unwrap();
+    let config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+    assert_eq!(config.llm.tool_choice, crate::config::ToolChoice::Required);
+    let extra = config.llm.extra_body_json();
+    assert_eq!(extra["max_tokens"], 64);
+    assert_eq!(extra["logit_bias"]["{"], 8);
+    // The default, and the environment.
+    let config = Config::load(&source(None, &[])).unwrap();
+    assert_eq!(config.llm.tool_choice, crate::config::ToolChoice::Auto);
+    assert!(config.llm.extra_body_json().is_empty());
+    let config = Config::load(&source(None, &[("AGENTRY_LLM_TOOL_CHOICE", "required")])).unwrap();
+    assert_eq!(config.llm.tool_choice, crate::config::ToolChoice::Required);
+    let err = Config::load(&source(None, &[("AGENTRY_LLM_TOOL_CHOICE", "always")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("AGENTRY_LLM_TOOL_CHOICE"), "{err}");
+    // Keys Agentry sets itself cannot be overridden.
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[llm.extra_body]\nmessages = []\n",
+    )
+    .unwrap();
+    let err = Config::load(&source(Some(dir.path()), &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("llm.extra_body") && err.contains("\"messages\""),
+        "{err}"
+    );
+}
