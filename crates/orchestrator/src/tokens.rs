@@ -143,16 +143,18 @@ pub(crate) fn measure(message: &Message, cost: impl Fn(&str) -> usize) -> usize 
 }
 
 /// A token estimate without a vocabulary: runs of letters cost one token
-/// per four characters (rounded up), runs of digits one per three, each
-/// punctuation mark one, each non-ASCII character one, and whitespace runs
-/// one per line break. Calibrated against cl100k_base on prose, code, JSON
-/// and shell output; it errs on the high side.
+/// per four characters (rounded up), runs of digits one per three, runs of
+/// ASCII punctuation one per three (`":"`, `{"` and `"}}` are single
+/// tokens in the common encodings), each non-ASCII character one, and whitespace
+/// runs one per line break. Calibrated against cl100k_base on prose, code,
+/// JSON and shell output; it errs on the high side.
 pub fn estimate(text: &str) -> usize {
     #[derive(PartialEq, Clone, Copy)]
     enum Run {
         None,
         Alpha,
         Digit,
+        Punct,
     }
     let mut tokens = 0usize;
     let mut run = Run::None;
@@ -160,6 +162,7 @@ pub fn estimate(text: &str) -> usize {
     let close = |run: Run, len: usize| match run {
         Run::Alpha => len.div_ceil(4),
         Run::Digit => len.div_ceil(3),
+        Run::Punct => len.div_ceil(3),
         Run::None => 0,
     };
     for c in text.chars() {
@@ -167,6 +170,8 @@ pub fn estimate(text: &str) -> usize {
             Run::Alpha
         } else if c.is_ascii_digit() {
             Run::Digit
+        } else if c.is_ascii_punctuation() {
+            Run::Punct
         } else {
             Run::None
         };
@@ -176,7 +181,7 @@ pub fn estimate(text: &str) -> usize {
             len = 0;
         }
         match kind {
-            Run::Alpha | Run::Digit => len += 1,
+            Run::Alpha | Run::Digit | Run::Punct => len += 1,
             Run::None if c == '\n' => tokens += 1,
             Run::None if c.is_whitespace() => {}
             Run::None => tokens += 1,
@@ -232,6 +237,8 @@ mod tests {
             include_str!("reducer/step.rs"),
             include_str!("../../../config/default.toml"),
             r#"{"path": "src/main.rs", "content": "fn main() {\n    println!(\"hi\");\n}\n", "mode": 420}"#,
+            // A tool's schema as sent, compact.
+            r#"{"type":"object","properties":{"command":{"type":"string","description":"The command to run."},"timeout_secs":{"type":"integer","minimum":1}},"required":["command"],"additionalProperties":false}"#,
             "total 48\ndrwxr-xr-x  5 nobody nogroup 4096 Nov 23 17:47 .\n-rw-r--r--  1 nobody nogroup 1234 Nov 23 17:40 Cargo.toml\n",
         ];
         for sample in samples {

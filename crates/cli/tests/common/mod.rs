@@ -3,6 +3,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod install;
+
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
 use agentry_proto::sessions::v1::{self as spb, ApprovalMode, event::Kind};

@@ -294,7 +294,7 @@ fn model_message(text: &str, finish_reason: &str, step: u32, usage: Option<Token
 /// prompt), in estimated tokens.
 const FIXED_BARE: u32 = 4;
 /// The same with the test catalog of tools.
-const FIXED_WITH_TOOLS: u32 = 119;
+const FIXED_WITH_TOOLS: u32 = 99;
 
 /// `message` as the session's first answer: it records the request's
 /// fixed part and the window (the default view's 32,768 tokens).

@@ -1,0 +1,179 @@
+//! One isolated Agentry install (its own config, data dir and ports) and
+//! `agentry up` running in it, for tests of the real binary.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub use super::BIN;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The environment of one isolated Agentry install.
+pub struct Install {
+    pub dir: tempfile::TempDir,
+    pub env: Vec<(String, String)>,
+}
+
+impl Install {
+    pub fn new(model_url: &str) -> Install {
+        let dir = tempfile::tempdir().unwrap();
+        // An empty config directory: built-in defaults plus the environment.
+        std::fs::create_dir(dir.path().join("config")).unwrap();
+        let mut env = vec![
+            (
+                "AGENTRY_CONFIG_DIR".to_string(),
+                dir.path().join("config").display().to_string(),
+            ),
+            (
+                "AGENTRY_DATA_DIR".to_string(),
+                dir.path().join("data").display().to_string(),
+            ),
+            ("AGENTRY_LLM_BASE_URL".to_string(), model_url.to_string()),
+            ("AGENTRY_LLM_MODEL".to_string(), "fake-model".to_string()),
+            (
+                "AGENTRY_LLM_API_KEY".to_string(),
+                "sk-test-secret-123".to_string(),
+            ),
+        ];
+        for (name, var) in [
+            ("orchestrator", "ORCHESTRATOR"),
+            ("session-store", "SESSION_STORE"),
+            ("tool-runner", "TOOL_RUNNER"),
+            ("scheduler", "SCHEDULER"),
+        ] {
+            let _ = name;
+            let port = free_port();
+            env.push((format!("AGENTRY_{var}_LISTEN"), format!("127.0.0.1:{port}")));
+            env.push((
+                format!("AGENTRY_{var}_URL"),
+                format!("http://127.0.0.1:{port}"),
+            ));
+        }
+        Install { dir, env }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .current_dir(self.dir.path())
+            .env_remove("RUST_LOG");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    pub fn orchestrator_url(&self) -> String {
+        self.env
+            .iter()
+            .find(|(k, _)| k == "AGENTRY_ORCHESTRATOR_URL")
+            .unwrap()
+            .1
+            .clone()
+    }
+}
+
+/// `agentry up`, stopped with SIGTERM when dropped.
+pub struct Up(Child);
+
+impl Up {
+    /// Starts `agentry up`; `None` when it exited at once (for example
+    /// because another test took one of its ports in the meantime).
+    pub fn try_start(install: &Install, log: &Path) -> Option<Up> {
+        let log_file = std::fs::File::create(log).unwrap();
+        let child = install
+            .command(&["up"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        let mut up = Up(child);
+        // Ready when `agentry sessions list` gets an answer.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = up.0.try_wait().unwrap() {
+                let logs = std::fs::read_to_string(log).unwrap_or_default();
+                assert!(
+                    logs.contains("already in use"),
+                    "agentry up exited with {status}: {logs}"
+                );
+                return None;
+            }
+            let out = install.run(&["sessions", "list"]);
+            if out.status.success() {
+                return Some(up);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentry up did not come up: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A fresh install with `agentry up` running against `model_url`.
+    pub fn start(model_url: &str) -> (Install, Up, std::path::PathBuf) {
+        Up::start_configured(model_url, "")
+    }
+
+    /// The same, with `local_toml` as the install's `config/local.toml`.
+    pub fn start_configured(
+        model_url: &str,
+        local_toml: &str,
+    ) -> (Install, Up, std::path::PathBuf) {
+        for _ in 0..3 {
+            let install = Install::new(model_url);
+            std::fs::write(install.dir.path().join("config/local.toml"), local_toml).unwrap();
+            let log = install.dir.path().join("up.log");
+            if let Some(up) = Up::try_start(&install, &log) {
+                return (install, up, log);
+            }
+        }
+        panic!("agentry up could not bind its ports three times in a row");
+    }
+
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentry up did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// stdout and stderr as text.
+pub fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
