@@ -110,6 +110,7 @@ export AGENTRY_TAG=e2e
 export AGENTRY_PORT=$(free_port)
 export AGENTRY_SCHEDULER_PORT=$(free_port)
 export AGENTRY_FAKE_MODEL_PORT=$(free_port)
+export AGENTRY_LLM_PROVIDER=openai
 export AGENTRY_LLM_BASE_URL=http://fake-model:8080/v1
 export AGENTRY_LLM_MODEL=fake-model
 export AGENTRY_ORCHESTRATOR_URL=http://127.0.0.1:$AGENTRY_PORT

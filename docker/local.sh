@@ -9,7 +9,8 @@
 #
 # Arguments are Compose's. Name the services to start (`orchestrator` brings
 # its dependencies): the ollama and crawl4ai services use upstream images,
-# which such a machine cannot pull; point AGENTRY_LLM_BASE_URL at a model
+# which such a machine cannot pull; point AGENTRY_LLM_BASE_URL (and
+# AGENTRY_LLM_PROVIDER=openai for an OpenAI-compatible /v1 URL) at a model
 # server instead. AGENTRY_PROFILE=debug uses a debug build (faster to build).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -31,7 +31,7 @@ pub fn decide(
 ) -> Decision {
     let planned = context_window(model, configured);
     let planned_source = if configured > 0 {
-        "model_profiles.context_window".to_string()
+        "the configured window: llm.context_window or model_profiles.context_window".to_string()
     } else {
         "the size known for the model name, else the default".to_string()
     };
@@ -55,7 +55,7 @@ pub fn decide(
             "{} does not say how many tokens it gives the model; planning for {planned} tokens: \
              make the server give at least that (for Ollama set OLLAMA_CONTEXT_LENGTH, or use \
              llm.provider = \"ollama\", which asks for the window with each request), or set \
-             model_profiles.context_window to what it gives",
+             llm.context_window to what it gives",
             window.source
         )));
     };
@@ -69,9 +69,9 @@ pub fn decide(
             let tokens = planned.min(stated);
             let warning = (stated != planned).then(|| {
                 format!(
-                    "the model server gives the model {stated} tokens ({}), \
-                     model_profiles.context_window says {planned}: planning for {tokens}; set \
-                     both to the same size",
+                    "the model server gives the model {stated} tokens ({}), the configured \
+                     window (llm.context_window or model_profiles.context_window) says \
+                     {planned}: planning for {tokens}; set both to the same size",
                     window.source
                 )
             });
@@ -89,8 +89,9 @@ pub fn decide(
             tokens: stated,
             warning: (configured > 0).then(|| {
                 format!(
-                    "model_profiles.context_window says {planned} tokens but the model takes at \
-                     most {stated} ({}): planning for {stated}",
+                    "the configured window (llm.context_window or \
+                     model_profiles.context_window) says {planned} tokens but the model takes \
+                     at most {stated} ({}): planning for {stated}",
                     window.source
                 )
             }),

@@ -38,6 +38,7 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_LLM_API_KEY", &["llm", "api_key"]),
     ("AGENTRY_LLM_PROVIDER", &["llm", "provider"]),
     ("AGENTRY_LLM_TOOL_CHOICE", &["llm", "tool_choice"]),
+    ("AGENTRY_LLM_CONTEXT_WINDOW", &["llm", "context_window"]),
     ("AGENTRY_MAX_STEPS", &["agent", "max_steps"]),
     ("AGENTRY_SKILLSETS", &["agent", "skillsets"]),
     ("AGENTRY_SKILLSETS_DIR", &["agent", "skillsets_dir"]),
@@ -264,6 +265,15 @@ impl Config {
                 &format!(
                     "{key:?} is set by Agentry itself (model, messages, stream, stream_options, \
                      tools and tool_choice cannot be overridden; see llm.tool_choice)"
+                ),
+            ));
+        }
+        if self.llm.context_window != 0 && self.llm.context_window < 256 {
+            return Err(invalid(
+                "llm.context_window",
+                &format!(
+                    "{} is too small: at least 256 tokens (0: the model profile's)",
+                    self.llm.context_window
                 ),
             ));
         }

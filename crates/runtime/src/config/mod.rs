@@ -108,6 +108,10 @@ pub struct LlmConfig {
     pub temperature: Option<f32>,
     /// Retries before any output was streamed.
     pub max_retries: u32,
+    /// The model's context window in tokens, overriding its profile's
+    /// (0: the profile's).
+    #[serde(default)]
+    pub context_window: u32,
     /// Whether the model is made to call a tool.
     #[serde(default)]
     pub tool_choice: ToolChoice,
@@ -293,11 +297,16 @@ impl ModelPrice {
 impl Config {
     /// The profile of the configured model: the first whose pattern matches.
     pub fn model_profile(&self) -> ModelProfile {
-        self.model_profiles
+        let mut profile = self
+            .model_profiles
             .iter()
             .find(|p| p.matches(&self.llm.model))
             .cloned()
-            .unwrap_or_else(ModelProfile::fallback)
+            .unwrap_or_else(ModelProfile::fallback);
+        if self.llm.context_window > 0 {
+            profile.context_window = self.llm.context_window;
+        }
+        profile
     }
 
     /// The price of the configured model: the first whose pattern matches;
