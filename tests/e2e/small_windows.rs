@@ -96,3 +96,89 @@ async fn a_small_window_offers_the_tools_the_turns_skillset_needs() {
         "{plain}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_small_profile_answers_with_a_tool_and_keeps_a_long_conversation() {
+    use agentry_proto::sessions::v1::event::Kind;
+    use agentry_testkit::fake_model::Fallback;
+    // phi models: 4,096 tokens, tool calls written as text.
+    let cluster = Cluster::start_with(|c| c.llm.model = "phi3".into())
+        .await
+        .unwrap();
+    cluster.model.set_fallback(Fallback::Match {
+        rules: vec![
+            (
+                "Summarise the transcript".into(),
+                Reply::text("The person asked for numbers; seq listed them each time."),
+            ),
+            (
+                "Result of tool call".into(),
+                Reply::text("Done: the numbers are listed above."),
+            ),
+        ],
+        otherwise: Box::new(Reply::text(
+            "I will list them.\nTOOL:bash {\"command\": \"seq 1 300\"}",
+        )),
+    });
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let mut compactions = Vec::new();
+    // Ten questions, each answered with one tool call: twenty messages
+    // between the person and the agent, and ten tool exchanges.
+    for i in 0..10 {
+        let question = format!("question {i}: list the numbers from 1 to 300");
+        let turn = send(&mut client, &session.id, &question).await;
+        let received = until_finished(&mut events, &turn).await;
+        let done = finished(&received);
+        assert_eq!(
+            done.outcome,
+            TurnOutcome::Completed as i32,
+            "turn {i}: {}",
+            done.message
+        );
+        assert_eq!(done.steps, 2, "turn {i}: one tool call, then the answer");
+        let results = tool_results(&received);
+        assert_eq!(results.len(), 1, "turn {i}");
+        assert!(
+            !results[0].is_error && results[0].output.contains("\n300"),
+            "turn {i}"
+        );
+        let asked_at = received
+            .iter()
+            .find(|e| matches!(e.kind, Some(Kind::UserMessage(_))))
+            .unwrap()
+            .seq;
+        for event in &received {
+            if let Some(Kind::ContextCompacted(c)) = &event.kind {
+                // The running question is never summarised.
+                assert!(
+                    c.last_seq < asked_at,
+                    "turn {i}: {c:?} replaced its question"
+                );
+                compactions.push(c.clone());
+            }
+        }
+    }
+    assert!(
+        !compactions.is_empty(),
+        "the conversation outgrew 4,096 tokens"
+    );
+    // Every model call of a turn was shown that turn's question, whole.
+    for request in cluster.model.requests() {
+        let texts: Vec<&str> = request["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .collect();
+        if texts.iter().any(|t| t.contains("Summarise the transcript")) {
+            continue;
+        }
+        let question = texts
+            .iter()
+            .rev()
+            .find(|t| t.starts_with("question "))
+            .unwrap_or_else(|| panic!("a model call without the question: {texts:?}"));
+        assert!(question.ends_with("from 1 to 300"), "{question}");
+    }
+}

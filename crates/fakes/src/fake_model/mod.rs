@@ -244,6 +244,15 @@ pub enum Fallback {
     },
     /// Cycle through these replies forever (an empty list behaves like [`Fallback::Error`]).
     Script(Vec<Reply>),
+    /// The reply of the first rule whose text the request's last message
+    /// contains, else `otherwise`: a conversation that depends on what was
+    /// asked (a tool result, a request to summarise, ...).
+    Match {
+        /// (text the last message contains, the reply), tried in order.
+        rules: Vec<(String, Reply)>,
+        /// The reply when no rule matches.
+        otherwise: Box<Reply>,
+    },
 }
 
 #[derive(Default)]

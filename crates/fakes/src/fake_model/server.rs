@@ -82,6 +82,18 @@ pub(super) async fn ollama_tags() -> Response {
     )
 }
 
+/// The text of the last message of a request body, whatever its role.
+pub(super) fn last_message(body: &Value) -> String {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .map(|m| match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            _ => String::new(),
+        })
+        .unwrap_or_default()
+}
+
 /// The text of the last user message of a request body.
 pub(super) fn last_user_message(body: &Value) -> String {
     let Some(messages) = body.get("messages").and_then(Value::as_array) else {
@@ -212,6 +224,14 @@ pub(super) async fn chat(
                             arguments.clone(),
                         ))
                     }
+                }
+                Fallback::Match { rules, otherwise } => {
+                    let last = last_message(&request);
+                    let reply = rules
+                        .iter()
+                        .find(|(text, _)| last.contains(text.as_str()))
+                        .map_or(&**otherwise, |(_, reply)| reply);
+                    Some(reply.clone())
                 }
                 Fallback::Script(replies) if replies.is_empty() => None,
                 Fallback::Script(replies) => {

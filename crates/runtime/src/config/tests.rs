@@ -250,11 +250,17 @@ fn tool_choice_and_extra_body_are_read_and_checked() {
 fn llm_context_window_overrides_the_profile() {
     let config = Config::load(&source(
         None,
-        &[("AGENTRY_LLM_MODEL", "phi3"), ("AGENTRY_LLM_CONTEXT_WINDOW", "8192")],
+        &[
+            ("AGENTRY_LLM_MODEL", "phi3"),
+            ("AGENTRY_LLM_CONTEXT_WINDOW", "8192"),
+        ],
     ))
     .unwrap();
     assert_eq!(config.model_profile().context_window, 8192);
-    assert!(!config.model_profile().native_tools, "the rest of the profile stays");
+    assert!(
+        !config.model_profile().native_tools,
+        "the rest of the profile stays"
+    );
     let config = Config::load(&source(None, &[("AGENTRY_LLM_MODEL", "phi3")])).unwrap();
     assert_eq!(config.model_profile().context_window, 4096);
     let err = Config::load(&source(None, &[("AGENTRY_LLM_CONTEXT_WINDOW", "100")]))
