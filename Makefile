@@ -5,10 +5,12 @@
 up:
 	cargo run --release --bin agentry -- up
 
-# The whole test suite: every crate's tests, then the Compose stack end to
-# end (skipped with a message where Docker is missing).
+# The whole test suite: every crate's tests (with a real model server:
+# llama.cpp built once into ~/.cache/agentry, about 8 minutes the first
+# time), then the Compose stack end to end (skipped with a message where
+# Docker is missing).
 test:
-	cargo test --workspace
+	AGENTRY_LLAMA_DIR="$$(scripts/llama-server.sh | tail -n 1)" cargo test --workspace
 	docker/e2e.sh
 
 # What CI runs: formatting, lints, tests.

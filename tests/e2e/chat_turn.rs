@@ -393,6 +393,7 @@ async fn a_turn_ends_with_its_cost_at_the_configured_price() {
             input: 3.0,
             output: 15.0,
             cached_input: Some(0.3),
+            cache_write: None,
             currency: None,
         }];
     })
@@ -449,4 +450,73 @@ async fn a_required_tool_call_is_asked_for_on_the_first_call_of_each_turn() {
         .collect();
     assert_eq!(choices, [Some("required"), None, Some("required")]);
     assert!(requests.iter().all(|r| r["max_tokens"] == 64));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn anthropic_native_provider_runs_a_tool_turn_and_prices_the_cache() {
+    use agentry_testkit::fake_model::{tool_call, usage_cache};
+    let cluster = Cluster::start_with(|c| {
+        c.llm.provider = agentry_runtime::config::LlmProvider::Anthropic;
+        c.llm.model = "claude-test".into();
+        c.llm.api_key = "sk-ant-test".into();
+        c.model_prices = vec![agentry_runtime::config::ModelPrice {
+            pattern: "claude-*".into(),
+            input: 3.0,
+            output: 15.0,
+            cached_input: Some(0.3),
+            cache_write: Some(3.75),
+            currency: None,
+        }];
+    })
+    .await
+    .unwrap();
+    cluster.model.push(Reply::stream(vec![
+        text("Let me compute."),
+        tool_call(0, "toolu_01", "bash", &[r#"{"command": "echo $((6*7))"}"#]),
+        usage_cache(2_000, 20, 0, 1_800),
+    ]));
+    cluster.model.push(Reply::stream(vec![
+        text("It is 42."),
+        finish("stop"),
+        usage_cache(2_100, 6, 1_800, 0),
+    ]));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "what is 6*7?").await;
+    let received = until_finished(&mut events, &turn).await;
+    let done = finished(&received);
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{}",
+        done.message
+    );
+    assert_eq!(done.message, "It is 42.");
+    let results = tool_results(&received);
+    assert_eq!(results[0].output.trim(), "42");
+    // The second request carried the call and its result as the API wants
+    // them (the double refuses anything else).
+    let requests = cluster.model.requests();
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(messages[1]["content"][1]["type"], "tool_use");
+    assert_eq!(
+        messages[1]["content"][1]["input"],
+        json!({"command": "echo $((6*7))"})
+    );
+    assert_eq!(messages[2]["content"][0]["tool_use_id"], "toolu_01");
+    // Usage with cache reads and writes; the cost prices each part:
+    // 200 fresh + 1,800 written + 20 out, then 300 fresh + 1,800 read + 6 out.
+    let usage = done.usage.unwrap();
+    assert_eq!(usage.prompt_tokens, 4_100);
+    assert_eq!(usage.cached_prompt_tokens, 1_800);
+    assert_eq!(usage.cache_write_prompt_tokens, 1_800);
+    let expected =
+        (200.0 * 3.0 + 1_800.0 * 3.75 + 20.0 * 15.0 + 300.0 * 3.0 + 1_800.0 * 0.3 + 6.0 * 15.0)
+            / 1_000_000.0;
+    assert!(
+        (done.cost.unwrap() - expected).abs() < 1e-12,
+        "{:?}",
+        done.cost
+    );
 }

@@ -19,6 +19,7 @@ fn usage_json(u: Option<&pb::TokenUsage>) -> Value {
             "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens,
             "cached_prompt_tokens": u.cached_prompt_tokens,
+            "cache_write_prompt_tokens": u.cache_write_prompt_tokens,
         })
     })
     .unwrap_or(Value::Null)
@@ -591,6 +592,7 @@ mod tests {
                     completion_tokens: 100,
                     total_tokens: 1_000,
                     cached_prompt_tokens: 300,
+                    cache_write_prompt_tokens: 0,
                 }),
                 cost,
                 currency: currency.into(),

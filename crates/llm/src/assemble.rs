@@ -161,6 +161,7 @@ impl Assembler {
                     .prompt_tokens_details
                     .and_then(|d| d.cached_tokens)
                     .unwrap_or(0),
+                cache_write_tokens: 0,
             });
         }
         let mut events = Vec::new();

@@ -85,6 +85,8 @@ impl ChatClient {
         let url = match cfg.provider {
             Provider::OpenAi => format!("{base}/chat/completions"),
             Provider::Ollama => format!("{base}/api/chat"),
+            Provider::Anthropic if base.ends_with("/v1") => format!("{base}/messages"),
+            Provider::Anthropic => format!("{base}/v1/messages"),
         };
         let parsed = reqwest::Url::parse(&url).map_err(|e| {
             LlmError::InvalidConfig(format!(
@@ -120,7 +122,12 @@ impl ChatClient {
         }
         let auth = match cfg.api_key.as_deref().map(str::trim) {
             Some(key) if !key.is_empty() => {
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                // Anthropic's API takes the key as it is, in x-api-key.
+                let value = match cfg.provider {
+                    Provider::Anthropic => key.to_string(),
+                    Provider::OpenAi | Provider::Ollama => format!("Bearer {key}"),
+                };
+                let mut value = HeaderValue::from_str(&value).map_err(|_| {
                     LlmError::InvalidConfig(
                         "api_key contains characters not allowed in an HTTP header".into(),
                     )
@@ -215,6 +222,13 @@ impl ChatClient {
                     None => body,
                 })
             }
+            (Provider::Anthropic, extra) => {
+                let body = req.to_anthropic_wire(&self.model);
+                serde_json::to_vec(&match extra {
+                    Some(extra) => with_extra(body, extra),
+                    None => body,
+                })
+            }
         }
         .map_err(|e| LlmError::InvalidConfig(format!("cannot serialize the request: {e}")))?;
         tracing::debug!(
@@ -267,7 +281,7 @@ impl ChatClient {
     /// One request: the stream of a 2xx answer, or why there is none.
     async fn attempt(&self, body: &[u8]) -> Result<ChatStream, Failure> {
         let accept = match self.provider {
-            Provider::OpenAi => "text/event-stream",
+            Provider::OpenAi | Provider::Anthropic => "text/event-stream",
             Provider::Ollama => "application/x-ndjson",
         };
         let mut builder = self
@@ -276,8 +290,13 @@ impl ChatClient {
             .header(ACCEPT, accept)
             .header(CONTENT_TYPE, "application/json")
             .body(body.to_vec());
-        if let Some(auth) = &self.auth {
-            builder = builder.header(AUTHORIZATION, auth.clone());
+        builder = match (&self.auth, self.provider) {
+            (Some(key), Provider::Anthropic) => builder.header("x-api-key", key.clone()),
+            (Some(auth), _) => builder.header(AUTHORIZATION, auth.clone()),
+            (None, _) => builder,
+        };
+        if self.provider == Provider::Anthropic {
+            builder = builder.header("anthropic-version", crate::anthropic::API_VERSION);
         }
         if let Some(hook) = self.headers_hook {
             let mut extra = reqwest::header::HeaderMap::new();
@@ -307,6 +326,11 @@ impl ChatClient {
             return Err(Failure { err, retry_after });
         }
         match self.provider {
+            Provider::Anthropic => Ok(crate::anthropic::sse_stream(
+                response,
+                &self.model,
+                self.request_timeout,
+            )),
             Provider::Ollama => Ok(ollama::ndjson_stream(
                 response,
                 &self.model,

@@ -13,6 +13,9 @@ pub enum Provider {
     /// Ollama's native `POST {base_url}/api/chat` streamed as newline-delimited JSON; `base_url`
     /// is the server root, e.g. `http://localhost:11434`.
     Ollama,
+    /// Anthropic's Messages API: `POST {base_url}/v1/messages` streamed as server-sent events,
+    /// the key in `x-api-key`; `base_url` is the API root, e.g. `https://api.anthropic.com`.
+    Anthropic,
 }
 
 impl fmt::Display for Provider {
@@ -20,6 +23,7 @@ impl fmt::Display for Provider {
         f.write_str(match self {
             Provider::OpenAi => "openai",
             Provider::Ollama => "ollama",
+            Provider::Anthropic => "anthropic",
         })
     }
 }

@@ -11,6 +11,7 @@
 //! depend on the services, the proto types or the runtime; the orchestrator
 //! decides what is sent.
 
+mod anthropic;
 mod assemble;
 mod client;
 mod config;

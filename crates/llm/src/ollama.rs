@@ -231,6 +231,7 @@ impl LineAssembler {
                 completion_tokens: completion,
                 total_tokens: prompt + completion,
                 cached_prompt_tokens: 0,
+                cache_write_tokens: 0,
             });
         }
         Ok(LineStep::Done(events))
@@ -506,6 +507,7 @@ mod tests {
                 completion_tokens: 33,
                 total_tokens: 155,
                 cached_prompt_tokens: 0,
+                cache_write_tokens: 0,
             })
         );
     }

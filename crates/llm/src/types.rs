@@ -104,6 +104,9 @@ pub struct Usage {
     /// Of the prompt's tokens, those the server read from its prompt cache
     /// (0 when it does not say).
     pub cached_prompt_tokens: u64,
+    /// Of the prompt's tokens, those the server wrote to its prompt cache
+    /// (Anthropic; 0 when it does not say).
+    pub cache_write_tokens: u64,
 }
 
 impl Message {

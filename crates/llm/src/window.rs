@@ -74,6 +74,9 @@ impl ChatClient {
         timeout: Duration,
     ) -> Result<Option<ServerWindow>, LlmError> {
         match self.provider {
+            // The Messages API does not say; the known window of the
+            // model's name applies.
+            Provider::Anthropic => Ok(None),
             Provider::Ollama => {
                 let root = self.url.trim_end_matches("/api/chat");
                 let show = self.ollama_show(root, timeout).await?;

@@ -46,6 +46,7 @@ async fn text_deltas_stream_in_order_then_completed_with_usage() {
                 completion_tokens: 3,
                 total_tokens: 10,
                 cached_prompt_tokens: 0,
+                cache_write_tokens: 0,
             }),
             model: "test-model".into(),
         }
@@ -102,6 +103,7 @@ async fn finish_reason_and_usage_come_from_the_done_line() {
             completion_tokens: 4096,
             total_tokens: 4216,
             cached_prompt_tokens: 0,
+            cache_write_tokens: 0,
         })
     );
     let (deltas, completion) = run_ok(&client, hello()).await;

@@ -106,6 +106,7 @@ async fn text_deltas_arrive_in_order_then_completed_with_usage() {
                 completion_tokens: 3,
                 total_tokens: 10,
                 cached_prompt_tokens: 0,
+                cache_write_tokens: 0,
             }),
             model: "test-model".into(),
         }
@@ -158,6 +159,7 @@ async fn convenience_text_reply_round_trips() {
             completion_tokens: 4,
             total_tokens: 14,
             cached_prompt_tokens: 0,
+            cache_write_tokens: 0,
         })
     );
 }

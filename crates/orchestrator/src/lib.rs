@@ -93,6 +93,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         provider: match config.llm.provider {
             agentry_runtime::config::LlmProvider::Openai => agentry_llm::Provider::OpenAi,
             agentry_runtime::config::LlmProvider::Ollama => agentry_llm::Provider::Ollama,
+            agentry_runtime::config::LlmProvider::Anthropic => agentry_llm::Provider::Anthropic,
         },
         base_url: config.llm.base_url.clone(),
         api_key: (!config.llm.api_key.is_empty()).then(|| config.llm.api_key.clone()),

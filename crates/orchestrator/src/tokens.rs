@@ -191,12 +191,16 @@ pub fn estimate(text: &str) -> usize {
 }
 
 /// The context window to plan for: `configured` when set, else the size
-/// known for the model name (OpenAI's models), else 32,768 tokens.
+/// known for the model name (OpenAI's models, Anthropic's Claude models),
+/// else 32,768 tokens.
 pub fn context_window(model: &str, configured: u32) -> usize {
     if configured > 0 {
         return configured as usize;
     }
     let name = model.rsplit('/').next().unwrap_or(model);
+    if name.starts_with("claude-") {
+        return 200_000;
+    }
     tiktoken_rs::model::get_context_size(name).unwrap_or(32_768)
 }
 
@@ -274,6 +278,8 @@ mod tests {
         assert_eq!(context_window("gpt-4o-mini", 0), 128_000);
         assert_eq!(context_window("openai/gpt-4o", 0), 128_000);
         assert_eq!(context_window("qwen2.5:7b", 0), 32_768);
+        assert_eq!(context_window("claude-sonnet-4-5", 0), 200_000);
+        assert_eq!(context_window("anthropic/claude-3-5-haiku", 0), 200_000);
         assert_eq!(context_window("gpt-4o", 8_192), 8_192);
     }
 }

@@ -271,6 +271,7 @@ fn one_of_each_kind() -> Vec<Event> {
         completion_tokens: 30,
         total_tokens: 150,
         cached_prompt_tokens: 20,
+        cache_write_prompt_tokens: 0,
     };
     let kinds = vec![
         Kind::UserMessage(pb::UserMessage {

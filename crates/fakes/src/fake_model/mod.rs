@@ -43,6 +43,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 /// One piece of a streamed reply; build them with [`text`], [`tool_call`], [`finish`],
+mod anthropic;
 mod script;
 mod server;
 mod window;
@@ -71,6 +72,7 @@ enum ChunkKind {
         prompt: u64,
         completion: u64,
         cached: u64,
+        written: u64,
     },
     Pause(Duration),
     Cut,
@@ -107,10 +109,18 @@ pub fn usage(prompt: u64, completion: u64) -> Chunk {
 /// The same, saying that `cached` of the prompt's tokens came from the
 /// server's prompt cache (`prompt_tokens_details.cached_tokens`).
 pub fn usage_cached(prompt: u64, completion: u64, cached: u64) -> Chunk {
+    usage_cache(prompt, completion, cached, 0)
+}
+
+/// The same, with `written` of the prompt's tokens written to the prompt
+/// cache (Anthropic's `cache_creation_input_tokens`; other protocols do not
+/// report it). `prompt` counts every prompt token.
+pub fn usage_cache(prompt: u64, completion: u64, cached: u64, written: u64) -> Chunk {
     Chunk(ChunkKind::Usage {
         prompt,
         completion,
         cached,
+        written,
     })
 }
 
@@ -308,6 +318,7 @@ impl FakeModel {
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/models", get(models))
             .route("/api/chat", post(ollama_chat))
+            .route("/v1/messages", post(anthropic::messages))
             .route("/api/tags", get(ollama_tags))
             .route("/props", get(props))
             .route("/api/ps", get(ollama_ps))

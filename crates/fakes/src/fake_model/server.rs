@@ -18,6 +18,7 @@ pub(super) fn json_response(status: StatusCode, body: &Value) -> Response {
 pub(super) enum Protocol {
     OpenAi,
     Ollama,
+    Anthropic,
 }
 
 pub(super) fn error_response(status: u16, message: &str) -> Response {
@@ -40,6 +41,13 @@ pub(super) fn protocol_error(protocol: Protocol, status: u16, message: &str) -> 
             )
         }
         Protocol::Ollama => json_response(status, &json!({"error": message})),
+        Protocol::Anthropic => json_response(
+            status,
+            &json!({"type": "error", "error": {
+                "type": super::anthropic::error_type(status.as_u16()),
+                "message": message,
+            }}),
+        ),
     }
 }
 
@@ -82,13 +90,20 @@ pub(super) async fn ollama_tags() -> Response {
     )
 }
 
-/// The text of the last message of a request body, whatever its role.
+/// The text of the last message of a request body, whatever its role (the
+/// text and tool-result blocks of a message made of blocks).
 pub(super) fn last_message(body: &Value) -> String {
     body.get("messages")
         .and_then(Value::as_array)
         .and_then(|m| m.last())
         .map(|m| match m.get("content") {
             Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(blocks)) => blocks
+                .iter()
+                .filter_map(|b| b.get("text").or_else(|| b.get("content")))
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join("\n"),
             _ => String::new(),
         })
         .unwrap_or_default()
@@ -284,6 +299,14 @@ pub(super) async fn chat(
                 Protocol::Ollama => {
                     tokio::spawn(send_ndjson(model, chunks, tx));
                     "application/x-ndjson"
+                }
+                Protocol::Anthropic => {
+                    let id = format!(
+                        "msg_fake_{}",
+                        shared.next_id.fetch_add(1, Ordering::Relaxed)
+                    );
+                    tokio::spawn(super::anthropic::send_events(id, model, chunks, tx));
+                    "text/event-stream"
                 }
             };
             let mut response = Response::new(Body::from_stream(ReceiverStream::new(rx)));

@@ -239,6 +239,7 @@ impl Framer {
                 prompt,
                 completion,
                 cached,
+                ..
             } => {
                 let mut usage = json!({
                     "prompt_tokens": prompt,

@@ -14,7 +14,7 @@ use futures::StreamExt;
 pub fn config(fake: &FakeModel, provider: Provider) -> ProviderConfig {
     let base_url = match provider {
         Provider::OpenAi => fake.base_url(),
-        Provider::Ollama => fake.root_url(),
+        Provider::Ollama | Provider::Anthropic => fake.root_url(),
     };
     let mut cfg = ProviderConfig::new(provider, base_url, "test-model");
     cfg.request_timeout = Duration::from_secs(10);

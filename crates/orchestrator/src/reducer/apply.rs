@@ -41,11 +41,7 @@ impl SessionState {
                     if let Some(u) = &m.usage {
                         add_usage(&mut turn.usage, u);
                         if let Some(price) = price {
-                            turn.cost += price.cost(
-                                u.prompt_tokens,
-                                u.cached_prompt_tokens,
-                                u.completion_tokens,
-                            );
+                            turn.cost += price.cost(u);
                         }
                     }
                     turn.last_text = m.text.clone();

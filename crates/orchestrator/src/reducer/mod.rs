@@ -408,6 +408,7 @@ fn add_usage(total: &mut TokenUsage, u: &TokenUsage) {
     total.completion_tokens += u.completion_tokens;
     total.total_tokens += u.total_tokens;
     total.cached_prompt_tokens += u.cached_prompt_tokens;
+    total.cache_write_prompt_tokens += u.cache_write_prompt_tokens;
 }
 
 /// What one step produces: effects to run before recording (aborts), the

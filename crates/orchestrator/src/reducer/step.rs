@@ -277,6 +277,7 @@ impl SessionState {
                 completion_tokens: u.completion_tokens,
                 total_tokens: u.total_tokens,
                 cached_prompt_tokens: u.cached_prompt_tokens,
+                cache_write_prompt_tokens: u.cache_write_tokens,
             }),
             model: c.model.clone(),
             step,

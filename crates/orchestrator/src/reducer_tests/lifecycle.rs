@@ -396,6 +396,7 @@ fn a_turn_ends_with_its_cost_at_the_configured_price() {
         input: 2.0,
         output: 8.0,
         cached_input: Some(0.5),
+        cache_write: None,
         currency: Some("EUR".into()),
     };
     let view = Arc::new(View {

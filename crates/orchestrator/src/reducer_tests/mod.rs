@@ -118,6 +118,7 @@ fn usage(prompt: u64, completion: u64) -> Usage {
         completion_tokens: completion,
         total_tokens: prompt + completion,
         cached_prompt_tokens: 0,
+        cache_write_tokens: 0,
     }
 }
 
@@ -127,6 +128,7 @@ fn token_usage(prompt: u64, completion: u64) -> TokenUsage {
         completion_tokens: completion,
         total_tokens: prompt + completion,
         cached_prompt_tokens: 0,
+        cache_write_prompt_tokens: 0,
     }
 }
 

@@ -239,7 +239,12 @@ impl Config {
             return Err(invalid("agent.plan_max_steps", "must be at least 1"));
         }
         for price in &self.model_prices {
-            let prices = [Some(price.input), Some(price.output), price.cached_input];
+            let prices = [
+                Some(price.input),
+                Some(price.output),
+                price.cached_input,
+                price.cache_write,
+            ];
             if prices
                 .into_iter()
                 .flatten()

@@ -152,6 +152,8 @@ pub enum LlmProvider {
     Openai,
     /// Ollama's native `/api/chat` with NDJSON streaming.
     Ollama,
+    /// Anthropic's Messages API (`/v1/messages`) with SSE streaming.
+    Anthropic,
 }
 
 pub use agentry_policy::{PolicyConfig, PolicyDecision, PolicyRule};
@@ -274,18 +276,27 @@ pub struct ModelPrice {
     /// the same as `input`.
     #[serde(default)]
     pub cached_input: Option<f64>,
+    /// Per million prompt tokens written to the server's prompt cache;
+    /// unset: the same as `input`.
+    #[serde(default)]
+    pub cache_write: Option<f64>,
     /// The currency of the prices; unset: USD.
     #[serde(default)]
     pub currency: Option<String>,
 }
 
 impl ModelPrice {
-    /// What a model call with this usage costs.
-    pub fn cost(&self, prompt: u64, cached_prompt: u64, completion: u64) -> f64 {
-        let cached = cached_prompt.min(prompt);
-        let uncached = (prompt - cached) as f64 * self.input;
+    /// What a model call with this usage costs: prompt tokens read from the
+    /// cache at `cached_input`, written to it at `cache_write`, the rest at
+    /// `input`; completion tokens at `output`.
+    pub fn cost(&self, usage: &agentry_proto::sessions::v1::TokenUsage) -> f64 {
+        let prompt = usage.prompt_tokens;
+        let cached = usage.cached_prompt_tokens.min(prompt);
+        let written = usage.cache_write_prompt_tokens.min(prompt - cached);
+        let fresh = (prompt - cached - written) as f64 * self.input;
         let cached = cached as f64 * self.cached_input.unwrap_or(self.input);
-        (uncached + cached + completion as f64 * self.output) / 1_000_000.0
+        let written = written as f64 * self.cache_write.unwrap_or(self.input);
+        (fresh + cached + written + usage.completion_tokens as f64 * self.output) / 1_000_000.0
     }
 
     /// The currency of the prices.

@@ -69,6 +69,38 @@ fn the_first_matching_model_profile_applies() {
     assert!(q.matches("abc") && !q.matches("abbc"));
 }
 
+fn usage(
+    prompt: u64,
+    cached: u64,
+    written: u64,
+    completion: u64,
+) -> agentry_proto::sessions::v1::TokenUsage {
+    agentry_proto::sessions::v1::TokenUsage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+        cached_prompt_tokens: cached,
+        cache_write_prompt_tokens: written,
+    }
+}
+
+#[test]
+fn cache_writes_cost_their_own_price() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[[model_prices]]\npattern = \"claude-*\"\ninput = 3\noutput = 15\n\
+         cached_input = 0.3\ncache_write = 3.75\n",
+    )
+    .unwrap();
+    let mut config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+    config.llm.model = "claude-sonnet".into();
+    let price = config.model_price().unwrap();
+    // 1M fresh (3), 1M read (0.3), 1M written (3.75), 1M out (15).
+    let cost = price.cost(&usage(3_000_000, 1_000_000, 1_000_000, 1_000_000));
+    assert!((cost - 22.05).abs() < 1e-9, "{cost}");
+}
+
 #[test]
 fn the_first_matching_model_price_applies_and_bad_prices_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -84,12 +116,14 @@ fn the_first_matching_model_price_applies_and_bad_prices_are_refused() {
     let price = config.model_price().unwrap();
     assert_eq!(price.currency(), "USD");
     // 1M uncached in, 1M cached in, 1M out.
-    assert!((price.cost(2_000_000, 1_000_000, 1_000_000) - 0.825).abs() < 1e-9);
+    assert!((price.cost(&usage(2_000_000, 1_000_000, 0, 1_000_000)) - 0.825).abs() < 1e-9);
     config.llm.model = "claude-x".into();
     let price = config.model_price().unwrap();
     assert_eq!(price.currency(), "EUR");
     // Unset cached price: the input price.
-    assert!((price.cost(1_000_000, 500_000, 0) - 3.0).abs() < 1e-9);
+    assert!((price.cost(&usage(1_000_000, 500_000, 0, 0)) - 3.0).abs() < 1e-9);
+    // Unset cache-write price: the input price too.
+    assert!((price.cost(&usage(1_000_000, 0, 400_000, 0)) - 3.0).abs() < 1e-9);
     config.llm.model = "llama3".into();
     assert_eq!(config.model_price(), None);
 
