@@ -433,16 +433,13 @@ async fn a_required_tool_call_is_asked_for_on_the_first_call_of_each_turn() {
     cluster.model.push(Reply::text("Hello."));
     let mut client = cluster.orchestrator().await.unwrap();
     let (session, mut events) = new_session(&mut client).await;
-    for message in ["which reminders do I have?", "thanks"] {
-        let turn = send(&mut client, &session.id, message).await;
-        let done = finished(&until_finished(&mut events, &turn).await);
-        assert_eq!(
-            done.outcome,
-            TurnOutcome::Completed as i32,
-            "{}",
-            done.message
-        );
-    }
+    converse(
+        &mut client,
+        &session.id,
+        &mut events,
+        &["which reminders do I have?", "thanks"],
+    )
+    .await;
     let requests = cluster.model.requests();
     let choices: Vec<Option<&str>> = requests
         .iter()

@@ -60,16 +60,13 @@ async fn a_small_window_offers_the_tools_the_turns_skillset_needs() {
     cluster.model.push(Reply::text("Hello."));
     let mut client = cluster.orchestrator().await.unwrap();
     let (session, mut events) = new_session(&mut client).await;
-    for message in ["how do I run the unit tests?", "hello there"] {
-        let turn = send(&mut client, &session.id, message).await;
-        let done = finished(&until_finished(&mut events, &turn).await);
-        assert_eq!(
-            done.outcome,
-            TurnOutcome::Completed as i32,
-            "{}",
-            done.message
-        );
-    }
+    converse(
+        &mut client,
+        &session.id,
+        &mut events,
+        &["how do I run the unit tests?", "hello there"],
+    )
+    .await;
     let requests = cluster.model.requests();
     let system = |i: usize| {
         requests[i]["messages"][0]["content"]

@@ -85,6 +85,25 @@ pub async fn send(
     send_with(client, session_id, text, spb::ApprovalMode::Always, false).await
 }
 
+/// Sends each message in turn; every turn must complete.
+pub async fn converse(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+    events: &mut Streaming<spb::Event>,
+    messages: &[&str],
+) {
+    for message in messages {
+        let turn = send(client, session_id, message).await;
+        let done = finished(&until_finished(events, &turn).await);
+        assert_eq!(
+            done.outcome,
+            spb::TurnOutcome::Completed as i32,
+            "{message}: {}",
+            done.message
+        );
+    }
+}
+
 /// Reads events until the turn `turn_id` finishes; returns every event read.
 pub async fn until_finished(events: &mut Streaming<spb::Event>, turn_id: &str) -> Vec<spb::Event> {
     let mut out = Vec::new();

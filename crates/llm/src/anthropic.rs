@@ -17,15 +17,11 @@
 //! error (`overloaded_error` may be retried).
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::time::Duration;
 
-use eventsource_stream::{Event, EventStreamError, Eventsource};
-use futures::{Stream, StreamExt};
 use serde_json::{Map, Value, json};
 
 use crate::assemble::snippet;
-use crate::client::transport_error;
 use crate::types::decimal;
 use crate::{ChatRequest, ChatStream, Completion, LlmError, Message, StreamEvent, ToolCall, Usage};
 
@@ -200,19 +196,13 @@ pub(crate) fn sse_stream(
     model: &str,
     timeout: Duration,
 ) -> ChatStream {
-    let driver = Driver {
-        events: Box::pin(response.bytes_stream().eventsource()),
-        message: Some(Answer::new(model)),
-        pending: VecDeque::new(),
+    crate::sse::stream(
+        response,
+        Answer::new(model),
         timeout,
-        done: false,
-    };
-    Box::pin(futures::stream::unfold(driver, |mut d| async move {
-        d.next_item().await.map(|item| (item, d))
-    }))
+        "the server closed the stream before message_stop",
+    )
 }
-
-type EventResult = Result<Event, EventStreamError<reqwest::Error>>;
 
 /// One content block being streamed.
 enum Block {
@@ -251,7 +241,11 @@ impl Answer {
     }
 
     /// Takes one event; `Ok(true)` once the message is complete.
-    fn handle(&mut self, event: &Event, out: &mut VecDeque<StreamEvent>) -> Result<bool, LlmError> {
+    fn handle(
+        &mut self,
+        event: &eventsource_stream::Event,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<bool, LlmError> {
         let data: Value = serde_json::from_str(&event.data).map_err(|e| {
             LlmError::Malformed(format!(
                 "invalid JSON event ({e}): {}",
@@ -368,7 +362,7 @@ impl Answer {
         self.usage_seen = true;
     }
 
-    fn into_completion(mut self) -> Completion {
+    fn complete(mut self) -> Completion {
         // Prompt tokens count the whole input: fresh, read from the cache
         // and written to it.
         let u = &mut self.usage;
@@ -392,77 +386,21 @@ impl Answer {
     }
 }
 
-/// State of the stream being consumed.
-struct Driver {
-    events: Pin<Box<dyn Stream<Item = EventResult> + Send>>,
-    message: Option<Answer>,
-    pending: VecDeque<StreamEvent>,
-    timeout: Duration,
-    done: bool,
-}
-
-impl Driver {
-    async fn next_item(&mut self) -> Option<Result<StreamEvent, LlmError>> {
-        loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Some(Ok(event));
-            }
-            if self.done {
-                return None;
-            }
-            let next = tokio::time::timeout(self.timeout, self.events.next()).await;
-            let outcome = match next {
-                Err(_) => self.fail(LlmError::Timeout {
-                    after: self.timeout,
-                }),
-                Ok(None) => self.fail(LlmError::Truncated(
-                    "the server closed the stream before message_stop".into(),
-                )),
-                Ok(Some(Err(EventStreamError::Transport(e)))) => {
-                    let err = transport_error(&e, self.timeout);
-                    self.fail(err)
-                }
-                Ok(Some(Err(EventStreamError::Utf8(e)))) => self.fail(LlmError::Malformed(
-                    format!("stream is not valid UTF-8: {e}"),
-                )),
-                Ok(Some(Err(EventStreamError::Parser(e)))) => self.fail(LlmError::Malformed(
-                    format!("invalid server-sent event: {e}"),
-                )),
-                Ok(Some(Ok(event))) => {
-                    let handled = match self.message.as_mut() {
-                        Some(message) => message.handle(&event, &mut self.pending),
-                        None => Err(LlmError::Malformed("stream already completed".into())),
-                    };
-                    match handled {
-                        Ok(false) => continue,
-                        Ok(true) => self.complete(),
-                        Err(e) => self.fail(e),
-                    }
-                }
-            };
-            return Some(outcome);
-        }
+impl crate::sse::Assemble for Answer {
+    fn event(
+        &mut self,
+        event: &eventsource_stream::Event,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<bool, LlmError> {
+        self.handle(event, out)
     }
 
-    fn finish(&mut self) {
-        self.done = true;
-        self.events = Box::pin(futures::stream::empty());
+    fn finished(&self) -> bool {
+        self.stop_reason.is_some()
     }
 
-    fn fail(&mut self, err: LlmError) -> Result<StreamEvent, LlmError> {
-        tracing::debug!(error = %err, "model stream failed");
-        self.finish();
-        self.message = None;
-        self.pending.clear();
-        Err(err)
-    }
-
-    fn complete(&mut self) -> Result<StreamEvent, LlmError> {
-        self.finish();
-        match self.message.take() {
-            Some(message) => Ok(StreamEvent::Completed(message.into_completion())),
-            None => Err(LlmError::Malformed("stream already completed".into())),
-        }
+    fn into_completion(self) -> Completion {
+        self.complete()
     }
 }
 

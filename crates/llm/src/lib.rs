@@ -19,6 +19,7 @@ mod error;
 mod ollama;
 mod openai;
 mod retry;
+mod sse;
 mod types;
 mod window;
 
