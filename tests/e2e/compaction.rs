@@ -319,3 +319,63 @@ async fn the_context_window_is_read_from_the_model_server() {
         "nothing over-long was sent"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_server_that_comes_up_later_is_asked_again() {
+    // Nothing listens at the model's address when the orchestrator starts.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let cluster = Cluster::start_with(|c| {
+        c.llm.base_url = format!("http://{addr}/v1");
+        c.model_profiles = vec![ModelProfile {
+            tokenizer: "estimate".into(),
+            ..ModelProfile::fallback()
+        }];
+    })
+    .await
+    .unwrap();
+    let mut client = cluster.orchestrator().await.unwrap();
+    let window =
+        |client: &mut agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient<
+            _,
+        >| {
+            let mut client = client.clone();
+            async move {
+                client
+                    .list_tools(agentry_proto::orchestrator::v1::ListToolsRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .context_window
+            }
+        };
+    assert_eq!(
+        window(&mut client).await,
+        32_768,
+        "planned before the server says"
+    );
+    // The server comes up (posing as llama.cpp with a 300-token context).
+    let model = agentry_testkit::FakeModel::start_on(addr).await.unwrap();
+    model.set_server(agentry_testkit::fake_model::ServerKind::LlamaCpp { n_ctx: 300 });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while window(&mut client).await != 300 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the window was not asked again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Sessions loaded from now on plan for it.
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "hi").await;
+    let done = finished(&until_finished(&mut events, &turn).await);
+    assert!(
+        done.message
+            .contains("context window of 300 (llama.cpp /props"),
+        "{}",
+        done.message
+    );
+    assert_eq!(model.request_count(), 0);
+}

@@ -216,6 +216,13 @@ impl ChatClient {
                 });
             }
         };
+        // Still loading its model (llama.cpp answers 503 meanwhile).
+        if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            return Err(LlmError::Http {
+                status: 503,
+                message: "the server is not ready yet".into(),
+            });
+        }
         if !response.status().is_success() {
             return Ok(None);
         }

@@ -96,6 +96,17 @@ async fn each_kind_of_server_states_its_window_where_it_can() {
 }
 
 #[tokio::test]
+async fn a_server_still_loading_says_so() {
+    let fake = FakeModel::start().await.unwrap();
+    fake.set_server(ServerKind::Loading);
+    let err = named(&fake, Provider::OpenAi)
+        .server_context_window(WAIT)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LlmError::Http { status: 503, .. }), "{err:?}");
+}
+
+#[tokio::test]
 async fn a_server_that_cannot_be_reached_is_an_error() {
     let fake = FakeModel::start().await.unwrap();
     let client = named(&fake, Provider::OpenAi);

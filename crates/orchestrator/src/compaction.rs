@@ -26,8 +26,8 @@ pub async fn summarise(
 ) -> Result<String, ModelCallError> {
     // The transcript must leave room in the window for the instructions
     // and the answer.
-    let limit = (deps.view.compaction.context_window / 2).max(256);
-    let transcript = transcript(messages, &deps.view.tokenizer, limit);
+    let limit = (deps.view().compaction.context_window / 2).max(256);
+    let transcript = transcript(messages, &deps.view().tokenizer, limit);
     let request = ChatRequest {
         messages: vec![
             Message::System {
@@ -41,7 +41,7 @@ pub async fn summarise(
             },
         ],
         tools: Vec::new(),
-        temperature: deps.view.temperature,
+        temperature: deps.view().temperature,
         require_tool: false,
     };
     // Counted with the other model calls (latency, tokens).
@@ -54,14 +54,14 @@ pub async fn summarise(
     if text.is_empty() {
         return Err(ModelCallError::EmptySummary);
     }
-    Ok(clip_tokens(&text, &deps.view.tokenizer, max_tokens))
+    Ok(clip_tokens(&text, &deps.view().tokenizer, max_tokens))
 }
 
 async fn stream_summary(
     deps: &Deps,
     request: ChatRequest,
 ) -> Result<agentry_llm::Completion, ModelCallError> {
-    let mut stream = deps.llm.stream(request).await?;
+    let mut stream = deps.llm().stream(request).await?;
     while let Some(item) = stream.next().await {
         match item? {
             StreamEvent::TextDelta(_) => {}

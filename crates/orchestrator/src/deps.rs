@@ -24,11 +24,12 @@ pub struct Deps {
     pub scheduler: SchedulerClient<TracedChannel>,
     /// Where the scheduler is, for messages.
     pub scheduler_url: String,
-    /// The model.
-    pub llm: ChatClient,
+    /// The model (replaced when the context window becomes known).
+    llm: std::sync::RwLock<ChatClient>,
     /// What shapes every model request (system prompt, skillsets, tool
-    /// calling, token counting, compaction, temperature).
-    pub view: Arc<crate::prompt::View>,
+    /// calling, token counting, compaction, temperature); replaced when the
+    /// context window becomes known, for the sessions loaded after.
+    view: std::sync::RwLock<Arc<crate::prompt::View>>,
     /// Model calls allowed per turn.
     pub max_steps: u32,
     /// How long an append keeps retrying while the store is unavailable.
@@ -62,8 +63,8 @@ impl Deps {
             runners,
             scheduler,
             scheduler_url,
-            llm,
-            view: Arc::new(view),
+            llm: std::sync::RwLock::new(llm),
+            view: std::sync::RwLock::new(Arc::new(view)),
             max_steps,
             store_retry_window: Duration::from_secs(10),
             policy,
@@ -73,18 +74,42 @@ impl Deps {
         }
     }
 
-    /// Plans every request for a context window of `tokens` (`source` says
-    /// where that number comes from), and asks the
-    /// model server for it where the protocol can (Ollama's `num_ctx`).
-    pub fn set_context_window(&mut self, tokens: usize, source: String) {
-        let view = std::sync::Arc::make_mut(&mut self.view);
+    /// The model client.
+    pub fn llm(&self) -> ChatClient {
+        self.llm
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// What shapes model requests now.
+    pub fn view(&self) -> Arc<crate::prompt::View> {
+        self.view
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Plans requests for a context window of `tokens` (`source` says
+    /// where that number comes from), and asks the model server for it
+    /// where the protocol can (Ollama's `num_ctx`). Sessions loaded from
+    /// now on use it.
+    pub fn set_context_window(&self, tokens: usize, source: String) {
+        let mut view = (*self.view()).clone();
         view.lean = tokens <= crate::prompt::lean::LEAN_WINDOW;
         view.compaction.context_window = tokens;
         view.compaction.window_source = source;
-        self.llm = self
-            .llm
-            .clone()
+        *self
+            .view
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(view);
+        let llm = self
+            .llm()
             .with_context_window(u32::try_from(tokens).unwrap_or(u32::MAX));
+        *self
+            .llm
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = llm;
     }
 
     /// The tools as the model sees them, fetched from the runner once.

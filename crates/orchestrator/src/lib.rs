@@ -170,10 +170,13 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
-    let mut deps = deps_from_config(config, auth)?;
-    let window = window::settle(&deps.llm, config.model_profile().context_window).await;
-    deps.set_context_window(window.tokens, window.source);
-    let deps = Arc::new(deps);
+    let deps = Arc::new(deps_from_config(config, auth)?);
+    let configured = config.model_profile().context_window;
+    let asking = if window::settle(&deps, configured).await {
+        None
+    } else {
+        Some(tokio::spawn(window::keep_trying(deps.clone(), configured)))
+    };
     tracing::info!(
         model = %config.llm.model,
         llm = %config.llm.base_url,
@@ -206,6 +209,9 @@ pub async fn run(
     )
     .await;
     consumer.abort();
+    if let Some(task) = asking {
+        task.abort();
+    }
     if let Some(task) = metrics_task {
         task.abort();
     }

@@ -113,7 +113,7 @@ impl OrchestratorService {
         let state = SessionState::new(self.deps.max_steps)
             .with_policy(self.deps.policy.clone())
             .with_plan_max_steps(self.deps.plan_max_steps)
-            .with_view(self.deps.view.clone())
+            .with_view(self.deps.view())
             .replayed(&events);
         Ok(Actor::spawn(
             session_id.to_string(),
@@ -431,7 +431,7 @@ impl Orchestrator for OrchestratorService {
                 sensitive: t.sensitive,
             })
             .collect();
-        let view = &self.deps.view;
+        let view = self.deps.view();
         let catalog = self.deps.tools().await;
         let prompt = crate::prompt::build(
             crate::prompt::Parts {

@@ -1,15 +1,25 @@
 //! One truth about the context window: the orchestrator plans every
 //! request for the window of the model's profile (or the one known for the
 //! model's name), bounded by what the model server says it gives the model.
-//! The server is asked once, at start; a disagreement is logged once, as a
-//! warning that says what to change.
+//! The server is asked at start; one that cannot be asked yet (not
+//! listening, still loading its model) is asked again in the background,
+//! and sessions loaded once it has answered use its window. A disagreement
+//! is logged once, as a warning that says what to change.
 
+use crate::deps::Deps;
 use crate::tokens::context_window;
-use agentry_llm::{ChatClient, ServerWindow, WindowKind};
+use agentry_llm::{LlmError, ServerWindow, WindowKind};
+use std::sync::Arc;
 use std::time::Duration;
 
-/// How long each question to the model server may take at start.
+/// How long each question to the model server may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often a server that could not be asked yet is asked again.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// How many times it is asked again before the plan stays as configured.
+const RETRIES: u32 = 120;
 
 /// The window decided, and what to tell the operator about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,23 +111,67 @@ pub fn decide(
     }
 }
 
-/// Asks the model server and decides (see [`decide`]); logs the outcome.
-pub async fn settle(llm: &ChatClient, configured: u32) -> Decision {
-    let server = llm
-        .server_context_window(PROBE_TIMEOUT)
-        .await
-        .map_err(|e| e.to_string());
-    let decision = decide(llm.model(), configured, server);
+/// Asks the model server and, when it answers (or cannot be the kind of
+/// server that says), decides (see [`decide`]), applies the window to
+/// `deps` and logs the outcome. `false` when the server cannot be asked
+/// yet: it does not listen, does not answer in time, or is still loading.
+pub async fn settle(deps: &Deps, configured: u32) -> bool {
+    let llm = deps.llm();
+    let server = match llm.server_context_window(PROBE_TIMEOUT).await {
+        Err(e) if not_ready(&e) => {
+            tracing::debug!(error = %e, "the model server cannot say its context window yet");
+            return false;
+        }
+        other => other.map_err(|e| e.to_string()),
+    };
+    apply(deps, decide(llm.model(), configured, server));
+    true
+}
+
+/// Asks again every [`RETRY_EVERY`] until the server answers; after
+/// [`RETRIES`] tries the plan stays as configured, with a warning.
+pub async fn keep_trying(deps: Arc<Deps>, configured: u32) {
+    tracing::info!(
+        every = ?RETRY_EVERY,
+        "the model server cannot say its context window yet; asking again in the background"
+    );
+    let mut last = String::new();
+    for _ in 0..RETRIES {
+        tokio::time::sleep(RETRY_EVERY).await;
+        let llm = deps.llm();
+        match llm.server_context_window(PROBE_TIMEOUT).await {
+            Err(e) if not_ready(&e) => last = e.to_string(),
+            other => {
+                let server = other.map_err(|e| e.to_string());
+                apply(&deps, decide(llm.model(), configured, server));
+                return;
+            }
+        }
+    }
+    apply(&deps, decide(deps.llm().model(), configured, Err(last)));
+}
+
+/// The server may answer later: it does not listen yet, is slow, or says
+/// it is loading (503).
+fn not_ready(e: &LlmError) -> bool {
+    matches!(
+        e,
+        LlmError::Connect { .. } | LlmError::Timeout { .. } | LlmError::Http { status: 503, .. }
+    )
+}
+
+fn apply(deps: &Deps, decision: Decision) {
+    let model = deps.llm().model().to_string();
     if let Some(warning) = &decision.warning {
-        tracing::warn!(model = %llm.model(), context_window = decision.tokens, "{warning}");
+        tracing::warn!(%model, context_window = decision.tokens, "{warning}");
     }
     tracing::info!(
-        model = %llm.model(),
+        %model,
         context_window = decision.tokens,
         source = %decision.source,
         "context window"
     );
-    decision
+    deps.set_context_window(decision.tokens, decision.source);
 }
 
 #[cfg(test)]

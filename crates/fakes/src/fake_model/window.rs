@@ -11,6 +11,8 @@ pub enum ServerKind {
     /// Says nothing about its window (OpenAI's API).
     #[default]
     Silent,
+    /// llama.cpp still loading its model: 503 on every endpoint but chat.
+    Loading,
     /// llama.cpp: `GET /props` → `default_generation_settings.n_ctx`.
     LlamaCpp {
         /// The context of each slot.
@@ -39,6 +41,10 @@ pub(super) async fn props(State(shared): State<Arc<Shared>>) -> Response {
             StatusCode::OK,
             &json!({"default_generation_settings": {"n_ctx": n_ctx, "params": {}},
                     "total_slots": 1, "model_path": "fake.gguf"}),
+        ),
+        ServerKind::Loading => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}),
         ),
         _ => error_response(404, "File Not Found"),
     }

@@ -422,7 +422,7 @@ impl Actor {
         let deps = self.deps.clone();
         let span = tracing::info_span!(
             "model_call",
-            model = %deps.llm.model(),
+            model = %deps.llm().model(),
             messages = request.history.len(),
             prompt_tokens = tracing::field::Empty,
             completion_tokens = tracing::field::Empty,

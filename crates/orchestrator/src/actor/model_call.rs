@@ -98,7 +98,7 @@ pub(super) async fn stream_once(
     task: u64,
     tx: &mpsc::Sender<Outcome>,
 ) -> Result<Option<agentry_llm::Completion>, ModelCallError> {
-    let mut stream = deps.llm.stream(request).await?;
+    let mut stream = deps.llm().stream(request).await?;
     while let Some(item) = stream.next().await {
         match item {
             Ok(StreamEvent::TextDelta(text)) => {
@@ -128,8 +128,8 @@ pub(super) async fn summary_call(
 ) {
     tracing::info!(
         tokens = job.tokens_before,
-        budget = deps.view.compaction.budget(),
-        tokenizer = deps.view.tokenizer.name(),
+        budget = deps.view().compaction.budget(),
+        tokenizer = deps.view().tokenizer.name(),
         "the conversation nears the context window; summarising older messages"
     );
     let summary = crate::compaction::summarise(deps, &messages, job.max_tokens)
