@@ -14,10 +14,12 @@
 //! - `shell`: `true` through the tool runner versus a bare fork/exec;
 //! - `reminders`: lateness of reminders falling due among N pending;
 //! - `store`: durable appends, one writer and 16 concurrent;
-//! - `idle`: orchestrator memory per idle session.
+//! - `idle`: orchestrator memory per idle session;
+//! - `startup`: `agentry up` until every service serves.
 
 mod scenarios;
 mod stack;
+mod startup;
 mod stats;
 
 use clap::{Parser, ValueEnum};
@@ -35,7 +37,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "turns,streaming,shell,reminders,store,idle"
+        default_value = "turns,streaming,shell,reminders,store,idle,startup"
     )]
     scenarios: Vec<Scenario>,
     /// Concurrent sessions of the turns scenario
@@ -73,6 +75,8 @@ pub enum Scenario {
     Store,
     /// Memory per idle session
     Idle,
+    /// `agentry up` until every service serves
+    Startup,
 }
 
 fn agentry_bin(args: &Args) -> anyhow::Result<PathBuf> {
@@ -134,6 +138,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Reminders => scenarios::reminders(&args.pending).await?,
             Scenario::Store => scenarios::store(&bin).await?,
             Scenario::Idle => scenarios::idle(&bin, args.idle_sessions).await?,
+            Scenario::Startup => startup::startup(&bin).await?,
         };
         let name = format!("{scenario:?}").to_lowercase();
         report.insert(name, figures);
