@@ -149,6 +149,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::PlanSubmitted(_) => "plan_submitted",
             Kind::PlanStepUpdated(_) => "plan_step_updated",
             Kind::ToolsOffered(_) => "tools_offered",
+            Kind::LoopDetected(_) => "loop_detected",
         })
         .collect()
 }

@@ -34,6 +34,52 @@ async fn a_model_that_never_stops_calling_tools_hits_the_step_limit() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_model_repeating_one_call_is_told_then_stopped() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster
+        .model
+        .set_fallback(Fallback::Script(vec![Reply::tool_call(
+            "again",
+            "bash",
+            json!({"command": "echo same"}),
+        )]));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "loop forever").await;
+    let got = until_finished(&mut events, &turn).await;
+    let loops: Vec<(u32, bool)> = got
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(Kind::LoopDetected(l)) => Some((l.repeats, l.stopped)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(loops, [(3, false), (4, true)]);
+    let results = tool_results(&got);
+    // Two ran; the third told the model; the fourth was not run.
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0].output.trim(), "same");
+    assert!(results[2].is_error && results[2].output.contains("call number 3 of bash"));
+    assert!(results[3].output.starts_with("not run: stopped"));
+    let done = finished(&got);
+    assert_eq!(done.outcome, TurnOutcome::Failed as i32);
+    assert!(
+        done.message
+            .contains("asked for the same bash call 4 times"),
+        "{}",
+        done.message
+    );
+    // The model saw why, before it was stopped.
+    let requests = cluster.model.requests();
+    assert_eq!(requests.len(), 4);
+    assert!(
+        requests[3]
+            .to_string()
+            .contains("its result would be the same")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_second_message_during_a_turn_is_refused() {
     let cluster = Cluster::start().await.unwrap();
     cluster

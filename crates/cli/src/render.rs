@@ -101,6 +101,10 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "type": "tool_call_state", "call_id": t.call_id,
                 "phase": phase_name(t.phase), "detail": t.detail,
             }),
+            Kind::LoopDetected(l) => json!({
+                "type": "loop_detected", "tool": l.tool, "arguments": l.arguments_json,
+                "repeats": l.repeats, "stopped": l.stopped,
+            }),
             Kind::ToolsOffered(t) => json!({
                 "type": "tools_offered",
                 "tools": t.tools.iter().map(|tool| json!({
@@ -479,6 +483,19 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 };
                 let _ = writeln!(self.activity, "{line}");
             }
+            Kind::LoopDetected(l) => {
+                self.end_line();
+                let what = if l.stopped {
+                    "stopped the turn"
+                } else {
+                    "told the model its result would not change"
+                };
+                let _ = writeln!(
+                    self.activity,
+                    "  (the model asked for the same {} call {} times: {what})",
+                    l.tool, l.repeats
+                );
+            }
             Kind::ToolCallState(_) | Kind::SkillsetChosen(_) | Kind::ToolsOffered(_) => {}
         }
     }
@@ -506,6 +523,31 @@ mod tests {
         }
         drop(r);
         String::from_utf8(activity).unwrap()
+    }
+
+    #[test]
+    fn a_detected_loop_is_one_line() {
+        let mut answer = Vec::new();
+        let mut activity = Vec::new();
+        let mut renderer = Renderer::new(&mut answer, &mut activity);
+        for stopped in [false, true] {
+            renderer.event(&pb::Event {
+                kind: Some(Kind::LoopDetected(pb::LoopDetected {
+                    tool: "bash".into(),
+                    arguments_json: r#"{"command":"ls"}"#.into(),
+                    repeats: if stopped { 4 } else { 3 },
+                    stopped,
+                })),
+                ..Default::default()
+            });
+        }
+        drop(renderer);
+        let text = String::from_utf8(activity).unwrap();
+        assert_eq!(
+            text,
+            "  (the model asked for the same bash call 3 times: told the model its result would \
+             not change)\n  (the model asked for the same bash call 4 times: stopped the turn)\n"
+        );
     }
 
     #[test]

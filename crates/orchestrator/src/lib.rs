@@ -141,6 +141,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         price: config.model_price(),
         lean: false,
         require_first_tool: config.llm.tool_choice == agentry_runtime::config::ToolChoice::Required,
+        loop_repeats: config.agent.loop_repeats,
     };
     let mut deps = Deps::new(
         store,

@@ -42,6 +42,15 @@ pub fn turn_finished(metrics: &Registry, outcome: &str) {
     );
 }
 
+/// The loop detector told the model of a repeated call, or stopped a turn.
+pub fn loop_detected(metrics: &Registry, stopped: bool) {
+    metrics.inc(
+        "agentry_loops_detected_total",
+        "Repeated identical tool calls the loop detector caught, by what it did.",
+        &[("action", if stopped { "stopped" } else { "told" })],
+    );
+}
+
 /// A priced turn ended: what its model calls cost, added up per currency.
 pub fn turn_cost(metrics: &Registry, cost: f64, currency: &str) {
     metrics.add(

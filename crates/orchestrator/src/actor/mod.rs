@@ -281,6 +281,9 @@ impl Actor {
                     if pending != 0.0 {
                         crate::metrics::pending_approvals_changed(&self.deps.metrics, pending);
                     }
+                    if let pb::event::Kind::LoopDetected(repeat) = kind {
+                        crate::metrics::loop_detected(&self.deps.metrics, repeat.stopped);
+                    }
                     if let pb::event::Kind::TurnFinished(finished) = kind {
                         let outcome = pb::TurnOutcome::try_from(finished.outcome)
                             .map(|o| o.as_str_name())

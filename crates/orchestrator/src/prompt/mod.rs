@@ -42,6 +42,8 @@ pub struct View {
     /// The first model call of each turn must call a tool
     /// (`llm.tool_choice = "required"`).
     pub require_first_tool: bool,
+    /// The loop detector's limit (`agent.loop_repeats`; 0: off).
+    pub loop_repeats: u32,
 }
 
 impl Default for View {
@@ -58,6 +60,7 @@ impl Default for View {
             price: None,
             lean: false,
             require_first_tool: false,
+            loop_repeats: agentry_runtime::Config::builtin().agent.loop_repeats,
         }
     }
 }

@@ -183,6 +183,9 @@ impl SessionState {
             Kind::ToolsOffered(t) => {
                 self.catalog = Catalog::shared_from_event(t);
             }
+            // What the loop detector saw; the calls' own events carry the
+            // consequences.
+            Kind::LoopDetected(_) => {}
             Kind::PlanSubmitted(p) => {
                 if let Some((plan, steps)) = self.plan_mut() {
                     plan.submitted(p, steps);

@@ -436,6 +436,7 @@ fn state_event(call_id: &str, phase: CallPhase, detail: impl Into<String>) -> Ki
 mod apply;
 mod calls;
 mod catalog;
+mod loops;
 mod model;
 mod plan_calls;
 mod step;

@@ -353,12 +353,15 @@ impl SessionState {
             );
             ids.push(id);
         }
+        if self.stop_a_loop(out, turn_id, &ids) {
+            return;
+        }
         let plan_mode = self.turn_plan().is_some();
         for id in &ids {
             let tool = call_tool(self, id);
             if plan_mode && crate::plan::is_plan_tool(&tool) {
                 self.plan_call(out, turn_id, id);
-            } else {
+            } else if !self.tell_of_a_loop(out, turn_id, id) {
                 self.validate(out, turn_id, id);
             }
         }

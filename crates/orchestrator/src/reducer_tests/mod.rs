@@ -880,6 +880,7 @@ mod generate;
 mod idle;
 mod lifecycle;
 mod limits;
+mod loops;
 mod network;
 mod plan;
 mod randomized;

@@ -44,6 +44,7 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_SKILLSETS_DIR", &["agent", "skillsets_dir"]),
     ("AGENTRY_COMPACTION", &["agent", "compaction"]),
     ("AGENTRY_PLAN_MAX_STEPS", &["agent", "plan_max_steps"]),
+    ("AGENTRY_LOOP_REPEATS", &["agent", "loop_repeats"]),
     ("AGENTRY_ORCHESTRATOR_URL", &["orchestrator", "url"]),
     ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
     ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
@@ -233,6 +234,12 @@ impl Config {
             return Err(invalid(
                 "agent.compaction_keep_messages",
                 "must be at least 1",
+            ));
+        }
+        if self.agent.loop_repeats == 1 {
+            return Err(invalid(
+                "agent.loop_repeats",
+                "must be 0 (off) or at least 2: a first call is never a repeat",
             ));
         }
         if self.agent.plan_max_steps == 0 {

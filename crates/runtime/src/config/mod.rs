@@ -203,6 +203,10 @@ pub struct AgentConfig {
     /// Plan steps a plan-mode turn may start, retries included, before it
     /// stops (the safety rail).
     pub plan_max_steps: u32,
+    /// The loop detector: the model asking for the same call (tool and
+    /// arguments) this many times in one turn is told the result would not
+    /// change instead of running it; asking once more stops the turn (0: off).
+    pub loop_repeats: u32,
 }
 
 /// What a family of models can do.

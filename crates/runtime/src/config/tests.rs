@@ -302,3 +302,17 @@ fn llm_context_window_overrides_the_profile() {
         .to_string();
     assert!(err.contains("llm.context_window"), "{err}");
 }
+
+#[test]
+fn loop_repeats_of_one_is_refused() {
+    let err = Config::load(&source(None, &[("AGENTRY_LOOP_REPEATS", "1")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("agent.loop_repeats"), "{err}");
+    let config = Config::load(&source(None, &[("AGENTRY_LOOP_REPEATS", "0")])).unwrap();
+    assert_eq!(config.agent.loop_repeats, 0);
+    assert_eq!(
+        Config::load(&source(None, &[])).unwrap().agent.loop_repeats,
+        3
+    );
+}

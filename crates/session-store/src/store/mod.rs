@@ -121,6 +121,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::PlanStepUpdated(_) => "plan_step_updated",
         event::Kind::ToolCallState(_) => "tool_call_state",
         event::Kind::ToolsOffered(_) => "tools_offered",
+        event::Kind::LoopDetected(_) => "loop_detected",
     }
 }
 
