@@ -28,9 +28,9 @@ use crate::{ChatRequest, ChatStream, Completion, LlmError, Message, StreamEvent,
 /// The API version sent in `anthropic-version`.
 pub(crate) const API_VERSION: &str = "2023-06-01";
 
-/// `max_tokens` is required by the API; this is sent unless `extra_body`
-/// sets another.
-pub(crate) const DEFAULT_MAX_TOKENS: u64 = 8192;
+/// `max_tokens` is required by the API; this, the most every Claude model
+/// allows, is sent unless `llm.extra_body` sets another.
+pub(crate) const DEFAULT_MAX_TOKENS: u64 = 4096;
 
 /// Longest excerpt of a bad event quoted in an error message.
 const SNIPPET_CHARS: usize = 200;
