@@ -19,6 +19,7 @@ pub fn user_input(text: &str, mode: spb::ApprovalMode, plan: bool) -> pb::Input 
             approval_mode: mode as i32,
             plan,
             network: false,
+            budget: None,
         })),
     }
 }
@@ -150,6 +151,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::PlanStepUpdated(_) => "plan_step_updated",
             Kind::ToolsOffered(_) => "tools_offered",
             Kind::LoopDetected(_) => "loop_detected",
+            Kind::BudgetExceeded(_) => "budget_exceeded",
         })
         .collect()
 }

@@ -133,6 +133,7 @@ async fn the_client_token_cannot_write_logs_run_tools_or_take_reminders() {
                     approval_mode: spb::ApprovalMode::Always as i32,
                     plan: false,
                     network: false,
+                    budget: None,
                 })),
                 ..Default::default()
             }],

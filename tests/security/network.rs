@@ -218,6 +218,7 @@ async fn a_turn_the_person_gives_network_reaches_out_and_the_turns_around_it_do_
                         approval_mode: spb::ApprovalMode::Always as i32,
                         plan: false,
                         network,
+                        budget: None,
                     })),
                 }),
             })

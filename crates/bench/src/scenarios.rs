@@ -56,6 +56,7 @@ async fn submit(
                     approval_mode: spb::ApprovalMode::Policy as i32,
                     plan: false,
                     network: false,
+                    budget: None,
                 })),
             }),
         })
@@ -494,6 +495,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
                                     approval_mode: 0,
                                     plan: false,
                                     network: false,
+                                    budget: None,
                                 })),
                                 ..Default::default()
                             }],

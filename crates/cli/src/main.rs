@@ -80,6 +80,18 @@ enum Command {
         /// runner's proxy (public hosts only)
         #[arg(long)]
         network: bool,
+        /// Tokens this turn and the ones after may use (raises the limit)
+        #[arg(long, value_name = "N")]
+        budget_tokens: Option<u64>,
+        /// Tokens the session may use in all (raises the limit)
+        #[arg(long, value_name = "N")]
+        session_budget_tokens: Option<u64>,
+        /// What this turn and the ones after may cost, at the model prices
+        #[arg(long, value_name = "AMOUNT")]
+        budget_cost: Option<f64>,
+        /// What the session may cost in all, at the model prices
+        #[arg(long, value_name = "AMOUNT")]
+        session_budget_cost: Option<f64>,
         /// The message for the agent
         prompt: String,
     },
@@ -251,12 +263,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             plan,
             network,
+            budget_tokens,
+            session_budget_tokens,
+            budget_cost,
+            session_budget_cost,
             prompt,
         } => {
             let mode = turn::Mode {
                 approve,
                 plan,
                 network,
+                limits: turn::Limits {
+                    turn_tokens: budget_tokens.unwrap_or(0),
+                    session_tokens: session_budget_tokens.unwrap_or(0),
+                    turn_cost: budget_cost.unwrap_or(0.0),
+                    session_cost: session_budget_cost.unwrap_or(0.0),
+                },
             };
             turn::run(&config, session, mode, json, prompt).await
         }

@@ -101,6 +101,10 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "type": "tool_call_state", "call_id": t.call_id,
                 "phase": phase_name(t.phase), "detail": t.detail,
             }),
+            Kind::BudgetExceeded(b) => json!({
+                "type": "budget_exceeded", "scope": b.scope, "measure": b.measure,
+                "used": b.used, "limit": b.limit, "currency": b.currency,
+            }),
             Kind::LoopDetected(l) => json!({
                 "type": "loop_detected", "tool": l.tool, "arguments": l.arguments_json,
                 "repeats": l.repeats, "stopped": l.stopped,
@@ -176,6 +180,7 @@ pub fn outcome_name(outcome: i32) -> &'static str {
         Ok(pb::TurnOutcome::Cancelled) => "cancelled",
         Ok(pb::TurnOutcome::Failed) => "failed",
         Ok(pb::TurnOutcome::StepLimit) => "step_limit",
+        Ok(pb::TurnOutcome::Budget) => "budget",
         Ok(pb::TurnOutcome::Unspecified) | Err(_) => "unknown",
     }
 }
@@ -415,6 +420,9 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     Ok(pb::TurnOutcome::StepLimit) => {
                         let _ = writeln!(self.activity, "(step limit reached: {})", t.message);
                     }
+                    Ok(pb::TurnOutcome::Budget) => {
+                        let _ = writeln!(self.activity, "({})", t.message);
+                    }
                     Ok(pb::TurnOutcome::Failed) => {
                         let _ = writeln!(self.activity, "(turn failed: {})", t.message);
                     }
@@ -496,7 +504,11 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     l.tool, l.repeats
                 );
             }
-            Kind::ToolCallState(_) | Kind::SkillsetChosen(_) | Kind::ToolsOffered(_) => {}
+            // The turn's end says it, with what to do.
+            Kind::BudgetExceeded(_)
+            | Kind::ToolCallState(_)
+            | Kind::SkillsetChosen(_)
+            | Kind::ToolsOffered(_) => {}
         }
     }
 }

@@ -22,6 +22,8 @@ const EXIT_FAILED: u8 = 1;
 const EXIT_STEP_LIMIT: u8 = 3;
 /// Exit code of a turn stopped because a call needed a person and none could answer.
 const EXIT_NEEDS_APPROVAL: u8 = 4;
+/// Exit code of a turn stopped at a spending limit.
+const EXIT_BUDGET: u8 = 5;
 /// Exit code of a cancelled turn.
 const EXIT_CANCELLED: u8 = 130;
 
@@ -29,6 +31,7 @@ fn exit_code(outcome: i32) -> ExitCode {
     match spb::TurnOutcome::try_from(outcome) {
         Ok(spb::TurnOutcome::Completed) => ExitCode::SUCCESS,
         Ok(spb::TurnOutcome::StepLimit) => ExitCode::from(EXIT_STEP_LIMIT),
+        Ok(spb::TurnOutcome::Budget) => ExitCode::from(EXIT_BUDGET),
         Ok(spb::TurnOutcome::Cancelled) => ExitCode::from(EXIT_CANCELLED),
         Ok(spb::TurnOutcome::Failed | spb::TurnOutcome::Unspecified) | Err(_) => {
             ExitCode::from(EXIT_FAILED)
@@ -139,6 +142,54 @@ pub struct Mode {
     pub plan: bool,
     /// Outbound network for the turn's bash calls.
     pub network: bool,
+    /// Spending limits to raise with the message (0: unchanged).
+    pub limits: Limits,
+}
+
+/// Spending limits to raise (0: unchanged).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    /// Tokens per turn.
+    pub turn_tokens: u64,
+    /// Tokens per session.
+    pub session_tokens: u64,
+    /// Cost per turn.
+    pub turn_cost: f64,
+    /// Cost per session.
+    pub session_cost: f64,
+}
+
+impl Limits {
+    fn to_proto(self) -> Option<spb::Budget> {
+        (self != Limits::default()).then_some(spb::Budget {
+            turn_tokens: self.turn_tokens,
+            session_tokens: self.session_tokens,
+            turn_cost: self.turn_cost,
+            session_cost: self.session_cost,
+        })
+    }
+
+    /// Takes `/budget KEY VALUE` (keys: tokens, session-tokens, cost,
+    /// session-cost); the error says what is expected.
+    fn set(&mut self, command: &str) -> Result<(), String> {
+        let usage = "usage: /budget tokens|session-tokens|cost|session-cost VALUE";
+        let mut words = command.split_whitespace();
+        let (Some(key), Some(value), None) = (words.next(), words.next(), words.next()) else {
+            return Err(usage.to_string());
+        };
+        let number = |v: &str| v.parse::<f64>().ok().filter(|n| n.is_finite() && *n > 0.0);
+        let Some(n) = number(value) else {
+            return Err(format!("{value:?} is not a positive number; {usage}"));
+        };
+        match key {
+            "tokens" => self.turn_tokens = n as u64,
+            "session-tokens" => self.session_tokens = n as u64,
+            "cost" => self.turn_cost = n,
+            "session-cost" => self.session_cost = n,
+            _ => return Err(usage.to_string()),
+        }
+        Ok(())
+    }
 }
 
 fn user_input(text: String, mode: Mode) -> pb::Input {
@@ -153,6 +204,7 @@ fn user_input(text: String, mode: Mode) -> pb::Input {
             approval_mode: approval_mode as i32,
             plan: mode.plan,
             network: mode.network,
+            budget: mode.limits.to_proto(),
         })),
     }
 }
@@ -396,6 +448,7 @@ pub async fn chat(
     // /network.
     let mut plan_mode = false;
     let mut network = network;
+    let mut limits = Limits::default();
     let mut cancelled = false;
     let mut prompt_shown = false;
     loop {
@@ -472,6 +525,13 @@ pub async fn chat(
                             }
                             _ => {}
                         }
+                        if let Some(rest) = text.strip_prefix("/budget") {
+                            match limits.set(rest) {
+                                Ok(()) => eprintln!("(limits raised with your next message)"),
+                                Err(e) => eprintln!("{e}"),
+                            }
+                            continue;
+                        }
                         let (text, plan) = match text.strip_prefix("/plan ") {
                             Some(rest) if !rest.trim().is_empty() => (rest.trim(), true),
                             _ => (text, plan_mode),
@@ -479,7 +539,7 @@ pub async fn chat(
                         let submitted = client
                             .submit(pb::SubmitRequest {
                                 session_id: session.id.clone(),
-                                input: Some(user_input(text.to_string(), Mode { approve: Approve::Policy, plan, network })),
+                                input: Some(user_input(text.to_string(), Mode { approve: Approve::Policy, plan, network, limits: std::mem::take(&mut limits) })),
                             })
                             .await;
                         match submitted {
@@ -549,4 +609,38 @@ pub async fn chat(
         eprintln!("bye. Resume with: agentry chat --session {}", session.id);
     }
     Ok(exit_code(last_outcome))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn budget_commands_raise_one_limit_each() {
+        let mut limits = Limits::default();
+        assert_eq!(limits.to_proto(), None, "nothing to raise");
+        limits.set(" tokens 20000").unwrap();
+        limits.set("session-cost 2.5").unwrap();
+        assert_eq!(
+            limits.to_proto(),
+            Some(spb::Budget {
+                turn_tokens: 20_000,
+                session_tokens: 0,
+                turn_cost: 0.0,
+                session_cost: 2.5,
+            })
+        );
+        for bad in [
+            "",
+            " tokens",
+            " tokens -1",
+            " tokens lots",
+            " coins 3",
+            " tokens 1 2",
+        ] {
+            let err = limits.set(bad).unwrap_err();
+            assert!(err.contains("/budget"), "{bad:?}: {err}");
+        }
+    }
 }

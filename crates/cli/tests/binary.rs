@@ -841,3 +841,58 @@ fn a_service_without_authentication_refuses_to_listen_beyond_loopback() {
     );
     assert!(stderr.contains("auth.mode"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_stopped_at_its_limit_continues_once_the_person_raises_it() {
+    use agentry_testkit::fake_model::{self as fm, finish, tool_call, usage};
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::stream(vec![
+        tool_call(0, "c1", "bash", &[r#"{"command": "echo hi"}"#]),
+        usage(590, 10),
+    ]));
+    let (install, up, _log) =
+        Up::start_configured(&model.base_url(), "[agent]\nturn_token_budget = 500\n");
+    let out = install.run(&["run", "--approve", "always", "do it"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(5), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("stopped at the turn limit: 600 tokens used of 500"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--budget-tokens"), "{stderr}");
+    // The call did not run: only one model call so far.
+    assert_eq!(model.request_count(), 1);
+    let (list, _) = text(&install.run(&["sessions", "list"]));
+    let id = list
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    // Raised, the session carries on.
+    model.push(Reply::stream(vec![
+        tool_call(0, "c2", "bash", &[r#"{"command": "echo again"}"#]),
+        usage(590, 10),
+    ]));
+    model.push(Reply::stream(vec![
+        fm::text("Done."),
+        finish("stop"),
+        usage(700, 5),
+    ]));
+    let out = install.run(&[
+        "run",
+        "--session",
+        &id,
+        "--approve",
+        "always",
+        "--budget-tokens",
+        "5000",
+        "continue",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "Done.");
+    drop(up);
+}

@@ -373,6 +373,7 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
             approval_mode: ApprovalMode::Always as i32,
             plan: true,
             network: false,
+            budget: None,
         }),
     )
     .await;

@@ -255,6 +255,7 @@ fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
                     .unwrap_or(spb::ApprovalMode::Policy),
                 plan: m.plan,
                 network: m.network,
+                budget: m.budget,
             })
         }
         pb::input::Kind::Cancel(c) => Ok(Input::Cancel { reason: c.reason }),

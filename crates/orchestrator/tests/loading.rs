@@ -129,6 +129,7 @@ fn message(text: &str) -> Input {
         approval_mode: ApprovalMode::Policy,
         plan: false,
         network: false,
+        budget: None,
     }
 }
 

@@ -107,6 +107,7 @@ fn user(text: &str) -> Event {
             approval_mode: pb::ApprovalMode::Policy as i32,
             plan: false,
             network: false,
+            budget: None,
         })),
         ..Default::default()
     }
@@ -279,6 +280,7 @@ fn one_of_each_kind() -> Vec<Event> {
             approval_mode: pb::ApprovalMode::Always as i32,
             plan: false,
             network: false,
+            budget: None,
         }),
         Kind::ModelTextDelta(pb::ModelTextDelta {
             text: "Sure".into(),

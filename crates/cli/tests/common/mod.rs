@@ -131,6 +131,7 @@ pub fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
         approval_mode: mode as i32,
         plan: false,
         network: false,
+        budget: None,
     })
 }
 

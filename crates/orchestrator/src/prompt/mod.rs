@@ -44,6 +44,8 @@ pub struct View {
     pub require_first_tool: bool,
     /// The loop detector's limit (`agent.loop_repeats`; 0: off).
     pub loop_repeats: u32,
+    /// The configured spending limits (0: none).
+    pub budget: agentry_proto::sessions::v1::Budget,
 }
 
 impl Default for View {
@@ -61,6 +63,7 @@ impl Default for View {
             lean: false,
             require_first_tool: false,
             loop_repeats: agentry_runtime::Config::builtin().agent.loop_repeats,
+            budget: agentry_proto::sessions::v1::Budget::default(),
         }
     }
 }

@@ -9,6 +9,9 @@ impl SessionState {
         self.last_seq += 1;
         match kind {
             Kind::UserMessage(m) => {
+                if let Some(raised) = &m.budget {
+                    self.raise_limits(raised);
+                }
                 self.push_history(Message::User {
                     content: m.text.clone(),
                 });
@@ -40,8 +43,11 @@ impl SessionState {
                     turn.steps += 1;
                     if let Some(u) = &m.usage {
                         add_usage(&mut turn.usage, u);
+                        self.spent_tokens += u.total_tokens;
                         if let Some(price) = price {
-                            turn.cost += price.cost(u);
+                            let cost = price.cost(u);
+                            turn.cost += cost;
+                            self.spent_cost += cost;
                         }
                     }
                     turn.last_text = m.text.clone();
@@ -183,9 +189,9 @@ impl SessionState {
             Kind::ToolsOffered(t) => {
                 self.catalog = Catalog::shared_from_event(t);
             }
-            // What the loop detector saw; the calls' own events carry the
-            // consequences.
-            Kind::LoopDetected(_) => {}
+            // What the loop detector and the limits saw; the calls' own
+            // events and the turn's end carry the consequences.
+            Kind::LoopDetected(_) | Kind::BudgetExceeded(_) => {}
             Kind::PlanSubmitted(p) => {
                 if let Some((plan, steps)) = self.plan_mut() {
                     plan.submitted(p, steps);

@@ -240,6 +240,12 @@ pub struct SessionState {
     pub view: ViewRef,
     /// Reminder firings already in the log (a firing enters at most once).
     pub delivered_firings: BTreeSet<String>,
+    /// Spending limits the person set (0: the configured one).
+    pub limits: pb::Budget,
+    /// Tokens the session's model calls used so far.
+    pub spent_tokens: u64,
+    /// What they cost so far, at the configured price.
+    pub spent_cost: f64,
 }
 
 /// Something that happened, fed to [`SessionState::step`].
@@ -257,6 +263,8 @@ pub enum Input {
         plan: bool,
         /// Give the turn's bash calls outbound network.
         network: bool,
+        /// Spending limits raised with this message.
+        budget: Option<pb::Budget>,
     },
     /// The tools the model is offered now, fed in place of a model call
     /// about to start (only while generating): recorded when they changed,
@@ -436,6 +444,7 @@ fn state_event(call_id: &str, phase: CallPhase, detail: impl Into<String>) -> Ki
 mod apply;
 mod calls;
 mod catalog;
+mod limits;
 mod loops;
 mod model;
 mod plan_calls;
@@ -459,6 +468,9 @@ impl SessionState {
             catalog: Arc::default(),
             view: ViewRef(DEFAULT_VIEW.clone()),
             delivered_firings: BTreeSet::new(),
+            limits: pb::Budget::default(),
+            spent_tokens: 0,
+            spent_cost: 0.0,
         }
     }
 

@@ -56,6 +56,7 @@ impl SessionState {
                     approval_mode,
                     plan,
                     network,
+                    budget,
                 },
             ) => {
                 if text.trim().is_empty() {
@@ -73,6 +74,7 @@ impl SessionState {
                     approval_mode: 0,
                     plan,
                     network,
+                    budget,
                 };
                 message.set_approval_mode(approval_mode);
                 self.emit(&mut out, &turn_id, Kind::UserMessage(message));
@@ -84,7 +86,9 @@ impl SessionState {
                     });
                     self.emit(&mut out, &turn_id, choice);
                 }
-                self.call_model(&mut out, &turn_id, true);
+                if !self.stop_at_a_limit(&mut out, &turn_id, &[]) {
+                    self.call_model(&mut out, &turn_id, true);
+                }
                 return Ok(Self::into_effects(&turn_id, out));
             }
             (Phase::Generate | Phase::UseTools, Input::UserMessage { .. }) => {
@@ -353,7 +357,7 @@ impl SessionState {
             );
             ids.push(id);
         }
-        if self.stop_a_loop(out, turn_id, &ids) {
+        if self.stop_at_a_limit(out, turn_id, &ids) || self.stop_a_loop(out, turn_id, &ids) {
             return;
         }
         let plan_mode = self.turn_plan().is_some();

@@ -65,6 +65,7 @@ fn replay_of_an_unknown_approval_mode_uses_the_policy() {
             approval_mode: 99,
             plan: false,
             network: false,
+            budget: None,
         })),
         ..Default::default()
     }];

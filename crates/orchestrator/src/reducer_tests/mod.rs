@@ -187,6 +187,7 @@ fn user_with(turn_id: &str, text: &str, approval_mode: ApprovalMode) -> Input {
         approval_mode,
         plan: false,
         network: false,
+        budget: None,
     }
 }
 
@@ -278,6 +279,7 @@ fn user_message_with(text: &str, mode: ApprovalMode) -> Kind {
         approval_mode: mode as i32,
         plan: false,
         network: false,
+        budget: None,
     })
 }
 
@@ -522,10 +524,14 @@ fn state_with(
 
 /// The state without the seqs it has seen (which explicit expected states
 /// do not spell out; the replay checks compare them in full).
+/// The state without its bookkeeping (the seqs of the log, what the
+/// session has spent), for comparing with a state built by hand.
 fn core(state: &SessionState) -> SessionState {
     SessionState {
         history_spans: Vec::new(),
         last_seq: 0,
+        spent_tokens: 0,
+        spent_cost: 0.0,
         ..state.clone()
     }
 }
@@ -875,6 +881,7 @@ impl Session {
 
 mod approvals;
 mod basics;
+mod budgets;
 mod compaction;
 mod generate;
 mod idle;

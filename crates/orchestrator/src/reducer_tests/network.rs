@@ -16,6 +16,7 @@ fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_in
         approval_mode: ApprovalMode::Policy,
         plan: false,
         network: true,
+        budget: None,
     });
     assert_eq!(
         events_of(&effects),
@@ -24,6 +25,7 @@ fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_in
             approval_mode: ApprovalMode::Policy as i32,
             plan: false,
             network: true,
+            budget: None,
         })]
     );
     // `step` has checked that the replayed log gives the same state.
@@ -95,6 +97,7 @@ fn an_approval_request_says_when_the_call_would_get_network() {
         approval_mode: ApprovalMode::Policy,
         plan: false,
         network: true,
+        budget: None,
     });
     assert!(asked(&mut session, bash("b1", "make build")));
     assert!(

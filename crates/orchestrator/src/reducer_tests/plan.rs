@@ -14,6 +14,7 @@ pub(super) fn plan_user(text: &str) -> Input {
         approval_mode: ApprovalMode::Policy,
         plan: true,
         network: false,
+        budget: None,
     }
 }
 

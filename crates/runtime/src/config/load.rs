@@ -45,6 +45,11 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_COMPACTION", &["agent", "compaction"]),
     ("AGENTRY_PLAN_MAX_STEPS", &["agent", "plan_max_steps"]),
     ("AGENTRY_LOOP_REPEATS", &["agent", "loop_repeats"]),
+    ("AGENTRY_TURN_TOKEN_BUDGET", &["agent", "turn_token_budget"]),
+    (
+        "AGENTRY_SESSION_TOKEN_BUDGET",
+        &["agent", "session_token_budget"],
+    ),
     ("AGENTRY_ORCHESTRATOR_URL", &["orchestrator", "url"]),
     ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
     ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
@@ -235,6 +240,14 @@ impl Config {
                 "agent.compaction_keep_messages",
                 "must be at least 1",
             ));
+        }
+        for (key, value) in [
+            ("agent.turn_cost_budget", self.agent.turn_cost_budget),
+            ("agent.session_cost_budget", self.agent.session_cost_budget),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(invalid(key, "must be a number of 0 (no limit) or more"));
+            }
         }
         if self.agent.loop_repeats == 1 {
             return Err(invalid(

@@ -207,6 +207,14 @@ pub struct AgentConfig {
     /// arguments) this many times in one turn is told the result would not
     /// change instead of running it; asking once more stops the turn (0: off).
     pub loop_repeats: u32,
+    /// Tokens (prompt and completion) one turn may use before it stops (0: no limit).
+    pub turn_token_budget: u64,
+    /// Tokens a session may use before its turns stop (0: no limit).
+    pub session_token_budget: u64,
+    /// What one turn may cost at `model_prices` before it stops (0: no limit).
+    pub turn_cost_budget: f64,
+    /// What a session may cost before its turns stop (0: no limit).
+    pub session_cost_budget: f64,
 }
 
 /// What a family of models can do.

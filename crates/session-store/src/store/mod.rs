@@ -122,6 +122,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::ToolCallState(_) => "tool_call_state",
         event::Kind::ToolsOffered(_) => "tools_offered",
         event::Kind::LoopDetected(_) => "loop_detected",
+        event::Kind::BudgetExceeded(_) => "budget_exceeded",
     }
 }
 
