@@ -862,15 +862,7 @@ async fn a_turn_stopped_at_its_limit_continues_once_the_person_raises_it() {
     assert!(stderr.contains("--budget-tokens"), "{stderr}");
     // The call did not run: only one model call so far.
     assert_eq!(model.request_count(), 1);
-    let (list, _) = text(&install.run(&["sessions", "list"]));
-    let id = list
-        .lines()
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
+    let id = install.latest_session();
     // Raised, the session carries on.
     model.push(Reply::stream(vec![
         tool_call(0, "c2", "bash", &[r#"{"command": "echo again"}"#]),

@@ -75,6 +75,16 @@ impl Install {
         self.command(args).stdin(Stdio::null()).output().unwrap()
     }
 
+    /// The id of the most recent session (`agentry sessions list`).
+    pub fn latest_session(&self) -> String {
+        let list = String::from_utf8_lossy(&self.run(&["sessions", "list"]).stdout).into_owned();
+        list.lines()
+            .nth(1)
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no session listed: {list}"))
+            .to_string()
+    }
+
     pub fn orchestrator_url(&self) -> String {
         self.env
             .iter()

@@ -58,6 +58,20 @@ impl SessionState {
         );
     }
 
+    /// The turn stops before the calls `ids` run: each is closed as
+    /// cancelled, its result saying why.
+    pub(super) fn close_unrun(&mut self, out: &mut Out, turn_id: &str, ids: &[String], why: &str) {
+        for id in ids {
+            self.refuse_call(
+                out,
+                turn_id,
+                id,
+                CallPhase::Cancelled,
+                format!("not run: {why}"),
+            );
+        }
+    }
+
     /// Checks one requested call: its arguments, then the policy.
     pub(super) fn validate(&mut self, out: &mut Out, turn_id: &str, call_id: &str) {
         let Some(turn) = self.turn.as_ref() else {

@@ -130,15 +130,7 @@ impl SessionState {
                 },
             }),
         );
-        for id in ids {
-            self.refuse_call(
-                out,
-                turn_id,
-                id,
-                CallPhase::Cancelled,
-                format!("not run: {message}"),
-            );
-        }
+        self.close_unrun(out, turn_id, ids, &message);
         let finished = self.finish(TurnOutcome::Budget, message);
         self.emit(out, turn_id, finished);
         true

@@ -122,15 +122,7 @@ impl SessionState {
             "stopped: the model asked for the same {tool} call {repeats} times in this turn, \
              after it was told that the result would not change"
         );
-        for id in ids {
-            self.refuse_call(
-                out,
-                turn_id,
-                id,
-                CallPhase::Cancelled,
-                format!("not run: {message}"),
-            );
-        }
+        self.close_unrun(out, turn_id, ids, &message);
         let error = error_event(ErrorSource::Model, message.clone(), false);
         self.emit(out, turn_id, error);
         let finished = self.finish(TurnOutcome::Failed, message);
