@@ -888,3 +888,42 @@ async fn a_turn_stopped_at_its_limit_continues_once_the_person_raises_it() {
     assert_eq!(stdout.trim(), "Done.");
     drop(up);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_raises_a_limit_with_the_next_message() {
+    use agentry_testkit::fake_model::{self as fm, finish, tool_call, usage};
+    let model = FakeModel::start().await.unwrap();
+    for (id, path) in [("c1", "x"), ("c2", "y")] {
+        model.push(Reply::stream(vec![
+            tool_call(0, id, "read_file", &[&format!(r#"{{"path": "{path}"}}"#)]),
+            usage(590, 10),
+        ]));
+    }
+    model.push(Reply::stream(vec![
+        fm::text("Done."),
+        finish("stop"),
+        usage(700, 5),
+    ]));
+    let (install, _up, _log) =
+        Up::start_configured(&model.base_url(), "[agent]\nturn_token_budget = 500\n");
+    let out = run_with_input(
+        &install,
+        &["chat"],
+        b"read x\n/budget tokens 5000\nnow read y\n",
+        &[],
+    )
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // In chat, the turn's activity shares stdout with the answers.
+    assert!(
+        stdout.contains("(stopped at the turn limit: 600 tokens used of 500 tokens"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("limits raised with your next message"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("Done."), "{stdout}\n{stderr}");
+    assert_eq!(model.request_count(), 3);
+}
