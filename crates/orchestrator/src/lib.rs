@@ -164,7 +164,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
     // Until the model server is asked (see `run`), the profile's window.
     deps.set_context_window(
         context_window,
-        window::decide(&config.llm.model, profile.context_window, Ok(None)).source,
+        window::planned_source(profile.context_window),
     );
     Ok(deps)
 }
@@ -179,10 +179,9 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let deps = Arc::new(deps_from_config(config, auth)?);
     let configured = config.model_profile().context_window;
-    let asking = if window::settle(&deps, configured).await {
-        None
-    } else {
-        Some(tokio::spawn(window::keep_trying(deps.clone(), configured)))
+    let asking = match window::settle(&deps, configured).await {
+        Ok(()) => None,
+        Err(_) => Some(tokio::spawn(window::keep_trying(deps.clone(), configured))),
     };
     tracing::info!(
         model = %config.llm.model,

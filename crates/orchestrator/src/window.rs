@@ -32,6 +32,15 @@ pub struct Decision {
     pub warning: Option<String>,
 }
 
+/// Where the planned window comes from, before the server says.
+pub fn planned_source(configured: u32) -> String {
+    if configured > 0 {
+        "the configured window: llm.context_window or model_profiles.context_window".to_string()
+    } else {
+        "the size known for the model name, else the default".to_string()
+    }
+}
+
 /// Decides the window for `model` from the profile's `configured` window
 /// (0: unset) and the server's answer (`Err`: it could not be asked).
 pub fn decide(
@@ -40,11 +49,7 @@ pub fn decide(
     server: Result<Option<ServerWindow>, String>,
 ) -> Decision {
     let planned = context_window(model, configured);
-    let planned_source = if configured > 0 {
-        "the configured window: llm.context_window or model_profiles.context_window".to_string()
-    } else {
-        "the size known for the model name, else the default".to_string()
-    };
+    let planned_source = planned_source(configured);
     let keep = |warning: Option<String>| Decision {
         tokens: planned,
         source: planned_source.clone(),
@@ -113,19 +118,20 @@ pub fn decide(
 
 /// Asks the model server and, when it answers (or cannot be the kind of
 /// server that says), decides (see [`decide`]), applies the window to
-/// `deps` and logs the outcome. `false` when the server cannot be asked
-/// yet: it does not listen, does not answer in time, or is still loading.
-pub async fn settle(deps: &Deps, configured: u32) -> bool {
+/// `deps` and logs the outcome. `Err` with the reason when the server
+/// cannot be asked yet: it does not listen, does not answer in time, or is
+/// still loading.
+pub async fn settle(deps: &Deps, configured: u32) -> Result<(), String> {
     let llm = deps.llm();
     let server = match llm.server_context_window(PROBE_TIMEOUT).await {
         Err(e) if not_ready(&e) => {
             tracing::debug!(error = %e, "the model server cannot say its context window yet");
-            return false;
+            return Err(e.to_string());
         }
         other => other.map_err(|e| e.to_string()),
     };
     apply(deps, decide(llm.model(), configured, server));
-    true
+    Ok(())
 }
 
 /// Asks again every [`RETRY_EVERY`] until the server answers; after
@@ -138,14 +144,9 @@ pub async fn keep_trying(deps: Arc<Deps>, configured: u32) {
     let mut last = String::new();
     for _ in 0..RETRIES {
         tokio::time::sleep(RETRY_EVERY).await;
-        let llm = deps.llm();
-        match llm.server_context_window(PROBE_TIMEOUT).await {
-            Err(e) if not_ready(&e) => last = e.to_string(),
-            other => {
-                let server = other.map_err(|e| e.to_string());
-                apply(&deps, decide(llm.model(), configured, server));
-                return;
-            }
+        match settle(&deps, configured).await {
+            Ok(()) => return,
+            Err(why) => last = why,
         }
     }
     apply(&deps, decide(deps.llm().model(), configured, Err(last)));
