@@ -10,7 +10,9 @@ up:
 # time), then the Compose stack end to end (skipped with a message where
 # Docker is missing).
 test:
-	AGENTRY_LLAMA_DIR="$$(scripts/llama-server.sh | tail -n 1)" cargo test --workspace
+	AGENTRY_LLAMA_DIR="$$(scripts/llama-server.sh | tail -n 1)" \
+	AGENTRY_MCP_VENV="$$(scripts/mcp-servers.sh | tail -n 1)" \
+	cargo test --workspace
 	docker/e2e.sh
 
 # What CI runs: formatting, lints, tests.

@@ -55,6 +55,7 @@ async fn cluster(allow: &[&str]) -> Cluster {
         config.policy.rules.insert(
             0,
             PolicyRule {
+                read_only_hint: None,
                 tool: "bash".into(),
                 command: Some("curl *".into()),
                 path: None,

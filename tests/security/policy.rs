@@ -124,6 +124,7 @@ fn a_rule_that_trusts_its_text_allows_as_written() {
         .policy
         .rules
         .push(agentry_runtime::config::PolicyRule {
+            read_only_hint: None,
             tool: "bash".into(),
             command: Some("git commit *".into()),
             path: None,

@@ -166,11 +166,13 @@ impl ToolRunner for HangingRunner {
             read_only,
             parallel_safe: read_only,
             sensitive: !read_only,
+            ..tpb::ToolSpec::default()
         };
         Ok(Response::new(tpb::ListToolsResponse {
             tools: vec![tool("slow_read", true), tool("slow_write", false)],
             runner_id: "hanging-runner".into(),
             sandbox: Vec::new(),
+            mcp_servers: Vec::new(),
         }))
     }
 

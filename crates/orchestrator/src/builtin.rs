@@ -56,6 +56,7 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
             ToolFlags {
                 read_only: false,
                 parallel_safe: false,
+                read_only_hint: false,
             },
         ),
         (
@@ -73,6 +74,7 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
             ToolFlags {
                 read_only: true,
                 parallel_safe: true,
+                read_only_hint: false,
             },
         ),
         (
@@ -91,6 +93,7 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
             ToolFlags {
                 read_only: false,
                 parallel_safe: false,
+                read_only_hint: false,
             },
         ),
         (
@@ -113,6 +116,7 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
             ToolFlags {
                 read_only: true,
                 parallel_safe: true,
+                read_only_hint: false,
             },
         ),
     ]

@@ -40,7 +40,7 @@ pub struct Deps {
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
     /// Plan steps a plan-mode turn may start.
     pub plan_max_steps: u32,
-    tool_cache: RwLock<Option<Arc<Catalog>>>,
+    tool_cache: RwLock<Option<(std::time::Instant, Arc<Catalog>)>>,
 }
 
 impl Deps {
@@ -112,18 +112,31 @@ impl Deps {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = llm;
     }
 
-    /// The tools as the model sees them, fetched from the runner once.
+    /// The tools as the model sees them, from the runner, asked again when
+    /// the last answer is older than [`TOOL_CACHE_TTL`] (MCP servers come
+    /// and go, and change their tools); the same tools keep the same
+    /// catalog.
     pub async fn tools(&self) -> Arc<Catalog> {
-        if let Some(cached) = self.tool_cache.read().await.as_ref() {
-            return cached.clone();
+        let cached = self.tool_cache.read().await.clone();
+        if let Some((at, catalog)) = &cached
+            && at.elapsed() < TOOL_CACHE_TTL
+        {
+            return catalog.clone();
         }
         match self.fetch_tools().await {
             Ok(tools) => {
-                let tools = Arc::new(tools);
-                *self.tool_cache.write().await = Some(tools.clone());
+                let tools = match cached {
+                    Some((_, old)) if *old == tools => old,
+                    _ => Arc::new(tools),
+                };
+                *self.tool_cache.write().await = Some((std::time::Instant::now(), tools.clone()));
                 tools
             }
             Err(status) => {
+                if let Some((_, catalog)) = cached {
+                    tracing::debug!(error = %status.message(), "cannot list the tool runner's tools again; offering the last list");
+                    return catalog;
+                }
                 tracing::warn!(
                     url = %self.runners.configured,
                     error = %status.message(),
@@ -160,6 +173,7 @@ impl Deps {
                 ToolFlags {
                     read_only: t.read_only,
                     parallel_safe: t.parallel_safe,
+                    read_only_hint: t.read_only_hint,
                 },
             );
         }
@@ -167,6 +181,10 @@ impl Deps {
         Ok(set)
     }
 }
+
+/// How long a list of the runner's tools is used before it is asked for
+/// again.
+pub const TOOL_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The orchestrator's own tools, offered after the runners'.
 fn add_builtins(catalog: &mut Catalog) {

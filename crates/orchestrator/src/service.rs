@@ -421,6 +421,7 @@ impl Orchestrator for OrchestratorService {
                 s.message()
             ))
         })?;
+        let mcp_servers = specs.mcp_servers;
         let tools = specs
             .tools
             .into_iter()
@@ -430,6 +431,8 @@ impl Orchestrator for OrchestratorService {
                 parameters_json_schema: t.parameters_json_schema,
                 read_only: t.read_only,
                 sensitive: t.sensitive,
+                mcp_server: t.mcp_server,
+                read_only_hint: t.read_only_hint,
             })
             .collect();
         let view = self.deps.view();
@@ -455,6 +458,7 @@ impl Orchestrator for OrchestratorService {
             window_source: view.compaction.window_source.clone(),
             fixed_tokens: to_u32(prompt.tokens(&view.tokenizer)),
             lean: view.lean,
+            mcp_servers,
         }))
     }
 }

@@ -38,8 +38,15 @@ pub struct PolicyConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyRule {
-    /// The tool name, or `*` for every tool.
+    /// The tool name, `*` for every tool, or a glob over tool names (e.g.
+    /// `time__*` for every tool of the MCP server `time`).
     pub tool: String,
+    /// For MCP tools: match only tools whose server says they change
+    /// nothing (`true`), or only those it does not say so of (`false`).
+    /// The server's word alone never allows a call; a rule that uses it
+    /// is the person's decision to trust that server.
+    #[serde(default)]
+    pub read_only_hint: Option<bool>,
     /// For `bash`: a glob matched against each simple command.
     #[serde(default)]
     pub command: Option<String>,

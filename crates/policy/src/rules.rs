@@ -63,6 +63,10 @@ pub enum PolicyError {
 struct CompiledRule {
     /// The tool name, or `*`.
     tool: String,
+    /// When the tool is a glob over names.
+    tool_glob: Option<GlobMatcher>,
+    /// Only tools whose server's read-only hint is this.
+    read_only_hint: Option<bool>,
     /// What the rule matches besides the tool.
     matcher: Matcher,
     /// What happens when it matches.
@@ -88,7 +92,9 @@ enum Matcher {
 
 impl CompiledRule {
     fn applies_to(&self, tool: &str) -> bool {
-        self.tool == "*" || self.tool == tool
+        self.tool == "*"
+            || self.tool == tool
+            || self.tool_glob.as_ref().is_some_and(|g| g.is_match(tool))
     }
 
     /// Whether the rule matches one bash segment.
@@ -103,8 +109,11 @@ impl CompiledRule {
 
     /// Whether the rule matches a call of a tool other than bash. `paths`
     /// are the call's path argument as given and normalized.
-    fn matches_call(&self, tool: &str, paths: &[String]) -> bool {
+    fn matches_call(&self, tool: &str, paths: &[String], read_only_hint: bool) -> bool {
         self.applies_to(tool)
+            && self
+                .read_only_hint
+                .is_none_or(|hint| hint == read_only_hint)
             && match &self.matcher {
                 Matcher::Any => true,
                 Matcher::Command(_) => false,
@@ -153,6 +162,16 @@ fn compile_rule(index: usize, rule: &PolicyRule) -> Result<CompiledRule, PolicyE
             .map(|g| g.compile_matcher())
             .map_err(|e| invalid(format!("invalid {what} glob {pattern:?}: {e}")))
     };
+    let tool_glob = if tool != "*" && tool.contains(['*', '?', '[']) {
+        Some(glob(tool, "tool", false)?)
+    } else {
+        None
+    };
+    if rule.read_only_hint.is_some() && tool == BASH {
+        return Err(invalid(
+            "read_only_hint applies to MCP tools, not to bash".to_string(),
+        ));
+    }
     let (matcher, shown) = match (&rule.command, &rule.path) {
         (Some(_), Some(_)) => {
             return Err(invalid(
@@ -189,6 +208,8 @@ fn compile_rule(index: usize, rule: &PolicyRule) -> Result<CompiledRule, PolicyE
     };
     Ok(CompiledRule {
         tool: tool.to_string(),
+        tool_glob,
+        read_only_hint: rule.read_only_hint,
         matcher,
         decision: rule.decision,
         label,
@@ -289,6 +310,19 @@ impl Policy {
         read_only: bool,
         session_rules: &[SessionRule],
     ) -> Verdict {
+        self.check_tool(tool, arguments_json, read_only, false, session_rules)
+    }
+
+    /// [`Policy::check`] for a tool whose server says it changes nothing
+    /// (`read_only_hint`, MCP tools): only rules asking for the hint use it.
+    pub fn check_tool(
+        &self,
+        tool: &str,
+        arguments_json: &str,
+        read_only: bool,
+        read_only_hint: bool,
+        session_rules: &[SessionRule],
+    ) -> Verdict {
         if self.allow_all {
             return Verdict {
                 decision: Decision::Allow,
@@ -318,7 +352,13 @@ impl Policy {
                 },
             }
         } else {
-            self.check_call(tool, string_arg("path"), default, session_rules)
+            self.check_call(
+                tool,
+                string_arg("path"),
+                read_only_hint,
+                default,
+                session_rules,
+            )
         }
     }
 
@@ -327,6 +367,7 @@ impl Policy {
         &self,
         tool: &str,
         path: Option<String>,
+        read_only_hint: bool,
         default: Decision,
         session_rules: &[SessionRule],
     ) -> Verdict {
@@ -341,8 +382,9 @@ impl Policy {
             }
             None => Vec::new(),
         };
-        let (decision, rule) = match strictest(self.rules.iter(), |r| r.matches_call(tool, &paths))
-        {
+        let (decision, rule) = match strictest(self.rules.iter(), |r| {
+            r.matches_call(tool, &paths, read_only_hint)
+        }) {
             Some(rule) => (rule.decision, rule.label.clone()),
             None => (
                 default,

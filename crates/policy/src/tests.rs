@@ -21,6 +21,7 @@ fn rule(
     reason: Option<&str>,
 ) -> PolicyRule {
     PolicyRule {
+        read_only_hint: None,
         tool: tool.to_string(),
         command: command.map(str::to_string),
         path: path.map(str::to_string),
@@ -1023,5 +1024,69 @@ fn a_here_document_without_an_end_word_is_confirmed_not_parsed() {
             "{command:?}: {}",
             verdict.rule
         );
+    }
+}
+
+#[test]
+fn mcp_tools_are_confirmed_unless_a_rule_names_them() {
+    let mut config = PolicyConfig {
+        tools: BTreeMap::new(),
+        rules: Vec::new(),
+        network: false,
+    };
+    let policy = Policy::from_config(&config).unwrap();
+    // A server's read-only hint alone allows nothing.
+    let verdict = policy.check_tool("time__get_current_time", "{}", false, true, &[]);
+    assert_eq!(verdict.decision, Decision::Confirm);
+    assert_eq!(verdict.rule, "default for time__get_current_time: confirm");
+
+    // A rule may name a whole server, and trust its hints.
+    config.rules.push(PolicyRule {
+        read_only_hint: Some(true),
+        ..rule(
+            "time__*",
+            None,
+            None,
+            Decision::Allow,
+            Some("reads the clock"),
+        )
+    });
+    config
+        .rules
+        .push(rule("git__git_reset", None, None, Decision::Deny, None));
+    let policy = Policy::from_config(&config).unwrap();
+    let allowed = policy.check_tool("time__get_current_time", "{}", false, true, &[]);
+    assert_eq!(allowed.decision, Decision::Allow);
+    assert_eq!(allowed.rule, "rule 1 (time__*): reads the clock");
+    // ... but only the tools the server calls read-only.
+    let unhinted = policy.check_tool("time__set_clock", "{}", false, false, &[]);
+    assert_eq!(unhinted.decision, Decision::Confirm);
+    // Another server's tool with the same hint is not covered.
+    let other = policy.check_tool("timer__get", "{}", false, true, &[]);
+    assert_eq!(other.decision, Decision::Confirm);
+    let denied = policy.check_tool("git__git_reset", "{}", false, false, &[]);
+    assert_eq!(denied.decision, Decision::Deny);
+    // The plain check never claims a hint.
+    assert_eq!(
+        policy
+            .check("time__get_current_time", "{}", false, &[])
+            .decision,
+        Decision::Confirm
+    );
+
+    // Hints mean nothing for bash, and a bad tool glob is refused.
+    for bad in [
+        PolicyRule {
+            read_only_hint: Some(true),
+            ..rule("bash", None, None, Decision::Allow, None)
+        },
+        rule("time__[", None, None, Decision::Allow, None),
+    ] {
+        let config = PolicyConfig {
+            tools: BTreeMap::new(),
+            rules: vec![bad],
+            network: false,
+        };
+        assert!(Policy::from_config(&config).is_err());
     }
 }

@@ -270,7 +270,11 @@ fn spawn(spec: &Spec) -> Result<std::process::Child, String> {
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd)
-        .stdin(std::process::Stdio::null());
+        .stdin(if spec.stdin {
+            std::process::Stdio::inherit()
+        } else {
+            std::process::Stdio::null()
+        });
     let spec_for_child = spec.clone();
     // SAFETY: the helper is single-threaded (it starts no thread and links
     // no runtime that does), so between fork and exec the child may

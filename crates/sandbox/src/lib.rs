@@ -82,6 +82,10 @@ pub struct Spec {
     /// at all (only AF_UNIX sockets can be made).
     #[serde(default)]
     pub proxy: Option<ProxyRoute>,
+    /// Hand the helper's standard input to the command (a stdio server
+    /// speaks over it); otherwise the command's is closed.
+    #[serde(default)]
+    pub stdin: bool,
     /// Print what was applied on stderr (`agentry-sandbox-report: …` lines)
     /// before the command runs; used by [`probe`].
     #[serde(default)]
@@ -258,6 +262,7 @@ pub fn probe(helper: &Path, workspace: &Path, user: Option<Ids>) -> Result<Repor
             limits: Limits::default(),
             layers,
             proxy: None,
+            stdin: false,
             report: true,
         };
         use std::os::unix::process::CommandExt;

@@ -9,6 +9,7 @@
 
 pub mod egress;
 pub mod files;
+pub mod mcp;
 pub mod metrics;
 pub mod output;
 pub mod sandbox;
@@ -133,6 +134,10 @@ pub struct Setup {
     pub runner_id: String,
     /// Where to serve `/metrics`, if anywhere.
     pub metrics: Option<TcpListener>,
+    /// The MCP servers whose tools this runner offers.
+    pub mcp_servers: Vec<agentry_runtime::config::McpServerConfig>,
+    /// How the MCP client behaves.
+    pub mcp: mcp::Settings,
 }
 
 impl Setup {
@@ -159,7 +164,12 @@ impl Setup {
             "" => default_runner_id(),
             id => id.to_string(),
         };
+        let mcp_servers = config
+            .mcp_servers()
+            .map_err(|e| agentry_runtime::ServeError::Startup(e.to_string()))?;
         Ok(Setup {
+            mcp_servers,
+            mcp: mcp::Settings::from_config(&config.mcp),
             workspace_root: config.workspace_root(),
             limits: Limits::from_config(config),
             sandbox,
@@ -197,6 +207,8 @@ pub async fn serve(
         web,
         runner_id,
         metrics,
+        mcp_servers,
+        mcp,
     } = setup;
     let refuse = |reason: String| agentry_runtime::ServeError::Bind {
         addr: listener
@@ -240,10 +252,19 @@ pub async fn serve(
     let web = std::sync::Arc::new(web::Web::new(&web, chromium));
     let background = web.start_background();
     let egress = start_egress(&sandbox, &workspace_root).await;
+    let mcp = mcp::Mcp::new(
+        mcp_servers,
+        mcp,
+        sandbox.clone(),
+        workspace_root.clone(),
+        Some(egress.clone()),
+    );
+    let mcp_task = (!mcp.is_empty()).then(|| mcp.start_background());
     let runner = ToolRunnerService::new(workspace_root, limits, runner_id)
         .with_sandbox(sandbox)
         .with_web(web)
-        .with_egress(egress);
+        .with_egress(egress)
+        .with_mcp(mcp);
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let metrics_task = metrics.map(|listener| {
         let page = runner.clone();
@@ -266,6 +287,9 @@ pub async fn serve(
     )
     .await;
     if let Some(task) = background {
+        task.abort();
+    }
+    if let Some(task) = mcp_task {
         task.abort();
     }
     let _ = stop_metrics.send(());

@@ -33,7 +33,12 @@ impl ToolCalls {
 use agentry_runtime::metrics::escape;
 
 /// The metrics page.
-pub fn render(runner_id: &str, calls: &ToolCalls, web: Option<&Web>) -> String {
+pub fn render(
+    runner_id: &str,
+    calls: &ToolCalls,
+    web: Option<&Web>,
+    mcp: Option<&crate::mcp::Mcp>,
+) -> String {
     let mut out = String::new();
     let id = escape(runner_id);
     let _ = writeln!(
@@ -47,6 +52,9 @@ pub fn render(runner_id: &str, calls: &ToolCalls, web: Option<&Web>) -> String {
             "agentry_tool_calls_total{{runner=\"{id}\",tool=\"{}\",outcome=\"{outcome}\"}} {n}",
             escape(&tool)
         );
+    }
+    if let Some(mcp) = mcp {
+        render_mcp(&mut out, &id, mcp);
     }
     let Some(web) = web else { return out };
     let _ = writeln!(
@@ -129,4 +137,54 @@ pub fn render(runner_id: &str, calls: &ToolCalls, web: Option<&Web>) -> String {
         }
     }
     out
+}
+
+/// The MCP servers' health and counters.
+fn render_mcp(out: &mut String, id: &str, mcp: &crate::mcp::Mcp) {
+    let statuses = mcp.statuses();
+    type Value = fn(&agentry_proto::sessions::v1::McpServerStatus) -> u64;
+    let families: [(&str, &str, &str, Value); 5] = [
+        (
+            "agentry_mcp_server_up",
+            "gauge",
+            "1 when the MCP server listed its tools and its circuit is closed.",
+            |s| u64::from(s.state == "ready"),
+        ),
+        (
+            "agentry_mcp_connections",
+            "gauge",
+            "Open connections to the MCP server (one per session, one for its tool list).",
+            |s| u64::from(s.connections),
+        ),
+        (
+            "agentry_mcp_calls_total",
+            "counter",
+            "Calls of the MCP server's tools.",
+            |s| s.calls,
+        ),
+        (
+            "agentry_mcp_failures_total",
+            "counter",
+            "Calls or starts of the MCP server that failed (timeouts, exits, transport errors).",
+            |s| s.failures,
+        ),
+        (
+            "agentry_mcp_restarts_total",
+            "counter",
+            "Connections to the MCP server started again after it went away.",
+            |s| s.restarts,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for s in &statuses {
+            let _ = writeln!(
+                out,
+                "{name}{{runner=\"{id}\",server=\"{}\"}} {}",
+                escape(&s.name),
+                value(s)
+            );
+        }
+    }
 }

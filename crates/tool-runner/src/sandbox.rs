@@ -377,6 +377,7 @@ impl Sandbox {
             limits: self.limits.clone(),
             layers: self.layers,
             proxy: network.map(|pass| pass.route.clone()),
+            stdin: false,
             report: false,
         }
     }

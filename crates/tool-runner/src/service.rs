@@ -6,6 +6,7 @@ use crate::workspace::Workspace;
 use crate::{Limits, ToolError};
 use agentry_proto::tools::v1 as pb;
 use agentry_proto::tools::v1::tool_runner_server::ToolRunner;
+use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ struct Inner {
     sandbox: Sandbox,
     web: Option<Arc<crate::web::Web>>,
     egress: Option<Arc<crate::egress::Egress>>,
+    mcp: Option<crate::mcp::Mcp>,
     calls: Arc<crate::metrics::ToolCalls>,
 }
 
@@ -42,6 +44,7 @@ impl ToolRunnerService {
                 sandbox: Sandbox::unconfined(),
                 web: None,
                 egress: None,
+                mcp: None,
                 calls: Arc::default(),
             }),
         }
@@ -71,12 +74,18 @@ impl ToolRunnerService {
         self.with(|inner| inner.egress = Some(egress))
     }
 
+    /// The same runner offering the tools of these MCP servers.
+    pub fn with_mcp(self, mcp: crate::mcp::Mcp) -> Self {
+        self.with(|inner| inner.mcp = (!mcp.is_empty()).then_some(mcp))
+    }
+
     /// The metrics page (Prometheus text).
     pub fn metrics_page(&self) -> String {
         crate::metrics::render(
             &self.inner.runner_id,
             &self.inner.calls,
             self.inner.web.as_deref(),
+            self.inner.mcp.as_ref(),
         )
     }
 }
@@ -90,7 +99,7 @@ impl ToolRunner for ToolRunnerService {
         &self,
         _request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
-        let tools = tools::specs()
+        let mut tools: Vec<pb::ToolSpec> = tools::specs()
             .into_iter()
             .map(|s| pb::ToolSpec {
                 name: s.name.to_string(),
@@ -99,12 +108,31 @@ impl ToolRunner for ToolRunnerService {
                 read_only: s.read_only,
                 parallel_safe: s.parallel_safe,
                 sensitive: s.sensitive,
+                mcp_server: String::new(),
+                read_only_hint: false,
             })
             .collect();
+        let mut mcp_servers = Vec::new();
+        if let Some(mcp) = &self.inner.mcp {
+            // A server's word never makes a call read-only: every MCP tool
+            // is confirmed by default, whatever its hints say.
+            tools.extend(mcp.tools().into_iter().map(|(server, t)| pb::ToolSpec {
+                name: t.exposed,
+                description: t.description,
+                parameters_json_schema: t.schema.to_string(),
+                read_only: false,
+                parallel_safe: false,
+                sensitive: true,
+                mcp_server: server,
+                read_only_hint: t.read_only_hint,
+            }));
+            mcp_servers = mcp.statuses();
+        }
         Ok(Response::new(pb::ListToolsResponse {
             tools,
             runner_id: self.inner.runner_id.clone(),
             sandbox: self.inner.sandbox.describe(),
+            mcp_servers,
         }))
     }
 
@@ -155,18 +183,41 @@ impl ToolRunner for ToolRunnerService {
             tracing::debug!(call_id, tool, "tool call started");
             let (sink, mut chunks) = mpsc::channel(64);
             let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
-            let run = tools::execute(
-                &req.tool,
-                &req.arguments_json,
-                &workspace,
-                &inner.limits,
-                timeout,
-                &inner.sandbox,
-                inner.web.as_deref(),
-                pass.as_ref(),
-                sink,
-            );
-            let mut run = Box::pin(run);
+            let mcp = inner.mcp.as_ref().filter(|m| m.owns(&req.tool));
+            let mut run: Pin<Box<dyn Future<Output = Result<ToolOutcome, ToolError>> + Send + '_>> =
+                match mcp {
+                    Some(mcp) => {
+                        let place = crate::mcp::conn::Place {
+                            session_id: req.session_id.clone(),
+                            workspace: workspace.root().to_path_buf(),
+                            tmp: workspace.tmp().to_path_buf(),
+                        };
+                        let max_output = inner.limits.max_output_bytes;
+                        let arguments = req.arguments_json.clone();
+                        let tool = req.tool.clone();
+                        let refuse_network = pass.is_some();
+                        Box::pin(async move {
+                            if refuse_network {
+                                return Err(ToolError::InvalidRequest(format!(
+                                    "network is given to bash calls only, not to {tool}"
+                                )));
+                            }
+                            mcp.call(&tool, &arguments, &place, timeout, max_output, sink)
+                                .await
+                        })
+                    }
+                    None => Box::pin(tools::execute(
+                        &req.tool,
+                        &req.arguments_json,
+                        &workspace,
+                        &inner.limits,
+                        timeout,
+                        &inner.sandbox,
+                        inner.web.as_deref(),
+                        pass.as_ref(),
+                        sink,
+                    )),
+                };
             let watch = QuotaWatch::start(&inner, &req.tool, &workspace).await;
             // Measured at the start: the first tick is due later.
             let period = Duration::from_millis(500);

@@ -74,6 +74,8 @@ impl Runner {
             // whole cluster.
             let auth = agentry_runtime::Auth::off();
             let setup = agentry_tool_runner::Setup {
+                mcp_servers: Vec::new(),
+                mcp: agentry_tool_runner::mcp::Settings::default(),
                 workspace_root: task_root,
                 limits,
                 sandbox: agentry_tool_runner::sandbox::Sandbox::unconfined(),

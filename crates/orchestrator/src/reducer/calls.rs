@@ -4,6 +4,15 @@
 use super::*;
 
 impl SessionState {
+    /// What the tool's MCP server says of it, from the catalog the call
+    /// was offered with.
+    fn read_only_hint(&self, tool: &str) -> bool {
+        self.catalog
+            .flags
+            .get(tool)
+            .is_some_and(|f| f.read_only_hint)
+    }
+
     /// A call's result, with its terminal state.
     pub(super) fn answer(&mut self, out: &mut Out, turn_id: &str, mut result: pb::ToolResult) {
         let Some(call) = self
@@ -91,10 +100,13 @@ impl SessionState {
             self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
             return;
         }
-        let verdict = self
-            .policy
-            .0
-            .check(&tool, &args, read_only, &self.session_rules);
+        let verdict = self.policy.0.check_tool(
+            &tool,
+            &args,
+            read_only,
+            self.read_only_hint(&tool),
+            &self.session_rules,
+        );
         match (verdict.decision, mode) {
             (Decision::Deny, _) => {
                 let output = format!("error: denied by policy: {}", verdict.rule);
@@ -306,10 +318,13 @@ impl SessionState {
                 self.emit(out, turn_id, decided(Vec::new(), edited.clone()));
                 // The edited call is checked by the policy again; the person's
                 // edit counts as approval unless the policy denies it.
-                let verdict =
-                    self.policy
-                        .0
-                        .check(&call.tool, &edited, call.read_only, &self.session_rules);
+                let verdict = self.policy.0.check_tool(
+                    &call.tool,
+                    &edited,
+                    call.read_only,
+                    self.read_only_hint(&call.tool),
+                    &self.session_rules,
+                );
                 match verdict.decision {
                     Decision::Deny => {
                         let output = format!(

@@ -98,6 +98,7 @@ impl Catalog {
                         parameters_json_schema: d.parameters.to_string(),
                         read_only: flags.read_only,
                         parallel_safe: flags.parallel_safe,
+                        read_only_hint: flags.read_only_hint,
                     }
                 })
                 .collect(),
@@ -121,6 +122,7 @@ impl Catalog {
                 ToolFlags {
                     read_only: tool.read_only,
                     parallel_safe: tool.parallel_safe,
+                    read_only_hint: tool.read_only_hint,
                 },
             );
         }
@@ -148,6 +150,7 @@ mod tests {
             ToolFlags {
                 read_only: true,
                 parallel_safe: true,
+                read_only_hint: false,
             },
         );
         catalog.add(
@@ -189,6 +192,7 @@ mod tests {
             ToolFlags {
                 read_only: true,
                 parallel_safe: false,
+                read_only_hint: false,
             },
         );
         assert!(!Arc::ptr_eq(&first, &Catalog::interned(Arc::new(other))));

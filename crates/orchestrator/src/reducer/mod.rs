@@ -44,6 +44,9 @@ pub struct ToolFlags {
     pub read_only: bool,
     /// It may run concurrently with other parallel-safe calls.
     pub parallel_safe: bool,
+    /// Its MCP server says it changes nothing (only policy rules that ask
+    /// for this use it).
+    pub read_only_hint: bool,
 }
 
 /// The lifecycle state of one tool call.

@@ -591,6 +591,7 @@ fn rule(
     reason: Option<&str>,
 ) -> PolicyRule {
     PolicyRule {
+        read_only_hint: None,
         tool: tool.into(),
         command: command.map(str::to_string),
         path: path.map(str::to_string),
@@ -644,14 +645,17 @@ fn test_policy() -> Arc<Policy> {
 const MUTATING: ToolFlags = ToolFlags {
     read_only: false,
     parallel_safe: false,
+    read_only_hint: false,
 };
 const READ_ONLY_PARALLEL: ToolFlags = ToolFlags {
     read_only: true,
     parallel_safe: true,
+    read_only_hint: false,
 };
 const READ_ONLY_SERIAL: ToolFlags = ToolFlags {
     read_only: true,
     parallel_safe: false,
+    read_only_hint: false,
 };
 
 /// read_file and grep are read-only and parallel-safe, stat is read-only but

@@ -56,6 +56,7 @@ fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_in
 fn an_approval_request_says_when_the_call_would_get_network() {
     let mut config = test_policy_config();
     config.rules.push(PolicyRule {
+        read_only_hint: None,
         tool: "bash".into(),
         command: Some("curl *".into()),
         path: None,

@@ -33,6 +33,7 @@ impl ConfigSource {
 /// Environment variables and the key each one sets.
 const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_DATA_DIR", &["data_dir"]),
+    ("AGENTRY_MCP_SERVERS_FILE", &["mcp", "servers_file"]),
     ("AGENTRY_LLM_BASE_URL", &["llm", "base_url"]),
     ("AGENTRY_LLM_MODEL", &["llm", "model"]),
     ("AGENTRY_LLM_API_KEY", &["llm", "api_key"]),
@@ -226,6 +227,19 @@ impl Config {
                 "session uids must be a non-empty range above 999 and below 4294967294",
             ));
         }
+        if self.mcp.max_connections == 0 {
+            return Err(invalid("mcp.max_connections", "must be at least 1"));
+        }
+        for (key, value) in [
+            ("mcp.call_timeout_secs", self.mcp.call_timeout_secs),
+            ("mcp.init_timeout_secs", self.mcp.init_timeout_secs),
+            ("mcp.idle_secs", self.mcp.idle_secs),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        self.mcp_servers()?;
         if self.agent.max_steps == 0 {
             return Err(invalid("agent.max_steps", "must be at least 1"));
         }

@@ -80,6 +80,12 @@ pub struct Config {
     /// What models cost, by model-name pattern; the first match applies.
     #[serde(default)]
     pub model_prices: Vec<ModelPrice>,
+    /// Settings of the MCP client.
+    pub mcp: McpConfig,
+    /// MCP servers whose tools the agent may use; see also
+    /// `mcp.servers_file` and [`Config::mcp_servers`].
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServerConfig>,
     /// The directory the files were read from, if any.
     #[serde(skip)]
     pub config_dir: Option<PathBuf>,
@@ -653,6 +659,8 @@ pub enum LogFormat {
 }
 
 mod load;
+mod mcp;
+pub use mcp::{MCP_SEPARATOR, McpConfig, McpServerConfig, read_servers_file};
 
 pub use load::ConfigSource;
 

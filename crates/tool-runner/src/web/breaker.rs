@@ -124,7 +124,7 @@ enum Inner {
 
 /// A circuit breaker.
 pub struct Breaker {
-    name: &'static str,
+    name: std::borrow::Cow<'static, str>,
     settings: BreakerSettings,
     clock: Arc<dyn Clock>,
     inner: Mutex<Inner>,
@@ -165,9 +165,13 @@ impl std::fmt::Display for Refused {
 
 impl Breaker {
     /// A closed breaker; `name` (the backend's) goes into its log lines.
-    pub fn new(name: &'static str, settings: BreakerSettings, clock: Arc<dyn Clock>) -> Breaker {
+    pub fn new(
+        name: impl Into<std::borrow::Cow<'static, str>>,
+        settings: BreakerSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Breaker {
         Breaker {
-            name,
+            name: name.into(),
             settings,
             clock,
             inner: Mutex::new(Inner::Closed {
@@ -226,7 +230,7 @@ impl Breaker {
                     return Err(Refused::Open);
                 }
                 tracing::info!(
-                    backend = self.name,
+                    backend = %self.name,
                     "circuit half-open: letting one probe through"
                 );
                 *inner = Inner::HalfOpen { probing: true };
@@ -255,7 +259,7 @@ impl Breaker {
         };
         self.opens.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            backend = self.name,
+            backend = %self.name,
             open_for_secs = self.settings.open_for.as_secs(),
             "circuit open: {why}"
         );
@@ -271,7 +275,7 @@ impl Breaker {
                 *inner = Inner::Closed {
                     consecutive_failures: 0,
                 };
-                tracing::info!(backend = self.name, "circuit closed: the probe succeeded");
+                tracing::info!(backend = %self.name, "circuit closed: the probe succeeded");
             }
             (Inner::HalfOpen { .. }, true, false) => {
                 self.open(&mut inner, "the probe failed");

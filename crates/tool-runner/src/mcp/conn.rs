@@ -1,0 +1,698 @@
+//! One connection to an MCP server: a stdio server's process, started
+//! through the sandbox helper like every tool process, or a streamable
+//! HTTP session; the `initialize` handshake under a deadline; calls with a
+//! deadline whose progress and log notifications stream as live output.
+
+use crate::sandbox::Sandbox;
+use crate::tools::OutputSink;
+use agentry_proto::sessions::v1::OutputStream;
+use agentry_runtime::config::McpServerConfig;
+use rmcp::handler::client::progress::ProgressDispatcher;
+#[allow(deprecated)]
+use rmcp::model::LoggingMessageNotificationParam;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
+    Implementation, ProgressNotificationParam, ProtocolVersion, Request,
+    ResourceUpdatedNotificationParam, ServerResult, SubscriptionFilter, Tool,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService, ServiceError};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{broadcast, mpsc};
+
+/// Something a server said outside of a call's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnEvent {
+    /// Its tool list changed.
+    ToolsChanged,
+    /// A subscribed resource changed.
+    ResourceUpdated {
+        /// The resource.
+        uri: String,
+    },
+}
+
+/// Why a call did not get an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The deadline passed; the server was told to stop.
+    Timeout(Duration),
+    /// The connection ended (the server exited or hung up).
+    Closed(String),
+    /// The server answered with a JSON-RPC error.
+    Server(String),
+    /// Anything else (transport, protocol).
+    Other(String),
+}
+
+impl CallError {
+    /// Whether the connection is unusable after this.
+    pub fn closes(&self) -> bool {
+        matches!(self, CallError::Closed(_))
+    }
+}
+
+/// Receives what the server sends on its own.
+struct Handler {
+    progress: ProgressDispatcher,
+    logs: broadcast::Sender<String>,
+    events: mpsc::UnboundedSender<ConnEvent>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.handle_notification(params).await;
+    }
+
+    // Logging is deprecated by the newest protocol, but servers on the
+    // earlier ones (most of them) still send it.
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let data = match &params.data {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let level = serde_json::to_value(params.level)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let line = match &params.logger {
+            Some(logger) => format!("[{level}] {logger}: {data}"),
+            None => format!("[{level}] {data}"),
+        };
+        // Nobody may be listening (no call in flight): fine.
+        let _ = self.logs.send(line);
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.events.send(ConnEvent::ToolsChanged);
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self
+            .events
+            .send(ConnEvent::ResourceUpdated { uri: params.uri });
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("agentry", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+/// Where a stdio server runs: the session's workspace and temp dir, as the
+/// identity of `session_id`.
+#[derive(Debug, Clone)]
+pub struct Place {
+    /// Whose identity the process takes.
+    pub session_id: String,
+    /// The writable working area.
+    pub workspace: PathBuf,
+    /// The private temp dir.
+    pub tmp: PathBuf,
+}
+
+/// An open connection.
+pub struct Conn {
+    service: RunningService<RoleClient, Handler>,
+    process: Option<ServerProcess>,
+    /// The tools the server offered when the connection started (and after
+    /// each change it announced, once refreshed).
+    pub protocol: ProtocolVersion,
+    last_used: Mutex<Instant>,
+    stderr_tail: Arc<Mutex<Vec<String>>>,
+    _network: Option<crate::egress::Pass>,
+}
+
+/// How much of a stdio server's stderr is kept to explain its failures.
+const STDERR_LINES: usize = 20;
+
+impl Conn {
+    /// Starts the server and completes `initialize` within `init_timeout`.
+    /// `events` receives what it announces.
+    pub async fn open(
+        config: &McpServerConfig,
+        place: &Place,
+        sandbox: &Sandbox,
+        network: Option<crate::egress::Pass>,
+        init_timeout: Duration,
+        events: mpsc::UnboundedSender<ConnEvent>,
+    ) -> Result<Conn, String> {
+        let handler = Handler {
+            progress: ProgressDispatcher::new(),
+            logs: broadcast::channel(64).0,
+            events,
+        };
+        let stderr_tail = Arc::new(Mutex::new(Vec::new()));
+        let (service, process) = if config.url.is_empty() {
+            let (mut process, stdout, stdin) =
+                ServerProcess::start(config, place, sandbox, network.as_ref())?;
+            if let Some(stderr) = process.child.as_mut().and_then(|c| c.stderr.take()) {
+                tokio::spawn(keep_stderr(
+                    config.name.clone(),
+                    stderr,
+                    stderr_tail.clone(),
+                ));
+            }
+            let started = tokio::time::timeout(init_timeout, handler.serve((stdout, stdin))).await;
+            match started {
+                Ok(Ok(service)) => (service, Some(process)),
+                Ok(Err(e)) => {
+                    let status = process.exit_status().await;
+                    return Err(explain_start(&e.to_string(), status, &stderr_tail));
+                }
+                Err(_) => {
+                    return Err(format!(
+                        "it did not answer initialize within {}s",
+                        init_timeout.as_secs_f64()
+                    ));
+                }
+            }
+        } else {
+            let transport = http_transport(config)?;
+            match tokio::time::timeout(init_timeout, handler.serve(transport)).await {
+                Ok(Ok(service)) => (service, None),
+                Ok(Err(e)) => return Err(format!("{} did not start a session: {e}", config.url)),
+                Err(_) => {
+                    return Err(format!(
+                        "{} did not answer initialize within {}s",
+                        config.url,
+                        init_timeout.as_secs_f64()
+                    ));
+                }
+            }
+        };
+        let protocol = service
+            .peer_info()
+            .map(|info| info.protocol_version.clone())
+            .unwrap_or_default();
+        let conn = Conn {
+            service,
+            process,
+            protocol,
+            last_used: Mutex::new(Instant::now()),
+            stderr_tail,
+            _network: network,
+        };
+        conn.listen_for_tool_changes();
+        Ok(conn)
+    }
+
+    /// On protocol 2026-07-28 and later, list changes arrive only on a
+    /// `subscriptions/listen` stream that asked for them.
+    fn listen_for_tool_changes(&self) {
+        let announces = self
+            .service
+            .peer_info()
+            .and_then(|info| info.capabilities.tools.as_ref()?.list_changed)
+            .unwrap_or(false);
+        if !announces || self.protocol < ProtocolVersion::V_2026_07_28 {
+            return;
+        }
+        let peer = self.service.peer().clone();
+        let events = self.service.service().events.clone();
+        tokio::spawn(async move {
+            let filter = SubscriptionFilter::builder().tools_list_changed().build();
+            let Ok(mut subscription) = peer.listen(filter).await else {
+                return;
+            };
+            while let Ok(Some(_)) = subscription.next().await {
+                if events.send(ConnEvent::ToolsChanged).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Whether the connection still works.
+    pub fn is_open(&self) -> bool {
+        !self.service.is_closed()
+    }
+
+    /// When it was last used.
+    pub fn last_used(&self) -> Instant {
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// The server's tools.
+    pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<Tool>, String> {
+        self.touch();
+        match tokio::time::timeout(timeout, self.service.peer().list_all_tools()).await {
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(e)) => Err(format!("tools/list failed: {}", self.explain(&e))),
+            Err(_) => Err(format!(
+                "tools/list got no answer within {}s",
+                timeout.as_secs_f64()
+            )),
+        }
+    }
+
+    /// Calls `tool`; progress and log notifications go to `sink` while it
+    /// runs.
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        timeout: Duration,
+        sink: &OutputSink,
+    ) -> Result<CallToolResult, CallError> {
+        self.touch();
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = Some(arguments);
+        let request = ClientRequest::CallToolRequest(Request::new(params));
+        let options = PeerRequestOptions::with_timeout(timeout);
+        let mut logs = self.service.service().logs.subscribe();
+        let handle = self
+            .service
+            .peer()
+            .send_request_with_option(request, options)
+            .await
+            .map_err(|e| self.call_error(e))?;
+        let mut progress = self
+            .service
+            .service()
+            .progress
+            .subscribe(handle.progress_token.clone())
+            .await;
+        let response = handle.await_response();
+        tokio::pin!(response);
+        let answer = loop {
+            tokio::select! {
+                answer = &mut response => break answer,
+                Some(p) = futures::StreamExt::next(&mut progress) => {
+                    let _ = sink.send((OutputStream::Stderr, progress_line(&p))).await;
+                }
+                Ok(line) = logs.recv() => {
+                    let _ = sink.send((OutputStream::Stderr, format!("{line}\n"))).await;
+                }
+            }
+        };
+        self.touch();
+        match answer.map_err(|e| self.call_error(e))? {
+            ServerResult::CallToolResult(result) => Ok(result),
+            ServerResult::InputRequiredResult(_) => Err(CallError::Other(
+                "the server asked for more input from the person during the call, which \
+                 Agentry does not relay"
+                    .into(),
+            )),
+            ServerResult::CreateTaskResult(_) => Err(CallError::Other(
+                "the server made the call a background task, which Agentry does not follow".into(),
+            )),
+            other => Err(CallError::Other(format!(
+                "the server answered tools/call with something else: {}",
+                serde_json::to_string(&other).unwrap_or_default()
+            ))),
+        }
+    }
+
+    fn call_error(&self, e: ServiceError) -> CallError {
+        match e {
+            ServiceError::Timeout { timeout } => CallError::Timeout(timeout),
+            ServiceError::McpError(data) => CallError::Server(data.message.to_string()),
+            ServiceError::TransportClosed | ServiceError::TransportSend(_)
+                if !self.is_open() || self.process.as_ref().is_some_and(|p| p.exited()) =>
+            {
+                CallError::Closed(self.explain(&e))
+            }
+            ServiceError::TransportClosed => CallError::Closed(self.explain(&e)),
+            other => CallError::Other(self.explain(&other)),
+        }
+    }
+
+    fn explain(&self, e: &ServiceError) -> String {
+        let tail = self
+            .stderr_tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .join("\n");
+        match (e, self.process.as_ref().and_then(ServerProcess::status_now)) {
+            (_, Some(status)) if tail.is_empty() => format!("the server exited ({status})"),
+            (_, Some(status)) => format!("the server exited ({status}); its last words:\n{tail}"),
+            (ServiceError::TransportClosed, None) => "the server closed the connection".into(),
+            (e, None) => e.to_string(),
+        }
+    }
+
+    /// Subscribes to updates of `uri` (legacy `resources/subscribe`, or a
+    /// `subscriptions/listen` stream on 2026-07-28).
+    pub async fn subscribe(&self, uri: &str, timeout: Duration) -> Result<(), String> {
+        self.touch();
+        if self.protocol >= ProtocolVersion::V_2026_07_28 {
+            let peer = self.service.peer().clone();
+            let events = self.service.service().events.clone();
+            let filter = SubscriptionFilter::builder()
+                .resource_subscriptions([uri.to_string()])
+                .build();
+            let mut subscription = tokio::time::timeout(timeout, peer.listen(filter))
+                .await
+                .map_err(|_| "the server did not acknowledge the subscription in time".to_string())?
+                .map_err(|e| format!("the server refused the subscription: {e}"))?;
+            tokio::spawn(async move {
+                while let Ok(Some(notification)) = subscription.next().await {
+                    if let rmcp::model::ServerNotification::ResourceUpdatedNotification(n) =
+                        notification
+                        && events
+                            .send(ConnEvent::ResourceUpdated { uri: n.params.uri })
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            return Ok(());
+        }
+        #[allow(deprecated)]
+        let subscribed = self
+            .service
+            .peer()
+            .subscribe(rmcp::model::SubscribeRequestParams::new(uri));
+        tokio::time::timeout(timeout, subscribed)
+            .await
+            .map_err(|_| "the server did not answer resources/subscribe in time".to_string())?
+            .map_err(|e| format!("the server refused the subscription: {e}"))
+    }
+}
+
+fn progress_line(p: &ProgressNotificationParam) -> String {
+    let amount = match p.total {
+        Some(total) => format!("{}/{}", p.progress, total),
+        None => format!("{}", p.progress),
+    };
+    match &p.message {
+        Some(message) => format!("[progress {amount}] {message}\n"),
+        None => format!("[progress {amount}]\n"),
+    }
+}
+
+fn explain_start(error: &str, status: Option<String>, tail: &Mutex<Vec<String>>) -> String {
+    let tail = tail.lock().unwrap_or_else(|e| e.into_inner()).join("\n");
+    let mut text = match status {
+        Some(status) => format!("it exited during start-up ({status})"),
+        None => format!("initialize failed: {error}"),
+    };
+    if let Some(line) = tail
+        .lines()
+        .find_map(|l| l.strip_prefix("agentry-sandbox: "))
+    {
+        return format!("the sandbox could not start it: {line}");
+    }
+    if !tail.is_empty() {
+        text.push_str(&format!("; its last words:\n{tail}"));
+    }
+    text
+}
+
+async fn keep_stderr(
+    server: String,
+    stderr: tokio::process::ChildStderr,
+    tail: Arc<Mutex<Vec<String>>>,
+) {
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::debug!(server, "mcp server stderr: {line}");
+        let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+        if tail.len() == STDERR_LINES {
+            tail.remove(0);
+        }
+        let mut line = line;
+        line.truncate(500);
+        tail.push(line);
+    }
+}
+
+fn http_transport(
+    config: &McpServerConfig,
+) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, String> {
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let mut headers = std::collections::HashMap::new();
+    for (name, value) in &config.headers {
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|e| format!("header name {name:?}: {e}"))?;
+        let value = reqwest::header::HeaderValue::from_str(value)
+            .map_err(|e| format!("the value of header {name}: {e}"))?;
+        headers.insert(name, value);
+    }
+    let mut transport_config =
+        StreamableHttpClientTransportConfig::with_uri(config.url.trim()).custom_headers(headers);
+    let token = if !config.bearer_token_env.is_empty() {
+        std::env::var(&config.bearer_token_env).map_err(|_| {
+            format!(
+                "bearer_token_env names {:?}, which is not set in the tool runner's environment",
+                config.bearer_token_env
+            )
+        })?
+    } else {
+        config.bearer_token.clone()
+    };
+    if !token.is_empty() {
+        transport_config = transport_config.auth_header(token);
+    }
+    // Configured by the person: the address rules of the web tools do not
+    // apply, but redirects are not followed anywhere else.
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    Ok(rmcp::transport::StreamableHttpClientTransport::with_client(
+        client,
+        transport_config,
+    ))
+}
+
+/// A stdio server's process (the sandbox helper and what it runs). Dropping
+/// it ends the process and everything it started.
+struct ServerProcess {
+    child: Option<tokio::process::Child>,
+    group: Option<nix::unistd::Pid>,
+    helper: bool,
+    exited: Arc<std::sync::atomic::AtomicBool>,
+    status: Arc<Mutex<Option<String>>>,
+}
+
+impl ServerProcess {
+    fn start(
+        config: &McpServerConfig,
+        place: &Place,
+        sandbox: &Sandbox,
+        network: Option<&crate::egress::Pass>,
+    ) -> Result<
+        (
+            ServerProcess,
+            tokio::process::ChildStdout,
+            tokio::process::ChildStdin,
+        ),
+        String,
+    > {
+        let cwd = match config.cwd.trim() {
+            "" => place.workspace.clone(),
+            dir if Path::new(dir).is_absolute() => PathBuf::from(dir),
+            dir => place.workspace.join(dir),
+        };
+        let mut argv = vec![config.command.clone()];
+        argv.extend(config.args.iter().cloned());
+        let mut cmd = match &sandbox.helper {
+            Some(helper) => {
+                let mut spec = sandbox.spec(
+                    &place.session_id,
+                    argv,
+                    &place.workspace,
+                    &place.tmp,
+                    network,
+                );
+                spec.cwd = cwd.clone();
+                spec.stdin = true;
+                spec.env.extend(config.env.clone());
+                spec.read_only.extend(own_files(config, &spec.env));
+                let spec = serde_json::to_string(&spec)
+                    .map_err(|e| format!("cannot describe the sandbox: {e}"))?;
+                let mut cmd = tokio::process::Command::new(helper);
+                cmd.arg0(agentry_sandbox::HELPER_NAME).arg(spec).env_clear();
+                cmd
+            }
+            None => {
+                let script = format!("{}exec \"$@\"", sandbox.ulimit_prefix());
+                let mut cmd = tokio::process::Command::new("bash");
+                cmd.arg("-c")
+                    .arg(script)
+                    .arg("bash")
+                    .args(&argv)
+                    .env_clear()
+                    .envs(sandbox.environment(&place.session_id, &place.workspace, &place.tmp))
+                    .envs(
+                        network
+                            .map(crate::egress::Pass::environment)
+                            .unwrap_or_default(),
+                    )
+                    .envs(&config.env);
+                if let Some(ids) = sandbox.ids_for(&place.session_id) {
+                    cmd.uid(ids.uid).gid(ids.gid);
+                }
+                cmd
+            }
+        };
+        cmd.current_dir(&cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {:?}: {e}", config.command))?;
+        let group = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(nix::unistd::Pid::from_raw);
+        let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+            return Err("the server's pipes could not be opened".into());
+        };
+        Ok((
+            ServerProcess {
+                child: Some(child),
+                group,
+                helper: sandbox.helper.is_some(),
+                exited: Arc::default(),
+                status: Arc::default(),
+            },
+            stdout,
+            stdin,
+        ))
+    }
+
+    /// The exit status, once the process ended (waits briefly).
+    async fn exit_status(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        match tokio::time::timeout(Duration::from_millis(500), child.wait()).await {
+            Ok(Ok(status)) => {
+                self.exited
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                let text = status.to_string();
+                *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(text.clone());
+                Some(text)
+            }
+            _ => None,
+        }
+    }
+
+    fn exited(&self) -> bool {
+        self.exited.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The exit status if the process is known to have ended.
+    fn status_now(&self) -> Option<String> {
+        if let Some(status) = self
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Some(status);
+        }
+        // Without waiting: a zombie's status can be read through its pid
+        // only by waiting, which needs `&mut`; /proc tells whether it ended.
+        let pid = self.child.as_ref()?.id()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let state = stat.rsplit(')').next()?.split_whitespace().next()?;
+        (state == "Z").then(|| "it is no longer running".to_string())
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        use nix::sys::signal::{Signal, kill, killpg};
+        let Some(pgid) = self.group else { return };
+        if self.helper {
+            // The helper kills everything the server started, then exits.
+            let _ = kill(pgid, Signal::SIGTERM);
+        } else {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+        // Reap it (bounded), then make sure nothing of the group is left.
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if tokio::time::timeout(Duration::from_secs(2), child.wait())
+                    .await
+                    .is_err()
+                {
+                    let _ = child.start_kill();
+                }
+                let _ = killpg(pgid, Signal::SIGKILL);
+            });
+        } else {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+/// The paths a stdio server needs to read to run: the directory of its
+/// program (a virtualenv's or a prefix's root when the program sits in a
+/// `bin` directory) and the directories of absolute file arguments.
+pub fn own_files(config: &McpServerConfig, env: &[(String, String)]) -> Vec<PathBuf> {
+    let path_var = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| agentry_sandbox::DEFAULT_PATH.to_string());
+    let mut paths: Vec<PathBuf> = config.read_only.iter().map(PathBuf::from).collect();
+    let program = Path::new(&config.command);
+    let found = if program.components().count() > 1 {
+        Some(program.to_path_buf())
+    } else {
+        std::env::split_paths(&path_var)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    };
+    if let Some(found) = found {
+        for candidate in [found.clone(), found.canonicalize().unwrap_or(found)] {
+            if let Some(dir) = candidate.parent() {
+                let root = if dir.file_name().is_some_and(|n| n == "bin") {
+                    dir.parent().unwrap_or(dir)
+                } else {
+                    dir
+                };
+                paths.push(root.to_path_buf());
+            }
+        }
+    }
+    for arg in &config.args {
+        let p = Path::new(arg);
+        if p.is_absolute()
+            && p.is_file()
+            && let Some(dir) = p.parent()
+        {
+            paths.push(dir.to_path_buf());
+        }
+    }
+    // Never the whole file system because a program sits at the top.
+    paths.retain(|p| p.parent().is_some());
+    paths.sort();
+    paths.dedup();
+    paths
+}

@@ -1,0 +1,750 @@
+//! MCP servers as tools: the runner connects to the configured servers,
+//! offers their tools as `<server>__<tool>` and runs calls of them.
+//!
+//! Where servers run: a stdio server runs **per session**, inside that
+//! session's sandbox (its workspace, temp dir, identity, limits and
+//! network rules), like every process a tool starts. Servers keep state per
+//! connection (an open repository, a browser page, a login), and one
+//! session must never see another's; a connection per session gives each
+//! its own. A connection unused for `mcp.idle_secs` is closed, and at most
+//! `mcp.max_connections` stay open (the least recently used is closed
+//! first); the next call starts the server again. A streamable HTTP
+//! server is reached the same way, one MCP session per Agentry session.
+//!
+//! One more connection per server, in a scratch workspace of its own, lists
+//! the tools for the catalog and follows `tools/list_changed`; it is
+//! restarted with a backoff when it fails, and its state is the server's
+//! health.
+//!
+//! Failures: every call and every start has a deadline; a server that
+//! dies is started again on the next call (the failed call says the
+//! effects are unknown); consecutive failures open a per-server circuit
+//! breaker, so a broken server fails fast instead of timing out each call.
+
+pub mod conn;
+pub mod content;
+
+use crate::sandbox::Sandbox;
+use crate::tools::{OutputSink, ToolOutcome};
+use crate::web::breaker::{Breaker, BreakerSettings, BreakerState, SystemClock};
+use crate::{ToolError, output::CappedOutput};
+use agentry_proto::sessions::v1 as spb;
+use agentry_runtime::config::{MCP_SEPARATOR, McpConfig, McpServerConfig};
+use conn::{CallError, Conn, ConnEvent, Place};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::broadcast;
+
+/// The identity (and scratch workspace name) of the connections that list
+/// servers' tools.
+const CATALOG: &str = ".mcp-catalog";
+
+/// Settings of the MCP client.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Default deadline of a call.
+    pub call_timeout: Duration,
+    /// Deadline of a start.
+    pub init_timeout: Duration,
+    /// Idle connections are closed after this.
+    pub idle: Duration,
+    /// Most connections kept.
+    pub max_connections: usize,
+    /// The circuit breaker of each server.
+    pub breaker: BreakerSettings,
+}
+
+impl Default for Settings {
+    /// The built-in defaults.
+    fn default() -> Settings {
+        Settings::from_config(&agentry_runtime::Config::builtin().mcp)
+    }
+}
+
+impl Settings {
+    /// The settings of the configuration.
+    pub fn from_config(config: &McpConfig) -> Settings {
+        Settings {
+            call_timeout: Duration::from_secs(config.call_timeout_secs),
+            init_timeout: Duration::from_secs(config.init_timeout_secs),
+            idle: Duration::from_secs(config.idle_secs),
+            max_connections: config.max_connections,
+            breaker: BreakerSettings {
+                failure_threshold: config.breaker_failures.max(1),
+                open_for: Duration::from_secs(config.breaker_open_secs),
+            },
+        }
+    }
+}
+
+/// A tool of a server, as offered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpTool {
+    /// `<server>__<tool>`, made safe for model APIs.
+    pub exposed: String,
+    /// The server's own name for it.
+    pub original: String,
+    /// Its description.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub schema: serde_json::Value,
+    /// The server says it changes nothing.
+    pub read_only_hint: bool,
+}
+
+/// Something a server announced for a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpEvent {
+    /// The server.
+    pub server: String,
+    /// The session whose connection heard it.
+    pub session_id: String,
+    /// What happened.
+    pub event: ConnEvent,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum State {
+    Starting,
+    Ready,
+    Failed(String),
+}
+
+struct Server {
+    config: McpServerConfig,
+    timeout: Duration,
+    breaker: Breaker,
+    tools: RwLock<Vec<McpTool>>,
+    state: Mutex<State>,
+    /// The last failure of a call or a session's start.
+    last_error: Mutex<Option<String>>,
+    /// Wakes the catalog connection to list the tools again.
+    relist: tokio::sync::Notify,
+    calls: AtomicU64,
+    failures: AtomicU64,
+    restarts: AtomicU64,
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+
+struct Shared {
+    servers: BTreeMap<String, Arc<Server>>,
+    settings: Settings,
+    sandbox: Sandbox,
+    workspace_root: PathBuf,
+    egress: Option<Arc<crate::egress::Egress>>,
+    /// Connections by (server, session).
+    conns: Mutex<HashMap<(String, String), Slot>>,
+    events: broadcast::Sender<McpEvent>,
+}
+
+/// The MCP servers of one runner.
+#[derive(Clone)]
+pub struct Mcp {
+    shared: Arc<Shared>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Mcp {
+    /// The enabled servers of `servers`; nothing is started yet.
+    pub fn new(
+        servers: Vec<McpServerConfig>,
+        settings: Settings,
+        sandbox: Sandbox,
+        workspace_root: PathBuf,
+        egress: Option<Arc<crate::egress::Egress>>,
+    ) -> Mcp {
+        let servers = servers
+            .into_iter()
+            .filter(|s| s.enabled)
+            .map(|config| {
+                let timeout = match config.timeout_secs {
+                    0 => settings.call_timeout,
+                    secs => Duration::from_secs(secs),
+                };
+                let breaker = Breaker::new(
+                    format!("mcp {}", config.name),
+                    settings.breaker,
+                    Arc::new(SystemClock),
+                );
+                (
+                    config.name.clone(),
+                    Arc::new(Server {
+                        config,
+                        timeout,
+                        breaker,
+                        tools: RwLock::default(),
+                        state: Mutex::new(State::Starting),
+                        last_error: Mutex::default(),
+                        relist: tokio::sync::Notify::new(),
+                        calls: AtomicU64::new(0),
+                        failures: AtomicU64::new(0),
+                        restarts: AtomicU64::new(0),
+                    }),
+                )
+            })
+            .collect();
+        Mcp {
+            shared: Arc::new(Shared {
+                servers,
+                settings,
+                sandbox,
+                workspace_root,
+                egress,
+                conns: Mutex::default(),
+                events: broadcast::channel(256).0,
+            }),
+        }
+    }
+
+    /// Whether any server is configured.
+    pub fn is_empty(&self) -> bool {
+        self.shared.servers.is_empty()
+    }
+
+    /// Starts the connections that list each server's tools and the task
+    /// that closes idle connections; they end when the returned handle is
+    /// aborted (or the runtime stops).
+    pub fn start_background(&self) -> tokio::task::JoinHandle<()> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for server in self.shared.servers.values() {
+            tasks.spawn(catalog_loop(self.shared.clone(), server.clone()));
+        }
+        tasks.spawn(idle_loop(Arc::downgrade(&self.shared)));
+        tokio::spawn(async move { while tasks.join_next().await.is_some() {} })
+    }
+
+    /// Waits until every server has listed its tools or failed, at most
+    /// `timeout`; for tests and start-up logs.
+    pub async fn settled(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let starting = self
+                .shared
+                .servers
+                .values()
+                .any(|s| *lock(&s.state) == State::Starting);
+            if !starting {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What servers announce for sessions (resource updates, tool list
+    /// changes).
+    pub fn events(&self) -> broadcast::Receiver<McpEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// The tools of every ready server.
+    pub fn tools(&self) -> Vec<(String, McpTool)> {
+        self.shared
+            .servers
+            .values()
+            .flat_map(|s| {
+                let tools = s.tools.read().unwrap_or_else(|e| e.into_inner()).clone();
+                tools.into_iter().map(|t| (s.config.name.clone(), t))
+            })
+            .collect()
+    }
+
+    /// Each server's state, for `ListTools` and health.
+    pub fn statuses(&self) -> Vec<spb::McpServerStatus> {
+        let conns = lock(&self.shared.conns);
+        self.shared
+            .servers
+            .values()
+            .map(|s| {
+                let current = lock(&s.state).clone();
+                let last_error = lock(&s.last_error).clone();
+                let (state, error) = match (current, s.breaker.state()) {
+                    (_, BreakerState::Open) => (
+                        "circuit open".to_string(),
+                        last_error.unwrap_or_else(|| "calls failed one after another".into()),
+                    ),
+                    (State::Starting, _) => ("starting".into(), String::new()),
+                    (State::Ready, _) => ("ready".into(), String::new()),
+                    (State::Failed(why), _) => ("failed".into(), why),
+                };
+                let catalog = u32::from(state == "ready");
+                spb::McpServerStatus {
+                    name: s.config.name.clone(),
+                    transport: s.config.transport().into(),
+                    state,
+                    tool_count: s.tools.read().map(|t| t.len()).unwrap_or(0) as u32,
+                    error,
+                    connections: conns
+                        .keys()
+                        .filter(|(server, _)| *server == s.config.name)
+                        .count() as u32
+                        + catalog,
+                    calls: s.calls.load(Ordering::Relaxed),
+                    failures: s.failures.load(Ordering::Relaxed),
+                    restarts: s.restarts.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// The server of a tool name, when it is an MCP tool of a configured
+    /// server.
+    pub fn owns(&self, tool: &str) -> bool {
+        self.server_of(tool).is_some()
+    }
+
+    fn server_of(&self, tool: &str) -> Option<Arc<Server>> {
+        let (server, _) = tool.split_once(MCP_SEPARATOR)?;
+        self.shared.servers.get(server).cloned()
+    }
+
+    /// Runs one call of `tool` for the session of `place`.
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments_json: &str,
+        place: &Place,
+        timeout: Option<Duration>,
+        max_output_bytes: usize,
+        sink: OutputSink,
+    ) -> Result<ToolOutcome, ToolError> {
+        let Some(server) = self.server_of(tool) else {
+            return Err(ToolError::UnknownTool {
+                name: tool.to_string(),
+                available: "no MCP server has that name".into(),
+            });
+        };
+        let name = server.config.name.clone();
+        let original = {
+            let tools = server.tools.read().unwrap_or_else(|e| e.into_inner());
+            tools
+                .iter()
+                .find(|t| t.exposed == tool)
+                .map(|t| t.original.clone())
+        };
+        let original = match original {
+            Some(o) => o,
+            None => {
+                let known = server
+                    .tools
+                    .read()
+                    .map(|t| {
+                        t.iter()
+                            .map(|t| t.exposed.clone())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    })
+                    .unwrap_or_default();
+                return Err(ToolError::UnknownTool {
+                    name: tool.to_string(),
+                    available: if known.is_empty() {
+                        format!("the MCP server {name} offers no tools now")
+                    } else {
+                        known
+                    },
+                });
+            }
+        };
+        let arguments = match serde_json::from_str::<serde_json::Value>(arguments_json) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) | Err(_) => {
+                return Err(ToolError::InvalidArguments(format!(
+                    "the arguments of {tool} must be a JSON object"
+                )));
+            }
+        };
+        server.calls.fetch_add(1, Ordering::Relaxed);
+        let permit = match server.breaker.try_acquire() {
+            Ok(permit) => permit,
+            Err(refused) => {
+                let why = match &*lock(&server.last_error) {
+                    Some(why) => format!("; last error: {why}"),
+                    None => String::new(),
+                };
+                return Err(ToolError::Io(format!(
+                    "the MCP server {name} is failing ({refused}: its calls failed {} times in a \
+                     row; it is tried again within {}s){why}",
+                    self.shared.settings.breaker.failure_threshold,
+                    self.shared.settings.breaker.open_for.as_secs()
+                )));
+            }
+        };
+        let conn = match self.connection(&server, place).await {
+            Ok(conn) => conn,
+            Err(why) => {
+                permit.failure();
+                server.failures.fetch_add(1, Ordering::Relaxed);
+                *lock(&server.last_error) = Some(why.clone());
+                return Err(ToolError::Io(format!(
+                    "cannot start the MCP server {name}: {why}"
+                )));
+            }
+        };
+        let timeout = timeout.unwrap_or(server.timeout);
+        let answer = conn.call(&original, arguments, timeout, &sink).await;
+        let fail = |permit: crate::web::breaker::Permit<'_>| {
+            permit.failure();
+            server.failures.fetch_add(1, Ordering::Relaxed);
+        };
+        if let Err(CallError::Timeout(_) | CallError::Other(_)) = &answer {
+            *lock(&server.last_error) = answer.as_ref().err().map(|e| format!("{e:?}"));
+        }
+        let outcome = match answer {
+            Ok(result) => {
+                permit.success();
+                let (text, is_error) = content::render(&result);
+                let mut output = CappedOutput::new(max_output_bytes);
+                output.push(text.as_bytes());
+                let (output, truncated) = output.finish();
+                ToolOutcome {
+                    output,
+                    is_error,
+                    truncated,
+                    ..ToolOutcome::default()
+                }
+            }
+            Err(CallError::Server(message)) => {
+                // The server is well; it refused this call.
+                permit.success();
+                ToolOutcome {
+                    output: format!("the MCP server {name} refused the call: {message}"),
+                    is_error: true,
+                    ..ToolOutcome::default()
+                }
+            }
+            Err(CallError::Timeout(after)) => {
+                fail(permit);
+                ToolOutcome {
+                    output: format!(
+                        "[timed out after {}s; the MCP server {name} was told to cancel the \
+                         call, and its effects are unknown]",
+                        after.as_secs_f64()
+                    ),
+                    is_error: true,
+                    timed_out: true,
+                    ..ToolOutcome::default()
+                }
+            }
+            Err(CallError::Closed(why)) => {
+                fail(permit);
+                self.forget(&name, &place.session_id, &conn).await;
+                *lock(&server.last_error) = Some(why.clone());
+                ToolOutcome {
+                    output: format!(
+                        "the MCP server {name} went away during the call ({why}); the call's \
+                         effects are unknown. The server is started again on the next call."
+                    ),
+                    is_error: true,
+                    ..ToolOutcome::default()
+                }
+            }
+            Err(CallError::Other(why)) => {
+                fail(permit);
+                // A transport in doubt is not used again.
+                self.forget(&name, &place.session_id, &conn).await;
+                ToolOutcome {
+                    output: format!("the call to the MCP server {name} failed: {why}"),
+                    is_error: true,
+                    ..ToolOutcome::default()
+                }
+            }
+        };
+        Ok(outcome)
+    }
+
+    /// Subscribes the session of `place` to updates of `uri` on `server`;
+    /// updates arrive through [`Mcp::events`].
+    pub async fn subscribe(&self, server: &str, uri: &str, place: &Place) -> Result<(), String> {
+        let Some(s) = self.shared.servers.get(server).cloned() else {
+            return Err(format!("no MCP server is named {server:?}"));
+        };
+        let conn = self.connection(&s, place).await?;
+        conn.subscribe(uri, self.shared.settings.init_timeout).await
+    }
+
+    /// The session's open connection to `server`, started when there is
+    /// none (or it ended).
+    async fn connection(&self, server: &Arc<Server>, place: &Place) -> Result<Arc<Conn>, String> {
+        let key = (server.config.name.clone(), place.session_id.clone());
+        let slot = lock(&self.shared.conns).entry(key).or_default().clone();
+        let mut held = slot.lock().await;
+        if let Some(conn) = held.as_ref() {
+            if conn.is_open() {
+                return Ok(conn.clone());
+            }
+            server.restarts.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(server = %server.config.name, session = %place.session_id, "the MCP server's connection ended; starting it again");
+        }
+        *held = None;
+        let conn = Arc::new(open(&self.shared, server, place).await?);
+        *held = Some(conn.clone());
+        drop(held);
+        self.make_room().await;
+        Ok(conn)
+    }
+
+    async fn forget(&self, server: &str, session_id: &str, conn: &Arc<Conn>) {
+        let slot = lock(&self.shared.conns)
+            .get(&(server.to_string(), session_id.to_string()))
+            .cloned();
+        if let Some(slot) = slot {
+            let mut held = slot.lock().await;
+            if held.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                *held = None;
+            }
+        }
+    }
+
+    /// Closes the least recently used connections past the limit.
+    async fn make_room(&self) {
+        close_where(&self.shared, |open| {
+            let excess = open
+                .len()
+                .saturating_sub(self.shared.settings.max_connections);
+            let mut by_age: Vec<_> = open.iter().collect();
+            by_age.sort_by_key(|(_, used)| *used);
+            by_age
+                .into_iter()
+                .take(excess)
+                .map(|(key, _)| key.clone())
+                .collect()
+        })
+        .await;
+    }
+}
+
+/// Closes the session connections `choose` picks out of the open ones
+/// (key, last use).
+async fn close_where(
+    shared: &Shared,
+    choose: impl FnOnce(&[((String, String), Instant)]) -> Vec<(String, String)>,
+) {
+    let slots: Vec<((String, String), Slot)> = lock(&shared.conns)
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut open = Vec::new();
+    for (key, slot) in &slots {
+        // A slot being opened is busy, not idle.
+        if let Ok(held) = slot.try_lock()
+            && let Some(conn) = held.as_ref()
+        {
+            open.push((key.clone(), conn.last_used()));
+        }
+    }
+    for key in choose(&open) {
+        tracing::debug!(server = %key.0, session = %key.1, "closing an MCP connection");
+        let slot = lock(&shared.conns).remove(&key);
+        if let Some(slot) = slot {
+            // In-flight calls keep their own handle and finish first.
+            *slot.lock().await = None;
+        }
+    }
+}
+
+async fn idle_loop(shared: std::sync::Weak<Shared>) {
+    loop {
+        let period = match shared.upgrade() {
+            Some(s) => {
+                (s.settings.idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(30))
+            }
+            None => return,
+        };
+        tokio::time::sleep(period).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let idle = shared.settings.idle;
+        close_where(&shared, |open| {
+            open.iter()
+                .filter(|(_, used)| used.elapsed() >= idle)
+                .map(|(key, _)| key.clone())
+                .collect()
+        })
+        .await;
+    }
+}
+
+/// Opens a connection for `place`; the server's announcements go to the
+/// runner's event channel (tool list changes also relist the catalog).
+async fn open(shared: &Arc<Shared>, server: &Arc<Server>, place: &Place) -> Result<Conn, String> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let conn = open_with(shared, server, place, tx).await?;
+    let events = shared.events.clone();
+    let (server, session_id) = (server.clone(), place.session_id.clone());
+    tokio::spawn(async move {
+        while let Some(event) = rx.recv().await {
+            if event == ConnEvent::ToolsChanged {
+                server.relist.notify_one();
+            }
+            let _ = events.send(McpEvent {
+                server: server.config.name.clone(),
+                session_id: session_id.clone(),
+                event,
+            });
+        }
+    });
+    Ok(conn)
+}
+
+async fn open_with(
+    shared: &Shared,
+    server: &Server,
+    place: &Place,
+    events: tokio::sync::mpsc::UnboundedSender<ConnEvent>,
+) -> Result<Conn, String> {
+    let network = if server.config.network && server.config.url.is_empty() {
+        let egress = shared
+            .egress
+            .as_ref()
+            .ok_or("it asks for network, but this tool runner gives none")?;
+        Some(
+            egress
+                .grant()
+                .map_err(|why| format!("it asks for network, which cannot be given: {why}"))?,
+        )
+    } else {
+        None
+    };
+    Conn::open(
+        &server.config,
+        place,
+        &shared.sandbox,
+        network,
+        shared.settings.init_timeout,
+        events,
+    )
+    .await
+}
+
+/// The place of the connection that lists a server's tools.
+fn catalog_place(shared: &Shared, server: &str) -> Result<Place, String> {
+    let base = shared
+        .workspace_root
+        .join(crate::workspace::TEMP_DIRS)
+        .join(CATALOG);
+    let place = Place {
+        session_id: CATALOG.to_string(),
+        workspace: base.join(server),
+        tmp: base.join(format!("{server}.tmp")),
+    };
+    for dir in [&base, &place.workspace, &place.tmp] {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    for dir in [&place.workspace, &place.tmp] {
+        shared
+            .sandbox
+            .hand_over(CATALOG, dir)
+            .map_err(|e| format!("cannot hand {} over: {e}", dir.display()))?;
+    }
+    // The identity must be able to pass through the base directory.
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o711));
+    Ok(place)
+}
+
+/// Keeps one connection per server that lists its tools, relisting on
+/// `tools/list_changed` and starting it again (with a backoff) when it
+/// fails.
+async fn catalog_loop(shared: Arc<Shared>, server: Arc<Server>) {
+    let name = server.config.name.clone();
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let result: Result<std::convert::Infallible, String> = async {
+            let place = catalog_place(&shared, &name)?;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let conn = open_with(&shared, &server, &place, tx).await?;
+            let timeout = shared.settings.init_timeout;
+            relist(&server, &conn, timeout).await?;
+            let mut check = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    event = rx.recv() => match event {
+                        Some(ConnEvent::ToolsChanged) => relist(&server, &conn, timeout).await?,
+                        Some(_) => {}
+                        None => return Err("the connection ended".to_string()),
+                    },
+                    () = server.relist.notified() => relist(&server, &conn, timeout).await?,
+                    _ = check.tick() => {
+                        if !conn.is_open() {
+                            return Err("the server went away".to_string());
+                        }
+                    }
+                }
+            }
+        }
+        .await;
+        let Err(why) = result;
+        tracing::warn!(server = %name, error = %why, retry_in = ?backoff, "MCP server unavailable");
+        *lock(&server.state) = State::Failed(why);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(60));
+    }
+}
+
+/// Lists the tools of `server` through `conn` and marks it ready.
+async fn relist(server: &Server, conn: &Conn, timeout: Duration) -> Result<(), String> {
+    let name = &server.config.name;
+    let tools = conn.list_tools(timeout).await?;
+    let offered = offered_tools(name, &tools);
+    tracing::info!(server = %name, tools = offered.len(), "MCP server ready");
+    *server.tools.write().unwrap_or_else(|e| e.into_inner()) = offered;
+    *lock(&server.state) = State::Ready;
+    Ok(())
+}
+
+/// The tools of `server` as offered to the model.
+pub fn offered_tools(server: &str, tools: &[rmcp::model::Tool]) -> Vec<McpTool> {
+    let mut offered: Vec<McpTool> = Vec::new();
+    for tool in tools {
+        let mut safe: String = tool
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let room = 64usize.saturating_sub(server.len() + MCP_SEPARATOR.len());
+        safe.truncate(room);
+        let exposed = format!("{server}{MCP_SEPARATOR}{safe}");
+        if offered.iter().any(|t| t.exposed == exposed) {
+            tracing::warn!(server, tool = %tool.name, "two MCP tools have the same name once made safe; the second is not offered");
+            continue;
+        }
+        let mut schema = serde_json::Value::Object((*tool.input_schema).clone());
+        if let Some(obj) = schema.as_object_mut() {
+            obj.entry("type")
+                .or_insert_with(|| serde_json::Value::String("object".into()));
+        }
+        offered.push(McpTool {
+            exposed,
+            original: tool.name.to_string(),
+            description: tool
+                .description
+                .as_deref()
+                .unwrap_or(tool.title.as_deref().unwrap_or(""))
+                .to_string(),
+            schema,
+            read_only_hint: tool
+                .annotations
+                .as_ref()
+                .and_then(|a| a.read_only_hint)
+                .unwrap_or(false),
+        });
+    }
+    offered
+}

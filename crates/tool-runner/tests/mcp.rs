@@ -1,0 +1,662 @@
+//! MCP servers as tools, against real servers nobody here wrote
+//! (`mcp-server-time` from PyPI) and a server written with the official
+//! Python SDK (`tests/mcp/fixture_server.py`), over stdio inside the real
+//! sandbox and over streamable HTTP, through the runner's gRPC service.
+//!
+//! The servers come from `scripts/mcp-servers.sh` (a virtualenv); without
+//! it the tests skip with a message, and fail under `CI=true`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
+use agentry_proto::tools::v1::{ExecuteRequest, ExecuteResult, ListToolsRequest, execute_response};
+use agentry_runtime::config::McpServerConfig;
+use agentry_tool_runner::Limits;
+use agentry_tool_runner::sandbox::{Identity, Sandbox};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncBufReadExt;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+const FIXTURE: &str = include_str!("mcp/fixture_server.py");
+
+/// The virtualenv of `scripts/mcp-servers.sh`, or `None` (skip) when it is
+/// not there; under CI its absence fails the test.
+fn venv() -> Option<PathBuf> {
+    let path = match std::env::var("AGENTRY_MCP_VENV") {
+        Ok(p) if !p.is_empty() => PathBuf::from(p),
+        _ if nix::unistd::geteuid().is_root() => PathBuf::from("/opt/agentry/mcp-venv-1"),
+        _ => PathBuf::from(std::env::var("HOME").unwrap_or_default())
+            .join(".cache/agentry/mcp-venv-1"),
+    };
+    if path.join("bin/mcp-server-time").is_file() {
+        return Some(path);
+    }
+    let why = format!(
+        "no MCP servers at {} (run scripts/mcp-servers.sh)",
+        path.display()
+    );
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+    eprintln!("skipping: {why}");
+    None
+}
+
+/// What the tests run: the virtualenv and a copy of the fixture server in a
+/// directory every identity can read.
+struct Servers {
+    venv: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Servers {
+    fn new() -> Option<Servers> {
+        let venv = venv()?;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let script = dir.path().join("fixture_server.py");
+        std::fs::write(&script, FIXTURE).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+        Some(Servers { venv, dir })
+    }
+
+    fn python(&self) -> String {
+        self.venv.join("bin/python").display().to_string()
+    }
+
+    fn script(&self) -> String {
+        self.dir
+            .path()
+            .join("fixture_server.py")
+            .display()
+            .to_string()
+    }
+
+    /// The fixture over stdio, named `name`.
+    fn stdio(&self, name: &str) -> McpServerConfig {
+        McpServerConfig {
+            name: name.into(),
+            command: self.python(),
+            args: vec![self.script(), "stdio".into()],
+            enabled: true,
+            ..McpServerConfig::default()
+        }
+    }
+
+    /// The reference time server over stdio.
+    fn time(&self) -> McpServerConfig {
+        McpServerConfig {
+            name: "time".into(),
+            command: self.venv.join("bin/mcp-server-time").display().to_string(),
+            enabled: true,
+            ..McpServerConfig::default()
+        }
+    }
+
+    /// Starts the fixture over streamable HTTP on `port` (0: any).
+    async fn http(&self, port: u16) -> HttpServer {
+        let mut child = tokio::process::Command::new(self.python())
+            .arg(self.script())
+            .args(["http", "--port", &port.to_string()])
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let port = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(port) = line.trim().strip_prefix("listening on ") {
+                    return port.trim().parse::<u16>().unwrap();
+                }
+            }
+            panic!("the HTTP fixture ended before listening");
+        })
+        .await
+        .expect("the HTTP fixture did not start");
+        // Keep draining its stderr so it never blocks.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        HttpServer { child, port }
+    }
+}
+
+struct HttpServer {
+    child: tokio::process::Child,
+    port: u16,
+}
+
+impl HttpServer {
+    fn config(&self, name: &str) -> McpServerConfig {
+        McpServerConfig {
+            name: name.into(),
+            url: format!("http://127.0.0.1:{}/mcp", self.port),
+            enabled: true,
+            ..McpServerConfig::default()
+        }
+    }
+
+    async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
+/// The sandbox with every layer this machine supports (a uid per session
+/// when root), or `None` when the helper is not built.
+fn confined(root: &Path) -> Option<Sandbox> {
+    let helper = match agentry_sandbox::find_helper(None) {
+        Ok(h) => h,
+        Err(e) => {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{e}");
+            eprintln!("skipping: {e}");
+            return None;
+        }
+    };
+    let identity = if nix::unistd::geteuid().is_root() {
+        Identity::PerSession {
+            base: 2_000_000,
+            count: 1_000_000,
+        }
+    } else {
+        Identity::Runner
+    };
+    let scratch = root.join(".tmp/.probe");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let probe = Sandbox {
+        identity: identity.clone(),
+        ..Sandbox::unconfined()
+    };
+    if let Some(ids) = probe.ids_for("probe") {
+        std::os::unix::fs::lchown(&scratch, Some(ids.uid), Some(ids.gid)).unwrap();
+    }
+    let report = agentry_sandbox::probe(&helper, &scratch, probe.ids_for("probe")).unwrap();
+    Some(Sandbox {
+        helper: Some(helper),
+        layers: report.available(),
+        report: Some(report),
+        identity,
+        hidden: vec![root.to_path_buf()],
+        ..Sandbox::unconfined()
+    })
+}
+
+struct Runner {
+    addr: SocketAddr,
+    root: PathBuf,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn settings() -> agentry_tool_runner::mcp::Settings {
+    agentry_tool_runner::mcp::Settings {
+        call_timeout: Duration::from_secs(30),
+        init_timeout: Duration::from_secs(30),
+        idle: Duration::from_secs(600),
+        max_connections: 16,
+        breaker: agentry_tool_runner::web::breaker::BreakerSettings {
+            failure_threshold: 3,
+            open_for: Duration::from_secs(60),
+        },
+    }
+}
+
+impl Runner {
+    async fn start(
+        servers: Vec<McpServerConfig>,
+        settings: agentry_tool_runner::mcp::Settings,
+    ) -> Option<Runner> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = dir.path().canonicalize().unwrap().join("workspaces");
+        std::fs::create_dir_all(&root).unwrap();
+        let sandbox = confined(&root)?;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let setup = agentry_tool_runner::Setup {
+            workspace_root: root.clone(),
+            limits: Limits {
+                default_timeout: Duration::from_secs(30),
+                max_timeout: Duration::from_secs(60),
+                max_output_bytes: 64 * 1024,
+                max_read_bytes: 256 * 1024,
+                workspace_bytes: 0,
+            },
+            sandbox,
+            web: agentry_runtime::Config::builtin().tool_runner.web.clone(),
+            runner_id: "mcp-test".into(),
+            metrics: None,
+            mcp_servers: servers,
+            mcp: settings,
+        };
+        tokio::spawn(async move {
+            let auth = agentry_runtime::Auth::off();
+            agentry_tool_runner::serve(setup, &auth, listener, async {
+                let _ = rx.await;
+            })
+            .await
+        });
+        Some(Runner {
+            addr,
+            root,
+            shutdown: Some(tx),
+            _dir: dir,
+        })
+    }
+
+    async fn client(&self) -> ToolRunnerClient<Channel> {
+        for _ in 0..100 {
+            if let Ok(c) = ToolRunnerClient::connect(format!("http://{}", self.addr)).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("cannot connect to the runner");
+    }
+
+    /// Waits until no server is starting; returns the statuses.
+    async fn settled(&self) -> Vec<agentry_proto::sessions::v1::McpServerStatus> {
+        let mut client = self.client().await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let list = client
+                .list_tools(ListToolsRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            if list.mcp_servers.iter().all(|s| s.state != "starting") || Instant::now() > deadline {
+                return list.mcp_servers;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn call(&self, session: &str, tool: &str, args: serde_json::Value) -> Call {
+        let mut client = self.client().await;
+        let mut stream = client
+            .execute(ExecuteRequest {
+                call_id: format!("c-{tool}"),
+                session_id: session.into(),
+                tool: tool.into(),
+                arguments_json: args.to_string(),
+                timeout_ms: 0,
+                network: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut live = String::new();
+        let result = tokio::time::timeout(Duration::from_secs(90), async {
+            while let Some(message) = stream.message().await.unwrap() {
+                match message.kind {
+                    Some(execute_response::Kind::Chunk(c)) => live.push_str(&c.text),
+                    Some(execute_response::Kind::Result(r)) => return r,
+                    None => {}
+                }
+            }
+            panic!("the call ended without a result");
+        })
+        .await
+        .expect("the call did not finish");
+        Call { live, result }
+    }
+}
+
+struct Call {
+    live: String,
+    result: ExecuteResult,
+}
+
+impl Call {
+    fn ok(&self) -> &str {
+        assert!(
+            !self.result.is_error,
+            "the call failed: {}",
+            self.result.output
+        );
+        &self.result.output
+    }
+
+    fn err(&self) -> &str {
+        assert!(
+            self.result.is_error,
+            "the call should have failed: {}",
+            self.result.output
+        );
+        &self.result.output
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_and_http_servers_offer_their_tools_and_answer() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let http = servers.http(0).await;
+    let Some(runner) = Runner::start(
+        vec![servers.time(), servers.stdio("fx"), http.config("web")],
+        settings(),
+    )
+    .await
+    else {
+        return;
+    };
+    let statuses = runner.settled().await;
+    for s in &statuses {
+        assert_eq!(s.state, "ready", "{s:?}");
+        assert!(s.tool_count > 0, "{s:?}");
+    }
+    let transports: Vec<(&str, &str)> = statuses
+        .iter()
+        .map(|s| (s.name.as_str(), s.transport.as_str()))
+        .collect();
+    assert_eq!(
+        transports,
+        [("fx", "stdio"), ("time", "stdio"), ("web", "http")]
+    );
+
+    let tools = runner
+        .client()
+        .await
+        .list_tools(ListToolsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .tools;
+    let time = tools
+        .iter()
+        .find(|t| t.name == "time__get_current_time")
+        .expect("the time server's tool is offered");
+    assert_eq!(time.mcp_server, "time");
+    assert!(time.read_only_hint, "mcp-server-time marks it read-only");
+    assert!(
+        !time.read_only && time.sensitive,
+        "a server's word never makes a tool read-only"
+    );
+    assert!(time.parameters_json_schema.contains("timezone"));
+    assert!(tools.iter().any(|t| t.name == "web__echo"));
+    assert!(tools.iter().any(|t| t.name == "bash"), "own tools stay");
+
+    // The real reference server answers.
+    let call = runner
+        .call("s1", "time__get_current_time", json!({"timezone": "UTC"}))
+        .await;
+    let answer: serde_json::Value = serde_json::from_str(call.ok()).unwrap();
+    assert_eq!(answer["timezone"], "UTC");
+    assert!(answer["datetime"].as_str().unwrap().ends_with("+00:00"));
+    // Its errors reach the model as errors.
+    let call = runner
+        .call(
+            "s1",
+            "time__get_current_time",
+            json!({"timezone": "Mars/Olympus"}),
+        )
+        .await;
+    assert!(call.err().contains("Invalid timezone"), "{}", call.err());
+
+    // Every kind of content, over both transports.
+    assert_eq!(
+        runner
+            .call("s1", "fx__echo", json!({"text": "hi"}))
+            .await
+            .ok(),
+        "echo: hi"
+    );
+    assert_eq!(
+        runner
+            .call("s1", "web__echo", json!({"text": "hi"}))
+            .await
+            .ok(),
+        "echo: hi"
+    );
+    let sum = runner.call("s1", "web__add", json!({"a": 2, "b": 3})).await;
+    assert!(sum.ok().contains("\"sum\": 5"), "{}", sum.ok());
+    let image = runner.call("s1", "fx__image", json!({})).await;
+    assert!(image.ok().contains("[image: image/png"), "{}", image.ok());
+    let resource = runner.call("s1", "fx__resource", json!({})).await;
+    assert!(
+        resource
+            .ok()
+            .contains("[resource fixture://readme (text/plain)]\nfixture readme"),
+        "{}",
+        resource.ok()
+    );
+    let failed = runner
+        .call("s1", "fx__fail", json!({"message": "it broke"}))
+        .await;
+    assert!(failed.err().contains("it broke"));
+
+    // Progress and log notifications stream while the call runs.
+    for tool in ["fx__slow", "web__slow"] {
+        let slow = runner.call("s1", tool, json!({"seconds": 0.6})).await;
+        assert!(slow.ok().contains("slept 0.6"), "{}", slow.ok());
+        assert!(
+            slow.live.contains("[progress 1/3] step 1/3"),
+            "{tool}: {}",
+            slow.live
+        );
+        assert!(
+            slow.live.contains("[info] fixture: slow: step"),
+            "{tool}: {}",
+            slow.live
+        );
+    }
+
+    // Bad arguments and unknown tools are the model's to correct.
+    let bad = runner.call("s1", "fx__echo", json!([1])).await;
+    assert!(bad.err().contains("must be a JSON object"), "{}", bad.err());
+    let unknown = runner.call("s1", "fx__nope", json!({})).await;
+    assert!(unknown.err().contains("fx__echo"), "{}", unknown.err());
+    http.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_servers_run_per_session_inside_its_sandbox() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let Some(runner) = Runner::start(vec![servers.stdio("fx")], settings()).await else {
+        return;
+    };
+    runner.settled().await;
+    let who = runner.call("s1", "fx__whoami", json!({})).await;
+    let ws = runner.root.join("s1").display().to_string();
+    assert!(
+        who.ok().contains(&format!("cwd={ws} home={ws}")),
+        "{}",
+        who.ok()
+    );
+    if nix::unistd::geteuid().is_root() {
+        assert!(!who.ok().contains("uid=0 "), "{}", who.ok());
+    }
+    let other = runner.call("s2", "fx__whoami", json!({})).await;
+    assert!(other.ok().contains("/s2 "), "{}", other.ok());
+    let pid1 = runner
+        .call("s1", "fx__pid", json!({}))
+        .await
+        .ok()
+        .to_string();
+    let pid2 = runner
+        .call("s2", "fx__pid", json!({}))
+        .await
+        .ok()
+        .to_string();
+    assert_ne!(pid1, pid2, "each session has its own server process");
+    assert_eq!(
+        runner.call("s1", "fx__pid", json!({})).await.ok(),
+        pid1,
+        "a session keeps its process between calls"
+    );
+    let statuses = runner.settled().await;
+    assert_eq!(statuses[0].connections, 3, "{statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_dies_mid_call_is_started_again() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let Some(runner) = Runner::start(vec![servers.stdio("fx")], settings()).await else {
+        return;
+    };
+    runner.settled().await;
+    let before = runner
+        .call("s1", "fx__pid", json!({}))
+        .await
+        .ok()
+        .to_string();
+    let crash = runner.call("s1", "fx__crash", json!({})).await;
+    assert!(
+        crash.err().contains("went away during the call") && crash.err().contains("unknown"),
+        "{}",
+        crash.err()
+    );
+    let after = runner
+        .call("s1", "fx__pid", json!({}))
+        .await
+        .ok()
+        .to_string();
+    assert_ne!(before, after, "a new process serves the next call");
+    let statuses = runner.settled().await;
+    assert!(statuses[0].failures >= 1, "{statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_call_hits_its_deadline_and_the_server_goes_on() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let fx = McpServerConfig {
+        timeout_secs: 2,
+        ..servers.stdio("fx")
+    };
+    let Some(runner) = Runner::start(vec![fx], settings()).await else {
+        return;
+    };
+    runner.settled().await;
+    let started = Instant::now();
+    let hang = runner.call("s1", "fx__hang", json!({})).await;
+    assert!(hang.result.timed_out, "{}", hang.result.output);
+    assert!(hang.err().contains("timed out after 2s"), "{}", hang.err());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        runner
+            .call("s1", "fx__echo", json!({"text": "still here"}))
+            .await
+            .ok(),
+        "echo: still here"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_cannot_start_says_why() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let broken = McpServerConfig {
+        name: "broken".into(),
+        command: servers.python(),
+        args: vec![
+            "-c".into(),
+            "import sys; print('no such server', file=sys.stderr); sys.exit(4)".into(),
+        ],
+        enabled: true,
+        ..McpServerConfig::default()
+    };
+    let mut s = settings();
+    s.breaker.failure_threshold = 2;
+    let Some(runner) = Runner::start(vec![broken], s).await else {
+        return;
+    };
+    let statuses = runner.settled().await;
+    assert_eq!(statuses[0].state, "failed", "{statuses:?}");
+    assert!(statuses[0].error.contains("no such server"), "{statuses:?}");
+    // Its tools are not offered; a call naming one is refused.
+    let call = runner.call("s1", "broken__anything", json!({})).await;
+    assert!(call.err().contains("offers no tools"), "{}", call.err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_server_that_restarts_serves_the_next_call() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let http = servers.http(0).await;
+    let port = http.port;
+    let Some(runner) = Runner::start(vec![http.config("web")], settings()).await else {
+        return;
+    };
+    runner.settled().await;
+    let before = runner
+        .call("s1", "web__pid", json!({}))
+        .await
+        .ok()
+        .to_string();
+    http.kill().await;
+    let down = runner.call("s1", "web__echo", json!({"text": "x"})).await;
+    down.err();
+    let http = servers.http(port).await;
+    let mut answer = None;
+    for _ in 0..20 {
+        let call = runner.call("s1", "web__pid", json!({})).await;
+        if !call.result.is_error {
+            answer = Some(call.result.output);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let after = answer.expect("the restarted server never answered");
+    assert_ne!(before, after);
+    // A tool list change on the server reaches the catalog.
+    runner.call("s1", "web__add_tool", json!({})).await.ok();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let tools = runner
+            .client()
+            .await
+            .list_tools(ListToolsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .tools;
+        if tools.iter().any(|t| t.name == "web__late") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "web__late never appeared");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        runner.call("s1", "web__late", json!({"x": "y"})).await.ok(),
+        "late: y"
+    );
+    http.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failures_open_the_circuit() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let mut s = settings();
+    s.breaker.failure_threshold = 2;
+    let Some(runner) = Runner::start(vec![servers.stdio("fx")], s).await else {
+        return;
+    };
+    runner.settled().await;
+    for _ in 0..2 {
+        runner.call("s1", "fx__crash", json!({})).await.err();
+    }
+    let refused = runner.call("s1", "fx__echo", json!({"text": "x"})).await;
+    assert!(refused.err().contains("circuit open"), "{}", refused.err());
+    let statuses = runner.settled().await;
+    assert_eq!(statuses[0].state, "circuit open", "{statuses:?}");
+}
