@@ -10,6 +10,7 @@ mod approvals;
 mod chat_turn;
 mod compaction;
 mod failures;
+mod mcp;
 mod plan;
 mod reminders;
 mod skillsets;

@@ -152,6 +152,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::ToolsOffered(_) => "tools_offered",
             Kind::LoopDetected(_) => "loop_detected",
             Kind::BudgetExceeded(_) => "budget_exceeded",
+            Kind::McpResourceUpdated(_) => "mcp_resource_updated",
         })
         .collect()
 }

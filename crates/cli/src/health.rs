@@ -24,9 +24,11 @@ pub async fn check(
             Ok(Ok((ServingStatus::Serving, channel))) => {
                 if !quiet {
                     print_line(format!("{url}: SERVING"))?;
-                    // A tool runner also says how it confines commands.
-                    for line in sandbox_lines(auth.wrap(channel), timeout).await {
-                        print_line(format!("  sandbox {line}"))?;
+                    // A tool runner also says how it confines commands, and
+                    // how its MCP servers are (one that is down does not
+                    // make the runner unhealthy: its other tools work).
+                    for line in runner_lines(auth.wrap(channel), timeout).await {
+                        print_line(format!("  {line}"))?;
                     }
                 }
                 Ok(())
@@ -50,14 +52,36 @@ pub async fn check(
     })
 }
 
-/// The sandbox report of a tool runner; nothing for other services.
-async fn sandbox_lines(channel: TracedChannel, timeout: Duration) -> Vec<String> {
+/// The sandbox report and MCP servers of a tool runner; nothing for other
+/// services.
+async fn runner_lines(channel: TracedChannel, timeout: Duration) -> Vec<String> {
     use agentry_proto::tools::v1::{ListToolsRequest, tool_runner_client::ToolRunnerClient};
     let mut client = ToolRunnerClient::new(channel);
-    match tokio::time::timeout(timeout, client.list_tools(ListToolsRequest {})).await {
-        Ok(Ok(response)) => response.into_inner().sandbox,
-        _ => Vec::new(),
+    let Ok(Ok(response)) =
+        tokio::time::timeout(timeout, client.list_tools(ListToolsRequest {})).await
+    else {
+        return Vec::new();
+    };
+    let response = response.into_inner();
+    let mut lines: Vec<String> = response
+        .sandbox
+        .into_iter()
+        .map(|l| format!("sandbox {l}"))
+        .collect();
+    for s in response.mcp_servers {
+        let mut line = format!(
+            "mcp {} ({}): {}, {} tools",
+            s.name, s.transport, s.state, s.tool_count
+        );
+        if !s.error.is_empty() {
+            line.push_str(&format!(
+                " ({})",
+                s.error.lines().next().unwrap_or_default()
+            ));
+        }
+        lines.push(line);
     }
+    lines
 }
 
 async fn check_one(

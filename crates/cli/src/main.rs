@@ -4,6 +4,7 @@
 mod approval;
 mod client;
 mod health;
+mod mcp_cmds;
 mod reminder_cmds;
 mod render;
 mod session_cmds;
@@ -107,6 +108,11 @@ enum Command {
     },
     /// List the tools the agent can use
     Tools,
+    /// The MCP servers the agent's tools come from
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
     /// Print the client token of this data dir, for gRPC tools and CLIs on
     /// other machines (`authorization: Bearer <token>` metadata, or
     /// AGENTRY_TOKEN)
@@ -122,6 +128,18 @@ enum Command {
         /// Print nothing when healthy
         #[arg(long, short)]
         quiet: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum McpCommand {
+    /// Each MCP server: transport, state, tools, connections, calls
+    /// (exit 1 when one is not ready)
+    List,
+    /// The tools of every MCP server, or of one
+    Tools {
+        /// Only this server's
+        server: Option<String>,
     },
 }
 
@@ -315,6 +333,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tools => session_cmds::tools(&config)
             .await
             .map(|()| ExitCode::SUCCESS),
+        Command::Mcp { command } => match command {
+            McpCommand::List => mcp_cmds::list(&config).await.map(|ready| {
+                if ready {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }),
+            McpCommand::Tools { server } => mcp_cmds::tools(&config, server.as_deref())
+                .await
+                .map(|()| ExitCode::SUCCESS),
+        },
         Command::Reminders { command } => match command {
             RemindersCommand::List { session, status } => {
                 reminder_cmds::list(&config, session, status).await

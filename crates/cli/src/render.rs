@@ -76,6 +76,10 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "is_error": r.is_error, "exit_code": r.exit_code, "duration_ms": r.duration_ms,
                 "runner_id": r.runner_id,
             }),
+            Kind::McpResourceUpdated(u) => json!({
+                "type": "mcp_resource_updated", "server": u.server, "uri": u.uri,
+                "update_id": u.update_id, "content": u.content,
+            }),
             Kind::ReminderDue(r) => json!({
                 "type": "reminder_due", "reminder_id": r.reminder_id, "firing_id": r.firing_id,
                 "message": r.message, "kind": reminder_kind_name(r.reminder_kind()),
@@ -376,6 +380,16 @@ impl<A: Write, B: Write> Renderer<A, B> {
             Kind::ReminderDue(r) => {
                 self.end_line();
                 let _ = writeln!(self.activity, "⏰ reminder: {}", r.message);
+            }
+            Kind::McpResourceUpdated(u) => {
+                self.end_line();
+                let _ = writeln!(
+                    self.activity,
+                    "↻ {} changed on {}: {}",
+                    u.uri,
+                    u.server,
+                    shorten(&u.content, 120)
+                );
             }
             Kind::Error(e) => {
                 self.end_line();

@@ -927,3 +927,120 @@ async fn chat_raises_a_limit_with_the_next_message() {
     assert!(stdout.contains("Done."), "{stdout}\n{stderr}");
     assert_eq!(model.request_count(), 3);
 }
+
+/// The MCP servers' virtualenv (scripts/mcp-servers.sh), or `None` (skip;
+/// a failure under CI).
+fn mcp_venv() -> Option<std::path::PathBuf> {
+    let path = match std::env::var("AGENTRY_MCP_VENV") {
+        Ok(p) if !p.is_empty() => std::path::PathBuf::from(p),
+        _ if nix::unistd::geteuid().is_root() => "/opt/agentry/mcp-venv-1".into(),
+        _ => std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
+            .join(".cache/agentry/mcp-venv-1"),
+    };
+    if path.join("bin/mcp-server-time").is_file() {
+        return Some(path);
+    }
+    let why = format!(
+        "no MCP servers at {} (run scripts/mcp-servers.sh)",
+        path.display()
+    );
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+    eprintln!("skipping: {why}");
+    None
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_servers_from_a_json_file_answer_a_run_and_show_in_the_cli() {
+    let Some(venv) = mcp_venv() else {
+        return;
+    };
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "t1",
+        "time__get_current_time",
+        json!({"timezone": "UTC"}),
+    ));
+    model.push(Reply::text("It is daytime somewhere."));
+    // The common JSON form, as other agents' config files write it.
+    let servers = json!({"mcpServers": {
+        "time": {"command": venv.join("bin/mcp-server-time")},
+        "broken": {"command": "/nonexistent/mcp-server", "args": ["x"]}
+    }});
+    let (install, up) = (0..3)
+        .find_map(|_| {
+            let install = Install::new(&model.base_url());
+            let config = install.dir.path().join("config");
+            std::fs::write(
+                config.join("local.toml"),
+                "[mcp]\nservers_file = \"mcp.json\"\n",
+            )
+            .unwrap();
+            std::fs::write(config.join("mcp.json"), servers.to_string()).unwrap();
+            let log = install.dir.path().join("up.log");
+            Up::try_start(&install, &log).map(|up| (install, up))
+        })
+        .expect("agentry up could not bind its ports");
+
+    // `agentry mcp list` exits 1 while a server is not ready; `time` gets
+    // ready, `broken` says why it is not.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let listing = loop {
+        let (stdout, stderr) = text(&install.run(&["mcp", "list"]));
+        if stdout.contains("time")
+            && stdout
+                .lines()
+                .any(|l| l.starts_with("time") && l.contains("ready"))
+        {
+            break stdout;
+        }
+        assert!(std::time::Instant::now() < deadline, "{stdout}\n{stderr}");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    };
+    assert!(listing.contains("SERVER"), "{listing}");
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.starts_with("broken") && l.contains("failed")),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("cannot find the program \"/nonexistent/mcp-server\""),
+        "{listing}"
+    );
+    let out = install.run(&["mcp", "list"]);
+    assert_eq!(out.status.code(), Some(1), "a server is not ready");
+
+    let (tools, _) = text(&install.run(&["mcp", "tools", "time"]));
+    assert!(
+        tools.contains("time__get_current_time [the server says read-only]"),
+        "{tools}"
+    );
+    let out = install.run(&["mcp", "tools", "nope"]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("no MCP server is named \"nope\""),
+        "{stderr}"
+    );
+    let (health, _) =
+        text(&install.run(&["health", &install.env_value("AGENTRY_TOOL_RUNNER_URL")]));
+    assert!(health.contains("mcp time (stdio): ready"), "{health}");
+
+    // A headless run calls the real server.
+    let out = tokio::task::spawn_blocking({
+        let cmd = install.command(&["run", "--approve", "always", "what time is it in UTC?"]);
+        move || {
+            let mut cmd = cmd;
+            cmd.stdin(Stdio::null()).output().unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "It is daytime somewhere.");
+    assert!(stderr.contains("time__get_current_time"), "{stderr}");
+    let second = model.requests()[1].to_string();
+    assert!(second.contains("day_of_week"), "{second}");
+    drop(up);
+}

@@ -177,6 +177,36 @@ impl ToolRunner for HangingRunner {
     }
 
     type ExecuteStream = ExecStream;
+    type McpWatchStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<tpb::McpResourceUpdate, Status>> + Send>,
+    >;
+
+    async fn mcp_subscribe(
+        &self,
+        _request: Request<tpb::McpSubscribeRequest>,
+    ) -> Result<Response<tpb::McpSubscribeResponse>, Status> {
+        Err(Status::failed_precondition(
+            "no MCP servers in this test double",
+        ))
+    }
+
+    async fn mcp_read_resource(
+        &self,
+        _request: Request<tpb::McpReadResourceRequest>,
+    ) -> Result<Response<tpb::McpReadResourceResponse>, Status> {
+        Err(Status::failed_precondition(
+            "no MCP servers in this test double",
+        ))
+    }
+
+    async fn mcp_watch(
+        &self,
+        _request: Request<tonic::Streaming<tpb::McpWatchRequest>>,
+    ) -> Result<Response<Self::McpWatchStream>, Status> {
+        Err(Status::failed_precondition(
+            "no MCP servers in this test double",
+        ))
+    }
 
     async fn execute(
         &self,

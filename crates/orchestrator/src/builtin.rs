@@ -11,12 +11,44 @@ use serde::Deserialize;
 use std::time::Instant;
 
 /// The names of the built-in tools.
-pub const NAMES: [&str; 4] = [
+pub const NAMES: [&str; 5] = [
     "schedule_reminder",
     "list_reminders",
     "cancel_reminder",
     "recall",
+    MCP_SUBSCRIBE,
 ];
+
+/// The built-in tool that subscribes a session to an MCP resource.
+pub const MCP_SUBSCRIBE: &str = "mcp_subscribe";
+
+/// The built-in tools that exist when MCP servers are configured.
+pub fn mcp_definitions() -> Vec<(ToolDefinition, ToolFlags)> {
+    vec![(
+        ToolDefinition {
+            name: MCP_SUBSCRIBE.into(),
+            description: "Subscribe this conversation to a resource of an MCP server: when the \
+                resource changes, you are woken with its new content, even if nobody is \
+                chatting. Set unsubscribe to stop."
+                .into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "server": {"type": "string", "description": "The MCP server's name (the part before __ in its tools' names)."},
+                    "uri": {"type": "string", "description": "The resource's URI."},
+                    "unsubscribe": {"type": "boolean", "description": "Stop the subscription instead."}
+                },
+                "required": ["server", "uri"],
+                "additionalProperties": false
+            }),
+        },
+        ToolFlags {
+            read_only: false,
+            parallel_safe: false,
+            read_only_hint: false,
+        },
+    )]
+}
 
 /// Events one `recall` call may return.
 const RECALL_MAX_EVENTS: u64 = 200;
@@ -199,6 +231,7 @@ pub async fn run(deps: &Deps, session_id: &str, call: &ToolCall) -> pb::ToolResu
         "list_reminders" => list(deps, session_id, &call.arguments).await,
         "cancel_reminder" => cancel(deps, session_id, &call.arguments).await,
         "recall" => recall(deps, session_id, &call.arguments).await,
+        MCP_SUBSCRIBE => mcp_subscribe(deps, session_id, &call.arguments).await,
         other => Err(format!("{other} is not a built-in tool")),
     };
     let (output, is_error) = match outcome {
@@ -214,6 +247,55 @@ pub async fn run(deps: &Deps, session_id: &str, call: &ToolCall) -> pb::ToolResu
         duration_ms: started.elapsed().as_millis() as u64,
         runner_id: "orchestrator".into(),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubscribeArgs {
+    server: String,
+    uri: String,
+    #[serde(default)]
+    unsubscribe: bool,
+}
+
+async fn mcp_subscribe(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, String> {
+    let args: SubscribeArgs = parse(MCP_SUBSCRIBE, arguments)?;
+    let request = agentry_proto::tools::v1::McpSubscribeRequest {
+        session_id: session_id.to_string(),
+        server: args.server.clone(),
+        uri: args.uri.clone(),
+        unsubscribe: args.unsubscribe,
+    };
+    let response = deps
+        .runners
+        .on_any(|mut client| {
+            let request = request.clone();
+            async move {
+                client
+                    .mcp_subscribe(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
+        })
+        .await
+        .map_err(|s| s.message().to_string())?;
+    let now = if response.uris.is_empty() {
+        "none".to_string()
+    } else {
+        response.uris.join(", ")
+    };
+    Ok(if args.unsubscribe {
+        format!(
+            "unsubscribed from {} on {}; subscriptions on {} now: {now}",
+            args.uri, args.server, args.server
+        )
+    } else {
+        format!(
+            "subscribed to {} on {}: a change wakes this conversation with the new content; \
+             subscriptions on {} now: {now}",
+            args.uri, args.server, args.server
+        )
+    })
 }
 
 fn scheduler_error(deps: &Deps, status: tonic::Status) -> String {
@@ -413,6 +495,12 @@ fn recall_line(kind: &pb::event::Kind) -> Option<String> {
             clip(&r.output)
         ),
         Kind::ReminderDue(r) => format!("reminder due: {}", clip(&r.message)),
+        Kind::McpResourceUpdated(u) => format!(
+            "MCP resource {} on {} changed: {}",
+            u.uri,
+            u.server,
+            clip(&u.content)
+        ),
         Kind::ContextCompacted(c) if !c.summary.is_empty() => format!(
             "summary of events {}–{}: {}",
             c.first_seq,
@@ -475,12 +563,9 @@ mod tests {
 
     #[test]
     fn every_builtin_has_a_definition() {
-        let names: Vec<String> = definitions().into_iter().map(|(d, _)| d.name).collect();
+        let all: Vec<_> = definitions().into_iter().chain(mcp_definitions()).collect();
+        let names: Vec<&str> = all.iter().map(|(d, _)| d.name.as_str()).collect();
         assert_eq!(names, NAMES.to_vec());
-        assert!(
-            definitions()
-                .iter()
-                .all(|(d, _)| d.parameters["type"] == "object")
-        );
+        assert!(all.iter().all(|(d, _)| d.parameters["type"] == "object"));
     }
 }

@@ -149,6 +149,14 @@ impl Deps {
         }
     }
 
+    /// Makes the next [`Deps::tools`] ask the runner again (the same tools
+    /// still give the same catalog).
+    pub async fn forget_tools(&self) {
+        if let Some((at, _)) = self.tool_cache.write().await.as_mut() {
+            *at = std::time::Instant::now() - TOOL_CACHE_TTL;
+        }
+    }
+
     /// Asks the tool runner for its tools.
     pub async fn fetch_tools(&self) -> Result<Catalog, tonic::Status> {
         let response = self.runners.list_tools().await?;
@@ -178,6 +186,11 @@ impl Deps {
             );
         }
         add_builtins(&mut set);
+        if !response.mcp_servers.is_empty() {
+            for (definition, flags) in crate::builtin::mcp_definitions() {
+                set.add(definition, flags);
+            }
+        }
         Ok(set)
     }
 }

@@ -13,6 +13,7 @@ pub mod builtin;
 pub mod compaction;
 pub mod deps;
 pub mod errors;
+pub mod mcp_updates;
 pub mod metrics;
 pub mod plan;
 pub mod prompt;
@@ -205,6 +206,8 @@ pub async fn run(
     tokio::spawn(async move { recovering.recover_open_sessions().await });
     // Reminders that fall due arrive from the scheduler.
     let consumer = tokio::spawn(reminders::consume(orchestrator.clone()));
+    // Updates of subscribed MCP resources arrive from the tool runners.
+    let mcp_consumer = tokio::spawn(mcp_updates::consume(orchestrator.clone()));
     let service = OrchestratorServer::new(orchestrator);
     let served = agentry_runtime::serve(
         listener,
@@ -215,6 +218,7 @@ pub async fn run(
     )
     .await;
     consumer.abort();
+    mcp_consumer.abort();
     if let Some(task) = asking {
         task.abort();
     }

@@ -143,6 +143,12 @@ impl Replica {
     }
 
     /// Calls in flight on it now.
+    /// A client of this replica.
+    pub fn client(&self) -> ToolRunnerClient<TracedChannel> {
+        self.client.clone()
+    }
+
+    /// The number of calls in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -412,14 +418,30 @@ impl RunnerPool {
 
     /// The tools of the first replica that answers.
     pub async fn list_tools(self: &Arc<Self>) -> Result<ListToolsResponse, Status> {
+        self.on_any(|mut client| async move {
+            client
+                .list_tools(ListToolsRequest {})
+                .await
+                .map(tonic::Response::into_inner)
+        })
+        .await
+    }
+
+    /// Makes one unary call on the first replica that answers (a replica
+    /// that is unavailable is marked down and the next one is tried).
+    pub async fn on_any<T, F, Fut>(self: &Arc<Self>, call: F) -> Result<T, Status>
+    where
+        F: Fn(ToolRunnerClient<TracedChannel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
         let mut tried = Vec::new();
         let mut last: Option<Status> = None;
         while let Some(replica) = self.pick_or_refresh(&tried).await {
             let _in_flight = replica.begin();
-            match replica.client.clone().list_tools(ListToolsRequest {}).await {
+            match call(replica.client.clone()).await {
                 Ok(response) => {
                     replica.mark_up();
-                    return Ok(response.into_inner());
+                    return Ok(response);
                 }
                 Err(status) if status.code() == Code::Unavailable => {
                     replica.mark_down(status.message());

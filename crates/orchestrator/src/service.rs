@@ -436,6 +436,8 @@ impl Orchestrator for OrchestratorService {
             })
             .collect();
         let view = self.deps.view();
+        // What the next model call is offered: asked again now.
+        self.deps.forget_tools().await;
         let catalog = self.deps.tools().await;
         let prompt = crate::prompt::build(
             crate::prompt::Parts {

@@ -46,6 +46,9 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.sessions.v1.SessionStore/ForkSession",
     "/agentry.sessions.v1.SessionStore/Append",
     "/agentry.tools.v1.ToolRunner/Execute",
+    "/agentry.tools.v1.ToolRunner/McpSubscribe",
+    "/agentry.tools.v1.ToolRunner/McpReadResource",
+    "/agentry.tools.v1.ToolRunner/McpWatch",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
 ];
 

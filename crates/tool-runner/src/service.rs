@@ -92,6 +92,19 @@ impl ToolRunnerService {
 
 type ExecuteStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ExecuteResponse, Status>> + Send>>;
+type WatchStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::McpResourceUpdate, Status>> + Send>>;
+
+/// An unacknowledged update is sent again on a stream after this long.
+const REDELIVER_AFTER: Duration = Duration::from_secs(10);
+
+impl ToolRunnerService {
+    fn mcp(&self) -> Result<&crate::mcp::Mcp, Status> {
+        self.inner.mcp.as_ref().ok_or_else(|| {
+            Status::failed_precondition("this tool runner has no MCP servers configured")
+        })
+    }
+}
 
 #[tonic::async_trait]
 impl ToolRunner for ToolRunnerService {
@@ -137,6 +150,97 @@ impl ToolRunner for ToolRunnerService {
     }
 
     type ExecuteStream = ExecuteStream;
+    type McpWatchStream = WatchStream;
+
+    async fn mcp_subscribe(
+        &self,
+        request: Request<pb::McpSubscribeRequest>,
+    ) -> Result<Response<pb::McpSubscribeResponse>, Status> {
+        let req = request.into_inner();
+        crate::workspace::check_session_id(&req.session_id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let uris = self
+            .mcp()?
+            .subscribe(&req.session_id, &req.server, &req.uri, req.unsubscribe)
+            .await
+            .map_err(Status::failed_precondition)?;
+        Ok(Response::new(pb::McpSubscribeResponse { uris }))
+    }
+
+    async fn mcp_read_resource(
+        &self,
+        request: Request<pb::McpReadResourceRequest>,
+    ) -> Result<Response<pb::McpReadResourceResponse>, Status> {
+        let req = request.into_inner();
+        crate::workspace::check_session_id(&req.session_id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (text, mime_type, truncated) = self
+            .mcp()?
+            .read_resource(
+                &req.session_id,
+                &req.server,
+                &req.uri,
+                self.inner.limits.max_output_bytes,
+            )
+            .await
+            .map_err(Status::failed_precondition)?;
+        Ok(Response::new(pb::McpReadResourceResponse {
+            text,
+            mime_type,
+            truncated,
+        }))
+    }
+
+    async fn mcp_watch(
+        &self,
+        request: Request<tonic::Streaming<pb::McpWatchRequest>>,
+    ) -> Result<Response<Self::McpWatchStream>, Status> {
+        let mcp = self.mcp()?.clone();
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream ended before its first message"))?;
+        tracing::info!(consumer = %first.consumer, "an MCP update watcher connected");
+        mcp.acknowledge(&first.acks, &first.gone);
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut changed = mcp.pending_changed();
+            let mut sent: std::collections::HashMap<String, Instant> = Default::default();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                for update in mcp.pending() {
+                    if sent
+                        .get(&update.id)
+                        .is_some_and(|at| at.elapsed() < REDELIVER_AFTER)
+                    {
+                        continue;
+                    }
+                    sent.insert(update.id.clone(), Instant::now());
+                    let message = pb::McpResourceUpdate {
+                        id: update.id,
+                        session_id: update.sub.session_id,
+                        server: update.sub.server,
+                        uri: update.sub.uri,
+                        content: update.content,
+                    };
+                    if tx.send(Ok(message)).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(m)) => mcp.acknowledge(&m.acks, &m.gone),
+                        Ok(None) | Err(_) => return,
+                    },
+                    result = changed.changed() => if result.is_err() { return },
+                    _ = tick.tick() => {}
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 
     async fn execute(
         &self,

@@ -39,19 +39,26 @@ pub struct Workspace {
 /// private temp directory (a name no session id can take).
 pub const TEMP_DIRS: &str = ".tmp";
 
+/// Checks a session id: 1-64 letters, digits, '-' or '_'.
+pub fn check_session_id(session_id: &str) -> Result<(), ToolError> {
+    let valid = !session_id.is_empty()
+        && session_id.len() <= 64
+        && session_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(ToolError::InvalidRequest(format!(
+            "invalid session id {session_id:?}: use 1-64 letters, digits, '-' or '_'"
+        )))
+    }
+}
+
 impl Workspace {
     /// Opens (creating if needed) the workspace of `session_id` under `root`.
     pub fn open(root: &Path, session_id: &str) -> Result<Workspace, ToolError> {
-        let valid = !session_id.is_empty()
-            && session_id.len() <= 64
-            && session_id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !valid {
-            return Err(ToolError::InvalidRequest(format!(
-                "invalid session id {session_id:?}: use 1-64 letters, digits, '-' or '_'"
-            )));
-        }
+        check_session_id(session_id)?;
         let dir = root.join(session_id);
         let tmp = root.join(TEMP_DIRS).join(session_id);
         for d in [&dir, &tmp] {

@@ -9,7 +9,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
-use agentry_proto::tools::v1::{ExecuteRequest, ExecuteResult, ListToolsRequest, execute_response};
+use agentry_proto::tools::v1::{
+    ExecuteRequest, ExecuteResult, ListToolsRequest, McpReadResourceRequest, McpSubscribeRequest,
+    McpWatchRequest, execute_response,
+};
 use agentry_runtime::config::McpServerConfig;
 use agentry_tool_runner::Limits;
 use agentry_tool_runner::sandbox::{Identity, Sandbox};
@@ -185,7 +188,8 @@ struct Runner {
     addr: SocketAddr,
     root: PathBuf,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
+    task: Option<tokio::task::JoinHandle<Result<(), agentry_runtime::ServeError>>>,
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Drop for Runner {
@@ -216,6 +220,29 @@ impl Runner {
     ) -> Option<Runner> {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        Runner::start_in(dir, servers, settings).await
+    }
+
+    /// Stops the runner (its servers end with it) and hands back its
+    /// directory, for a runner started again on the same workspaces.
+    async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let task = self.task.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("the runner did not stop")
+            .unwrap()
+            .unwrap();
+        self.dir.take().unwrap()
+    }
+
+    async fn start_in(
+        dir: tempfile::TempDir,
+        servers: Vec<McpServerConfig>,
+        settings: agentry_tool_runner::mcp::Settings,
+    ) -> Option<Runner> {
         let root = dir.path().canonicalize().unwrap().join("workspaces");
         std::fs::create_dir_all(&root).unwrap();
         let sandbox = confined(&root)?;
@@ -238,7 +265,7 @@ impl Runner {
             mcp_servers: servers,
             mcp: settings,
         };
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let auth = agentry_runtime::Auth::off();
             agentry_tool_runner::serve(setup, &auth, listener, async {
                 let _ = rx.await;
@@ -249,7 +276,8 @@ impl Runner {
             addr,
             root,
             shutdown: Some(tx),
-            _dir: dir,
+            task: Some(task),
+            dir: Some(dir),
         })
     }
 
@@ -659,4 +687,166 @@ async fn repeated_failures_open_the_circuit() {
     assert!(refused.err().contains("circuit open"), "{}", refused.err());
     let statuses = runner.settled().await;
     assert_eq!(statuses[0].state, "circuit open", "{statuses:?}");
+}
+
+/// Watches the runner's resource updates, acknowledging each one received.
+struct Watch {
+    acks: tokio::sync::mpsc::Sender<McpWatchRequest>,
+    updates: tonic::Streaming<agentry_proto::tools::v1::McpResourceUpdate>,
+}
+
+impl Watch {
+    async fn open(runner: &Runner) -> Watch {
+        let (acks, rx) = tokio::sync::mpsc::channel(16);
+        acks.send(McpWatchRequest {
+            consumer: "test".into(),
+            ..McpWatchRequest::default()
+        })
+        .await
+        .unwrap();
+        let updates = runner
+            .client()
+            .await
+            .mcp_watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Watch { acks, updates }
+    }
+
+    /// The next update (acknowledged), within `wait`.
+    async fn next(
+        &mut self,
+        wait: Duration,
+    ) -> Option<agentry_proto::tools::v1::McpResourceUpdate> {
+        let update = tokio::time::timeout(wait, self.updates.message())
+            .await
+            .ok()?
+            .unwrap()?;
+        self.acks
+            .send(McpWatchRequest {
+                acks: vec![update.id.clone()],
+                ..McpWatchRequest::default()
+            })
+            .await
+            .unwrap();
+        Some(update)
+    }
+}
+
+/// Writes the watched file until an update with `content` arrives (the
+/// fixture polls it every 100 ms; an update sent before the subscription
+/// was in place is lost, as servers do).
+async fn write_until_update(
+    file: &Path,
+    content: &str,
+    watch: &mut Watch,
+) -> agentry_proto::tools::v1::McpResourceUpdate {
+    for attempt in 0..40 {
+        std::fs::write(file, format!("{content}{}", " ".repeat(attempt % 2))).unwrap();
+        while let Some(update) = watch.next(Duration::from_millis(500)).await {
+            if update.content.trim_end() == content {
+                return update;
+            }
+        }
+    }
+    panic!("no update with {content:?} arrived");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribed_resources_send_updates_that_survive_a_restart() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let fx = McpServerConfig {
+        env: [("FIXTURE_WATCH_FILE".to_string(), "note.txt".to_string())].into(),
+        ..servers.stdio("fx")
+    };
+    let Some(runner) = Runner::start(vec![fx.clone()], settings()).await else {
+        return;
+    };
+    runner.settled().await;
+    let mut client = runner.client().await;
+    let subscribed = client
+        .mcp_subscribe(McpSubscribeRequest {
+            session_id: "s1".into(),
+            server: "fx".into(),
+            uri: "watch://file".into(),
+            unsubscribe: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(subscribed.uris, ["watch://file"]);
+    // Unknown servers and bad session ids are refused.
+    let err = client
+        .mcp_subscribe(McpSubscribeRequest {
+            session_id: "s1".into(),
+            server: "nope".into(),
+            uri: "watch://file".into(),
+            unsubscribe: false,
+        })
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("no MCP server is named"), "{err:?}");
+    let err = client
+        .mcp_subscribe(McpSubscribeRequest {
+            session_id: "../x".into(),
+            server: "fx".into(),
+            uri: "watch://file".into(),
+            unsubscribe: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    let file = runner.root.join("s1").join("note.txt");
+    let mut watch = Watch::open(&runner).await;
+    let first = write_until_update(&file, "first", &mut watch).await;
+    assert_eq!(
+        (
+            first.session_id.as_str(),
+            first.server.as_str(),
+            first.uri.as_str()
+        ),
+        ("s1", "fx", "watch://file")
+    );
+    let second = write_until_update(&file, "second", &mut watch).await;
+    assert_ne!(first.id, second.id, "new content, new id");
+
+    // The resource reads as the session.
+    let read = client
+        .mcp_read_resource(McpReadResourceRequest {
+            session_id: "s1".into(),
+            server: "fx".into(),
+            uri: "watch://file".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read.text.trim_end(), "second");
+
+    // A runner started again on the same workspaces subscribes again.
+    let dir = runner.stop().await;
+    let runner = Runner::start_in(dir, vec![fx], settings()).await.unwrap();
+    let mut watch = Watch::open(&runner).await;
+    let third = write_until_update(&file, "third", &mut watch).await;
+    assert_eq!(third.session_id, "s1");
+
+    // Unsubscribed: no more updates.
+    let left = runner
+        .client()
+        .await
+        .mcp_subscribe(McpSubscribeRequest {
+            session_id: "s1".into(),
+            server: "fx".into(),
+            uri: "watch://file".into(),
+            unsubscribe: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(left.uris.is_empty());
+    std::fs::write(&file, "fourth").unwrap();
+    assert!(watch.next(Duration::from_secs(2)).await.is_none());
 }

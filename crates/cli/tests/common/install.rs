@@ -85,6 +85,15 @@ impl Install {
             .to_string()
     }
 
+    /// The value of one of the install's variables.
+    pub fn env_value(&self, name: &str) -> String {
+        self.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+
     pub fn orchestrator_url(&self) -> String {
         self.env
             .iter()

@@ -4,6 +4,26 @@
 use super::*;
 
 impl SessionState {
+    /// A turn started by an event rather than a person's message (a task
+    /// reminder, an MCP resource update): tools are approved by policy.
+    fn start_event_turn(&mut self, turn_id: &str) {
+        self.turn = Some(Turn {
+            id: turn_id.to_string(),
+            steps: 0,
+            usage: TokenUsage::default(),
+            calls: Vec::new(),
+            assistant_index: 0,
+            last_text: String::new(),
+            approval_mode: ApprovalMode::Policy,
+            restarts: 0,
+            skillset: String::new(),
+            plan: None,
+            network: false,
+            cost: 0.0,
+        });
+        self.phase = Phase::Generate;
+    }
+
     /// Folds one event into the state. The only place the state changes.
     pub fn apply(&mut self, turn_id: &str, kind: &Kind) {
         self.last_seq += 1;
@@ -142,6 +162,14 @@ impl SessionState {
                 self.turn = None;
                 self.phase = Phase::Idle;
             }
+            Kind::McpResourceUpdated(u) => {
+                self.last_mcp_updates
+                    .insert((u.server.clone(), u.uri.clone()), u.update_id.clone());
+                self.push_history(Message::User {
+                    content: super::compose_mcp_update(u),
+                });
+                self.start_event_turn(turn_id);
+            }
             Kind::ReminderDue(r) => {
                 self.delivered_firings.insert(r.firing_id.clone());
                 if r.reminder_kind() == pb::ReminderKind::Task {
@@ -150,21 +178,7 @@ impl SessionState {
                     self.push_history(Message::User {
                         content: compose_reminder(r),
                     });
-                    self.turn = Some(Turn {
-                        id: turn_id.to_string(),
-                        steps: 0,
-                        usage: TokenUsage::default(),
-                        calls: Vec::new(),
-                        assistant_index: 0,
-                        last_text: String::new(),
-                        approval_mode: ApprovalMode::Policy,
-                        restarts: 0,
-                        skillset: String::new(),
-                        plan: None,
-                        network: false,
-                        cost: 0.0,
-                    });
-                    self.phase = Phase::Generate;
+                    self.start_event_turn(turn_id);
                 }
             }
             Kind::SkillsetChosen(s) => {

@@ -23,7 +23,7 @@ use agentry_proto::sessions::v1::{
     self as pb, ApprovalDecision, ApprovalMode, ErrorSource, PlanStepStatus, TokenUsage,
     ToolCallPhase, TurnOutcome, event::Kind,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, LazyLock};
 
 /// Where a session is.
@@ -243,6 +243,9 @@ pub struct SessionState {
     pub view: ViewRef,
     /// Reminder firings already in the log (a firing enters at most once).
     pub delivered_firings: BTreeSet<String>,
+    /// The last update of each subscribed MCP resource in the log, by
+    /// (server, URI): the same update delivered again enters once.
+    pub last_mcp_updates: BTreeMap<(String, String), String>,
     /// Spending limits the person set (0: the configured one).
     pub limits: pb::Budget,
     /// Tokens the session's model calls used so far.
@@ -318,6 +321,14 @@ pub enum Input {
         turn_id: String,
         /// The firing.
         reminder: pb::ReminderDue,
+    },
+    /// An MCP resource the session subscribed to changed: a turn starts
+    /// with it when the session is idle.
+    McpResourceUpdated {
+        /// The id for the turn it starts.
+        turn_id: String,
+        /// The update.
+        update: pb::McpResourceUpdated,
     },
     /// The session was loaded with a turn that never finished (the
     /// orchestrator stopped mid-turn): recover it.
@@ -471,6 +482,7 @@ impl SessionState {
             catalog: Arc::default(),
             view: ViewRef(DEFAULT_VIEW.clone()),
             delivered_firings: BTreeSet::new(),
+            last_mcp_updates: BTreeMap::new(),
             limits: pb::Budget::default(),
             spent_tokens: 0,
             spent_cost: 0.0,
@@ -607,6 +619,15 @@ pub fn compose_reminder(r: &pb::ReminderDue) -> String {
     format!(
         "[Reminder] A reminder you scheduled is due now{late}: {}\nDo what it asks.",
         r.message
+    )
+}
+
+/// The message an MCP resource update puts before the model.
+pub fn compose_mcp_update(u: &pb::McpResourceUpdated) -> String {
+    format!(
+        "[MCP update] The resource {} of the MCP server {}, which this session subscribed to, \
+         changed. Its content now:\n{}\nDo what the subscription was for.",
+        u.uri, u.server, u.content
     )
 }
 

@@ -204,6 +204,24 @@ impl SessionState {
                 }
                 self.emit(&mut out, &turn_id, Kind::ReminderDue(reminder));
             }
+            (
+                _,
+                Input::McpResourceUpdated {
+                    turn_id: new_turn,
+                    update,
+                },
+            ) => {
+                let key = (update.server.clone(), update.uri.clone());
+                if self.last_mcp_updates.get(&key) == Some(&update.update_id) {
+                    return Ok(Vec::new()); // Delivered again: already in the log.
+                }
+                if phase != Phase::Idle {
+                    return Err(Refusal::Busy);
+                }
+                self.emit(&mut out, &new_turn, Kind::McpResourceUpdated(update));
+                self.call_model(&mut out, &new_turn, true);
+                return Ok(Self::into_effects(&new_turn, out));
+            }
             (Phase::Generate, Input::Interrupted) => {
                 let restarts = self.turn.as_ref().map(|t| t.restarts).unwrap_or_default();
                 if restarts >= MAX_RESTARTS_PER_TURN {

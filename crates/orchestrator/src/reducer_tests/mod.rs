@@ -892,6 +892,7 @@ mod idle;
 mod lifecycle;
 mod limits;
 mod loops;
+mod mcp;
 mod network;
 mod plan;
 mod randomized;

@@ -125,7 +125,7 @@ impl Config {
     /// Resolves the configuration from its layers.
     pub fn load(source: &ConfigSource) -> Result<Config, ConfigError> {
         let mut merged = parse_layer("built-in defaults", DEFAULT_TOML)?;
-        check_layer("built-in defaults", &merged)?;
+        check_layer("built-in defaults", &merged, None)?;
         if let Some(dir) = &source.dir {
             for name in ["default.toml", "local.toml"] {
                 let path = dir.join(name);
@@ -145,7 +145,7 @@ impl Config {
                 // only some keys, yet errors still name this file.
                 let mut candidate = merged.clone();
                 merge(&mut candidate, layer);
-                check_layer(&label, &candidate)?;
+                check_layer(&label, &candidate, Some(dir))?;
                 merged = candidate;
             }
         }
@@ -155,7 +155,7 @@ impl Config {
             };
             let mut candidate = merged.clone();
             set_path(&mut candidate, path, env_value(&merged, path, value));
-            check_layer(var, &candidate).map_err(|e| ConfigError::Env {
+            check_layer(var, &candidate, source.dir.as_deref()).map_err(|e| ConfigError::Env {
                 var: (*var).to_string(),
                 value: if var.ends_with("_API_KEY") || var.ends_with("_TOKEN") {
                     "<redacted>".to_string()
@@ -450,8 +450,15 @@ fn parse_layer(label: &str, text: &str) -> Result<toml::Table, ConfigError> {
         })
 }
 
-fn check_layer(label: &str, table: &toml::Table) -> Result<(), ConfigError> {
-    deserialize(label, table)?.validate(label)
+fn check_layer(
+    label: &str,
+    table: &toml::Table,
+    dir: Option<&std::path::Path>,
+) -> Result<(), ConfigError> {
+    let mut config = deserialize(label, table)?;
+    // Paths in the layers are relative to the config directory.
+    config.config_dir = dir.map(std::path::Path::to_path_buf);
+    config.validate(label)
 }
 
 fn deserialize(label: &str, table: &toml::Table) -> Result<Config, ConfigError> {

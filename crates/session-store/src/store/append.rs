@@ -214,6 +214,8 @@ impl Store {
                     event::Kind::ReminderDue(r) if r.reminder_kind() == ReminderKind::Task => {
                         turn_open = Some(true)
                     }
+                    // It starts a turn, like a task reminder.
+                    event::Kind::McpResourceUpdated(_) => turn_open = Some(true),
                     _ => {}
                 }
                 let time = e.time.as_ref().map(ms_from_timestamp).unwrap_or(now);

@@ -123,6 +123,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::ToolsOffered(_) => "tools_offered",
         event::Kind::LoopDetected(_) => "loop_detected",
         event::Kind::BudgetExceeded(_) => "budget_exceeded",
+        event::Kind::McpResourceUpdated(_) => "mcp_resource_updated",
     }
 }
 

@@ -355,6 +355,67 @@ impl Conn {
         }
     }
 
+    /// Whether the server offers resource subscriptions.
+    pub fn supports_subscriptions(&self) -> bool {
+        self.service
+            .peer_info()
+            .and_then(|info| info.capabilities.resources.as_ref()?.subscribe)
+            .unwrap_or(false)
+    }
+
+    /// Reads a resource: its text (binary parts described) and MIME type.
+    pub async fn read_resource(
+        &self,
+        uri: &str,
+        timeout: Duration,
+    ) -> Result<(String, String), String> {
+        self.touch();
+        let read = self
+            .service
+            .peer()
+            .read_resource(rmcp::model::ReadResourceRequestParams::new(uri));
+        let result = tokio::time::timeout(timeout, read)
+            .await
+            .map_err(|_| {
+                format!(
+                    "resources/read got no answer within {}s",
+                    timeout.as_secs_f64()
+                )
+            })?
+            .map_err(|e| format!("resources/read failed: {}", self.explain(&e)))?;
+        let mut parts = Vec::new();
+        let mut mime = String::new();
+        for contents in &result.contents {
+            match contents {
+                rmcp::model::ResourceContents::TextResourceContents {
+                    text, mime_type, ..
+                } => {
+                    if mime.is_empty() {
+                        mime = mime_type.clone().unwrap_or_default();
+                    }
+                    parts.push(text.clone());
+                }
+                rmcp::model::ResourceContents::BlobResourceContents {
+                    uri,
+                    mime_type,
+                    blob,
+                    ..
+                } => {
+                    if mime.is_empty() {
+                        mime = mime_type.clone().unwrap_or_default();
+                    }
+                    parts.push(format!(
+                        "[{uri}: {} bytes of binary data ({}), not shown]",
+                        blob.len() * 3 / 4,
+                        mime_type.as_deref().unwrap_or("application/octet-stream")
+                    ));
+                }
+                _ => parts.push("[contents of a kind Agentry does not know]".into()),
+            }
+        }
+        Ok((parts.join("\n"), mime))
+    }
+
     /// Subscribes to updates of `uri` (legacy `resources/subscribe`, or a
     /// `subscriptions/listen` stream on 2026-07-28).
     pub async fn subscribe(&self, uri: &str, timeout: Duration) -> Result<(), String> {
@@ -511,6 +572,23 @@ impl ServerProcess {
             dir if Path::new(dir).is_absolute() => PathBuf::from(dir),
             dir => place.workspace.join(dir),
         };
+        let path_var = sandbox
+            .base_env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| agentry_sandbox::DEFAULT_PATH.to_string());
+        if find_program(&config.command, &path_var).is_none() {
+            return Err(format!(
+                "cannot find the program {:?}{}",
+                config.command,
+                if config.command.contains('/') {
+                    String::new()
+                } else {
+                    format!(" on the PATH ({path_var})")
+                }
+            ));
+        }
         let mut argv = vec![config.command.clone()];
         argv.extend(config.args.iter().cloned());
         let mut cmd = match &sandbox.helper {
@@ -661,15 +739,7 @@ pub fn own_files(config: &McpServerConfig, env: &[(String, String)]) -> Vec<Path
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| agentry_sandbox::DEFAULT_PATH.to_string());
     let mut paths: Vec<PathBuf> = config.read_only.iter().map(PathBuf::from).collect();
-    let program = Path::new(&config.command);
-    let found = if program.components().count() > 1 {
-        Some(program.to_path_buf())
-    } else {
-        std::env::split_paths(&path_var)
-            .map(|dir| dir.join(program))
-            .find(|p| p.is_file())
-    };
-    if let Some(found) = found {
+    if let Some(found) = find_program(&config.command, &path_var) {
         for candidate in [found.clone(), found.canonicalize().unwrap_or(found)] {
             if let Some(dir) = candidate.parent() {
                 let root = if dir.file_name().is_some_and(|n| n == "bin") {
@@ -690,9 +760,22 @@ pub fn own_files(config: &McpServerConfig, env: &[(String, String)]) -> Vec<Path
             paths.push(dir.to_path_buf());
         }
     }
-    // Never the whole file system because a program sits at the top.
-    paths.retain(|p| p.parent().is_some());
+    // Never the whole file system because a program sits at the top, and
+    // only what exists (the sandbox refuses paths it cannot open).
+    paths.retain(|p| p.parent().is_some() && p.exists());
     paths.sort();
     paths.dedup();
     paths
+}
+
+/// The program a command names: as given when it has a directory part,
+/// else the first match on `path_var`.
+fn find_program(command: &str, path_var: &str) -> Option<PathBuf> {
+    let program = Path::new(command);
+    if program.components().count() > 1 {
+        return program.is_file().then(|| program.to_path_buf());
+    }
+    std::env::split_paths(path_var)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
 }

@@ -31,7 +31,7 @@ use crate::{ToolError, output::CappedOutput};
 use agentry_proto::sessions::v1 as spb;
 use agentry_runtime::config::{MCP_SEPARATOR, McpConfig, McpServerConfig};
 use conn::{CallError, Conn, ConnEvent, Place};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -139,6 +139,51 @@ struct Shared {
     /// Connections by (server, session).
     conns: Mutex<HashMap<(String, String), Slot>>,
     events: broadcast::Sender<McpEvent>,
+    /// Resource subscriptions, kept in [`Shared::subs_file`].
+    subs: Mutex<BTreeSet<Sub>>,
+    /// Updates not yet acknowledged, the latest per subscription.
+    pending: Mutex<BTreeMap<Sub, Update>>,
+    /// Bumped when `pending` gains an update.
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+/// A session's subscription to a resource of a server.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct Sub {
+    /// The session.
+    pub session_id: String,
+    /// The server's name.
+    pub server: String,
+    /// The resource.
+    pub uri: String,
+}
+
+/// A subscribed resource changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Update {
+    /// Derived from the subscription and the content.
+    pub id: String,
+    /// What changed, for whom.
+    pub sub: Sub,
+    /// The content after the change (capped).
+    pub content: String,
+}
+
+/// Largest resource content an update carries.
+const UPDATE_CONTENT_BYTES: usize = 16 * 1024;
+
+/// FNV-1a, 64 bits: the same update gets the same id on every runner.
+fn fnv64(parts: &[&str]) -> String {
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+    for part in parts {
+        for b in part.bytes().chain(std::iter::once(0)) {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
 }
 
 /// The MCP servers of one runner.
@@ -199,6 +244,9 @@ impl Mcp {
                 egress,
                 conns: Mutex::default(),
                 events: broadcast::channel(256).0,
+                subs: Mutex::default(),
+                pending: Mutex::default(),
+                changed: tokio::sync::watch::channel(0).0,
             }),
         }
     }
@@ -217,6 +265,9 @@ impl Mcp {
             tasks.spawn(catalog_loop(self.shared.clone(), server.clone()));
         }
         tasks.spawn(idle_loop(Arc::downgrade(&self.shared)));
+        self.load_subscriptions();
+        tasks.spawn(self.clone().update_loop());
+        tasks.spawn(self.clone().keeper_loop());
         tokio::spawn(async move { while tasks.join_next().await.is_some() {} })
     }
 
@@ -461,14 +512,270 @@ impl Mcp {
         Ok(outcome)
     }
 
-    /// Subscribes the session of `place` to updates of `uri` on `server`;
-    /// updates arrive through [`Mcp::events`].
-    pub async fn subscribe(&self, server: &str, uri: &str, place: &Place) -> Result<(), String> {
+    /// Subscribes `session_id` to updates of `uri` on `server` (or ends
+    /// the subscription); updates then wait in [`Mcp::pending`]. Returns
+    /// the session's subscriptions on that server.
+    pub async fn subscribe(
+        &self,
+        session_id: &str,
+        server: &str,
+        uri: &str,
+        unsubscribe: bool,
+    ) -> Result<Vec<String>, String> {
+        let Some(s) = self.shared.servers.get(server).cloned() else {
+            return Err(format!(
+                "no MCP server is named {server:?}; configured: {}",
+                self.shared
+                    .servers
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        };
+        if uri.trim().is_empty() {
+            return Err("the resource URI is empty".into());
+        }
+        let sub = Sub {
+            session_id: session_id.to_string(),
+            server: server.to_string(),
+            uri: uri.to_string(),
+        };
+        if unsubscribe {
+            lock(&self.shared.subs).remove(&sub);
+            lock(&self.shared.pending).remove(&sub);
+        } else {
+            let place = self.session_place(session_id)?;
+            let conn = self.connection(&s, &place).await?;
+            let supports = conn.supports_subscriptions();
+            if !supports {
+                return Err(format!(
+                    "the MCP server {server} does not offer resource subscriptions"
+                ));
+            }
+            conn.subscribe(uri, self.shared.settings.init_timeout)
+                .await?;
+            lock(&self.shared.subs).insert(sub);
+        }
+        self.save_subscriptions();
+        Ok(lock(&self.shared.subs)
+            .iter()
+            .filter(|s| s.session_id == session_id && s.server == server)
+            .map(|s| s.uri.clone())
+            .collect())
+    }
+
+    /// Reads `uri` of `server` as `session_id`: its text, MIME type, and
+    /// whether it was cut to `max_bytes`.
+    pub async fn read_resource(
+        &self,
+        session_id: &str,
+        server: &str,
+        uri: &str,
+        max_bytes: usize,
+    ) -> Result<(String, String, bool), String> {
         let Some(s) = self.shared.servers.get(server).cloned() else {
             return Err(format!("no MCP server is named {server:?}"));
         };
-        let conn = self.connection(&s, place).await?;
-        conn.subscribe(uri, self.shared.settings.init_timeout).await
+        let place = self.session_place(session_id)?;
+        let conn = self.connection(&s, &place).await?;
+        let (text, mime) = conn.read_resource(uri, s.timeout).await?;
+        let mut out = CappedOutput::new(max_bytes);
+        out.push(text.as_bytes());
+        let (text, truncated) = out.finish();
+        Ok((text, mime, truncated))
+    }
+
+    /// Updates waiting to be acknowledged.
+    pub fn pending(&self) -> Vec<Update> {
+        lock(&self.shared.pending).values().cloned().collect()
+    }
+
+    /// Changes whenever an update is added.
+    pub fn pending_changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.changed.subscribe()
+    }
+
+    /// Forgets acknowledged updates; `gone` ones also end their session's
+    /// subscriptions (the session no longer exists).
+    pub fn acknowledge(&self, acks: &[String], gone: &[String]) {
+        let mut pending = lock(&self.shared.pending);
+        let mut dropped = Vec::new();
+        pending.retain(|sub, update| {
+            if gone.contains(&update.id) {
+                dropped.push(sub.session_id.clone());
+                return false;
+            }
+            !acks.contains(&update.id)
+        });
+        drop(pending);
+        if !dropped.is_empty() {
+            lock(&self.shared.subs).retain(|s| !dropped.contains(&s.session_id));
+            self.save_subscriptions();
+        }
+    }
+
+    /// The subscriptions, for tests and health.
+    pub fn subscriptions(&self) -> Vec<Sub> {
+        lock(&self.shared.subs).iter().cloned().collect()
+    }
+
+    fn subs_file(&self) -> PathBuf {
+        self.shared
+            .workspace_root
+            .join(crate::workspace::TEMP_DIRS)
+            .join(".mcp-subscriptions.json")
+    }
+
+    fn load_subscriptions(&self) {
+        let path = self.subs_file();
+        let subs: Vec<Sub> = match std::fs::read(&path) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(subs) => subs,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot read the MCP subscriptions; starting without them");
+                    Vec::new()
+                }
+            },
+            Err(_) => Vec::new(),
+        };
+        let known: Vec<Sub> = subs
+            .into_iter()
+            .filter(|s| self.shared.servers.contains_key(&s.server))
+            .collect();
+        if !known.is_empty() {
+            tracing::info!(count = known.len(), "restoring MCP resource subscriptions");
+        }
+        lock(&self.shared.subs).extend(known);
+    }
+
+    fn save_subscriptions(&self) {
+        let path = self.subs_file();
+        let subs = self.subscriptions();
+        let write = || -> std::io::Result<()> {
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&subs).unwrap_or_default())?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            tracing::warn!(path = %path.display(), error = %e, "cannot save the MCP subscriptions");
+        }
+    }
+
+    /// The session's workspace, prepared for its identity.
+    fn session_place(&self, session_id: &str) -> Result<Place, String> {
+        let ws = crate::workspace::Workspace::open(&self.shared.workspace_root, session_id)
+            .map_err(|e| e.to_string())?;
+        for dir in [ws.root(), ws.tmp()] {
+            self.shared
+                .sandbox
+                .hand_over(session_id, dir)
+                .map_err(|e| format!("cannot prepare the workspace: {e}"))?;
+        }
+        Ok(Place {
+            session_id: session_id.to_string(),
+            workspace: ws.root().to_path_buf(),
+            tmp: ws.tmp().to_path_buf(),
+        })
+    }
+
+    /// Turns announcements of subscribed resources into updates.
+    async fn update_loop(self) {
+        let mut events = self.events();
+        loop {
+            let event = match events.recv().await {
+                Ok(event) => event,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "MCP announcements were missed");
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            let ConnEvent::ResourceUpdated { uri } = &event.event else {
+                continue;
+            };
+            let sub = Sub {
+                session_id: event.session_id.clone(),
+                server: event.server.clone(),
+                uri: uri.clone(),
+            };
+            if !lock(&self.shared.subs).contains(&sub) {
+                continue;
+            }
+            let this = self.clone();
+            tokio::spawn(async move {
+                let content = match this
+                    .read_resource(&sub.session_id, &sub.server, &sub.uri, UPDATE_CONTENT_BYTES)
+                    .await
+                {
+                    Ok((text, _, _)) => text,
+                    Err(why) => format!("[the resource could not be read: {why}]"),
+                };
+                let update = Update {
+                    id: fnv64(&[&sub.session_id, &sub.server, &sub.uri, &content]),
+                    sub: sub.clone(),
+                    content,
+                };
+                tracing::info!(session = %sub.session_id, server = %sub.server, uri = %sub.uri, id = %update.id, "MCP resource updated");
+                lock(&this.shared.pending).insert(sub, update);
+                this.shared.changed.send_modify(|n| *n += 1);
+            });
+        }
+    }
+
+    /// Keeps every subscription's connection open, starting it again (and
+    /// subscribing again) when it ended.
+    async fn keeper_loop(self) {
+        let mut retry_at: HashMap<Sub, (Instant, Duration)> = HashMap::new();
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for sub in self.subscriptions() {
+                let key = (sub.server.clone(), sub.session_id.clone());
+                let slot = lock(&self.shared.conns).get(&key).cloned();
+                let open = match &slot {
+                    Some(slot) => match slot.try_lock() {
+                        Ok(held) => held.as_ref().is_some_and(|c| c.is_open()),
+                        // Being opened or used right now.
+                        Err(_) => true,
+                    },
+                    None => false,
+                };
+                if open {
+                    retry_at.remove(&sub);
+                    continue;
+                }
+                if retry_at
+                    .get(&sub)
+                    .is_some_and(|(at, _)| Instant::now() < *at)
+                {
+                    continue;
+                }
+                let Some(server) = self.shared.servers.get(&sub.server).cloned() else {
+                    continue;
+                };
+                let again = async {
+                    let place = self.session_place(&sub.session_id)?;
+                    let conn = self.connection(&server, &place).await?;
+                    conn.subscribe(&sub.uri, self.shared.settings.init_timeout)
+                        .await
+                };
+                match again.await {
+                    Ok(()) => {
+                        tracing::info!(session = %sub.session_id, server = %sub.server, uri = %sub.uri, "MCP subscription established again");
+                        retry_at.remove(&sub);
+                    }
+                    Err(why) => {
+                        let delay = retry_at
+                            .get(&sub)
+                            .map(|(_, d)| (*d * 2).min(Duration::from_secs(60)))
+                            .unwrap_or(Duration::from_secs(1));
+                        tracing::warn!(session = %sub.session_id, server = %sub.server, uri = %sub.uri, error = %why, retry_in = ?delay, "cannot subscribe again");
+                        retry_at.insert(sub, (Instant::now() + delay, delay));
+                    }
+                }
+            }
+        }
     }
 
     /// The session's open connection to `server`, started when there is
@@ -532,8 +839,16 @@ async fn close_where(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let kept: BTreeSet<(String, String)> = lock(&shared.subs)
+        .iter()
+        .map(|s| (s.server.clone(), s.session_id.clone()))
+        .collect();
     let mut open = Vec::new();
     for (key, slot) in &slots {
+        // Connections holding subscriptions stay open.
+        if kept.contains(key) {
+            continue;
+        }
         // A slot being opened is busy, not idle.
         if let Ok(held) = slot.try_lock()
             && let Some(conn) = held.as_ref()
