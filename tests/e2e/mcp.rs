@@ -312,3 +312,68 @@ async fn a_subscribed_resource_update_wakes_the_session_once_across_an_orchestra
         .count();
     assert_eq!(updates, 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_attaches_the_resources_it_mentions() {
+    let Some(venv) = venv() else {
+        return;
+    };
+    let (_dir, script) = fixture();
+    let python = venv.join("bin/python").display().to_string();
+    let cluster = Cluster::start_with(|c| {
+        c.mcp_servers = vec![McpServerConfig {
+            name: "fx".into(),
+            command: python,
+            args: vec![script, "stdio".into()],
+            env: [("FIXTURE_WATCH_FILE".to_string(), "note.txt".to_string())].into(),
+            enabled: true,
+            ..McpServerConfig::default()
+        }];
+    })
+    .await
+    .unwrap();
+    until_ready(&cluster, 1).await;
+    cluster
+        .model
+        .push(Reply::text("It says the build is green."));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let workspace = cluster.workspace_root().join(&session.id);
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("note.txt"), "the build is green").unwrap();
+
+    let turn = send(
+        &mut client,
+        &session.id,
+        "what does @fx:watch://file say? (mail me@home:x if unsure)",
+    )
+    .await;
+    let got = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&got).outcome, TurnOutcome::Completed as i32);
+    let request = cluster.model.requests()[0].to_string();
+    assert!(
+        request.contains(
+            "[attached: the resource watch://file of the MCP server fx (text/plain)]\\nthe build is green"
+        ),
+        "{request}"
+    );
+    // Not a configured server: left as written.
+    assert!(request.contains("me@home:x"), "{request}");
+
+    // A resource that cannot be read refuses the message, saying why.
+    let refused = client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(user("read @fx:nothing://here")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused
+            .message()
+            .contains("cannot attach @fx:nothing://here"),
+        "{}",
+        refused.message()
+    );
+}

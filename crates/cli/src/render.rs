@@ -243,6 +243,9 @@ pub struct Renderer<A: Write, B: Write> {
     plan: Vec<String>,
     /// What the turns seen so far cost, and in which currency.
     session_cost: Option<(f64, String)>,
+    /// Calls of MCP tools in flight, whose progress and log messages are
+    /// shown as they come.
+    mcp_calls: std::collections::HashSet<String>,
 }
 
 /// An amount of money: `$0.0123` in USD, else `0.0123 EUR`.
@@ -287,6 +290,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             show_approvals: true,
             step_tokens: Vec::new(),
             session_cost: None,
+            mcp_calls: std::collections::HashSet::new(),
             plan: Vec::new(),
         }
     }
@@ -328,6 +332,9 @@ impl<A: Write, B: Write> Renderer<A, B> {
             }
             Kind::ToolCallRequested(c) => {
                 self.end_line();
+                if c.tool.contains("__") {
+                    self.mcp_calls.insert(c.call_id.clone());
+                }
                 let _ = writeln!(
                     self.activity,
                     "  → {} {}",
@@ -363,8 +370,17 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 self.end_line();
                 let _ = writeln!(self.activity, "  ✓ {what}");
             }
+            // A call of an MCP tool streams its server's progress and log
+            // messages; other tools' output shows with the result.
+            Kind::ToolOutputChunk(c) if self.mcp_calls.contains(&c.call_id) => {
+                self.end_line();
+                for line in c.text.lines().filter(|l| !l.trim().is_empty()) {
+                    let _ = writeln!(self.activity, "    │ {}", shorten(line, 160));
+                }
+            }
             Kind::ToolOutputChunk(_) => {}
             Kind::ToolResult(r) => {
+                self.mcp_calls.remove(&r.call_id);
                 let mark = if r.is_error { "✗" } else { "←" };
                 let runner = if r.runner_id.is_empty() {
                     String::new()
@@ -573,6 +589,52 @@ mod tests {
             text,
             "  (the model asked for the same bash call 3 times: told the model its result would \
              not change)\n  (the model asked for the same bash call 4 times: stopped the turn)\n"
+        );
+    }
+
+    #[test]
+    fn mcp_progress_shows_live_and_updates_show_in_place() {
+        let requested = |id: &str, tool: &str| {
+            event(Kind::ToolCallRequested(pb::ToolCallRequested {
+                call_id: id.into(),
+                tool: tool.into(),
+                arguments_json: "{}".into(),
+                ..Default::default()
+            }))
+        };
+        let chunk = |id: &str, text: &str| {
+            event(Kind::ToolOutputChunk(pb::ToolOutputChunk {
+                call_id: id.into(),
+                stream: pb::OutputStream::Stderr as i32,
+                text: text.into(),
+            }))
+        };
+        let text = rendered(&[
+            requested("m1", "fx__slow"),
+            chunk(
+                "m1",
+                "[progress 1/3] step 1/3\n[info] fixture: slow: step 1/3\n",
+            ),
+            requested("b1", "bash"),
+            chunk("b1", "compiling...\n"),
+            event(Kind::McpResourceUpdated(pb::McpResourceUpdated {
+                server: "fx".into(),
+                uri: "watch://file".into(),
+                update_id: "u1".into(),
+                content: "the build is green".into(),
+            })),
+        ]);
+        assert!(
+            text.contains("    │ [progress 1/3] step 1/3\n    │ [info] fixture: slow: step 1/3\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("compiling"),
+            "bash output shows with its result: {text}"
+        );
+        assert!(
+            text.contains("↻ watch://file changed on fx: the build is green"),
+            "{text}"
         );
     }
 

@@ -9,6 +9,7 @@
 //! itself is the pure `agentry-policy` crate.
 
 pub mod actor;
+pub mod attachments;
 pub mod builtin;
 pub mod compaction;
 pub mod deps;

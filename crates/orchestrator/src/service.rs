@@ -226,6 +226,87 @@ impl OrchestratorService {
     }
 }
 
+impl OrchestratorService {
+    /// A user message with the MCP resources it mentions (`@server:uri`,
+    /// for configured servers) read and attached. A mention of a server
+    /// that is not configured is left as written (it may be an address);
+    /// a resource that cannot be read refuses the message, saying why.
+    pub async fn with_attachments(&self, session_id: &str, input: Input) -> Result<Input, Status> {
+        let Input::UserMessage {
+            turn_id,
+            text,
+            approval_mode,
+            plan,
+            network,
+            budget,
+        } = input
+        else {
+            return Ok(input);
+        };
+        let mentions = crate::attachments::mentions(&text);
+        let mut resources = Vec::new();
+        if !mentions.is_empty() {
+            let servers: Vec<String> = self
+                .deps
+                .runners
+                .list_tools()
+                .await
+                .map(|r| r.mcp_servers.into_iter().map(|s| s.name).collect())
+                .unwrap_or_default();
+            for (server, uri) in mentions {
+                if !servers.contains(&server) {
+                    continue;
+                }
+                let request = agentry_proto::tools::v1::McpReadResourceRequest {
+                    session_id: session_id.to_string(),
+                    server: server.clone(),
+                    uri: uri.clone(),
+                };
+                let read = self
+                    .deps
+                    .runners
+                    .on_any(|mut client| {
+                        let request = request.clone();
+                        async move {
+                            client
+                                .mcp_read_resource(request)
+                                .await
+                                .map(tonic::Response::into_inner)
+                        }
+                    })
+                    .await
+                    .map_err(|s| {
+                        Status::failed_precondition(format!(
+                            "cannot attach @{server}:{uri}: {}",
+                            s.message()
+                        ))
+                    })?;
+                let mut content = read.text;
+                if read.truncated {
+                    content.push_str("\n[cut to the tool runner's output limit]");
+                }
+                resources.push((server, uri, read.mime_type, content));
+            }
+        }
+        let text = crate::attachments::attach(&text, &resources);
+        if text.len() > MAX_MESSAGE_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "the message with its attachments is {} bytes; at most {MAX_MESSAGE_BYTES} are \
+                 accepted",
+                text.len()
+            )));
+        }
+        Ok(Input::UserMessage {
+            turn_id,
+            text,
+            approval_mode,
+            plan,
+            network,
+            budget,
+        })
+    }
+}
+
 /// The id of a turn an input starts.
 pub fn new_turn_id() -> String {
     uuid::Uuid::now_v7().to_string()
@@ -315,6 +396,7 @@ impl Orchestrator for OrchestratorService {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let req = request.into_inner();
         let input = parse_input(req.input)?;
+        let input = self.with_attachments(&req.session_id, input).await?;
         let submitted = self.submit_input(&req.session_id, input).await?;
         Ok(Response::new(pb::SubmitResponse {
             turn_id: submitted.turn_id,
@@ -386,7 +468,10 @@ impl Orchestrator for OrchestratorService {
             while let Ok(Some(message)) = inbound.message().await {
                 let outcome = match message.kind {
                     Some(pb::chat_request::Kind::Input(input)) => match parse_input(Some(input)) {
-                        Ok(input) => this.submit_input(&session_id, input).await.map(|_| ()),
+                        Ok(input) => match this.with_attachments(&session_id, input).await {
+                            Ok(input) => this.submit_input(&session_id, input).await.map(|_| ()),
+                            Err(status) => Err(status),
+                        },
                         Err(status) => Err(status),
                     },
                     Some(pb::chat_request::Kind::Attach(_)) => Err(Status::invalid_argument(

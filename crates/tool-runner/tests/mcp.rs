@@ -186,6 +186,7 @@ fn confined(root: &Path) -> Option<Sandbox> {
 
 struct Runner {
     addr: SocketAddr,
+    metrics: SocketAddr,
     root: PathBuf,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<(), agentry_runtime::ServeError>>>,
@@ -248,6 +249,8 @@ impl Runner {
         let sandbox = confined(&root)?;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics = metrics_listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let setup = agentry_tool_runner::Setup {
             workspace_root: root.clone(),
@@ -261,7 +264,7 @@ impl Runner {
             sandbox,
             web: agentry_runtime::Config::builtin().tool_runner.web.clone(),
             runner_id: "mcp-test".into(),
-            metrics: None,
+            metrics: Some(metrics_listener),
             mcp_servers: servers,
             mcp: settings,
         };
@@ -274,6 +277,7 @@ impl Runner {
         });
         Some(Runner {
             addr,
+            metrics,
             root,
             shutdown: Some(tx),
             task: Some(task),
@@ -484,6 +488,22 @@ async fn stdio_and_http_servers_offer_their_tools_and_answer() {
     assert!(bad.err().contains("must be a JSON object"), "{}", bad.err());
     let unknown = runner.call("s1", "fx__nope", json!({})).await;
     assert!(unknown.err().contains("fx__echo"), "{}", unknown.err());
+
+    // The servers' health and counters are metrics.
+    let page = reqwest::get(format!("http://{}/metrics", runner.metrics))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "agentry_mcp_server_up{runner=\"mcp-test\",server=\"time\"} 1",
+        "agentry_mcp_server_up{runner=\"mcp-test\",server=\"web\"} 1",
+        "agentry_mcp_calls_total{runner=\"mcp-test\",server=\"time\"} 2",
+        "agentry_mcp_failures_total{runner=\"mcp-test\",server=\"fx\"} 0",
+    ] {
+        assert!(page.contains(line), "{line} not in:\n{page}");
+    }
     http.kill().await;
 }
 
