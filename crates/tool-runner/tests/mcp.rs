@@ -870,3 +870,49 @@ async fn subscribed_resources_send_updates_that_survive_a_restart() {
     std::fs::write(&file, "fourth").unwrap();
     assert!(watch.next(Duration::from_secs(2)).await.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_git_server_reads_a_repository_in_the_workspace() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    let git = McpServerConfig {
+        name: "git".into(),
+        command: servers
+            .venv
+            .join("bin/mcp-server-git")
+            .display()
+            .to_string(),
+        enabled: true,
+        ..McpServerConfig::default()
+    };
+    let Some(runner) = Runner::start(vec![git], settings()).await else {
+        return;
+    };
+    let statuses = runner.settled().await;
+    assert_eq!(statuses[0].state, "ready", "{statuses:?}");
+    // The repository is made by the session itself (its files belong to
+    // the session's identity, as git requires).
+    let made = runner
+        .call(
+            "s1",
+            "bash",
+            json!({"command": "git init -q -b main && echo hello > a.txt && git add a.txt && \
+                   git -c user.email=t@example.org -c user.name=t commit -qm 'first commit' && echo made"}),
+        )
+        .await;
+    assert!(made.ok().contains("made"), "{}", made.ok());
+    let log = runner
+        .call("s1", "git__git_log", json!({"repo_path": "."}))
+        .await;
+    assert!(log.ok().contains("first commit"), "{}", log.ok());
+    let status = runner
+        .call("s1", "git__git_status", json!({"repo_path": "."}))
+        .await;
+    assert!(status.ok().contains("On branch main"), "{}", status.ok());
+    // Another session's workspace is out of the server's reach.
+    let other = runner
+        .call("s2", "git__git_status", json!({"repo_path": "../s1"}))
+        .await;
+    assert!(other.result.is_error, "{}", other.result.output);
+}
