@@ -244,6 +244,10 @@ async fn a_subscribed_resource_update_wakes_the_session_once_across_an_orchestra
         false,
     )
     .await;
+    // A subscription lets future changes wake the agent: a person agrees.
+    let asked = until_approval(&mut events).await;
+    assert_eq!(asked.tool, "mcp_subscribe");
+    approve(&mut client, &session.id, &asked.call_id).await;
     let got = until_finished(&mut events, &turn).await;
     let result = &tool_results(&got)[0];
     assert!(!result.is_error, "{}", result.output);

@@ -2,6 +2,9 @@
 //! orchestrator reads it through a tool runner (as the session, inside its
 //! sandbox) and adds its content to the message, which the log then keeps.
 
+/// Most resources one message may attach.
+pub const MAX_ATTACHMENTS: usize = 8;
+
 /// The `@server:uri` mentions of `text`, in order, without repeats: a word
 /// that starts with `@`, then a name of letters, digits, `-` or `_`, a
 /// colon, and the URI (trailing punctuation of the sentence is not part of

@@ -266,19 +266,31 @@ async fn mcp_subscribe(deps: &Deps, session_id: &str, arguments: &str) -> Result
         uri: args.uri.clone(),
         unsubscribe: args.unsubscribe,
     };
-    let response = deps
-        .runners
-        .on_any(|mut client| {
-            let request = request.clone();
-            async move {
-                client
-                    .mcp_subscribe(request)
-                    .await
-                    .map(tonic::Response::into_inner)
+    let response = if args.unsubscribe {
+        // Whichever replica holds it: ask every one.
+        let mut last = Err("no tool runner answered".to_string());
+        for replica in deps.runners.replicas() {
+            match replica.client().mcp_subscribe(request.clone()).await {
+                Ok(r) => last = Ok(r.into_inner()),
+                Err(s) if last.is_err() => last = Err(s.message().to_string()),
+                Err(_) => {}
             }
-        })
-        .await
-        .map_err(|s| s.message().to_string())?;
+        }
+        last?
+    } else {
+        deps.runners
+            .on_any(|mut client| {
+                let request = request.clone();
+                async move {
+                    client
+                        .mcp_subscribe(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await
+            .map_err(|s| s.message().to_string())?
+    };
     let now = if response.uris.is_empty() {
         "none".to_string()
     } else {

@@ -244,6 +244,13 @@ impl OrchestratorService {
             return Ok(input);
         };
         let mentions = crate::attachments::mentions(&text);
+        if mentions.len() > crate::attachments::MAX_ATTACHMENTS {
+            return Err(Status::invalid_argument(format!(
+                "the message mentions {} resources; at most {} may be attached to one message",
+                mentions.len(),
+                crate::attachments::MAX_ATTACHMENTS
+            )));
+        }
         let mut resources = Vec::new();
         if !mentions.is_empty() {
             let servers: Vec<String> = self

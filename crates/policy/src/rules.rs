@@ -99,7 +99,9 @@ impl CompiledRule {
 
     /// Whether the rule matches one bash segment.
     fn matches_segment(&self, text: &str) -> bool {
-        self.applies_to(BASH)
+        // A rule about MCP servers' hints never decides a shell command.
+        self.read_only_hint.is_none()
+            && self.applies_to(BASH)
             && match &self.matcher {
                 Matcher::Any => true,
                 Matcher::Command(glob) => glob.is_match(text),
@@ -109,11 +111,11 @@ impl CompiledRule {
 
     /// Whether the rule matches a call of a tool other than bash. `paths`
     /// are the call's path argument as given and normalized.
-    fn matches_call(&self, tool: &str, paths: &[String], read_only_hint: bool) -> bool {
+    fn matches_call(&self, tool: &str, paths: &[String], read_only_hint: Option<bool>) -> bool {
         self.applies_to(tool)
             && self
                 .read_only_hint
-                .is_none_or(|hint| hint == read_only_hint)
+                .is_none_or(|hint| Some(hint) == read_only_hint)
             && match &self.matcher {
                 Matcher::Any => true,
                 Matcher::Command(_) => false,
@@ -310,17 +312,20 @@ impl Policy {
         read_only: bool,
         session_rules: &[SessionRule],
     ) -> Verdict {
-        self.check_tool(tool, arguments_json, read_only, false, session_rules)
+        self.check_tool(tool, arguments_json, read_only, None, session_rules)
     }
 
-    /// [`Policy::check`] for a tool whose server says it changes nothing
-    /// (`read_only_hint`, MCP tools): only rules asking for the hint use it.
+    /// [`Policy::check`] for any tool: `read_only_hint` is `Some` for a tool
+    /// of an MCP server (what the server says of it), `None` for the others.
+    /// Only rules asking for a hint match on it, and they match MCP tools
+    /// only; path rules never match MCP tools (a server's `path` argument
+    /// means what the server wants).
     pub fn check_tool(
         &self,
         tool: &str,
         arguments_json: &str,
         read_only: bool,
-        read_only_hint: bool,
+        read_only_hint: Option<bool>,
         session_rules: &[SessionRule],
     ) -> Verdict {
         if self.allow_all {
@@ -352,13 +357,12 @@ impl Policy {
                 },
             }
         } else {
-            self.check_call(
-                tool,
-                string_arg("path"),
-                read_only_hint,
-                default,
-                session_rules,
-            )
+            let path = if read_only_hint.is_some() {
+                None
+            } else {
+                string_arg("path")
+            };
+            self.check_call(tool, path, read_only_hint, default, session_rules)
         }
     }
 
@@ -367,7 +371,7 @@ impl Policy {
         &self,
         tool: &str,
         path: Option<String>,
-        read_only_hint: bool,
+        read_only_hint: Option<bool>,
         default: Decision,
         session_rules: &[SessionRule],
     ) -> Verdict {

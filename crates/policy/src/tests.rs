@@ -1036,7 +1036,7 @@ fn mcp_tools_are_confirmed_unless_a_rule_names_them() {
     };
     let policy = Policy::from_config(&config).unwrap();
     // A server's read-only hint alone allows nothing.
-    let verdict = policy.check_tool("time__get_current_time", "{}", false, true, &[]);
+    let verdict = policy.check_tool("time__get_current_time", "{}", false, Some(true), &[]);
     assert_eq!(verdict.decision, Decision::Confirm);
     assert_eq!(verdict.rule, "default for time__get_current_time: confirm");
 
@@ -1055,16 +1055,16 @@ fn mcp_tools_are_confirmed_unless_a_rule_names_them() {
         .rules
         .push(rule("git__git_reset", None, None, Decision::Deny, None));
     let policy = Policy::from_config(&config).unwrap();
-    let allowed = policy.check_tool("time__get_current_time", "{}", false, true, &[]);
+    let allowed = policy.check_tool("time__get_current_time", "{}", false, Some(true), &[]);
     assert_eq!(allowed.decision, Decision::Allow);
     assert_eq!(allowed.rule, "rule 1 (time__*): reads the clock");
     // ... but only the tools the server calls read-only.
-    let unhinted = policy.check_tool("time__set_clock", "{}", false, false, &[]);
+    let unhinted = policy.check_tool("time__set_clock", "{}", false, Some(false), &[]);
     assert_eq!(unhinted.decision, Decision::Confirm);
     // Another server's tool with the same hint is not covered.
-    let other = policy.check_tool("timer__get", "{}", false, true, &[]);
+    let other = policy.check_tool("timer__get", "{}", false, Some(true), &[]);
     assert_eq!(other.decision, Decision::Confirm);
-    let denied = policy.check_tool("git__git_reset", "{}", false, false, &[]);
+    let denied = policy.check_tool("git__git_reset", "{}", false, Some(false), &[]);
     assert_eq!(denied.decision, Decision::Deny);
     // The plain check never claims a hint.
     assert_eq!(
@@ -1073,6 +1073,33 @@ fn mcp_tools_are_confirmed_unless_a_rule_names_them() {
             .decision,
         Decision::Confirm
     );
+
+    // A rule trusting every server's hints decides MCP tools only: never
+    // a bash command, never a built-in tool.
+    let config = PolicyConfig {
+        tools: BTreeMap::new(),
+        rules: vec![PolicyRule {
+            read_only_hint: Some(true),
+            ..rule("*", None, None, Decision::Allow, None)
+        }],
+        network: false,
+    };
+    let trusting = Policy::from_config(&config).unwrap();
+    let rm = trusting.check("bash", r#"{"command":"rm -rf ~"}"#, false, &[]);
+    assert_eq!(rm.decision, Decision::Confirm, "{rm:?}");
+    let write = trusting.check("write_file", r#"{"path":"a","content":""}"#, false, &[]);
+    assert_eq!(write.decision, Decision::Confirm, "{write:?}");
+    let mcp = trusting.check_tool("docs__search", "{}", false, Some(true), &[]);
+    assert_eq!(mcp.decision, Decision::Allow);
+    // Path rules never match an MCP tool's own `path` argument.
+    let config = PolicyConfig {
+        tools: BTreeMap::new(),
+        rules: vec![rule("*", None, Some("src/**"), Decision::Allow, None)],
+        network: false,
+    };
+    let paths = Policy::from_config(&config).unwrap();
+    let fs = paths.check_tool("fs__delete", r#"{"path":"src/a"}"#, false, Some(false), &[]);
+    assert_eq!(fs.decision, Decision::Confirm, "{fs:?}");
 
     // Hints mean nothing for bash, and a bad tool glob is refused.
     for bad in [

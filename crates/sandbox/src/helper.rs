@@ -1,5 +1,6 @@
-//! The helper program, `agentry-sandbox '<spec as JSON>'`: confines one
-//! command and supervises it until it ends.
+//! The helper program, `agentry-sandbox '<spec as JSON>'` (or
+//! `agentry-sandbox @<file holding the spec>`, removed once read): confines
+//! one command and supervises it until it ends.
 //!
 //! The helper is single-threaded, which is what makes it safe to do the set
 //! up between fork and exec: no other thread can hold a lock the child
@@ -51,6 +52,21 @@ fn fail(message: &str) -> i32 {
 /// helper die of the same signal.
 pub fn run_main(args: &[String]) -> i32 {
     let spec: Spec = match args {
+        // `@FILE`: the spec is in a file the runner wrote for this call
+        // (so that secrets in its environment are not on the command line,
+        // which every user can read); it is removed once read.
+        [arg] if arg.starts_with('@') => {
+            let path = &arg[1..];
+            let text = std::fs::read_to_string(path);
+            let _ = std::fs::remove_file(path);
+            match text
+                .map_err(|e| e.to_string())
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+            {
+                Ok(spec) => spec,
+                Err(e) => return fail(&format!("the spec file {path} is not valid: {e}")),
+            }
+        }
         [json] => match serde_json::from_str(json) {
             Ok(spec) => spec,
             Err(e) => return fail(&format!("the spec is not valid: {e}")),

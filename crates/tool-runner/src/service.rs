@@ -209,7 +209,9 @@ impl ToolRunner for ToolRunnerService {
             let mut sent: std::collections::HashMap<String, Instant> = Default::default();
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
-                for update in mcp.pending() {
+                let pending = mcp.pending();
+                sent.retain(|id, _| pending.iter().any(|u| &u.id == id));
+                for update in pending {
                     if sent
                         .get(&update.id)
                         .is_some_and(|at| at.elapsed() < REDELIVER_AFTER)
@@ -496,7 +498,9 @@ impl QuotaWatch {
     /// A watch for `tool`'s call, when it is bash and there is a quota.
     async fn start(inner: &Inner, tool: &str, workspace: &Workspace) -> Option<QuotaWatch> {
         let quota = inner.limits.workspace_bytes;
-        if quota == 0 || tool != "bash" {
+        // Bash and MCP servers (which run in the workspace) may grow it.
+        let watched = tool == "bash" || inner.mcp.as_ref().is_some_and(|m| m.owns(tool));
+        if quota == 0 || !watched {
             return None;
         }
         let mut watch = QuotaWatch {

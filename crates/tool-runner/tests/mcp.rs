@@ -343,6 +343,32 @@ impl Runner {
     }
 }
 
+/// Kills the stdio server processes working in `session`'s workspace (as
+/// an outside event would: no call in flight); returns how many.
+fn kill_session_servers(root: &Path, session: &str) -> usize {
+    let workspace = root.join(session);
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if !cmdline.contains("fixture_server.py") || cmdline.contains("agentry-sandbox") {
+            continue;
+        }
+        if std::fs::read_link(entry.path().join("cwd")).ok().as_deref() == Some(workspace.as_path())
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            killed += 1;
+        }
+    }
+    killed
+}
+
 struct Call {
     live: String,
     result: ExecuteResult,
@@ -512,10 +538,27 @@ async fn stdio_servers_run_per_session_inside_its_sandbox() {
     let Some(servers) = Servers::new() else {
         return;
     };
-    let Some(runner) = Runner::start(vec![servers.stdio("fx")], settings()).await else {
+    let fx = McpServerConfig {
+        env: [("FIXTURE_SECRET".to_string(), "s3cr3t-t0ken-9".to_string())].into(),
+        ..servers.stdio("fx")
+    };
+    let Some(runner) = Runner::start(vec![fx], settings()).await else {
         return;
     };
     runner.settled().await;
+    // The server's environment is on no command line any user can read,
+    // and the file that carried it to the sandbox is gone.
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            assert!(
+                !String::from_utf8_lossy(&cmdline).contains("s3cr3t-t0ken-9"),
+                "{}",
+                String::from_utf8_lossy(&cmdline)
+            );
+        }
+    }
+    let specs = runner.root.join(".tmp/.mcp-specs");
+    assert_eq!(std::fs::read_dir(&specs).unwrap().count(), 0);
     let who = runner.call("s1", "fx__whoami", json!({})).await;
     let ws = runner.root.join("s1").display().to_string();
     assert!(
@@ -833,6 +876,14 @@ async fn subscribed_resources_send_updates_that_survive_a_restart() {
     );
     let second = write_until_update(&file, "second", &mut watch).await;
     assert_ne!(first.id, second.id, "new content, new id");
+
+    // The server dies: the runner starts it again and subscribes again.
+    assert_eq!(kill_session_servers(&runner.root, "s1"), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let revived = write_until_update(&file, "after the crash", &mut watch).await;
+    assert_eq!(revived.uri, "watch://file");
+    let back = write_until_update(&file, "second", &mut watch).await;
+    assert_eq!(back.id, second.id, "the same content, the same id");
 
     // The resource reads as the session.
     let read = client

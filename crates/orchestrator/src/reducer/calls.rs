@@ -4,13 +4,16 @@
 use super::*;
 
 impl SessionState {
-    /// What the tool's MCP server says of it, from the catalog the call
-    /// was offered with.
-    fn read_only_hint(&self, tool: &str) -> bool {
-        self.catalog
-            .flags
-            .get(tool)
-            .is_some_and(|f| f.read_only_hint)
+    /// For a tool of an MCP server (its name has the `__` separator, which
+    /// no other tool's has): what the server says of it, from the catalog
+    /// the call was offered with. `None` for every other tool.
+    fn read_only_hint(&self, tool: &str) -> Option<bool> {
+        tool.contains("__").then(|| {
+            self.catalog
+                .flags
+                .get(tool)
+                .is_some_and(|f| f.read_only_hint)
+        })
     }
 
     /// A call's result, with its terminal state.

@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncBufReadExt;
 use tokio::sync::{broadcast, mpsc};
 
 /// Something a server said outside of a call's answer.
@@ -93,7 +92,7 @@ impl ClientHandler for Handler {
             None => format!("[{level}] {data}"),
         };
         // Nobody may be listening (no call in flight): fine.
-        let _ = self.logs.send(line);
+        let _ = self.logs.send(clip(line, MAX_LINE));
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -139,6 +138,8 @@ pub struct Conn {
     pub protocol: ProtocolVersion,
     last_used: Mutex<Instant>,
     stderr_tail: Arc<Mutex<Vec<String>>>,
+    /// Resources subscribed on this connection.
+    subscribed: Mutex<std::collections::BTreeSet<String>>,
     _network: Option<crate::egress::Pass>,
 }
 
@@ -190,11 +191,16 @@ impl Conn {
             let transport = http_transport(config)?;
             match tokio::time::timeout(init_timeout, handler.serve(transport)).await {
                 Ok(Ok(service)) => (service, None),
-                Ok(Err(e)) => return Err(format!("{} did not start a session: {e}", config.url)),
+                Ok(Err(e)) => {
+                    return Err(format!(
+                        "{} did not start a session: {e}",
+                        shown_url(&config.url)
+                    ));
+                }
                 Err(_) => {
                     return Err(format!(
                         "{} did not answer initialize within {}s",
-                        config.url,
+                        shown_url(&config.url),
                         init_timeout.as_secs_f64()
                     ));
                 }
@@ -210,6 +216,7 @@ impl Conn {
             protocol,
             last_used: Mutex::new(Instant::now()),
             stderr_tail,
+            subscribed: Mutex::default(),
             _network: network,
         };
         conn.listen_for_tool_changes();
@@ -242,9 +249,23 @@ impl Conn {
         });
     }
 
-    /// Whether the connection still works.
+    /// Whether the connection still works: the service runs, its
+    /// transport is open, and (stdio) the server's process is alive.
     pub fn is_open(&self) -> bool {
         !self.service.is_closed()
+            && !self.service.peer().is_transport_closed()
+            && self
+                .process
+                .as_ref()
+                .is_none_or(|p| p.status_now().is_none())
+    }
+
+    /// The resources this connection is subscribed to.
+    pub fn subscribed(&self) -> std::collections::BTreeSet<String> {
+        self.subscribed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// When it was last used.
@@ -290,6 +311,12 @@ impl Conn {
             .send_request_with_option(request, options)
             .await
             .map_err(|e| self.call_error(e))?;
+        // A call dropped before its answer (the caller cancelled) is
+        // cancelled on the server too.
+        let mut cancel = CancelOnDrop {
+            peer: Some(self.service.peer().clone()),
+            id: handle.id.clone(),
+        };
         let mut progress = self
             .service
             .service()
@@ -298,9 +325,14 @@ impl Conn {
             .await;
         let response = handle.await_response();
         tokio::pin!(response);
+        // The request's own deadline sends the cancellation; this one holds
+        // even when sending it hangs.
+        let hard = tokio::time::sleep(timeout + CANCEL_GRACE);
+        tokio::pin!(hard);
         let answer = loop {
             tokio::select! {
                 answer = &mut response => break answer,
+                () = &mut hard => break Err(ServiceError::Timeout { timeout }),
                 Some(p) = futures::StreamExt::next(&mut progress) => {
                     let _ = sink.send((OutputStream::Stderr, progress_line(&p))).await;
                 }
@@ -310,6 +342,7 @@ impl Conn {
             }
         };
         self.touch();
+        cancel.peer = None;
         match answer.map_err(|e| self.call_error(e))? {
             ServerResult::CallToolResult(result) => Ok(result),
             ServerResult::InputRequiredResult(_) => Err(CallError::Other(
@@ -417,8 +450,20 @@ impl Conn {
     }
 
     /// Subscribes to updates of `uri` (legacy `resources/subscribe`, or a
-    /// `subscriptions/listen` stream on 2026-07-28).
+    /// `subscriptions/listen` stream on 2026-07-28), once per connection.
     pub async fn subscribe(&self, uri: &str, timeout: Duration) -> Result<(), String> {
+        if self.subscribed().contains(uri) {
+            return Ok(());
+        }
+        self.subscribe_once(uri, timeout).await?;
+        self.subscribed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uri.to_string());
+        Ok(())
+    }
+
+    async fn subscribe_once(&self, uri: &str, timeout: Duration) -> Result<(), String> {
         self.touch();
         if self.protocol >= ProtocolVersion::V_2026_07_28 {
             let peer = self.service.peer().clone();
@@ -456,13 +501,68 @@ impl Conn {
     }
 }
 
+/// A URL as errors show it: without credentials or a query (where API keys
+/// often are).
+fn shown_url(url: &str) -> String {
+    match url::Url::parse(url.trim()) {
+        Ok(mut parsed) => {
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            parsed.set_query(None);
+            parsed.to_string()
+        }
+        Err(_) => "the configured URL".to_string(),
+    }
+}
+
+/// How long past its deadline a call may take to be cancelled.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// Longest log or progress line passed on.
+const MAX_LINE: usize = 2000;
+
+/// Sends `notifications/cancelled` for a request dropped before its answer.
+struct CancelOnDrop {
+    peer: Option<rmcp::Peer<RoleClient>>,
+    id: rmcp::model::RequestId,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(peer) = self.peer.take() else { return };
+        let id = self.id.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let params = rmcp::model::CancelledNotificationParam::new(
+                    Some(id),
+                    Some("the caller cancelled the call".into()),
+                );
+                let _ = tokio::time::timeout(CANCEL_GRACE, peer.notify_cancelled(params)).await;
+            });
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary).
+fn clip(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut at = max;
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        text.truncate(at);
+        text.push('…');
+    }
+    text
+}
+
 fn progress_line(p: &ProgressNotificationParam) -> String {
     let amount = match p.total {
         Some(total) => format!("{}/{}", p.progress, total),
         None => format!("{}", p.progress),
     };
     match &p.message {
-        Some(message) => format!("[progress {amount}] {message}\n"),
+        Some(message) => format!("[progress {amount}] {}\n", clip(message.clone(), MAX_LINE)),
         None => format!("[progress {amount}]\n"),
     }
 }
@@ -487,19 +587,37 @@ fn explain_start(error: &str, status: Option<String>, tail: &Mutex<Vec<String>>)
 
 async fn keep_stderr(
     server: String,
-    stderr: tokio::process::ChildStderr,
+    mut stderr: tokio::process::ChildStderr,
     tail: Arc<Mutex<Vec<String>>>,
 ) {
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        tracing::debug!(server, "mcp server stderr: {line}");
-        let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-        if tail.len() == STDERR_LINES {
-            tail.remove(0);
+    use tokio::io::AsyncReadExt;
+    // Lines are kept to their first 500 bytes however long they run.
+    const KEEP: usize = 500;
+    let mut buf = [0u8; 4096];
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        let n = match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                let text = String::from_utf8_lossy(&line).into_owned();
+                line.clear();
+                tracing::debug!(server, "mcp server stderr: {text}");
+                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+                if tail.len() == STDERR_LINES {
+                    tail.remove(0);
+                }
+                tail.push(text);
+            } else if line.len() < KEEP {
+                line.push(b);
+            }
         }
-        let mut line = line;
-        line.truncate(500);
-        tail.push(line);
+    }
+    if !line.is_empty() {
+        let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+        tail.push(String::from_utf8_lossy(&line).into_owned());
     }
 }
 
@@ -604,10 +722,14 @@ impl ServerProcess {
                 spec.stdin = true;
                 spec.env.extend(config.env.clone());
                 spec.read_only.extend(own_files(config, &spec.env));
-                let spec = serde_json::to_string(&spec)
-                    .map_err(|e| format!("cannot describe the sandbox: {e}"))?;
+                // The server's environment may hold secrets: the spec goes
+                // in a file only the runner's user reads, not on the
+                // helper's command line, which every user can read.
+                let file = write_spec(&place.workspace, &spec)?;
                 let mut cmd = tokio::process::Command::new(helper);
-                cmd.arg0(agentry_sandbox::HELPER_NAME).arg(spec).env_clear();
+                cmd.arg0(agentry_sandbox::HELPER_NAME)
+                    .arg(format!("@{}", file.display()))
+                    .env_clear();
                 cmd
             }
             None => {
@@ -728,9 +850,12 @@ impl Drop for ServerProcess {
     }
 }
 
-/// The paths a stdio server needs to read to run: the directory of its
-/// program (a virtualenv's or a prefix's root when the program sits in a
-/// `bin` directory) and the directories of absolute file arguments.
+/// The paths a stdio server needs to read to run, and no more: its program
+/// (as named and where symbolic links lead), the root of the virtualenv it
+/// belongs to (a `bin` directory whose parent holds `pyvenv.cfg`), the
+/// files named by absolute arguments, and the server's `read_only`.
+/// Never a whole directory because a program or a script sits in it: a
+/// script's sibling files, or a home directory, are the person's to add.
 pub fn own_files(config: &McpServerConfig, env: &[(String, String)]) -> Vec<PathBuf> {
     let path_var = env
         .iter()
@@ -739,33 +864,74 @@ pub fn own_files(config: &McpServerConfig, env: &[(String, String)]) -> Vec<Path
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| agentry_sandbox::DEFAULT_PATH.to_string());
     let mut paths: Vec<PathBuf> = config.read_only.iter().map(PathBuf::from).collect();
+    let with_target = |p: PathBuf| {
+        let target = p.canonicalize().unwrap_or_else(|_| p.clone());
+        [p, target]
+    };
     if let Some(found) = find_program(&config.command, &path_var) {
-        for candidate in [found.clone(), found.canonicalize().unwrap_or(found)] {
-            if let Some(dir) = candidate.parent() {
-                let root = if dir.file_name().is_some_and(|n| n == "bin") {
-                    dir.parent().unwrap_or(dir)
-                } else {
-                    dir
-                };
+        for program in with_target(found) {
+            if let Some(bin) = program.parent()
+                && bin.file_name().is_some_and(|n| n == "bin")
+                && let Some(root) = bin.parent()
+                && root.join("pyvenv.cfg").is_file()
+            {
                 paths.push(root.to_path_buf());
             }
+            paths.push(program);
         }
     }
     for arg in &config.args {
         let p = Path::new(arg);
-        if p.is_absolute()
-            && p.is_file()
-            && let Some(dir) = p.parent()
-        {
-            paths.push(dir.to_path_buf());
+        if p.is_absolute() && p.is_file() {
+            paths.extend(with_target(p.to_path_buf()));
         }
     }
-    // Never the whole file system because a program sits at the top, and
-    // only what exists (the sandbox refuses paths it cannot open).
+    // Only what exists (the sandbox refuses paths it cannot open), and
+    // never the root of the file system.
     paths.retain(|p| p.parent().is_some() && p.exists());
     paths.sort();
     paths.dedup();
     paths
+}
+
+/// Writes `spec` to a private file beside the workspaces (beneath the
+/// workspace root, which no sandbox can read), for the helper to read and
+/// remove.
+fn write_spec(workspace: &Path, spec: &agentry_sandbox::Spec) -> Result<PathBuf, String> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let root = workspace
+        .ancestors()
+        .find(|a| {
+            a.file_name()
+                .is_some_and(|n| n == crate::workspace::TEMP_DIRS)
+        })
+        .map(Path::to_path_buf)
+        .or_else(|| {
+            workspace
+                .parent()
+                .map(|p| p.join(crate::workspace::TEMP_DIRS))
+        })
+        .ok_or("the workspace has no parent")?;
+    let dir = root.join(".mcp-specs");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{}-{n}.json", std::process::id()));
+    let json = serde_json::to_vec(spec).map_err(|e| format!("cannot describe the sandbox: {e}"))?;
+    let mut file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    file.write_all(&json)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
 }
 
 /// The program a command names: as given when it has a directory part,
@@ -778,4 +944,51 @@ fn find_program(command: &str, path_var: &str) -> Option<PathBuf> {
     std::env::split_paths(path_var)
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_reads_its_program_its_virtualenv_and_its_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let venv = home.join("venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::fs::write(venv.join("bin/server"), "#!/bin/sh\n").unwrap();
+        let tools = home.join(".cargo/bin");
+        std::fs::create_dir_all(&tools).unwrap();
+        std::fs::write(tools.join("tool-server"), "").unwrap();
+        std::fs::write(home.join("script.py"), "").unwrap();
+        let env = vec![("PATH".to_string(), tools.display().to_string())];
+        let in_venv = McpServerConfig {
+            command: venv.join("bin/server").display().to_string(),
+            args: vec![
+                home.join("script.py").display().to_string(),
+                "--flag".into(),
+            ],
+            ..McpServerConfig::default()
+        };
+        let paths = own_files(&in_venv, &env);
+        assert!(paths.contains(&venv), "{paths:?}");
+        assert!(paths.contains(&home.join("script.py")), "{paths:?}");
+        assert!(
+            !paths.contains(&home),
+            "never the script's directory: {paths:?}"
+        );
+        // A program found on PATH outside a virtualenv: the program alone,
+        // not ~/.cargo.
+        let on_path = McpServerConfig {
+            command: "tool-server".into(),
+            ..McpServerConfig::default()
+        };
+        assert_eq!(own_files(&on_path, &env), vec![tools.join("tool-server")]);
+        assert_eq!(
+            find_program("no-such-server", &tools.display().to_string()),
+            None
+        );
+    }
 }

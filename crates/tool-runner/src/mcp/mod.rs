@@ -36,7 +36,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use tokio::sync::broadcast;
 
 /// The identity (and scratch workspace name) of the connections that list
 /// servers' tools.
@@ -95,17 +94,6 @@ pub struct McpTool {
     pub read_only_hint: bool,
 }
 
-/// Something a server announced for a session.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McpEvent {
-    /// The server.
-    pub server: String,
-    /// The session whose connection heard it.
-    pub session_id: String,
-    /// What happened.
-    pub event: ConnEvent,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 enum State {
     Starting,
@@ -138,7 +126,11 @@ struct Shared {
     egress: Option<Arc<crate::egress::Egress>>,
     /// Connections by (server, session).
     conns: Mutex<HashMap<(String, String), Slot>>,
-    events: broadcast::Sender<McpEvent>,
+    /// Subscriptions whose resource is being read for an update, and
+    /// whether it changed again meanwhile.
+    reading: Mutex<HashMap<Sub, bool>>,
+    /// Serializes changes of the subscriptions file within this runner.
+    subs_file_lock: Mutex<()>,
     /// Resource subscriptions, kept in [`Shared::subs_file`].
     subs: Mutex<BTreeSet<Sub>>,
     /// Updates not yet acknowledged, the latest per subscription.
@@ -170,6 +162,9 @@ pub struct Update {
     /// The content after the change (capped).
     pub content: String,
 }
+
+/// Most resource subscriptions one session may hold.
+pub const MAX_SUBSCRIPTIONS_PER_SESSION: usize = 16;
 
 /// Largest resource content an update carries.
 const UPDATE_CONTENT_BYTES: usize = 16 * 1024;
@@ -243,7 +238,8 @@ impl Mcp {
                 workspace_root,
                 egress,
                 conns: Mutex::default(),
-                events: broadcast::channel(256).0,
+                reading: Mutex::default(),
+                subs_file_lock: Mutex::default(),
                 subs: Mutex::default(),
                 pending: Mutex::default(),
                 changed: tokio::sync::watch::channel(0).0,
@@ -266,7 +262,6 @@ impl Mcp {
         }
         tasks.spawn(idle_loop(Arc::downgrade(&self.shared)));
         self.load_subscriptions();
-        tasks.spawn(self.clone().update_loop());
         tasks.spawn(self.clone().keeper_loop());
         tokio::spawn(async move { while tasks.join_next().await.is_some() {} })
     }
@@ -289,12 +284,6 @@ impl Mcp {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    }
-
-    /// What servers announce for sessions (resource updates, tool list
-    /// changes).
-    pub fn events(&self) -> broadcast::Receiver<McpEvent> {
-        self.shared.events.subscribe()
     }
 
     /// The tools of every ready server.
@@ -335,8 +324,13 @@ impl Mcp {
                     tool_count: s.tools.read().map(|t| t.len()).unwrap_or(0) as u32,
                     error,
                     connections: conns
-                        .keys()
-                        .filter(|(server, _)| *server == s.config.name)
+                        .iter()
+                        .filter(|((server, _), slot)| {
+                            *server == s.config.name
+                                && slot
+                                    .try_lock()
+                                    .map_or(true, |held| held.as_ref().is_some_and(|c| c.is_open()))
+                        })
                         .count() as u32
                         + catalog,
                     calls: s.calls.load(Ordering::Relaxed),
@@ -395,10 +389,15 @@ impl Mcp {
                             .join(", ")
                     })
                     .unwrap_or_default();
+                let state = match &*lock(&server.state) {
+                    State::Starting => "it is starting".to_string(),
+                    State::Ready => "it is ready".to_string(),
+                    State::Failed(why) => format!("it is failing: {why}"),
+                };
                 return Err(ToolError::UnknownTool {
                     name: tool.to_string(),
                     available: if known.is_empty() {
-                        format!("the MCP server {name} offers no tools now")
+                        format!("the MCP server {name} offers no tools now ({state})")
                     } else {
                         known
                     },
@@ -446,8 +445,13 @@ impl Mcp {
             permit.failure();
             server.failures.fetch_add(1, Ordering::Relaxed);
         };
-        if let Err(CallError::Timeout(_) | CallError::Other(_)) = &answer {
-            *lock(&server.last_error) = answer.as_ref().err().map(|e| format!("{e:?}"));
+        match &answer {
+            Err(CallError::Timeout(after)) => {
+                *lock(&server.last_error) =
+                    Some(format!("a call timed out after {}s", after.as_secs_f64()));
+            }
+            Err(CallError::Other(why)) => *lock(&server.last_error) = Some(why.clone()),
+            _ => {}
         }
         let outcome = match answer {
             Ok(result) => {
@@ -544,7 +548,18 @@ impl Mcp {
         if unsubscribe {
             lock(&self.shared.subs).remove(&sub);
             lock(&self.shared.pending).remove(&sub);
+            self.change_file(&[], |s| *s == sub);
         } else {
+            let held = lock(&self.shared.subs)
+                .iter()
+                .filter(|s| s.session_id == session_id)
+                .count();
+            if held >= MAX_SUBSCRIPTIONS_PER_SESSION && !lock(&self.shared.subs).contains(&sub) {
+                return Err(format!(
+                    "this session already holds {held} subscriptions, the most it may; \
+                     unsubscribe from one first"
+                ));
+            }
             let place = self.session_place(session_id)?;
             let conn = self.connection(&s, &place).await?;
             let supports = conn.supports_subscriptions();
@@ -555,9 +570,9 @@ impl Mcp {
             }
             conn.subscribe(uri, self.shared.settings.init_timeout)
                 .await?;
-            lock(&self.shared.subs).insert(sub);
+            lock(&self.shared.subs).insert(sub.clone());
+            self.change_file(&[sub], |_| false);
         }
-        self.save_subscriptions();
         Ok(lock(&self.shared.subs)
             .iter()
             .filter(|s| s.session_id == session_id && s.server == server)
@@ -611,7 +626,7 @@ impl Mcp {
         drop(pending);
         if !dropped.is_empty() {
             lock(&self.shared.subs).retain(|s| !dropped.contains(&s.session_id));
-            self.save_subscriptions();
+            self.change_file(&[], |s| dropped.contains(&s.session_id));
         }
     }
 
@@ -649,16 +664,45 @@ impl Mcp {
         lock(&self.shared.subs).extend(known);
     }
 
-    fn save_subscriptions(&self) {
+    /// Changes the subscriptions file: adds `add`, removes what `remove`
+    /// picks. The file is shared by the runners of one workspace volume, so
+    /// each change is applied to what it holds now, under a lock; it is
+    /// private to the runner's user (mode 0600), beneath the workspace root
+    /// that no sandbox can read.
+    fn change_file(&self, add: &[Sub], remove: impl Fn(&Sub) -> bool) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let _serial = lock(&self.shared.subs_file_lock);
         let path = self.subs_file();
-        let subs = self.subscriptions();
-        let write = || -> std::io::Result<()> {
-            let tmp = path.with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&subs).unwrap_or_default())?;
-            std::fs::File::open(&tmp)?.sync_all()?;
+        let change = || -> std::io::Result<()> {
+            let guard = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(path.with_extension("lock"))?;
+            rustix::fs::flock(&guard, rustix::fs::FlockOperation::LockExclusive)?;
+            let mut set: BTreeSet<Sub> = match std::fs::read(&path) {
+                Ok(bytes) => serde_json::from_slice::<Vec<Sub>>(&bytes)
+                    .map(|v| v.into_iter().collect())
+                    .unwrap_or_default(),
+                Err(_) => BTreeSet::new(),
+            };
+            set.retain(|s| !remove(s));
+            set.extend(add.iter().cloned());
+            let subs: Vec<&Sub> = set.iter().collect();
+            let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            file.write_all(&serde_json::to_vec_pretty(&subs).unwrap_or_default())?;
+            file.sync_all()?;
             std::fs::rename(&tmp, &path)
         };
-        if let Err(e) = write() {
+        if let Err(e) = change() {
             tracing::warn!(path = %path.display(), error = %e, "cannot save the MCP subscriptions");
         }
     }
@@ -680,48 +724,53 @@ impl Mcp {
         })
     }
 
-    /// Turns announcements of subscribed resources into updates.
-    async fn update_loop(self) {
-        let mut events = self.events();
-        loop {
-            let event = match events.recv().await {
-                Ok(event) => event,
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "MCP announcements were missed");
-                    continue;
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            };
-            let ConnEvent::ResourceUpdated { uri } = &event.event else {
-                continue;
-            };
-            let sub = Sub {
-                session_id: event.session_id.clone(),
-                server: event.server.clone(),
-                uri: uri.clone(),
-            };
-            if !lock(&self.shared.subs).contains(&sub) {
-                continue;
+    /// A subscribed resource changed: read it (one read at a time per
+    /// subscription, again when it changed during the read, so the last
+    /// content wins) and queue the update.
+    fn changed(&self, sub: Sub) {
+        {
+            let mut reading = lock(&self.shared.reading);
+            if let Some(again) = reading.get_mut(&sub) {
+                *again = true;
+                return;
             }
-            let this = self.clone();
-            tokio::spawn(async move {
-                let content = match this
+            reading.insert(sub.clone(), false);
+        }
+        let weak = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            loop {
+                let Some(shared) = weak.upgrade() else { return };
+                let this = Mcp { shared };
+                match this
                     .read_resource(&sub.session_id, &sub.server, &sub.uri, UPDATE_CONTENT_BYTES)
                     .await
                 {
-                    Ok((text, _, _)) => text,
-                    Err(why) => format!("[the resource could not be read: {why}]"),
-                };
-                let update = Update {
-                    id: fnv64(&[&sub.session_id, &sub.server, &sub.uri, &content]),
-                    sub: sub.clone(),
-                    content,
-                };
-                tracing::info!(session = %sub.session_id, server = %sub.server, uri = %sub.uri, id = %update.id, "MCP resource updated");
-                lock(&this.shared.pending).insert(sub, update);
-                this.shared.changed.send_modify(|n| *n += 1);
-            });
-        }
+                    Ok((content, _, _)) => {
+                        let update = Update {
+                            id: fnv64(&[&sub.session_id, &sub.server, &sub.uri, &content]),
+                            sub: sub.clone(),
+                            content,
+                        };
+                        tracing::info!(session = %sub.session_id, server = %sub.server, uri = %sub.uri, id = %update.id, "MCP resource updated");
+                        lock(&this.shared.pending).insert(sub.clone(), update);
+                        this.shared.changed.send_modify(|n| *n += 1);
+                    }
+                    // Not worth waking the model for: the next change reads
+                    // it again.
+                    Err(why) => {
+                        tracing::warn!(session = %sub.session_id, server = %sub.server, uri = %sub.uri, error = %why, "cannot read an updated MCP resource");
+                    }
+                }
+                let mut reading = lock(&this.shared.reading);
+                match reading.get_mut(&sub) {
+                    Some(again) if *again => *again = false,
+                    _ => {
+                        reading.remove(&sub);
+                        return;
+                    }
+                }
+            }
+        });
     }
 
     /// Keeps every subscription's connection open, starting it again (and
@@ -735,7 +784,9 @@ impl Mcp {
                 let slot = lock(&self.shared.conns).get(&key).cloned();
                 let open = match &slot {
                     Some(slot) => match slot.try_lock() {
-                        Ok(held) => held.as_ref().is_some_and(|c| c.is_open()),
+                        Ok(held) => held
+                            .as_ref()
+                            .is_some_and(|c| c.is_open() && c.subscribed().contains(&sub.uri)),
                         // Being opened or used right now.
                         Err(_) => true,
                     },
@@ -781,7 +832,7 @@ impl Mcp {
     /// The session's open connection to `server`, started when there is
     /// none (or it ended).
     async fn connection(&self, server: &Arc<Server>, place: &Place) -> Result<Arc<Conn>, String> {
-        let key = (server.config.name.clone(), place.session_id.clone());
+        let key = key_of(server, place);
         let slot = lock(&self.shared.conns).entry(key).or_default().clone();
         let mut held = slot.lock().await;
         if let Some(conn) = held.as_ref() {
@@ -792,7 +843,14 @@ impl Mcp {
             tracing::info!(server = %server.config.name, session = %place.session_id, "the MCP server's connection ended; starting it again");
         }
         *held = None;
-        let conn = Arc::new(open(&self.shared, server, place).await?);
+        let conn = match open(&self.shared, server, place).await {
+            Ok(conn) => Arc::new(conn),
+            Err(why) => {
+                drop(held);
+                self.drop_slot(&key_of(server, place), &slot);
+                return Err(why);
+            }
+        };
         *held = Some(conn.clone());
         drop(held);
         self.make_room().await;
@@ -800,14 +858,23 @@ impl Mcp {
     }
 
     async fn forget(&self, server: &str, session_id: &str, conn: &Arc<Conn>) {
-        let slot = lock(&self.shared.conns)
-            .get(&(server.to_string(), session_id.to_string()))
-            .cloned();
+        let key = (server.to_string(), session_id.to_string());
+        let slot = lock(&self.shared.conns).get(&key).cloned();
         if let Some(slot) = slot {
             let mut held = slot.lock().await;
             if held.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
                 *held = None;
+                drop(held);
+                self.drop_slot(&key, &slot);
             }
+        }
+    }
+
+    /// Removes an empty slot from the map (unless it was replaced).
+    fn drop_slot(&self, key: &(String, String), slot: &Slot) {
+        let mut conns = lock(&self.shared.conns);
+        if conns.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            conns.remove(key);
         }
     }
 
@@ -827,6 +894,10 @@ impl Mcp {
         })
         .await;
     }
+}
+
+fn key_of(server: &Server, place: &Place) -> (String, String) {
+    (server.config.name.clone(), place.session_id.clone())
 }
 
 /// Closes the session connections `choose` picks out of the open ones
@@ -889,23 +960,32 @@ async fn idle_loop(shared: std::sync::Weak<Shared>) {
     }
 }
 
-/// Opens a connection for `place`; the server's announcements go to the
-/// runner's event channel (tool list changes also relist the catalog).
+/// Opens a connection for `place`; what the server announces is handled
+/// as it arrives: a tool list change relists the catalog, a subscribed
+/// resource's change becomes an update.
 async fn open(shared: &Arc<Shared>, server: &Arc<Server>, place: &Place) -> Result<Conn, String> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let conn = open_with(shared, server, place, tx).await?;
-    let events = shared.events.clone();
+    // Weak: the connection (held by `shared`) owns the sender this task
+    // waits on.
+    let weak = Arc::downgrade(shared);
     let (server, session_id) = (server.clone(), place.session_id.clone());
     tokio::spawn(async move {
         while let Some(event) = rx.recv().await {
-            if event == ConnEvent::ToolsChanged {
-                server.relist.notify_one();
+            match event {
+                ConnEvent::ToolsChanged => server.relist.notify_one(),
+                ConnEvent::ResourceUpdated { uri } => {
+                    let Some(shared) = weak.upgrade() else { return };
+                    let sub = Sub {
+                        session_id: session_id.clone(),
+                        server: server.config.name.clone(),
+                        uri,
+                    };
+                    if lock(&shared.subs).contains(&sub) {
+                        Mcp { shared }.changed(sub);
+                    }
+                }
             }
-            let _ = events.send(McpEvent {
-                server: server.config.name.clone(),
-                session_id: session_id.clone(),
-                event,
-            });
         }
     });
     Ok(conn)
@@ -1018,10 +1098,27 @@ async fn relist(server: &Server, conn: &Conn, timeout: Duration) -> Result<(), S
     Ok(())
 }
 
-/// The tools of `server` as offered to the model.
+/// Most tools offered of one server (each one costs tokens in every
+/// request).
+pub const MAX_TOOLS_PER_SERVER: usize = 128;
+/// Longest tool description offered, in bytes.
+const MAX_DESCRIPTION: usize = 2048;
+/// Largest input schema offered, in bytes of JSON.
+const MAX_SCHEMA: usize = 32 * 1024;
+
+/// The tools of `server` as offered to the model: at most
+/// [`MAX_TOOLS_PER_SERVER`], descriptions cut, tools with huge schemas left
+/// out (with a warning).
 pub fn offered_tools(server: &str, tools: &[rmcp::model::Tool]) -> Vec<McpTool> {
     let mut offered: Vec<McpTool> = Vec::new();
-    for tool in tools {
+    if tools.len() > MAX_TOOLS_PER_SERVER {
+        tracing::warn!(
+            server,
+            tools = tools.len(),
+            "the MCP server offers more tools than are passed on; the first {MAX_TOOLS_PER_SERVER} are"
+        );
+    }
+    for tool in tools.iter().take(MAX_TOOLS_PER_SERVER) {
         let mut safe: String = tool
             .name
             .chars()
@@ -1041,6 +1138,10 @@ pub fn offered_tools(server: &str, tools: &[rmcp::model::Tool]) -> Vec<McpTool> 
             continue;
         }
         let mut schema = serde_json::Value::Object((*tool.input_schema).clone());
+        if schema.to_string().len() > MAX_SCHEMA {
+            tracing::warn!(server, tool = %tool.name, "the tool's input schema is too large to offer; it is left out");
+            continue;
+        }
         if let Some(obj) = schema.as_object_mut() {
             obj.entry("type")
                 .or_insert_with(|| serde_json::Value::String("object".into()));
@@ -1048,11 +1149,22 @@ pub fn offered_tools(server: &str, tools: &[rmcp::model::Tool]) -> Vec<McpTool> 
         offered.push(McpTool {
             exposed,
             original: tool.name.to_string(),
-            description: tool
-                .description
-                .as_deref()
-                .unwrap_or(tool.title.as_deref().unwrap_or(""))
-                .to_string(),
+            description: {
+                let mut d = tool
+                    .description
+                    .as_deref()
+                    .unwrap_or(tool.title.as_deref().unwrap_or(""))
+                    .to_string();
+                if d.len() > MAX_DESCRIPTION {
+                    let mut at = MAX_DESCRIPTION;
+                    while !d.is_char_boundary(at) {
+                        at -= 1;
+                    }
+                    d.truncate(at);
+                    d.push('…');
+                }
+                d
+            },
             schema,
             read_only_hint: tool
                 .annotations
