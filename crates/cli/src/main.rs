@@ -4,6 +4,7 @@
 mod approval;
 mod client;
 mod health;
+mod inbox_cmds;
 mod mcp_cmds;
 mod reminder_cmds;
 mod render;
@@ -108,6 +109,19 @@ enum Command {
     },
     /// List the tools the agent can use
     Tools,
+    /// Tool calls waiting for a person, across sessions (the approval inbox)
+    Approvals {
+        #[command(subcommand)]
+        command: Option<ApprovalsCommand>,
+        /// One JSON object per line
+        #[arg(long)]
+        json: bool,
+    },
+    /// Help with the tool-call policy
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// The MCP servers the agent's tools come from
     Mcp {
         #[command(subcommand)]
@@ -128,6 +142,37 @@ enum Command {
         /// Print nothing when healthy
         #[arg(long, short)]
         quiet: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ApprovalsCommand {
+    /// Decide on a waiting call
+    Answer {
+        /// The session
+        session: String,
+        /// The call
+        call: String,
+        /// What to do
+        #[arg(value_enum)]
+        decision: inbox_cmds::Answer,
+        /// Why (given to the model on a denial)
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// Propose narrower allow rules from the decisions people took: each
+    /// would have saved prompts and allows nothing that was denied
+    Suggest {
+        /// Read this many of the most recently updated sessions
+        #[arg(long, default_value_t = 100)]
+        sessions: u32,
+        /// Only rules that would have saved at least this many prompts
+        #[arg(long, default_value_t = 2)]
+        min_saves: usize,
     },
 }
 
@@ -331,6 +376,25 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             client::print_line(token.secret()).map(|()| ExitCode::SUCCESS)
         }
         Command::Tools => session_cmds::tools(&config)
+            .await
+            .map(|()| ExitCode::SUCCESS),
+        Command::Approvals { command, json } => match command {
+            None => inbox_cmds::list(&config, json).await,
+            Some(ApprovalsCommand::Answer {
+                session,
+                call,
+                decision,
+                reason,
+            }) => inbox_cmds::answer(&config, &session, &call, decision, reason).await,
+        }
+        .map(|()| ExitCode::SUCCESS),
+        Command::Policy {
+            command:
+                PolicyCommand::Suggest {
+                    sessions,
+                    min_saves,
+                },
+        } => inbox_cmds::suggest(&config, sessions, min_saves)
             .await
             .map(|()| ExitCode::SUCCESS),
         Command::Mcp { command } => match command {

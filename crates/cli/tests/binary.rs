@@ -1044,3 +1044,134 @@ async fn mcp_servers_from_a_json_file_answer_a_run_and_show_in_the_cli() {
     assert!(second.contains("day_of_week"), "{second}");
     drop(up);
 }
+
+/// A gRPC client of the install's orchestrator, with its client token.
+async fn orchestrator_of(
+    install: &Install,
+) -> agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient<
+    agentry_testkit::cluster::Channel,
+> {
+    let source = agentry_runtime::ConfigSource {
+        dir: Some(install.dir.path().join("config")),
+        env: install.env.iter().cloned().collect(),
+    };
+    let config = agentry_runtime::Config::load(&source).unwrap();
+    let auth = agentry_runtime::Auth::for_client(&config).unwrap();
+    let channel = agentry_testkit::cluster::connect_as(&auth, &install.orchestrator_url())
+        .await
+        .unwrap();
+    agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient::new(channel)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_approval_inbox_answers_later_and_policy_suggest_learns_from_it() {
+    use agentry_proto::orchestrator::v1 as opb;
+    use agentry_proto::sessions::v1 as spb;
+    let model = FakeModel::start().await.unwrap();
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let mut client = orchestrator_of(&install).await;
+    let session = client
+        .create_session(opb::CreateSessionRequest {
+            title: "nightly build".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Turns nobody watches (as a reminder or an MCP update starts them):
+    // their questions wait in the inbox.
+    let ask = |text: &str| opb::SubmitRequest {
+        session_id: session.id.clone(),
+        input: Some(opb::Input {
+            kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                text: text.into(),
+                approval_mode: spb::ApprovalMode::Policy as i32,
+                ..Default::default()
+            })),
+        }),
+    };
+    let inbox = |install: &Install| {
+        let out = install.run(&["approvals"]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        stdout
+    };
+    let wait_for = |install: &Install, needle: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let listing = inbox(install);
+            if listing.contains(needle) {
+                return listing;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{needle} never waited: {listing}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let mut answered = Vec::new();
+    for (i, (command, decision)) in [
+        ("make build", "approve"),
+        ("make build --release", "approve"),
+        ("make install", "deny"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let call = format!("c{i}");
+        model.push(Reply::tool_call(&call, "bash", json!({"command": command})));
+        model.push(Reply::text("done"));
+        client.submit(ask("build it")).await.unwrap();
+        let listing = wait_for(&install, &call);
+        assert!(listing.contains(&format!("bash $ {command}")), "{listing}");
+        assert!(listing.contains("nightly build"), "{listing}");
+        assert!(listing.contains("default for bash: confirm"), "{listing}");
+        let (json, _) = text(&install.run(&["approvals", "--json"]));
+        let first: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+        assert_eq!(first["call_id"], call.as_str());
+        assert_eq!(first["session_id"], session.id.as_str());
+        let out = install.run(&[
+            "approvals",
+            "answer",
+            &session.id,
+            &call,
+            decision,
+            "--reason",
+            "not now",
+        ]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        answered.push(call);
+        // Answered: the turn goes on and the inbox empties.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !inbox(&install).contains("no tool call is waiting") {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    // An answer to nothing is refused.
+    let out = install.run(&["approvals", "answer", &session.id, "c0", "approve"]);
+    assert!(!out.status.success());
+
+    let out = install.run(&["policy", "suggest"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("# 3 decisions in 1 session: 2 approved, 1 denied"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("# would have saved 2 prompts; allows none of the 1 denied call of bash\n[[policy.rules]]\ntool = \"bash\"\ncommand = \"make build*\"\ndecision = \"allow\""),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("command = \"make*\""), "{stdout}");
+    // The suggested rules are valid configuration.
+    let rules: String = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let parsed: toml::Table = toml::from_str(&rules).unwrap();
+    assert_eq!(parsed["policy"]["rules"].as_array().unwrap().len(), 1);
+}

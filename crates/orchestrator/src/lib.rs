@@ -14,6 +14,7 @@ pub mod builtin;
 pub mod compaction;
 pub mod deps;
 pub mod errors;
+pub mod inbox;
 pub mod mcp_updates;
 pub mod metrics;
 pub mod plan;

@@ -87,8 +87,8 @@ impl OrchestratorService {
         }
     }
 
-    /// Reads a session's log, replays it and starts its actor.
-    async fn load(&self, session_id: &str) -> Result<SessionHandle, Status> {
+    /// A session's whole log.
+    async fn read_log(&self, session_id: &str) -> Result<Vec<spb::Event>, Status> {
         let mut events = Vec::new();
         let mut from = 1;
         loop {
@@ -107,9 +107,36 @@ impl OrchestratorService {
             from = page.next_seq;
             events.extend(page.events);
             if !page.has_more {
-                break;
+                return Ok(events);
             }
         }
+    }
+
+    /// The most recently updated sessions, `limit` of them (open turns only
+    /// when asked).
+    async fn recent_sessions(
+        &self,
+        limit: u32,
+        only_open_turns: bool,
+    ) -> Result<Vec<spb::Session>, Status> {
+        Ok(self
+            .deps
+            .store
+            .clone()
+            .list_sessions(spb::ListSessionsRequest {
+                limit,
+                offset: 0,
+                only_open_turns,
+            })
+            .await
+            .map_err(|s| store_status(&self.deps.store_url, s))?
+            .into_inner()
+            .sessions)
+    }
+
+    /// Reads a session's log, replays it and starts its actor.
+    async fn load(&self, session_id: &str) -> Result<SessionHandle, Status> {
+        let events = self.read_log(session_id).await?;
         let state = SessionState::new(self.deps.max_steps)
             .with_policy(self.deps.policy.clone())
             .with_plan_max_steps(self.deps.plan_max_steps)
@@ -500,6 +527,43 @@ impl Orchestrator for OrchestratorService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn list_approvals(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        let limit = match request.into_inner().sessions {
+            0 => 200,
+            n => n.min(1000),
+        };
+        let mut approvals = Vec::new();
+        for session in self.recent_sessions(limit, true).await? {
+            let events = self.read_log(&session.id).await?;
+            approvals.extend(crate::inbox::pending(&session, &events));
+        }
+        approvals.sort_by_key(|p| p.asked_at.map(|t| (t.seconds, t.nanos)));
+        Ok(Response::new(pb::ListApprovalsResponse { approvals }))
+    }
+
+    async fn list_decisions(
+        &self,
+        request: Request<pb::ListDecisionsRequest>,
+    ) -> Result<Response<pb::ListDecisionsResponse>, Status> {
+        let limit = match request.into_inner().sessions {
+            0 => 100,
+            n => n.min(1000),
+        };
+        let sessions = self.recent_sessions(limit, false).await?;
+        let mut decisions = Vec::new();
+        for session in &sessions {
+            let events = self.read_log(&session.id).await?;
+            decisions.extend(crate::inbox::decisions(&session.id, &events));
+        }
+        Ok(Response::new(pb::ListDecisionsResponse {
+            decisions,
+            sessions: sessions.len() as u32,
+        }))
     }
 
     async fn list_tools(

@@ -27,6 +27,7 @@ mod args;
 pub mod config;
 pub mod rules;
 mod shell;
+pub mod suggest;
 
 pub use config::{PolicyConfig, PolicyDecision, PolicyRule};
 pub use rules::{Policy, PolicyError, SessionRule, Verdict, session_rules_for};

@@ -967,3 +967,52 @@ async fn the_reference_git_server_reads_a_repository_in_the_workspace() {
         .await;
     assert!(other.result.is_error, "{}", other.result.output);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_servers_get_the_configured_headers_and_bearer_token() {
+    // A listener that records the first request and hangs up: what the
+    // client sends with `initialize` is what every request carries.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel::<String>();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 16 * 1024];
+        let n = socket.read(&mut buf).await.unwrap_or(0);
+        let _ = seen_tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
+    });
+    let server = McpServerConfig {
+        name: "remote".into(),
+        url: format!("http://user:pw@127.0.0.1:{port}/mcp?key=query-secret"),
+        headers: [("X-Team".to_string(), "infra".to_string())].into(),
+        bearer_token: "tok-123".into(),
+        enabled: true,
+        ..McpServerConfig::default()
+    };
+    let Some(runner) = Runner::start(vec![server], settings()).await else {
+        return;
+    };
+    let request = tokio::time::timeout(Duration::from_secs(20), seen_rx)
+        .await
+        .expect("no request reached the server")
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(
+        request.starts_with("post /mcp?key=query-secret "),
+        "{request}"
+    );
+    assert!(
+        request.contains("authorization: bearer tok-123"),
+        "{request}"
+    );
+    assert!(request.contains("x-team: infra"), "{request}");
+    assert!(request.contains("\"method\":\"initialize\""), "{request}");
+    // The failure says why without the URL's secrets.
+    let statuses = runner.settled().await;
+    assert_eq!(statuses[0].state, "failed", "{statuses:?}");
+    assert!(
+        !statuses[0].error.contains("query-secret") && !statuses[0].error.contains("pw@"),
+        "{statuses:?}"
+    );
+}

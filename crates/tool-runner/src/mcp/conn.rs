@@ -193,8 +193,9 @@ impl Conn {
                 Ok(Ok(service)) => (service, None),
                 Ok(Err(e)) => {
                     return Err(format!(
-                        "{} did not start a session: {e}",
-                        shown_url(&config.url)
+                        "{} did not start a session: {}",
+                        shown_url(&config.url),
+                        scrub_url(&e.to_string(), &config.url)
                     ));
                 }
                 Err(_) => {
@@ -513,6 +514,21 @@ fn shown_url(url: &str) -> String {
         }
         Err(_) => "the configured URL".to_string(),
     }
+}
+
+/// `text` without the secrets of `url` (its password and query), which
+/// transport errors quote.
+fn scrub_url(text: &str, url: &str) -> String {
+    let mut out = text.to_string();
+    if let Ok(parsed) = url::Url::parse(url.trim()) {
+        if let Some(query) = parsed.query().filter(|q| !q.is_empty()) {
+            out = out.replace(&format!("?{query}"), "");
+        }
+        if let Some(password) = parsed.password().filter(|p| !p.is_empty()) {
+            out = out.replace(password, "<redacted>");
+        }
+    }
+    out
 }
 
 /// How long past its deadline a call may take to be cancelled.

@@ -1,0 +1,177 @@
+//! `agentry approvals` (the calls waiting for a person, across sessions,
+//! and answering them) and `agentry policy suggest`.
+
+use crate::client::{connect, print_line, status_error};
+use agentry_proto::orchestrator::v1 as pb;
+use agentry_proto::sessions::v1 as spb;
+use agentry_runtime::Config;
+
+fn ago(ts: Option<&prost_types::Timestamp>) -> String {
+    let Some(ts) = ts else { return "-".into() };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let secs = (now - ts.seconds).max(0);
+    match secs {
+        0..60 => format!("{secs}s ago"),
+        60..3600 => format!("{}m ago", secs / 60),
+        3600..86400 => format!("{}h ago", secs / 3600),
+        _ => format!("{}d ago", secs / 86400),
+    }
+}
+
+/// What a call would do, in one line.
+fn what(tool: &str, arguments_json: &str) -> String {
+    let args: serde_json::Value = serde_json::from_str(arguments_json).unwrap_or_default();
+    let text = match (tool, args.get("command"), args.get("path")) {
+        ("bash", Some(serde_json::Value::String(c)), _) => format!("$ {c}"),
+        (_, _, Some(serde_json::Value::String(p))) => p.clone(),
+        _ => arguments_json.to_string(),
+    };
+    let one_line: String = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
+    if one_line.chars().count() > 80 {
+        format!("{}…", one_line.chars().take(80).collect::<String>())
+    } else {
+        one_line
+    }
+}
+
+/// `agentry approvals`: every call waiting for a person.
+pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
+    let mut client = connect(config).await?;
+    let approvals = client
+        .list_approvals(pb::ListApprovalsRequest::default())
+        .await
+        .map_err(|s| status_error("cannot list pending approvals", s))?
+        .into_inner()
+        .approvals;
+    if json {
+        for a in &approvals {
+            print_line(serde_json::json!({
+                "session_id": a.session_id, "session_title": a.session_title,
+                "turn_id": a.turn_id, "call_id": a.call_id, "tool": a.tool,
+                "arguments": a.arguments_json, "matched_rule": a.matched_rule,
+                "network": a.network, "asked_at": a.asked_at.map(|t| t.seconds),
+            }))?;
+        }
+        return Ok(());
+    }
+    if approvals.is_empty() {
+        return print_line("no tool call is waiting for a decision");
+    }
+    for a in &approvals {
+        print_line(format!(
+            "{}  {}  {} {}  ({}; asked {})\n    session {} \"{}\"{}",
+            a.session_id,
+            a.call_id,
+            a.tool,
+            what(&a.tool, &a.arguments_json),
+            a.matched_rule,
+            ago(a.asked_at.as_ref()),
+            a.session_id,
+            a.session_title,
+            if a.network {
+                "; it would get outbound network"
+            } else {
+                ""
+            },
+        ))?;
+    }
+    print_line(
+        "answer with: agentry approvals answer SESSION CALL approve|deny|session [--reason TEXT]",
+    )
+}
+
+/// The decisions `agentry approvals answer` takes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Answer {
+    /// Run it.
+    Approve,
+    /// Refuse it (the reason goes to the model).
+    Deny,
+    /// Run it, and calls like it for the rest of the session.
+    Session,
+}
+
+/// `agentry approvals answer SESSION CALL DECISION`.
+pub async fn answer(
+    config: &Config,
+    session_id: &str,
+    call_id: &str,
+    decision: Answer,
+    reason: Option<String>,
+) -> anyhow::Result<()> {
+    let mut client = connect(config).await?;
+    let decision = match decision {
+        Answer::Approve => spb::ApprovalDecision::Approve,
+        Answer::Deny => spb::ApprovalDecision::Deny,
+        Answer::Session => spb::ApprovalDecision::ApproveForSession,
+    };
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::Approval(pb::ApprovalInput {
+                    call_id: call_id.to_string(),
+                    decision: decision as i32,
+                    reason: reason.unwrap_or_default(),
+                    edited_arguments_json: String::new(),
+                })),
+            }),
+        })
+        .await
+        .map_err(|s| status_error("cannot answer the approval", s))?;
+    print_line(format!(
+        "{call_id}: {}",
+        decision.as_str_name().to_lowercase()
+    ))
+}
+
+/// `agentry policy suggest`: rules that would have saved the prompts
+/// people approved, allowing nothing they denied.
+pub async fn suggest(config: &Config, sessions: u32, min_saves: usize) -> anyhow::Result<()> {
+    let mut client = connect(config).await?;
+    let response = client
+        .list_decisions(pb::ListDecisionsRequest { sessions })
+        .await
+        .map_err(|s| status_error("cannot read past decisions", s))?
+        .into_inner();
+    let decided: Vec<agentry_policy::suggest::Decided> = response
+        .decisions
+        .iter()
+        .map(|d| agentry_policy::suggest::Decided {
+            tool: d.tool.clone(),
+            arguments_json: d.arguments_json.clone(),
+            approved: d.approved,
+        })
+        .collect();
+    let approved = decided.iter().filter(|d| d.approved).count();
+    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+    print_line(format!(
+        "# {} in {}: {approved} approved, {} denied",
+        plural(decided.len(), "decision"),
+        plural(response.sessions as usize, "session"),
+        decided.len() - approved
+    ))?;
+    let suggestions = agentry_policy::suggest::suggest(&decided, min_saves);
+    if suggestions.is_empty() {
+        return print_line(format!(
+            "# no rule would have saved {min_saves} or more prompts without allowing a denied call"
+        ));
+    }
+    print_line(
+        "# Rules for config/local.toml. Each allows only calls like ones a person approved, \
+         and none a person denied; deny rules still win.",
+    )?;
+    for s in suggestions {
+        print_line(format!("\n{}", s.to_toml().trim_end()))?;
+    }
+    Ok(())
+}
