@@ -19,12 +19,31 @@ pub enum Answer {
 /// view of the new content for writes, pretty JSON otherwise.
 pub fn describe(request: &spb::ApprovalRequested) -> String {
     let args: Value = serde_json::from_str(&request.arguments_json).unwrap_or(Value::Null);
-    let mut out = format!("\n  {} wants to run {}", "the agent", request.tool);
+    let mut out = if request.outcome_unknown {
+        format!(
+            "\n  the runtime restarted while this {} call was running: it may or may not have \
+             taken effect",
+            request.tool
+        )
+    } else {
+        format!("\n  {} wants to run {}", "the agent", request.tool)
+    };
+    if request.outcome_unknown {
+        out.push('\n');
+        return out + &describe_arguments(request, &args);
+    }
     if !request.matched_rule.is_empty() {
         out.push_str(&format!("  ({})", request.matched_rule));
     }
     out.push('\n');
-    match (request.tool.as_str(), &args) {
+    out + &describe_arguments(request, &args)
+}
+
+/// The call's arguments, readable: the command for bash, a diff-like view
+/// for writes, pretty JSON otherwise.
+fn describe_arguments(request: &spb::ApprovalRequested, args: &Value) -> String {
+    let mut out = String::new();
+    match (request.tool.as_str(), args) {
         ("bash", Value::Object(map)) => {
             let command = map.get("command").and_then(Value::as_str).unwrap_or("");
             out.push_str(&format!("    $ {command}\n"));
@@ -68,6 +87,19 @@ pub fn describe(request: &spb::ApprovalRequested) -> String {
 /// The question after the description.
 pub const QUESTION: &str = "  Allow? [y]es / [n]o / [a]lways in this session / [e]dit: ";
 
+/// The question about a call whose outcome is unknown after a restart.
+pub const UNKNOWN_QUESTION: &str =
+    "  [c]heck first (the agent looks at what it did) / [r]un it again / [s]kip it: ";
+
+/// The question to ask about `request`.
+pub fn question(request: &spb::ApprovalRequested) -> &'static str {
+    if request.outcome_unknown {
+        UNKNOWN_QUESTION
+    } else {
+        QUESTION
+    }
+}
+
 fn decision(call_id: &str, decision: ApprovalDecision) -> pb::ApprovalInput {
     pb::ApprovalInput {
         call_id: call_id.to_string(),
@@ -79,6 +111,16 @@ fn decision(call_id: &str, decision: ApprovalDecision) -> pb::ApprovalInput {
 
 /// Interprets one line typed at the question.
 pub async fn answer(request: &spb::ApprovalRequested, line: &str) -> Answer {
+    if request.outcome_unknown {
+        return match line.trim().to_lowercase().as_str() {
+            "c" | "check" => Answer::Decide(decision(&request.call_id, ApprovalDecision::Check)),
+            "r" | "run" | "run again" => {
+                Answer::Decide(decision(&request.call_id, ApprovalDecision::Approve))
+            }
+            "s" | "skip" => Answer::Decide(decision(&request.call_id, ApprovalDecision::Deny)),
+            _ => Answer::Again("please answer c, r or s".to_string()),
+        };
+    }
     match line.trim().to_lowercase().as_str() {
         "y" | "yes" => Answer::Decide(decision(&request.call_id, ApprovalDecision::Approve)),
         "a" | "always" => Answer::Decide(decision(
@@ -150,6 +192,7 @@ mod tests {
             arguments_json: r#"{"command":"curl https://example.org"}"#.into(),
             matched_rule: r#"rule 1 (bash "curl *")"#.into(),
             network: false,
+            outcome_unknown: false,
         };
         let without = describe(&request);
         assert!(without.contains("$ curl https://example.org"), "{without}");
@@ -160,5 +203,36 @@ mod tests {
             with.contains("with network: public hosts, through the tool runner's proxy"),
             "{with}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_call_of_unknown_outcome_offers_check_run_again_and_skip() {
+        let request = spb::ApprovalRequested {
+            call_id: "w1".into(),
+            tool: "bash".into(),
+            arguments_json: r#"{"command":"git push"}"#.into(),
+            matched_rule: "outcome unknown: the runtime restarted while this bash call was running"
+                .into(),
+            network: false,
+            outcome_unknown: true,
+        };
+        let shown = describe(&request);
+        assert!(
+            shown.contains("may or may not have taken effect"),
+            "{shown}"
+        );
+        assert!(shown.contains("$ git push"), "{shown}");
+        assert_eq!(question(&request), UNKNOWN_QUESTION);
+        for (typed, expected) in [
+            ("c", ApprovalDecision::Check),
+            ("run again", ApprovalDecision::Approve),
+            ("s", ApprovalDecision::Deny),
+        ] {
+            match answer(&request, typed).await {
+                Answer::Decide(input) => assert_eq!(input.decision, expected as i32, "{typed}"),
+                _ => panic!("{typed} was not understood"),
+            }
+        }
+        assert!(matches!(answer(&request, "y").await, Answer::Again(_)));
     }
 }

@@ -85,7 +85,8 @@ pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
         ))?;
     }
     print_line(
-        "answer with: agentry approvals answer SESSION CALL approve|deny|session [--reason TEXT]",
+        "answer with: agentry approvals answer SESSION CALL approve|deny|session [--reason TEXT] \
+         (a call of unknown outcome: check, approve to run it again, deny to skip it)",
     )
 }
 
@@ -98,6 +99,10 @@ pub enum Answer {
     Deny,
     /// Run it, and calls like it for the rest of the session.
     Session,
+    /// For a call whose outcome is unknown after a restart: do not run it
+    /// again; the agent checks what it did (approve runs it again, deny
+    /// skips it).
+    Check,
 }
 
 /// `agentry approvals answer SESSION CALL DECISION`.
@@ -113,6 +118,7 @@ pub async fn answer(
         Answer::Approve => spb::ApprovalDecision::Approve,
         Answer::Deny => spb::ApprovalDecision::Deny,
         Answer::Session => spb::ApprovalDecision::ApproveForSession,
+        Answer::Check => spb::ApprovalDecision::Check,
     };
     client
         .submit(pb::SubmitRequest {

@@ -59,7 +59,7 @@ pub fn event_json(event: &pb::Event) -> Value {
             Kind::ApprovalRequested(a) => json!({
                 "type": "approval_requested", "call_id": a.call_id, "tool": a.tool,
                 "arguments": a.arguments_json, "matched_rule": a.matched_rule,
-                "network": a.network,
+                "network": a.network, "outcome_unknown": a.outcome_unknown,
             }),
             Kind::ApprovalDecided(a) => json!({
                 "type": "approval_decided", "call_id": a.call_id,
@@ -377,6 +377,9 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     Ok(pb::ApprovalDecision::Deny) => format!("denied: {}", a.reason),
                     Ok(pb::ApprovalDecision::Edit) => {
                         format!("edited to {}", shorten(&a.edited_arguments_json, 100))
+                    }
+                    Ok(pb::ApprovalDecision::Check) => {
+                        "not run again; the agent checks what it did".to_string()
                     }
                     Ok(pb::ApprovalDecision::Unspecified) | Err(_) => "decided".to_string(),
                 };

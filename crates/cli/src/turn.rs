@@ -305,7 +305,11 @@ async fn ask_on_terminal(
     request: &spb::ApprovalRequested,
     lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>,
 ) -> anyhow::Result<pb::ApprovalInput> {
-    eprint!("{}{}", approval::describe(request), approval::QUESTION);
+    eprint!(
+        "{}{}",
+        approval::describe(request),
+        approval::question(request)
+    );
     loop {
         let Some(line) = lines.next_line().await? else {
             anyhow::bail!("standard input closed while a tool call waited for approval");
@@ -317,7 +321,9 @@ async fn ask_on_terminal(
                 let reason = lines.next_line().await?.unwrap_or_default();
                 return Ok(approval::deny(&request.call_id, &reason));
             }
-            approval::Answer::Again(why) => eprint!("  {why}\n{}", approval::QUESTION),
+            approval::Answer::Again(why) => {
+                eprint!("  {why}\n{}", approval::question(request))
+            }
         }
     }
 }
@@ -455,7 +461,7 @@ pub async fn chat(
         // Move to the next queued question when free.
         if matches!(asking, Asking::Nothing) && !queued.is_empty() {
             let next = queued.remove(0);
-            eprint!("{}{}", approval::describe(&next), approval::QUESTION);
+            eprint!("{}{}", approval::describe(&next), approval::question(&next));
             asking = Asking::Approval(next);
         }
         let idle = open_turn.is_none();
@@ -490,7 +496,7 @@ pub async fn chat(
                             asking = Asking::DenyReason(request);
                         }
                         approval::Answer::Again(why) => {
-                            eprint!("  {why}\n{}", approval::QUESTION);
+                            eprint!("  {why}\n{}", approval::question(&request));
                             asking = Asking::Approval(request);
                         }
                     },

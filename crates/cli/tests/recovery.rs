@@ -455,3 +455,137 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
     assert!(system.contains("Carry out step 2 only"), "{system}");
     assert!(system.contains("1. [done] one -> one done"), "{system}");
 }
+
+/// Killed while a mutating call runs in a turn a person attends: after the
+/// restart the person is asked what to do with it, and `choice` is the
+/// answer. Returns the call's result and the runner's calls.
+async fn killed_mid_write_then(
+    choice: ApprovalDecision,
+) -> (spb::ToolResult, Vec<(String, String)>) {
+    let mut cluster = Cluster::start_only(&[Service::SessionStore, Service::Scheduler], |_| {})
+        .await
+        .unwrap();
+    let runner = HangingRunner::default();
+    let listener = cluster.take_listener(Service::ToolRunner).unwrap();
+    let serve = runner.clone();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(ToolRunnerServer::new(serve))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+    });
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    let mut client = orchestrator.start().await;
+    cluster
+        .model
+        .push(Reply::tool_call("w1", "slow_write", json!({})));
+    cluster.model.push(Reply::text("done"));
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    submit(
+        &mut client,
+        &session.id,
+        message("write it", ApprovalMode::Policy),
+    )
+    .await;
+    let decide = |call: &str, decision: ApprovalDecision| {
+        pb::input::Kind::Approval(pb::ApprovalInput {
+            call_id: call.into(),
+            decision: decision as i32,
+            reason: String::new(),
+            edited_arguments_json: String::new(),
+        })
+    };
+    log.until("w1's approval", |k| matches!(k, Kind::ApprovalRequested(_)))
+        .await;
+    submit(
+        &mut client,
+        &session.id,
+        decide("w1", ApprovalDecision::Approve),
+    )
+    .await;
+    log.until(
+        "w1 running",
+        |k| matches!(k, Kind::ToolOutputChunk(c) if c.call_id == "w1"),
+    )
+    .await;
+
+    orchestrator.kill();
+    let mut client = orchestrator.start().await;
+    // Not run again on its own: the person is asked.
+    let asked = log
+        .until(
+            "the question about w1",
+            |k| matches!(k, Kind::ApprovalRequested(a) if a.call_id == "w1" && a.outcome_unknown),
+        )
+        .await;
+    match asked.kind {
+        Some(Kind::ApprovalRequested(a)) => {
+            assert!(a.matched_rule.contains("outcome unknown"), "{a:?}")
+        }
+        _ => unreachable!(),
+    }
+    assert_eq!(runner.calls.lock().unwrap().len(), 1);
+    submit(&mut client, &session.id, decide("w1", choice)).await;
+    let done = log.finished().await;
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{:#?}",
+        log.seen
+    );
+    let result = log
+        .seen
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::ToolResult(r)) if r.call_id == "w1" => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let calls = runner.calls.lock().unwrap().clone();
+    (result, calls)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_mid_write_the_person_chooses_check() {
+    let (result, calls) = killed_mid_write_then(ApprovalDecision::Check).await;
+    assert!(result.is_error);
+    assert!(
+        result
+            .output
+            .contains("outcome unknown: the runtime restarted"),
+        "{}",
+        result.output
+    );
+    assert_eq!(calls.len(), 1, "not run again: {calls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_mid_write_the_person_chooses_run_again() {
+    let (result, calls) = killed_mid_write_then(ApprovalDecision::Approve).await;
+    assert!(!result.is_error, "{result:?}");
+    assert_eq!(result.output, "fresh result of slow_write");
+    assert_eq!(
+        calls,
+        vec![
+            ("w1".to_string(), "slow_write".to_string()),
+            ("w1".to_string(), "slow_write".to_string()),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_mid_write_the_person_chooses_skip() {
+    let (result, calls) = killed_mid_write_then(ApprovalDecision::Deny).await;
+    assert!(result.is_error);
+    assert!(
+        result.output.starts_with("error: not run again"),
+        "{}",
+        result.output
+    );
+    assert_eq!(calls.len(), 1, "not run again: {calls:?}");
+}

@@ -119,6 +119,7 @@ mod tests {
             arguments_json: args.into(),
             matched_rule: "default for bash: confirm".into(),
             network: false,
+            outcome_unknown: false,
         })
     }
 

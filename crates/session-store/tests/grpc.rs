@@ -306,6 +306,7 @@ fn one_of_each_kind() -> Vec<Event> {
             arguments_json: r#"{"command":"ls"}"#.into(),
             matched_rule: "bash: ask".into(),
             network: false,
+            outcome_unknown: false,
         }),
         Kind::ApprovalDecided(pb::ApprovalDecided {
             call_id: "c1".into(),

@@ -96,6 +96,7 @@ impl SessionState {
                         parallel_safe: c.parallel_safe,
                         phase: CallPhase::Validating,
                         answered: false,
+                        outcome_unknown: false,
                     });
                 }
                 self.phase = Phase::UseTools;
@@ -108,12 +109,21 @@ impl SessionState {
                     call.phase = to;
                 }
             }
+            Kind::ApprovalRequested(a) => {
+                if let Some(turn) = &mut self.turn
+                    && let Some(call) = turn.call_mut(&a.call_id)
+                {
+                    call.outcome_unknown = a.outcome_unknown;
+                }
+            }
             Kind::ApprovalDecided(d) => {
                 if let Some(turn) = &mut self.turn
                     && let Some(call) = turn.call_mut(&d.call_id)
-                    && d.decision() == ApprovalDecision::Edit
                 {
-                    call.effective_arguments = d.edited_arguments_json.clone();
+                    call.outcome_unknown = false;
+                    if d.decision() == ApprovalDecision::Edit {
+                        call.effective_arguments = d.edited_arguments_json.clone();
+                    }
                 }
                 for a in &d.allowances {
                     let rule = SessionRule {
@@ -216,10 +226,7 @@ impl SessionState {
                     plan.step_updated(u, steps);
                 }
             }
-            Kind::ModelTextDelta(_)
-            | Kind::ApprovalRequested(_)
-            | Kind::ToolOutputChunk(_)
-            | Kind::CancelRequested(_) => {}
+            Kind::ModelTextDelta(_) | Kind::ToolOutputChunk(_) | Kind::CancelRequested(_) => {}
         }
     }
 }

@@ -147,6 +147,7 @@ impl SessionState {
                         tool,
                         arguments_json: args,
                         matched_rule: verdict.rule,
+                        outcome_unknown: false,
                     }),
                 );
                 self.emit(
@@ -227,11 +228,13 @@ impl SessionState {
         }
     }
 
+    /// Whether the call runs now (one whose outcome is unknown after a
+    /// restart does not: a result of its lost run is stale).
     pub(super) fn is_executing(&self, call_id: &str) -> bool {
         self.turn
             .as_ref()
             .and_then(|t| t.call(call_id))
-            .is_some_and(|c| c.phase == CallPhase::Executing)
+            .is_some_and(|c| c.phase == CallPhase::Executing && !c.outcome_unknown)
     }
 
     pub(super) fn open_calls(&self) -> Vec<String> {
@@ -266,10 +269,20 @@ impl SessionState {
             decided.set_decision(decision);
             Kind::ApprovalDecided(decided)
         };
+        if call.outcome_unknown {
+            return self.decide_unknown(out, turn_id, &call, decision, reason);
+        }
         match decision {
             ApprovalDecision::Unspecified => {
                 return Err(Refusal::InvalidDecision(
                     "the decision is not set: approve, approve for session, deny or edit".into(),
+                ));
+            }
+            ApprovalDecision::Check => {
+                return Err(Refusal::InvalidDecision(
+                    "check applies only to a call whose outcome is unknown after a restart; \
+                     approve, approve for session, deny or edit"
+                        .into(),
                 ));
             }
             ApprovalDecision::Approve => {
@@ -351,15 +364,76 @@ impl SessionState {
         Ok(())
     }
 
+    /// A person's choice about a call whose outcome is unknown after a
+    /// restart: check (the model is told, and checks), run it again, or
+    /// skip it.
+    fn decide_unknown(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        call: &Call,
+        decision: ApprovalDecision,
+        reason: String,
+    ) -> Result<(), Refusal> {
+        let output = match decision {
+            ApprovalDecision::Approve => None,
+            ApprovalDecision::Check => Some(outcome_unknown_text(&call.tool)),
+            ApprovalDecision::Deny => Some(format!(
+                "error: not run again: the runtime restarted while this {} call was running, and \
+                 the person chose to skip it{}. It may or may not have taken effect; do not \
+                 repeat it.",
+                call.tool,
+                if reason.trim().is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", reason.trim())
+                }
+            )),
+            _ => {
+                return Err(Refusal::InvalidDecision(
+                    "this call's outcome is unknown after a restart: answer check, approve (run \
+                     it again) or deny (skip it)"
+                        .into(),
+                ));
+            }
+        };
+        let mut decided = pb::ApprovalDecided {
+            call_id: call.id.clone(),
+            decision: 0,
+            reason,
+            edited_arguments_json: String::new(),
+            allowances: Vec::new(),
+        };
+        decided.set_decision(decision);
+        self.emit(out, turn_id, Kind::ApprovalDecided(decided));
+        match output {
+            // It is still `Executing`: it runs again as it was.
+            None => {
+                let mut again = call.clone();
+                again.outcome_unknown = false;
+                out.after.push(self.run_tool(&again));
+            }
+            Some(output) => {
+                self.refuse_call(out, turn_id, &call.id, CallPhase::Error, output);
+                self.dispatch(out, turn_id);
+            }
+        }
+        Ok(())
+    }
+
     /// Schedules waiting calls that the session's standing approvals now
     /// allow (e.g. identical calls in the same response).
     pub(super) fn release_allowed(&mut self, out: &mut Out, turn_id: &str) {
         let waiting: Vec<Call> = self.awaiting_approval().into_iter().cloned().collect();
         for call in waiting {
-            let verdict = self.policy.0.check(
+            if call.outcome_unknown {
+                continue; // Only a person answers these.
+            }
+            let verdict = self.policy.0.check_tool(
                 &call.tool,
                 &call.effective_arguments,
                 call.read_only,
+                self.read_only_hint(&call.tool),
                 &self.session_rules,
             );
             if verdict.decision == Decision::Allow {
@@ -387,18 +461,43 @@ impl SessionState {
                     out.after.push(self.run_tool(&call));
                 }
                 CallPhase::Executing => {
-                    let output = format!(
-                        "error: outcome unknown: the runtime restarted while this {} call was \
-                         running; it may or may not have taken effect. Check before repeating it.",
-                        call.tool
-                    );
-                    self.refuse_call(out, turn_id, &call.id, CallPhase::Error, output);
+                    let mode = self
+                        .turn
+                        .as_ref()
+                        .map(|t| t.approval_mode)
+                        .unwrap_or(ApprovalMode::Policy);
+                    if matches!(mode, ApprovalMode::Policy | ApprovalMode::Unspecified) {
+                        // A person decides: check, run again, or skip.
+                        self.emit(
+                            out,
+                            turn_id,
+                            Kind::ApprovalRequested(pb::ApprovalRequested {
+                                call_id: call.id.clone(),
+                                tool: call.tool.clone(),
+                                arguments_json: call.effective_arguments.clone(),
+                                matched_rule: format!(
+                                    "outcome unknown: the runtime restarted while this {} call \
+                                     was running",
+                                    call.tool
+                                ),
+                                network: self.network_for(&call.tool, &call.effective_arguments),
+                                outcome_unknown: true,
+                            }),
+                        );
+                        // It stays where it was (running, as far as anyone
+                        // knows) until the person answers.
+                    } else {
+                        // Nobody to ask (a headless turn): the model checks.
+                        let output = outcome_unknown_text(&call.tool);
+                        self.refuse_call(out, turn_id, &call.id, CallPhase::Error, output);
+                    }
                 }
                 CallPhase::AwaitingApproval => {
-                    let verdict = self.policy.0.check(
+                    let verdict = self.policy.0.check_tool(
                         &call.tool,
                         &call.effective_arguments,
                         call.read_only,
+                        self.read_only_hint(&call.tool),
                         &self.session_rules,
                     );
                     if verdict.decision == Decision::Allow {
@@ -419,6 +518,7 @@ impl SessionState {
                             arguments_json: call.effective_arguments.clone(),
                             matched_rule: verdict.rule,
                             network: self.network_for(&call.tool, &call.effective_arguments),
+                            outcome_unknown: false,
                         }),
                     );
                 }
@@ -431,4 +531,13 @@ impl SessionState {
         }
         self.dispatch(out, turn_id);
     }
+}
+
+/// What the model is told of a call that was running when the runtime
+/// restarted.
+fn outcome_unknown_text(tool: &str) -> String {
+    format!(
+        "error: outcome unknown: the runtime restarted while this {tool} call was running; it may \
+         or may not have taken effect. Check before repeating it."
+    )
 }

@@ -134,6 +134,9 @@ pub struct Call {
     pub phase: CallPhase,
     /// Its result has been recorded.
     pub answered: bool,
+    /// It was running when the runtime restarted and a person is asked
+    /// what to do (check, run again, skip).
+    pub outcome_unknown: bool,
 }
 
 impl Call {

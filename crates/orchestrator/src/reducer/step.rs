@@ -156,7 +156,10 @@ impl SessionState {
                     .turn
                     .as_ref()
                     .and_then(|t| t.call(&call_id))
-                    .is_some_and(|c| c.phase == CallPhase::AwaitingApproval);
+                    .is_some_and(|c| {
+                        c.phase == CallPhase::AwaitingApproval
+                            || (c.phase == CallPhase::Executing && c.outcome_unknown)
+                    });
                 if !pending {
                     return Err(Refusal::NoPendingApproval { call_id });
                 }

@@ -374,6 +374,7 @@ fn approval_requested(call: &ToolCall, matched_rule: &str) -> Kind {
         arguments_json: call.arguments.clone(),
         matched_rule: matched_rule.into(),
         network: false,
+        outcome_unknown: false,
     })
 }
 
@@ -480,6 +481,7 @@ fn call_in(call: &ToolCall, phase: CallPhase, answered: bool) -> Call {
         parallel_safe: false,
         phase,
         answered,
+        outcome_unknown: false,
     }
 }
 

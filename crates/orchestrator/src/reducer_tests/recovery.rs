@@ -153,8 +153,27 @@ fn interrupted_reruns_an_edited_read_only_call_with_its_edited_arguments() {
     );
 }
 
+/// The question a restart asks about a mutating call that was running.
+fn unknown_asked(call: &ToolCall) -> Kind {
+    Kind::ApprovalRequested(pb::ApprovalRequested {
+        call_id: call.id.clone(),
+        tool: call.name.clone(),
+        arguments_json: call.arguments.clone(),
+        matched_rule: format!(
+            "outcome unknown: the runtime restarted while this {} call was running",
+            call.name
+        ),
+        network: false,
+        outcome_unknown: true,
+    })
+}
+
+fn answer(call_id: &str, decision: ApprovalDecision) -> Input {
+    approval(call_id, decision, "", "")
+}
+
 #[test]
-fn interrupted_reports_mutating_calls_that_were_running_as_unknown() {
+fn interrupted_asks_a_person_about_mutating_calls_that_were_running() {
     let mut live = policed(4, ApprovalMode::Policy);
     let m1 = bash("m1", "git status");
     let w2 = write_file("w2", "out.txt");
@@ -162,9 +181,8 @@ fn interrupted_reports_mutating_calls_that_were_running_as_unknown() {
     assert_eq!(phase_of(&live.state, "m1"), Some(CallPhase::Executing));
     live.ok(chunk("m1", OutputStream::Stdout, "On branch main"));
     let mut session = live.restarted();
-    let unknown = outcome_unknown("bash");
     let effects = session.ok(Input::Interrupted);
-    // The pending approval of w2 is asked again.
+    // Asked about m1 (check, run again, skip); w2's approval asked again.
     assert_eq!(
         effects,
         vec![record(
@@ -175,13 +193,14 @@ fn interrupted_reports_mutating_calls_that_were_running_as_unknown() {
                     RESTARTED_USING_TOOLS,
                     true
                 )],
-                closed(&m1, ToolCallPhase::Error, &unknown),
+                vec![unknown_asked(&m1)],
                 vec![approval_requested(&w2, WRITE_FILE_DEFAULT)],
             ])
         )]
     );
-    assert_eq!(session.state.history[2], Message::tool("m1", &unknown));
-    // A late result of the lost run is stale.
+    // Nothing moves on until the person answers; a late result of the lost
+    // run is stale.
+    assert_eq!(phase_of(&session.state, "m1"), Some(CallPhase::Executing));
     session.refused(
         done("m1", "late"),
         Refusal::Unexpected {
@@ -189,13 +208,88 @@ fn interrupted_reports_mutating_calls_that_were_running_as_unknown() {
             phase: Phase::UseTools,
         },
     );
+    // Only check, run again (approve) and skip (deny) fit the question.
+    session.refused(
+        answer("m1", ApprovalDecision::ApproveForSession),
+        Refusal::InvalidDecision(
+            "this call's outcome is unknown after a restart: answer check, approve (run it \
+             again) or deny (skip it)"
+                .into(),
+        ),
+    );
+    // Check: the model is told, as a headless turn does on its own.
+    let unknown = outcome_unknown("bash");
+    let effects = session.ok(answer("m1", ApprovalDecision::Check));
+    assert_eq!(
+        events_of(&effects)[1..],
+        closed(&m1, ToolCallPhase::Error, &unknown)[..]
+    );
+    assert_eq!(session.state.history[2], Message::tool("m1", &unknown));
     assert_eq!(run_tools(&session.ok(approve("w2"))), vec![w2]);
+    // Another call's question cannot be answered "check".
+    let mut other = policed(4, ApprovalMode::Policy);
+    other.ok(model_done("", vec![write_file("w9", "x.txt")]));
+    other.refused(
+        answer("w9", ApprovalDecision::Check),
+        Refusal::InvalidDecision(
+            "check applies only to a call whose outcome is unknown after a restart; approve, \
+             approve for session, deny or edit"
+                .into(),
+        ),
+    );
+}
+
+#[test]
+fn a_person_may_run_a_lost_call_again_or_skip_it() {
+    let start = || {
+        let mut live = policed(4, ApprovalMode::Policy);
+        live.ok(model_done("", vec![bash("m1", "git status")]));
+        let mut session = live.restarted();
+        session.ok(Input::Interrupted);
+        session
+    };
+    // Run again: the same call runs once more, and its result answers.
+    let mut session = start();
+    let effects = session.ok(answer("m1", ApprovalDecision::Approve));
+    assert_eq!(run_tools(&effects), vec![bash("m1", "git status")]);
+    assert_eq!(phase_of(&session.state, "m1"), Some(CallPhase::Executing));
+    // A restart during the second run asks again.
+    let mut again = session.restarted();
+    let asked = events_of(&again.ok(Input::Interrupted));
+    assert!(
+        asked.contains(&unknown_asked(&bash("m1", "git status"))),
+        "{asked:?}"
+    );
+    session.ok(done("m1", "On branch main"));
+    assert_eq!(
+        session.state.history[2],
+        Message::tool("m1", "On branch main")
+    );
+
+    // Skip: not run again; the model is told not to repeat it.
+    let mut session = start();
+    let effects = session.ok(approval(
+        "m1",
+        ApprovalDecision::Deny,
+        "I pushed it by hand",
+        "",
+    ));
+    assert!(run_tools(&effects).is_empty());
+    let told = match &session.state.history[2] {
+        Message::Tool { content, .. } => content.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        told.starts_with("error: not run again") && told.contains("(I pushed it by hand)"),
+        "{told}"
+    );
 }
 
 #[test]
 fn interrupted_with_only_mutating_calls_running_calls_the_model() {
+    // A headless turn: nobody to ask, so the model is told and checks.
     let mut live = Session::new(4);
-    live.ok(user("hello"));
+    live.ok(user_with(TURN, "hello", ApprovalMode::Always));
     live.ok(model_done("", vec![c1()]));
     let mut session = live.restarted();
     let unknown = outcome_unknown("shell");
@@ -259,7 +353,7 @@ fn interrupted_asks_again_for_pending_approvals_and_keeps_the_rest_waiting() {
 
 #[test]
 fn interrupted_starts_scheduled_calls_left_behind_a_lost_mutating_call() {
-    let mut live = policed(4, ApprovalMode::Policy);
+    let mut live = policed(4, ApprovalMode::Always);
     let m1 = bash("m1", "git status");
     let r2 = read_file("r2", "a.txt");
     let r3 = grep("r3");
@@ -291,7 +385,7 @@ fn interrupted_starts_scheduled_calls_left_behind_a_lost_mutating_call() {
 #[test]
 fn restarts_count_across_the_phases_of_a_turn() {
     let mut live = Session::new(4);
-    live.ok(user("hello"));
+    live.ok(user_with(TURN, "hello", ApprovalMode::Always));
     live.ok(model_done("", vec![c1()]));
     // Restart while c1 runs: outcome unknown, the model is asked.
     let mut session = live.restarted();

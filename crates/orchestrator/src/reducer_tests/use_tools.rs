@@ -297,7 +297,12 @@ fn use_tools_cancel_after_the_first_result_closes_only_the_rest() {
 
 #[test]
 fn use_tools_interrupted_reports_the_running_mutating_call_and_starts_the_next() {
-    let mut state = using_tools(4);
+    // A headless turn (nobody to ask what to do with c1).
+    let mut state = SessionState::new(4);
+    state
+        .step(user_with(TURN, "hello", ApprovalMode::Always))
+        .unwrap();
+    state.step(model_done("let me look", two_calls())).unwrap();
     let unknown = outcome_unknown("shell");
     let effects = state.step(Input::Interrupted).unwrap();
     assert_eq!(
@@ -324,6 +329,7 @@ fn use_tools_interrupted_reports_the_running_mutating_call_and_starts_the_next()
             Phase::UseTools,
             Some(Turn {
                 restarts: 1,
+                approval_mode: ApprovalMode::Always,
                 ..turn(
                     TURN,
                     1,
