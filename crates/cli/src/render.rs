@@ -111,7 +111,7 @@ pub fn event_json(event: &pb::Event) -> Value {
             }),
             Kind::LoopDetected(l) => json!({
                 "type": "loop_detected", "tool": l.tool, "arguments": l.arguments_json,
-                "repeats": l.repeats, "stopped": l.stopped,
+                "repeats": l.repeats, "stopped": l.stopped, "no_progress": l.no_progress,
             }),
             Kind::ToolsOffered(t) => json!({
                 "type": "tools_offered",
@@ -537,6 +537,19 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 };
                 let _ = writeln!(self.activity, "{line}");
             }
+            Kind::LoopDetected(l) if l.no_progress => {
+                self.end_line();
+                let what = if l.stopped {
+                    "stopped the turn"
+                } else {
+                    "told the model"
+                };
+                let _ = writeln!(
+                    self.activity,
+                    "  (the last {} steps made no progress: {what})",
+                    l.repeats
+                );
+            }
             Kind::LoopDetected(l) => {
                 self.end_line();
                 let what = if l.stopped {
@@ -595,6 +608,7 @@ mod tests {
                     arguments_json: r#"{"command":"ls"}"#.into(),
                     repeats: if stopped { 4 } else { 3 },
                     stopped,
+                    no_progress: false,
                 })),
                 ..Default::default()
             });

@@ -145,6 +145,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         lean: false,
         require_first_tool: config.llm.tool_choice == agentry_runtime::config::ToolChoice::Required,
         loop_repeats: config.agent.loop_repeats,
+        no_progress_steps: config.agent.no_progress_steps,
         budget: agentry_proto::sessions::v1::Budget {
             turn_tokens: config.agent.turn_token_budget,
             session_tokens: config.agent.session_token_budget,

@@ -44,6 +44,8 @@ pub struct View {
     pub require_first_tool: bool,
     /// The loop detector's limit (`agent.loop_repeats`; 0: off).
     pub loop_repeats: u32,
+    /// Steps without progress before the model is told (0: off).
+    pub no_progress_steps: u32,
     /// The configured spending limits (0: none).
     pub budget: agentry_proto::sessions::v1::Budget,
 }
@@ -63,6 +65,7 @@ impl Default for View {
             lean: false,
             require_first_tool: false,
             loop_repeats: agentry_runtime::Config::builtin().agent.loop_repeats,
+            no_progress_steps: agentry_runtime::Config::builtin().agent.no_progress_steps,
             budget: agentry_proto::sessions::v1::Budget::default(),
         }
     }

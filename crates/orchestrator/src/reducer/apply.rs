@@ -7,6 +7,7 @@ impl SessionState {
     /// A turn started by an event rather than a person's message (a task
     /// reminder, an MCP resource update): tools are approved by policy.
     fn start_event_turn(&mut self, turn_id: &str) {
+        self.failed_calls.clear();
         self.turn = Some(Turn {
             id: turn_id.to_string(),
             steps: 0,
@@ -35,6 +36,7 @@ impl SessionState {
                 self.push_history(Message::User {
                     content: m.text.clone(),
                 });
+                self.failed_calls.clear();
                 self.turn = Some(Turn {
                     id: turn_id.to_string(),
                     steps: 0,
@@ -137,6 +139,9 @@ impl SessionState {
                 }
             }
             Kind::ToolResult(r) => {
+                if r.is_error {
+                    self.failed_calls.insert(r.call_id.clone());
+                }
                 let Some(turn) = &mut self.turn else { return };
                 let Some(index) = turn.calls.iter().position(|c| c.id == r.call_id) else {
                     return;
@@ -169,6 +174,7 @@ impl SessionState {
                 }
             }
             Kind::TurnFinished(_) => {
+                self.failed_calls.clear();
                 self.turn = None;
                 self.phase = Phase::Idle;
             }

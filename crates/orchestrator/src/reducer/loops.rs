@@ -3,7 +3,13 @@
 //! call is not run: its result tells the model that the answer would not
 //! change. Asked once more after that, the turn stops.
 //!
-//! Counted from the turn's own messages (the running turn is never
+//! Its other half watches progress: `agent.no_progress_steps` steps in a
+//! row whose tool calls all failed or only returned what earlier calls of
+//! the turn returned, and the model is told what it sees (the calls of its
+//! next response are not run); one more such step after that, and the turn
+//! stops.
+//!
+//! Both are counted from the turn's own messages (the running turn is never
 //! compacted), so replaying the log decides the same.
 
 use super::*;
@@ -75,6 +81,7 @@ impl SessionState {
             arguments_json: arguments,
             repeats,
             stopped,
+            no_progress: false,
         })
     }
 
@@ -129,4 +136,116 @@ impl SessionState {
         self.emit(out, turn_id, finished);
         true
     }
+
+    /// The steps of the running turn so far, and whether each made
+    /// progress: `None` for the step whose calls were refused to tell the
+    /// model it made none (it counts for neither side), `Some(true)` when a
+    /// call succeeded with output no earlier call of the turn returned.
+    fn progress_of_steps(&self) -> Vec<Option<bool>> {
+        let start = self
+            .history
+            .iter()
+            .rposition(|m| matches!(m, Message::User { .. }))
+            .unwrap_or(0);
+        let mut seen: Vec<&str> = Vec::new();
+        let mut steps: Vec<Option<bool>> = Vec::new();
+        let mut current: Option<(bool, bool)> = None; // (progress, told)
+        for message in self.history.iter().skip(start) {
+            match message {
+                Message::Assistant { tool_calls, .. } if !tool_calls.is_empty() => {
+                    if let Some((progress, told)) = current.take() {
+                        steps.push((!told).then_some(progress));
+                    }
+                    current = Some((false, false));
+                }
+                Message::Tool {
+                    tool_call_id,
+                    content,
+                } => {
+                    let Some((progress, told)) = current.as_mut() else {
+                        continue;
+                    };
+                    let failed = self.failed_calls.contains(tool_call_id);
+                    if content.starts_with(NO_PROGRESS_NOTE) {
+                        *told = true;
+                    } else if !failed && !seen.contains(&content.as_str()) {
+                        *progress = true;
+                    }
+                    seen.push(content);
+                }
+                _ => {}
+            }
+        }
+        if let Some((progress, told)) = current {
+            steps.push((!told).then_some(progress));
+        }
+        steps
+    }
+
+    /// Before the calls of a new response run: tell the model after
+    /// `no_progress_steps` steps without progress (its calls are not run),
+    /// or stop the turn when it made none since it was told. `true` when
+    /// the response's calls were handled here.
+    pub(super) fn check_progress(&mut self, out: &mut Out, turn_id: &str, ids: &[String]) -> bool {
+        let limit = self.view.0.no_progress_steps;
+        if limit == 0 || ids.is_empty() {
+            return false;
+        }
+        // The steps before this response (its own is the last one).
+        let mut steps = self.progress_of_steps();
+        steps.pop();
+        let told_at = steps.iter().rposition(Option::is_none);
+        let after: Vec<bool> = steps
+            .iter()
+            .skip(told_at.map_or(0, |i| i + 1))
+            .filter_map(|s| *s)
+            .collect();
+        let stalled = after.iter().rev().take_while(|p| !**p).count();
+        let (tool, arguments) = self
+            .turn
+            .as_ref()
+            .and_then(|t| t.call(&ids[0]))
+            .map(|c| (c.tool.clone(), c.arguments.clone()))
+            .unwrap_or_default();
+        let event = |repeats: usize, stopped: bool| {
+            Kind::LoopDetected(pb::LoopDetected {
+                tool: tool.clone(),
+                arguments_json: arguments.clone(),
+                repeats: u32::try_from(repeats).unwrap_or(u32::MAX),
+                stopped,
+                no_progress: true,
+            })
+        };
+        if told_at.is_some() && stalled >= 1 {
+            let told = steps.len() - told_at.map_or(0, |i| i + 1) + limit as usize;
+            self.emit(out, turn_id, event(told, true));
+            let message = format!(
+                "stopped: the last {told} steps of this turn made no progress (their tool calls \
+                 failed or returned what earlier ones had), and the model was told"
+            );
+            self.close_unrun(out, turn_id, ids, &message);
+            let error = error_event(ErrorSource::Model, message.clone(), false);
+            self.emit(out, turn_id, error);
+            let finished = self.finish(TurnOutcome::Failed, message);
+            self.emit(out, turn_id, finished);
+            return true;
+        }
+        if told_at.is_none() && stalled >= limit as usize {
+            self.emit(out, turn_id, event(stalled, false));
+            let output = format!(
+                "{NO_PROGRESS_NOTE} in the last {stalled} steps: every tool call failed or \
+                 returned what an earlier call had. Step back: say what you tried and what you \
+                 learned, then try something different, or give your answer."
+            );
+            for id in ids {
+                self.refuse_call(out, turn_id, id, CallPhase::Error, output.clone());
+            }
+            return true;
+        }
+        false
+    }
 }
+
+/// How the note that tells the model it makes no progress begins (the
+/// detector finds it again in the history).
+const NO_PROGRESS_NOTE: &str = "error: not run: no progress";

@@ -246,6 +246,9 @@ pub struct SessionState {
     pub view: ViewRef,
     /// Reminder firings already in the log (a firing enters at most once).
     pub delivered_firings: BTreeSet<String>,
+    /// Calls of the running turn whose result was an error (the progress
+    /// detector reads it).
+    pub failed_calls: BTreeSet<String>,
     /// The last update of each subscribed MCP resource in the log, by
     /// (server, URI): the same update delivered again enters once.
     pub last_mcp_updates: BTreeMap<(String, String), String>,
@@ -486,6 +489,7 @@ impl SessionState {
             view: ViewRef(DEFAULT_VIEW.clone()),
             delivered_firings: BTreeSet::new(),
             last_mcp_updates: BTreeMap::new(),
+            failed_calls: BTreeSet::new(),
             limits: pb::Budget::default(),
             spent_tokens: 0,
             spent_cost: 0.0,

@@ -381,6 +381,10 @@ impl SessionState {
         if self.stop_at_a_limit(out, turn_id, &ids) || self.stop_a_loop(out, turn_id, &ids) {
             return;
         }
+        if self.check_progress(out, turn_id, &ids) {
+            self.dispatch(out, turn_id);
+            return;
+        }
         let plan_mode = self.turn_plan().is_some();
         for id in &ids {
             let tool = call_tool(self, id);

@@ -14,6 +14,7 @@ fn loop_event(arguments: &str, repeats: u32, stopped: bool) -> Kind {
         arguments_json: arguments.into(),
         repeats,
         stopped,
+        no_progress: false,
     })
 }
 
@@ -125,5 +126,131 @@ fn a_limit_of_zero_turns_the_detector_off() {
         let effects = s.ok(model_done("", vec![same(id, r#"{"path":"x"}"#)]));
         assert_eq!(run_tools(&effects).len(), 1, "{id}");
         s.ok(done(id, "text"));
+    }
+}
+
+fn failed(call_id: &str, output: &str) -> Input {
+    Input::ToolDone(pb::ToolResult {
+        is_error: true,
+        ..tool_result(call_id, output)
+    })
+}
+
+fn no_progress_events(effects: &[Effect]) -> Vec<(u32, bool)> {
+    events_of(effects)
+        .into_iter()
+        .filter_map(|k| match k {
+            Kind::LoopDetected(l) if l.no_progress => Some((l.repeats, l.stopped)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Five steps whose calls all fail (each a different call, so the repeat
+/// detector has nothing to say).
+fn five_failing_steps() -> Session {
+    let mut s = Session::new(20);
+    s.ok(user("fix the build"));
+    for i in 0..5 {
+        let id = format!("f{i}");
+        let effects = s.ok(model_done(
+            "",
+            vec![call(&id, "bash", &format!(r#"{{"command":"make {i}"}}"#))],
+        ));
+        assert_eq!(run_tools(&effects).len(), 1, "{id}");
+        assert!(no_progress_events(&effects).is_empty());
+        s.ok(failed(&id, &format!("make: *** no rule {i}")));
+    }
+    s
+}
+
+#[test]
+fn steps_without_progress_are_told_then_stopped() {
+    let mut s = five_failing_steps();
+    // The sixth response: told, its calls not run.
+    let effects = s.ok(model_done(
+        "",
+        vec![call("t", "bash", r#"{"command":"make 9"}"#)],
+    ));
+    assert!(run_tools(&effects).is_empty(), "{effects:?}");
+    assert_eq!(no_progress_events(&effects), vec![(5, false)]);
+    let told = results(&effects);
+    assert!(
+        told[0]
+            .output
+            .starts_with("error: not run: no progress in the last 5 steps"),
+        "{}",
+        told[0].output
+    );
+    assert!(calls_the_model(&effects));
+    // It gets one more step...
+    let effects = s.ok(model_done(
+        "",
+        vec![call("g", "bash", r#"{"command":"make x"}"#)],
+    ));
+    assert_eq!(run_tools(&effects).len(), 1);
+    // ...which fails too, or repeats an earlier output: the turn stops.
+    s.ok(done("g", "make: *** no rule 3"));
+    let effects = s.ok(model_done(
+        "",
+        vec![call("h", "bash", r#"{"command":"make y"}"#)],
+    ));
+    assert!(run_tools(&effects).is_empty());
+    assert_eq!(no_progress_events(&effects), vec![(6, true)]);
+    let finished = events_of(&effects)
+        .into_iter()
+        .find_map(|k| match k {
+            Kind::TurnFinished(f) => Some(f),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(finished.outcome, TurnOutcome::Failed as i32);
+    assert!(
+        finished.message.contains("made no progress"),
+        "{}",
+        finished.message
+    );
+}
+
+#[test]
+fn progress_after_being_told_carries_on() {
+    let mut s = five_failing_steps();
+    s.ok(model_done(
+        "",
+        vec![call("t", "bash", r#"{"command":"make 9"}"#)],
+    ));
+    s.ok(model_done(
+        "",
+        vec![call("g", "bash", r#"{"command":"ls"}"#)],
+    ));
+    s.ok(done("g", "Makefile src"));
+    let effects = s.ok(model_done(
+        "",
+        vec![call("h", "bash", r#"{"command":"make all"}"#)],
+    ));
+    assert_eq!(
+        run_tools(&effects).len(),
+        1,
+        "progress was made: {effects:?}"
+    );
+    assert!(no_progress_events(&effects).is_empty());
+}
+
+#[test]
+fn no_progress_steps_of_zero_turns_it_off() {
+    let mut s = Session::new(20);
+    s.state = s.state.clone().with_view(Arc::new(View {
+        no_progress_steps: 0,
+        ..View::default()
+    }));
+    s.ok(user("fix the build"));
+    for i in 0..8 {
+        let id = format!("f{i}");
+        let effects = s.ok(model_done(
+            "",
+            vec![call(&id, "bash", &format!(r#"{{"command":"make {i}"}}"#))],
+        ));
+        assert_eq!(run_tools(&effects).len(), 1, "{id}");
+        s.ok(failed(&id, "no"));
     }
 }

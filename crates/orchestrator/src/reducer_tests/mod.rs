@@ -534,6 +534,7 @@ fn core(state: &SessionState) -> SessionState {
         last_seq: 0,
         spent_tokens: 0,
         spent_cost: 0.0,
+        failed_calls: Default::default(),
         ..state.clone()
     }
 }

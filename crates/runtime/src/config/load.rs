@@ -46,6 +46,7 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_COMPACTION", &["agent", "compaction"]),
     ("AGENTRY_PLAN_MAX_STEPS", &["agent", "plan_max_steps"]),
     ("AGENTRY_LOOP_REPEATS", &["agent", "loop_repeats"]),
+    ("AGENTRY_NO_PROGRESS_STEPS", &["agent", "no_progress_steps"]),
     ("AGENTRY_TURN_TOKEN_BUDGET", &["agent", "turn_token_budget"]),
     (
         "AGENTRY_SESSION_TOKEN_BUDGET",

@@ -213,6 +213,10 @@ pub struct AgentConfig {
     /// arguments) this many times in one turn is told the result would not
     /// change instead of running it; asking once more stops the turn (0: off).
     pub loop_repeats: u32,
+    /// Steps in a row without progress (every tool call failed or returned
+    /// what an earlier call of the turn returned) after which the model is
+    /// told; one more and the turn stops (0: off).
+    pub no_progress_steps: u32,
     /// Tokens (prompt and completion) one turn may use before it stops (0: no limit).
     pub turn_token_budget: u64,
     /// Tokens a session may use before its turns stop (0: no limit).
