@@ -188,7 +188,9 @@ impl SessionState {
     /// the response's calls were handled here.
     pub(super) fn check_progress(&mut self, out: &mut Out, turn_id: &str, ids: &[String]) -> bool {
         let limit = self.view.0.no_progress_steps;
-        if limit == 0 || ids.is_empty() {
+        // Plan mode has its own rail (`agent.plan_max_steps`) and repairs
+        // failed steps on purpose.
+        if limit == 0 || ids.is_empty() || self.turn_plan().is_some() {
             return false;
         }
         // The steps before this response (its own is the last one).
