@@ -2,7 +2,7 @@
 # Provides real MCP (Model Context Protocol) servers for the MCP client tests:
 # a Python virtualenv holding the official Python SDK and two reference
 # servers, all pinned and from PyPI:
-#   mcp==2.3.0                    the SDK; runs crates/tool-runner/tests/mcp/fixture_server.py
+#   mcp==2.3.0                    the SDK; runs crates/fakes/mcp/fixture_server.py
 #   mcp-server-time==2026.10.19   bin/mcp-server-time (stdio)
 #   mcp-server-git==2026.10.19    bin/mcp-server-git --repository PATH (stdio; needs git)
 #

@@ -11,41 +11,16 @@ use agentry_testkit::Cluster;
 use agentry_testkit::cluster::Service;
 use agentry_testkit::fake_model::{Fallback, Reply};
 use serde_json::json;
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
 
-const FIXTURE: &str = include_str!("../../crates/tool-runner/tests/mcp/fixture_server.py");
-
-/// The MCP servers' virtualenv (scripts/mcp-servers.sh), or `None` (skip;
-/// a failure under CI).
-fn venv() -> Option<PathBuf> {
-    let path = match std::env::var("AGENTRY_MCP_VENV") {
-        Ok(p) if !p.is_empty() => PathBuf::from(p),
-        _ if rustix::process::geteuid().is_root() => PathBuf::from("/opt/agentry/mcp-venv-1"),
-        _ => PathBuf::from(std::env::var("HOME").unwrap_or_default())
-            .join(".cache/agentry/mcp-venv-1"),
-    };
-    if path.join("bin/mcp-server-time").is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "no MCP servers at {} (run scripts/mcp-servers.sh)",
-        path.display()
-    );
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-    eprintln!("skipping: {why}");
-    None
-}
+use agentry_testkit::mcp_servers::{Fixture, venv};
 
 /// The fixture server, copied where every identity can read it.
-fn fixture() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let script = dir.path().join("fixture_server.py");
-    std::fs::write(&script, FIXTURE).unwrap();
-    (dir, script.display().to_string())
+fn fixture() -> (Fixture, String) {
+    let fixture = Fixture::new().unwrap();
+    let script = fixture.script().display().to_string();
+    (fixture, script)
 }
 
 /// Waits until the orchestrator lists every MCP server as ready.

@@ -928,30 +928,9 @@ async fn chat_raises_a_limit_with_the_next_message() {
     assert_eq!(model.request_count(), 3);
 }
 
-/// The MCP servers' virtualenv (scripts/mcp-servers.sh), or `None` (skip;
-/// a failure under CI).
-fn mcp_venv() -> Option<std::path::PathBuf> {
-    let path = match std::env::var("AGENTRY_MCP_VENV") {
-        Ok(p) if !p.is_empty() => std::path::PathBuf::from(p),
-        _ if nix::unistd::geteuid().is_root() => "/opt/agentry/mcp-venv-1".into(),
-        _ => std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
-            .join(".cache/agentry/mcp-venv-1"),
-    };
-    if path.join("bin/mcp-server-time").is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "no MCP servers at {} (run scripts/mcp-servers.sh)",
-        path.display()
-    );
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-    eprintln!("skipping: {why}");
-    None
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn mcp_servers_from_a_json_file_answer_a_run_and_show_in_the_cli() {
-    let Some(venv) = mcp_venv() else {
+    let Some(venv) = agentry_testkit::mcp_servers::venv() else {
         return;
     };
     let model = FakeModel::start().await.unwrap();

@@ -250,20 +250,7 @@ impl ToolRunner for HangingRunner {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_while_tools_run_read_only_calls_rerun_and_mutating_ones_report_unknown() {
-    let mut cluster = Cluster::start_only(&[Service::SessionStore, Service::Scheduler], |_| {})
-        .await
-        .unwrap();
-    let runner = HangingRunner::default();
-    let listener = cluster.take_listener(Service::ToolRunner).unwrap();
-    let serve = runner.clone();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(ToolRunnerServer::new(serve))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-    });
-    let mut orchestrator = Orchestrator::new(&mut cluster);
-    let mut client = orchestrator.start().await;
+    let (cluster, runner, mut orchestrator, mut client) = with_hanging_runner().await;
     cluster
         .model
         .push(Reply::tool_call("r1", "slow_read", json!({})));
@@ -456,12 +443,16 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
     assert!(system.contains("1. [done] one -> one done"), "{system}");
 }
 
-/// Killed while a mutating call runs in a turn a person attends: after the
-/// restart the person is asked what to do with it, and `choice` is the
-/// answer. Returns the call's result and the runner's calls.
-async fn killed_mid_write_then(
-    choice: ApprovalDecision,
-) -> (spb::ToolResult, Vec<(String, String)>) {
+/// A cluster whose tool runner is a [`HangingRunner`], and an orchestrator
+/// process (started) with a client of it.
+async fn with_hanging_runner() -> (
+    Cluster,
+    HangingRunner,
+    Orchestrator,
+    agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient<
+        agentry_testkit::cluster::Channel,
+    >,
+) {
     let mut cluster = Cluster::start_only(&[Service::SessionStore, Service::Scheduler], |_| {})
         .await
         .unwrap();
@@ -475,7 +466,17 @@ async fn killed_mid_write_then(
             .await
     });
     let mut orchestrator = Orchestrator::new(&mut cluster);
-    let mut client = orchestrator.start().await;
+    let client = orchestrator.start().await;
+    (cluster, runner, orchestrator, client)
+}
+
+/// Killed while a mutating call runs in a turn a person attends: after the
+/// restart the person is asked what to do with it, and `choice` is the
+/// answer. Returns the call's result and the runner's calls.
+async fn killed_mid_write_then(
+    choice: ApprovalDecision,
+) -> (spb::ToolResult, Vec<(String, String)>) {
+    let (cluster, runner, mut orchestrator, mut client) = with_hanging_runner().await;
     cluster
         .model
         .push(Reply::tool_call("w1", "slow_write", json!({})));

@@ -11,5 +11,6 @@
 pub mod fake_crawl4ai;
 pub mod fake_model;
 mod http_server;
+pub mod mcp_servers;
 
 pub use fake_model::{FakeModel, Reply};

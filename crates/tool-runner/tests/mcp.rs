@@ -1,12 +1,15 @@
 //! MCP servers as tools, against real servers nobody here wrote
 //! (`mcp-server-time` from PyPI) and a server written with the official
-//! Python SDK (`tests/mcp/fixture_server.py`), over stdio inside the real
+//! Python SDK (`crates/fakes/mcp/fixture_server.py`), over stdio inside the real
 //! sandbox and over streamable HTTP, through the runner's gRPC service.
 //!
 //! The servers come from `scripts/mcp-servers.sh` (a virtualenv); without
 //! it the tests skip with a message, and fail under `CI=true`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod sandbox_support;
+use sandbox_support::confined;
 
 use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
 use agentry_proto::tools::v1::{
@@ -15,7 +18,6 @@ use agentry_proto::tools::v1::{
 };
 use agentry_runtime::config::McpServerConfig;
 use agentry_tool_runner::Limits;
-use agentry_tool_runner::sandbox::{Identity, Sandbox};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -25,45 +27,19 @@ use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
-const FIXTURE: &str = include_str!("mcp/fixture_server.py");
-
-/// The virtualenv of `scripts/mcp-servers.sh`, or `None` (skip) when it is
-/// not there; under CI its absence fails the test.
-fn venv() -> Option<PathBuf> {
-    let path = match std::env::var("AGENTRY_MCP_VENV") {
-        Ok(p) if !p.is_empty() => PathBuf::from(p),
-        _ if nix::unistd::geteuid().is_root() => PathBuf::from("/opt/agentry/mcp-venv-1"),
-        _ => PathBuf::from(std::env::var("HOME").unwrap_or_default())
-            .join(".cache/agentry/mcp-venv-1"),
-    };
-    if path.join("bin/mcp-server-time").is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "no MCP servers at {} (run scripts/mcp-servers.sh)",
-        path.display()
-    );
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-    eprintln!("skipping: {why}");
-    None
-}
-
 /// What the tests run: the virtualenv and a copy of the fixture server in a
 /// directory every identity can read.
 struct Servers {
     venv: PathBuf,
-    dir: tempfile::TempDir,
+    fixture: agentry_fakes::mcp_servers::Fixture,
 }
 
 impl Servers {
     fn new() -> Option<Servers> {
-        let venv = venv()?;
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let script = dir.path().join("fixture_server.py");
-        std::fs::write(&script, FIXTURE).unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
-        Some(Servers { venv, dir })
+        Some(Servers {
+            venv: agentry_fakes::mcp_servers::venv()?,
+            fixture: agentry_fakes::mcp_servers::Fixture::new().unwrap(),
+        })
     }
 
     fn python(&self) -> String {
@@ -71,11 +47,7 @@ impl Servers {
     }
 
     fn script(&self) -> String {
-        self.dir
-            .path()
-            .join("fixture_server.py")
-            .display()
-            .to_string()
+        self.fixture.script().display().to_string()
     }
 
     /// The fixture over stdio, named `name`.
@@ -143,45 +115,6 @@ impl HttpServer {
     async fn kill(mut self) {
         self.child.kill().await.unwrap();
     }
-}
-
-/// The sandbox with every layer this machine supports (a uid per session
-/// when root), or `None` when the helper is not built.
-fn confined(root: &Path) -> Option<Sandbox> {
-    let helper = match agentry_sandbox::find_helper(None) {
-        Ok(h) => h,
-        Err(e) => {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "{e}");
-            eprintln!("skipping: {e}");
-            return None;
-        }
-    };
-    let identity = if nix::unistd::geteuid().is_root() {
-        Identity::PerSession {
-            base: 2_000_000,
-            count: 1_000_000,
-        }
-    } else {
-        Identity::Runner
-    };
-    let scratch = root.join(".tmp/.probe");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let probe = Sandbox {
-        identity: identity.clone(),
-        ..Sandbox::unconfined()
-    };
-    if let Some(ids) = probe.ids_for("probe") {
-        std::os::unix::fs::lchown(&scratch, Some(ids.uid), Some(ids.gid)).unwrap();
-    }
-    let report = agentry_sandbox::probe(&helper, &scratch, probe.ids_for("probe")).unwrap();
-    Some(Sandbox {
-        helper: Some(helper),
-        layers: report.available(),
-        report: Some(report),
-        identity,
-        hidden: vec![root.to_path_buf()],
-        ..Sandbox::unconfined()
-    })
 }
 
 struct Runner {

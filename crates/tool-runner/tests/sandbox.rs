@@ -4,9 +4,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod sandbox_support;
+use sandbox_support::confined;
+
 use agentry_sandbox::{Layers, Limits as Rlimits};
 use agentry_tool_runner::Limits;
-use agentry_tool_runner::sandbox::{Identity, Sandbox};
+use agentry_tool_runner::sandbox::Sandbox;
 use agentry_tool_runner::tools::{self, ToolOutcome};
 use agentry_tool_runner::workspace::Workspace;
 use serde_json::json;
@@ -21,46 +24,6 @@ fn limits() -> Limits {
         max_read_bytes: 262144,
         workspace_bytes: 0,
     }
-}
-
-/// The sandbox with every layer this machine supports, or `None` (with a
-/// visible message; a failure under CI) when the helper is not built.
-fn confined(root: &std::path::Path) -> Option<Sandbox> {
-    let helper = match agentry_sandbox::find_helper(None) {
-        Ok(h) => h,
-        Err(e) => {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "{e}");
-            eprintln!("skipping: {e}");
-            return None;
-        }
-    };
-    let root_user = nix::unistd::geteuid().is_root();
-    let identity = if root_user {
-        Identity::PerSession {
-            base: 2_000_000,
-            count: 1_000_000,
-        }
-    } else {
-        Identity::Runner
-    };
-    let scratch = root.join(".tmp/.probe");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let probe_sandbox = Sandbox {
-        identity: identity.clone(),
-        ..Sandbox::unconfined()
-    };
-    if let Some(ids) = probe_sandbox.ids_for("probe") {
-        std::os::unix::fs::lchown(&scratch, Some(ids.uid), Some(ids.gid)).unwrap();
-    }
-    let report = agentry_sandbox::probe(&helper, &scratch, probe_sandbox.ids_for("probe")).unwrap();
-    Some(Sandbox {
-        helper: Some(helper),
-        layers: report.available(),
-        report: Some(report),
-        identity,
-        hidden: vec![root.to_path_buf()],
-        ..Sandbox::unconfined()
-    })
 }
 
 /// A workspace root that sandboxed users can traverse.
