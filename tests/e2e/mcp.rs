@@ -57,34 +57,16 @@ async fn approve(
     session_id: &str,
     call_id: &str,
 ) {
-    client
-        .submit(pb::SubmitRequest {
-            session_id: session_id.into(),
-            input: Some(pb::Input {
-                kind: Some(pb::input::Kind::Approval(pb::ApprovalInput {
-                    call_id: call_id.into(),
-                    decision: spb::ApprovalDecision::Approve as i32,
-                    reason: String::new(),
-                    edited_arguments_json: String::new(),
-                })),
-            }),
-        })
-        .await
-        .unwrap();
-}
-
-/// Reads events until an approval is asked for; returns its tool.
-async fn until_approval(events: &mut tonic::Streaming<spb::Event>) -> spb::ApprovalRequested {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(e) = events.message().await.unwrap() {
-            if let Some(Kind::ApprovalRequested(a)) = e.kind {
-                return a;
-            }
-        }
-        panic!("the stream ended");
-    })
+    decide(
+        client,
+        session_id,
+        call_id,
+        spb::ApprovalDecision::Approve,
+        "",
+        "",
+    )
     .await
-    .expect("no approval was asked for")
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -155,7 +137,7 @@ async fn a_turn_asks_the_time_through_real_mcp_servers_after_approval() {
     .await;
     // MCP tools are confirmed by default, whatever the server hints.
     for call in ["t1", "t2"] {
-        let asked = until_approval(&mut events).await;
+        let (asked, _) = until_approval(&mut events).await;
         assert_eq!(asked.call_id, call);
         approve(&mut client, &session.id, call).await;
     }
@@ -220,7 +202,7 @@ async fn a_subscribed_resource_update_wakes_the_session_once_across_an_orchestra
     )
     .await;
     // A subscription lets future changes wake the agent: a person agrees.
-    let asked = until_approval(&mut events).await;
+    let (asked, _) = until_approval(&mut events).await;
     assert_eq!(asked.tool, "mcp_subscribe");
     approve(&mut client, &session.id, &asked.call_id).await;
     let got = until_finished(&mut events, &turn).await;

@@ -192,3 +192,51 @@ pub async fn read_log(
         .into_inner()
         .events
 }
+
+/// Answers a pending approval.
+pub async fn decide(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+    call_id: &str,
+    decision: spb::ApprovalDecision,
+    reason: &str,
+    edited: &str,
+) -> Result<pb::SubmitResponse, tonic::Status> {
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::Approval(pb::ApprovalInput {
+                    call_id: call_id.to_string(),
+                    decision: decision as i32,
+                    reason: reason.to_string(),
+                    edited_arguments_json: edited.to_string(),
+                })),
+            }),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Reads events until an approval is requested; returns it and what came before.
+pub async fn until_approval(
+    events: &mut Streaming<spb::Event>,
+) -> (spb::ApprovalRequested, Vec<spb::Event>) {
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(e) = events.message().await.unwrap() {
+            let request = match &e.kind {
+                Some(Kind::ApprovalRequested(a)) => Some(a.clone()),
+                _ => None,
+            };
+            seen.push(e);
+            if let Some(a) = request {
+                return a;
+            }
+        }
+        panic!("stream ended before an approval request");
+    })
+    .await
+    .expect("an approval request within 20 s");
+    (found, seen)
+}

@@ -2,24 +2,10 @@
 //! and answering them) and `agentry policy suggest`.
 
 use crate::client::{connect, print_line, status_error};
+use crate::session_cmds::ago;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1 as spb;
 use agentry_runtime::Config;
-
-fn ago(ts: Option<&prost_types::Timestamp>) -> String {
-    let Some(ts) = ts else { return "-".into() };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let secs = (now - ts.seconds).max(0);
-    match secs {
-        0..60 => format!("{secs}s ago"),
-        60..3600 => format!("{}m ago", secs / 60),
-        3600..86400 => format!("{}h ago", secs / 3600),
-        _ => format!("{}d ago", secs / 86400),
-    }
-}
 
 /// What a call would do, in one line.
 fn what(tool: &str, arguments_json: &str) -> String {

@@ -6,7 +6,8 @@ use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1 as spb;
 use agentry_runtime::Config;
 
-fn ago(ts: Option<&prost_types::Timestamp>) -> String {
+/// How long ago `ts` was, for listings.
+pub(crate) fn ago(ts: Option<&prost_types::Timestamp>) -> String {
     let Some(ts) = ts else { return "-".into() };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
