@@ -9,23 +9,11 @@ use agentry_runtime::Config;
 
 /// What a call would do, in one line.
 fn what(tool: &str, arguments_json: &str) -> String {
-    let args: serde_json::Value = serde_json::from_str(arguments_json).unwrap_or_default();
-    let text = match (tool, args.get("command"), args.get("path")) {
-        ("bash", Some(serde_json::Value::String(c)), _) => format!("$ {c}"),
-        (_, _, Some(serde_json::Value::String(p))) => p.clone(),
-        _ => arguments_json.to_string(),
-    };
-    let one_line: String = text
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .chars()
-        .filter(|c| !c.is_control())
-        .collect();
-    if one_line.chars().count() > 80 {
-        format!("{}…", one_line.chars().take(80).collect::<String>())
+    let main = crate::render::short_args(tool, arguments_json);
+    if tool == "bash" {
+        format!("$ {main}")
     } else {
-        one_line
+        main
     }
 }
 

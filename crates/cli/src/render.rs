@@ -190,7 +190,9 @@ pub fn outcome_name(outcome: i32) -> &'static str {
 }
 
 /// A one-line summary of a tool's arguments.
-fn short_args(tool: &str, arguments: &str) -> String {
+/// The main argument of a call (bash's command, a file tool's path), or
+/// the arguments, in one short line.
+pub(crate) fn short_args(tool: &str, arguments: &str) -> String {
     let value: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
     let main = match tool {
         "bash" => value.get("command"),

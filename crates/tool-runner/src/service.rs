@@ -293,11 +293,7 @@ impl ToolRunner for ToolRunnerService {
             let mut run: Pin<Box<dyn Future<Output = Result<ToolOutcome, ToolError>> + Send + '_>> =
                 match mcp {
                     Some(mcp) => {
-                        let place = crate::mcp::conn::Place {
-                            session_id: req.session_id.clone(),
-                            workspace: workspace.root().to_path_buf(),
-                            tmp: workspace.tmp().to_path_buf(),
-                        };
+                        let place = mcp.place_of(&workspace);
                         let max_output = inner.limits.max_output_bytes;
                         let arguments = req.arguments_json.clone();
                         let tool = req.tool.clone();

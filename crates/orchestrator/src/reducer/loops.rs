@@ -219,10 +219,11 @@ impl SessionState {
             })
         };
         if told_at.is_some() && stalled >= 1 {
-            let told = steps.len() - told_at.map_or(0, |i| i + 1) + limit as usize;
-            self.emit(out, turn_id, event(told, true));
+            // The steps before the model was told, and those since.
+            let without = limit as usize + stalled;
+            self.emit(out, turn_id, event(without, true));
             let message = format!(
-                "stopped: the last {told} steps of this turn made no progress (their tool calls \
+                "stopped: the last {without} steps of this turn made no progress (their tool calls \
                  failed or returned what earlier ones had), and the model was told"
             );
             self.close_unrun(out, turn_id, ids, &message);

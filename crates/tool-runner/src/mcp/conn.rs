@@ -127,14 +127,16 @@ pub struct Place {
     pub workspace: PathBuf,
     /// The private temp dir.
     pub tmp: PathBuf,
+    /// Where the runner hands the sandbox helper its settings: beneath the
+    /// workspace root, which no sandbox can read.
+    pub spec_dir: PathBuf,
 }
 
 /// An open connection.
 pub struct Conn {
     service: RunningService<RoleClient, Handler>,
     process: Option<ServerProcess>,
-    /// The tools the server offered when the connection started (and after
-    /// each change it announced, once refreshed).
+    /// The protocol version the server chose.
     pub protocol: ProtocolVersion,
     last_used: Mutex<Instant>,
     stderr_tail: Arc<Mutex<Vec<String>>>,
@@ -365,12 +367,12 @@ impl Conn {
         match e {
             ServiceError::Timeout { timeout } => CallError::Timeout(timeout),
             ServiceError::McpError(data) => CallError::Server(data.message.to_string()),
-            ServiceError::TransportClosed | ServiceError::TransportSend(_)
-                if !self.is_open() || self.process.as_ref().is_some_and(|p| p.exited()) =>
-            {
+            // A send that failed because the server is gone is the same as
+            // the server hanging up.
+            ServiceError::TransportClosed => CallError::Closed(self.explain(&e)),
+            ServiceError::TransportSend(_) if !self.is_open() => {
                 CallError::Closed(self.explain(&e))
             }
-            ServiceError::TransportClosed => CallError::Closed(self.explain(&e)),
             other => CallError::Other(self.explain(&other)),
         }
     }
@@ -683,8 +685,8 @@ struct ServerProcess {
     child: Option<tokio::process::Child>,
     group: Option<nix::unistd::Pid>,
     helper: bool,
-    exited: Arc<std::sync::atomic::AtomicBool>,
-    status: Arc<Mutex<Option<String>>>,
+    /// The exit status, once it was waited for.
+    status: Mutex<Option<String>>,
 }
 
 impl ServerProcess {
@@ -741,7 +743,7 @@ impl ServerProcess {
                 // The server's environment may hold secrets: the spec goes
                 // in a file only the runner's user reads, not on the
                 // helper's command line, which every user can read.
-                let file = write_spec(&place.workspace, &spec)?;
+                let file = write_spec(&place.spec_dir, &spec)?;
                 let mut cmd = tokio::process::Command::new(helper);
                 cmd.arg0(agentry_sandbox::HELPER_NAME)
                     .arg(format!("@{}", file.display()))
@@ -790,8 +792,7 @@ impl ServerProcess {
                 child: Some(child),
                 group,
                 helper: sandbox.helper.is_some(),
-                exited: Arc::default(),
-                status: Arc::default(),
+                status: Mutex::default(),
             },
             stdout,
             stdin,
@@ -803,18 +804,12 @@ impl ServerProcess {
         let child = self.child.as_mut()?;
         match tokio::time::timeout(Duration::from_millis(500), child.wait()).await {
             Ok(Ok(status)) => {
-                self.exited
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 let text = status.to_string();
                 *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(text.clone());
                 Some(text)
             }
             _ => None,
         }
-    }
-
-    fn exited(&self) -> bool {
-        self.exited.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The exit status if the process is known to have ended.
@@ -910,31 +905,16 @@ pub fn own_files(config: &McpServerConfig, env: &[(String, String)]) -> Vec<Path
     paths
 }
 
-/// Writes `spec` to a private file beside the workspaces (beneath the
-/// workspace root, which no sandbox can read), for the helper to read and
+/// Writes `spec` to a private file in `dir`, for the helper to read and
 /// remove.
-fn write_spec(workspace: &Path, spec: &agentry_sandbox::Spec) -> Result<PathBuf, String> {
+fn write_spec(dir: &Path, spec: &agentry_sandbox::Spec) -> Result<PathBuf, String> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let root = workspace
-        .ancestors()
-        .find(|a| {
-            a.file_name()
-                .is_some_and(|n| n == crate::workspace::TEMP_DIRS)
-        })
-        .map(Path::to_path_buf)
-        .or_else(|| {
-            workspace
-                .parent()
-                .map(|p| p.join(crate::workspace::TEMP_DIRS))
-        })
-        .ok_or("the workspace has no parent")?;
-    let dir = root.join(".mcp-specs");
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&dir)
+        .create(dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = dir.join(format!("{}-{n}.json", std::process::id()));

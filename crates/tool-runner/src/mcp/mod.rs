@@ -717,11 +717,17 @@ impl Mcp {
                 .hand_over(session_id, dir)
                 .map_err(|e| format!("cannot prepare the workspace: {e}"))?;
         }
-        Ok(Place {
-            session_id: session_id.to_string(),
+        Ok(self.place_of(&ws))
+    }
+
+    /// Where a session's stdio servers run: its (prepared) workspace.
+    pub fn place_of(&self, ws: &crate::workspace::Workspace) -> Place {
+        Place {
+            session_id: ws.session_id().to_string(),
             workspace: ws.root().to_path_buf(),
             tmp: ws.tmp().to_path_buf(),
-        })
+            spec_dir: spec_dir(&self.shared),
+        }
     }
 
     /// A subscribed resource changed: read it (one read at a time per
@@ -1021,6 +1027,14 @@ async fn open_with(
     .await
 }
 
+/// Where sandbox settings are handed to the helper (private to the runner).
+fn spec_dir(shared: &Shared) -> PathBuf {
+    shared
+        .workspace_root
+        .join(crate::workspace::TEMP_DIRS)
+        .join(".mcp-specs")
+}
+
 /// The place of the connection that lists a server's tools.
 fn catalog_place(shared: &Shared, server: &str) -> Result<Place, String> {
     let base = shared
@@ -1031,6 +1045,7 @@ fn catalog_place(shared: &Shared, server: &str) -> Result<Place, String> {
         session_id: CATALOG.to_string(),
         workspace: base.join(server),
         tmp: base.join(format!("{server}.tmp")),
+        spec_dir: spec_dir(shared),
     };
     for dir in [&base, &place.workspace, &place.tmp] {
         std::fs::create_dir_all(dir)
