@@ -218,7 +218,10 @@ impl SessionState {
                 no_progress: true,
             })
         };
-        if told_at.is_some() && stalled >= 1 {
+        // Told, and no progress since: stop. Progress since the model was
+        // told starts the count again (it is told again at the limit).
+        let progressed = after.contains(&true);
+        if told_at.is_some() && !progressed && stalled >= 1 {
             // The steps before the model was told, and those since.
             let without = limit as usize + stalled;
             self.emit(out, turn_id, event(without, true));
@@ -233,7 +236,7 @@ impl SessionState {
             self.emit(out, turn_id, finished);
             return true;
         }
-        if told_at.is_none() && stalled >= limit as usize {
+        if (told_at.is_none() || progressed) && stalled >= limit as usize {
             self.emit(out, turn_id, event(stalled, false));
             let output = format!(
                 "{NO_PROGRESS_NOTE} in the last {stalled} steps: every tool call failed or \
