@@ -153,6 +153,8 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::LoopDetected(_) => "loop_detected",
             Kind::BudgetExceeded(_) => "budget_exceeded",
             Kind::McpResourceUpdated(_) => "mcp_resource_updated",
+            Kind::WorkspaceSnapshot(_) => "workspace_snapshot",
+            Kind::SessionRewound(_) => "session_rewound",
         })
         .collect()
 }

@@ -222,13 +222,50 @@ enum SessionsCommand {
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
-    /// Show a session's conversation
+    /// Show a session's conversation, its turns numbered
     Show {
         /// The session id
         id: String,
         /// Print every event as one JSON object per line
         #[arg(long)]
         json: bool,
+    },
+    /// Copy a session up to a point into a new session, with its files as
+    /// they were there
+    Fork {
+        /// The session id
+        id: String,
+        /// The last event the fork keeps (see `sessions show --json`);
+        /// default: the whole log, with the files as they are now
+        #[arg(long, value_name = "SEQ", default_value_t = 0)]
+        at: u64,
+        /// The new session's id (default: generated)
+        #[arg(long = "id", value_name = "NEW_ID")]
+        new_id: Option<String>,
+        /// Copy the conversation only; the new workspace starts empty
+        #[arg(long)]
+        conversation_only: bool,
+    },
+    /// Put a session back to the end of an earlier turn: the conversation
+    /// and the workspace's files (what came after stays in the log as
+    /// history)
+    Rewind {
+        /// The session id
+        id: String,
+        /// Keep turns 1..TURN, as `sessions show` numbers them (0: none)
+        #[arg(long, value_name = "TURN")]
+        to: u32,
+        /// Rewind the conversation only; leave the files as they are
+        #[arg(long)]
+        conversation_only: bool,
+    },
+    /// Reclaim the space of workspace snapshots: those of deleted sessions,
+    /// those past tool_runner.snapshots.keep_days (each session keeps its
+    /// latest), then the oldest while all hold more than max_total_mib
+    Prune {
+        /// Say what would go, remove nothing
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -348,6 +385,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sessions { command } => match command {
             SessionsCommand::List { limit } => session_cmds::list(&config, limit).await,
             SessionsCommand::Show { id, json } => session_cmds::show(&config, &id, json).await,
+            SessionsCommand::Fork {
+                id,
+                at,
+                new_id,
+                conversation_only,
+            } => session_cmds::fork(&config, &id, at, new_id, conversation_only).await,
+            SessionsCommand::Rewind {
+                id,
+                to,
+                conversation_only,
+            } => session_cmds::rewind(&config, &id, to, conversation_only).await,
+            SessionsCommand::Prune { dry_run } => session_cmds::prune(&config, dry_run).await,
         }
         .map(|()| ExitCode::SUCCESS),
         Command::Health {

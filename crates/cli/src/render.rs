@@ -76,6 +76,17 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "is_error": r.is_error, "exit_code": r.exit_code, "duration_ms": r.duration_ms,
                 "runner_id": r.runner_id,
             }),
+            Kind::WorkspaceSnapshot(w) => json!({
+                "type": "workspace_snapshot", "snapshot_id": w.snapshot_id,
+                "point": snapshot_point_name(w.point), "files": w.files, "bytes": w.bytes,
+                "new_bytes": w.new_bytes, "skipped": w.skipped, "error": w.error,
+            }),
+            Kind::SessionRewound(r) => json!({
+                "type": "session_rewound", "to_turn": r.to_turn, "to_seq": r.to_seq,
+                "snapshot_id": r.snapshot_id, "before_snapshot_id": r.before_snapshot_id,
+                "files_written": r.files_written, "files_deleted": r.files_deleted,
+                "files_left_alone": r.files_left_alone,
+            }),
             Kind::McpResourceUpdated(u) => json!({
                 "type": "mcp_resource_updated", "server": u.server, "uri": u.uri,
                 "update_id": u.update_id, "content": u.content,
@@ -142,6 +153,17 @@ pub fn event_json(event: &pb::Event) -> Value {
         out.extend(body);
     }
     out
+}
+
+/// Where a snapshot was taken, as the JSON output names it.
+fn snapshot_point_name(point: i32) -> &'static str {
+    match pb::SnapshotPoint::try_from(point) {
+        Ok(pb::SnapshotPoint::BeforeChange) => "before_change",
+        Ok(pb::SnapshotPoint::TurnEnd) => "turn_end",
+        Ok(pb::SnapshotPoint::BeforeRewind) => "before_rewind",
+        Ok(pb::SnapshotPoint::Fork) => "fork",
+        Ok(pb::SnapshotPoint::Unspecified) | Err(_) => "unspecified",
+    }
 }
 
 /// A plan step status's short name.
@@ -565,8 +587,33 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     l.tool, l.repeats
                 );
             }
+            Kind::WorkspaceSnapshot(w) if !w.error.is_empty() => {
+                self.end_line();
+                let _ = writeln!(
+                    self.activity,
+                    "  (the workspace could not be recorded: {}; a rewind to here cannot put the files back)",
+                    w.error
+                );
+            }
+            Kind::SessionRewound(r) => {
+                self.end_line();
+                let files = if r.snapshot_id.is_empty() {
+                    "files left as they were".to_string()
+                } else {
+                    format!(
+                        "files put back: {} written, {} removed",
+                        r.files_written, r.files_deleted
+                    )
+                };
+                let _ = writeln!(
+                    self.activity,
+                    "── rewound to the end of turn {} (seq {}); {files} ──",
+                    r.to_turn, r.to_seq
+                );
+            }
             // The turn's end says it, with what to do.
-            Kind::BudgetExceeded(_)
+            Kind::WorkspaceSnapshot(_)
+            | Kind::BudgetExceeded(_)
             | Kind::ToolCallState(_)
             | Kind::SkillsetChosen(_)
             | Kind::ToolsOffered(_) => {}

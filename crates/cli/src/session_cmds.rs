@@ -91,13 +91,9 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
             session.id, session.title, session.event_count
         ))?;
     }
-    let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
-    renderer.show_user = true;
-    // Replay what is stored now, then stop.
-    if session.event_count == 0 {
-        return Ok(());
-    }
-    loop {
+    // What is stored now, then stop.
+    let mut log = Vec::new();
+    while (log.last().map(|e: &spb::Event| e.seq).unwrap_or(0)) < session.event_count {
         let Some(event) = events
             .message()
             .await
@@ -105,16 +101,171 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
         else {
             break;
         };
+        log.push(event);
+    }
+    // Turns are numbered as `sessions rewind --to` takes them; events a
+    // rewind left out of the conversation are marked as history.
+    let effective = agentry_orchestrator::rewind::effective(&log);
+    let kept: std::collections::HashSet<u64> = effective.iter().map(|e| e.seq).collect();
+    let numbers: std::collections::HashMap<u64, u32> =
+        agentry_orchestrator::rewind::turns(&effective)
+            .into_iter()
+            .map(|t| (t.first_seq, t.number))
+            .collect();
+    let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
+    renderer.show_user = true;
+    for event in &log {
+        let history = !kept.contains(&event.seq);
         if json {
-            print_line(event_json(&event))?;
-        } else {
-            renderer.event(&event);
+            let mut line = event_json(event);
+            if history && let serde_json::Value::Object(fields) = &mut line {
+                fields.insert("history".into(), serde_json::Value::Bool(true));
+            }
+            print_line(line)?;
+            continue;
         }
-        if event.seq >= session.event_count {
-            break;
+        let starts_turn = matches!(
+            &event.kind,
+            Some(spb::event::Kind::UserMessage(_) | spb::event::Kind::McpResourceUpdated(_))
+        ) || matches!(&event.kind, Some(spb::event::Kind::ReminderDue(r)) if !event.turn_id.is_empty() && r.reminder_kind() == spb::ReminderKind::Task);
+        if starts_turn {
+            let header = match numbers.get(&event.seq) {
+                Some(n) => format!("── turn {n} · seq {} ──", event.seq),
+                None if history => format!("── turn (rewound: history) · seq {} ──", event.seq),
+                None => format!("── seq {} ──", event.seq),
+            };
+            print_line(header)?;
         }
+        renderer.event(event);
     }
     Ok(())
+}
+
+/// `agentry sessions fork`.
+pub async fn fork(
+    config: &Config,
+    id: &str,
+    at_seq: u64,
+    new_id: Option<String>,
+    conversation_only: bool,
+) -> anyhow::Result<()> {
+    let mut client = connect(config).await?;
+    let forked = client
+        .fork_session(pb::ForkSessionRequest {
+            session_id: id.to_string(),
+            at_seq,
+            new_session_id: new_id.unwrap_or_default(),
+            conversation_only,
+        })
+        .await
+        .map_err(|s| status_error(&format!("cannot fork session {id}"), s))?
+        .into_inner();
+    let session = forked.session.unwrap_or_default();
+    let at = if at_seq == 0 {
+        "its whole log".to_string()
+    } else {
+        format!("seq {at_seq}")
+    };
+    print_line(format!("forked {id} at {at} into {}", session.id))?;
+    if forked.snapshot_id.is_empty() {
+        print_line("  files: not copied (--conversation-only); the new workspace is empty")?;
+    } else if forked.snapshot_seq > 0 {
+        print_line(format!(
+            "  files: as recorded at seq {} ({} entries written)",
+            forked.snapshot_seq, forked.files_written
+        ))?;
+    } else {
+        print_line(format!(
+            "  files: as they are now ({} entries written)",
+            forked.files_written
+        ))?;
+    }
+    if forked.closed_open_turn {
+        print_line("  the fork ended inside a turn: that turn was closed as cancelled")?;
+    }
+    print_line(format!(
+        "continue with: agentry chat --session {}",
+        session.id
+    ))?;
+    Ok(())
+}
+
+/// `agentry sessions rewind`.
+pub async fn rewind(
+    config: &Config,
+    id: &str,
+    to_turn: u32,
+    conversation_only: bool,
+) -> anyhow::Result<()> {
+    let mut client = connect(config).await?;
+    let response = client
+        .rewind_session(pb::RewindSessionRequest {
+            session_id: id.to_string(),
+            to_turn,
+            conversation_only,
+        })
+        .await
+        .map_err(|s| status_error(&format!("cannot rewind session {id}"), s))?
+        .into_inner();
+    let rewound = response.rewound.unwrap_or_default();
+    print_line(format!(
+        "rewound {id} to the end of turn {to_turn} (seq {}): {} events are now history",
+        rewound.to_seq, response.events_rewound
+    ))?;
+    if rewound.snapshot_id.is_empty() {
+        print_line("  files: left as they are (--conversation-only)")?;
+    } else {
+        print_line(format!(
+            "  files: put back ({} written, {} removed{})",
+            rewound.files_written,
+            rewound.files_deleted,
+            if rewound.files_left_alone > 0 {
+                format!(
+                    ", {} too large to record left as they are",
+                    rewound.files_left_alone
+                )
+            } else {
+                String::new()
+            }
+        ))?;
+    }
+    Ok(())
+}
+
+/// `agentry sessions prune`.
+pub async fn prune(config: &Config, dry_run: bool) -> anyhow::Result<()> {
+    let mut client = connect(config).await?;
+    let pruned = client
+        .prune_snapshots(pb::PruneSnapshotsRequest { dry_run })
+        .await
+        .map_err(|s| status_error("cannot prune workspace snapshots", s))?
+        .into_inner();
+    let verb = if dry_run { "would remove" } else { "removed" };
+    print_line(format!(
+        "{verb} {} snapshot{} ({} of deleted sessions) and {} stored files: {} freed, {} kept in {} snapshots",
+        pruned.snapshots_removed,
+        if pruned.snapshots_removed == 1 {
+            ""
+        } else {
+            "s"
+        },
+        pruned.sessions_removed,
+        pruned.objects_removed,
+        size(pruned.bytes_freed),
+        size(pruned.bytes_kept),
+        pruned.snapshots_kept,
+    ))?;
+    Ok(())
+}
+
+/// A size for people.
+fn size(bytes: u64) -> String {
+    match bytes {
+        0..1024 => format!("{bytes} B"),
+        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
+        1_048_576..1_073_741_824 => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
+        _ => format!("{:.2} GiB", bytes as f64 / 1_073_741_824.0),
+    }
 }
 
 /// `agentry tools`.

@@ -190,6 +190,33 @@ impl ToolRunner for HangingRunner {
         ))
     }
 
+    async fn snapshot(
+        &self,
+        _request: Request<tpb::SnapshotRequest>,
+    ) -> Result<Response<tpb::SnapshotResponse>, Status> {
+        Err(Status::failed_precondition(
+            "workspace snapshots are off in this test double",
+        ))
+    }
+
+    async fn restore_snapshot(
+        &self,
+        _request: Request<tpb::RestoreSnapshotRequest>,
+    ) -> Result<Response<tpb::RestoreSnapshotResponse>, Status> {
+        Err(Status::failed_precondition(
+            "workspace snapshots are off in this test double",
+        ))
+    }
+
+    async fn prune_snapshots(
+        &self,
+        _request: Request<tpb::PruneSnapshotsRequest>,
+    ) -> Result<Response<tpb::PruneSnapshotsResponse>, Status> {
+        Err(Status::failed_precondition(
+            "workspace snapshots are off in this test double",
+        ))
+    }
+
     async fn mcp_read_resource(
         &self,
         _request: Request<tpb::McpReadResourceRequest>,

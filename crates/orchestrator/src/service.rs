@@ -3,7 +3,6 @@
 use crate::actor::{Actor, Command, SessionHandle, Submitted};
 use crate::deps::Deps;
 use crate::reducer::Input;
-use crate::reducer::SessionState;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::orchestrator::v1::orchestrator_server::Orchestrator;
 use agentry_proto::sessions::v1 as spb;
@@ -29,7 +28,7 @@ pub struct OrchestratorService {
     sessions: Arc<std::sync::Mutex<HashMap<String, SessionSlot>>>,
 }
 
-fn store_status(url: &str, status: Status) -> Status {
+pub(crate) fn store_status(url: &str, status: Status) -> Status {
     match status.code() {
         tonic::Code::Unavailable => Status::unavailable(format!(
             "the session store at {url} is unavailable: {}",
@@ -89,27 +88,7 @@ impl OrchestratorService {
 
     /// A session's whole log.
     async fn read_log(&self, session_id: &str) -> Result<Vec<spb::Event>, Status> {
-        let mut events = Vec::new();
-        let mut from = 1;
-        loop {
-            let page = self
-                .deps
-                .store
-                .clone()
-                .read(spb::ReadRequest {
-                    session_id: session_id.to_string(),
-                    from_seq: from,
-                    limit: 0,
-                })
-                .await
-                .map_err(|s| store_status(&self.deps.store_url, s))?
-                .into_inner();
-            from = page.next_seq;
-            events.extend(page.events);
-            if !page.has_more {
-                return Ok(events);
-            }
-        }
+        self.deps.read_log(session_id).await
     }
 
     /// The most recently updated sessions, `limit` of them (open turns only
@@ -137,11 +116,7 @@ impl OrchestratorService {
     /// Reads a session's log, replays it and starts its actor.
     async fn load(&self, session_id: &str) -> Result<SessionHandle, Status> {
         let events = self.read_log(session_id).await?;
-        let state = SessionState::new(self.deps.max_steps)
-            .with_policy(self.deps.policy.clone())
-            .with_plan_max_steps(self.deps.plan_max_steps)
-            .with_view(self.deps.view())
-            .replayed(&events);
+        let state = self.deps.replayed(&events);
         Ok(Actor::spawn(
             session_id.to_string(),
             state,
@@ -197,7 +172,7 @@ impl OrchestratorService {
         for _ in 0..2 {
             let handle = self.session(session_id).await?;
             let (reply, answer) = oneshot::channel();
-            let command = Box::new(Command {
+            let command = Box::new(Command::Input {
                 input: input.clone(),
                 reply,
             });
@@ -544,6 +519,81 @@ impl Orchestrator for OrchestratorService {
         }
         approvals.sort_by_key(|p| p.asked_at.map(|t| (t.seconds, t.nanos)));
         Ok(Response::new(pb::ListApprovalsResponse { approvals }))
+    }
+
+    async fn fork_session(
+        &self,
+        request: Request<pb::ForkSessionRequest>,
+    ) -> Result<Response<pb::ForkSessionResponse>, Status> {
+        crate::forks::fork(&self.deps, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn rewind_session(
+        &self,
+        request: Request<pb::RewindSessionRequest>,
+    ) -> Result<Response<pb::RewindSessionResponse>, Status> {
+        let req = request.into_inner();
+        loop {
+            let handle = self.session(&req.session_id).await?;
+            let (reply, answer) = oneshot::channel();
+            let command = Box::new(Command::Rewind {
+                to_turn: req.to_turn,
+                with_files: !req.conversation_only,
+                reply,
+            });
+            if handle.commands.send(command).await.is_err() {
+                continue; // The actor stopped: load the session again.
+            }
+            return match answer.await {
+                Ok(result) => result.map(Response::new),
+                Err(_) => Err(Status::unavailable(
+                    "the session stopped during the rewind; look at it and try again",
+                )),
+            };
+        }
+    }
+
+    async fn prune_snapshots(
+        &self,
+        request: Request<pb::PruneSnapshotsRequest>,
+    ) -> Result<Response<agentry_proto::tools::v1::PruneSnapshotsResponse>, Status> {
+        let dry_run = request.into_inner().dry_run;
+        // Every session that exists: the snapshots of the others go.
+        let mut sessions = Vec::new();
+        loop {
+            let page = self
+                .deps
+                .store
+                .clone()
+                .list_sessions(spb::ListSessionsRequest {
+                    limit: 1000,
+                    offset: sessions.len() as u32,
+                    only_open_turns: false,
+                })
+                .await
+                .map_err(|s| store_status(&self.deps.store_url, s))?
+                .into_inner();
+            let done = page.sessions.is_empty()
+                || sessions.len() as u64 + page.sessions.len() as u64 >= page.total;
+            sessions.extend(page.sessions.into_iter().map(|s| s.id));
+            if done {
+                break;
+            }
+        }
+        let request = agentry_proto::tools::v1::PruneSnapshotsRequest {
+            sessions,
+            sessions_listed: true,
+            dry_run,
+        };
+        self.deps
+            .runners
+            .on_any(|mut client| {
+                let request = request.clone();
+                async move { client.prune_snapshots(request).await }
+            })
+            .await
     }
 
     async fn list_decisions(

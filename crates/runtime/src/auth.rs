@@ -49,6 +49,9 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.tools.v1.ToolRunner/McpSubscribe",
     "/agentry.tools.v1.ToolRunner/McpReadResource",
     "/agentry.tools.v1.ToolRunner/McpWatch",
+    "/agentry.tools.v1.ToolRunner/Snapshot",
+    "/agentry.tools.v1.ToolRunner/RestoreSnapshot",
+    "/agentry.tools.v1.ToolRunner/PruneSnapshots",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
 ];
 

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod output;
 pub mod sandbox;
 pub mod service;
+pub mod snapshots;
 pub mod tools;
 pub mod web;
 pub mod workspace;
@@ -138,6 +139,9 @@ pub struct Setup {
     pub mcp_servers: Vec<agentry_runtime::config::McpServerConfig>,
     /// How the MCP client behaves.
     pub mcp: mcp::Settings,
+    /// Where workspace snapshots are kept and their limits; `None`: no
+    /// snapshots.
+    pub snapshots: Option<(PathBuf, snapshots::SnapshotLimits)>,
 }
 
 impl Setup {
@@ -176,7 +180,37 @@ impl Setup {
             web: config.tool_runner.web.clone(),
             runner_id,
             metrics,
+            snapshots: config.tool_runner.snapshots.enabled.then(|| {
+                (
+                    config.snapshots_dir(),
+                    snapshots::SnapshotLimits::from_config(&config.tool_runner.snapshots),
+                )
+            }),
         })
+    }
+}
+
+/// Applies the snapshots' retention every hour (the first time a minute
+/// after start). Sessions deleted meanwhile are left to
+/// `agentry sessions prune`, which knows them.
+async fn prune_hourly(store: snapshots::Snapshots) {
+    let mut next = Duration::from_secs(60);
+    loop {
+        tokio::time::sleep(next).await;
+        next = Duration::from_secs(3600);
+        let store = store.clone();
+        let options = snapshots::PruneOptions::default();
+        match tokio::task::spawn_blocking(move || store.prune(&options)).await {
+            Ok(Ok(pruned)) if pruned.snapshots_removed > 0 => tracing::info!(
+                removed = pruned.snapshots_removed,
+                bytes_freed = pruned.bytes_freed,
+                bytes_kept = pruned.bytes_kept,
+                "pruned workspace snapshots"
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot prune workspace snapshots"),
+            Err(e) => tracing::warn!(error = %e, "pruning workspace snapshots failed"),
+        }
     }
 }
 
@@ -209,6 +243,7 @@ pub async fn serve(
         metrics,
         mcp_servers,
         mcp,
+        snapshots,
     } = setup;
     let refuse = |reason: String| agentry_runtime::ServeError::Bind {
         addr: listener
@@ -260,11 +295,17 @@ pub async fn serve(
         Some(egress.clone()),
     );
     let mcp_task = (!mcp.is_empty()).then(|| mcp.start_background());
-    let runner = ToolRunnerService::new(workspace_root, limits, runner_id)
+    let mut runner = ToolRunnerService::new(workspace_root, limits, runner_id)
         .with_sandbox(sandbox)
         .with_web(web)
         .with_egress(egress)
         .with_mcp(mcp);
+    let mut prune_task = None;
+    if let Some((dir, limits)) = snapshots {
+        let store = snapshots::Snapshots::open(&dir, limits).map_err(|e| refuse(e.to_string()))?;
+        prune_task = Some(tokio::spawn(prune_hourly(store.clone())));
+        runner = runner.with_snapshots(store);
+    }
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let metrics_task = metrics.map(|listener| {
         let page = runner.clone();
@@ -290,6 +331,9 @@ pub async fn serve(
         task.abort();
     }
     if let Some(task) = mcp_task {
+        task.abort();
+    }
+    if let Some(task) = prune_task {
         task.abort();
     }
     let _ = stop_metrics.send(());

@@ -30,6 +30,7 @@ struct Inner {
     web: Option<Arc<crate::web::Web>>,
     egress: Option<Arc<crate::egress::Egress>>,
     mcp: Option<crate::mcp::Mcp>,
+    snapshots: Option<crate::snapshots::Snapshots>,
     calls: Arc<crate::metrics::ToolCalls>,
 }
 
@@ -45,6 +46,7 @@ impl ToolRunnerService {
                 web: None,
                 egress: None,
                 mcp: None,
+                snapshots: None,
                 calls: Arc::default(),
             }),
         }
@@ -79,6 +81,11 @@ impl ToolRunnerService {
         self.with(|inner| inner.mcp = (!mcp.is_empty()).then_some(mcp))
     }
 
+    /// The same runner keeping workspace snapshots in `snapshots`.
+    pub fn with_snapshots(self, snapshots: crate::snapshots::Snapshots) -> Self {
+        self.with(|inner| inner.snapshots = Some(snapshots))
+    }
+
     /// The metrics page (Prometheus text).
     pub fn metrics_page(&self) -> String {
         crate::metrics::render(
@@ -99,6 +106,32 @@ type WatchStream =
 const REDELIVER_AFTER: Duration = Duration::from_secs(10);
 
 impl ToolRunnerService {
+    /// A session's workspace, created and handed to the session if new.
+    fn workspace(&self, session_id: &str) -> Result<Workspace, Status> {
+        Workspace::open(&self.inner.workspace_root, session_id)
+            .and_then(|ws| {
+                for dir in [ws.root(), ws.tmp()] {
+                    self.inner
+                        .sandbox
+                        .hand_over(session_id, dir)
+                        .map_err(|e| ToolError::Io(format!("cannot prepare the workspace: {e}")))?;
+                }
+                Ok(ws)
+            })
+            .map_err(|e| match e {
+                ToolError::InvalidRequest(m) => Status::invalid_argument(m),
+                other => Status::internal(other.to_string()),
+            })
+    }
+
+    fn snapshots(&self) -> Result<crate::snapshots::Snapshots, Status> {
+        self.inner.snapshots.clone().ok_or_else(|| {
+            Status::failed_precondition(
+                "workspace snapshots are off on this tool runner (tool_runner.snapshots.enabled)",
+            )
+        })
+    }
+
     fn mcp(&self) -> Result<&crate::mcp::Mcp, Status> {
         self.inner.mcp.as_ref().ok_or_else(|| {
             Status::failed_precondition("this tool runner has no MCP servers configured")
@@ -151,6 +184,73 @@ impl ToolRunner for ToolRunnerService {
 
     type ExecuteStream = ExecuteStream;
     type McpWatchStream = WatchStream;
+
+    async fn snapshot(
+        &self,
+        request: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<pb::SnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let snapshots = self.snapshots()?;
+        let workspace = self.workspace(&req.session_id)?;
+        let confinement = self.inner.sandbox.file_confinement(&workspace);
+        let taken =
+            tokio::task::spawn_blocking(move || snapshots.snapshot(&workspace, &confinement))
+                .await
+                .map_err(|e| Status::internal(format!("the snapshot failed: {e}")))?
+                .map_err(snapshot_status)?;
+        tracing::debug!(session_id = %req.session_id, snapshot = %taken.id, files = taken.files, new_bytes = taken.new_bytes, ms = taken.duration.as_millis() as u64, "workspace snapshot");
+        Ok(Response::new(pb::SnapshotResponse {
+            snapshot_id: taken.id,
+            files: taken.files,
+            bytes: taken.bytes,
+            new_bytes: taken.new_bytes,
+            skipped: taken.skipped,
+            duration_ms: taken.duration.as_millis() as u64,
+        }))
+    }
+
+    async fn restore_snapshot(
+        &self,
+        request: Request<pb::RestoreSnapshotRequest>,
+    ) -> Result<Response<pb::RestoreSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let snapshots = self.snapshots()?;
+        let workspace = self.workspace(&req.session_id)?;
+        let confinement = self.inner.sandbox.file_confinement(&workspace);
+        let id = req.snapshot_id.clone();
+        let restored =
+            tokio::task::spawn_blocking(move || snapshots.restore(&workspace, &confinement, &id))
+                .await
+                .map_err(|e| Status::internal(format!("the restore failed: {e}")))?
+                .map_err(snapshot_status)?;
+        tracing::info!(session_id = %req.session_id, snapshot = %req.snapshot_id, written = restored.written, deleted = restored.deleted, "workspace restored");
+        Ok(Response::new(pb::RestoreSnapshotResponse {
+            written: restored.written,
+            deleted: restored.deleted,
+            unchanged: restored.unchanged,
+            bytes_written: restored.bytes_written,
+            left_alone: restored.left_alone,
+        }))
+    }
+
+    async fn prune_snapshots(
+        &self,
+        request: Request<pb::PruneSnapshotsRequest>,
+    ) -> Result<Response<pb::PruneSnapshotsResponse>, Status> {
+        let req = request.into_inner();
+        let snapshots = self.snapshots()?;
+        let options = crate::snapshots::PruneOptions {
+            sessions: req
+                .sessions_listed
+                .then(|| req.sessions.into_iter().collect()),
+            dry_run: req.dry_run,
+        };
+        let pruned = tokio::task::spawn_blocking(move || snapshots.prune(&options))
+            .await
+            .map_err(|e| Status::internal(format!("pruning failed: {e}")))?
+            .map_err(snapshot_status)?;
+        Ok(Response::new(prune_response(&pruned)))
+    }
 
     async fn mcp_subscribe(
         &self,
@@ -252,20 +352,7 @@ impl ToolRunner for ToolRunnerService {
         if req.tool.is_empty() {
             return Err(Status::invalid_argument("tool must be set"));
         }
-        let workspace = Workspace::open(&self.inner.workspace_root, &req.session_id)
-            .and_then(|ws| {
-                for dir in [ws.root(), ws.tmp()] {
-                    self.inner
-                        .sandbox
-                        .hand_over(&req.session_id, dir)
-                        .map_err(|e| ToolError::Io(format!("cannot prepare the workspace: {e}")))?;
-                }
-                Ok(ws)
-            })
-            .map_err(|e| match e {
-                ToolError::InvalidRequest(m) => Status::invalid_argument(m),
-                other => Status::internal(other.to_string()),
-            })?;
+        let workspace = self.workspace(&req.session_id)?;
         let pass = if req.network {
             let egress = self.inner.egress.as_ref().ok_or_else(|| {
                 Status::failed_precondition(
@@ -550,3 +637,23 @@ impl QuotaWatch {
 }
 
 const MIB: u64 = 1024 * 1024;
+
+/// The status of a failed snapshot operation.
+fn snapshot_status(error: ToolError) -> Status {
+    match error {
+        ToolError::InvalidRequest(m) => Status::failed_precondition(m),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+/// The wire form of what pruning did.
+pub fn prune_response(pruned: &crate::snapshots::Pruned) -> pb::PruneSnapshotsResponse {
+    pb::PruneSnapshotsResponse {
+        snapshots_removed: pruned.snapshots_removed,
+        snapshots_kept: pruned.snapshots_kept,
+        sessions_removed: pruned.sessions_removed,
+        objects_removed: pruned.objects_removed,
+        bytes_freed: pruned.bytes_freed,
+        bytes_kept: pruned.bytes_kept,
+    }
+}

@@ -76,6 +76,7 @@ impl Runner {
             let setup = agentry_tool_runner::Setup {
                 mcp_servers: Vec::new(),
                 mcp: agentry_tool_runner::mcp::Settings::default(),
+                snapshots: None,
                 workspace_root: task_root,
                 limits,
                 sandbox: agentry_tool_runner::sandbox::Sandbox::unconfined(),

@@ -200,6 +200,7 @@ impl Runner {
             metrics: Some(metrics_listener),
             mcp_servers: servers,
             mcp: settings,
+            snapshots: None,
         };
         let task = tokio::spawn(async move {
             let auth = agentry_runtime::Auth::off();

@@ -70,6 +70,7 @@ async fn metrics_show_tool_calls_and_the_breaker_state() {
         let setup = agentry_tool_runner::Setup {
             mcp_servers: Vec::new(),
             mcp: agentry_tool_runner::mcp::Settings::default(),
+            snapshots: None,
             workspace_root: root_path,
             limits,
             sandbox: agentry_tool_runner::sandbox::Sandbox::unconfined(),

@@ -3,7 +3,10 @@
 //! back as inputs.
 
 mod model_call;
+mod rewind;
 mod tool_call;
+
+use rewind::RewindError;
 
 use crate::deps::Deps;
 use crate::metrics::{CALLS_IN_FLIGHT, CALLS_IN_FLIGHT_HELP};
@@ -30,9 +33,19 @@ pub struct Submitted {
 }
 
 /// A request to a session actor.
-pub(crate) struct Command {
-    pub input: Input,
-    pub reply: oneshot::Sender<Result<Submitted, Status>>,
+pub(crate) enum Command {
+    /// An input for the reducer.
+    Input {
+        input: Input,
+        reply: oneshot::Sender<Result<Submitted, Status>>,
+    },
+    /// Put the session back to the end of turn `to_turn`.
+    Rewind {
+        to_turn: u32,
+        with_files: bool,
+        reply:
+            oneshot::Sender<Result<agentry_proto::orchestrator::v1::RewindSessionResponse, Status>>,
+    },
 }
 
 /// A handle to a running session actor.
@@ -61,6 +74,11 @@ pub(crate) struct Actor {
     turn_span: Option<(String, Span)>,
     /// The tool catalog last found equal to the recorded one.
     offered: Option<Arc<Catalog>>,
+    /// The turn whose workspace was recorded before its first call that
+    /// may change files.
+    snapshotted_turn: Option<String>,
+    /// A turn ran such a call: its workspace is recorded when it ends.
+    files_changed: bool,
 }
 
 /// The store could not record an event: the actor stops, and the session is
@@ -68,7 +86,7 @@ pub(crate) struct Actor {
 #[derive(Debug)]
 struct Broken(Status);
 
-fn now() -> prost_types::Timestamp {
+pub(crate) fn now() -> prost_types::Timestamp {
     let d = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
@@ -91,7 +109,10 @@ impl Actor {
     ) -> SessionHandle {
         let (commands_tx, commands) = mpsc::channel(64);
         let (outcomes_tx, outcomes) = mpsc::channel(1024);
+        let files_changed = state.turn_changes_files();
         let actor = Actor {
+            snapshotted_turn: None,
+            files_changed,
             session_id,
             state,
             next_seq: event_count + 1,
@@ -122,8 +143,18 @@ impl Actor {
         }
         loop {
             let result = tokio::select! {
-                command = commands.recv() => match command {
-                    Some(command) => self.handle_command(*command).await,
+                command = commands.recv() => match command.map(|c| *c) {
+                    Some(Command::Input { input, reply }) => self.handle_command(input, reply).await,
+                    Some(Command::Rewind { to_turn, with_files, reply }) => {
+                        let result = self.rewind(to_turn, with_files).await;
+                        let broken = matches!(&result, Err(RewindError::Broken(_)));
+                        let _ = reply.send(result.map_err(RewindError::into_status));
+                        if broken {
+                            Err(Broken(Status::unavailable("the session store refused an append")))
+                        } else {
+                            Ok(())
+                        }
+                    }
                     None => break,
                 },
                 Some(outcome) = self.outcomes.recv() => self.handle_outcome(outcome).await,
@@ -137,10 +168,13 @@ impl Actor {
         self.abort_in_flight();
     }
 
-    async fn handle_command(&mut self, command: Command) -> Result<(), Broken> {
+    async fn handle_command(
+        &mut self,
+        input: Input,
+        reply: oneshot::Sender<Result<Submitted, Status>>,
+    ) -> Result<(), Broken> {
         // A cancel ends the turn it belongs to: remember which.
         let turn_before = self.state.turn_id().map(str::to_string);
-        let input = command.input;
         let effects = match self.state.step(input) {
             // The skillset chosen for the message is recorded with it, before
             // the model is called.
@@ -151,7 +185,7 @@ impl Actor {
                 } else {
                     Status::failed_precondition(refusal.to_string())
                 };
-                let _ = command.reply.send(Err(status));
+                let _ = reply.send(Err(status));
                 return Ok(());
             }
         };
@@ -159,14 +193,14 @@ impl Actor {
         match self.run_effects_traced(effects).await {
             Ok(first_seq) => {
                 let turn_id = turn_id.unwrap_or_default();
-                let _ = command.reply.send(Ok(Submitted {
+                let _ = reply.send(Ok(Submitted {
                     turn_id,
                     seq: first_seq.unwrap_or(self.next_seq - 1),
                 }));
                 Ok(())
             }
             Err(Broken(status)) => {
-                let _ = command.reply.send(Err(status.clone()));
+                let _ = reply.send(Err(status.clone()));
                 Err(Broken(status))
             }
         }
@@ -218,7 +252,24 @@ impl Actor {
         if self.state.turn_id().is_none() {
             self.turn_span = None;
         }
+        // A turn that may have changed files has ended: record them.
+        if result.is_ok() && self.state.is_idle() && self.files_changed {
+            self.files_changed = false;
+            if let Some(noted) = self.take_snapshot(pb::SnapshotPoint::TurnEnd).await {
+                self.run_effects(noted).await?;
+            }
+        }
         result
+    }
+
+    /// Records the workspace; the effects that note it in the log (`None`
+    /// when snapshots are off).
+    async fn take_snapshot(&mut self, point: pb::SnapshotPoint) -> Option<Vec<Effect>> {
+        let taken = self.deps.snapshot(&self.session_id).await;
+        let event = crate::forks::snapshot_event(taken, point)?;
+        self.state
+            .step(Input::Noted(pb::event::Kind::WorkspaceSnapshot(event)))
+            .ok()
     }
 
     fn fold_outcome(&mut self, task: u64, input: Input, effects: &mut Vec<Effect>) {
@@ -269,6 +320,25 @@ impl Actor {
                     effects.push_front(effect);
                 }
                 continue;
+            }
+            // The first call of a turn that may change files waits for the
+            // workspace to be recorded as it was.
+            if let Effect::RunTool {
+                read_only: false, ..
+            } = &effect
+                && let Some(turn_id) = self.state.turn_id()
+            {
+                self.files_changed = true;
+                if self.snapshotted_turn.as_deref() != Some(turn_id) {
+                    self.snapshotted_turn = Some(turn_id.to_string());
+                    if let Some(noted) = self.take_snapshot(pb::SnapshotPoint::BeforeChange).await {
+                        effects.push_front(effect);
+                        for noted in noted.into_iter().rev() {
+                            effects.push_front(noted);
+                        }
+                        continue;
+                    }
+                }
             }
             if let Effect::Record { turn_id, events } = effect {
                 let time = now();

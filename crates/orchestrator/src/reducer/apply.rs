@@ -222,6 +222,9 @@ impl SessionState {
             // What the loop detector and the limits saw; the calls' own
             // events and the turn's end carry the consequences.
             Kind::LoopDetected(_) | Kind::BudgetExceeded(_) => {}
+            // The files, not the conversation; a rewind's events are left
+            // out before they reach here (`crate::rewind::effective`).
+            Kind::WorkspaceSnapshot(_) | Kind::SessionRewound(_) => {}
             Kind::PlanSubmitted(p) => {
                 if let Some((plan, steps)) = self.plan_mut() {
                     plan.submitted(p, steps);

@@ -339,6 +339,9 @@ pub enum Input {
     /// The session was loaded with a turn that never finished (the
     /// orchestrator stopped mid-turn): recover it.
     Interrupted,
+    /// Something that happened beside the conversation (a workspace
+    /// snapshot, a rewind): recorded as it is, in the running turn if any.
+    Noted(Kind),
     /// The summary a compaction asked for was written (or writing it
     /// failed, with the reason).
     Summarised {
@@ -510,13 +513,14 @@ impl SessionState {
     }
 
     /// Rebuilds the state from a session's stored events.
-    pub fn replay<'a>(max_steps: u32, events: impl IntoIterator<Item = &'a pb::Event>) -> Self {
+    pub fn replay(max_steps: u32, events: &[pb::Event]) -> Self {
         SessionState::new(max_steps).replayed(events)
     }
 
-    /// Applies stored events to this (fresh) state.
-    pub fn replayed<'a>(mut self, events: impl IntoIterator<Item = &'a pb::Event>) -> Self {
-        for event in events {
+    /// Applies stored events to this (fresh) state; events a rewind made
+    /// history are left out.
+    pub fn replayed(mut self, events: &[pb::Event]) -> Self {
+        for event in crate::rewind::effective(events) {
             if let Some(kind) = &event.kind {
                 self.last_seq = event.seq.saturating_sub(1);
                 self.apply(&event.turn_id, kind);
@@ -545,6 +549,14 @@ impl SessionState {
             read_only: call.read_only,
             network: self.network_for(&call.tool, &call.effective_arguments),
         }
+    }
+
+    /// Whether the running turn has asked for a call that may change
+    /// files.
+    pub fn turn_changes_files(&self) -> bool {
+        self.turn
+            .as_ref()
+            .is_some_and(|t| t.calls.iter().any(|c| !c.read_only))
     }
 
     /// The running turn's id, if any.

@@ -254,6 +254,7 @@ impl SessionState {
                 self.recover_calls(&mut out, &turn_id);
             }
             (Phase::Idle, Input::Interrupted) => {}
+            (_, Input::Noted(kind)) => self.emit(&mut out, &turn_id, kind),
             (
                 Phase::Idle | Phase::UseTools,
                 Input::ModelDelta(_) | Input::ModelDone(_) | Input::ModelFailed { .. },

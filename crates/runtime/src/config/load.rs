@@ -62,6 +62,14 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_RUNNER_ID", &["tool_runner", "id"]),
     ("AGENTRY_SANDBOX", &["tool_runner", "sandbox", "mode"]),
     (
+        "AGENTRY_SNAPSHOTS",
+        &["tool_runner", "snapshots", "enabled"],
+    ),
+    (
+        "AGENTRY_SNAPSHOTS_DIR",
+        &["tool_runner", "snapshots", "dir"],
+    ),
+    (
         "AGENTRY_SANDBOX_HELPER",
         &["tool_runner", "sandbox", "helper"],
     ),
@@ -408,6 +416,15 @@ impl Config {
             self.data_dir().join("workspaces")
         } else {
             PathBuf::from(&self.tool_runner.workspace_root)
+        }
+    }
+
+    /// Where workspace snapshots are stored.
+    pub fn snapshots_dir(&self) -> PathBuf {
+        if self.tool_runner.snapshots.dir.is_empty() {
+            self.workspace_root().join(".snapshots")
+        } else {
+            PathBuf::from(&self.tool_runner.snapshots.dir)
         }
     }
 

@@ -489,6 +489,29 @@ pub struct ToolRunnerConfig {
     pub limits: ResourceLimits,
     /// The web tools.
     pub web: WebConfig,
+    /// Workspace snapshots (rewind and fork).
+    pub snapshots: SnapshotsConfig,
+}
+
+/// Snapshots of session workspaces, for rewinding and forking sessions
+/// with their files.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsConfig {
+    /// Take snapshots at all.
+    pub enabled: bool,
+    /// Where they are stored; empty: `<workspace_root>/.snapshots`.
+    pub dir: String,
+    /// Files larger than this (MiB) are not recorded.
+    pub max_file_mib: u64,
+    /// A workspace with more entries than this is not snapshotted.
+    pub max_entries: u64,
+    /// Snapshots older than this are pruned (each session keeps its
+    /// latest).
+    pub keep_days: u64,
+    /// Then the oldest are pruned while all hold more than this (MiB);
+    /// 0: no limit.
+    pub max_total_mib: u64,
 }
 
 /// Where a service run as root keeps its data unless told otherwise.

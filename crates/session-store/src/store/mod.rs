@@ -124,6 +124,8 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::LoopDetected(_) => "loop_detected",
         event::Kind::BudgetExceeded(_) => "budget_exceeded",
         event::Kind::McpResourceUpdated(_) => "mcp_resource_updated",
+        event::Kind::WorkspaceSnapshot(_) => "workspace_snapshot",
+        event::Kind::SessionRewound(_) => "session_rewound",
     }
 }
 

@@ -1,0 +1,336 @@
+//! Forks and rewinds with the workspace: the log says which snapshot held
+//! the files at a point (`crate::rewind`), the tool runners keep and
+//! restore snapshots.
+
+use crate::deps::Deps;
+use crate::reducer::{Effect, Input, SessionState};
+use crate::rewind;
+use agentry_proto::orchestrator::v1 as pb;
+use agentry_proto::sessions::v1 as spb;
+use agentry_proto::sessions::v1::event::Kind;
+use agentry_proto::tools::v1 as tpb;
+use std::time::Duration;
+use tonic::Status;
+
+/// Longest a snapshot or a restore may take.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Whether a runner's refusal means snapshots are off there.
+pub fn snapshots_off(status: &Status) -> bool {
+    status.code() == tonic::Code::FailedPrecondition
+        && status.message().contains("snapshots are off")
+}
+
+impl Deps {
+    /// A session's whole log.
+    pub async fn read_log(&self, session_id: &str) -> Result<Vec<spb::Event>, Status> {
+        let mut events = Vec::new();
+        let mut from = 1;
+        loop {
+            let page = self
+                .store
+                .clone()
+                .read(spb::ReadRequest {
+                    session_id: session_id.to_string(),
+                    from_seq: from,
+                    limit: 0,
+                })
+                .await
+                .map_err(|s| crate::service::store_status(&self.store_url, s))?
+                .into_inner();
+            from = page.next_seq;
+            events.extend(page.events);
+            if !page.has_more {
+                return Ok(events);
+            }
+        }
+    }
+
+    /// The state a session's log gives, with these settings.
+    pub fn replayed(&self, events: &[spb::Event]) -> SessionState {
+        SessionState::new(self.max_steps)
+            .with_policy(self.policy.clone())
+            .with_plan_max_steps(self.plan_max_steps)
+            .with_view(self.view())
+            .replayed(events)
+    }
+
+    /// Records a session's workspace as a snapshot (on any runner).
+    pub async fn snapshot(&self, session_id: &str) -> Result<tpb::SnapshotResponse, Status> {
+        let request = tpb::SnapshotRequest {
+            session_id: session_id.to_string(),
+        };
+        let call = self.runners.on_any(|mut client| {
+            let request = request.clone();
+            async move {
+                client
+                    .snapshot(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
+        });
+        tokio::time::timeout(SNAPSHOT_TIMEOUT, call)
+            .await
+            .map_err(|_| Status::deadline_exceeded("the workspace snapshot took too long"))?
+    }
+
+    /// Puts a session's workspace back to a snapshot.
+    pub async fn restore(
+        &self,
+        session_id: &str,
+        snapshot_id: &str,
+    ) -> Result<tpb::RestoreSnapshotResponse, Status> {
+        let request = tpb::RestoreSnapshotRequest {
+            session_id: session_id.to_string(),
+            snapshot_id: snapshot_id.to_string(),
+        };
+        let call = self.runners.on_any(|mut client| {
+            let request = request.clone();
+            async move {
+                client
+                    .restore_snapshot(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
+        });
+        tokio::time::timeout(SNAPSHOT_TIMEOUT, call)
+            .await
+            .map_err(|_| Status::deadline_exceeded("restoring the workspace took too long"))?
+    }
+}
+
+/// The event recording a snapshot (or why it failed); `None` when
+/// snapshots are off.
+pub fn snapshot_event(
+    result: Result<tpb::SnapshotResponse, Status>,
+    point: spb::SnapshotPoint,
+) -> Option<spb::WorkspaceSnapshot> {
+    let mut event = match result {
+        Ok(taken) => spb::WorkspaceSnapshot {
+            snapshot_id: taken.snapshot_id,
+            files: taken.files,
+            bytes: taken.bytes,
+            new_bytes: taken.new_bytes,
+            skipped: taken.skipped,
+            ..Default::default()
+        },
+        Err(status) if snapshots_off(&status) => return None,
+        Err(status) => {
+            tracing::warn!(error = %status.message(), "workspace snapshot failed");
+            spb::WorkspaceSnapshot {
+                error: status.message().to_string(),
+                ..Default::default()
+            }
+        }
+    };
+    event.set_point(point);
+    Some(event)
+}
+
+/// Where a rewind goes: the last event kept and the snapshot of the files
+/// there.
+pub struct RewindPlan {
+    pub to_seq: u64,
+    pub snapshot: Option<String>,
+    pub events_rewound: u64,
+}
+
+/// Plans a rewind of `events` to the end of turn `to_turn`.
+pub fn plan_rewind(
+    events: &[spb::Event],
+    to_turn: u32,
+    with_files: bool,
+) -> Result<RewindPlan, Status> {
+    let effective = rewind::effective(events);
+    let turns = rewind::turns(&effective);
+    if to_turn as usize > turns.len() {
+        return Err(Status::invalid_argument(format!(
+            "the session has {} turn{}: rewind to 0..{}",
+            turns.len(),
+            if turns.len() == 1 { "" } else { "s" },
+            turns.len()
+        )));
+    }
+    let to_seq = match to_turn {
+        0 => turns.first().map(|t| t.first_seq - 1).unwrap_or(0),
+        n => turns[n as usize - 1]
+            .last_seq
+            .ok_or_else(|| Status::failed_precondition(format!("turn {n} has not finished")))?,
+    };
+    let events_rewound = effective.iter().filter(|e| e.seq > to_seq).count() as u64;
+    let snapshot = if with_files {
+        let (id, _) = rewind::snapshot_at(&effective, to_seq).map_err(|e| {
+            Status::failed_precondition(format!(
+                "cannot put the files back: {e}; rewind the conversation only with \
+                 --conversation-only"
+            ))
+        })?;
+        Some(id)
+    } else {
+        None
+    };
+    Ok(RewindPlan {
+        to_seq,
+        snapshot,
+        events_rewound,
+    })
+}
+
+/// Forks a session: the log up to `at_seq`, the workspace as it was there.
+pub async fn fork(
+    deps: &Deps,
+    request: pb::ForkSessionRequest,
+) -> Result<pb::ForkSessionResponse, Status> {
+    let source = deps.read_log(&request.session_id).await?;
+    if source.is_empty() {
+        // The store says whether it exists at all.
+        deps.store
+            .clone()
+            .get_session(spb::GetSessionRequest {
+                session_id: request.session_id.clone(),
+            })
+            .await?;
+    }
+    let last = source.last().map(|e| e.seq).unwrap_or(0);
+    if request.at_seq > last {
+        return Err(Status::invalid_argument(format!(
+            "cannot fork session {} at seq {}: its log ends at seq {last}",
+            request.session_id, request.at_seq
+        )));
+    }
+    let at = if request.at_seq == 0 {
+        last
+    } else {
+        request.at_seq
+    };
+    let kept = &source[..source.partition_point(|e| e.seq <= at)];
+    // Which files the fork starts with.
+    let (snapshot_id, snapshot_seq) = if request.conversation_only {
+        (String::new(), 0)
+    } else if request.at_seq == 0 {
+        let taken = deps.snapshot(&request.session_id).await.map_err(|s| {
+            Status::new(
+                s.code(),
+                format!(
+                    "cannot snapshot the workspace of {}: {}",
+                    request.session_id,
+                    s.message()
+                ),
+            )
+        })?;
+        (taken.snapshot_id, 0)
+    } else {
+        // The log up to the fork as the fork will see it, then what came
+        // after (a snapshot taken later but before the files changed again
+        // holds them too).
+        let mut chain = rewind::effective(kept);
+        chain.extend(&source[kept.len()..]);
+        rewind::snapshot_at(&chain, at).map_err(|e| {
+            Status::failed_precondition(format!(
+                "cannot fork the files: {e}; fork the conversation only with --conversation-only"
+            ))
+        })?
+    };
+    let session = deps
+        .store
+        .clone()
+        .fork_session(spb::ForkSessionRequest {
+            session_id: request.session_id.clone(),
+            up_to_seq: at,
+            new_session_id: request.new_session_id.clone(),
+        })
+        .await?
+        .into_inner();
+    let made = finish_fork(deps, &session, kept, &snapshot_id).await;
+    match made {
+        Ok((files_written, closed_open_turn)) => Ok(pb::ForkSessionResponse {
+            session: Some(session),
+            snapshot_id,
+            snapshot_seq,
+            files_written,
+            closed_open_turn,
+        }),
+        Err(status) => {
+            // Nothing half made is left behind.
+            let _ = deps
+                .store
+                .clone()
+                .delete_session(spb::DeleteSessionRequest {
+                    session_id: session.id.clone(),
+                })
+                .await;
+            Err(status)
+        }
+    }
+}
+
+/// Restores the fork's workspace and closes a turn its log ended inside;
+/// returns the entries written and whether a turn was closed.
+async fn finish_fork(
+    deps: &Deps,
+    session: &spb::Session,
+    kept: &[spb::Event],
+    snapshot_id: &str,
+) -> Result<(u64, bool), Status> {
+    let mut files_written = 0;
+    let mut state = deps.replayed(kept);
+    let mut effects = Vec::new();
+    if !snapshot_id.is_empty() {
+        let restored = deps.restore(&session.id, snapshot_id).await.map_err(|s| {
+            Status::new(
+                s.code(),
+                format!("cannot restore the fork's files: {}", s.message()),
+            )
+        })?;
+        files_written = restored.written;
+        let mut event = spb::WorkspaceSnapshot {
+            snapshot_id: snapshot_id.to_string(),
+            ..Default::default()
+        };
+        event.set_point(spb::SnapshotPoint::Fork);
+        effects.extend(
+            state
+                .step(Input::Noted(Kind::WorkspaceSnapshot(event)))
+                .unwrap_or_default(),
+        );
+    }
+    let closed = !state.is_idle();
+    if closed {
+        effects.extend(
+            state
+                .step(Input::Cancel {
+                    reason: format!(
+                        "forked at seq {} inside this turn",
+                        kept.last().map(|e| e.seq).unwrap_or(0)
+                    ),
+                })
+                .unwrap_or_default(),
+        );
+    }
+    let events: Vec<spb::Event> = effects
+        .into_iter()
+        .filter_map(|effect| match effect {
+            Effect::Record { turn_id, events } => Some((turn_id, events)),
+            _ => None,
+        })
+        .flat_map(|(turn_id, events)| {
+            events.into_iter().map(move |kind| spb::Event {
+                turn_id: turn_id.clone(),
+                time: Some(crate::actor::now()),
+                kind: Some(kind),
+                ..Default::default()
+            })
+        })
+        .collect();
+    if !events.is_empty() {
+        deps.store
+            .clone()
+            .append(spb::AppendRequest {
+                session_id: session.id.clone(),
+                expected_seq: session.event_count + 1,
+                events,
+            })
+            .await?;
+    }
+    Ok((files_written, closed))
+}
