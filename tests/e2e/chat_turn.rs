@@ -40,6 +40,7 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
             "tool_call_requested",
             "tool_call_state",
             "tool_call_state",
+            "workspace_snapshot",
             "tool_output_chunk",
             "tool_call_state",
             "tool_result",

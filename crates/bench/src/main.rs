@@ -15,7 +15,8 @@
 //! - `reminders`: lateness of reminders falling due among N pending;
 //! - `store`: durable appends, one writer and 16 concurrent;
 //! - `idle`: orchestrator memory per idle session;
-//! - `startup`: `agentry up` until every service serves.
+//! - `startup`: `agentry up` until every service serves;
+//! - `snapshots`: workspace snapshots and a restore of 10,000 files.
 
 mod scenarios;
 mod stack;
@@ -37,7 +38,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "turns,streaming,shell,reminders,store,idle,startup"
+        default_value = "turns,streaming,shell,reminders,store,idle,startup,snapshots"
     )]
     scenarios: Vec<Scenario>,
     /// Concurrent sessions of the turns scenario
@@ -77,6 +78,8 @@ pub enum Scenario {
     Idle,
     /// `agentry up` until every service serves
     Startup,
+    /// Workspace snapshots of 10,000 files
+    Snapshots,
 }
 
 fn agentry_bin(args: &Args) -> anyhow::Result<PathBuf> {
@@ -139,6 +142,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Store => scenarios::store(&bin).await?,
             Scenario::Idle => scenarios::idle(&bin, args.idle_sessions).await?,
             Scenario::Startup => startup::startup(&bin).await?,
+            Scenario::Snapshots => scenarios::snapshots(&bin).await?,
         };
         let name = format!("{scenario:?}").to_lowercase();
         report.insert(name, figures);

@@ -89,8 +89,13 @@ async fn up_then_run_prints_the_answer() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(events.first().unwrap()["type"], "user_message");
-    assert_eq!(events.last().unwrap()["type"], "turn_finished");
-    assert_eq!(events.last().unwrap()["outcome"], "completed");
+    // The turn ran bash: its end is followed by the workspace's snapshot.
+    let last = &events[events.len() - 1];
+    let finished = &events[events.len() - 2];
+    assert_eq!(last["type"], "workspace_snapshot");
+    assert_eq!(last["point"], "turn_end");
+    assert_eq!(finished["type"], "turn_finished");
+    assert_eq!(finished["outcome"], "completed");
 
     assert_eq!(events.first().unwrap()["network"], false);
 

@@ -287,6 +287,10 @@ fn pruning_keeps_the_latest_per_session_and_frees_what_only_old_ones_held() {
     let gone = f.workspace("gone");
     std::fs::write(gone.root().join("g"), "of a deleted session").unwrap();
     f.snapshot(&gone);
+    // Sessions made in the last hour are never taken for deleted ones.
+    let refs = std::fs::File::open(f.store.dir().join("refs/gone")).unwrap();
+    refs.set_modified(std::time::SystemTime::now() - Duration::from_secs(7200))
+        .unwrap();
 
     let dry = f
         .store
