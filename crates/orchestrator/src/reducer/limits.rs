@@ -21,6 +21,15 @@ struct Passed {
 
 impl SessionState {
     /// Takes the non-zero limits of a person's message.
+    /// Adds what a rewound model response spent to the session's total.
+    pub(super) fn count_spent(&mut self, usage: Option<&pb::TokenUsage>) {
+        let Some(u) = usage else { return };
+        self.spent_tokens += u.total_tokens;
+        if let Some(price) = self.view.0.price.as_ref() {
+            self.spent_cost += price.cost(u);
+        }
+    }
+
     pub(super) fn raise_limits(&mut self, raised: &pb::Budget) {
         let limits = &mut self.limits;
         if raised.turn_tokens > 0 {

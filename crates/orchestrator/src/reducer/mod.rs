@@ -520,7 +520,24 @@ impl SessionState {
     /// Applies stored events to this (fresh) state; events a rewind made
     /// history are left out.
     pub fn replayed(mut self, events: &[pb::Event]) -> Self {
-        for event in crate::rewind::effective(events) {
+        let effective = crate::rewind::effective(events);
+        if effective.len() < events.len() {
+            // What rewound turns spent was spent, and limits a person raised
+            // stay raised.
+            let kept: BTreeSet<u64> = effective.iter().map(|e| e.seq).collect();
+            for event in events.iter().filter(|e| !kept.contains(&e.seq)) {
+                match &event.kind {
+                    Some(Kind::ModelMessage(m)) => self.count_spent(m.usage.as_ref()),
+                    Some(Kind::UserMessage(m)) => {
+                        if let Some(raised) = &m.budget {
+                            self.raise_limits(raised);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for event in effective {
             if let Some(kind) = &event.kind {
                 self.last_seq = event.seq.saturating_sub(1);
                 self.apply(&event.turn_id, kind);

@@ -228,3 +228,51 @@ fn replay_matches_approvals_and_session_rules() {
         ]
     );
 }
+
+#[test]
+fn a_rewind_leaves_later_turns_out_of_the_conversation_but_not_their_spending() {
+    let mut s = Session::new(4);
+    s.ok(user_in("t1", "first"));
+    s.ok(Input::ModelDone(completion_with_usage(
+        "one",
+        vec![],
+        Some(usage(90, 10)),
+    )));
+    assert!(s.state.is_idle());
+    let end_of_first = s.log.len() as u64;
+    let kept_history = s.state.history.clone();
+    s.ok(user_in("t2", "second"));
+    s.ok(Input::ModelDone(completion_with_usage(
+        "two",
+        vec![],
+        Some(usage(40, 10)),
+    )));
+    assert_eq!(s.state.spent_tokens, 150);
+    assert_ne!(s.state.history, kept_history);
+    s.log.push(pb::Event {
+        seq: s.log.len() as u64 + 1,
+        kind: Some(Kind::SessionRewound(pb::SessionRewound {
+            to_turn: 1,
+            to_seq: end_of_first,
+            ..Default::default()
+        })),
+        ..Default::default()
+    });
+    let rewound = s.rebuilt();
+    assert_eq!(rewound.history, kept_history);
+    assert!(rewound.is_idle());
+    assert_eq!(rewound.spent_tokens, 150, "what the rewound turn spent stays spent");
+    assert_eq!(rewound.last_seq, s.log.len() as u64);
+    // The next turn goes on from the first one's end.
+    let mut after = Session {
+        state: rewound,
+        log: s.log.clone(),
+        max_steps: 4,
+    };
+    after.ok(user_in("t3", "third"));
+    assert!(matches!(
+        after.state.history.last(),
+        Some(Message::User { content }) if content == "third"
+    ));
+    assert_eq!(after.state.history.len(), kept_history.len() + 1);
+}
