@@ -365,13 +365,15 @@ async fn execute_ok(
         })
         .await?
         .into_inner();
-    let mut ok = false;
+    let mut failure = Some("no result".to_string());
     while let Some(message) = stream.message().await? {
         if let Some(execute_response::Kind::Result(r)) = message.kind {
-            ok = !r.is_error;
+            failure = r.is_error.then(|| r.output.chars().take(500).collect());
         }
     }
-    anyhow::ensure!(ok, "{tool} failed through the tool runner");
+    if let Some(why) = failure {
+        anyhow::bail!("{tool} failed through the tool runner: {why}");
+    }
     Ok(())
 }
 
@@ -683,7 +685,7 @@ pub async fn snapshots(bin: &Path) -> anyhow::Result<Value> {
             run + 1,
             "bash",
             shell(&format!(
-                "for d in $(seq -w 0 9); do echo run {run} >> d$d/f00.txt; done"
+                "for d in $(seq 0 9); do echo run {run} >> d0$d/f00.txt; done"
             )),
         )
         .await?;

@@ -261,7 +261,10 @@ fn a_rewind_leaves_later_turns_out_of_the_conversation_but_not_their_spending() 
     let rewound = s.rebuilt();
     assert_eq!(rewound.history, kept_history);
     assert!(rewound.is_idle());
-    assert_eq!(rewound.spent_tokens, 150, "what the rewound turn spent stays spent");
+    assert_eq!(
+        rewound.spent_tokens, 150,
+        "what the rewound turn spent stays spent"
+    );
     assert_eq!(rewound.last_seq, s.log.len() as u64);
     // The next turn goes on from the first one's end.
     let mut after = Session {

@@ -514,10 +514,15 @@ impl Snapshots {
         let bytes = serde_json::to_vec(&manifest)
             .map_err(|e| ToolError::Io(format!("snapshots: cannot encode a manifest: {e}")))?;
         taken.id = hex(&Sha256::digest(&bytes));
-        self.put_bytes(&bytes, &self.manifest_path(&taken.id))?;
+        let new_manifest = self.put_bytes(&bytes, &self.manifest_path(&taken.id))?;
         self.add_ref(&session_id, &taken.id)?;
-        self.save_index(&session_id, &index)?;
-        self.sync()?;
+        if index != *known {
+            self.save_index(&session_id, &index)?;
+        }
+        // What a recorded event will point at is on disk first.
+        if new_manifest || taken.new_bytes > 0 {
+            self.sync()?;
+        }
         taken.duration = started.elapsed();
         Ok(taken)
     }
