@@ -12,5 +12,6 @@ pub mod fake_crawl4ai;
 pub mod fake_model;
 mod http_server;
 pub mod mcp_servers;
+pub mod postgres;
 
 pub use fake_model::{FakeModel, Reply};

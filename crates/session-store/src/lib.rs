@@ -4,9 +4,13 @@
 //! It stores what it is given and decides nothing about the agent: it must
 //! not depend on the orchestrator, the tool runner or the scheduler.
 
+pub mod backend;
+pub mod pg;
 pub mod service;
 pub mod store;
 
+pub use backend::Backend;
+pub use pg::PgStore;
 pub use service::SessionStoreService;
 pub use store::{Store, StoreError};
 
@@ -31,16 +35,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
     let metrics_listen = config.session_store.metrics_listen.as_str();
-    let path = config.data_dir().join(DB_FILE);
-    let store = tokio::task::spawn_blocking(move || Store::open(&path))
-        .await
-        .map_err(|e| RunError::Startup(e.to_string()))??;
+    let store = open(config).await?;
+    tracing::info!(backend = store.name(), "session store ready");
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let shutdown = async move {
         shutdown.await;
         let _ = closing_tx.send(true);
     };
-    let service = SessionStoreService::new(Arc::new(store), closing);
+    let service = SessionStoreService::new(store, closing);
     let metrics = service.metrics.clone();
     let metrics_task =
         agentry_runtime::metrics::spawn(metrics_listen, "session store", move || metrics.render())
@@ -61,6 +63,26 @@ pub async fn run(
     }
     served?;
     Ok(())
+}
+
+/// How long start-up waits for a PostgreSQL server that cannot be reached.
+const POSTGRES_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The backend the configuration names: PostgreSQL at
+/// `session_store.database_url`, else SQLite in the data directory.
+pub async fn open(config: &agentry_runtime::Config) -> Result<Backend, RunError> {
+    let url = config.session_store.database_url.trim();
+    if url.is_empty() {
+        let path = config.data_dir().join(DB_FILE);
+        let store = tokio::task::spawn_blocking(move || Store::open(&path))
+            .await
+            .map_err(|e| RunError::Startup(e.to_string()))??;
+        Ok(Backend::Sqlite(Arc::new(store)))
+    } else {
+        Ok(Backend::Postgres(Arc::new(
+            PgStore::connect(url, POSTGRES_PATIENCE).await?,
+        )))
+    }
 }
 
 /// Why the service stopped.

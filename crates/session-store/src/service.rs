@@ -1,6 +1,7 @@
 //! The gRPC face of the store.
 
-use crate::store::{Change, MAX_READ_EVENTS, Store, StoreError};
+use crate::backend::Backend;
+use crate::store::{Change, MAX_READ_EVENTS, StoreError};
 use agentry_proto::sessions::v1 as pb;
 use agentry_proto::sessions::v1::session_store_server::SessionStore;
 use std::pin::Pin;
@@ -17,8 +18,12 @@ pub fn status_of(e: StoreError) -> Status {
         StoreError::AlreadyExists(_) => Status::already_exists(e.to_string()),
         StoreError::Conflict { .. } => Status::failed_precondition(e.to_string()),
         StoreError::InvalidArgument(_) => Status::invalid_argument(e.to_string()),
-        StoreError::Database(_) if retryable => Status::unavailable(e.to_string()),
+        StoreError::Database(_) | StoreError::Unavailable(_) if retryable => {
+            Status::unavailable(e.to_string())
+        }
         StoreError::Database(_)
+        | StoreError::Postgres(_)
+        | StoreError::Unavailable(_)
         | StoreError::Corrupt { .. }
         | StoreError::Io { .. }
         | StoreError::NewerSchema { .. }
@@ -26,22 +31,10 @@ pub fn status_of(e: StoreError) -> Status {
     }
 }
 
-/// Runs a blocking store call off the async threads.
-async fn blocking<T: Send + 'static>(
-    store: &Arc<Store>,
-    f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, Status> {
-    let store = store.clone();
-    tokio::task::spawn_blocking(move || f(&store))
-        .await
-        .map_err(|e| Status::internal(format!("store task failed: {e}")))?
-        .map_err(status_of)
-}
-
 /// The SessionStore gRPC service.
 #[derive(Clone)]
 pub struct SessionStoreService {
-    store: Arc<Store>,
+    store: Backend,
     closing: watch::Receiver<bool>,
     /// The store's metrics.
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
@@ -49,7 +42,7 @@ pub struct SessionStoreService {
 
 impl SessionStoreService {
     /// Serves `store`; open Watch streams end when `closing` turns true.
-    pub fn new(store: Arc<Store>, closing: watch::Receiver<bool>) -> Self {
+    pub fn new(store: Backend, closing: watch::Receiver<bool>) -> Self {
         Self {
             store,
             closing,
@@ -67,10 +60,11 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let req = request.into_inner();
-        let session = blocking(&self.store, move |s| {
-            s.create_session(&req.session_id, &req.title)
-        })
-        .await?;
+        let session = self
+            .store
+            .create_session(req.session_id, req.title)
+            .await
+            .map_err(status_of)?;
         Ok(Response::new(session))
     }
 
@@ -80,7 +74,7 @@ impl SessionStore for SessionStoreService {
     ) -> Result<Response<pb::Session>, Status> {
         let id = request.into_inner().session_id;
         Ok(Response::new(
-            blocking(&self.store, move |s| s.get_session(&id)).await?,
+            self.store.get_session(id).await.map_err(status_of)?,
         ))
     }
 
@@ -89,10 +83,11 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let req = request.into_inner();
-        let (sessions, total) = blocking(&self.store, move |s| {
-            s.list_sessions(req.limit, req.offset, req.only_open_turns)
-        })
-        .await?;
+        let (sessions, total) = self
+            .store
+            .list_sessions(req.limit, req.offset, req.only_open_turns)
+            .await
+            .map_err(status_of)?;
         Ok(Response::new(pb::ListSessionsResponse { sessions, total }))
     }
 
@@ -101,7 +96,7 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
         let id = request.into_inner().session_id;
-        let deleted_events = blocking(&self.store, move |s| s.delete_session(&id)).await?;
+        let deleted_events = self.store.delete_session(id).await.map_err(status_of)?;
         Ok(Response::new(pb::DeleteSessionResponse { deleted_events }))
     }
 
@@ -110,10 +105,11 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::ForkSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
         let req = request.into_inner();
-        let session = blocking(&self.store, move |s| {
-            s.fork_session(&req.session_id, req.up_to_seq, &req.new_session_id)
-        })
-        .await?;
+        let session = self
+            .store
+            .fork_session(req.session_id, req.up_to_seq, req.new_session_id)
+            .await
+            .map_err(status_of)?;
         Ok(Response::new(session))
     }
 
@@ -124,27 +120,27 @@ impl SessionStore for SessionStoreService {
         let req = request.into_inner();
         let started = std::time::Instant::now();
         let count = req.events.len() as f64;
-        let metrics = self.metrics.clone();
-        let stored = blocking(&self.store, move |s| {
-            let result = s.append(&req.session_id, req.expected_seq, req.events);
-            let outcome = if result.is_ok() { "ok" } else { "refused" };
-            metrics.observe(
-                "agentry_store_append_seconds",
-                "Durable append latency (one transaction, fsynced), by outcome.",
-                &[("outcome", outcome)],
-                started.elapsed(),
+        let metrics = &self.metrics;
+        let result = self
+            .store
+            .append(req.session_id, req.expected_seq, req.events)
+            .await;
+        let outcome = if result.is_ok() { "ok" } else { "refused" };
+        metrics.observe(
+            "agentry_store_append_seconds",
+            "Durable append latency (one transaction, fsynced), by outcome.",
+            &[("outcome", outcome)],
+            started.elapsed(),
+        );
+        if result.is_ok() {
+            metrics.add(
+                "agentry_store_events_appended_total",
+                "Events appended to session logs.",
+                &[],
+                count,
             );
-            if result.is_ok() {
-                metrics.add(
-                    "agentry_store_events_appended_total",
-                    "Events appended to session logs.",
-                    &[],
-                    count,
-                );
-            }
-            result
-        })
-        .await?;
+        }
+        let stored = result.map_err(status_of)?;
         let last_seq = stored.last().map(|e| e.seq).unwrap_or_default();
         Ok(Response::new(pb::AppendResponse { last_seq }))
     }
@@ -155,10 +151,11 @@ impl SessionStore for SessionStoreService {
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let req = request.into_inner();
         let from = req.from_seq.max(1);
-        let (events, has_more) = blocking(&self.store, move |s| {
-            s.read(&req.session_id, from, req.limit)
-        })
-        .await?;
+        let (events, has_more) = self
+            .store
+            .read(req.session_id, from, req.limit)
+            .await
+            .map_err(status_of)?;
         let next_seq = events.last().map(|e| e.seq + 1).unwrap_or(from);
         Ok(Response::new(pb::ReadResponse {
             events,
@@ -177,7 +174,7 @@ impl SessionStore for SessionStoreService {
         // Subscribe before the first read so nothing committed in between is missed.
         let live = self.store.subscribe();
         let id = req.session_id.clone();
-        blocking(&self.store, move |s| s.get_session(&id)).await?;
+        self.store.get_session(id).await.map_err(status_of)?;
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(watch_session(
             self.store.clone(),
@@ -193,7 +190,7 @@ impl SessionStore for SessionStoreService {
 
 /// Sends stored events from `next`, then live ones, with no gap or duplicate.
 async fn watch_session(
-    store: Arc<Store>,
+    store: Backend,
     session_id: String,
     mut next: u64,
     mut live: broadcast::Receiver<Change>,
@@ -222,6 +219,21 @@ async fn watch_session(
                 return;
             }
             Ok(Change::Deleted(_)) => {}
+            // Another replica appended: read what this watcher has not seen.
+            Ok(Change::Advanced {
+                session_id: id,
+                last_seq,
+            }) if id == session_id && last_seq >= next => {
+                if catch_up(&store, &session_id, &mut next, &tx).await.is_err() {
+                    return;
+                }
+            }
+            Ok(Change::Advanced { .. }) => {}
+            Ok(Change::Resync) => {
+                if catch_up(&store, &session_id, &mut next, &tx).await.is_err() {
+                    return;
+                }
+            }
             Ok(Change::Appended(batch)) => {
                 for e in batch.iter().filter(|e| e.session_id == session_id) {
                     if e.seq < next {
@@ -252,20 +264,41 @@ async fn watch_session(
     }
 }
 
+/// How long a watch waits for an unreachable database before it ends.
+const WATCH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn catch_up(
-    store: &Arc<Store>,
+    store: &Backend,
     session_id: &str,
     next: &mut u64,
     tx: &mpsc::Sender<Result<pb::Event, Status>>,
 ) -> Result<(), ()> {
+    // A database that is briefly unreachable (PostgreSQL restarting) does
+    // not end the watch: reading is retried for a while.
+    let mut unavailable_since: Option<tokio::time::Instant> = None;
     loop {
         let id = session_id.to_string();
         let from = *next;
-        let page = blocking(store, move |s| s.read(&id, from, MAX_READ_EVENTS)).await;
+        let page = store.read(id, from, MAX_READ_EVENTS).await;
         let (events, more) = match page {
-            Ok(page) => page,
-            Err(status) => {
-                let _ = tx.send(Err(status)).await;
+            Ok(page) => {
+                unavailable_since = None;
+                page
+            }
+            Err(e)
+                if e.is_retryable()
+                    && unavailable_since
+                        .get_or_insert_with(tokio::time::Instant::now)
+                        .elapsed()
+                        < WATCH_PATIENCE =>
+            {
+                tokio::select! {
+                    () = tokio::time::sleep(std::time::Duration::from_millis(250)) => continue,
+                    () = tx.closed() => return Err(()),
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Err(status_of(e))).await;
                 return Err(());
             }
         };

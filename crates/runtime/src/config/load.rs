@@ -56,6 +56,14 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
     ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
     ("AGENTRY_SESSION_STORE_LISTEN", &["session_store", "listen"]),
+    (
+        "AGENTRY_SESSION_STORE_DATABASE_URL",
+        &["session_store", "database_url"],
+    ),
+    (
+        "AGENTRY_SCHEDULER_DATABASE_URL",
+        &["scheduler", "database_url"],
+    ),
     ("AGENTRY_TOOL_RUNNER_URL", &["tool_runner", "url"]),
     ("AGENTRY_TOOL_RUNNER_LISTEN", &["tool_runner", "listen"]),
     ("AGENTRY_WORKSPACE_ROOT", &["tool_runner", "workspace_root"]),

@@ -62,7 +62,7 @@ pub struct Config {
     /// The orchestrator service.
     pub orchestrator: Endpoint,
     /// The session store service.
-    pub session_store: Endpoint,
+    pub session_store: SessionStoreConfig,
     /// The tool runner service.
     pub tool_runner: ToolRunnerConfig,
     /// The scheduler service.
@@ -435,6 +435,52 @@ impl TlsConfig {
     }
 }
 
+/// The session store.
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionStoreConfig {
+    /// The socket address the service binds.
+    pub listen: SocketAddr,
+    /// The URL clients dial.
+    pub url: String,
+    /// Serve Prometheus metrics on `GET /metrics` here; empty: not served.
+    #[serde(default)]
+    pub metrics_listen: String,
+    /// A PostgreSQL server (`postgres://user:password@host:port/db`) that
+    /// holds the sessions; empty: SQLite in the data directory.
+    #[serde(default)]
+    pub database_url: String,
+}
+
+impl std::fmt::Debug for SessionStoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionStoreConfig")
+            .field("listen", &self.listen)
+            .field("url", &self.url)
+            .field("metrics_listen", &self.metrics_listen)
+            .field("database_url", &redact_url(&self.database_url))
+            .finish()
+    }
+}
+
+/// A database URL with its password hidden, for logs and messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}")
+            } else {
+                format!("{scheme}://{user}@{host}")
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
 /// Where a service listens and where others reach it.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -653,6 +699,10 @@ pub struct SchedulerConfig {
     /// Serve Prometheus metrics on `GET /metrics` here; empty: not served.
     #[serde(default)]
     pub metrics_listen: String,
+    /// A PostgreSQL server that holds the reminders; empty: SQLite in the
+    /// data directory.
+    #[serde(default)]
+    pub database_url: String,
 }
 
 /// What to do with missed occurrences of a recurring reminder.

@@ -4,9 +4,9 @@
 
 use super::{
     Change, MAX_APPEND_EVENTS, Store, StoreError, kind_name, lock, ms_from_timestamp, now_ms,
-    preview_of, timestamp_from_ms,
+    timestamp_from_ms,
 };
-use agentry_proto::sessions::v1::{Event, ReminderKind, event};
+use agentry_proto::sessions::v1::Event;
 use prost::Message;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::sync::atomic::Ordering;
@@ -193,10 +193,7 @@ impl Store {
         now: i64,
         touched: i64,
     ) -> Result<(), StoreError> {
-        let mut user_messages = 0i64;
-        // The last turn boundary in the batch decides; none keeps the flag.
-        let mut turn_open: Option<bool> = None;
-        let mut first_user_text: Option<&str> = None;
+        let summary = super::Summary::of(events);
         {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO events (session_id, seq, kind, turn_id, time_ms, body)
@@ -204,20 +201,6 @@ impl Store {
             )?;
             for e in events {
                 let Some(kind) = &e.kind else { continue };
-                match kind {
-                    event::Kind::UserMessage(m) => {
-                        user_messages += 1;
-                        first_user_text.get_or_insert(m.text.as_str());
-                        turn_open = Some(true);
-                    }
-                    event::Kind::TurnFinished(_) => turn_open = Some(false),
-                    event::Kind::ReminderDue(r) if r.reminder_kind() == ReminderKind::Task => {
-                        turn_open = Some(true)
-                    }
-                    // It starts a turn, like a task reminder.
-                    event::Kind::McpResourceUpdated(_) => turn_open = Some(true),
-                    _ => {}
-                }
                 let time = e.time.as_ref().map(ms_from_timestamp).unwrap_or(now);
                 insert.execute(params![
                     session_id,
@@ -229,7 +212,7 @@ impl Store {
                 ])?;
             }
         }
-        let preview = first_user_text.map(preview_of).unwrap_or_default();
+        let preview = summary.preview();
         tx.execute(
             "UPDATE sessions SET
                 event_count = ?2,
@@ -244,10 +227,10 @@ impl Store {
                 session_id,
                 (count_before + events.len() as u64) as i64,
                 now,
-                user_messages,
+                summary.user_messages,
                 preview,
                 touched,
-                turn_open.map(i64::from)
+                summary.turn_open.map(i64::from)
             ],
         )?;
         Ok(())

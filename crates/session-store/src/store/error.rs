@@ -29,6 +29,13 @@ pub enum StoreError {
     /// SQLite failed.
     #[error("database error: {0}")]
     Database(#[from] rusqlite::Error),
+    /// PostgreSQL refused a statement.
+    #[error("database error: {0}")]
+    Postgres(String),
+    /// The database cannot be reached now (PostgreSQL down, restarting, out
+    /// of connections); the same call may succeed later.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     /// The store's files cannot be created or opened.
     #[error("cannot {what} {}: {source}", path.display())]
     Io {
@@ -79,7 +86,8 @@ impl StoreError {
                 e.code,
                 rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
             ),
-            StoreError::Database(_) => false,
+            StoreError::Database(_) | StoreError::Postgres(_) => false,
+            StoreError::Unavailable(_) => true,
             StoreError::NotFound(_)
             | StoreError::AlreadyExists(_)
             | StoreError::Conflict { .. }

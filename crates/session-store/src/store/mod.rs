@@ -42,6 +42,17 @@ pub enum Change {
     Appended(Arc<Vec<Event>>),
     /// A session was deleted.
     Deleted(String),
+    /// Another replica appended to a session up to this seq (the events
+    /// are read from the database).
+    Advanced {
+        /// The session.
+        session_id: String,
+        /// Its last seq now.
+        last_seq: u64,
+    },
+    /// Changes may have been missed (the notification connection was
+    /// lost): every watcher reads what it has not seen.
+    Resync,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -81,7 +92,7 @@ pub fn validate_session_id(id: &str) -> Result<(), StoreError> {
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -96,7 +107,7 @@ pub fn timestamp_from_ms(ms: i64) -> prost_types::Timestamp {
     }
 }
 
-fn ms_from_timestamp(ts: &prost_types::Timestamp) -> i64 {
+pub(crate) fn ms_from_timestamp(ts: &prost_types::Timestamp) -> i64 {
     ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000)
 }
 
@@ -129,7 +140,52 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
     }
 }
 
-fn preview_of(text: &str) -> String {
+/// What a batch of events changes in its session's row.
+pub(crate) struct Summary<'a> {
+    /// User messages among them.
+    pub user_messages: i64,
+    /// Whether a turn is open after them (`None`: no turn boundary among
+    /// them, the flag stays).
+    pub turn_open: Option<bool>,
+    /// The first user message's text.
+    pub first_user_text: Option<&'a str>,
+}
+
+impl<'a> Summary<'a> {
+    pub(crate) fn of(events: &'a [Event]) -> Summary<'a> {
+        let mut summary = Summary {
+            user_messages: 0,
+            turn_open: None,
+            first_user_text: None,
+        };
+        for e in events {
+            match &e.kind {
+                Some(event::Kind::UserMessage(m)) => {
+                    summary.user_messages += 1;
+                    summary.first_user_text.get_or_insert(m.text.as_str());
+                    summary.turn_open = Some(true);
+                }
+                Some(event::Kind::TurnFinished(_)) => summary.turn_open = Some(false),
+                Some(event::Kind::ReminderDue(r))
+                    if r.reminder_kind() == agentry_proto::sessions::v1::ReminderKind::Task =>
+                {
+                    summary.turn_open = Some(true)
+                }
+                // It starts a turn, like a task reminder.
+                Some(event::Kind::McpResourceUpdated(_)) => summary.turn_open = Some(true),
+                _ => {}
+            }
+        }
+        summary
+    }
+
+    /// The session's preview, if these events set it.
+    pub(crate) fn preview(&self) -> String {
+        self.first_user_text.map(preview_of).unwrap_or_default()
+    }
+}
+
+pub(crate) fn preview_of(text: &str) -> String {
     let line = text
         .lines()
         .find(|l| !l.trim().is_empty())

@@ -1,0 +1,138 @@
+//! Where the sessions are kept: the embedded SQLite file (the default, one
+//! machine) or a PostgreSQL server (several replicas). The service speaks
+//! to either through this one face; both keep the same contract
+//! (`tests/contract.rs` runs one suite against both).
+
+use crate::pg::PgStore;
+use crate::store::{Change, Store, StoreError};
+use agentry_proto::sessions::v1::{Event, Session};
+use std::sync::Arc;
+use tokio::sync::broadcast;
+
+/// A session store backend.
+#[derive(Clone)]
+pub enum Backend {
+    /// SQLite: its calls block, so they run on blocking threads.
+    Sqlite(Arc<Store>),
+    /// PostgreSQL.
+    Postgres(Arc<PgStore>),
+}
+
+/// Runs a blocking SQLite call off the async threads.
+async fn blocking<T: Send + 'static>(
+    store: &Arc<Store>,
+    f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
+}
+
+impl Backend {
+    /// Which one, for logs and health.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Creates a session with `id` (generated when empty).
+    pub async fn create_session(&self, id: String, title: String) -> Result<Session, StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.create_session(&id, &title)).await,
+            Backend::Postgres(p) => p.create_session(&id, &title).await,
+        }
+    }
+
+    /// Returns one session.
+    pub async fn get_session(&self, id: String) -> Result<Session, StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.get_session(&id)).await,
+            Backend::Postgres(p) => p.get_session(&id).await,
+        }
+    }
+
+    /// Lists sessions, most recently updated first, with the total.
+    pub async fn list_sessions(
+        &self,
+        limit: u32,
+        offset: u32,
+        only_open_turns: bool,
+    ) -> Result<(Vec<Session>, u64), StoreError> {
+        match self {
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| s.list_sessions(limit, offset, only_open_turns)).await
+            }
+            Backend::Postgres(p) => p.list_sessions(limit, offset, only_open_turns).await,
+        }
+    }
+
+    /// Deletes a session and its log; returns how many events went.
+    pub async fn delete_session(&self, id: String) -> Result<u64, StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.delete_session(&id)).await,
+            Backend::Postgres(p) => p.delete_session(&id).await,
+        }
+    }
+
+    /// Copies a session's log up to `up_to_seq` (0: all) into a new one.
+    pub async fn fork_session(
+        &self,
+        id: String,
+        up_to_seq: u64,
+        new_id: String,
+    ) -> Result<Session, StoreError> {
+        match self {
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| s.fork_session(&id, up_to_seq, &new_id)).await
+            }
+            Backend::Postgres(p) => p.fork_session(&id, up_to_seq, &new_id).await,
+        }
+    }
+
+    /// Appends at `expected_seq`, durably; returns the events as stored.
+    pub async fn append(
+        &self,
+        session_id: String,
+        expected_seq: u64,
+        events: Vec<Event>,
+    ) -> Result<Vec<Event>, StoreError> {
+        match self {
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| s.append(&session_id, expected_seq, events)).await
+            }
+            Backend::Postgres(p) => p.append(&session_id, expected_seq, events).await,
+        }
+    }
+
+    /// Reads up to `limit` events from `from_seq`, and whether more follow.
+    pub async fn read(
+        &self,
+        session_id: String,
+        from_seq: u64,
+        limit: u32,
+    ) -> Result<(Vec<Event>, bool), StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.read(&session_id, from_seq, limit)).await,
+            Backend::Postgres(p) => p.read(&session_id, from_seq, limit).await,
+        }
+    }
+
+    /// Every change committed after this call.
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        match self {
+            Backend::Sqlite(s) => s.subscribe(),
+            Backend::Postgres(p) => p.subscribe(),
+        }
+    }
+
+    /// Append transactions committed (fewer than appends when batched).
+    pub fn commits(&self) -> u64 {
+        match self {
+            Backend::Sqlite(s) => s.commits(),
+            Backend::Postgres(p) => p.commits(),
+        }
+    }
+}
