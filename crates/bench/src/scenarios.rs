@@ -609,8 +609,8 @@ pub mod lateness {
                 missed: MissedPolicy::Once,
             });
         }
-        let loader = store.clone();
-        tokio::task::spawn_blocking(move || loader.create_many(reminders, now)).await??;
+        let store = agentry_scheduler::Backend::Sqlite(store);
+        store.create_many(reminders, now).await?;
         // The worker never checks sessions; this client is never dialled.
         let sessions = SessionStoreClient::new(
             agentry_runtime::Auth::off().lazy_channel("http://127.0.0.1:9")?,

@@ -1,7 +1,8 @@
 //! The scheduler service: durable reminders that fire as events into
 //! sessions (`agentry.scheduler.v1.Scheduler`).
 //!
-//! Reminders live in SQLite ([`store`]); a worker sleeps until the next one
+//! Reminders live in SQLite ([`store`]), or in PostgreSQL ([`pg`]) shared by
+//! several schedulers; a worker sleeps until the next one
 //! falls due (re-armed on every change, no polling), writes its firing and
 //! moves it on in one transaction; consumers receive firings over
 //! `StreamDue` and ack them, and anything unacknowledged is sent again —
@@ -10,10 +11,13 @@
 //! It knows sessions only by id and reaches the session store through its
 //! gRPC contract: it must not depend on another service's crate.
 
+pub mod backend;
+pub mod pg;
 pub mod schedule;
 pub mod service;
 pub mod store;
 
+pub use backend::Backend;
 pub use service::{Clock, Core, SchedulerService, Settings, SystemClock};
 
 use agentry_proto::scheduler::v1::scheduler_server::SchedulerServer;
@@ -40,6 +44,23 @@ pub enum RunError {
     /// Serving failed.
     #[error(transparent)]
     Serve(#[from] agentry_runtime::ServeError),
+}
+
+/// The store the configuration names: PostgreSQL at
+/// `scheduler.database_url`, else SQLite in the data directory.
+pub async fn open(config: &agentry_runtime::Config) -> Result<Backend, RunError> {
+    let url = config.scheduler.database_url.trim();
+    if url.is_empty() {
+        let path = config.data_dir().join(DB_FILE);
+        let store = tokio::task::spawn_blocking(move || store::Store::open(&path))
+            .await
+            .map_err(|e| RunError::Config(format!("scheduler start-up failed: {e}")))??;
+        Ok(Backend::Sqlite(Arc::new(store)))
+    } else {
+        Ok(Backend::Postgres(Arc::new(
+            pg::PgStore::connect(url, Duration::from_secs(30)).await?,
+        )))
+    }
 }
 
 /// Settings from the configuration.
@@ -70,15 +91,13 @@ pub async fn run(
     let settings = settings_from_config(config);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let session_store_url = config.session_store.url.as_str();
-    let path = config.data_dir().join(DB_FILE);
-    let store = tokio::task::spawn_blocking(move || store::Store::open(&path))
-        .await
-        .map_err(|e| RunError::Config(format!("scheduler start-up failed: {e}")))??;
+    let store = open(config).await?;
+    tracing::info!(backend = store.name(), "scheduler store ready");
     let channel = auth
         .lazy_channel(session_store_url)
         .map_err(|e| RunError::Config(format!("session store: {e}")))?;
     let core = Core::new(
-        Arc::new(store),
+        store,
         clock,
         settings,
         SessionStoreClient::new(channel),

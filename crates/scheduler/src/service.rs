@@ -1,8 +1,9 @@
 //! The gRPC face of the scheduler, its firing worker and its delivery
 //! streams.
 
+use crate::backend::Backend;
 use crate::schedule::{self, MissedPolicy, Recurrence};
-use crate::store::{Firing, Kind, NewReminder, Reminder, Status, Store, StoreError};
+use crate::store::{Firing, Kind, NewReminder, Reminder, Status, StoreError};
 use agentry_proto::scheduler::v1 as pb;
 use agentry_proto::scheduler::v1::scheduler_server::Scheduler;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
@@ -56,9 +57,12 @@ impl Default for Settings {
     }
 }
 
+/// How often a scheduler sharing its database looks for due reminders.
+const SHARED_POLL: Duration = Duration::from_secs(1);
+
 /// Shared state of the scheduler.
 pub struct Core {
-    store: Arc<Store>,
+    store: Backend,
     clock: Arc<dyn Clock>,
     settings: Settings,
     sessions: SessionStoreClient<agentry_runtime::telemetry::TracedChannel>,
@@ -73,20 +77,12 @@ fn status_of(e: StoreError) -> GrpcStatus {
     match e {
         StoreError::NotFound(_) => GrpcStatus::not_found(e.to_string()),
         StoreError::NotPending { .. } => GrpcStatus::failed_precondition(e.to_string()),
-        StoreError::Database(_) if e.is_retryable() => GrpcStatus::unavailable(e.to_string()),
-        StoreError::Database(_) | StoreError::Corrupt { .. } => GrpcStatus::internal(e.to_string()),
+        _ if e.is_retryable() => GrpcStatus::unavailable(e.to_string()),
+        StoreError::Database(_)
+        | StoreError::Postgres(_)
+        | StoreError::Unavailable(_)
+        | StoreError::Corrupt { .. } => GrpcStatus::internal(e.to_string()),
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    store: &Arc<Store>,
-    f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, GrpcStatus> {
-    let store = store.clone();
-    tokio::task::spawn_blocking(move || f(&store))
-        .await
-        .map_err(|e| GrpcStatus::internal(format!("scheduler task failed: {e}")))?
-        .map_err(status_of)
 }
 
 fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
@@ -143,7 +139,7 @@ fn firing_to_proto(f: &Firing) -> pb::DueReminder {
 impl Core {
     /// The scheduler over `store`.
     pub fn new(
-        store: Arc<Store>,
+        store: Backend,
         clock: Arc<dyn Clock>,
         settings: Settings,
         sessions: SessionStoreClient<agentry_runtime::telemetry::TracedChannel>,
@@ -177,21 +173,13 @@ impl Core {
         &self.settings.metrics_listen
     }
 
-    /// The metrics page, with the number of pending reminders read now.
+    /// The metrics page (the pending count as the worker last read it).
     pub fn metrics_page(&self) -> String {
-        if let Ok(pending) = self.store.pending_count() {
-            self.metrics.set(
-                "agentry_reminders_pending",
-                "Reminders waiting to fall due.",
-                &[],
-                pending as f64,
-            );
-        }
         self.metrics.render()
     }
 
     /// The store.
-    pub fn store(&self) -> &Arc<Store> {
+    pub fn store(&self) -> &Backend {
         &self.store
     }
 
@@ -202,7 +190,7 @@ impl Core {
         loop {
             let now = self.clock.now();
             let grace = self.settings.grace;
-            match blocking(&self.store, move |s| s.fire_due(now, grace, BATCH)).await {
+            match self.store.fire_due(now, grace, BATCH).await {
                 Ok(firings) => {
                     let full = firings.len() >= BATCH;
                     for f in firings {
@@ -231,15 +219,27 @@ impl Core {
                         continue;
                     }
                 }
-                Err(status) => {
-                    tracing::error!(error = %status.message(), "firing due reminders failed");
+                Err(e) => {
+                    tracing::error!(error = %e, "firing due reminders failed");
                 }
             }
-            let next = blocking(&self.store, |s| s.next_due()).await.ok().flatten();
-            let wait = match next {
+            if let Ok(pending) = self.store.pending_count().await {
+                self.metrics.set(
+                    "agentry_reminders_pending",
+                    "Reminders waiting to fall due.",
+                    &[],
+                    pending as f64,
+                );
+            }
+            let next = self.store.next_due().await.ok().flatten();
+            let mut wait = match next {
                 Some(next) => (next - self.clock.now()).to_std().unwrap_or(Duration::ZERO),
                 None => Duration::from_secs(3600),
             };
+            // Other schedulers add reminders without telling this one.
+            if self.store.shared() {
+                wait = wait.min(SHARED_POLL);
+            }
             if wait.is_zero() {
                 continue;
             }
@@ -331,7 +331,7 @@ impl Core {
             recurrence,
             missed,
         };
-        let reminder = blocking(&self.store, move |s| s.create(new, now)).await?;
+        let reminder = self.store.create(new, now).await.map_err(status_of)?;
         self.changed.notify_one();
         Ok(reminder)
     }
@@ -375,10 +375,12 @@ impl Scheduler for SchedulerService {
             Ok(pb::ReminderStatus::Cancelled) => Some(Status::Cancelled),
         };
         let session = (!req.session_id.is_empty()).then_some(req.session_id);
-        let reminders = blocking(&self.core.store, move |s| {
-            s.list(session.as_deref(), status)
-        })
-        .await?;
+        let reminders = self
+            .core
+            .store
+            .list(session, status)
+            .await
+            .map_err(status_of)?;
         Ok(Response::new(pb::ListRemindersResponse {
             reminders: reminders.iter().map(reminder_to_proto).collect(),
         }))
@@ -393,10 +395,12 @@ impl Scheduler for SchedulerService {
             return Err(GrpcStatus::invalid_argument("reminder_id must be set"));
         }
         let session = (!req.session_id.is_empty()).then_some(req.session_id);
-        let reminder = blocking(&self.core.store, move |s| {
-            s.cancel(&req.reminder_id, session.as_deref())
-        })
-        .await?;
+        let reminder = self
+            .core
+            .store
+            .cancel(req.reminder_id, session)
+            .await
+            .map_err(status_of)?;
         self.core.changed.notify_one();
         Ok(Response::new(reminder_to_proto(&reminder)))
     }
@@ -442,10 +446,10 @@ async fn deliver(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let backlog = match blocking(&core.store, |s| s.unacked()).await {
+                let backlog = match core.store.unacked().await {
                     Ok(b) => b,
-                    Err(status) => {
-                        tracing::error!(error = %status.message(), "cannot read unacknowledged firings");
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read unacknowledged firings");
                         continue;
                     }
                 };
@@ -477,9 +481,8 @@ async fn deliver(
             message = inbound.message() => match message {
                 Ok(Some(pb::StreamDueRequest { kind: Some(pb::stream_due_request::Kind::Ack(ack)) })) => {
                     sent.remove(&ack.firing_id);
-                    let id = ack.firing_id.clone();
-                    if let Err(status) = blocking(&core.store, move |s| s.ack(&id)).await {
-                        tracing::error!(error = %status.message(), "cannot record an ack");
+                    if let Err(e) = core.store.ack(ack.firing_id.clone()).await {
+                        tracing::error!(error = %e, "cannot record an ack");
                     }
                 }
                 Ok(Some(_)) => {

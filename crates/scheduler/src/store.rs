@@ -29,6 +29,12 @@ pub enum StoreError {
     /// SQLite failed.
     #[error("database error: {0}")]
     Database(#[from] rusqlite::Error),
+    /// PostgreSQL refused a statement.
+    #[error("database error: {0}")]
+    Postgres(String),
+    /// The database cannot be reached now; the same call may succeed later.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     /// A stored value no longer parses.
     #[error("stored reminder {id} is corrupt: {reason}")]
     Corrupt {
@@ -47,7 +53,9 @@ impl StoreError {
                 e.code,
                 rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
             ),
+            StoreError::Unavailable(_) => true,
             StoreError::Database(_)
+            | StoreError::Postgres(_)
             | StoreError::NotFound(_)
             | StoreError::NotPending { .. }
             | StoreError::Corrupt { .. } => false,
@@ -65,14 +73,14 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn code(self) -> i64 {
+    pub(crate) fn code(self) -> i64 {
         match self {
             Kind::Notify => 1,
             Kind::Task => 2,
         }
     }
 
-    fn from_code(code: i64) -> Kind {
+    pub(crate) fn from_code(code: i64) -> Kind {
         if code == 2 { Kind::Task } else { Kind::Notify }
     }
 
@@ -97,7 +105,7 @@ pub enum Status {
 }
 
 impl Status {
-    fn code(self) -> i64 {
+    pub(crate) fn code(self) -> i64 {
         match self {
             Status::Pending => 1,
             Status::Completed => 2,
@@ -105,7 +113,7 @@ impl Status {
         }
     }
 
-    fn from_code(code: i64) -> Status {
+    pub(crate) fn from_code(code: i64) -> Status {
         match code {
             2 => Status::Completed,
             3 => Status::Cancelled,
@@ -123,7 +131,7 @@ impl Status {
     }
 }
 
-fn missed_code(m: MissedPolicy) -> i64 {
+pub(crate) fn missed_code(m: MissedPolicy) -> i64 {
     match m {
         MissedPolicy::Once => 1,
         MissedPolicy::All => 2,
@@ -131,7 +139,7 @@ fn missed_code(m: MissedPolicy) -> i64 {
     }
 }
 
-fn missed_from_code(code: i64) -> MissedPolicy {
+pub(crate) fn missed_from_code(code: i64) -> MissedPolicy {
     match code {
         2 => MissedPolicy::All,
         3 => MissedPolicy::Skip,
@@ -200,11 +208,11 @@ pub struct NewReminder {
     pub missed: MissedPolicy,
 }
 
-fn ms(t: DateTime<Utc>) -> i64 {
+pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
-fn from_ms(ms: i64) -> DateTime<Utc> {
+pub(crate) fn from_ms(ms: i64) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
 }
 

@@ -316,3 +316,39 @@ fn loop_repeats_of_one_is_refused() {
         3
     );
 }
+
+#[test]
+fn database_urls_and_snapshots_come_from_the_environment_and_passwords_stay_hidden() {
+    let url = "postgres://agentry:s3cret@db.internal:5432/agentry";
+    let config = Config::load(&source(
+        None,
+        &[
+            ("AGENTRY_SESSION_STORE_DATABASE_URL", url),
+            ("AGENTRY_SCHEDULER_DATABASE_URL", url),
+            ("AGENTRY_SNAPSHOTS", "false"),
+            ("AGENTRY_SNAPSHOTS_DIR", "/srv/snapshots"),
+        ],
+    ))
+    .unwrap();
+    assert_eq!(config.session_store.database_url, url);
+    assert_eq!(config.scheduler.database_url, url);
+    assert!(!config.tool_runner.snapshots.enabled);
+    assert_eq!(
+        config.snapshots_dir(),
+        std::path::Path::new("/srv/snapshots")
+    );
+    let shown = format!("{:?}", config.session_store);
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert!(
+        shown.contains("postgres://agentry:***@db.internal:5432/agentry"),
+        "{shown}"
+    );
+    assert_eq!(
+        crate::config::redact_url("postgres://u@h/db"),
+        "postgres://u@h/db"
+    );
+    let defaults = Config::load(&source(None, &[])).unwrap();
+    assert!(defaults.session_store.database_url.is_empty());
+    assert!(defaults.tool_runner.snapshots.enabled);
+    assert!(defaults.snapshots_dir().ends_with("workspaces/.snapshots"));
+}

@@ -1,0 +1,502 @@
+//! Reminders in PostgreSQL, for deployments running several schedulers on
+//! one database. The contract is the SQLite store's (`store.rs`): a due
+//! reminder's firings are written in the same transaction that moves it on.
+//! Several schedulers share the work: each claims due reminders with
+//! `FOR UPDATE SKIP LOCKED`, so a reminder falls due in one scheduler only,
+//! and a firing's id (`<reminder>@<due ms>`) is unique, so even a claim
+//! repeated after a crash writes it once.
+
+use crate::schedule::{self, Recurrence};
+use crate::store::{
+    Firing, Kind, NewReminder, Reminder, Status, StoreError, from_ms, missed_code,
+    missed_from_code, ms,
+};
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{GenericClient, Pool};
+use std::time::Duration;
+
+const COLUMNS: &str =
+    "id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count";
+
+const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE TABLE reminders (
+        id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        message TEXT NOT NULL,
+        kind BIGINT NOT NULL,
+        next_due_ms BIGINT,
+        cron TEXT NOT NULL DEFAULT '',
+        tz TEXT NOT NULL DEFAULT 'UTC',
+        missed BIGINT NOT NULL DEFAULT 1,
+        status BIGINT NOT NULL,
+        created_ms BIGINT NOT NULL,
+        fire_count BIGINT NOT NULL DEFAULT 0
+     );
+     CREATE INDEX reminders_by_due ON reminders (status, next_due_ms);
+     CREATE INDEX reminders_by_session ON reminders (session_id);
+     CREATE TABLE firings (
+        firing_id TEXT PRIMARY KEY,
+        reminder_id TEXT NOT NULL,
+        due_ms BIGINT NOT NULL,
+        fired_ms BIGINT NOT NULL,
+        late_ms BIGINT NOT NULL,
+        occurrences BIGINT NOT NULL,
+        snapshot_message TEXT NOT NULL,
+        acked BOOLEAN NOT NULL DEFAULT FALSE
+     );
+     CREATE INDEX firings_unacked ON firings (acked, fired_ms);",
+)];
+
+/// A key of our own for `pg_advisory_xact_lock` ("agentry-scheduler").
+const LOCK_KEY: i64 = 0x6167_656e_7472_7932;
+
+fn db_error(e: tokio_postgres::Error) -> StoreError {
+    use tokio_postgres::error::SqlState;
+    match e.code() {
+        None => StoreError::Unavailable(format!("PostgreSQL: {e}")),
+        Some(c)
+            if *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+                || *c == SqlState::TOO_MANY_CONNECTIONS
+                || *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::T_R_DEADLOCK_DETECTED =>
+        {
+            StoreError::Unavailable(format!("PostgreSQL: {e}"))
+        }
+        Some(_) => StoreError::Postgres(
+            e.as_db_error()
+                .map(|d| d.message().to_string())
+                .unwrap_or_else(|| e.to_string()),
+        ),
+    }
+}
+
+fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => db_error(e),
+        other => StoreError::Unavailable(format!("PostgreSQL: {other}")),
+    }
+}
+
+fn reminder_from_row(row: &tokio_postgres::Row) -> Reminder {
+    let cron: String = row.get(5);
+    Reminder {
+        id: row.get(0),
+        session_id: row.get(1),
+        message: row.get(2),
+        kind: Kind::from_code(row.get(3)),
+        next_due: row.get::<_, Option<i64>>(4).map(from_ms),
+        cron: (!cron.is_empty()).then_some(cron),
+        time_zone: row.get(6),
+        missed: missed_from_code(row.get(7)),
+        status: Status::from_code(row.get(8)),
+        created: from_ms(row.get(9)),
+        fire_count: row.get::<_, i64>(10) as u32,
+    }
+}
+
+/// The scheduler's PostgreSQL store.
+pub struct PgStore {
+    pool: Pool,
+}
+
+impl PgStore {
+    /// Connects to `url` and brings the schema up to date (safely when
+    /// several schedulers start at once), retrying for `patience` while the
+    /// server cannot be reached.
+    pub async fn connect(url: &str, patience: Duration) -> Result<PgStore, StoreError> {
+        let shown = agentry_runtime::config::redact_url(url);
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::Postgres(format!("scheduler.database_url {shown}: {e}")))?;
+        let manager = deadpool_postgres::Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(8)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Postgres(format!("PostgreSQL pool: {e}")))?;
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut client = loop {
+            match pool.get().await {
+                Ok(client) => break client,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(url = %shown, error = %e, "PostgreSQL not reachable yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "cannot reach PostgreSQL at {shown}: {e}"
+                    )));
+                }
+            }
+        };
+        let tx = client.transaction().await.map_err(db_error)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
+            .await
+            .map_err(db_error)?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS agentry_scheduler_schema (
+                version INTEGER PRIMARY KEY, applied_ms BIGINT NOT NULL)",
+        )
+        .await
+        .map_err(db_error)?;
+        let current: i32 = tx
+            .query_one(
+                "SELECT COALESCE(MAX(version), 0) FROM agentry_scheduler_schema",
+                &[],
+            )
+            .await
+            .map_err(db_error)?
+            .get(0);
+        let known = MIGRATIONS[MIGRATIONS.len() - 1].0;
+        if current > known {
+            return Err(StoreError::Postgres(format!(
+                "the scheduler's tables have schema version {current}, newer than this build \
+                 knows ({known}); run the version of Agentry that wrote them, or a newer one"
+            )));
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            tx.batch_execute(sql).await.map_err(db_error)?;
+            tx.execute(
+                "INSERT INTO agentry_scheduler_schema (version, applied_ms) VALUES ($1, $2)",
+                &[version, &Utc::now().timestamp_millis()],
+            )
+            .await
+            .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(PgStore { pool })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    async fn insert(
+        client: &impl GenericClient,
+        new: &NewReminder,
+        now: DateTime<Utc>,
+    ) -> Result<String, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let (cron, tz) = match &new.recurrence {
+            Some(r) => (r.cron().to_string(), r.time_zone().to_string()),
+            None => (String::new(), "UTC".to_string()),
+        };
+        client
+            .execute(
+                "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                &[
+                    &id,
+                    &new.session_id,
+                    &new.message,
+                    &new.kind.code(),
+                    &ms(new.due),
+                    &cron,
+                    &tz,
+                    &missed_code(new.missed),
+                    &Status::Pending.code(),
+                    &ms(now),
+                ],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(id)
+    }
+
+    /// Stores a new reminder; returns it.
+    pub async fn create(
+        &self,
+        new: NewReminder,
+        now: DateTime<Utc>,
+    ) -> Result<Reminder, StoreError> {
+        let client = self.client().await?;
+        let id = Self::insert(&client, &new, now).await?;
+        get_in(&client, &id).await
+    }
+
+    /// Stores many reminders in one transaction.
+    pub async fn create_many(
+        &self,
+        reminders: Vec<NewReminder>,
+        now: DateTime<Utc>,
+    ) -> Result<usize, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        for new in &reminders {
+            Self::insert(&tx, new, now).await?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(reminders.len())
+    }
+
+    /// One reminder.
+    pub async fn get(&self, id: &str) -> Result<Reminder, StoreError> {
+        get_in(&self.client().await?, id).await
+    }
+
+    /// How many reminders are pending.
+    pub async fn pending_count(&self) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .client()
+            .await?
+            .query_one(
+                "SELECT COUNT(*) FROM reminders WHERE status = $1",
+                &[&Status::Pending.code()],
+            )
+            .await
+            .map_err(db_error)?
+            .get(0);
+        Ok(n.max(0) as u64)
+    }
+
+    /// Reminders, optionally of one session and/or one status, soonest
+    /// first.
+    pub async fn list(
+        &self,
+        session_id: Option<&str>,
+        status: Option<Status>,
+    ) -> Result<Vec<Reminder>, StoreError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                &format!(
+                    "SELECT {COLUMNS} FROM reminders
+                     WHERE ($1::text IS NULL OR session_id = $1) AND ($2::bigint IS NULL OR status = $2)
+                     ORDER BY next_due_ms IS NULL, next_due_ms, created_ms
+                     LIMIT 10000"
+                ),
+                &[&session_id, &status.map(Status::code)],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(rows.iter().map(reminder_from_row).collect())
+    }
+
+    /// Cancels a pending reminder (of `session_id`, when given).
+    pub async fn cancel(&self, id: &str, session_id: Option<&str>) -> Result<Reminder, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let row = tx
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM reminders WHERE id = $1 FOR UPDATE"),
+                &[&id],
+            )
+            .await
+            .map_err(db_error)?
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let reminder = reminder_from_row(&row);
+        if session_id.is_some_and(|s| s != reminder.session_id) {
+            return Err(StoreError::NotFound(id.to_string()));
+        }
+        if reminder.status != Status::Pending {
+            return Err(StoreError::NotPending {
+                id: id.to_string(),
+                status: reminder.status.name(),
+            });
+        }
+        tx.execute(
+            "UPDATE reminders SET status = $2, next_due_ms = NULL WHERE id = $1",
+            &[&id, &Status::Cancelled.code()],
+        )
+        .await
+        .map_err(db_error)?;
+        let reminder = get_in(&tx, id).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(reminder)
+    }
+
+    /// When the next pending reminder falls due.
+    pub async fn next_due(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let next: Option<i64> = self
+            .client()
+            .await?
+            .query_one(
+                "SELECT MIN(next_due_ms) FROM reminders WHERE status = $1",
+                &[&Status::Pending.code()],
+            )
+            .await
+            .map_err(db_error)?
+            .get(0);
+        Ok(next.map(from_ms))
+    }
+
+    /// Fires the pending reminders due at `now` that no other scheduler
+    /// holds (at most `batch`): writes their firings and moves them on, in
+    /// one transaction.
+    pub async fn fire_due(
+        &self,
+        now: DateTime<Utc>,
+        grace: chrono::Duration,
+        batch: usize,
+    ) -> Result<Vec<Firing>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let due: Vec<Reminder> = tx
+            .query(
+                &format!(
+                    "SELECT {COLUMNS} FROM reminders
+                     WHERE status = $1 AND next_due_ms <= $2 ORDER BY next_due_ms LIMIT $3
+                     FOR UPDATE SKIP LOCKED"
+                ),
+                &[&Status::Pending.code(), &ms(now), &(batch as i64)],
+            )
+            .await
+            .map_err(db_error)?
+            .iter()
+            .map(reminder_from_row)
+            .collect();
+        let mut firings = Vec::new();
+        for reminder in due {
+            let Some(due_at) = reminder.next_due else {
+                continue;
+            };
+            let recurrence = match &reminder.cron {
+                Some(cron) => Some(Recurrence::parse(cron, &reminder.time_zone).map_err(|e| {
+                    StoreError::Corrupt {
+                        id: reminder.id.clone(),
+                        reason: e.to_string(),
+                    }
+                })?),
+                None => None,
+            };
+            let plan = schedule::plan(due_at, recurrence.as_ref(), reminder.missed, now, grace);
+            for planned in &plan.fire {
+                let firing_id = format!("{}@{}", reminder.id, ms(planned.due));
+                let late_ms = (now - planned.due).num_milliseconds().max(0) as u64;
+                let inserted = tx
+                    .execute(
+                        "INSERT INTO firings (firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences, snapshot_message)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (firing_id) DO NOTHING",
+                        &[
+                            &firing_id,
+                            &reminder.id,
+                            &ms(planned.due),
+                            &ms(now),
+                            &(late_ms as i64),
+                            &i64::from(planned.occurrences),
+                            &reminder.message,
+                        ],
+                    )
+                    .await
+                    .map_err(db_error)?;
+                if inserted == 1 {
+                    firings.push(Firing {
+                        firing_id,
+                        reminder: reminder.clone(),
+                        due: planned.due,
+                        fired: now,
+                        late_ms,
+                        occurrences: planned.occurrences,
+                    });
+                }
+            }
+            let status = if plan.next_due.is_some() {
+                Status::Pending
+            } else {
+                Status::Completed
+            };
+            tx.execute(
+                "UPDATE reminders SET next_due_ms = $2, status = $3, fire_count = fire_count + $4 WHERE id = $1",
+                &[
+                    &reminder.id,
+                    &plan.next_due.map(ms),
+                    &status.code(),
+                    &(plan.fire.len() as i64),
+                ],
+            )
+            .await
+            .map_err(db_error)?;
+        }
+        for firing in &mut firings {
+            if let Ok(r) = get_in(&tx, &firing.reminder.id).await {
+                firing.reminder = r;
+            }
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(firings)
+    }
+
+    /// Firings not yet acknowledged, oldest first.
+    pub async fn unacked(&self) -> Result<Vec<Firing>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT f.firing_id, f.due_ms, f.fired_ms, f.late_ms, f.occurrences, {}
+                     FROM firings f JOIN reminders r ON r.id = f.reminder_id
+                     WHERE NOT f.acked ORDER BY f.fired_ms, f.firing_id LIMIT 10000",
+                    COLUMNS
+                        .split(", ")
+                        .map(|c| format!("r.{c}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                &[],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let reminder = Reminder {
+                    id: row.get(5),
+                    session_id: row.get(6),
+                    message: row.get(7),
+                    kind: Kind::from_code(row.get(8)),
+                    next_due: row.get::<_, Option<i64>>(9).map(from_ms),
+                    cron: Some(row.get::<_, String>(10)).filter(|c| !c.is_empty()),
+                    time_zone: row.get(11),
+                    missed: missed_from_code(row.get(12)),
+                    status: Status::from_code(row.get(13)),
+                    created: from_ms(row.get(14)),
+                    fire_count: row.get::<_, i64>(15) as u32,
+                };
+                Firing {
+                    firing_id: row.get(0),
+                    reminder,
+                    due: from_ms(row.get(1)),
+                    fired: from_ms(row.get(2)),
+                    late_ms: row.get::<_, i64>(3).max(0) as u64,
+                    occurrences: row.get::<_, i64>(4) as u32,
+                }
+            })
+            .collect())
+    }
+
+    /// Marks a firing delivered; false when it was not waiting.
+    pub async fn ack(&self, firing_id: &str) -> Result<bool, StoreError> {
+        let changed = self
+            .client()
+            .await?
+            .execute(
+                "UPDATE firings SET acked = TRUE WHERE firing_id = $1 AND NOT acked",
+                &[&firing_id],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(changed == 1)
+    }
+}
+
+async fn get_in(client: &impl GenericClient, id: &str) -> Result<Reminder, StoreError> {
+    client
+        .query_opt(
+            &format!("SELECT {COLUMNS} FROM reminders WHERE id = $1"),
+            &[&id],
+        )
+        .await
+        .map_err(db_error)?
+        .map(|r| reminder_from_row(&r))
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+}
