@@ -329,6 +329,7 @@ async fn finish_fork(
                 session_id: session.id.clone(),
                 expected_seq: session.event_count + 1,
                 events,
+                lease_epoch: 0,
             })
             .await?;
     }

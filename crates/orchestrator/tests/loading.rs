@@ -67,6 +67,27 @@ impl SessionStore for GatedStore {
         Err(Status::unimplemented("not in this test"))
     }
 
+    async fn heartbeat(
+        &self,
+        _: Request<spb::HeartbeatRequest>,
+    ) -> Result<Response<spb::HeartbeatResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+
+    async fn acquire_session(
+        &self,
+        _: Request<spb::AcquireSessionRequest>,
+    ) -> Result<Response<spb::AcquireSessionResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+
+    async fn release_session(
+        &self,
+        _: Request<spb::ReleaseSessionRequest>,
+    ) -> Result<Response<spb::ReleaseSessionResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+
     async fn append(
         &self,
         request: Request<spb::AppendRequest>,

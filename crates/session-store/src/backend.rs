@@ -99,11 +99,77 @@ impl Backend {
         expected_seq: u64,
         events: Vec<Event>,
     ) -> Result<Vec<Event>, StoreError> {
+        self.append_leased(session_id, expected_seq, 0, events)
+            .await
+    }
+
+    /// [`Backend::append`] by the holder of lease `lease_epoch` (0: none):
+    /// refused once the session's lease moved on.
+    pub async fn append_leased(
+        &self,
+        session_id: String,
+        expected_seq: u64,
+        lease_epoch: u64,
+        events: Vec<Event>,
+    ) -> Result<Vec<Event>, StoreError> {
         match self {
             Backend::Sqlite(s) => {
-                blocking(s, move |s| s.append(&session_id, expected_seq, events)).await
+                blocking(s, move |s| {
+                    s.append_leased(&session_id, expected_seq, lease_epoch, events)
+                })
+                .await
             }
-            Backend::Postgres(p) => p.append(&session_id, expected_seq, events).await,
+            Backend::Postgres(p) => {
+                p.append_leased(&session_id, expected_seq, lease_epoch, events)
+                    .await
+            }
+        }
+    }
+
+    /// Keeps orchestrator replica `instance_id` alive for `ttl_ms` more.
+    pub async fn heartbeat(
+        &self,
+        instance_id: String,
+        url: String,
+        ttl_ms: u64,
+    ) -> Result<(), StoreError> {
+        match self {
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| s.heartbeat(&instance_id, &url, ttl_ms)).await
+            }
+            Backend::Postgres(p) => p.heartbeat(&instance_id, &url, ttl_ms).await,
+        }
+    }
+
+    /// Makes `instance_id` drive `session_id` unless a live replica does.
+    pub async fn acquire_session(
+        &self,
+        session_id: String,
+        instance_id: String,
+    ) -> Result<crate::store::Lease, StoreError> {
+        match self {
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| s.acquire_session(&session_id, &instance_id)).await
+            }
+            Backend::Postgres(p) => p.acquire_session(&session_id, &instance_id).await,
+        }
+    }
+
+    /// Lets go of a session.
+    pub async fn release_session(
+        &self,
+        session_id: String,
+        instance_id: String,
+        epoch: u64,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| {
+                    s.release_session(&session_id, &instance_id, epoch)
+                })
+                .await
+            }
+            Backend::Postgres(p) => p.release_session(&session_id, &instance_id, epoch).await,
         }
     }
 

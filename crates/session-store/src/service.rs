@@ -16,7 +16,9 @@ pub fn status_of(e: StoreError) -> Status {
     match e {
         StoreError::NotFound(_) => Status::not_found(e.to_string()),
         StoreError::AlreadyExists(_) => Status::already_exists(e.to_string()),
-        StoreError::Conflict { .. } => Status::failed_precondition(e.to_string()),
+        StoreError::Conflict { .. } | StoreError::LeaseLost { .. } => {
+            Status::failed_precondition(e.to_string())
+        }
         StoreError::InvalidArgument(_) => Status::invalid_argument(e.to_string()),
         StoreError::Database(_) | StoreError::Unavailable(_) if retryable => {
             Status::unavailable(e.to_string())
@@ -123,7 +125,12 @@ impl SessionStore for SessionStoreService {
         let metrics = &self.metrics;
         let result = self
             .store
-            .append(req.session_id, req.expected_seq, req.events)
+            .append_leased(
+                req.session_id,
+                req.expected_seq,
+                req.lease_epoch,
+                req.events,
+            )
             .await;
         let outcome = if result.is_ok() { "ok" } else { "refused" };
         metrics.observe(
@@ -165,6 +172,49 @@ impl SessionStore for SessionStoreService {
     }
 
     type WatchStream = EventStream;
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let req = request.into_inner();
+        self.store
+            .heartbeat(req.instance_id, req.url, req.ttl_ms)
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(pb::HeartbeatResponse {}))
+    }
+
+    async fn acquire_session(
+        &self,
+        request: Request<pb::AcquireSessionRequest>,
+    ) -> Result<Response<pb::AcquireSessionResponse>, Status> {
+        let req = request.into_inner();
+        let lease = self
+            .store
+            .acquire_session(req.session_id, req.instance_id)
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(pb::AcquireSessionResponse {
+            acquired: lease.acquired,
+            epoch: lease.epoch,
+            owner_instance_id: lease.owner,
+            owner_url: lease.owner_url,
+        }))
+    }
+
+    async fn release_session(
+        &self,
+        request: Request<pb::ReleaseSessionRequest>,
+    ) -> Result<Response<pb::ReleaseSessionResponse>, Status> {
+        let req = request.into_inner();
+        let released = self
+            .store
+            .release_session(req.session_id, req.instance_id, req.epoch)
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(pb::ReleaseSessionResponse { released }))
+    }
 
     async fn watch(
         &self,

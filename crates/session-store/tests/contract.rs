@@ -304,6 +304,96 @@ async fn watch_replays_then_tails_across_replicas(replicas: &Replicas, n: u32) {
     assert_eq!(seen, (1..=60).collect::<Vec<_>>());
 }
 
+/// Leases: one live driver per session; a driver that stops heartbeating
+/// loses the session to the next that asks, and its appends are refused
+/// from then on.
+async fn leases_fence_a_driver_that_lost_its_session(replicas: &Replicas, n: u32) {
+    let one = replicas(n).await;
+    let two = replicas(n).await;
+    one.create_session("l".into(), "".into()).await.unwrap();
+    one.heartbeat("A".into(), "http://a:1".into(), 60_000)
+        .await
+        .unwrap();
+    two.heartbeat("B".into(), "http://b:1".into(), 60_000)
+        .await
+        .unwrap();
+    let a = one.acquire_session("l".into(), "A".into()).await.unwrap();
+    assert!(a.acquired);
+    assert_eq!((a.epoch, a.owner_url.as_str()), (1, "http://a:1"));
+    // Asking again changes nothing.
+    assert_eq!(
+        one.acquire_session("l".into(), "A".into()).await.unwrap(),
+        a
+    );
+    let b = two.acquire_session("l".into(), "B".into()).await.unwrap();
+    assert!(!b.acquired);
+    assert_eq!(
+        (b.owner.as_str(), b.owner_url.as_str()),
+        ("A", "http://a:1")
+    );
+    one.append_leased("l".into(), 1, 1, vec![user("by A")])
+        .await
+        .unwrap();
+    // A's heartbeat runs out: B takes over with a new epoch, A is fenced.
+    one.heartbeat("A".into(), "http://a:1".into(), 150)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = two.acquire_session("l".into(), "B".into()).await.unwrap();
+    assert!(b.acquired);
+    assert_eq!(b.epoch, 2);
+    match one
+        .append_leased("l".into(), 2, 1, vec![delta("stale")])
+        .await
+    {
+        Err(StoreError::LeaseLost { epoch, current, .. }) => assert_eq!((epoch, current), (1, 2)),
+        other => panic!("a stale driver appended: {other:?}"),
+    }
+    two.append_leased("l".into(), 2, 2, vec![delta("by B")])
+        .await
+        .unwrap();
+    // Back alive, A does not get it while B lives; B lets go, A may.
+    one.heartbeat("A".into(), "http://a:1".into(), 60_000)
+        .await
+        .unwrap();
+    assert!(
+        !one.acquire_session("l".into(), "A".into())
+            .await
+            .unwrap()
+            .acquired
+    );
+    assert!(
+        !one.release_session("l".into(), "A".into(), 2)
+            .await
+            .unwrap()
+    );
+    assert!(
+        two.release_session("l".into(), "B".into(), 2)
+            .await
+            .unwrap()
+    );
+    let a = one.acquire_session("l".into(), "A".into()).await.unwrap();
+    assert!(a.acquired);
+    assert_eq!(a.epoch, 3);
+    // A heartbeat of 0 ends a replica at once (a clean shutdown).
+    one.heartbeat("A".into(), "http://a:1".into(), 0)
+        .await
+        .unwrap();
+    assert!(
+        two.acquire_session("l".into(), "B".into())
+            .await
+            .unwrap()
+            .acquired
+    );
+    assert!(matches!(
+        one.acquire_session("ghost".into(), "A".into()).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // Nothing stale got in.
+    let (events, _) = two.read("l".into(), 1, 0).await.unwrap();
+    assert_eq!(events.len(), 2);
+}
+
 async fn run_contract(replicas: Replicas) {
     sessions_are_created_listed_and_refused_when_invalid(&replicas, 0).await;
     appends_are_gap_free_and_refused_out_of_order(&replicas, 1).await;
@@ -312,6 +402,7 @@ async fn run_contract(replicas: Replicas) {
     reads_page_through_a_log(&replicas, 4).await;
     forks_copy_the_log_and_deletes_remove_it(&replicas, 5).await;
     watch_replays_then_tails_across_replicas(&replicas, 6).await;
+    leases_fence_a_driver_that_lost_its_session(&replicas, 7).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -179,6 +179,7 @@ async fn append(
             session_id: id.into(),
             expected_seq,
             events,
+            lease_epoch: 0,
         })
         .await
         .map(|r| r.into_inner().last_seq)

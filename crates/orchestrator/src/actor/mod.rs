@@ -452,6 +452,7 @@ impl Actor {
             session_id: self.session_id.clone(),
             expected_seq: first,
             events,
+            lease_epoch: 0,
         };
         let mut delay = Duration::from_millis(50);
         let deadline = Instant::now() + self.deps.store_retry_window;

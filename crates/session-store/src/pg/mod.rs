@@ -37,6 +37,7 @@ const MAX_BATCH: usize = 256;
 struct Queued {
     session_id: String,
     expected_seq: u64,
+    lease_epoch: u64,
     events: Vec<Event>,
     reply: oneshot::Sender<Result<Vec<Event>, StoreError>>,
 }
@@ -330,6 +331,18 @@ impl PgStore {
         expected_seq: u64,
         events: Vec<Event>,
     ) -> Result<Vec<Event>, StoreError> {
+        self.append_leased(session_id, expected_seq, 0, events)
+            .await
+    }
+
+    /// [`PgStore::append`] by the holder of lease `lease_epoch` (0: none).
+    pub async fn append_leased(
+        &self,
+        session_id: &str,
+        expected_seq: u64,
+        lease_epoch: u64,
+        events: Vec<Event>,
+    ) -> Result<Vec<Event>, StoreError> {
         if events.is_empty() {
             return Err(StoreError::InvalidArgument(
                 "append needs at least one event".into(),
@@ -351,6 +364,7 @@ impl PgStore {
             .send(Queued {
                 session_id: session_id.to_string(),
                 expected_seq,
+                lease_epoch,
                 events,
                 reply,
             })
@@ -489,15 +503,23 @@ async fn append_in(
     queued: &mut Queued,
     now: i64,
 ) -> Result<Vec<Event>, StoreError> {
-    let count: i64 = tx
+    let row = tx
         .query_opt(
-            "SELECT event_count FROM sessions WHERE id = $1 FOR UPDATE",
+            "SELECT event_count, lease_epoch FROM sessions WHERE id = $1 FOR UPDATE",
             &[&queued.session_id],
         )
         .await
         .map_err(db_error)?
-        .ok_or_else(|| StoreError::NotFound(queued.session_id.clone()))?
-        .get(0);
+        .ok_or_else(|| StoreError::NotFound(queued.session_id.clone()))?;
+    let count: i64 = row.get(0);
+    let current: i64 = row.get(1);
+    if queued.lease_epoch != 0 && queued.lease_epoch != current as u64 {
+        return Err(StoreError::LeaseLost {
+            session_id: queued.session_id.clone(),
+            epoch: queued.lease_epoch,
+            current: current as u64,
+        });
+    }
     let actual = count as u64 + 1;
     if queued.expected_seq != actual {
         return Err(StoreError::Conflict {
@@ -658,6 +680,115 @@ async fn listen(config: tokio_postgres::Config, changes: broadcast::Sender<Chang
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+impl PgStore {
+    /// Records that replica `instance_id` (at `url`) is alive for `ttl_ms`
+    /// more (0: gone now). Times are the database server's.
+    pub async fn heartbeat(
+        &self,
+        instance_id: &str,
+        url: &str,
+        ttl_ms: u64,
+    ) -> Result<(), StoreError> {
+        if instance_id.is_empty() {
+            return Err(StoreError::InvalidArgument(
+                "instance_id must be set".into(),
+            ));
+        }
+        self.client()
+            .await?
+            .execute(
+                "INSERT INTO orchestrators (id, url, expires_ms)
+                 VALUES ($1, $2, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT + $3)
+                 ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, expires_ms = EXCLUDED.expires_ms",
+                &[&instance_id, &url, &(ttl_ms.min(3_600_000) as i64)],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// Makes `instance_id` drive `session_id` unless a live replica does.
+    pub async fn acquire_session(
+        &self,
+        session_id: &str,
+        instance_id: &str,
+    ) -> Result<crate::store::Lease, StoreError> {
+        if instance_id.is_empty() {
+            return Err(StoreError::InvalidArgument(
+                "instance_id must be set".into(),
+            ));
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let row = tx
+            .query_opt(
+                "SELECT s.owner, s.lease_epoch, o.url,
+                        o.expires_ms > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT
+                 FROM sessions s LEFT JOIN orchestrators o ON o.id = s.owner
+                 WHERE s.id = $1 FOR UPDATE OF s",
+                &[&session_id],
+            )
+            .await
+            .map_err(db_error)?
+            .ok_or_else(|| StoreError::NotFound(session_id.to_string()))?;
+        let owner: String = row.get(0);
+        let epoch: i64 = row.get(1);
+        let url: Option<String> = row.get(2);
+        let alive: Option<bool> = row.get(3);
+        let lease = if !owner.is_empty() && alive == Some(true) {
+            crate::store::Lease {
+                acquired: owner == instance_id,
+                epoch: epoch as u64,
+                owner,
+                owner_url: url.unwrap_or_default(),
+            }
+        } else {
+            let epoch = epoch + 1;
+            tx.execute(
+                "UPDATE sessions SET owner = $2, lease_epoch = $3 WHERE id = $1",
+                &[&session_id, &instance_id, &epoch],
+            )
+            .await
+            .map_err(db_error)?;
+            let url: Option<String> = tx
+                .query_opt(
+                    "SELECT url FROM orchestrators WHERE id = $1",
+                    &[&instance_id],
+                )
+                .await
+                .map_err(db_error)?
+                .map(|r| r.get(0));
+            crate::store::Lease {
+                acquired: true,
+                epoch: epoch as u64,
+                owner: instance_id.to_string(),
+                owner_url: url.unwrap_or_default(),
+            }
+        };
+        tx.commit().await.map_err(db_error)?;
+        Ok(lease)
+    }
+
+    /// Lets go of a session `instance_id` drives with lease `epoch`.
+    pub async fn release_session(
+        &self,
+        session_id: &str,
+        instance_id: &str,
+        epoch: u64,
+    ) -> Result<bool, StoreError> {
+        let changed = self
+            .client()
+            .await?
+            .execute(
+                "UPDATE sessions SET owner = '' WHERE id = $1 AND owner = $2 AND lease_epoch = $3",
+                &[&session_id, &instance_id, &(epoch as i64)],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(changed == 1)
     }
 }
 

@@ -5,9 +5,10 @@ use super::db_error;
 use crate::store::StoreError;
 
 /// Migrations, in order; a database records which it has had.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE sessions (
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE sessions (
         id TEXT PRIMARY KEY,
         title TEXT NOT NULL DEFAULT '',
         created_ms BIGINT NOT NULL,
@@ -30,7 +31,18 @@ const MIGRATIONS: &[(i32, &str)] = &[(
         body BYTEA NOT NULL,
         PRIMARY KEY (session_id, seq)
      );",
-)];
+    ),
+    (
+        2,
+        "ALTER TABLE sessions ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+         ALTER TABLE sessions ADD COLUMN lease_epoch BIGINT NOT NULL DEFAULT 0;
+         CREATE TABLE orchestrators (
+            id TEXT PRIMARY KEY,
+            url TEXT NOT NULL,
+            expires_ms BIGINT NOT NULL
+         );",
+    ),
+];
 
 /// The newest schema this build knows.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

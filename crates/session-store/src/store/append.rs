@@ -18,6 +18,8 @@ type Slot = Arc<Mutex<Option<Result<Vec<Event>, StoreError>>>>;
 pub(super) struct QueuedAppend {
     session_id: String,
     expected_seq: u64,
+    /// The caller's lease epoch; 0: none.
+    lease_epoch: u64,
     events: Vec<Event>,
     /// Where its committer leaves the result.
     slot: Slot,
@@ -30,6 +32,18 @@ impl Store {
         &self,
         session_id: &str,
         expected_seq: u64,
+        events: Vec<Event>,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.append_leased(session_id, expected_seq, 0, events)
+    }
+
+    /// [`Store::append`] by the holder of lease `lease_epoch` (0: none):
+    /// refused once the session's lease moved on.
+    pub fn append_leased(
+        &self,
+        session_id: &str,
+        expected_seq: u64,
+        lease_epoch: u64,
         events: Vec<Event>,
     ) -> Result<Vec<Event>, StoreError> {
         if events.is_empty() {
@@ -52,6 +66,7 @@ impl Store {
         lock(&self.queue).push(QueuedAppend {
             session_id: session_id.to_string(),
             expected_seq,
+            lease_epoch,
             events,
             slot: slot.clone(),
         });
@@ -117,8 +132,14 @@ impl Store {
         for queued in batch.iter_mut() {
             let events = std::mem::take(&mut queued.events);
             let result = tx.savepoint().map_err(StoreError::from).and_then(|sp| {
-                let events =
-                    self.append_in(&sp, &queued.session_id, queued.expected_seq, events, now)?;
+                let events = self.append_in(
+                    &sp,
+                    &queued.session_id,
+                    queued.expected_seq,
+                    queued.lease_epoch,
+                    events,
+                    now,
+                )?;
                 sp.commit()?;
                 Ok(events)
             });
@@ -153,19 +174,27 @@ impl Store {
         tx: &Connection,
         session_id: &str,
         expected_seq: u64,
+        lease_epoch: u64,
         mut events: Vec<Event>,
         now: i64,
     ) -> Result<Vec<Event>, StoreError> {
-        let count: Option<i64> = tx
+        let row: Option<(i64, i64)> = tx
             .query_row(
-                "SELECT event_count FROM sessions WHERE id = ?1",
+                "SELECT event_count, lease_epoch FROM sessions WHERE id = ?1",
                 [session_id],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
-        let Some(count) = count else {
+        let Some((count, current_epoch)) = row else {
             return Err(StoreError::NotFound(session_id.to_string()));
         };
+        if lease_epoch != 0 && lease_epoch != current_epoch as u64 {
+            return Err(StoreError::LeaseLost {
+                session_id: session_id.to_string(),
+                epoch: lease_epoch,
+                current: current_epoch as u64,
+            });
+        }
         let actual = count as u64 + 1;
         if expected_seq != actual {
             return Err(StoreError::Conflict {

@@ -23,6 +23,19 @@ pub enum StoreError {
         /// The log's actual next seq.
         actual: u64,
     },
+    /// The caller's lease on the session was taken over by another
+    /// orchestrator: it must not write to the session any more.
+    #[error(
+        "session {session_id:?} is now driven by another orchestrator (lease epoch {current}, the append carried {epoch})"
+    )]
+    LeaseLost {
+        /// The session.
+        session_id: String,
+        /// The epoch the append carried.
+        epoch: u64,
+        /// The session's epoch now.
+        current: u64,
+    },
     /// The request is malformed.
     #[error("{0}")]
     InvalidArgument(String),
@@ -91,6 +104,7 @@ impl StoreError {
             StoreError::NotFound(_)
             | StoreError::AlreadyExists(_)
             | StoreError::Conflict { .. }
+            | StoreError::LeaseLost { .. }
             | StoreError::InvalidArgument(_)
             | StoreError::Io { .. }
             | StoreError::NewerSchema { .. }

@@ -12,11 +12,13 @@
 mod append;
 mod checkpoint;
 mod error;
+mod leases;
 mod read;
 mod schema;
 mod sessions;
 
 pub use error::StoreError;
+pub use leases::Lease;
 pub use schema::{SCHEMA_VERSION, version_of};
 
 use agentry_proto::sessions::v1::{Event, Session, event};

@@ -12,6 +12,8 @@
 //!   (`touched`, `turn_open`); migration 2 tells them apart by the columns.
 //! - 2: sessions ordered by a recency stamp (`touched`) and flagged while a
 //!   turn is open (`turn_open`); the listing index on `touched`.
+//! - 3: leases: which orchestrator replica drives each session (`owner`,
+//!   `lease_epoch`) and the replicas' heartbeats (`orchestrators`).
 
 use super::{StoreError, kind_name};
 use agentry_proto::sessions::v1::{Event, ReminderKind, event};
@@ -19,7 +21,7 @@ use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 /// The schema this build writes.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// One step of the schema.
 struct Migration {
@@ -41,7 +43,25 @@ const MIGRATIONS: &[Migration] = &[
         what: "a recency stamp and an open-turn flag per session",
         apply: stamp_and_flag_sessions,
     },
+    Migration {
+        version: 3,
+        what: "session leases for several orchestrators",
+        apply: add_leases,
+    },
 ];
+
+/// Version 3: the driver of each session and the replicas' heartbeats.
+fn add_leases(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE sessions ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+         ALTER TABLE sessions ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
+         CREATE TABLE IF NOT EXISTS orchestrators (
+            id TEXT PRIMARY KEY,
+            url TEXT NOT NULL,
+            expires_ms INTEGER NOT NULL
+         );",
+    )
+}
 
 /// Brings the database on `conn` up to [`SCHEMA_VERSION`].
 pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
