@@ -161,6 +161,22 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
         json!({"role": "tool", "tool_call_id": "call_1", "content": "42\n"})
     );
 
+    // The turn ran bash, so the workspace is recorded once it ended.
+    let mut received = received;
+    let snapshot = tokio::time::timeout(std::time::Duration::from_secs(10), events.message())
+        .await
+        .expect("no workspace snapshot after the turn")
+        .unwrap()
+        .unwrap();
+    match &snapshot.kind {
+        Some(Kind::WorkspaceSnapshot(w)) => {
+            assert_eq!(w.point(), spb::SnapshotPoint::TurnEnd);
+            assert!(w.error.is_empty(), "{}", w.error);
+        }
+        other => panic!("expected the turn-end snapshot, got {other:?}"),
+    }
+    received.push(snapshot);
+
     // The log holds exactly what subscribers saw, and survives a restart of
     // the session store.
     let mut store = cluster.store().await.unwrap();
