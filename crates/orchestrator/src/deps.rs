@@ -41,6 +41,8 @@ pub struct Deps {
     /// Plan steps a plan-mode turn may start.
     pub plan_max_steps: u32,
     tool_cache: RwLock<Option<(std::time::Instant, Arc<Catalog>)>>,
+    /// This replica among several (`None`: the only orchestrator).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl Deps {
@@ -71,6 +73,7 @@ impl Deps {
             metrics: Arc::default(),
             plan_max_steps: crate::plan::default_max_steps(),
             tool_cache: RwLock::new(None),
+            cluster: None,
         }
     }
 

@@ -11,6 +11,7 @@
 pub mod actor;
 pub mod attachments;
 pub mod builtin;
+pub mod cluster;
 pub mod compaction;
 pub mod deps;
 pub mod errors;
@@ -167,6 +168,10 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         Arc::new(policy),
     );
     deps.plan_max_steps = config.agent.plan_max_steps;
+    let advertise = config.orchestrator.advertise_url.trim();
+    if !advertise.is_empty() {
+        deps.cluster = Some(Arc::new(cluster::Cluster::new(advertise, auth)));
+    }
     // Until the model server is asked (see `run`), the profile's window.
     deps.set_context_window(
         context_window,
@@ -205,10 +210,30 @@ pub async fn run(
     )
     .await
     .map_err(RunError::Metrics)?;
+    let (stop_heartbeat, heartbeat_stop) = tokio::sync::watch::channel(false);
+    let heartbeat = deps.cluster.clone().map(|cluster| {
+        tracing::info!(instance_id = %cluster.instance_id, url = %cluster.url, "orchestrator replica: sessions are leased");
+        let store = deps.store.clone();
+        tokio::spawn(async move { cluster.heartbeat(store, heartbeat_stop).await })
+    });
+    let clustered = deps.cluster.is_some();
     let orchestrator = OrchestratorService::new(deps);
-    // Sessions left mid-turn by an earlier process are recovered now.
+    // Sessions left mid-turn by an earlier process are recovered now; with
+    // several replicas, those of a replica that died are taken over as
+    // long as this one runs.
     let recovering = orchestrator.clone();
-    tokio::spawn(async move { recovering.recover_open_sessions().await });
+    let recovery = tokio::spawn(async move {
+        if clustered {
+            // The heartbeat goes first: the store must know this replica.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            loop {
+                recovering.recover_open_sessions().await;
+                tokio::time::sleep(cluster::TAKEOVER_EVERY).await;
+            }
+        } else {
+            recovering.recover_open_sessions().await;
+        }
+    });
     // Reminders that fall due arrive from the scheduler.
     let consumer = tokio::spawn(reminders::consume(orchestrator.clone()));
     // Updates of subscribed MCP resources arrive from the tool runners.
@@ -224,6 +249,11 @@ pub async fn run(
     .await;
     consumer.abort();
     mcp_consumer.abort();
+    recovery.abort();
+    let _ = stop_heartbeat.send(true);
+    if let Some(task) = heartbeat {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task).await;
+    }
     if let Some(task) = asking {
         task.abort();
     }

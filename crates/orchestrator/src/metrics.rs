@@ -52,6 +52,16 @@ pub fn loop_detected(metrics: &Registry, stopped: bool) {
 }
 
 /// A priced turn ended: what its model calls cost, added up per currency.
+/// An input went to the replica that drives its session, or this replica
+/// took over a session whose driver was gone.
+pub fn session_routed(metrics: &Registry, how: &'static str) {
+    metrics.inc(
+        "agentry_session_routing_total",
+        "Inputs forwarded to the orchestrator replica driving their session (forwarded), and sessions this replica took over from one that was gone (taken_over).",
+        &[("how", how)],
+    );
+}
+
 pub fn turn_cost(metrics: &Registry, cost: f64, currency: &str) {
     metrics.add(
         "agentry_model_cost_total",

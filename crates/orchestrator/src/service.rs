@@ -1,6 +1,7 @@
 //! The gRPC face of the orchestrator and the registry of session actors.
 
 use crate::actor::{Actor, Command, SessionHandle, Submitted};
+use crate::cluster::Driver;
 use crate::deps::Deps;
 use crate::reducer::Input;
 use agentry_proto::orchestrator::v1 as pb;
@@ -19,6 +20,14 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// A session's actor, once loaded.
 type SessionSlot = Arc<Mutex<Option<SessionHandle>>>;
+
+/// Where a session's inputs go.
+enum Route {
+    /// Its actor on this replica.
+    Here(SessionHandle),
+    /// The replica at this URL, which drives it.
+    Elsewhere(String),
+}
 
 /// The Orchestrator gRPC service.
 #[derive(Clone)]
@@ -47,12 +56,14 @@ impl OrchestratorService {
         }
     }
 
-    /// The actor of a session, loading the session from its log if needed.
+    /// The actor of a session, loading the session from its log if needed;
+    /// with several replicas, the replica that drives the session when it
+    /// is not this one.
     ///
     /// Loading (reading and replaying the log) holds only that session's
     /// slot: inputs to other sessions go on meanwhile, and inputs to this
     /// one wait for it and then share the actor it started.
-    async fn session(&self, session_id: &str) -> Result<SessionHandle, Status> {
+    async fn route(&self, session_id: &str) -> Result<Route, Status> {
         let slot = self
             .sessions
             .lock()
@@ -64,25 +75,47 @@ impl OrchestratorService {
         if let Some(handle) = current.as_ref()
             && !handle.commands.is_closed()
         {
-            return Ok(handle.clone());
+            return Ok(Route::Here(handle.clone()));
         }
-        match self.load(session_id).await {
+        let acquired = match &self.deps.cluster {
+            None => Ok(0),
+            Some(cluster) => match cluster.acquire(&self.deps.store, session_id).await {
+                Ok(Driver::Here(epoch)) => Ok(epoch),
+                Ok(Driver::Elsewhere(url)) => Err(Ok(Route::Elsewhere(url))),
+                Err(status) => Err(Err(store_status(&self.deps.store_url, status))),
+            },
+        };
+        let loaded = match acquired {
+            Ok(epoch) => self.load(session_id, epoch).await,
+            Err(other) => {
+                drop(current);
+                self.forget(session_id, &slot);
+                return other;
+            }
+        };
+        match loaded {
             Ok(handle) => {
                 *current = Some(handle.clone());
-                Ok(handle)
+                Ok(Route::Here(handle))
             }
             Err(status) => {
-                // Forget the slot of a session that could not be loaded (it
-                // may not exist), unless another caller has replaced it.
                 drop(current);
-                let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-                if sessions.get(session_id).is_some_and(|s| {
-                    Arc::ptr_eq(s, &slot) && s.try_lock().is_ok_and(|h| h.is_none())
-                }) {
-                    sessions.remove(session_id);
-                }
+                self.forget(session_id, &slot);
                 Err(status)
             }
+        }
+    }
+
+    /// Forgets the slot of a session that is not loaded here (it may not
+    /// exist, or another replica drives it), unless another caller has
+    /// replaced it.
+    fn forget(&self, session_id: &str, slot: &SessionSlot) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if sessions
+            .get(session_id)
+            .is_some_and(|s| Arc::ptr_eq(s, slot) && s.try_lock().is_ok_and(|h| h.is_none()))
+        {
+            sessions.remove(session_id);
         }
     }
 
@@ -113,14 +146,16 @@ impl OrchestratorService {
             .sessions)
     }
 
-    /// Reads a session's log, replays it and starts its actor.
-    async fn load(&self, session_id: &str) -> Result<SessionHandle, Status> {
+    /// Reads a session's log, replays it and starts its actor, which
+    /// appends with lease `lease_epoch` (0: no lease).
+    async fn load(&self, session_id: &str, lease_epoch: u64) -> Result<SessionHandle, Status> {
         let events = self.read_log(session_id).await?;
         let state = self.deps.replayed(&events);
         Ok(Actor::spawn(
             session_id.to_string(),
             state,
             events.len() as u64,
+            lease_epoch,
             self.deps.clone(),
         ))
     }
@@ -159,18 +194,59 @@ impl OrchestratorService {
             }
         };
         for session in sessions {
-            tracing::info!(session_id = %session.id, "recovering a session with an unfinished turn");
-            if let Err(status) = self.session(&session.id).await {
-                tracing::error!(session_id = %session.id, error = %status.message(), "cannot recover session");
+            if self.is_loaded(&session.id) {
+                continue;
+            }
+            match self.route(&session.id).await {
+                Ok(Route::Here(_)) => {
+                    tracing::info!(session_id = %session.id, "recovering a session with an unfinished turn");
+                    if self.deps.cluster.is_some() {
+                        crate::metrics::session_routed(&self.deps.metrics, "taken_over");
+                    }
+                }
+                Ok(Route::Elsewhere(_)) => {}
+                Err(status) => {
+                    tracing::error!(session_id = %session.id, error = %status.message(), "cannot recover session");
+                }
             }
         }
     }
 
+    /// Whether this replica has the session's actor running.
+    fn is_loaded(&self, session_id: &str) -> bool {
+        let slot = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session_id)
+            .cloned();
+        slot.is_some_and(|slot| {
+            slot.try_lock()
+                .is_ok_and(|h| h.as_ref().is_some_and(|h| !h.commands.is_closed()))
+        })
+    }
+
     /// Submits one input to a session.
     pub async fn submit_input(&self, session_id: &str, input: Input) -> Result<Submitted, Status> {
+        self.submit_routed(session_id, input, false).await
+    }
+
+    /// Submits one input to a session here, or to the replica that drives
+    /// it (unless the input was forwarded here already).
+    async fn submit_routed(
+        &self,
+        session_id: &str,
+        input: Input,
+        forwarded: bool,
+    ) -> Result<Submitted, Status> {
         // One retry covers an actor that stopped (store trouble) just now.
         for _ in 0..2 {
-            let handle = self.session(session_id).await?;
+            let handle = match self.route(session_id).await? {
+                Route::Here(handle) => handle,
+                Route::Elsewhere(url) => {
+                    return self.forward(session_id, &url, &input, forwarded).await;
+                }
+            };
             let (reply, answer) = oneshot::channel();
             let command = Box::new(Command::Input {
                 input: input.clone(),
@@ -188,6 +264,49 @@ impl OrchestratorService {
             "session {session_id} could not take the input; the session store at {} may be down",
             self.deps.store_url
         )))
+    }
+
+    /// Sends an input to the replica at `url`, which drives the session.
+    async fn forward(
+        &self,
+        session_id: &str,
+        url: &str,
+        input: &Input,
+        forwarded: bool,
+    ) -> Result<Submitted, Status> {
+        let elsewhere = || {
+            Status::failed_precondition(format!(
+                "session {session_id} is driven by the orchestrator at {url}"
+            ))
+        };
+        let (Some(cluster), Some(input), false) = (
+            &self.deps.cluster,
+            crate::cluster::forwardable(input),
+            forwarded,
+        ) else {
+            return Err(elsewhere());
+        };
+        crate::metrics::session_routed(&self.deps.metrics, "forwarded");
+        let response = cluster
+            .peer(url)?
+            .submit(crate::cluster::forwarded(pb::SubmitRequest {
+                session_id: session_id.to_string(),
+                input: Some(input),
+            }))
+            .await
+            .map_err(|s| match s.code() {
+                tonic::Code::Unavailable => Status::unavailable(format!(
+                    "the orchestrator driving session {session_id} at {url} does not answer \
+                     ({}); another replica takes the session over within seconds: try again",
+                    s.message()
+                )),
+                _ => s,
+            })?
+            .into_inner();
+        Ok(Submitted {
+            turn_id: response.turn_id,
+            seq: response.seq,
+        })
     }
 
     async fn watch(
@@ -403,10 +522,18 @@ impl Orchestrator for OrchestratorService {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
+        let forwarded = crate::cluster::was_forwarded(&request);
         let req = request.into_inner();
         let input = parse_input(req.input)?;
-        let input = self.with_attachments(&req.session_id, input).await?;
-        let submitted = self.submit_input(&req.session_id, input).await?;
+        // A forwarded input had its attachments read where it arrived.
+        let input = if forwarded {
+            input
+        } else {
+            self.with_attachments(&req.session_id, input).await?
+        };
+        let submitted = self
+            .submit_routed(&req.session_id, input, forwarded)
+            .await?;
         Ok(Response::new(pb::SubmitResponse {
             turn_id: submitted.turn_id,
             seq: submitted.seq,
@@ -534,9 +661,24 @@ impl Orchestrator for OrchestratorService {
         &self,
         request: Request<pb::RewindSessionRequest>,
     ) -> Result<Response<pb::RewindSessionResponse>, Status> {
+        let forwarded = crate::cluster::was_forwarded(&request);
         let req = request.into_inner();
         loop {
-            let handle = self.session(&req.session_id).await?;
+            let handle = match self.route(&req.session_id).await? {
+                Route::Here(handle) => handle,
+                Route::Elsewhere(url) => {
+                    let (Some(cluster), false) = (&self.deps.cluster, forwarded) else {
+                        return Err(Status::failed_precondition(format!(
+                            "session {} is driven by the orchestrator at {url}",
+                            req.session_id
+                        )));
+                    };
+                    return cluster
+                        .peer(&url)?
+                        .rewind_session(crate::cluster::forwarded(req.clone()))
+                        .await;
+                }
+            };
             let (reply, answer) = oneshot::channel();
             let command = Box::new(Command::Rewind {
                 to_turn: req.to_turn,

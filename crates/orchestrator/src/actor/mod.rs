@@ -64,6 +64,8 @@ pub(crate) struct Actor {
     session_id: String,
     state: SessionState,
     next_seq: u64,
+    /// The session's lease epoch this replica holds (0: no lease).
+    lease_epoch: u64,
     deps: Arc<Deps>,
     outcomes_tx: mpsc::Sender<Outcome>,
     outcomes: mpsc::Receiver<Outcome>,
@@ -105,6 +107,7 @@ impl Actor {
         session_id: String,
         state: SessionState,
         event_count: u64,
+        lease_epoch: u64,
         deps: Arc<Deps>,
     ) -> SessionHandle {
         let (commands_tx, commands) = mpsc::channel(64);
@@ -116,6 +119,7 @@ impl Actor {
             session_id,
             state,
             next_seq: event_count + 1,
+            lease_epoch,
             deps,
             outcomes_tx,
             outcomes,
@@ -452,7 +456,7 @@ impl Actor {
             session_id: self.session_id.clone(),
             expected_seq: first,
             events,
-            lease_epoch: 0,
+            lease_epoch: self.lease_epoch,
         };
         let mut delay = Duration::from_millis(50);
         let deadline = Instant::now() + self.deps.store_retry_window;

@@ -54,6 +54,10 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ),
     ("AGENTRY_ORCHESTRATOR_URL", &["orchestrator", "url"]),
     ("AGENTRY_ORCHESTRATOR_LISTEN", &["orchestrator", "listen"]),
+    (
+        "AGENTRY_ORCHESTRATOR_ADVERTISE_URL",
+        &["orchestrator", "advertise_url"],
+    ),
     ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
     ("AGENTRY_SESSION_STORE_LISTEN", &["session_store", "listen"]),
     (

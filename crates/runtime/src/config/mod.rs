@@ -60,7 +60,7 @@ pub struct Config {
     /// Which tool calls are allowed, denied or need a person.
     pub policy: PolicyConfig,
     /// The orchestrator service.
-    pub orchestrator: Endpoint,
+    pub orchestrator: OrchestratorConfig,
     /// The session store service.
     pub session_store: SessionStoreConfig,
     /// The tool runner service.
@@ -479,6 +479,24 @@ pub fn redact_url(url: &str) -> String {
         }
         None => url.to_string(),
     }
+}
+
+/// The orchestrator.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OrchestratorConfig {
+    /// The socket address the service binds.
+    pub listen: SocketAddr,
+    /// The URL clients dial.
+    pub url: String,
+    /// Serve Prometheus metrics on `GET /metrics` here; empty: not served.
+    #[serde(default)]
+    pub metrics_listen: String,
+    /// Where the other orchestrator replicas reach this one; set, sessions
+    /// are leased in the session store so several replicas can serve them
+    /// (docs/operations.md, "Scaling out"); empty: one orchestrator.
+    #[serde(default)]
+    pub advertise_url: String,
 }
 
 /// Where a service listens and where others reach it.

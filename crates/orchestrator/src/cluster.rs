@@ -1,0 +1,181 @@
+//! Several orchestrators behind one address. Each session is driven by one
+//! replica at a time, through a lease kept in the session store: a replica
+//! heartbeats while it lives, takes a session nobody alive drives (the
+//! store raises the lease epoch), and writes to it with that epoch, so a
+//! replica that lost a session can never append to it again. An input for
+//! a session driven elsewhere is forwarded to its driver; the sessions of a
+//! replica that died are taken over by the others within seconds and
+//! resume from their logs.
+//!
+//! Off (one orchestrator, no leases) unless `orchestrator.advertise_url`
+//! says where the other replicas reach this one.
+
+use crate::reducer::Input;
+use agentry_proto::orchestrator::v1 as pb;
+use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
+use agentry_proto::sessions::v1 as spb;
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_runtime::Auth;
+use agentry_runtime::telemetry::TracedChannel;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tonic::Status;
+
+/// How often a replica renews its heartbeat, and how long it lasts.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
+pub const HEARTBEAT_TTL: Duration = Duration::from_secs(6);
+/// How often a replica looks for open sessions nobody alive drives.
+pub const TAKEOVER_EVERY: Duration = Duration::from_secs(2);
+
+/// The metadata key marking an input forwarded by another replica: it is
+/// taken as it is (attachments already read) and never forwarded again.
+pub const FORWARDED: &str = "x-agentry-forwarded";
+
+/// Who drives a session.
+pub enum Driver {
+    /// This replica, with this lease epoch.
+    Here(u64),
+    /// Another replica, reached at this URL.
+    Elsewhere(String),
+}
+
+/// This replica's place in the cluster.
+pub struct Cluster {
+    /// Unique per process.
+    pub instance_id: String,
+    /// Where the other replicas reach this one.
+    pub url: String,
+    auth: Auth,
+    peers: Mutex<HashMap<String, OrchestratorClient<TracedChannel>>>,
+}
+
+impl Cluster {
+    /// A replica reached at `url`.
+    pub fn new(url: &str, auth: &Auth) -> Cluster {
+        Cluster {
+            instance_id: uuid::Uuid::now_v7().to_string(),
+            url: url.trim_end_matches('/').to_string(),
+            auth: auth.clone(),
+            peers: Mutex::default(),
+        }
+    }
+
+    /// Takes `session_id` unless a live replica drives it.
+    pub async fn acquire(
+        &self,
+        store: &SessionStoreClient<TracedChannel>,
+        session_id: &str,
+    ) -> Result<Driver, Status> {
+        let lease = store
+            .clone()
+            .acquire_session(spb::AcquireSessionRequest {
+                session_id: session_id.to_string(),
+                instance_id: self.instance_id.clone(),
+            })
+            .await?
+            .into_inner();
+        Ok(if lease.acquired {
+            Driver::Here(lease.epoch)
+        } else {
+            Driver::Elsewhere(lease.owner_url)
+        })
+    }
+
+    /// A client of the replica at `url`.
+    pub fn peer(&self, url: &str) -> Result<OrchestratorClient<TracedChannel>, Status> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(client) = peers.get(url) {
+            return Ok(client.clone());
+        }
+        let channel = self.auth.lazy_channel(url).map_err(|e| {
+            Status::unavailable(format!("cannot reach the orchestrator at {url}: {e}"))
+        })?;
+        let client = OrchestratorClient::new(channel);
+        peers.insert(url.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// Keeps this replica alive in the store until `stop`, then ends it at
+    /// once so its sessions go to the others without waiting.
+    pub async fn heartbeat(
+        &self,
+        store: SessionStoreClient<TracedChannel>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let beat = |ttl: Duration| {
+            let mut store = store.clone();
+            let request = spb::HeartbeatRequest {
+                instance_id: self.instance_id.clone(),
+                url: self.url.clone(),
+                ttl_ms: ttl.as_millis() as u64,
+            };
+            async move { store.heartbeat(request).await }
+        };
+        loop {
+            if let Err(status) = beat(HEARTBEAT_TTL).await {
+                tracing::warn!(error = %status.message(), "cannot renew this orchestrator's heartbeat; its sessions go to other replicas if it lapses");
+            }
+            let stopping = tokio::select! {
+                () = tokio::time::sleep(HEARTBEAT_EVERY) => false,
+                _ = stop.wait_for(|s| *s) => true,
+            };
+            if stopping {
+                let _ = beat(Duration::ZERO).await;
+                return;
+            }
+        }
+    }
+}
+
+/// The wire form of an input a person gave (what another replica takes);
+/// `None` for inputs that come from elsewhere (reminders, MCP updates),
+/// which the driver receives itself.
+pub fn forwardable(input: &Input) -> Option<pb::Input> {
+    let kind = match input {
+        Input::UserMessage {
+            text,
+            approval_mode,
+            plan,
+            network,
+            budget,
+            ..
+        } => pb::input::Kind::UserMessage(pb::UserInput {
+            text: text.clone(),
+            approval_mode: *approval_mode as i32,
+            plan: *plan,
+            network: *network,
+            budget: *budget,
+        }),
+        Input::Approval {
+            call_id,
+            decision,
+            reason,
+            edited_arguments_json,
+        } => pb::input::Kind::Approval(pb::ApprovalInput {
+            call_id: call_id.clone(),
+            decision: *decision as i32,
+            reason: reason.clone(),
+            edited_arguments_json: edited_arguments_json.clone(),
+        }),
+        Input::Cancel { reason } => pb::input::Kind::Cancel(pb::CancelInput {
+            reason: reason.clone(),
+        }),
+        _ => return None,
+    };
+    Some(pb::Input { kind: Some(kind) })
+}
+
+/// A request to another replica, marked as forwarded.
+pub fn forwarded<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    request
+}
+
+/// Whether a request was forwarded by another replica.
+pub fn was_forwarded<T>(request: &tonic::Request<T>) -> bool {
+    request.metadata().contains_key(FORWARDED)
+}
