@@ -6,6 +6,7 @@ mod client;
 mod health;
 mod inbox_cmds;
 mod mcp_cmds;
+mod migrate;
 mod reminder_cmds;
 mod render;
 mod session_cmds;
@@ -121,6 +122,19 @@ enum Command {
     Policy {
         #[command(subcommand)]
         command: PolicyCommand,
+    },
+    /// Copy this data directory's sessions (with their logs) and reminders
+    /// from SQLite into PostgreSQL, then check that everything arrived. Stop
+    /// Agentry first; running it again copies only what is missing
+    Migrate {
+        /// The PostgreSQL database (postgres://user:password@host/db);
+        /// default: session_store.database_url
+        #[arg(long, value_name = "URL")]
+        to: Option<String>,
+        /// The data directory holding sessions.db and scheduler.db; default:
+        /// this configuration's
+        #[arg(long, value_name = "DIR")]
+        from: Option<std::path::PathBuf>,
     },
     /// The MCP servers the agent's tools come from
     Mcp {
@@ -415,6 +429,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let auth = client::credentials(&config)?;
             health::check(&auth, &urls, timeout, quiet).await
         }
+        Command::Migrate { to, from } => migrate::migrate(&config, to, from)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         Command::Token => {
             let token = if config.auth.token.is_empty() {
                 agentry_runtime::auth::read_token(&config.client_token_file())?

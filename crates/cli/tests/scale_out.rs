@@ -319,3 +319,77 @@ async fn two_orchestrators_share_sessions_and_survive_one_being_killed() {
     );
     drop(server);
 }
+
+/// `agentry migrate`: a data directory used with SQLite is copied into
+/// PostgreSQL, and `agentry up` on PostgreSQL then shows the same sessions
+/// and reminders.
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_copies_sqlite_into_postgres() {
+    use common::install::{Up, text};
+    use serde_json::json;
+    let Some(server) = Postgres::start() else {
+        return;
+    };
+    let url = server.create_database("migrated");
+    let model = agentry_testkit::FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "r1",
+        "schedule_reminder",
+        json!({"message": "water the plants", "due": "in 3d"}),
+    ));
+    model.push(Reply::text("I will remind you."));
+    model.push(Reply::text("Second answer."));
+    let (install, up, _log) = Up::start(&model.base_url());
+    let out = install.run(&[
+        "run",
+        "--approve",
+        "always",
+        "remind me to water the plants",
+    ]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let id = install.latest_session();
+    let out = install.run(&["run", "--session", &id, "--approve", "always", "and then?"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let (before, _) = text(&install.run(&["sessions", "show", "--json", &id]));
+    up.stop();
+
+    // A password in the URL (the test server trusts any) is never shown.
+    let with_password = url.replace("agentry@", "agentry:pw-secret@");
+    let out = install.run(&["migrate", "--to", &with_password]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("copied 1 sessions"), "{stdout}");
+    assert!(stdout.contains("1 reminders"), "{stdout}");
+    assert!(stdout.contains("checked: all 1 sessions"), "{stdout}");
+    assert!(!stdout.contains("pw-secret"), "{stdout}");
+    assert!(stdout.contains("agentry:***@"), "{stdout}");
+    // Again: nothing new, nothing broken.
+    let out = install.run(&["migrate", "--to", &url]);
+    let (stdout, _) = text(&out);
+    assert!(out.status.success());
+    assert!(
+        stdout.contains("copied 0 sessions (0 events; 1 were there already)"),
+        "{stdout}"
+    );
+
+    // The services on PostgreSQL see the same.
+    let mut on_pg = install;
+    on_pg
+        .env
+        .push(("AGENTRY_SESSION_STORE_DATABASE_URL".into(), url.clone()));
+    on_pg
+        .env
+        .push(("AGENTRY_SCHEDULER_DATABASE_URL".into(), url.clone()));
+    let log = on_pg.dir.path().join("up-pg.log");
+    let up = Up::try_start(&on_pg, &log).expect("agentry up on PostgreSQL");
+    let (after, _) = text(&on_pg.run(&["sessions", "show", "--json", &id]));
+    assert_eq!(after, before);
+    let (reminders, _) = text(&on_pg.run(&["reminders", "list"]));
+    assert!(reminders.contains("water the plants"), "{reminders}");
+    drop(up);
+    // A bad target is a clear error.
+    let out = on_pg.run(&["migrate", "--to", "postgres://nobody@127.0.0.1:1/x"]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("cannot reach PostgreSQL"), "{stderr}");
+}

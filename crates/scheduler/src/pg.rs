@@ -474,6 +474,78 @@ impl PgStore {
             .collect())
     }
 
+    /// Copies reminders and firings as they are (`agentry migrate`); those
+    /// already here are left alone. Returns how many of each were new.
+    pub async fn import(
+        &self,
+        reminders: &[Reminder],
+        firings: &[(Firing, bool)],
+    ) -> Result<(u64, u64), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let mut new_reminders = 0;
+        for r in reminders {
+            new_reminders += tx
+                .execute(
+                    "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
+                    &[
+                        &r.id,
+                        &r.session_id,
+                        &r.message,
+                        &r.kind.code(),
+                        &r.next_due.map(ms),
+                        &r.cron.clone().unwrap_or_default(),
+                        &r.time_zone,
+                        &missed_code(r.missed),
+                        &r.status.code(),
+                        &ms(r.created),
+                        &i64::from(r.fire_count),
+                    ],
+                )
+                .await
+                .map_err(db_error)?;
+        }
+        let mut new_firings = 0;
+        for (f, acked) in firings {
+            new_firings += tx
+                .execute(
+                    "INSERT INTO firings (firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences, snapshot_message, acked)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (firing_id) DO NOTHING",
+                    &[
+                        &f.firing_id,
+                        &f.reminder.id,
+                        &ms(f.due),
+                        &ms(f.fired),
+                        &(f.late_ms as i64),
+                        &i64::from(f.occurrences),
+                        &f.reminder.message,
+                        acked,
+                    ],
+                )
+                .await
+                .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok((new_reminders, new_firings))
+    }
+
+    /// How many reminders and firings there are.
+    pub async fn counts(&self) -> Result<(u64, u64), StoreError> {
+        let client = self.client().await?;
+        let reminders: i64 = client
+            .query_one("SELECT COUNT(*) FROM reminders", &[])
+            .await
+            .map_err(db_error)?
+            .get(0);
+        let firings: i64 = client
+            .query_one("SELECT COUNT(*) FROM firings", &[])
+            .await
+            .map_err(db_error)?
+            .get(0);
+        Ok((reminders as u64, firings as u64))
+    }
+
     /// Marks a firing delivered; false when it was not waiting.
     pub async fn ack(&self, firing_id: &str) -> Result<bool, StoreError> {
         let changed = self

@@ -554,6 +554,51 @@ impl Store {
         Ok(firings)
     }
 
+    /// Every reminder and every firing (`agentry migrate`): the firings as
+    /// (firing, acknowledged).
+    pub fn export(&self) -> Result<(Vec<Reminder>, Vec<(Firing, bool)>), StoreError> {
+        let conn = self.conn();
+        let reminders = conn
+            .prepare(&format!(
+                "SELECT {REMINDER_COLUMNS} FROM reminders ORDER BY created_ms, id"
+            ))?
+            .query_map([], reminder_from_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = conn
+            .prepare(
+                "SELECT firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences, acked
+                 FROM firings ORDER BY fired_ms, firing_id",
+            )?
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, i64>(6)? != 0,
+                ))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut firings = Vec::with_capacity(rows.len());
+        for (firing_id, reminder_id, due, fired, late, occurrences, acked) in rows {
+            let reminder = Self::get_in(&conn, &reminder_id)?;
+            firings.push((
+                Firing {
+                    firing_id,
+                    reminder,
+                    due: from_ms(due),
+                    fired: from_ms(fired),
+                    late_ms: late.max(0) as u64,
+                    occurrences: occurrences as u32,
+                },
+                acked,
+            ));
+        }
+        Ok((reminders, firings))
+    }
+
     /// Marks a firing delivered. Unknown ids are ignored (already acked and
     /// forgotten, or never ours).
     pub fn ack(&self, firing_id: &str) -> Result<bool, StoreError> {

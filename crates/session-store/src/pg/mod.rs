@@ -684,6 +684,75 @@ async fn listen(config: tokio_postgres::Config, changes: broadcast::Sender<Chang
 }
 
 impl PgStore {
+    /// Copies a session and its whole log as they are (ids, seqs, times,
+    /// titles), for `agentry migrate`. Returns false, changing nothing, when
+    /// the session is already here with as many events; a session already
+    /// here with another log is an error.
+    pub async fn import_session(
+        &self,
+        session: &Session,
+        events: &[Event],
+    ) -> Result<bool, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        if let Some(row) = tx
+            .query_opt(
+                "SELECT event_count FROM sessions WHERE id = $1",
+                &[&session.id],
+            )
+            .await
+            .map_err(db_error)?
+        {
+            let count: i64 = row.get(0);
+            return if count as u64 == session.event_count {
+                Ok(false)
+            } else {
+                Err(StoreError::AlreadyExists(format!(
+                    "{} (with {count} events; the copy has {})",
+                    session.id, session.event_count
+                )))
+            };
+        }
+        let ms =
+            |t: &Option<prost_types::Timestamp>| t.as_ref().map(ms_from_timestamp).unwrap_or(0);
+        tx.execute(
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, preview, forked_from, touched)
+             VALUES ($1, $2, $3, $4, $5, $6, nextval('sessions_touched'))",
+            &[
+                &session.id,
+                &session.title,
+                &ms(&session.created_at),
+                &ms(&session.updated_at),
+                &session.preview,
+                &session.forked_from,
+            ],
+        )
+        .await
+        .map_err(db_error)?;
+        for chunk in events.chunks(MAX_APPEND_EVENTS) {
+            let before = chunk.first().map(|e| e.seq - 1).unwrap_or(0);
+            insert_events(&tx, &session.id, before, chunk, ms(&session.updated_at)).await?;
+        }
+        // The copy keeps the original's times and listing facts.
+        tx.execute(
+            "UPDATE sessions SET updated_ms = $2, title = $3, preview = $4,
+                 user_message_count = $5, turn_open = $6
+             WHERE id = $1",
+            &[
+                &session.id,
+                &ms(&session.updated_at),
+                &session.title,
+                &session.preview,
+                &(session.user_message_count as i64),
+                &session.turn_open,
+            ],
+        )
+        .await
+        .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(true)
+    }
+
     /// Records that replica `instance_id` (at `url`) is alive for `ttl_ms`
     /// more (0: gone now). Times are the database server's.
     pub async fn heartbeat(
