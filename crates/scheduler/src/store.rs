@@ -191,6 +191,9 @@ pub struct Firing {
     pub occurrences: u32,
 }
 
+/// Every reminder, and every firing with whether it was acknowledged.
+pub type Export = (Vec<Reminder>, Vec<(Firing, bool)>);
+
 /// A new reminder, validated by the caller.
 #[derive(Debug, Clone)]
 pub struct NewReminder {
@@ -556,7 +559,7 @@ impl Store {
 
     /// Every reminder and every firing (`agentry migrate`): the firings as
     /// (firing, acknowledged).
-    pub fn export(&self) -> Result<(Vec<Reminder>, Vec<(Firing, bool)>), StoreError> {
+    pub fn export(&self) -> Result<Export, StoreError> {
         let conn = self.conn();
         let reminders = conn
             .prepare(&format!(
