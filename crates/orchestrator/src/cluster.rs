@@ -51,14 +51,30 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A replica reached at `url`.
-    pub fn new(url: &str, auth: &Auth) -> Cluster {
-        Cluster {
+    /// A replica reached at `url`; `auto`: at this host's own address
+    /// (its first non-loopback IPv4 address, as a container or a pod has)
+    /// on the port of `listen`.
+    pub fn new(url: &str, listen: std::net::SocketAddr, auth: &Auth) -> Result<Cluster, String> {
+        let url = if url == "auto" {
+            let ip = own_address().ok_or_else(|| {
+                "orchestrator.advertise_url = \"auto\": this host has no address other \
+                 replicas could reach; set the URL"
+                    .to_string()
+            })?;
+            format!("http://{ip}:{}", listen.port())
+        } else if url.starts_with("http://") || url.starts_with("https://") {
+            url.trim_end_matches('/').to_string()
+        } else {
+            return Err(format!(
+                "orchestrator.advertise_url {url:?} is not an http(s) URL (or \"auto\")"
+            ));
+        };
+        Ok(Cluster {
             instance_id: uuid::Uuid::now_v7().to_string(),
-            url: url.trim_end_matches('/').to_string(),
+            url,
             auth: auth.clone(),
             peers: Mutex::default(),
-        }
+        })
     }
 
     /// Takes `session_id` unless a live replica drives it.
@@ -128,6 +144,15 @@ impl Cluster {
     }
 }
 
+/// The address this host reaches others from: the local end of a UDP
+/// socket "connected" to a public address (nothing is sent).
+fn own_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
 /// The wire form of an input a person gave (what another replica takes);
 /// `None` for inputs that come from elsewhere (reminders, MCP updates),
 /// which the driver receives itself.
@@ -178,4 +203,58 @@ pub fn forwarded<T>(message: T) -> tonic::Request<T> {
 /// Whether a request was forwarded by another replica.
 pub fn was_forwarded<T>(request: &tonic::Request<T>) -> bool {
     request.metadata().contains_key(FORWARDED)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_advertised_url_is_checked_and_auto_is_this_hosts_address() {
+        let listen: std::net::SocketAddr = "0.0.0.0:50051".parse().unwrap();
+        let auth = Auth::off();
+        let given = Cluster::new("http://orchestrator-1:50051/", listen, &auth).unwrap();
+        assert_eq!(given.url, "http://orchestrator-1:50051");
+        let error = Cluster::new("orchestrator-1:50051", listen, &auth)
+            .err()
+            .unwrap();
+        assert!(error.contains("not an http(s) URL"), "{error}");
+        // Each replica is its own instance.
+        let other = Cluster::new("http://orchestrator-1:50051", listen, &auth).unwrap();
+        assert_ne!(given.instance_id, other.instance_id);
+        match Cluster::new("auto", listen, &auth) {
+            Ok(auto) => {
+                assert!(auto.url.starts_with("http://"), "{}", auto.url);
+                assert!(auto.url.ends_with(":50051"), "{}", auto.url);
+                assert!(!auto.url.contains("127.0.0.1"), "{}", auto.url);
+            }
+            // A machine with no route anywhere has no such address.
+            Err(e) => assert!(e.contains("set the URL"), "{e}"),
+        }
+    }
+
+    #[test]
+    fn only_a_persons_inputs_are_forwarded() {
+        let user = Input::UserMessage {
+            turn_id: "t".into(),
+            text: "hi".into(),
+            approval_mode: spb::ApprovalMode::Always,
+            plan: true,
+            network: false,
+            budget: None,
+        };
+        let Some(pb::Input {
+            kind: Some(pb::input::Kind::UserMessage(m)),
+        }) = forwardable(&user)
+        else {
+            panic!("a message is forwarded");
+        };
+        assert_eq!((m.text.as_str(), m.plan), ("hi", true));
+        assert_eq!(m.approval_mode, spb::ApprovalMode::Always as i32);
+        assert!(forwardable(&Input::Interrupted).is_none());
+        let request = forwarded(());
+        assert!(was_forwarded(&request));
+        assert!(!was_forwarded(&tonic::Request::new(())));
+    }
 }

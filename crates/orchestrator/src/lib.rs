@@ -75,6 +75,9 @@ pub enum RunError {
     /// The metrics endpoint cannot be served.
     #[error("{0}")]
     Metrics(String),
+    /// A setting is unusable.
+    #[error("{0}")]
+    Config(String),
     /// Serving failed.
     #[error(transparent)]
     Serve(#[from] agentry_runtime::ServeError),
@@ -170,7 +173,9 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
     deps.plan_max_steps = config.agent.plan_max_steps;
     let advertise = config.orchestrator.advertise_url.trim();
     if !advertise.is_empty() {
-        deps.cluster = Some(Arc::new(cluster::Cluster::new(advertise, auth)));
+        let cluster = cluster::Cluster::new(advertise, config.orchestrator.listen, auth)
+            .map_err(RunError::Config)?;
+        deps.cluster = Some(Arc::new(cluster));
     }
     // Until the model server is asked (see `run`), the profile's window.
     deps.set_context_window(
