@@ -49,6 +49,7 @@ readonly PACKAGES=(
     fonts-liberation
     dbus-x11
     git
+    postgresql
 )
 
 # How the check below runs Chromium in the container as user agentry.
@@ -285,6 +286,13 @@ in_root groupadd --gid "$AGENTRY_GID" agentry
 in_root useradd --uid "$AGENTRY_UID" --gid "$AGENTRY_GID" --create-home \
     --home-dir /home/agentry --shell /bin/bash agentry
 install -d -m 0755 -o "$AGENTRY_UID" -g "$AGENTRY_GID" "$rootfs/data" "$rootfs/workspace"
+
+# The PostgreSQL package made a cluster of its own at install time; the
+# postgres image (Compose's `postgres` profile) makes its data directory at
+# first start instead.
+rm -rf "$rootfs"/var/lib/postgresql/*/main "$rootfs"/etc/postgresql/*/main
+install -d -m 0700 "$rootfs/var/lib/postgresql/data"
+in_root chown postgres:postgres /var/lib/postgresql/data
 
 log "trimming the root filesystem"
 in_root apt-get clean

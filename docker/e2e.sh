@@ -21,24 +21,8 @@ source docker/lib.sh
 
 project=agentry-e2e
 files=(-f docker-compose.yml -f docker/compose.e2e.yml)
-passed=0
-failed=0
 started=$(date +%s)
-
-log() { printf '\n==> %s\n' "$*"; }
-pass() {
-  passed=$((passed + 1))
-  printf 'ok: %s\n' "$*"
-}
-fail() {
-  failed=$((failed + 1))
-  printf 'FAILED: %s\n' "$*" >&2
-}
 dc() { compose -p "$project" "${files[@]}" "$@"; }
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
 teardown() {
   local rc=$?
@@ -68,20 +52,7 @@ teardown() {
 }
 # Without what it needs the test is skipped with a visible message, or fails
 # under CI (CI=true), where everything must be there.
-missing=""
-for tool in docker cargo curl jq python3; do
-  command -v "$tool" >/dev/null || missing+=" $tool"
-done
-if [[ -z $missing ]] && ! docker info >/dev/null 2>&1; then
-  missing+=" a-running-docker-engine"
-fi
-if [[ -z $missing ]] && ! docker compose version >/dev/null 2>&1 &&
-  ! command -v docker-compose >/dev/null; then
-  missing+=" compose"
-fi
-if [[ -z $missing ]] && ((EUID != 0)) && ! docker image inspect "${AGENTRY_BASE_IMAGE:-agentry-base:local}" >/dev/null 2>&1; then
-  missing+=" root(to-build-the-base-image)"
-fi
+missing=$(e2e_missing)
 if [[ -n $missing ]]; then
   if [[ ${CI:-} == true ]]; then
     echo "compose e2e: FAILED: missing:$missing" >&2
@@ -129,20 +100,6 @@ dc build
 log "starting the stack with 3 tool runners"
 dc up -d --scale tool-runner=3 orchestrator fake-model
 
-wait_healthy() { # service, seconds
-  local service=$1 deadline=$(($(date +%s) + $2)) id state
-  for id in $(dc ps -q "$service"); do
-    while :; do
-      state=$(docker inspect --format '{{.State.Health.Status}}' "$id" 2>/dev/null || echo gone)
-      [[ $state == healthy ]] && break
-      if (($(date +%s) > deadline)); then
-        echo "$service ($id) is $state after $2 s" >&2
-        return 1
-      fi
-      sleep 1
-    done
-  done
-}
 wait_healthy orchestrator 120
 for _ in $(seq 60); do
   curl -fsS "$model/_fake/requests" >/dev/null 2>&1 && break
@@ -164,12 +121,6 @@ if ((runners == 3)); then pass "3 tool runners are up"; else fail "expected 3 to
   pass "orchestrator and scheduler healthy from the host" ||
   fail "agentry health from the host"
 
-# has FILTER FILE: whether any event of the JSON-lines FILE matches FILTER.
-has() { jq -es "any(.[]; $1)" "$2" >/dev/null; }
-
-queue() { # JSON array of replies for the fake model
-  curl -fsS -X POST -H 'content-type: application/json' --data "$1" "$model/_fake/replies" >/dev/null
-}
 
 # --- 1. a turn spread over the runners ------------------------------------
 log "turn 1: six tool calls"

@@ -6,7 +6,7 @@ use super::*;
 /// Parses a script: a JSON array of replies, each one of
 /// `{"text": "..."}`, `{"tool_call": {"name": "...", "arguments": {...}, "id": "..."}}` or
 /// `{"error": {"status": 503, "message": "...", "retry_after": 2}}` (`id` and `retry_after`
-/// are optional). The `agentry-fake-model` program's `--script` file and `POST /_fake/replies`
+/// are optional); any of them may add `"delay_ms": N` to be answered that late. The `agentry-fake-model` program's `--script` file and `POST /_fake/replies`
 /// use this format.
 pub fn parse_script(value: &Value) -> anyhow::Result<Vec<Reply>> {
     let items = value
@@ -23,6 +23,17 @@ pub fn parse_script(value: &Value) -> anyhow::Result<Vec<Reply>> {
 }
 
 fn parse_reply(n: usize, item: &Value) -> anyhow::Result<Reply> {
+    let reply = parse_kind(n, item)?;
+    Ok(match item.get("delay_ms") {
+        None => reply,
+        Some(ms) => reply
+            .delay(std::time::Duration::from_millis(ms.as_u64().with_context(
+                || format!("reply {n}: \"delay_ms\" must be a whole number"),
+            )?)),
+    })
+}
+
+fn parse_kind(n: usize, item: &Value) -> anyhow::Result<Reply> {
     if let Some(text) = item.get("text") {
         let text = text
             .as_str()
@@ -67,3 +78,24 @@ fn parse_reply(n: usize, item: &Value) -> anyhow::Result<Reply> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod delay_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_reply_may_be_answered_late() {
+        let script = serde_json::json!([{"text": "slow", "delay_ms": 1500}, {"text": "fast"}]);
+        let replies = parse_script(&script).unwrap();
+        assert_eq!(
+            replies[0].delay,
+            Some(std::time::Duration::from_millis(1500))
+        );
+        assert_eq!(replies[1].delay, None);
+        let error = parse_script(&serde_json::json!([{"text": "x", "delay_ms": "soon"}]))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("delay_ms"), "{error}");
+    }
+}
