@@ -6,9 +6,8 @@
 //! and a firing's id (`<reminder>@<due ms>`) is unique, so even a claim
 //! repeated after a crash writes it once.
 
-use crate::schedule::{self, Recurrence};
 use crate::store::{
-    Firing, Kind, NewReminder, Reminder, Status, StoreError, from_ms, missed_code,
+    Firing, Kind, NewReminder, Reminder, Status, StoreError, fall_due, from_ms, missed_code,
     missed_from_code, ms,
 };
 use chrono::{DateTime, Utc};
@@ -358,61 +357,37 @@ impl PgStore {
             .collect();
         let mut firings = Vec::new();
         for reminder in due {
-            let Some(due_at) = reminder.next_due else {
+            let Some(fell) = fall_due(&reminder, now, grace)? else {
                 continue;
             };
-            let recurrence = match &reminder.cron {
-                Some(cron) => Some(Recurrence::parse(cron, &reminder.time_zone).map_err(|e| {
-                    StoreError::Corrupt {
-                        id: reminder.id.clone(),
-                        reason: e.to_string(),
-                    }
-                })?),
-                None => None,
-            };
-            let plan = schedule::plan(due_at, recurrence.as_ref(), reminder.missed, now, grace);
-            for planned in &plan.fire {
-                let firing_id = format!("{}@{}", reminder.id, ms(planned.due));
-                let late_ms = (now - planned.due).num_milliseconds().max(0) as u64;
+            for firing in &fell.firings {
                 let inserted = tx
                     .execute(
                         "INSERT INTO firings (firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences, snapshot_message)
                          VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (firing_id) DO NOTHING",
                         &[
-                            &firing_id,
+                            &firing.firing_id,
                             &reminder.id,
-                            &ms(planned.due),
+                            &ms(firing.due),
                             &ms(now),
-                            &(late_ms as i64),
-                            &i64::from(planned.occurrences),
+                            &(firing.late_ms as i64),
+                            &i64::from(firing.occurrences),
                             &reminder.message,
                         ],
                     )
                     .await
                     .map_err(db_error)?;
                 if inserted == 1 {
-                    firings.push(Firing {
-                        firing_id,
-                        reminder: reminder.clone(),
-                        due: planned.due,
-                        fired: now,
-                        late_ms,
-                        occurrences: planned.occurrences,
-                    });
+                    firings.push(firing.clone());
                 }
             }
-            let status = if plan.next_due.is_some() {
-                Status::Pending
-            } else {
-                Status::Completed
-            };
             tx.execute(
                 "UPDATE reminders SET next_due_ms = $2, status = $3, fire_count = fire_count + $4 WHERE id = $1",
                 &[
                     &reminder.id,
-                    &plan.next_due.map(ms),
-                    &status.code(),
-                    &(plan.fire.len() as i64),
+                    &fell.next_due.map(ms),
+                    &fell.status.code(),
+                    &(fell.firings.len() as i64),
                 ],
             )
             .await

@@ -219,6 +219,58 @@ pub(crate) fn from_ms(ms: i64) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
 }
 
+/// What falling due does to a reminder: the firings it writes, and where
+/// it goes next.
+pub(crate) struct FellDue {
+    pub firings: Vec<Firing>,
+    pub next_due: Option<DateTime<Utc>>,
+    pub status: Status,
+}
+
+/// Plans the firings of a pending `reminder` due at or before `now`
+/// (`None` when it has no due time).
+pub(crate) fn fall_due(
+    reminder: &Reminder,
+    now: DateTime<Utc>,
+    grace: chrono::Duration,
+) -> Result<Option<FellDue>, StoreError> {
+    let Some(due_at) = reminder.next_due else {
+        return Ok(None);
+    };
+    let recurrence =
+        match &reminder.cron {
+            Some(cron) => Some(Recurrence::parse(cron, &reminder.time_zone).map_err(|e| {
+                StoreError::Corrupt {
+                    id: reminder.id.clone(),
+                    reason: e.to_string(),
+                }
+            })?),
+            None => None,
+        };
+    let plan = schedule::plan(due_at, recurrence.as_ref(), reminder.missed, now, grace);
+    let firings = plan
+        .fire
+        .iter()
+        .map(|planned| Firing {
+            firing_id: format!("{}@{}", reminder.id, ms(planned.due)),
+            reminder: reminder.clone(),
+            due: planned.due,
+            fired: now,
+            late_ms: (now - planned.due).num_milliseconds().max(0) as u64,
+            occurrences: planned.occurrences,
+        })
+        .collect();
+    Ok(Some(FellDue {
+        firings,
+        next_due: plan.next_due,
+        status: if plan.next_due.is_some() {
+            Status::Pending
+        } else {
+            Status::Completed
+        },
+    }))
+}
+
 /// The scheduler's SQLite store.
 pub struct Store {
     conn: Mutex<Connection>,
@@ -457,59 +509,34 @@ impl Store {
         };
         let mut firings = Vec::new();
         for reminder in due {
-            let Some(due_at) = reminder.next_due else {
+            let Some(fell) = fall_due(&reminder, now, grace)? else {
                 continue;
             };
-            let recurrence = match &reminder.cron {
-                Some(cron) => Some(Recurrence::parse(cron, &reminder.time_zone).map_err(|e| {
-                    StoreError::Corrupt {
-                        id: reminder.id.clone(),
-                        reason: e.to_string(),
-                    }
-                })?),
-                None => None,
-            };
-            let plan = schedule::plan(due_at, recurrence.as_ref(), reminder.missed, now, grace);
-            let fired_count = plan.fire.len() as i64;
-            for planned in &plan.fire {
-                let firing_id = format!("{}@{}", reminder.id, ms(planned.due));
-                let late_ms = (now - planned.due).num_milliseconds().max(0) as u64;
+            for firing in &fell.firings {
                 let inserted = tx.execute(
                     "INSERT INTO firings (firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences, snapshot_message)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(firing_id) DO NOTHING",
                     params![
-                        firing_id,
+                        firing.firing_id,
                         reminder.id,
-                        ms(planned.due),
+                        ms(firing.due),
                         ms(now),
-                        late_ms as i64,
-                        planned.occurrences,
+                        firing.late_ms as i64,
+                        firing.occurrences,
                         reminder.message
                     ],
                 )?;
                 if inserted == 1 {
-                    firings.push(Firing {
-                        firing_id,
-                        reminder: reminder.clone(),
-                        due: planned.due,
-                        fired: now,
-                        late_ms,
-                        occurrences: planned.occurrences,
-                    });
+                    firings.push(firing.clone());
                 }
             }
-            let status = if plan.next_due.is_some() {
-                Status::Pending
-            } else {
-                Status::Completed
-            };
             tx.execute(
                 "UPDATE reminders SET next_due_ms = ?2, status = ?3, fire_count = fire_count + ?4 WHERE id = ?1",
                 params![
                     reminder.id,
-                    plan.next_due.map(ms),
-                    status.code(),
-                    fired_count
+                    fell.next_due.map(ms),
+                    fell.status.code(),
+                    fell.firings.len() as i64
                 ],
             )?;
         }

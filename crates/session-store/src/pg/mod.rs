@@ -17,8 +17,8 @@
 mod schema;
 
 use crate::store::{
-    Change, MAX_APPEND_EVENTS, MAX_READ_EVENTS, StoreError, Summary, kind_name, ms_from_timestamp,
-    now_ms, preview_of, timestamp_from_ms, validate_session_id,
+    Change, MAX_APPEND_EVENTS, StoreError, Summary, fork_end, kind_name, ms_from_timestamp,
+    new_session_id, now_ms, preview_of, read_window, timestamp_from_ms,
 };
 use agentry_proto::sessions::v1::{Event, Session};
 use deadpool_postgres::{GenericClient, Pool};
@@ -187,12 +187,7 @@ impl PgStore {
 
     /// Creates a session with `id` (generated when empty).
     pub async fn create_session(&self, id: &str, title: &str) -> Result<Session, StoreError> {
-        let id = if id.is_empty() {
-            uuid::Uuid::now_v7().to_string()
-        } else {
-            validate_session_id(id)?;
-            id.to_string()
-        };
+        let id = new_session_id(id)?;
         let now = now_ms();
         let client = self.client().await?;
         let row = client
@@ -277,25 +272,11 @@ impl PgStore {
         up_to_seq: u64,
         new_id: &str,
     ) -> Result<Session, StoreError> {
-        let new_id = if new_id.is_empty() {
-            uuid::Uuid::now_v7().to_string()
-        } else {
-            validate_session_id(new_id)?;
-            new_id.to_string()
-        };
+        let new_id = new_session_id(new_id)?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db_error)?;
         let source = session_in(&tx, id).await?;
-        let last = match up_to_seq {
-            0 => source.event_count,
-            n if n > source.event_count => {
-                return Err(StoreError::InvalidArgument(format!(
-                    "cannot fork session {id:?} at seq {up_to_seq}: its log ends at seq {}",
-                    source.event_count
-                )));
-            }
-            n => n,
-        };
+        let last = fork_end(id, up_to_seq, source.event_count)?;
         let now = now_ms();
         let inserted = tx
             .execute(
@@ -343,22 +324,7 @@ impl PgStore {
         lease_epoch: u64,
         events: Vec<Event>,
     ) -> Result<Vec<Event>, StoreError> {
-        if events.is_empty() {
-            return Err(StoreError::InvalidArgument(
-                "append needs at least one event".into(),
-            ));
-        }
-        if events.len() > MAX_APPEND_EVENTS {
-            return Err(StoreError::InvalidArgument(format!(
-                "append carries {} events; at most {MAX_APPEND_EVENTS} per call",
-                events.len()
-            )));
-        }
-        if let Some(i) = events.iter().position(|e| e.kind.is_none()) {
-            return Err(StoreError::InvalidArgument(format!(
-                "event {i} of the append has no kind"
-            )));
-        }
+        crate::store::check_append(&events)?;
         let (reply, answer) = oneshot::channel();
         self.appends
             .send(Queued {
@@ -383,18 +349,11 @@ impl PgStore {
         from_seq: u64,
         limit: u32,
     ) -> Result<(Vec<Event>, bool), StoreError> {
-        let limit = match limit {
-            0 => 1000,
-            n => n.min(MAX_READ_EVENTS),
-        };
-        let from = from_seq.max(1);
         let client = self.client().await?;
         let session = session_in(&client, session_id).await?;
-        let to = session
-            .event_count
-            .min(from.saturating_add(u64::from(limit)) - 1);
+        let (from, to, more) = read_window(from_seq, limit, session.event_count);
         let events = read_in(&client, session_id, from, to).await?;
-        Ok((events, to < session.event_count))
+        Ok((events, more))
     }
 }
 

@@ -3,8 +3,7 @@
 //! in a savepoint so a refused one leaves the others alone.
 
 use super::{
-    Change, MAX_APPEND_EVENTS, Store, StoreError, kind_name, lock, ms_from_timestamp, now_ms,
-    timestamp_from_ms,
+    Change, Store, StoreError, kind_name, lock, ms_from_timestamp, now_ms, timestamp_from_ms,
 };
 use agentry_proto::sessions::v1::Event;
 use prost::Message;
@@ -46,22 +45,7 @@ impl Store {
         lease_epoch: u64,
         events: Vec<Event>,
     ) -> Result<Vec<Event>, StoreError> {
-        if events.is_empty() {
-            return Err(StoreError::InvalidArgument(
-                "append needs at least one event".into(),
-            ));
-        }
-        if events.len() > MAX_APPEND_EVENTS {
-            return Err(StoreError::InvalidArgument(format!(
-                "append carries {} events; at most {MAX_APPEND_EVENTS} per call",
-                events.len()
-            )));
-        }
-        if let Some(i) = events.iter().position(|e| e.kind.is_none()) {
-            return Err(StoreError::InvalidArgument(format!(
-                "event {i} of the append has no kind"
-            )));
-        }
+        super::check_append(&events)?;
         let slot: Slot = Arc::default();
         lock(&self.queue).push(QueuedAppend {
             session_id: session_id.to_string(),

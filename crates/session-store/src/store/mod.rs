@@ -94,6 +94,62 @@ pub fn validate_session_id(id: &str) -> Result<(), StoreError> {
     }
 }
 
+/// The id a new session gets: `id`, checked, or a fresh one when empty.
+pub(crate) fn new_session_id(id: &str) -> Result<String, StoreError> {
+    if id.is_empty() {
+        Ok(uuid::Uuid::now_v7().to_string())
+    } else {
+        validate_session_id(id)?;
+        Ok(id.to_string())
+    }
+}
+
+/// Refuses an append no backend takes: empty, too large, or an event
+/// without a kind.
+pub(crate) fn check_append(events: &[Event]) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Err(StoreError::InvalidArgument(
+            "append needs at least one event".into(),
+        ));
+    }
+    if events.len() > MAX_APPEND_EVENTS {
+        return Err(StoreError::InvalidArgument(format!(
+            "append carries {} events; at most {MAX_APPEND_EVENTS} per call",
+            events.len()
+        )));
+    }
+    if let Some(i) = events.iter().position(|e| e.kind.is_none()) {
+        return Err(StoreError::InvalidArgument(format!(
+            "event {i} of the append has no kind"
+        )));
+    }
+    Ok(())
+}
+
+/// The last seq a fork of session `id` (whose log ends at `event_count`)
+/// copies when asked for `up_to_seq` (0: all).
+pub(crate) fn fork_end(id: &str, up_to_seq: u64, event_count: u64) -> Result<u64, StoreError> {
+    match up_to_seq {
+        0 => Ok(event_count),
+        n if n > event_count => Err(StoreError::InvalidArgument(format!(
+            "cannot fork session {id:?} at seq {up_to_seq}: its log ends at seq {event_count}"
+        ))),
+        n => Ok(n),
+    }
+}
+
+/// The seqs a read of up to `limit` events (0: 1000) from `from_seq` covers
+/// in a log ending at `event_count`: first, last, and whether more follow.
+pub(crate) fn read_window(from_seq: u64, limit: u32, event_count: u64) -> (u64, u64, bool) {
+    let limit = match limit {
+        0 => 1000,
+        n => n.min(MAX_READ_EVENTS),
+    };
+    let from = from_seq.max(1);
+    let to = event_count.min(from.saturating_add(u64::from(limit)) - 1);
+    (from, to, to < event_count)
+}
+
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -1,6 +1,6 @@
 //! Reading a session's log: pages of events in seq order, decoded.
 
-use super::{MAX_READ_EVENTS, Store, StoreError};
+use super::{Store, StoreError};
 use agentry_proto::sessions::v1::Event;
 use prost::Message;
 use rusqlite::{Connection, params};
@@ -14,18 +14,11 @@ impl Store {
         from_seq: u64,
         limit: u32,
     ) -> Result<(Vec<Event>, bool), StoreError> {
-        let limit = match limit {
-            0 => 1000,
-            n => n.min(MAX_READ_EVENTS),
-        };
-        let from = from_seq.max(1);
         let conn = self.reader();
         let session = Self::session_in(&conn, session_id)?;
-        let to = session
-            .event_count
-            .min(from.saturating_add(u64::from(limit)) - 1);
+        let (from, to, more) = super::read_window(from_seq, limit, session.event_count);
         let events = Self::read_in(&conn, session_id, from, to)?;
-        Ok((events, to < session.event_count))
+        Ok((events, more))
     }
 
     pub(super) fn read_in(

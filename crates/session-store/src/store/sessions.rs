@@ -1,22 +1,14 @@
 //! Sessions: create, look up, list (most recently touched first), delete,
 //! fork.
 
-use super::{
-    Change, SESSION_COLUMNS, Store, StoreError, now_ms, preview_of, session_from_row,
-    validate_session_id,
-};
+use super::{Change, SESSION_COLUMNS, Store, StoreError, now_ms, preview_of, session_from_row};
 use agentry_proto::sessions::v1::{Event, Session};
 use rusqlite::{Connection, OptionalExtension, params};
 
 impl Store {
     /// Creates a session with `id` (generated when empty).
     pub fn create_session(&self, id: &str, title: &str) -> Result<Session, StoreError> {
-        let id = if id.is_empty() {
-            uuid::Uuid::now_v7().to_string()
-        } else {
-            validate_session_id(id)?;
-            id.to_string()
-        };
+        let id = super::new_session_id(id)?;
         let now = now_ms();
         let title = preview_of(title);
         let conn = self.writer();
@@ -104,25 +96,11 @@ impl Store {
         up_to_seq: u64,
         new_id: &str,
     ) -> Result<Session, StoreError> {
-        let new_id = if new_id.is_empty() {
-            uuid::Uuid::now_v7().to_string()
-        } else {
-            validate_session_id(new_id)?;
-            new_id.to_string()
-        };
+        let new_id = super::new_session_id(new_id)?;
         let mut conn = self.writer();
         let tx = conn.transaction()?;
         let source = Self::session_in(&tx, id)?;
-        let last = if up_to_seq == 0 {
-            source.event_count
-        } else if up_to_seq > source.event_count {
-            return Err(StoreError::InvalidArgument(format!(
-                "cannot fork session {id:?} at seq {up_to_seq}: its log ends at seq {}",
-                source.event_count
-            )));
-        } else {
-            up_to_seq
-        };
+        let last = super::fork_end(id, up_to_seq, source.event_count)?;
         let now = now_ms();
         let inserted = tx.execute(
             "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from, touched)
