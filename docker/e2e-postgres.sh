@@ -95,8 +95,9 @@ dc down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
 log "building images"
 dc build
 log "starting PostgreSQL, 2 orchestrators, 2 schedulers, 3 tool runners"
-dc up -d --scale tool-runner=3 orchestrator orchestrator-2 scheduler-2 fake-model
+dc up -d postgres
 wait_healthy postgres 120
+dc up -d --scale tool-runner=3 orchestrator orchestrator-2 scheduler-2 fake-model
 wait_healthy orchestrator 120
 wait_healthy orchestrator-2 120
 wait_healthy scheduler-2 120

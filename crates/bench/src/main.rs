@@ -16,7 +16,9 @@
 //! - `store`: durable appends, one writer and 16 concurrent;
 //! - `idle`: orchestrator memory per idle session;
 //! - `startup`: `agentry up` until every service serves;
-//! - `snapshots`: workspace snapshots and a restore of 10,000 files.
+//! - `snapshots`: workspace snapshots and a restore of 10,000 files;
+//! - `scale-out`: turns on PostgreSQL through one orchestrator and two
+//!   (needs PostgreSQL installed; not in the default set).
 
 mod scenarios;
 mod stack;
@@ -80,6 +82,8 @@ pub enum Scenario {
     Startup,
     /// Workspace snapshots of 10,000 files
     Snapshots,
+    /// One orchestrator versus two on PostgreSQL
+    ScaleOut,
 }
 
 fn agentry_bin(args: &Args) -> anyhow::Result<PathBuf> {
@@ -143,6 +147,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Idle => scenarios::idle(&bin, args.idle_sessions).await?,
             Scenario::Startup => startup::startup(&bin).await?,
             Scenario::Snapshots => scenarios::snapshots(&bin).await?,
+            Scenario::ScaleOut => scenarios::scale_out(&bin, args.turns, &args.sessions).await?,
         };
         let name = format!("{scenario:?}").to_lowercase();
         report.insert(name, figures);

@@ -13,6 +13,10 @@ pub const SERVICES: [&str; 4] = ["session-store", "tool-runner", "scheduler", "o
 
 pub struct Stack {
     children: Vec<(&'static str, Child)>,
+    /// Every service's environment (more orchestrators start with it).
+    env: Vec<(String, String)>,
+    /// The orchestrators besides the first, by URL.
+    pub more_orchestrators: Vec<String>,
     pub urls: BTreeMap<&'static str, String>,
     pub data: tempfile::TempDir,
     /// The services' tokens, read from the data dir once they are up.
@@ -42,6 +46,17 @@ impl Stack {
         model_url: &str,
         services: &[&'static str],
     ) -> anyhow::Result<Stack> {
+        Self::start_with(bin, model_url, services, &[]).await
+    }
+
+    /// Starts some of the services with more environment (every service
+    /// gets it).
+    pub async fn start_with(
+        bin: &Path,
+        model_url: &str,
+        services: &[&'static str],
+        extra: &[(String, String)],
+    ) -> anyhow::Result<Stack> {
         let data = tempfile::tempdir()?;
         let config = tempfile::tempdir()?;
         let mut urls = BTreeMap::new();
@@ -69,8 +84,11 @@ impl Stack {
             ));
             urls.insert(service, format!("http://127.0.0.1:{port}"));
         }
+        env.extend(extra.iter().cloned());
         let mut stack = Stack {
             children: Vec::new(),
+            env: env.clone(),
+            more_orchestrators: Vec::new(),
             urls,
             data,
             auth: Auth::off(),
@@ -102,6 +120,49 @@ impl Stack {
             );
         }
         Ok(stack)
+    }
+
+    /// Starts one more orchestrator (another port, the same services and
+    /// environment, advertising its own URL) and waits until it answers.
+    pub async fn add_orchestrator(&mut self, bin: &Path) -> anyhow::Result<String> {
+        let port = free_port()?;
+        let url = format!("http://127.0.0.1:{port}");
+        let mut cmd = Command::new(bin);
+        cmd.args(["serve", "orchestrator"])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.env("AGENTRY_ORCHESTRATOR_LISTEN", format!("127.0.0.1:{port}"))
+            .env("AGENTRY_ORCHESTRATOR_URL", &url)
+            .env("AGENTRY_ORCHESTRATOR_ADVERTISE_URL", &url);
+        let mut child = cmd.spawn()?;
+        let endpoint = self.auth.endpoint(&url)?;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while endpoint.connect().await.is_err() {
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!("another orchestrator did not come up: it exited ({status})");
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "another orchestrator did not come up"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        self.children.push(("orchestrator", child));
+        self.more_orchestrators.push(url.clone());
+        Ok(url)
+    }
+
+    /// A client of the orchestrator at `url`.
+    pub async fn orchestrator_at(&self, url: &str) -> anyhow::Result<OrchestratorClient<Channel>> {
+        let client = Auth::client_with(self.auth.client_token().cloned());
+        Ok(OrchestratorClient::new(
+            agentry_testkit::cluster::connect_as(&client, url).await?,
+        ))
     }
 
     /// Waits until `service` answers, and fails at once if its process

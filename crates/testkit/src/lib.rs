@@ -8,5 +8,5 @@
 
 pub mod cluster;
 
-pub use agentry_fakes::{FakeModel, Reply, fake_crawl4ai, fake_model, mcp_servers};
+pub use agentry_fakes::{FakeModel, Reply, fake_crawl4ai, fake_model, mcp_servers, postgres};
 pub use cluster::Cluster;
