@@ -1133,6 +1133,19 @@ async fn the_approval_inbox_answers_later_and_policy_suggest_learns_from_it() {
             assert!(std::time::Instant::now() < deadline);
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
+        // And the turn ends before the next message.
+        while client
+            .get_session(opb::GetSessionRequest {
+                session_id: session.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .turn_open
+        {
+            assert!(std::time::Instant::now() < deadline, "the turn never ended");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
     // An answer to nothing is refused.
     let out = install.run(&["approvals", "answer", &session.id, "c0", "approve"]);

@@ -48,6 +48,9 @@ pub struct Cluster {
     pub url: String,
     auth: Auth,
     peers: Mutex<HashMap<String, OrchestratorClient<TracedChannel>>>,
+    /// Whether the store counts this replica alive (its last heartbeat
+    /// landed less than a lease ago).
+    alive: tokio::sync::watch::Sender<bool>,
 }
 
 impl Cluster {
@@ -74,7 +77,18 @@ impl Cluster {
             url,
             auth: auth.clone(),
             peers: Mutex::default(),
+            alive: tokio::sync::watch::Sender::new(false),
         })
+    }
+
+    /// Whether the store counts this replica alive: it may drive sessions.
+    pub fn is_alive(&self) -> bool {
+        *self.alive.borrow()
+    }
+
+    /// Follows [`Cluster::is_alive`].
+    pub fn watch_alive(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.alive.subscribe()
     }
 
     /// Takes `session_id` unless a live replica drives it.
@@ -128,16 +142,37 @@ impl Cluster {
             };
             async move { store.heartbeat(request).await }
         };
+        let mut landed: Option<std::time::Instant> = None;
         loop {
-            if let Err(status) = beat(HEARTBEAT_TTL).await {
-                tracing::warn!(error = %status.message(), "cannot renew this orchestrator's heartbeat; its sessions go to other replicas if it lapses");
+            // A beat that takes longer than the interval counts as failed:
+            // the lease must not lapse while one hangs.
+            match tokio::time::timeout(HEARTBEAT_EVERY, beat(HEARTBEAT_TTL)).await {
+                Ok(Ok(_)) => {
+                    landed = Some(std::time::Instant::now());
+                    self.alive
+                        .send_if_modified(|alive| !std::mem::replace(alive, true));
+                }
+                failed => {
+                    let why = match failed {
+                        Ok(Err(status)) => status.message().to_string(),
+                        _ => "no answer in time".to_string(),
+                    };
+                    tracing::warn!(error = %why, "cannot renew this orchestrator's heartbeat; its sessions go to other replicas if it lapses");
+                    // Past a lease without a beat, others may drive this
+                    // replica's sessions: it stops driving them.
+                    if landed.is_none_or(|at| at.elapsed() >= HEARTBEAT_TTL) {
+                        self.alive
+                            .send_if_modified(|alive| std::mem::replace(alive, false));
+                    }
+                }
             }
             let stopping = tokio::select! {
                 () = tokio::time::sleep(HEARTBEAT_EVERY) => false,
                 _ = stop.wait_for(|s| *s) => true,
             };
             if stopping {
-                let _ = beat(Duration::ZERO).await;
+                self.alive.send_replace(false);
+                let _ = tokio::time::timeout(HEARTBEAT_EVERY, beat(Duration::ZERO)).await;
                 return;
             }
         }

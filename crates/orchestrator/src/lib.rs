@@ -221,22 +221,35 @@ pub async fn run(
         let store = deps.store.clone();
         tokio::spawn(async move { cluster.heartbeat(store, heartbeat_stop).await })
     });
-    let clustered = deps.cluster.is_some();
     let orchestrator = OrchestratorService::new(deps);
     // Sessions left mid-turn by an earlier process are recovered now; with
     // several replicas, those of a replica that died are taken over as
     // long as this one runs.
     let recovering = orchestrator.clone();
     let recovery = tokio::spawn(async move {
-        if clustered {
-            // The heartbeat goes first: the store must know this replica.
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            loop {
-                recovering.recover_open_sessions().await;
-                tokio::time::sleep(cluster::TAKEOVER_EVERY).await;
-            }
-        } else {
+        let Some(cluster) = recovering.deps().cluster.clone() else {
             recovering.recover_open_sessions().await;
+            return;
+        };
+        let mut alive = cluster.watch_alive();
+        let mut was_alive = false;
+        loop {
+            // Only while the store counts this replica alive; when it
+            // stops, the sessions it drove are dropped here (others take
+            // them over).
+            let now_alive = *alive.borrow_and_update();
+            if was_alive && !now_alive {
+                tracing::warn!("this orchestrator's lease lapsed: it stops driving its sessions");
+                recovering.drop_sessions();
+            }
+            was_alive = now_alive;
+            if now_alive {
+                recovering.recover_open_sessions().await;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(cluster::TAKEOVER_EVERY) => {}
+                _ = alive.changed() => {}
+            }
         }
     });
     // Reminders that fall due arrive from the scheduler.

@@ -79,6 +79,10 @@ impl OrchestratorService {
         }
         let acquired = match &self.deps.cluster {
             None => Ok(0),
+            Some(cluster) if !cluster.is_alive() => Err(Err(Status::unavailable(
+                "this orchestrator replica cannot renew its heartbeat in the session store, so \
+                 it drives no session now; try again, or another replica",
+            ))),
             Some(cluster) => match cluster.acquire(&self.deps.store, session_id).await {
                 Ok(Driver::Here(epoch)) => Ok(epoch),
                 Ok(Driver::Elsewhere(url)) => Err(Ok(Route::Elsewhere(url))),
@@ -111,11 +115,32 @@ impl OrchestratorService {
     /// replaced it.
     fn forget(&self, session_id: &str, slot: &SessionSlot) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        if sessions
-            .get(session_id)
-            .is_some_and(|s| Arc::ptr_eq(s, slot) && s.try_lock().is_ok_and(|h| h.is_none()))
-        {
+        // The map's reference and the caller's only: nobody else is about
+        // to load into this slot.
+        if sessions.get(session_id).is_some_and(|s| {
+            Arc::ptr_eq(s, slot)
+                && Arc::strong_count(s) == 2
+                && s.try_lock().is_ok_and(|h| h.is_none())
+        }) {
             sessions.remove(session_id);
+        }
+    }
+
+    /// Stops every session actor of this replica (its lease lapsed: other
+    /// replicas may drive its sessions now); inputs load them again,
+    /// through a new lease or to the replica that drives them.
+    pub fn drop_sessions(&self) {
+        let slots: Vec<SessionSlot> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, slot)| slot)
+            .collect();
+        for slot in slots {
+            if let Ok(mut handle) = slot.try_lock() {
+                handle.take();
+            }
         }
     }
 
@@ -170,19 +195,28 @@ impl OrchestratorService {
     /// waiting for a client. Retries while the store is unreachable.
     pub async fn recover_open_sessions(&self) {
         let mut delay = std::time::Duration::from_millis(200);
-        let sessions = loop {
+        let mut sessions = Vec::new();
+        loop {
             let listed = self
                 .deps
                 .store
                 .clone()
                 .list_sessions(spb::ListSessionsRequest {
                     limit: 1000,
-                    offset: 0,
+                    offset: sessions.len() as u32,
                     only_open_turns: true,
                 })
                 .await;
             match listed {
-                Ok(r) => break r.into_inner().sessions,
+                Ok(r) => {
+                    let page = r.into_inner();
+                    let done = page.sessions.is_empty()
+                        || sessions.len() as u64 + page.sessions.len() as u64 >= page.total;
+                    sessions.extend(page.sessions);
+                    if done {
+                        break;
+                    }
+                }
                 Err(status) if status.code() == tonic::Code::Unavailable => {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(5));
@@ -192,7 +226,7 @@ impl OrchestratorService {
                     return;
                 }
             }
-        };
+        }
         for session in sessions {
             if self.is_loaded(&session.id) {
                 continue;
@@ -256,6 +290,9 @@ impl OrchestratorService {
                 continue;
             }
             match answer.await {
+                // Another replica took the session over: the actor
+                // stopped; route the input again.
+                Ok(Err(status)) if lease_lost(&status) => continue,
                 Ok(result) => return result,
                 Err(_) => continue,
             }
@@ -433,6 +470,13 @@ impl OrchestratorService {
             budget,
         })
     }
+}
+
+/// Whether an append was refused because another replica drives the
+/// session now.
+fn lease_lost(status: &Status) -> bool {
+    status.code() == tonic::Code::FailedPrecondition
+        && status.message().contains("driven by another orchestrator")
 }
 
 /// The id of a turn an input starts.
@@ -724,18 +768,43 @@ impl Orchestrator for OrchestratorService {
                 break;
             }
         }
-        let request = agentry_proto::tools::v1::PruneSnapshotsRequest {
-            sessions,
-            sessions_listed: true,
-            dry_run,
+        // The listing pages by recency, so a session active meanwhile may
+        // have been missed: every session the runner would drop is asked
+        // about on its own first, and only those the store does not have
+        // lose their snapshots.
+        let prune = |sessions: Vec<String>, dry_run: bool| {
+            let request = agentry_proto::tools::v1::PruneSnapshotsRequest {
+                sessions,
+                sessions_listed: true,
+                dry_run,
+            };
+            async move {
+                self.deps
+                    .runners
+                    .on_any(|mut client| {
+                        let request = request.clone();
+                        async move { client.prune_snapshots(request).await }
+                    })
+                    .await
+            }
         };
-        self.deps
-            .runners
-            .on_any(|mut client| {
-                let request = request.clone();
-                async move { client.prune_snapshots(request).await }
-            })
-            .await
+        let candidates = prune(sessions.clone(), true).await?.into_inner();
+        for id in candidates.unlisted_sessions {
+            match self
+                .deps
+                .store
+                .clone()
+                .get_session(spb::GetSessionRequest {
+                    session_id: id.clone(),
+                })
+                .await
+            {
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Ok(_) => sessions.push(id),
+                Err(status) => return Err(store_status(&self.deps.store_url, status)),
+            }
+        }
+        prune(sessions, dry_run).await
     }
 
     async fn list_decisions(

@@ -16,7 +16,7 @@ pub fn status_of(e: StoreError) -> Status {
     match e {
         StoreError::NotFound(_) => Status::not_found(e.to_string()),
         StoreError::AlreadyExists(_) => Status::already_exists(e.to_string()),
-        StoreError::Conflict { .. } | StoreError::LeaseLost { .. } => {
+        StoreError::Conflict { .. } | StoreError::LeaseLost { .. } | StoreError::NoHeartbeat(_) => {
             Status::failed_precondition(e.to_string())
         }
         StoreError::InvalidArgument(_) => Status::invalid_argument(e.to_string()),

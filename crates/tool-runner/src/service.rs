@@ -655,5 +655,6 @@ pub fn prune_response(pruned: &crate::snapshots::Pruned) -> pb::PruneSnapshotsRe
         objects_removed: pruned.objects_removed,
         bytes_freed: pruned.bytes_freed,
         bytes_kept: pruned.bytes_kept,
+        unlisted_sessions: pruned.unlisted_sessions.clone(),
     }
 }

@@ -70,8 +70,16 @@ impl Actor {
         if let Some(snapshot_id) = plan.snapshot {
             // The files as they are now, so that the rewind can be undone.
             if let Some(noted) = self.take_snapshot(spb::SnapshotPoint::BeforeRewind).await {
-                rewound.before_snapshot_id = noted_snapshot(&noted).unwrap_or_default();
+                let before = noted_snapshot(&noted);
                 self.run_effects(noted).await?;
+                // Without a record of the files as they are, the restore
+                // would lose them for good.
+                rewound.before_snapshot_id = before.ok_or_else(|| {
+                    RewindError::Refused(Status::unavailable(
+                        "cannot record the files as they are before putting older ones back; \
+                         nothing was changed (see the workspace_snapshot event for why)",
+                    ))
+                })?;
             }
             let restored = self
                 .deps

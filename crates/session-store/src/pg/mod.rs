@@ -73,6 +73,8 @@ pub(crate) fn db_error(e: tokio_postgres::Error) -> StoreError {
         // The server is shutting down or out of connections: try again.
         Some(c)
             if c == tokio_postgres::error::SqlState::ADMIN_SHUTDOWN
+                || c == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE
+                || c == tokio_postgres::error::SqlState::QUERY_CANCELED
                 || c == tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW
                 || c == tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS
                 || c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
@@ -112,12 +114,19 @@ impl PgStore {
     /// replicas start at once) and starts listening for other replicas'
     /// changes. Retries for `patience` while the server cannot be reached.
     pub async fn connect(url: &str, patience: Duration) -> Result<PgStore, StoreError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| {
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::InvalidArgument(format!(
                 "session_store.database_url {}: {e}",
                 agentry_runtime::config::redact_url(url)
             ))
         })?;
+        // A statement stuck behind a lock (another replica's connection
+        // hanging) fails in time instead of stalling every append.
+        let options = format!(
+            "{} -c lock_timeout=10s -c statement_timeout=30s",
+            config.get_options().unwrap_or_default()
+        );
+        config.options(options.trim());
         let manager = deadpool_postgres::Manager::from_config(
             config.clone(),
             tokio_postgres::NoTls,
@@ -592,7 +601,6 @@ async fn commit_batch(pool: &Pool, batch: &mut [Queued]) -> Vec<Result<Vec<Event
 async fn listen(config: tokio_postgres::Config, changes: broadcast::Sender<Change>) {
     use futures::StreamExt;
     let mut delay = Duration::from_millis(200);
-    let mut connected_before = false;
     loop {
         match config.connect(tokio_postgres::NoTls).await {
             Ok((client, mut connection)) => {
@@ -620,10 +628,9 @@ async fn listen(config: tokio_postgres::Config, changes: broadcast::Sender<Chang
                     driver.abort();
                 } else {
                     delay = Duration::from_millis(200);
-                    if connected_before {
-                        let _ = changes.send(Change::Resync);
-                    }
-                    connected_before = true;
+                    // Whatever was appended before this LISTEN took is
+                    // read by every watcher now.
+                    let _ = changes.send(Change::Resync);
                     while let Some(payload) = notifications.recv().await {
                         if let Some(change) = parse_notification(&payload) {
                             let _ = changes.send(change);
@@ -762,6 +769,18 @@ impl PgStore {
             .await
             .map_err(db_error)?
             .ok_or_else(|| StoreError::NotFound(session_id.to_string()))?;
+        let caller_alive: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM orchestrators WHERE id = $1
+                    AND expires_ms > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT)",
+                &[&instance_id],
+            )
+            .await
+            .map_err(db_error)?
+            .get(0);
+        if !caller_alive {
+            return Err(StoreError::NoHeartbeat(instance_id.to_string()));
+        }
         let owner: String = row.get(0);
         let epoch: i64 = row.get(1);
         let url: Option<String> = row.get(2);

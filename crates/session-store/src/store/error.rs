@@ -36,6 +36,12 @@ pub enum StoreError {
         /// The session's epoch now.
         current: u64,
     },
+    /// An orchestrator replica asked for a session without a live
+    /// heartbeat: the others would take it back at once.
+    #[error(
+        "orchestrator replica {0:?} has no live heartbeat in the store: it cannot take sessions"
+    )]
+    NoHeartbeat(String),
     /// The request is malformed.
     #[error("{0}")]
     InvalidArgument(String),
@@ -105,6 +111,7 @@ impl StoreError {
             | StoreError::AlreadyExists(_)
             | StoreError::Conflict { .. }
             | StoreError::LeaseLost { .. }
+            | StoreError::NoHeartbeat(_)
             | StoreError::InvalidArgument(_)
             | StoreError::Io { .. }
             | StoreError::NewerSchema { .. }

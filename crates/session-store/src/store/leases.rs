@@ -49,6 +49,11 @@ impl Store {
         }
         let mut conn = self.writer();
         let tx = conn.transaction()?;
+        let caller_alive: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM orchestrators WHERE id = ?1 AND expires_ms > ?2)",
+            params![instance_id, now_ms()],
+            |r| r.get(0),
+        )?;
         let (owner, epoch): (String, i64) = tx
             .query_row(
                 "SELECT owner, lease_epoch FROM sessions WHERE id = ?1",
@@ -67,6 +72,9 @@ impl Store {
             )
             .optional()?
         };
+        if !caller_alive {
+            return Err(StoreError::NoHeartbeat(instance_id.to_string()));
+        }
         let lease = match live {
             Some(url) if owner != instance_id => Lease {
                 acquired: false,

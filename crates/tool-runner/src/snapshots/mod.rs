@@ -256,10 +256,11 @@ impl Snapshots {
         Ok((path, file))
     }
 
-    /// Moves a complete temp file to `to`, unless something is there
-    /// already (the same content, by its name).
+    /// Moves a complete temp file to `to`, unless the same content (by its
+    /// name, and whole) is there already.
     fn put(&self, temp: &Path, to: &Path) -> Result<bool, ToolError> {
-        if to.exists() {
+        let size = std::fs::metadata(temp).map(|m| m.len()).ok();
+        if size.is_some() && std::fs::metadata(to).map(|m| m.len()).ok() == size {
             let _ = std::fs::remove_file(temp);
             return Ok(false);
         }
@@ -272,7 +273,7 @@ impl Snapshots {
 
     /// Writes `bytes` as a new file at `to` (through `tmp/`).
     fn put_bytes(&self, bytes: &[u8], to: &Path) -> Result<bool, ToolError> {
-        if to.exists() {
+        if std::fs::metadata(to).is_ok_and(|m| m.len() == bytes.len() as u64) {
             return Ok(false);
         }
         let (temp, mut file) = self.temp_file()?;
@@ -344,7 +345,12 @@ impl Snapshots {
             return HashMap::new();
         };
         let mut known: HashMap<Name, Known> = serde_json::from_slice(&text).unwrap_or_default();
-        known.retain(|_, k| is_hash(&k.hash) && self.object_path(&k.hash).exists());
+        // Only what is stored whole vouches for a file (a crash before the
+        // store was flushed can leave a stored file short).
+        known.retain(|_, k| {
+            is_hash(&k.hash)
+                && std::fs::metadata(self.object_path(&k.hash)).is_ok_and(|m| m.len() == k.size)
+        });
         known
     }
 

@@ -25,6 +25,8 @@ pub struct Pruned {
     pub objects_removed: u64,
     pub bytes_freed: u64,
     pub bytes_kept: u64,
+    /// The sessions whose snapshots went for not being listed.
+    pub unlisted_sessions: Vec<String>,
 }
 
 /// One session's reference to a snapshot.
@@ -87,6 +89,7 @@ impl Snapshots {
                 .collect();
             if !listed {
                 pruned.sessions_removed += 1;
+                pruned.unlisted_sessions.push(name.clone());
                 pruned.snapshots_removed += mine.len() as u64;
                 if !options.dry_run {
                     let _ = std::fs::remove_dir_all(session.path());

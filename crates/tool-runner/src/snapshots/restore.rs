@@ -38,13 +38,19 @@ impl Snapshots {
         let manifest = self.manifest(id)?;
         // Every stored file must be there before anything changes.
         for entry in &manifest.entries {
-            if let EntryKind::File { hash, .. } = &entry.kind
-                && !self.object_path(hash).is_file()
-            {
-                return Err(ToolError::Io(format!(
-                    "snapshot {id} is damaged: the content of {} is missing from the store",
-                    entry.path.shown()
-                )));
+            if let EntryKind::File { hash, size, .. } = &entry.kind {
+                let stored = std::fs::metadata(self.object_path(hash)).map(|m| m.len());
+                if stored.as_ref().ok() != Some(size) {
+                    return Err(ToolError::Io(format!(
+                        "snapshot {id} is damaged: the content of {} is {} in the store",
+                        entry.path.shown(),
+                        if stored.is_ok() {
+                            "truncated"
+                        } else {
+                            "missing"
+                        }
+                    )));
+                }
             }
         }
         let known = self.known(workspace.session_id());
@@ -118,6 +124,8 @@ fn apply(
         true
     })?;
     let mut parents = Parents::default();
+    // Directories made writable to empty them, and the mode they had.
+    let mut opened: Vec<(Vec<u8>, u32)> = Vec::new();
     // Deepest first, so a directory is empty when it goes.
     for (path, found) in current.iter().rev() {
         if target
@@ -133,7 +141,19 @@ fn apply(
         } else {
             AtFlags::empty()
         };
-        match rustix::fs::unlinkat(dir, name, flags) {
+        let mut removed = rustix::fs::unlinkat(dir, name, flags);
+        if removed == Err(rustix::io::Errno::ACCESS) {
+            // A read-only directory (a tool's cache, say): writable while
+            // it is emptied, its mode given back at the end.
+            let mode = rustix::fs::fstat(dir)
+                .map(|st| st.st_mode & 0o7777)
+                .map_err(|e| format!("cannot look at the directory of {}: {e}", path.shown()))?;
+            rustix::fs::fchmod(dir, Mode::from_bits_truncate(mode | 0o700))
+                .map_err(|e| format!("cannot open the directory of {}: {e}", path.shown()))?;
+            opened.push((parent.to_vec(), mode));
+            removed = rustix::fs::unlinkat(dir, name, flags);
+        }
+        match removed {
             Ok(()) | Err(rustix::io::Errno::NOENT) => done.deleted += 1,
             Err(e) => return Err(format!("cannot remove {}: {e}", path.shown())),
         }
@@ -156,14 +176,11 @@ fn apply(
                         done.written += 1;
                     }
                 }
-                if now.is_none_or(|found| found.mode != *mode) || mode & 0o700 != 0o700 {
-                    rustix::fs::chmodat(
-                        dir,
-                        name,
-                        Mode::from_bits_truncate(0o700),
-                        AtFlags::empty(),
-                    )
-                    .map_err(|e| format!("cannot change {}: {e}", path.shown()))?;
+                let reopened = opened.iter().any(|(p, _)| p == &path.0);
+                if now.is_none_or(|found| found.mode != *mode) || mode & 0o700 != 0o700 || reopened
+                {
+                    chmod_beneath(dir, name, Mode::from_bits_truncate(0o700))
+                        .map_err(|e| format!("cannot change {}: {e}", path.shown()))?;
                     modes.push((path.clone(), *mode));
                 }
             }
@@ -198,7 +215,7 @@ fn apply(
                     && content_hash(dir, name, path, known)? == *hash
                 {
                     if found.mode != mode.bits() {
-                        rustix::fs::chmodat(dir, name, mode, AtFlags::empty())
+                        chmod_beneath(dir, name, mode)
                             .map_err(|e| format!("cannot change {}: {e}", path.shown()))?;
                     }
                     done.unchanged += 1;
@@ -224,13 +241,13 @@ fn apply(
     for (path, mode) in modes.into_iter().rev() {
         let (parent, name) = path.split();
         let dir = parents.open(root, parent)?;
-        rustix::fs::chmodat(
-            dir,
-            name,
-            Mode::from_bits_truncate(mode & 0o1777),
-            AtFlags::empty(),
-        )
-        .map_err(|e| format!("cannot change {}: {e}", path.shown()))?;
+        chmod_beneath(dir, name, Mode::from_bits_truncate(mode & 0o1777))
+            .map_err(|e| format!("cannot change {}: {e}", path.shown()))?;
+    }
+    // The workspace itself, if it was opened to be emptied.
+    if let Some((_, mode)) = opened.iter().find(|(p, _)| p.is_empty()) {
+        rustix::fs::fchmod(root, Mode::from_bits_truncate(*mode))
+            .map_err(|e| format!("cannot change the workspace's mode: {e}"))?;
     }
     Ok(done)
 }
@@ -271,6 +288,28 @@ fn content_hash(
         }
     }
     Ok(hex(&hasher.finalize()))
+}
+
+/// Changes the mode of `name` in `dir` without following a link there:
+/// through a descriptor opened with O_NOFOLLOW, or, for an entry that
+/// cannot be opened (mode 000), after checking it is no link.
+fn chmod_beneath(dir: &OwnedFd, name: &[u8], mode: Mode) -> std::io::Result<()> {
+    match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => Ok(rustix::fs::fchmod(&fd, mode)?),
+        Err(rustix::io::Errno::ACCESS) => {
+            let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink {
+                return Err(std::io::Error::other("it became a symbolic link"));
+            }
+            Ok(rustix::fs::chmodat(dir, name, mode, AtFlags::empty())?)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A name for a file being written next to `name`.

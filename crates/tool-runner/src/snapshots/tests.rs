@@ -351,3 +351,32 @@ fn pruning_to_a_size_removes_the_oldest_first() {
     assert!(f.store.manifest(&ids[0]).is_err());
     assert!(f.store.manifest(&ids[2]).is_ok());
 }
+
+#[test]
+fn a_stored_file_left_short_by_a_crash_is_refused_then_stored_again() {
+    let f = Fixture::new(limits());
+    let ws = f.workspace("s");
+    std::fs::write(ws.root().join("a"), "the whole content").unwrap();
+    let taken = f.snapshot(&ws);
+    // A crash before the store was flushed: the object is there, short.
+    for path in walkdir(&f.store.dir().join("objects")) {
+        if path.is_file() {
+            std::fs::write(&path, "the wh").unwrap();
+        }
+    }
+    let error = f
+        .store
+        .restore(&ws, &f.confinement(&ws), &taken.id)
+        .unwrap_err();
+    assert!(error.to_string().contains("truncated"), "{error}");
+    // The index no longer vouches for the file: it is read and stored again.
+    let again = f.snapshot(&ws);
+    assert_eq!(again.id, taken.id);
+    assert_eq!(again.new_bytes, 17);
+    std::fs::remove_file(ws.root().join("a")).unwrap();
+    f.restore(&ws, &taken.id);
+    assert_eq!(
+        std::fs::read_to_string(ws.root().join("a")).unwrap(),
+        "the whole content"
+    );
+}
