@@ -28,6 +28,9 @@ struct GatedStore {
     slow_read_started: watch::Sender<bool>,
     /// The slow read waits for `true`.
     gate: watch::Receiver<bool>,
+    /// The next append is stored, but answered as if the store had been
+    /// unreachable (the answer lost on the way).
+    lose_next_answer: std::sync::atomic::AtomicBool,
 }
 
 #[tonic::async_trait]
@@ -95,10 +98,23 @@ impl SessionStore for GatedStore {
         let request = request.into_inner();
         let mut logs = self.logs.lock().unwrap();
         let log = logs.entry(request.session_id.clone()).or_default();
+        if request.expected_seq != log.len() as u64 + 1 {
+            return Err(Status::failed_precondition(format!(
+                "expected next seq {} but the log's next seq is {}",
+                request.expected_seq,
+                log.len() + 1
+            )));
+        }
+        let lose = self
+            .lose_next_answer
+            .swap(false, std::sync::atomic::Ordering::SeqCst);
         for mut event in request.events {
             event.seq = log.len() as u64 + 1;
             event.session_id = request.session_id.clone();
             log.push(event);
+        }
+        if lose {
+            return Err(Status::unavailable("the answer was lost"));
         }
         Ok(Response::new(spb::AppendResponse {
             last_seq: log.len() as u64,
@@ -162,6 +178,7 @@ async fn a_session_being_loaded_holds_up_only_itself() {
         logs: Mutex::default(),
         slow_read_started: started_tx,
         gate,
+        lose_next_answer: false.into(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let store_url = format!("http://{}", listener.local_addr().unwrap());
@@ -227,4 +244,70 @@ async fn a_session_being_loaded_holds_up_only_itself() {
         Ok(submitted) => assert!(submitted.seq > first.seq),
         Err(status) => assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status}"),
     }
+}
+
+/// An append the store kept but whose answer was lost: the retry is refused
+/// as out of order, and the orchestrator sees its events already there and
+/// goes on instead of giving the session up.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_append_stored_with_its_answer_lost_counts_as_stored() {
+    let (started_tx, _started) = watch::channel(false);
+    let (_open_gate, gate) = watch::channel(true);
+    let store = Arc::new(GatedStore {
+        logs: Mutex::default(),
+        slow_read_started: started_tx,
+        gate,
+        lose_next_answer: false.into(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let store_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(SessionStoreServer::from_arc(store.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut config = Config::load(&ConfigSource::default()).unwrap();
+    config.session_store.url = store_url;
+    config.llm.base_url = "http://127.0.0.1:9/v1".into();
+    config.llm.max_retries = 0;
+    let deps = agentry_orchestrator::deps_from_config(&config, &Auth::off()).unwrap();
+    let service = OrchestratorService::new(Arc::new(deps));
+
+    store
+        .lose_next_answer
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let submitted = tokio::time::timeout(
+        Duration::from_secs(10),
+        service.submit_input("lost-answer", message("hello")),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(submitted.seq, 1);
+    // Stored once, and the session goes on: the next message follows it.
+    let log_len = || store.logs.lock().unwrap()["lost-answer"].len();
+    let first_len = log_len();
+    assert!(first_len >= 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // The turn fails at its model call (nothing answers there), then the
+    // session takes the next message.
+    let next = loop {
+        match service.submit_input("lost-answer", message("again")).await {
+            Ok(next) => break next,
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                assert!(tokio::time::Instant::now() < deadline, "{status}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("the session was given up: {status}"),
+        }
+    };
+    assert!(next.seq > submitted.seq);
+    let texts: Vec<String> = store.logs.lock().unwrap()["lost-answer"]
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(spb::event::Kind::UserMessage(m)) => Some(m.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, ["hello", "again"]);
 }

@@ -461,6 +461,7 @@ impl Actor {
         let mut delay = Duration::from_millis(50);
         let deadline = Instant::now() + self.deps.store_retry_window;
         let span = tracing::info_span!("store.append", events = count, first_seq = first);
+        let mut retried = false;
         loop {
             let mut store = self.deps.store.clone();
             let attempt = store.append(request.clone());
@@ -473,8 +474,20 @@ impl Actor {
                     if status.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
                 {
                     tracing::warn!(session_id = %self.session_id, error = %status.message(), "session store unavailable; retrying append");
+                    retried = true;
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                // An earlier attempt may have been stored, its answer lost:
+                // if the log holds exactly these events there, it was.
+                Err(status)
+                    if retried
+                        && status.code() == tonic::Code::FailedPrecondition
+                        && self.stored_already(&request).await =>
+                {
+                    tracing::info!(session_id = %self.session_id, first_seq = first, "an append whose answer was lost had been stored");
+                    self.next_seq += count;
+                    return Ok(first);
                 }
                 Err(status) => {
                     return Err(Broken(Status::new(
@@ -488,6 +501,33 @@ impl Actor {
                 }
             }
         }
+    }
+
+    /// Whether the log already holds `request`'s events at its seqs.
+    async fn stored_already(&self, request: &pb::AppendRequest) -> bool {
+        let read = self
+            .deps
+            .store
+            .clone()
+            .read(pb::ReadRequest {
+                session_id: request.session_id.clone(),
+                from_seq: request.expected_seq,
+                limit: request.events.len() as u32,
+            })
+            .await;
+        let Ok(page) = read.map(tonic::Response::into_inner) else {
+            return false;
+        };
+        page.events.len() == request.events.len()
+            && page
+                .events
+                .iter()
+                .zip(&request.events)
+                .all(|(stored, sent)| {
+                    stored.kind == sent.kind
+                        && stored.turn_id == sent.turn_id
+                        && stored.time == sent.time
+                })
     }
 
     fn next_task(&mut self) -> (u64, mpsc::Sender<Outcome>) {
