@@ -512,7 +512,7 @@ pub async fn chat(
                             "" => continue,
                             "/exit" | "/quit" | "exit" | "quit" => break,
                             "/help" => {
-                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/network         outbound network for the agent's commands on or off (now {})\n/session         show this session's id\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.", if network { "on" } else { "off" });
+                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/network         outbound network for the agent's commands on or off (now {})\n/session         show this session's id\n/rewind N        back to the end of turn N, files included (see `agentry sessions show`)\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.", if network { "on" } else { "off" });
                                 continue;
                             }
                             "/plan" => {
@@ -530,6 +530,24 @@ pub async fn chat(
                                 continue;
                             }
                             _ => {}
+                        }
+                        if let Some(rest) = text.strip_prefix("/rewind") {
+                            match rest.trim().parse::<u32>() {
+                                Ok(to_turn) => {
+                                    let rewound = client
+                                        .rewind_session(pb::RewindSessionRequest {
+                                            session_id: session.id.clone(),
+                                            to_turn,
+                                            conversation_only: false,
+                                        })
+                                        .await;
+                                    if let Err(status) = rewound {
+                                        eprintln!("agentry: {}", status.message());
+                                    }
+                                }
+                                Err(_) => eprintln!("/rewind N: the turn to go back to (0: the start), as `agentry sessions show` numbers them"),
+                            }
+                            continue;
                         }
                         if let Some(rest) = text.strip_prefix("/budget") {
                             match limits.set(rest) {

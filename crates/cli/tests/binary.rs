@@ -7,10 +7,10 @@
 mod common;
 
 use agentry_testkit::fake_model::{FakeModel, Reply};
-use common::install::{Install, Up, free_port, text};
+use common::install::{Install, Up, free_port, run_with_input, text};
 use serde_json::json;
 use std::net::TcpListener;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn up_then_run_prints_the_answer() {
@@ -288,32 +288,6 @@ fn a_taken_port_is_reported() {
         stderr.contains(addr) && stderr.contains("already in use"),
         "{stderr}"
     );
-}
-
-/// Runs `agentry` with `input` on a pipe as its standard input.
-async fn run_with_input(
-    install: &Install,
-    args: &[&str],
-    input: &'static [u8],
-    extra_env: &[(&str, &str)],
-) -> Output {
-    let mut cmd = install.command(args);
-    for (k, v) in extra_env {
-        cmd.env(k, v);
-    }
-    tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(input).unwrap();
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,7 +7,7 @@
 mod common;
 
 use agentry_testkit::fake_model::{FakeModel, Reply};
-use common::install::{Install, Up, text};
+use common::install::{Install, Up, run_with_input, text};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 
@@ -296,5 +296,45 @@ async fn a_fork_inside_a_turn_closes_it_and_a_running_turn_cannot_be_rewound() {
     assert!(stderr.contains("is running: cancel it"), "{stderr}");
     let out = running.await.unwrap();
     assert!(out.status.success(), "{:?}", text(&out));
+    drop(up);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_rewinds_with_a_slash_command() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "w1",
+        "bash",
+        json!({"command": "echo kept > kept.txt"}),
+    ));
+    model.push(Reply::text("Made it."));
+    model.push(Reply::tool_call(
+        "d1",
+        "bash",
+        json!({"command": "rm kept.txt"}),
+    ));
+    model.push(Reply::text("Removed it."));
+    let (install, up, _log) = Up::start(&model.base_url());
+    let out = run_with_input(
+        &install,
+        &["chat"],
+        b"make the file\ny\nremove it\ny\n/rewind x\n/rewind 1\n",
+        &[],
+    )
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Removed it."), "{stdout}");
+    assert!(
+        stderr.contains("/rewind N: the turn to go back to"),
+        "{stderr}"
+    );
+    let id = install.latest_session();
+    assert_eq!(
+        std::fs::read_to_string(workspace(&install, &id).join("kept.txt")).unwrap(),
+        "kept\n"
+    );
+    let (shown, _) = text(&install.run(&["sessions", "show", &id]));
+    assert!(shown.contains("rewound to the end of turn 1"), "{shown}");
     drop(up);
 }

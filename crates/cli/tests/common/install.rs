@@ -196,3 +196,29 @@ pub fn text(out: &Output) -> (String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Runs the binary with `args`, `input` on its standard input.
+pub async fn run_with_input(
+    install: &Install,
+    args: &[&str],
+    input: &'static [u8],
+    extra_env: &[(&str, &str)],
+) -> Output {
+    let mut cmd = install.command(args);
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}
