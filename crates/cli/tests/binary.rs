@@ -142,27 +142,7 @@ async fn chat_reads_one_message_per_line_from_a_pipe() {
     model.push(Reply::text("Hello!"));
     model.push(Reply::text("Goodbye!"));
     let (install, _up, _log) = Up::start(&model.base_url());
-    let out = tokio::task::spawn_blocking({
-        let mut cmd = install.command(&["chat"]);
-        move || {
-            use std::io::Write;
-            let mut child = cmd
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(b"hi\n\nbye\n")
-                .unwrap();
-            child.wait_with_output().unwrap()
-        }
-    })
-    .await
-    .unwrap();
+    let out = run_with_input(&install, &["chat"], b"hi\n\nbye\n", &[]).await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert_eq!(

@@ -170,32 +170,36 @@ fn message(text: &str) -> Input {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_session_being_loaded_holds_up_only_itself() {
-    let (started_tx, mut started) = watch::channel(false);
-    let (open_gate, gate) = watch::channel(false);
-    let store = GatedStore {
-        logs: Mutex::default(),
-        slow_read_started: started_tx,
-        gate,
-        lose_next_answer: false.into(),
-    };
+/// Serves `store` on a loopback port and starts an orchestrator on it.
+/// Nothing answers at the model's address: turns fail at their model call,
+/// after the message is recorded, which is all these tests need.
+async fn orchestrator_on(store: Arc<GatedStore>) -> OrchestratorService {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let store_url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(SessionStoreServer::new(store))
+            .add_service(SessionStoreServer::from_arc(store))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-
     let mut config = Config::load(&ConfigSource::default()).unwrap();
     config.session_store.url = store_url;
-    // Nothing answers here: turns fail at their model call, after the
-    // message is recorded, which is all this test needs.
     config.llm.base_url = "http://127.0.0.1:9/v1".into();
     config.llm.max_retries = 0;
     let deps = agentry_orchestrator::deps_from_config(&config, &Auth::off()).unwrap();
-    let service = OrchestratorService::new(Arc::new(deps));
+    OrchestratorService::new(Arc::new(deps))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_being_loaded_holds_up_only_itself() {
+    let (started_tx, mut started) = watch::channel(false);
+    let (open_gate, gate) = watch::channel(false);
+    let store = Arc::new(GatedStore {
+        logs: Mutex::default(),
+        slow_read_started: started_tx,
+        gate,
+        lose_next_answer: false.into(),
+    });
+    let service = orchestrator_on(store).await;
 
     let slow = tokio::spawn({
         let service = service.clone();
@@ -259,19 +263,7 @@ async fn an_append_stored_with_its_answer_lost_counts_as_stored() {
         gate,
         lose_next_answer: false.into(),
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let store_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(SessionStoreServer::from_arc(store.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    let mut config = Config::load(&ConfigSource::default()).unwrap();
-    config.session_store.url = store_url;
-    config.llm.base_url = "http://127.0.0.1:9/v1".into();
-    config.llm.max_retries = 0;
-    let deps = agentry_orchestrator::deps_from_config(&config, &Auth::off()).unwrap();
-    let service = OrchestratorService::new(Arc::new(deps));
+    let service = orchestrator_on(store.clone()).await;
 
     store
         .lose_next_answer
