@@ -380,3 +380,58 @@ fn a_stored_file_left_short_by_a_crash_is_refused_then_stored_again() {
         "the whole content"
     );
 }
+
+#[test]
+fn a_restore_empties_read_only_directories_and_keeps_their_modes() {
+    // Meaningful as an ordinary user (`.ci/as-user` runs it so): root
+    // ignores the modes.
+    let f = Fixture::new(limits());
+    let ws = f.workspace("s");
+    std::fs::create_dir(ws.root().join("kept")).unwrap();
+    std::fs::write(ws.root().join("kept/a"), "a").unwrap();
+    std::fs::set_permissions(
+        ws.root().join("kept"),
+        std::fs::Permissions::from_mode(0o555),
+    )
+    .unwrap();
+    let taken = f.snapshot(&ws);
+    // Later: a read-only tool cache appears, and a file in the kept
+    // read-only directory goes... as far as its mode lets the test.
+    std::fs::create_dir(ws.root().join("cache")).unwrap();
+    std::fs::write(ws.root().join("cache/blob"), "x").unwrap();
+    std::fs::set_permissions(
+        ws.root().join("cache"),
+        std::fs::Permissions::from_mode(0o555),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        ws.root().join("kept"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(ws.root().join("kept/extra"), "extra").unwrap();
+    std::fs::set_permissions(
+        ws.root().join("kept"),
+        std::fs::Permissions::from_mode(0o555),
+    )
+    .unwrap();
+    f.restore(&ws, &taken.id);
+    assert!(!ws.root().join("cache").exists());
+    assert!(!ws.root().join("kept/extra").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.root().join("kept/a")).unwrap(),
+        "a"
+    );
+    let mode = std::fs::metadata(ws.root().join("kept"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o555);
+    // Let the temporary directory go.
+    std::fs::set_permissions(
+        ws.root().join("kept"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+}
