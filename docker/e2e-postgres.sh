@@ -27,35 +27,10 @@ dc() { compose -p "$project" --env-file docker/postgres.env --profile postgres "
 teardown() {
   local rc=$?
   [[ -n ${slow:-} ]] && kill "$slow" 2>/dev/null || true
-  if ((rc != 0 || failed != 0)); then
-    log "logs of the stack (last 60 lines per service)"
-    dc logs --no-color --tail 60 2>&1 || true
-  fi
-  log "tearing down"
-  if [[ ${E2E_KEEP:-} == 1 ]]; then
-    log "E2E_KEEP=1: leaving the stack up (project $project); outputs in $work"
-  else
-    dc down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
-    rm -rf "$work"
-  fi
-  log "compose postgres e2e finished in $(($(date +%s) - started)) s"
-  if ((rc == 0 && failed == 0)); then
-    printf 'compose-postgres-e2e: %d passed, %d failed\n' "$passed" "$failed"
-  else
-    printf 'compose-postgres-e2e: %d passed, %d failed\n' "$passed" "$((failed > 0 ? failed : 1))"
-    exit 1
-  fi
+  e2e_finish compose-postgres-e2e "$rc"
 }
 
-missing=$(e2e_missing)
-if [[ -n $missing ]]; then
-  if [[ ${CI:-} == true ]]; then
-    echo "compose postgres e2e: FAILED: missing:$missing" >&2
-    exit 1
-  fi
-  echo "compose postgres e2e: SKIPPED: missing:$missing"
-  exit 0
-fi
+e2e_require "compose postgres e2e"
 
 work=$(mktemp -d)
 slow=""

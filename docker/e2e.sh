@@ -27,40 +27,11 @@ dc() { compose -p "$project" "${files[@]}" "$@"; }
 teardown() {
   local rc=$?
   [[ -n ${turn2:-} ]] && kill "$turn2" 2>/dev/null || true
-  if ((rc != 0 || failed != 0)); then
-    log "logs of the stack (last 60 lines per service)"
-    dc logs --no-color --tail 60 2>&1 || true
-  fi
-  log "tearing down"
-  if [[ ${E2E_KEEP:-} == 1 ]]; then
-    log "E2E_KEEP=1: leaving the stack up (project $project); outputs in $work"
-  else
-    dc down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
-  fi
-  if ((rc != 0 || failed != 0)); then
-    echo "the turns' outputs are kept in $work"
-  elif [[ ${E2E_KEEP:-} != 1 ]]; then
-    rm -rf "$work"
-  fi
-  log "compose e2e finished in $(($(date +%s) - started)) s"
-  if ((rc == 0 && failed == 0)); then
-    printf 'compose-e2e: %d passed, %d failed\n' "$passed" "$failed"
-  else
-    printf 'compose-e2e: %d passed, %d failed\n' "$passed" "$((failed > 0 ? failed : 1))"
-    exit 1
-  fi
+  e2e_finish compose-e2e "$rc"
 }
 # Without what it needs the test is skipped with a visible message, or fails
 # under CI (CI=true), where everything must be there.
-missing=$(e2e_missing)
-if [[ -n $missing ]]; then
-  if [[ ${CI:-} == true ]]; then
-    echo "compose e2e: FAILED: missing:$missing" >&2
-    exit 1
-  fi
-  echo "compose e2e: SKIPPED: missing:$missing"
-  exit 0
-fi
+e2e_require "compose e2e"
 
 work=$(mktemp -d)
 turn2=""

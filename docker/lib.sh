@@ -83,3 +83,47 @@ e2e_missing() {
   fi
   printf '%s' "$missing"
 }
+
+# e2e_require LABEL: skips the script (exit 0) with a visible message when
+# the machine lacks what it needs, or fails under CI (CI=true).
+e2e_require() {
+  local missing
+  missing=$(e2e_missing)
+  [[ -z $missing ]] && return 0
+  if [[ ${CI:-} == true ]]; then
+    echo "$1: FAILED: missing:$missing" >&2
+    exit 1
+  fi
+  echo "$1: SKIPPED: missing:$missing"
+  exit 0
+}
+
+# e2e_finish LABEL RC: the end of an e2e script (its EXIT trap, with the
+# exit status): the stack's logs on failure, the stack torn down (unless
+# E2E_KEEP=1), $work kept on failure, then the summary line. Uses dc(),
+# $project, $work, $started, $passed and $failed.
+e2e_finish() {
+  local label=$1 rc=$2
+  if ((rc != 0 || failed != 0)); then
+    log "logs of the stack (last 60 lines per service)"
+    dc logs --no-color --tail 60 2>&1 || true
+  fi
+  log "tearing down"
+  if [[ ${E2E_KEEP:-} == 1 ]]; then
+    log "E2E_KEEP=1: leaving the stack up (project $project); outputs in $work"
+  else
+    dc down -v --remove-orphans --timeout 5 >/dev/null 2>&1 || true
+  fi
+  if ((rc != 0 || failed != 0)); then
+    echo "the turns' outputs are kept in $work"
+  elif [[ ${E2E_KEEP:-} != 1 ]]; then
+    rm -rf "$work"
+  fi
+  log "$label finished in $(($(date +%s) - started)) s"
+  if ((rc == 0 && failed == 0)); then
+    printf '%s: %d passed, %d failed\n' "$label" "$passed" "$failed"
+  else
+    printf '%s: %d passed, %d failed\n' "$label" "$passed" "$((failed > 0 ? failed : 1))"
+    exit 1
+  fi
+}

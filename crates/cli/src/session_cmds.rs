@@ -124,10 +124,11 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
             print_line(line)?;
             continue;
         }
-        let starts_turn = matches!(
-            &event.kind,
-            Some(spb::event::Kind::UserMessage(_) | spb::event::Kind::McpResourceUpdated(_))
-        ) || matches!(&event.kind, Some(spb::event::Kind::ReminderDue(r)) if !event.turn_id.is_empty() && r.reminder_kind() == spb::ReminderKind::Task);
+        let starts_turn = !event.turn_id.is_empty()
+            && event
+                .kind
+                .as_ref()
+                .is_some_and(agentry_orchestrator::rewind::starts_turn);
         if starts_turn {
             let header = match numbers.get(&event.seq) {
                 Some(n) => format!("── turn {n} · seq {} ──", event.seq),

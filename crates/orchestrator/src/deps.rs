@@ -1,16 +1,18 @@
 //! What every session actor shares: clients of the other services and of
 //! the model, and the agent's settings.
 
-use crate::reducer::{Catalog, ToolFlags};
+use crate::reducer::{Catalog, SessionState, ToolFlags};
 use crate::runners::RunnerPool;
 use agentry_llm::{ChatClient, ToolDefinition};
 use agentry_policy::Policy;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
+use agentry_proto::sessions::v1 as spb;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_runtime::telemetry::TracedChannel;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::RwLock;
+use tonic::Status;
 
 /// Shared dependencies of the session actors.
 pub struct Deps {
@@ -206,5 +208,68 @@ pub const TOOL_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(2
 fn add_builtins(catalog: &mut Catalog) {
     for (definition, flags) in crate::builtin::definitions() {
         catalog.add(definition, flags);
+    }
+}
+
+impl Deps {
+    /// A session's whole log.
+    pub async fn read_log(&self, session_id: &str) -> Result<Vec<spb::Event>, Status> {
+        let mut events = Vec::new();
+        let mut from = 1;
+        loop {
+            let page = self
+                .store
+                .clone()
+                .read(spb::ReadRequest {
+                    session_id: session_id.to_string(),
+                    from_seq: from,
+                    limit: 0,
+                })
+                .await
+                .map_err(|s| crate::service::store_status(&self.store_url, s))?
+                .into_inner();
+            from = page.next_seq;
+            events.extend(page.events);
+            if !page.has_more {
+                return Ok(events);
+            }
+        }
+    }
+
+    /// The state a session's log gives, with these settings.
+    pub fn replayed(&self, events: &[spb::Event]) -> SessionState {
+        SessionState::new(self.max_steps)
+            .with_policy(self.policy.clone())
+            .with_plan_max_steps(self.plan_max_steps)
+            .with_view(self.view())
+            .replayed(events)
+    }
+
+    /// Every session (every one with an open turn, when asked), most
+    /// recently updated first.
+    pub async fn all_sessions(
+        &self,
+        only_open_turns: bool,
+    ) -> Result<Vec<agentry_proto::sessions::v1::Session>, tonic::Status> {
+        let mut sessions = Vec::new();
+        loop {
+            let page = self
+                .store
+                .clone()
+                .list_sessions(agentry_proto::sessions::v1::ListSessionsRequest {
+                    limit: 1000,
+                    offset: sessions.len() as u32,
+                    only_open_turns,
+                })
+                .await
+                .map_err(|s| crate::service::store_status(&self.store_url, s))?
+                .into_inner();
+            let done = page.sessions.is_empty()
+                || sessions.len() as u64 + page.sessions.len() as u64 >= page.total;
+            sessions.extend(page.sessions);
+            if done {
+                return Ok(sessions);
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! restore snapshots.
 
 use crate::deps::Deps;
-use crate::reducer::{Effect, Input, SessionState};
+use crate::reducer::{Effect, Input};
 use crate::rewind;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1 as spb;
@@ -22,39 +22,6 @@ pub fn snapshots_off(status: &Status) -> bool {
 }
 
 impl Deps {
-    /// A session's whole log.
-    pub async fn read_log(&self, session_id: &str) -> Result<Vec<spb::Event>, Status> {
-        let mut events = Vec::new();
-        let mut from = 1;
-        loop {
-            let page = self
-                .store
-                .clone()
-                .read(spb::ReadRequest {
-                    session_id: session_id.to_string(),
-                    from_seq: from,
-                    limit: 0,
-                })
-                .await
-                .map_err(|s| crate::service::store_status(&self.store_url, s))?
-                .into_inner();
-            from = page.next_seq;
-            events.extend(page.events);
-            if !page.has_more {
-                return Ok(events);
-            }
-        }
-    }
-
-    /// The state a session's log gives, with these settings.
-    pub fn replayed(&self, events: &[spb::Event]) -> SessionState {
-        SessionState::new(self.max_steps)
-            .with_policy(self.policy.clone())
-            .with_plan_max_steps(self.plan_max_steps)
-            .with_view(self.view())
-            .replayed(events)
-    }
-
     /// Records a session's workspace as a snapshot (on any runner).
     pub async fn snapshot(&self, session_id: &str) -> Result<tpb::SnapshotResponse, Status> {
         let request = tpb::SnapshotRequest {

@@ -42,7 +42,7 @@ pub struct TurnSpan {
 }
 
 /// Whether `kind` starts a turn.
-fn starts_turn(kind: &Kind) -> bool {
+pub fn starts_turn(kind: &Kind) -> bool {
     match kind {
         Kind::UserMessage(_) | Kind::McpResourceUpdated(_) => true,
         Kind::ReminderDue(r) => r.reminder_kind() == pb::ReminderKind::Task,

@@ -195,28 +195,9 @@ impl OrchestratorService {
     /// waiting for a client. Retries while the store is unreachable.
     pub async fn recover_open_sessions(&self) {
         let mut delay = std::time::Duration::from_millis(200);
-        let mut sessions = Vec::new();
-        loop {
-            let listed = self
-                .deps
-                .store
-                .clone()
-                .list_sessions(spb::ListSessionsRequest {
-                    limit: 1000,
-                    offset: sessions.len() as u32,
-                    only_open_turns: true,
-                })
-                .await;
-            match listed {
-                Ok(r) => {
-                    let page = r.into_inner();
-                    let done = page.sessions.is_empty()
-                        || sessions.len() as u64 + page.sessions.len() as u64 >= page.total;
-                    sessions.extend(page.sessions);
-                    if done {
-                        break;
-                    }
-                }
+        let sessions = loop {
+            match self.deps.all_sessions(true).await {
+                Ok(sessions) => break sessions,
                 Err(status) if status.code() == tonic::Code::Unavailable => {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(5));
@@ -226,7 +207,7 @@ impl OrchestratorService {
                     return;
                 }
             }
-        }
+        };
         for session in sessions {
             if self.is_loaded(&session.id) {
                 continue;
@@ -311,39 +292,44 @@ impl OrchestratorService {
         input: &Input,
         forwarded: bool,
     ) -> Result<Submitted, Status> {
-        let elsewhere = || {
-            Status::failed_precondition(format!(
-                "session {session_id} is driven by the orchestrator at {url}"
-            ))
+        let Some(input) = crate::cluster::forwardable(input) else {
+            return Err(driven_elsewhere(session_id, url));
         };
-        let (Some(cluster), Some(input), false) = (
-            &self.deps.cluster,
-            crate::cluster::forwardable(input),
-            forwarded,
-        ) else {
-            return Err(elsewhere());
-        };
-        crate::metrics::session_routed(&self.deps.metrics, "forwarded");
-        let response = cluster
-            .peer(url)?
+        let response = self
+            .driver(session_id, url, forwarded)?
             .submit(crate::cluster::forwarded(pb::SubmitRequest {
                 session_id: session_id.to_string(),
                 input: Some(input),
             }))
             .await
-            .map_err(|s| match s.code() {
-                tonic::Code::Unavailable => Status::unavailable(format!(
-                    "the orchestrator driving session {session_id} at {url} does not answer \
-                     ({}); another replica takes the session over within seconds: try again",
-                    s.message()
-                )),
-                _ => s,
-            })?
+            .map_err(|s| driver_status(session_id, url, s))?
             .into_inner();
         Ok(Submitted {
             turn_id: response.turn_id,
             seq: response.seq,
         })
+    }
+
+    /// A client of the replica at `url`, which drives `session_id`, to pass
+    /// it a request (never one that was forwarded here already).
+    fn driver(
+        &self,
+        session_id: &str,
+        url: &str,
+        forwarded: bool,
+    ) -> Result<
+        agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient<
+            agentry_runtime::telemetry::TracedChannel,
+        >,
+        Status,
+    > {
+        match (&self.deps.cluster, forwarded) {
+            (Some(cluster), false) => {
+                crate::metrics::session_routed(&self.deps.metrics, "forwarded");
+                cluster.peer(url)
+            }
+            _ => Err(driven_elsewhere(session_id, url)),
+        }
     }
 
     async fn watch(
@@ -469,6 +455,25 @@ impl OrchestratorService {
             network,
             budget,
         })
+    }
+}
+
+/// Why an input does not go to `url`, the replica driving `session_id`.
+fn driven_elsewhere(session_id: &str, url: &str) -> Status {
+    Status::failed_precondition(format!(
+        "session {session_id} is driven by the orchestrator at {url}"
+    ))
+}
+
+/// A failure of the replica driving `session_id`, as the client sees it.
+fn driver_status(session_id: &str, url: &str, status: Status) -> Status {
+    match status.code() {
+        tonic::Code::Unavailable => Status::unavailable(format!(
+            "the orchestrator driving session {session_id} at {url} does not answer ({}); \
+             another replica takes the session over within seconds: try again",
+            status.message()
+        )),
+        _ => status,
     }
 }
 
@@ -711,16 +716,11 @@ impl Orchestrator for OrchestratorService {
             let handle = match self.route(&req.session_id).await? {
                 Route::Here(handle) => handle,
                 Route::Elsewhere(url) => {
-                    let (Some(cluster), false) = (&self.deps.cluster, forwarded) else {
-                        return Err(Status::failed_precondition(format!(
-                            "session {} is driven by the orchestrator at {url}",
-                            req.session_id
-                        )));
-                    };
-                    return cluster
-                        .peer(&url)?
+                    return self
+                        .driver(&req.session_id, &url, forwarded)?
                         .rewind_session(crate::cluster::forwarded(req.clone()))
-                        .await;
+                        .await
+                        .map_err(|s| driver_status(&req.session_id, &url, s));
                 }
             };
             let (reply, answer) = oneshot::channel();
@@ -747,27 +747,13 @@ impl Orchestrator for OrchestratorService {
     ) -> Result<Response<agentry_proto::tools::v1::PruneSnapshotsResponse>, Status> {
         let dry_run = request.into_inner().dry_run;
         // Every session that exists: the snapshots of the others go.
-        let mut sessions = Vec::new();
-        loop {
-            let page = self
-                .deps
-                .store
-                .clone()
-                .list_sessions(spb::ListSessionsRequest {
-                    limit: 1000,
-                    offset: sessions.len() as u32,
-                    only_open_turns: false,
-                })
-                .await
-                .map_err(|s| store_status(&self.deps.store_url, s))?
-                .into_inner();
-            let done = page.sessions.is_empty()
-                || sessions.len() as u64 + page.sessions.len() as u64 >= page.total;
-            sessions.extend(page.sessions.into_iter().map(|s| s.id));
-            if done {
-                break;
-            }
-        }
+        let mut sessions: Vec<String> = self
+            .deps
+            .all_sessions(false)
+            .await?
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
         // The listing pages by recency, so a session active meanwhile may
         // have been missed: every session the runner would drop is asked
         // about on its own first, and only those the store does not have

@@ -553,35 +553,11 @@ impl Store {
     /// Firings not yet acknowledged, oldest first.
     pub fn unacked(&self) -> Result<Vec<Firing>, StoreError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences
-             FROM firings WHERE acked = 0 ORDER BY fired_ms, firing_id LIMIT 10000",
+        let firings = Self::firings_in(
+            &conn,
+            "WHERE acked = 0 ORDER BY fired_ms, firing_id LIMIT 10000",
         )?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, i64>(4)?,
-                    r.get::<_, i64>(5)?,
-                ))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut firings = Vec::new();
-        for (firing_id, reminder_id, due, fired, late, occurrences) in rows {
-            let reminder = Self::get_in(&conn, &reminder_id)?;
-            firings.push(Firing {
-                firing_id,
-                reminder,
-                due: from_ms(due),
-                fired: from_ms(fired),
-                late_ms: late.max(0) as u64,
-                occurrences: occurrences as u32,
-            });
-        }
-        Ok(firings)
+        Ok(firings.into_iter().map(|(f, _)| f).collect())
     }
 
     /// Every reminder and every firing (`agentry migrate`): the firings as
@@ -594,11 +570,18 @@ impl Store {
             ))?
             .query_map([], reminder_from_row)?
             .collect::<Result<Vec<_>, _>>()?;
+        let firings = Self::firings_in(&conn, "ORDER BY fired_ms, firing_id")?;
+        Ok((reminders, firings))
+    }
+
+    /// Firings chosen and ordered by `tail` (SQL after `FROM firings`),
+    /// each with its reminder as it is now and whether it was acknowledged.
+    fn firings_in(conn: &Connection, tail: &str) -> Result<Vec<(Firing, bool)>, StoreError> {
         let rows = conn
-            .prepare(
+            .prepare_cached(&format!(
                 "SELECT firing_id, reminder_id, due_ms, fired_ms, late_ms, occurrences, acked
-                 FROM firings ORDER BY fired_ms, firing_id",
-            )?
+                 FROM firings {tail}"
+            ))?
             .query_map([], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
@@ -613,7 +596,7 @@ impl Store {
             .collect::<Result<Vec<_>, _>>()?;
         let mut firings = Vec::with_capacity(rows.len());
         for (firing_id, reminder_id, due, fired, late, occurrences, acked) in rows {
-            let reminder = Self::get_in(&conn, &reminder_id)?;
+            let reminder = Self::get_in(conn, &reminder_id)?;
             firings.push((
                 Firing {
                     firing_id,
@@ -626,7 +609,7 @@ impl Store {
                 acked,
             ));
         }
-        Ok((reminders, firings))
+        Ok(firings)
     }
 
     /// Marks a firing delivered. Unknown ids are ignored (already acked and

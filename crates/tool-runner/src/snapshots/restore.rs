@@ -212,7 +212,7 @@ fn apply(
                 let mode = Mode::from_bits_truncate(mode & 0o1777);
                 if let Some(found) = now
                     && found.size == *size
-                    && content_hash(dir, name, path, known)? == *hash
+                    && content_hash(dir, name, found, known)? == *hash
                 {
                     if found.mode != mode.bits() {
                         chmod_beneath(dir, name, mode)
@@ -252,14 +252,18 @@ fn apply(
     Ok(done)
 }
 
-/// The hash of the file `name` in `dir` (from what is known of it when
-/// its metadata is unchanged, else by reading it).
+/// The hash of the file `name` in `dir`, which the walk `found`: what is
+/// known of it when its metadata is unchanged, else read.
 fn content_hash(
     dir: &OwnedFd,
     name: &[u8],
-    path: &Name,
+    found: &Found,
     known: &HashMap<Name, Known>,
 ) -> Result<String, String> {
+    let path = &found.path;
+    if let Some(k) = known.get(path).filter(|k| k.matches(found)) {
+        return Ok(k.hash.clone());
+    }
     let fd = rustix::fs::openat(
         dir,
         name,
@@ -267,15 +271,6 @@ fn content_hash(
         Mode::empty(),
     )
     .map_err(|e| format!("cannot read {}: {e}", path.shown()))?;
-    let stat = rustix::fs::fstat(&fd).map_err(|e| format!("cannot read {}: {e}", path.shown()))?;
-    if let Some(k) = known.get(path)
-        && k.size == stat.st_size as u64
-        && k.ino == stat.st_ino
-        && k.mtime_ns == stat.st_mtime.saturating_mul(1_000_000_000) + stat.st_mtime_nsec as i64
-        && k.ctime_ns == stat.st_ctime.saturating_mul(1_000_000_000) + stat.st_ctime_nsec as i64
-    {
-        return Ok(k.hash.clone());
-    }
     let mut hasher = Sha256::new();
     let mut file = std::fs::File::from(fd);
     let mut buffer = vec![0u8; 256 * 1024];
