@@ -174,6 +174,7 @@ async fn turn_run(stack: &Stack, sessions: usize, turns_each: usize) -> anyhow::
 /// Turn overhead: one session sequentially, then N at once.
 pub async fn turns(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::Result<Value> {
     let model = FakeModel::start().await?;
+    model.forget_requests();
     model.set_fallback(react_model());
     println!("\n== turns: user message → read_file → result → answer (every event durable)");
     println!(
@@ -326,6 +327,7 @@ pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
     const TOKENS: usize = 2000;
     let pace = Duration::from_millis(1);
     let model = FakeModel::start().await?;
+    model.forget_requests();
     let stack = Stack::start(bin, &model.base_url()).await?;
     println!(
         "\n== streaming: {TOKENS} tokens, one every {} ms",
@@ -543,6 +545,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
 /// Orchestrator memory per idle session: N sessions that each ran a turn.
 pub async fn idle(bin: &Path, sessions: usize) -> anyhow::Result<Value> {
     let model = FakeModel::start().await?;
+    model.forget_requests();
     model.set_fallback(react_model());
     let stack = Stack::start(bin, &model.base_url()).await?;
     println!("\n== idle: {sessions} sessions that each ran one turn, then idle");
@@ -784,6 +787,7 @@ pub async fn scale_out(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::
         anyhow::bail!("the scale-out scenario needs PostgreSQL (apt-get install postgresql)");
     };
     let model = FakeModel::start().await?;
+    model.forget_requests();
     model.set_fallback(react_model());
     println!("\n== scale-out: turns on PostgreSQL, one orchestrator versus two");
     println!(

@@ -22,6 +22,7 @@ pub async fn startup(bin: &Path) -> anyhow::Result<Value> {
         "model server", "runs", "p50 ms", "max ms", "min ms"
     );
     let model = FakeModel::start().await?;
+    model.forget_requests();
     let down = format!("http://127.0.0.1:{}/v1", free_port()?);
     let mut figures = serde_json::Map::new();
     for (label, url) in [("up", model.base_url()), ("down", down)] {

@@ -209,7 +209,11 @@ impl ChatClient {
     /// [`LlmError::Timeout`] when the headers do not arrive within the request timeout,
     /// [`LlmError::Http`] for non-2xx answers, [`LlmError::Malformed`] or
     /// [`LlmError::Truncated`] for a bad complete (non-streamed) answer.
-    pub async fn stream(&self, req: ChatRequest) -> Result<ChatStream, LlmError> {
+    pub async fn stream(
+        &self,
+        req: impl std::borrow::Borrow<ChatRequest>,
+    ) -> Result<ChatStream, LlmError> {
+        let req = req.borrow();
         let body = match (self.provider, &self.extra_body) {
             (Provider::OpenAi, None) => req.to_wire_bytes(&self.model),
             (Provider::OpenAi, Some(extra)) => {

@@ -173,16 +173,20 @@ impl ToolCall {
     /// The OpenAI wire representation of this call (empty arguments are sent as `{}`, which
     /// strict servers require).
     pub fn to_wire(&self) -> Value {
-        let arguments = if self.arguments.trim().is_empty() {
-            "{}"
-        } else {
-            self.arguments.as_str()
-        };
         json!({
             "id": self.id,
             "type": "function",
-            "function": {"name": self.name, "arguments": arguments},
+            "function": {"name": self.name, "arguments": self.wire_arguments()},
         })
+    }
+
+    /// The arguments as sent (`{}` for none).
+    fn wire_arguments(&self) -> &str {
+        if self.arguments.trim().is_empty() {
+            "{}"
+        } else {
+            self.arguments.as_str()
+        }
     }
 }
 
@@ -254,8 +258,7 @@ impl ChatRequest {
             map.serialize_entry("temperature", &decimal(t))?;
         }
         if !self.tools.is_empty() {
-            let tools: Vec<Value> = self.tools.iter().map(ToolDefinition::to_wire).collect();
-            map.serialize_entry("tools", &tools)?;
+            map.serialize_entry("tools", &WireTools(&self.tools))?;
             if self.require_tool {
                 map.serialize_entry("tool_choice", "required")?;
             }
@@ -302,10 +305,7 @@ impl serde::Serialize for WireMessage<'_> {
                 let content = (!content.is_empty()).then_some(content);
                 map.serialize_entry("content", &content)?;
                 map.serialize_entry("role", "assistant")?;
-                map.serialize_entry(
-                    "tool_calls",
-                    &tool_calls.iter().map(ToolCall::to_wire).collect::<Vec<_>>(),
-                )?;
+                map.serialize_entry("tool_calls", &WireCalls(tool_calls))?;
             }
             Message::Tool {
                 tool_call_id,
@@ -317,6 +317,66 @@ impl serde::Serialize for WireMessage<'_> {
             }
         }
         map.end()
+    }
+}
+
+/// Tool calls as [`ToolCall::to_wire`] writes them, without building a
+/// JSON tree (a long history holds many).
+struct WireCalls<'a>(&'a [ToolCall]);
+
+impl serde::Serialize for WireCalls<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        struct Function<'a>(&'a ToolCall);
+        impl serde::Serialize for Function<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut map = serializer.serialize_map(Some(2))?;
+                map.serialize_entry("arguments", self.0.wire_arguments())?;
+                map.serialize_entry("name", &self.0.name)?;
+                map.end()
+            }
+        }
+        struct Call<'a>(&'a ToolCall);
+        impl serde::Serialize for Call<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut map = serializer.serialize_map(Some(3))?;
+                map.serialize_entry("function", &Function(self.0))?;
+                map.serialize_entry("id", &self.0.id)?;
+                map.serialize_entry("type", "function")?;
+                map.end()
+            }
+        }
+        serializer.collect_seq(self.0.iter().map(Call))
+    }
+}
+
+/// Tools as [`ToolDefinition::to_wire`] writes them, without copying their
+/// schemas into a new JSON tree on every request.
+struct WireTools<'a>(&'a [ToolDefinition]);
+
+impl serde::Serialize for WireTools<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        struct Function<'a>(&'a ToolDefinition);
+        impl serde::Serialize for Function<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut map = serializer.serialize_map(Some(3))?;
+                map.serialize_entry("description", &self.0.description)?;
+                map.serialize_entry("name", &self.0.name)?;
+                map.serialize_entry("parameters", &self.0.parameters)?;
+                map.end()
+            }
+        }
+        struct Tool<'a>(&'a ToolDefinition);
+        impl serde::Serialize for Tool<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut map = serializer.serialize_map(Some(2))?;
+                map.serialize_entry("function", &Function(self.0))?;
+                map.serialize_entry("type", "function")?;
+                map.end()
+            }
+        }
+        serializer.collect_seq(self.0.iter().map(Tool))
     }
 }
 

@@ -93,6 +93,8 @@ async fn run() -> anyhow::Result<()> {
         None => Fallback::Echo,
     };
     let fake = FakeModel::start_on(args.listen).await?;
+    // Nothing reads the requests of a standalone server but their count.
+    fake.forget_requests();
     fake.set_fallback(fallback);
     let mut stdout = std::io::stdout();
     writeln!(stdout, "listening on {}", fake.base_url())?;

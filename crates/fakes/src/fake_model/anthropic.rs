@@ -38,11 +38,9 @@ pub(super) async fn messages(
     if let Err((status, message)) = check(&headers, &body) {
         let request = serde_json::from_slice(&body)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-        let mut inner = shared.lock();
-        inner.requests.push(request);
-        inner.headers.push(Vec::new());
-        inner.paths.push("/v1/messages".to_string());
-        drop(inner);
+        shared
+            .lock()
+            .record(Arc::new(request), &HeaderMap::new(), "/v1/messages");
         return protocol_error(Protocol::Anthropic, status, &message);
     }
     chat(shared, Protocol::Anthropic, "/v1/messages", headers, body).await

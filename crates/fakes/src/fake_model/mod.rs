@@ -268,7 +268,13 @@ pub enum Fallback {
 #[derive(Default)]
 struct Inner {
     queue: VecDeque<Reply>,
-    requests: Vec<Value>,
+    /// The chat requests received (shared, never copied: a growing
+    /// conversation's requests are large).
+    requests: Vec<Arc<Value>>,
+    /// How many chat requests arrived, kept or not.
+    request_total: usize,
+    /// Requests are not kept (long benchmark runs).
+    forget_requests: bool,
     headers: Vec<Vec<(String, String)>>,
     paths: Vec<String>,
     fallback: Fallback,
@@ -283,6 +289,29 @@ struct Inner {
 struct Shared {
     inner: Mutex<Inner>,
     next_id: AtomicU64,
+}
+
+impl Inner {
+    /// Notes a chat request (kept unless requests are forgotten).
+    fn record(&mut self, request: Arc<Value>, headers: &HeaderMap, path: &str) {
+        self.request_total += 1;
+        if self.forget_requests {
+            return;
+        }
+        self.requests.push(request);
+        self.headers.push(
+            headers
+                .iter()
+                .map(|(name, value)| {
+                    (
+                        name.as_str().to_string(),
+                        String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+        );
+        self.paths.push(path.to_string());
+    }
 }
 
 impl Shared {
@@ -367,12 +396,25 @@ impl FakeModel {
     /// The JSON bodies of all chat requests received so far, in order (a body that is not JSON
     /// is recorded as a JSON string).
     pub fn requests(&self) -> Vec<Value> {
-        self.shared.lock().requests.clone()
+        let inner = self.shared.lock();
+        inner.requests.iter().map(|r| Value::clone(r)).collect()
     }
 
     /// How many chat requests were received so far (on either endpoint).
     pub fn request_count(&self) -> usize {
-        self.shared.lock().requests.len()
+        self.shared.lock().request_total
+    }
+
+    /// Stops keeping the requests, their headers and paths (what
+    /// [`FakeModel::requests`] returns): for long runs whose conversations
+    /// grow, where keeping every request would cost more than answering it.
+    /// [`FakeModel::request_count`] still counts them.
+    pub fn forget_requests(&self) {
+        let mut inner = self.shared.lock();
+        inner.forget_requests = true;
+        inner.requests = Vec::new();
+        inner.headers = Vec::new();
+        inner.paths = Vec::new();
     }
 
     /// The headers of all chat requests (lower-case names), in order.

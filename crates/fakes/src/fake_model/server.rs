@@ -90,6 +90,46 @@ pub(super) async fn ollama_tags() -> Response {
     )
 }
 
+/// What the replies read of a chat request, for a server that does not
+/// keep requests: the model, and of the messages only the last one and the
+/// last from the user (in their order). The other messages are checked as
+/// JSON but not built into a tree: a long conversation's request costs the
+/// fake little more than a short one's, as a real server's parser does.
+/// `None` when the body is not such an object (it is then read whole).
+fn lean_request(body: &[u8]) -> Option<Value> {
+    use serde_json::value::RawValue;
+    #[derive(serde::Deserialize)]
+    struct Lean<'a> {
+        #[serde(default)]
+        model: Option<String>,
+        #[serde(borrow, default)]
+        messages: Vec<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Role {
+        #[serde(default)]
+        role: Option<String>,
+    }
+    let lean: Lean = serde_json::from_slice(body).ok()?;
+    let mut kept = Vec::new();
+    for (i, raw) in lean.messages.iter().enumerate().rev() {
+        let role = serde_json::from_str::<Role>(raw.get()).ok()?.role;
+        if i + 1 == lean.messages.len() || role.as_deref() == Some("user") {
+            kept.push(serde_json::from_str::<Value>(raw.get()).ok()?);
+        }
+        if role.as_deref() == Some("user") {
+            break;
+        }
+    }
+    kept.reverse();
+    let mut request = serde_json::Map::new();
+    if let Some(model) = lean.model {
+        request.insert("model".into(), Value::String(model));
+    }
+    request.insert("messages".into(), Value::Array(kept));
+    Some(Value::Object(request))
+}
+
 /// The text of the last message of a request body, whatever its role (the
 /// text and tool-result blocks of a message made of blocks).
 pub(super) fn last_message(body: &Value) -> String {
@@ -159,7 +199,7 @@ pub(super) async fn push_replies(State(shared): State<Arc<Shared>>, body: Bytes)
 /// `GET /_fake/requests`: how many model requests arrived and how many replies are queued.
 pub(super) async fn request_count(State(shared): State<Arc<Shared>>) -> Response {
     let inner = shared.lock();
-    Json(serde_json::json!({"requests": inner.requests.len(), "pending": inner.queue.len()}))
+    Json(serde_json::json!({"requests": inner.request_total, "pending": inner.queue.len()}))
         .into_response()
 }
 
@@ -194,22 +234,19 @@ pub(super) async fn chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let request: Value = serde_json::from_slice(&body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    let captured: Vec<(String, String)> = headers
-        .iter()
-        .map(|(name, value)| {
-            (
-                name.as_str().to_string(),
-                String::from_utf8_lossy(value.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let forget = shared.lock().forget_requests;
+    let request: Arc<Value> = Arc::new(
+        forget
+            .then(|| lean_request(&body))
+            .flatten()
+            .unwrap_or_else(|| {
+                serde_json::from_slice(&body)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()))
+            }),
+    );
     let reply = {
         let mut inner = shared.lock();
-        inner.requests.push(request.clone());
-        inner.headers.push(captured);
-        inner.paths.push(path.to_string());
+        inner.record(request.clone(), &headers, path);
         let inner = &mut *inner;
         match inner.queue.pop_front() {
             Some(reply) => Some(reply),

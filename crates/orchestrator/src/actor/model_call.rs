@@ -40,7 +40,7 @@ pub(super) async fn model_call(
     // A tool call written as text that cannot be read gets one correction.
     let mut corrected = false;
     loop {
-        let completion = match stream_once(&deps, request.clone(), task, &tx).await {
+        let completion = match stream_once(&deps, &request, task, &tx).await {
             Ok(Some(completion)) => completion,
             Ok(None) => return, // Nobody listens any more.
             Err(error) => {
@@ -94,7 +94,7 @@ pub(super) async fn model_call(
 /// answer is returned (`None` when the actor is gone).
 pub(super) async fn stream_once(
     deps: &Deps,
-    request: ChatRequest,
+    request: &ChatRequest,
     task: u64,
     tx: &mpsc::Sender<Outcome>,
 ) -> Result<Option<agentry_llm::Completion>, ModelCallError> {

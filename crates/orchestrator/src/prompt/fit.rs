@@ -169,25 +169,35 @@ pub fn fit(
     head: &[Message],
     tool_tokens: usize,
     history: &[Message],
+    counts: Option<&[usize]>,
     spans: &[(u64, u64)],
     turn_start: usize,
     may_summarise: bool,
 ) -> Fit {
     let budget = settings.budget();
     // A token is at least one byte (for the estimate too): a request whose
-    // bytes fit needs no counting.
+    // bytes fit needs no counting (unless the counts are known already).
     let overhead = tool_tokens + upper_bound(head);
-    let bound = overhead + upper_bound(history);
-    if !settings.enabled || bound <= budget {
+    let bound = match counts {
+        Some(_) => 0,
+        None => overhead + upper_bound(history),
+    };
+    if !settings.enabled || (counts.is_none() && bound <= budget) {
         return Fit::Send {
             history: history.to_vec(),
             truncated: 0,
-            tokens: bound,
+            tokens: match counts {
+                Some(counts) => overhead + counts.iter().sum::<usize>(),
+                None => bound,
+            },
             overhead,
         };
     }
     let overhead = tool_tokens + head.iter().map(|m| tokenizer.message(m)).sum::<usize>();
-    let counts: Vec<usize> = history.iter().map(|m| tokenizer.message(m)).collect();
+    let counts: Vec<usize> = match counts {
+        Some(counts) if counts.len() == history.len() => counts.to_vec(),
+        _ => history.iter().map(|m| tokenizer.message(m)).collect(),
+    };
     let total = overhead + counts.iter().sum::<usize>();
     if total <= budget {
         return Fit::Send {
@@ -623,6 +633,7 @@ mod turn_tests {
             &[],
             0,
             &history,
+            None,
             &spans(5),
             2,
             true,
@@ -644,6 +655,7 @@ mod turn_tests {
             &[],
             0,
             &history,
+            None,
             &spans(5),
             2,
             true,
@@ -670,6 +682,7 @@ mod turn_tests {
             &[],
             0,
             &question,
+            None,
             &spans(1),
             0,
             true,
@@ -685,6 +698,7 @@ mod turn_tests {
             &[Message::system(words(2000))],
             0,
             &question,
+            None,
             &spans(1),
             0,
             true,

@@ -88,6 +88,7 @@ impl SessionState {
                         self.history.get_mut(turn.assistant_index)
                     {
                         tool_calls.push(call);
+                        self.history_tokens.changed(turn.assistant_index);
                     }
                     turn.calls.push(Call {
                         id: c.call_id.clone(),
@@ -161,6 +162,7 @@ impl SessionState {
                     at.min(self.history_spans.len()),
                     (self.last_seq, self.last_seq),
                 );
+                self.history_tokens.inserted(at);
                 turn.calls[index].answered = true;
                 if turn.calls.iter().all(|c| c.answered) {
                     self.phase = Phase::Generate;
@@ -215,6 +217,8 @@ impl SessionState {
                     },
                 );
                 self.history_spans.insert(0, (c.first_seq, c.last_seq));
+                self.history_tokens.removed_first(count);
+                self.history_tokens.inserted(0);
             }
             Kind::ToolsOffered(t) => {
                 self.catalog = Catalog::shared_from_event(t);

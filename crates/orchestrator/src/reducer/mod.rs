@@ -215,6 +215,63 @@ impl PartialEq for ViewRef {
 
 static DEFAULT_VIEW: LazyLock<Arc<View>> = LazyLock::new(|| Arc::new(View::default()));
 
+/// The token count of each message of a session's conversation, kept
+/// beside it: a model call counts only the messages added since the last
+/// one, not the whole conversation again. A cache: two states compare
+/// equal whatever it holds.
+#[derive(Debug, Clone, Default)]
+pub struct TokenMemo {
+    /// The tokenizer the counts are of.
+    tokenizer: &'static str,
+    /// By message; `None`: not counted yet (or changed since).
+    counts: Vec<Option<usize>>,
+}
+
+impl PartialEq for TokenMemo {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl TokenMemo {
+    /// A message was inserted at `at`.
+    pub fn inserted(&mut self, at: usize) {
+        if at <= self.counts.len() {
+            self.counts.insert(at, None);
+        }
+    }
+
+    /// The message at `at` changed.
+    pub fn changed(&mut self, at: usize) {
+        if let Some(count) = self.counts.get_mut(at) {
+            *count = None;
+        }
+    }
+
+    /// The first `count` messages were removed.
+    pub fn removed_first(&mut self, count: usize) {
+        self.counts.drain(..count.min(self.counts.len()));
+    }
+
+    /// The count of every message of `history`, counting only those not
+    /// counted yet with `tokenizer`.
+    pub fn counts(
+        &mut self,
+        history: &[Message],
+        tokenizer: crate::tokens::Tokenizer,
+    ) -> Vec<usize> {
+        if self.tokenizer != tokenizer.name() || self.counts.len() != history.len() {
+            self.tokenizer = tokenizer.name();
+            self.counts = vec![None; history.len()];
+        }
+        self.counts
+            .iter_mut()
+            .zip(history)
+            .map(|(count, message)| *count.get_or_insert_with(|| tokenizer.message(message)))
+            .collect()
+    }
+}
+
 /// A session's state: its phase, its running turn, and the conversation as
 /// the model sees it (a projection of the log).
 #[derive(Debug, Clone, PartialEq)]
@@ -229,6 +286,8 @@ pub struct SessionState {
     /// (first, last): one event for most messages, a whole range for the
     /// summary that replaced older messages.
     pub history_spans: Vec<(u64, u64)>,
+    /// Token counts of `history`'s messages, counted once each.
+    pub history_tokens: TokenMemo,
     /// The seq of the last event applied.
     pub last_seq: u64,
     /// Model calls allowed per turn (per plan stage in plan mode).
@@ -483,6 +542,7 @@ impl SessionState {
             turn: None,
             history: Vec::new(),
             history_spans: Vec::new(),
+            history_tokens: TokenMemo::default(),
             last_seq: 0,
             max_steps: max_steps.max(1),
             plan_max_steps: crate::plan::default_max_steps(),
@@ -630,6 +690,7 @@ impl SessionState {
     fn push_history(&mut self, message: Message) {
         self.history.push(message);
         self.history_spans.push((self.last_seq, self.last_seq));
+        self.history_tokens.inserted(self.history.len() - 1);
     }
 
     /// The calls waiting for a person's decision.

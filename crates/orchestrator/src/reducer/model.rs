@@ -11,7 +11,16 @@ impl SessionState {
     /// needs first; `may_summarise` is false right after one).
     pub(super) fn call_model(&mut self, out: &mut Out, turn_id: &str, may_summarise: bool) {
         let prompt = self.prompt();
-        let fitted = self.fit(&prompt, &self.history, &self.history_spans, may_summarise);
+        let counts = self
+            .history_tokens
+            .counts(&self.history, self.view.0.tokenizer);
+        let fitted = self.fit(
+            &prompt,
+            &self.history,
+            &self.history_spans,
+            Some(&counts),
+            may_summarise,
+        );
         self.model_effect(out, turn_id, prompt, fitted);
     }
 
@@ -21,6 +30,7 @@ impl SessionState {
         prompt: &crate::prompt::Prompt,
         history: &[Message],
         spans: &[(u64, u64)],
+        counts: Option<&[usize]>,
         may_summarise: bool,
     ) -> Fit {
         let view = &self.view.0;
@@ -36,6 +46,7 @@ impl SessionState {
             &prompt.head,
             prompt.tool_tokens,
             history,
+            counts,
             spans,
             turn_start,
             may_summarise,
@@ -174,7 +185,7 @@ impl SessionState {
         // tokens are the compaction's tokens after.
         let prompt = self.prompt();
         let after = crate::prompt::compacted(&event, &self.history);
-        let fitted = self.fit(&prompt, &after, &[], false);
+        let fitted = self.fit(&prompt, &after, &[], None, false);
         if let Fit::Send { tokens, .. } = &fitted {
             event.tokens_after = *tokens as u64;
         }

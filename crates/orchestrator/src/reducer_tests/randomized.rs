@@ -320,6 +320,19 @@ fn check_step(
     for c in &calls {
         assert_eq!(c.answered, c.phase.is_terminal(), "{} after {what}", c.id);
     }
+    // The token counts kept beside the conversation (filled by each model
+    // call, then updated as messages come, change and are summarised) are
+    // those of the conversation as it is.
+    let tokenizer = after.view.0.tokenizer;
+    let fresh: Vec<usize> = after.history.iter().map(|m| tokenizer.message(m)).collect();
+    assert_eq!(
+        after
+            .history_tokens
+            .clone()
+            .counts(&after.history, tokenizer),
+        fresh,
+        "token counts after {what}"
+    );
 
     // Each recorded state event moves its call strictly forward, and the
     // events fold into the new state.
