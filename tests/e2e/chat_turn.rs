@@ -51,8 +51,17 @@ async fn bash_tool_call_runs_and_its_result_goes_back_to_the_model() {
             "turn_finished",
         ]
     );
-    let seqs: Vec<u64> = received.iter().map(|e| e.seq).collect();
-    assert_eq!(seqs, (1..=received.len() as u64).collect::<Vec<_>>());
+    // The logged ones gap-free; the streamed text live (not in the log),
+    // each carrying the seq of the logged event it follows.
+    let logged: Vec<u64> = received.iter().filter(|e| !e.live).map(|e| e.seq).collect();
+    assert_eq!(logged, (1..=logged.len() as u64).collect::<Vec<_>>());
+    for (i, event) in received.iter().enumerate() {
+        let delta = kinds(std::slice::from_ref(event)) == ["model_text_delta"];
+        assert_eq!(event.live, delta, "event {i}");
+        if event.live {
+            assert_eq!(event.seq, received[i - 1].seq, "event {i}");
+        }
+    }
     assert!(
         received
             .iter()
@@ -219,6 +228,7 @@ async fn conversation_continues_across_an_orchestrator_restart() {
         .subscribe(pb::SubscribeRequest {
             session_id: session.id.clone(),
             from_seq: 1,
+            live_only: false,
         })
         .await
         .unwrap()

@@ -162,6 +162,7 @@ async fn a_store_outage_between_turns_loses_nothing() {
         .subscribe(agentry_proto::orchestrator::v1::SubscribeRequest {
             session_id: session.id.clone(),
             from_seq: 1,
+            live_only: false,
         })
         .await
         .unwrap()

@@ -234,6 +234,7 @@ async fn a_subscribed_resource_update_wakes_the_session_once_across_an_orchestra
         .subscribe(pb::SubscribeRequest {
             session_id: session.id.clone(),
             from_seq: 1,
+            live_only: false,
         })
         .await
         .unwrap()

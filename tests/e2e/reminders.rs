@@ -107,6 +107,7 @@ async fn a_task_reminder_runs_a_turn_on_its_message() {
         .subscribe(pb::SubscribeRequest {
             session_id: session_id.clone(),
             from_seq: 1,
+            live_only: false,
         })
         .await
         .unwrap()

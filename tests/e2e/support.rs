@@ -50,6 +50,7 @@ pub async fn new_session(
         .subscribe(pb::SubscribeRequest {
             session_id: session.id.clone(),
             from_seq: 1,
+            live_only: false,
         })
         .await
         .unwrap()

@@ -5,13 +5,15 @@
 //! (`agentry serve …`, data in a temporary directory on disk, every event
 //! durable), so each one's peak memory can be read; the test kit's fake
 //! model answers instantly (or at a fixed pace for the streaming run).
-//! Scenarios:
+//! After the scenarios, a table of the performance goals with the figures
+//! this run measured (`goals` in the JSON). Scenarios:
 //!
 //! - `turns`: user message → `read_file` of a small file → result → answer;
 //!   one session sequentially, then N sessions at once;
 //! - `streaming`: 2,000 tokens at a fixed pace, read through Agentry versus
 //!   straight from the fake model;
-//! - `shell`: `true` through the tool runner versus a bare fork/exec;
+//! - `shell`: `true` through the tool runner, with the OS sandbox and
+//!   without, versus a bare fork/exec;
 //! - `reminders`: lateness of reminders falling due among N pending;
 //! - `store`: durable appends, one writer and 16 concurrent;
 //! - `idle`: orchestrator memory per idle session;
@@ -26,6 +28,7 @@ mod startup;
 mod stats;
 
 use clap::{Parser, ValueEnum};
+use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -152,10 +155,122 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let name = format!("{scenario:?}").to_lowercase();
         report.insert(name, figures);
     }
+    let goals = goals(&report);
+    if !goals.is_empty() {
+        report.insert("goals".into(), Value::Array(goals));
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
         println!("\nfigures written to {}", path.display());
     }
     Ok(())
+}
+
+/// The performance goals, each with the figure this run measured (only
+/// those whose scenarios ran); printed as a table. The ratio to LangGraph
+/// is `bench/compare.sh`'s.
+fn goals(report: &serde_json::Map<String, Value>) -> Vec<Value> {
+    let mut goals = Vec::new();
+    let mut goal = |figure: &str, value: Option<f64>, target: f64, at_least: bool, unit: &str| {
+        let Some(value) = value.filter(|v| v.is_finite()) else {
+            return;
+        };
+        let met = if at_least {
+            value >= target
+        } else {
+            value <= target
+        };
+        goals.push(json!({
+            "figure": figure, "value": value, "goal": target,
+            "at_least": at_least, "unit": unit, "met": met,
+        }));
+    };
+    let runs = report
+        .get("turns")
+        .and_then(|t| t["runs"].as_array())
+        .cloned()
+        .unwrap_or_default();
+    let rate = |mode: &str| {
+        runs.iter()
+            .find(|r| r["mode"].as_str().is_some_and(|m| m.starts_with(mode)))
+            .and_then(|r| r["turns_per_sec"].as_f64())
+    };
+    let fresh = rate("sequential");
+    if let (Some(fresh), Some(growing)) = (fresh, rate("one session")) {
+        goal(
+            "one session growing to 2,000 messages vs a fresh session",
+            Some(growing / fresh),
+            0.7,
+            true,
+            "x",
+        );
+    }
+    let widest = runs
+        .iter()
+        .filter(|r| r["mode"] == "concurrent sessions")
+        .max_by_key(|r| r["sessions"].as_u64().unwrap_or(0));
+    if let (Some(fresh), Some(widest)) = (fresh, widest) {
+        let sessions = widest["sessions"].as_u64().unwrap_or(0);
+        let errors = widest["errors"].as_u64().unwrap_or(0);
+        goal(
+            &format!(
+                "{sessions} concurrent sessions vs one session (aggregate turns/s, {errors} errors)"
+            ),
+            widest["turns_per_sec"]
+                .as_f64()
+                .map(|r| if errors == 0 { r / fresh } else { 0.0 }),
+            3.0,
+            true,
+            "x",
+        );
+    }
+    goal(
+        "streaming: delay added per token, p99",
+        report
+            .get("streaming")
+            .and_then(|s| s["added_p99_ms"].as_f64()),
+        1.0,
+        false,
+        "ms",
+    );
+    let shell = report.get("shell");
+    goal(
+        "shell tool `true` vs bare fork/exec, sandbox on",
+        shell.and_then(|s| s["ratio_sandbox_on"].as_f64()),
+        3.0,
+        false,
+        "x",
+    );
+    goal(
+        "shell tool `true` vs bare fork/exec, sandbox off",
+        shell.and_then(|s| s["ratio_sandbox_off"].as_f64()),
+        1.5,
+        false,
+        "x",
+    );
+    goal(
+        "`agentry up` start to all services healthy, p50",
+        report
+            .get("startup")
+            .and_then(|s| s["up"]["p50_ms"].as_f64()),
+        300.0,
+        false,
+        "ms",
+    );
+    if !goals.is_empty() {
+        println!("\n== goals (the ratio to LangGraph: bench/compare.sh)");
+        for g in &goals {
+            println!(
+                "  {:<72} {:>8.2} {:<2} goal {} {:<6} {}",
+                g["figure"].as_str().unwrap_or_default(),
+                g["value"].as_f64().unwrap_or(f64::NAN),
+                g["unit"].as_str().unwrap_or_default(),
+                if g["at_least"] == true { ">=" } else { "<=" },
+                g["goal"],
+                if g["met"] == true { "met" } else { "NOT MET" },
+            );
+        }
+    }
+    goals
 }

@@ -36,6 +36,7 @@ async fn follow(
         .subscribe(opb::SubscribeRequest {
             session_id: session_id.to_string(),
             from_seq: 0,
+            live_only: false,
         })
         .await?
         .into_inner())
@@ -397,22 +398,54 @@ async fn execute_ok(
     Ok(())
 }
 
-/// The shell tool running `true` versus a bare fork/exec of `true`.
-pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
-    const RUNS: usize = 300;
-    let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["tool-runner"]).await?;
+/// `bash` running `true` through the tool runner's `Execute`, `runs` times
+/// after a warm-up, in ms each.
+async fn shell_through(bin: &Path, sandbox: bool, runs: usize) -> anyhow::Result<Vec<f64>> {
+    let extra = if sandbox {
+        Vec::new()
+    } else {
+        vec![("AGENTRY_SANDBOX".to_string(), "off".to_string())]
+    };
+    let stack = Stack::start_with(bin, "http://127.0.0.1:9/v1", &["tool-runner"], &extra).await?;
     let mut runner = ToolRunnerClient::new(stack.as_service("tool-runner").await?);
-    println!("\n== shell: `true`, {RUNS} runs each");
-    let mut through = Vec::with_capacity(RUNS);
-    for i in 0..RUNS + 10 {
+    let mut through = Vec::with_capacity(runs);
+    for i in 0..runs + 10 {
         let started = Instant::now();
         execute_ok(&mut runner, i, "bash", json!({"command": "true"})).await?;
         if i >= 10 {
             through.push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
+    Ok(through)
+}
+
+/// A bare fork/exec of `program args`, `runs` times, in ms each.
+async fn fork_exec(program: &str, args: &[&str], runs: usize) -> anyhow::Result<Vec<f64>> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let started = Instant::now();
+        let status = tokio::process::Command::new(program)
+            .args(args)
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "`{program}` failed");
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(times)
+}
+
+/// The shell tool running `true`, with the OS sandbox and without, versus
+/// a bare fork/exec of `true` (and of `bash -c true`, what the tool runs);
+/// `read_file` through the same runner for comparison.
+pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
+    const RUNS: usize = 300;
+    println!("\n== shell: `true`, {RUNS} runs each");
+    let mut sandboxed = shell_through(bin, true, RUNS).await?;
+    let mut plain = shell_through(bin, false, RUNS).await?;
     // A file tool: no process, but a thread of its own with the session's
     // identity and a Landlock domain.
+    let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["tool-runner"]).await?;
+    let mut runner = ToolRunnerClient::new(stack.as_service("tool-runner").await?);
     execute_ok(
         &mut runner,
         0,
@@ -428,30 +461,49 @@ pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
             read.push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    let mut bare = Vec::with_capacity(RUNS);
-    for _ in 0..RUNS {
-        let started = Instant::now();
-        let status = tokio::process::Command::new("true").status().await?;
-        anyhow::ensure!(status.success(), "`true` failed");
-        bare.push(started.elapsed().as_secs_f64() * 1000.0);
-    }
+    let mut bare = fork_exec("true", &[], RUNS).await?;
+    let mut bash = fork_exec("bash", &["-c", "true"], RUNS).await?;
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let (t_mean, b_mean) = (mean(&through), mean(&bare));
-    let (t50, t99, _) = summary(&mut through);
-    let (b50, b99, _) = summary(&mut bare);
-    let r_mean = mean(&read);
-    let (r50, r99, _) = summary(&mut read);
-    println!("tool runner: mean {t_mean:.2} ms, p50 {t50:.2}, p99 {t99:.2}");
-    println!("read_file:   mean {r_mean:.2} ms, p50 {r50:.2}, p99 {r99:.2}");
-    println!("fork/exec:   mean {b_mean:.2} ms, p50 {b50:.2}, p99 {b99:.2}");
-    println!("ratio (mean): {:.2}x", t_mean / b_mean);
-    Ok(json!({
-        "runs": RUNS,
-        "tool_runner_mean_ms": t_mean, "tool_runner_p50_ms": t50, "tool_runner_p99_ms": t99,
-        "fork_exec_mean_ms": b_mean, "fork_exec_p50_ms": b50, "fork_exec_p99_ms": b99,
-        "read_file_mean_ms": r_mean, "read_file_p50_ms": r50, "read_file_p99_ms": r99,
-        "ratio": t_mean / b_mean,
-    }))
+    let mut figures = serde_json::Map::new();
+    let mut line = |name: &str, label: &str, v: &mut Vec<f64>| {
+        let m = mean(v);
+        let (p50, p99, _) = summary(v);
+        println!("{label:<34} mean {m:6.2} ms, p50 {p50:6.2}, p99 {p99:6.2}");
+        figures.insert(format!("{name}_mean_ms"), json!(m));
+        figures.insert(format!("{name}_p50_ms"), json!(p50));
+        figures.insert(format!("{name}_p99_ms"), json!(p99));
+        m
+    };
+    let on = line(
+        "sandbox_on",
+        "bash through the runner, sandbox on",
+        &mut sandboxed,
+    );
+    let off = line(
+        "sandbox_off",
+        "bash through the runner, sandbox off",
+        &mut plain,
+    );
+    line("read_file", "read_file through the runner", &mut read);
+    let exec = line("fork_exec", "fork/exec of `true`", &mut bare);
+    let bash_exec = line("bash_exec", "fork/exec of `bash -c true`", &mut bash);
+    println!(
+        "ratio to fork/exec (mean): {:.2}x with the sandbox, {:.2}x without",
+        on / exec,
+        off / exec
+    );
+    println!(
+        "  of which: bash itself {:.2} ms, the runner (gRPC, limits, capture, quota) {:.2} ms, \
+         the sandbox's set-up {:.2} ms",
+        bash_exec - exec,
+        off - bash_exec,
+        on - off
+    );
+    figures.insert("runs".into(), json!(RUNS));
+    figures.insert("ratio_sandbox_on".into(), json!(on / exec));
+    figures.insert("ratio_sandbox_off".into(), json!(off / exec));
+    figures.insert("ratio".into(), json!(on / exec));
+    Ok(Value::Object(figures))
 }
 
 /// Reminder lateness among N pending (the scheduler's real worker over its

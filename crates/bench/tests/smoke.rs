@@ -54,7 +54,17 @@ fn every_scenario_runs_on_a_small_load() {
         assert!(run["turns_per_sec"].as_f64().unwrap() > 0.0, "{run}");
     }
     assert_eq!(figures["streaming"]["tokens"], 2000);
-    assert!(figures["shell"]["ratio"].as_f64().unwrap() > 0.0);
+    assert!(figures["shell"]["ratio_sandbox_on"].as_f64().unwrap() > 0.0);
+    assert!(figures["shell"]["ratio_sandbox_off"].as_f64().unwrap() > 0.0);
+    // The goals table: growing vs fresh, concurrent vs one, streaming and
+    // the shell with and without the sandbox, each with its figure.
+    let goals = figures["goals"].as_array().unwrap();
+    assert_eq!(goals.len(), 5, "{goals:?}");
+    for g in goals {
+        assert!(g["value"].as_f64().unwrap().is_finite(), "{g}");
+        assert!(g["met"].is_boolean(), "{g}");
+    }
+    assert!(stdout.contains("== goals"), "{stdout}");
     assert_eq!(figures["reminders"]["runs"][0]["fired"], 100);
     assert_eq!(figures["store"]["runs"].as_array().unwrap().len(), 2);
     assert_eq!(figures["idle"]["errors"], 0);

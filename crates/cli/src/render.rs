@@ -32,7 +32,9 @@ fn enum_name<E: TryFrom<i32>>(value: i32, name: impl Fn(E) -> &'static str) -> S
 }
 
 /// One event as a JSON object: `session_id`, `seq`, `turn_id`, `time`
-/// (seconds since the epoch), `type`, and the kind's own fields.
+/// (seconds since the epoch), `type`, and the kind's own fields; `live`:
+/// true for streamed text, which the log does not keep (its `seq` is that
+/// of the logged event before it).
 pub fn event_json(event: &pb::Event) -> Value {
     let mut out = json!({
         "session_id": event.session_id,
@@ -40,6 +42,9 @@ pub fn event_json(event: &pb::Event) -> Value {
         "turn_id": event.turn_id,
         "time": time_of(event),
     });
+    if event.live {
+        out["live"] = json!(true);
+    }
     let body = match &event.kind {
         None => json!({"type": "unknown"}),
         Some(kind) => match kind {
@@ -270,6 +275,10 @@ pub struct Renderer<A: Write, B: Write> {
     activity: B,
     /// Whether the answer stream ended mid-line.
     mid_line: bool,
+    /// The text streamed since the last model message: the message shows
+    /// what was not (all of it when reading a log, where streamed text is
+    /// not kept).
+    streamed: String,
     /// Show user messages (when replaying a session).
     pub show_user: bool,
     /// Show approval requests (off where the caller asks the question itself).
@@ -323,6 +332,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             answer,
             activity,
             mid_line: false,
+            streamed: String::new(),
             show_user: false,
             show_approvals: true,
             step_tokens: Vec::new(),
@@ -351,11 +361,20 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 }
             }
             Kind::ModelTextDelta(d) => {
+                self.streamed.push_str(&d.text);
                 let _ = write!(self.answer, "{}", d.text);
                 let _ = self.answer.flush();
                 self.mid_line = !d.text.ends_with('\n');
             }
             Kind::ModelMessage(m) => {
+                let streamed = std::mem::take(&mut self.streamed);
+                if let Some(rest) = m.text.strip_prefix(streamed.as_str())
+                    && !rest.is_empty()
+                {
+                    let _ = write!(self.answer, "{rest}");
+                    let _ = self.answer.flush();
+                    self.mid_line = !rest.ends_with('\n');
+                }
                 self.step_tokens
                     .push(m.usage.as_ref().map(|u| u.total_tokens).unwrap_or(0));
                 self.end_line();
@@ -452,6 +471,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 let _ = writeln!(self.activity, "error: {}", e.message);
             }
             Kind::TurnFinished(t) => {
+                self.streamed.clear();
                 self.end_line();
                 // Tokens per model call, then the turn's total.
                 let steps = std::mem::take(&mut self.step_tokens);
@@ -643,6 +663,47 @@ mod tests {
         }
         drop(r);
         String::from_utf8(activity).unwrap()
+    }
+
+    /// What the answer stream shows for these events.
+    fn answered(events: &[pb::Event]) -> String {
+        let mut answer = Vec::new();
+        let mut activity = Vec::new();
+        let mut r = Renderer::new(&mut answer, &mut activity);
+        for e in events {
+            r.event(e);
+        }
+        drop(r);
+        String::from_utf8(answer).unwrap()
+    }
+
+    #[test]
+    fn an_answer_shows_once_whether_it_streamed_or_comes_from_the_log() {
+        let delta = |text: &str| {
+            event(Kind::ModelTextDelta(pb::ModelTextDelta {
+                text: text.into(),
+            }))
+        };
+        let message = |text: &str| {
+            event(Kind::ModelMessage(pb::ModelMessage {
+                text: text.into(),
+                ..Default::default()
+            }))
+        };
+        // Streamed live, then the logged message: shown once.
+        assert_eq!(
+            answered(&[delta("Hel"), delta("lo"), message("Hello")]),
+            "Hello\n"
+        );
+        // Read from a log, which keeps no streamed text: the message shows it.
+        assert_eq!(answered(&[message("Hello")]), "Hello\n");
+        // Followed from the middle of the stream: the rest comes with it.
+        assert_eq!(answered(&[delta("Hel"), message("Hello")]), "Hello\n");
+        // The next answer starts afresh.
+        assert_eq!(
+            answered(&[delta("a"), message("a"), message("b")]),
+            "a\nb\n"
+        );
     }
 
     #[test]

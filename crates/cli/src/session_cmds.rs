@@ -81,6 +81,7 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
         .subscribe(pb::SubscribeRequest {
             session_id: id.to_string(),
             from_seq: 1,
+            live_only: false,
         })
         .await
         .map_err(|s| status_error("cannot read the session", s))?
@@ -101,6 +102,10 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
         else {
             break;
         };
+        // Streamed text of a turn running now is not part of the log.
+        if event.live {
+            continue;
+        }
         log.push(event);
     }
     // Turns are numbered as `sessions rewind --to` takes them; events a

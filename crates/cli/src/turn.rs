@@ -97,6 +97,7 @@ impl Follower {
             .subscribe(pb::SubscribeRequest {
                 session_id: self.session_id.clone(),
                 from_seq: self.next_seq,
+                live_only: false,
             })
             .await
             .map(|r| r.into_inner())
@@ -109,7 +110,11 @@ impl Follower {
             let failure = match &mut self.stream {
                 Some(stream) => match stream.message().await {
                     Ok(Some(event)) => {
-                        self.next_seq = event.seq + 1;
+                        // A live event is not in the log: the position
+                        // in it stays.
+                        if !event.live {
+                            self.next_seq = event.seq + 1;
+                        }
                         return Ok(event);
                     }
                     Ok(None) => "the event stream ended".to_string(),
@@ -408,7 +413,7 @@ pub async fn chat(
                 Err(e) => return Err::<(), _>(e),
             };
             let Some(kind) = &event.kind else { continue };
-            if event.seq <= history_end {
+            if !event.live && event.seq <= history_end {
                 // History: only track what still waits for a decision.
                 match kind {
                     Kind::ApprovalRequested(a) => {

@@ -196,6 +196,7 @@ async fn session(
         .subscribe(pb::SubscribeRequest {
             session_id: session.id.clone(),
             from_seq: 1,
+            live_only: false,
         })
         .await
         .unwrap()

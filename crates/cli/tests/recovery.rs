@@ -17,7 +17,7 @@ use agentry_proto::tools::v1::tool_runner_server::{ToolRunner, ToolRunnerServer}
 use agentry_testkit::Cluster;
 use agentry_testkit::cluster::Service;
 use agentry_testkit::fake_model::{Reply, pause, text};
-use common::{Log, Orchestrator, cluster_without_orchestrator, message, submit};
+use common::{Live, Log, Orchestrator, cluster_without_orchestrator, message, submit};
 use serde_json::json;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -42,14 +42,14 @@ async fn killed_while_the_model_streams_the_turn_is_retried() {
         .unwrap()
         .into_inner();
     let mut log = Log::follow(&cluster, &session.id).await;
+    let mut live = Live::follow(&mut client, &session.id).await;
     submit(
         &mut client,
         &session.id,
         message("hello", ApprovalMode::Always),
     )
     .await;
-    log.until("the first delta", |k| matches!(k, Kind::ModelTextDelta(_)))
-        .await;
+    assert_eq!(live.text("the first delta").await, "partial ");
 
     orchestrator.kill();
     // Nobody submits anything: the restarted orchestrator recovers on its own.
@@ -411,6 +411,7 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
         .unwrap()
         .into_inner();
     let mut log = Log::follow(&cluster, &session.id).await;
+    let mut live = Live::follow(&mut client, &session.id).await;
     submit(
         &mut client,
         &session.id,
@@ -423,10 +424,7 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
         }),
     )
     .await;
-    log.until("step 2's first delta", |k| {
-        matches!(k, Kind::ModelTextDelta(_))
-    })
-    .await;
+    assert_eq!(live.text("step 2's first delta").await, "working on two ");
 
     orchestrator.kill();
     let _client = orchestrator.start().await;

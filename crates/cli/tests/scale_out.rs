@@ -118,6 +118,7 @@ async fn finished(
         .subscribe(pb::SubscribeRequest {
             session_id: session_id.into(),
             from_seq: 1,
+            live_only: false,
         })
         .await
         .unwrap()

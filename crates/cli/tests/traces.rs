@@ -251,6 +251,7 @@ async fn one_turn_is_one_trace_across_every_service() {
         .subscribe(opb::SubscribeRequest {
             session_id: session_id.clone(),
             from_seq: 0,
+            live_only: false,
         })
         .await
         .unwrap()

@@ -102,6 +102,7 @@ impl Cluster {
             .acquire_session(spb::AcquireSessionRequest {
                 session_id: session_id.to_string(),
                 instance_id: self.instance_id.clone(),
+                peek: false,
             })
             .await?
             .into_inner();

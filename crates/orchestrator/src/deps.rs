@@ -45,6 +45,8 @@ pub struct Deps {
     tool_cache: RwLock<Option<(std::time::Instant, Arc<Catalog>)>>,
     /// This replica among several (`None`: the only orchestrator).
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// The streamed text of the sessions driven here, for their subscribers.
+    pub live: Arc<crate::live::LiveHub>,
 }
 
 impl Deps {
@@ -76,6 +78,7 @@ impl Deps {
             plan_max_steps: crate::plan::default_max_steps(),
             tool_cache: RwLock::new(None),
             cluster: None,
+            live: Arc::default(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod deps;
 pub mod errors;
 pub mod forks;
 pub mod inbox;
+pub mod live;
 pub mod mcp_updates;
 pub mod metrics;
 pub mod plan;

@@ -332,6 +332,37 @@ impl OrchestratorService {
         }
     }
 
+    /// A session's events from `from_seq` on, the logged ones with the
+    /// live ones (streamed text) in place.
+    async fn follow(
+        &self,
+        session_id: String,
+        from_seq: u64,
+    ) -> Result<ReceiverStream<Result<spb::Event, Status>>, Status> {
+        // Live events are followed first: none is missed between the log's
+        // replay and them.
+        let local = self.deps.live.follow(&session_id);
+        let logged = self.watch(session_id.clone(), from_seq).await?;
+        let (remote, nudge) = match &self.deps.cluster {
+            Some(cluster) => {
+                let (tx, rx) = mpsc::channel(256);
+                let nudge = Arc::new(tokio::sync::Notify::new());
+                tokio::spawn(crate::live::follow_driver(
+                    cluster.clone(),
+                    self.deps.store.clone(),
+                    session_id,
+                    tx,
+                    nudge.clone(),
+                ));
+                (Some(rx), Some(nudge))
+            }
+            None => (None, None),
+        };
+        Ok(ReceiverStream::new(crate::live::merge(
+            logged, local, remote, from_seq, nudge,
+        )))
+    }
+
     async fn watch(
         &self,
         session_id: String,
@@ -596,7 +627,13 @@ impl Orchestrator for OrchestratorService {
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let req = request.into_inner();
-        let events = self.watch(req.session_id, req.from_seq).await?;
+        if req.live_only {
+            let feed = self.deps.live.follow(&req.session_id);
+            return Ok(Response::new(Box::pin(ReceiverStream::new(
+                crate::live::live_only(feed),
+            ))));
+        }
+        let events = self.follow(req.session_id, req.from_seq).await?;
         Ok(Response::new(Box::pin(events)))
     }
 
@@ -626,7 +663,7 @@ impl Orchestrator for OrchestratorService {
             },
             (false, _) => self.get(attach.session_id).await?,
         };
-        let events = self.watch(session.id.clone(), attach.from_seq).await?;
+        let events = self.follow(session.id.clone(), attach.from_seq).await?;
         let (tx, rx) = mpsc::channel(256);
         let _ = tx
             .send(Ok(pb::ChatResponse {

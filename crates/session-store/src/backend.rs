@@ -141,6 +141,17 @@ impl Backend {
         }
     }
 
+    /// Who drives `session_id` now, without taking it.
+    pub async fn session_driver(
+        &self,
+        session_id: String,
+    ) -> Result<crate::store::Lease, StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.session_driver(&session_id)).await,
+            Backend::Postgres(p) => p.session_driver(&session_id).await,
+        }
+    }
+
     /// Makes `instance_id` drive `session_id` unless a live replica does.
     pub async fn acquire_session(
         &self,

@@ -38,17 +38,119 @@ pub fn status_of(e: StoreError) -> Status {
 pub struct SessionStoreService {
     store: Backend,
     closing: watch::Receiver<bool>,
+    /// The store's changes, by session.
+    fanout: Arc<Fanout>,
     /// The store's metrics.
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
 }
 
 impl SessionStoreService {
     /// Serves `store`; open Watch streams end when `closing` turns true.
+    /// Call within a Tokio runtime (it starts the task that hands each
+    /// change to the watchers of its session).
     pub fn new(store: Backend, closing: watch::Receiver<bool>) -> Self {
+        let fanout = Arc::new(Fanout::default());
+        tokio::spawn(fanout.clone().route(store.subscribe()));
         Self {
             store,
             closing,
+            fanout,
             metrics: Arc::default(),
+        }
+    }
+}
+
+/// Changes a watcher of a session may fall behind by before it reads the
+/// log instead.
+const SESSION_CHANGES: usize = 64;
+
+/// Hands each change to the watchers of the session it concerns, so that an
+/// append wakes its session's watchers only, not every watcher of the store
+/// (with a thousand sessions watched, that was a thousand wake-ups per
+/// append).
+#[derive(Default)]
+pub struct Fanout {
+    sessions: std::sync::Mutex<std::collections::HashMap<String, broadcast::Sender<Change>>>,
+}
+
+impl Fanout {
+    fn sessions(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, broadcast::Sender<Change>>>
+    {
+        self.sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The changes of `session_id` from now on.
+    fn follow(self: &Arc<Self>, session_id: &str) -> SessionChanges {
+        let receiver = self
+            .sessions()
+            .entry(session_id.to_string())
+            .or_insert_with(|| broadcast::channel(SESSION_CHANGES).0)
+            .subscribe();
+        SessionChanges {
+            fanout: self.clone(),
+            session_id: session_id.to_string(),
+            receiver,
+        }
+    }
+
+    /// Sessions with a watcher now.
+    pub fn watched(&self) -> usize {
+        self.sessions().len()
+    }
+
+    /// Routes the store's changes until it closes.
+    async fn route(self: Arc<Self>, mut changes: broadcast::Receiver<Change>) {
+        loop {
+            let change = match changes.recv().await {
+                Ok(change) => change,
+                // Changes were missed: every watcher reads what it has not
+                // seen.
+                Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            let session = match &change {
+                Change::Appended(events) => events.first().map(|e| e.session_id.as_str()),
+                Change::Deleted(id) => Some(id.as_str()),
+                Change::Advanced { session_id, .. } => Some(session_id.as_str()),
+                Change::Resync => None,
+            };
+            let sessions = self.sessions();
+            match session {
+                Some(id) => {
+                    if let Some(tx) = sessions.get(id) {
+                        let _ = tx.send(change);
+                    }
+                }
+                None => {
+                    for tx in sessions.values() {
+                        let _ = tx.send(Change::Resync);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One watcher's changes of a session; the session leaves the fan-out with
+/// its last watcher.
+struct SessionChanges {
+    fanout: Arc<Fanout>,
+    session_id: String,
+    receiver: broadcast::Receiver<Change>,
+}
+
+impl Drop for SessionChanges {
+    fn drop(&mut self) {
+        let mut sessions = self.fanout.sessions();
+        if sessions
+            .get(&self.session_id)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            sessions.remove(&self.session_id);
         }
     }
 }
@@ -190,11 +292,14 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::AcquireSessionRequest>,
     ) -> Result<Response<pb::AcquireSessionResponse>, Status> {
         let req = request.into_inner();
-        let lease = self
-            .store
-            .acquire_session(req.session_id, req.instance_id)
-            .await
-            .map_err(status_of)?;
+        let lease = if req.peek {
+            self.store.session_driver(req.session_id).await
+        } else {
+            self.store
+                .acquire_session(req.session_id, req.instance_id)
+                .await
+        }
+        .map_err(status_of)?;
         Ok(Response::new(pb::AcquireSessionResponse {
             acquired: lease.acquired,
             epoch: lease.epoch,
@@ -222,7 +327,7 @@ impl SessionStore for SessionStoreService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let req = request.into_inner();
         // Subscribe before the first read so nothing committed in between is missed.
-        let live = self.store.subscribe();
+        let live = self.fanout.follow(&req.session_id);
         let id = req.session_id.clone();
         self.store.get_session(id).await.map_err(status_of)?;
         let (tx, rx) = mpsc::channel(256);
@@ -243,7 +348,7 @@ async fn watch_session(
     store: Backend,
     session_id: String,
     mut next: u64,
-    mut live: broadcast::Receiver<Change>,
+    mut changes: SessionChanges,
     tx: mpsc::Sender<Result<pb::Event, Status>>,
     mut closing: watch::Receiver<bool>,
 ) {
@@ -252,7 +357,7 @@ async fn watch_session(
     }
     loop {
         let batch = tokio::select! {
-            batch = live.recv() => batch,
+            batch = changes.receiver.recv() => batch,
             () = tx.closed() => return,
             () = closing_requested(&mut closing) => {
                 let _ = tx.send(Err(Status::unavailable("the session store is shutting down"))).await;

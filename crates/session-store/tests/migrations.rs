@@ -90,6 +90,7 @@ fn write_session(conn: &Connection, id: &str, updated_ms: i64, kinds: &[(&str, e
             turn_id: "t".into(),
             time: None,
             kind: Some(kind.clone()),
+            live: false,
         };
         conn.execute(
             "INSERT INTO events (session_id, seq, kind, turn_id, time_ms, body)

@@ -135,6 +135,41 @@ pub fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
     })
 }
 
+/// Follows a session through the orchestrator, which also sends its live
+/// events (streamed text, never in the log).
+pub struct Live(tonic::Streaming<spb::Event>);
+
+impl Live {
+    pub async fn follow(client: &mut OrchestratorClient<Channel>, session_id: &str) -> Live {
+        Live(
+            client
+                .subscribe(pb::SubscribeRequest {
+                    session_id: session_id.into(),
+                    from_seq: 0,
+                    live_only: false,
+                })
+                .await
+                .unwrap()
+                .into_inner(),
+        )
+    }
+
+    /// Waits for streamed text; panics after 20 s.
+    pub async fn text(&mut self, what: &str) -> String {
+        let found = tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(e) = self.0.message().await.unwrap() {
+                if let Some(Kind::ModelTextDelta(d)) = e.kind {
+                    assert!(e.live, "streamed text is live, never logged");
+                    return d.text;
+                }
+            }
+            panic!("the session's events ended before {what}");
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no {what} within 20 s"))
+    }
+}
+
 /// Follows the session's log in the store (which outlives the orchestrator).
 pub struct Log {
     stream: tonic::Streaming<spb::Event>,

@@ -390,14 +390,14 @@ impl Actor {
             };
             let mut waiting = Some(effect);
             if overlaps && let Some(effect) = waiting.take() {
-                self.start_effect(effect);
+                self.start_effect(effect, batch.len() as u64);
             }
             if !batch.is_empty() {
                 let seq = self.append(std::mem::take(&mut batch)).await?;
                 first_seq.get_or_insert(seq);
             }
             if let Some(effect) = waiting {
-                self.start_effect(effect);
+                self.start_effect(effect, 0);
             }
         }
         if !batch.is_empty() {
@@ -434,10 +434,16 @@ impl Actor {
         }
     }
 
-    fn start_effect(&mut self, effect: Effect) {
+    /// Starts `effect`; `pending` events decided before it are still being
+    /// appended.
+    fn start_effect(&mut self, effect: Effect, pending: u64) {
         match effect {
             Effect::Record { .. } => {}
-            Effect::CallModel { request } => self.start_model_call(request),
+            Effect::CallModel { request } => {
+                // Its streamed text follows the last event decided before it.
+                let after_seq = self.next_seq - 1 + pending;
+                self.start_model_call(request, after_seq)
+            }
             Effect::Summarise { job, messages } => self.start_summary(job, messages),
             Effect::RunTool {
                 call,
@@ -535,9 +541,14 @@ impl Actor {
         (self.tasks_started, self.outcomes_tx.clone())
     }
 
-    fn start_model_call(&mut self, request: ModelRequest) {
+    fn start_model_call(&mut self, request: ModelRequest, after_seq: u64) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
+        let live = model_call::LiveText {
+            session_id: self.session_id.clone(),
+            turn_id: self.state.turn_id().unwrap_or_default().to_string(),
+            after_seq,
+        };
         let span = tracing::info_span!(
             "model_call",
             model = %deps.llm().model(),
@@ -550,7 +561,7 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "model");
-                model_call::model_call(deps.clone(), request, task, tx).await;
+                model_call::model_call(deps.clone(), request, live, task, tx).await;
                 drop(gauge);
             }
             .instrument(span),

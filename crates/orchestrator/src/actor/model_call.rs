@@ -7,10 +7,19 @@ use crate::errors::ModelCallError;
 use agentry_llm::{ChatRequest, StreamEvent};
 use futures::StreamExt;
 
+/// Where a model call's streamed text is shown.
+pub(super) struct LiveText {
+    pub session_id: String,
+    pub turn_id: String,
+    /// The last event decided before the call.
+    pub after_seq: u64,
+}
+
 /// One model call with exactly the request the reducer decided.
 pub(super) async fn model_call(
     deps: Arc<Deps>,
     request: ModelRequest,
+    live: LiveText,
     task: u64,
     tx: mpsc::Sender<Outcome>,
 ) {
@@ -40,7 +49,7 @@ pub(super) async fn model_call(
     // A tool call written as text that cannot be read gets one correction.
     let mut corrected = false;
     loop {
-        let completion = match stream_once(&deps, &request, task, &tx).await {
+        let completion = match stream_once(&deps, &request, &live, &tx).await {
             Ok(Some(completion)) => completion,
             Ok(None) => return, // Nobody listens any more.
             Err(error) => {
@@ -90,25 +99,28 @@ pub(super) async fn model_call(
     }
 }
 
-/// One streamed request: deltas go to the actor as they come; the complete
-/// answer is returned (`None` when the actor is gone).
+/// One streamed request: text goes to the session's subscribers as it
+/// comes (live, not logged); the complete answer is returned (`None` when
+/// the actor is gone).
 pub(super) async fn stream_once(
     deps: &Deps,
     request: &ChatRequest,
-    task: u64,
+    live: &LiveText,
     tx: &mpsc::Sender<Outcome>,
 ) -> Result<Option<agentry_llm::Completion>, ModelCallError> {
     let mut stream = deps.llm().stream(request).await?;
     while let Some(item) = stream.next().await {
         match item {
             Ok(StreamEvent::TextDelta(text)) => {
-                if tx
-                    .send(Box::new((task, Input::ModelDelta(text))))
-                    .await
-                    .is_err()
-                {
+                if tx.is_closed() {
                     return Ok(None);
                 }
+                deps.live.publish(crate::live::text_delta(
+                    &live.session_id,
+                    &live.turn_id,
+                    live.after_seq,
+                    text,
+                ));
             }
             Ok(StreamEvent::Completed(completion)) => return Ok(Some(completion)),
             Err(e) => return Err(e.into()),

@@ -341,8 +341,6 @@ pub enum Input {
     /// about to start (only while generating): recorded when they changed,
     /// and the model call is decided again with them.
     ToolCatalog(Arc<Catalog>),
-    /// The model streamed text.
-    ModelDelta(String),
     /// The model finished its response.
     ModelDone(Completion),
     /// The model call failed.

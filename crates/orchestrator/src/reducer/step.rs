@@ -97,13 +97,6 @@ impl SessionState {
             (_, Input::ToolCatalog(catalog)) => {
                 self.offer_tools(&mut out, &turn_id, catalog)?;
             }
-            (Phase::Generate, Input::ModelDelta(text)) => {
-                self.emit(
-                    &mut out,
-                    &turn_id,
-                    Kind::ModelTextDelta(pb::ModelTextDelta { text }),
-                );
-            }
             (Phase::Generate, Input::ModelDone(c)) => self.model_done(&mut out, &turn_id, c),
             (Phase::Generate, Input::ModelFailed { message, retryable }) => {
                 let error = error_event(ErrorSource::Model, message.clone(), retryable);
@@ -255,10 +248,7 @@ impl SessionState {
             }
             (Phase::Idle, Input::Interrupted) => {}
             (_, Input::Noted(kind)) => self.emit(&mut out, &turn_id, kind),
-            (
-                Phase::Idle | Phase::UseTools,
-                Input::ModelDelta(_) | Input::ModelDone(_) | Input::ModelFailed { .. },
-            ) => {
+            (Phase::Idle | Phase::UseTools, Input::ModelDone(_) | Input::ModelFailed { .. }) => {
                 return Err(Refusal::Unexpected {
                     input: "model output",
                     phase,

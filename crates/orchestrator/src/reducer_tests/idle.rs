@@ -143,7 +143,6 @@ fn idle_model_output_is_refused() {
         phase: Phase::Idle,
     };
     for state in [SessionState::new(4), idle_after_turn(4)] {
-        assert_refused(&state, Input::ModelDelta("x".into()), unexpected.clone());
         assert_refused(&state, model_done("late", vec![]), unexpected.clone());
         assert_refused(&state, model_done("late", two_calls()), unexpected.clone());
         assert_refused(&state, model_failed("late", true), unexpected.clone());

@@ -180,8 +180,6 @@ fn step_limit_counts_per_turn() {
 fn history_after_a_full_turn_with_tools() {
     let mut session = Session::new(4);
     session.ok(user("list and read"));
-    session.ok(Input::ModelDelta("let me ".into()));
-    session.ok(Input::ModelDelta("look".into()));
     session.ok(model_done("let me look", two_calls()));
     session.ok(chunk("c1", OutputStream::Stdout, "a.txt\n"));
     session.ok(done("c1", "a.txt\n"));

@@ -848,6 +848,7 @@ impl Session {
                                 turn_id: turn_id.clone(),
                                 time: None,
                                 kind: Some(kind.clone()),
+                                live: false,
                             });
                         }
                     }

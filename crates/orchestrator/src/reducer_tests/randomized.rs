@@ -157,13 +157,12 @@ impl Generator {
         let executing = ids_in(CallPhase::Executing);
         let awaiting = ids_in(CallPhase::AwaitingApproval);
         match self.rng.below(25) {
-            0 | 1 => {
+            0..=2 => {
                 self.turns += 1;
                 let text = if self.rng.below(6) == 0 { " " } else { "msg" };
                 let mode = *self.rng.pick(MODES);
                 user_with(&format!("t{}", self.turns), text, mode)
             }
-            2 => Input::ModelDelta("d".into()),
             3..=5 => {
                 let calls = self.calls();
                 let used =

@@ -65,7 +65,6 @@ fn interrupted_while_generating_asks_the_model_again_twice_then_fails() {
 fn interrupted_at_the_start_of_a_turn_asks_the_model() {
     let mut live = Session::new(4);
     live.ok(user("hello"));
-    live.ok(Input::ModelDelta("par".into()));
     let mut session = live.restarted();
     assert_eq!(
         session.ok(Input::Interrupted),

@@ -26,18 +26,13 @@ fn run_script_in(mut session: Session, script: Vec<(Input, bool)>) -> Session {
 fn replay_matches_a_plain_turn() {
     let session = run_script(
         4,
-        vec![
-            (user("hi"), true),
-            (Input::ModelDelta("he".into()), true),
-            (Input::ModelDelta("llo".into()), true),
-            (model_done("hello", vec![]), true),
-        ],
+        vec![(user("hi"), true), (model_done("hello", vec![]), true)],
     );
     assert_eq!(
         core(&session.state),
         idle(vec![Message::user("hi"), Message::assistant("hello")], 4)
     );
-    assert_eq!(session.log.len(), 5);
+    assert_eq!(session.log.len(), 3);
 }
 
 #[test]
@@ -110,7 +105,6 @@ fn replay_matches_cancels_failures_and_interruptions() {
             (cancel("stop"), true),
             (done("c1", "too late"), false),
             (user_in(TURN2, "two"), true),
-            (Input::ModelDelta("par".into()), true),
             (cancel(""), true),
             (model_done("too late", vec![]), false),
             (user_in("turn-3", "three"), true),
@@ -162,7 +156,6 @@ fn replay_matches_with_refused_inputs_interleaved() {
             (user(""), false),
             (cancel(""), false),
             (done("c1", "x"), false),
-            (Input::ModelDelta("x".into()), false),
             (approve("c1"), false),
             (user("go"), true),
             (user("again"), false),
@@ -170,7 +163,6 @@ fn replay_matches_with_refused_inputs_interleaved() {
             (chunk("c1", OutputStream::Stderr, "x"), false),
             (approve("c1"), false),
             (model_done("t", two_calls()), true),
-            (Input::ModelDelta("x".into()), false),
             (model_failed("x", true), false),
             (done("c2", "x"), false),
             (approve("c1"), false),

@@ -22,7 +22,6 @@ fn use_tools_model_output_is_refused() {
         phase: Phase::UseTools,
     };
     let state = using_tools(4);
-    assert_refused(&state, Input::ModelDelta("x".into()), unexpected.clone());
     assert_refused(&state, model_done("late", vec![]), unexpected.clone());
     assert_refused(&state, model_done("late", two_calls()), unexpected.clone());
     assert_refused(&state, model_failed("late", true), unexpected);

@@ -745,6 +745,42 @@ impl PgStore {
         Ok(())
     }
 
+    /// Who drives `session_id` now, without taking it.
+    pub async fn session_driver(
+        &self,
+        session_id: &str,
+    ) -> Result<crate::store::Lease, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT s.owner, s.lease_epoch, o.url
+                 FROM sessions s LEFT JOIN orchestrators o ON o.id = s.owner
+                   AND o.expires_ms > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT
+                 WHERE s.id = $1",
+                &[&session_id],
+            )
+            .await
+            .map_err(db_error)?
+            .ok_or_else(|| StoreError::NotFound(session_id.to_string()))?;
+        let owner: String = row.get(0);
+        let epoch: i64 = row.get(1);
+        let url: Option<String> = row.get(2);
+        Ok(match url {
+            Some(url) if !owner.is_empty() => crate::store::Lease {
+                acquired: false,
+                epoch: epoch as u64,
+                owner,
+                owner_url: url,
+            },
+            _ => crate::store::Lease {
+                acquired: false,
+                epoch: epoch as u64,
+                owner: String::new(),
+                owner_url: String::new(),
+            },
+        })
+    }
+
     /// Makes `instance_id` drive `session_id` unless a live replica does.
     pub async fn acquire_session(
         &self,

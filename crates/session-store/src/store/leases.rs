@@ -36,6 +36,36 @@ impl Store {
         Ok(())
     }
 
+    /// Who drives `session_id` now, without taking it: the live owner's
+    /// lease (`acquired` false), or an empty owner when nobody alive does.
+    pub fn session_driver(&self, session_id: &str) -> Result<Lease, StoreError> {
+        let conn = self.reader();
+        let (owner, epoch, url): (String, i64, Option<String>) = conn
+            .query_row(
+                "SELECT s.owner, s.lease_epoch, o.url FROM sessions s
+                 LEFT JOIN orchestrators o ON o.id = s.owner AND o.expires_ms > ?2
+                 WHERE s.id = ?1",
+                params![session_id, now_ms()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?
+            .ok_or_else(|| StoreError::NotFound(session_id.to_string()))?;
+        Ok(match url {
+            Some(url) if !owner.is_empty() => Lease {
+                acquired: false,
+                epoch: epoch as u64,
+                owner,
+                owner_url: url,
+            },
+            _ => Lease {
+                acquired: false,
+                epoch: epoch as u64,
+                owner: String::new(),
+                owner_url: String::new(),
+            },
+        })
+    }
+
     /// Makes `instance_id` drive `session_id` unless a live replica does.
     pub fn acquire_session(
         &self,

@@ -1,0 +1,401 @@
+//! Live events: what a subscriber sees as it happens and the log does not
+//! keep, the model's streamed text. The complete answer is logged as one
+//! `model_message` when the model finishes; a crash in between loses only
+//! text that the model is asked for again anyway. So a delta goes from the
+//! model call straight to the session's subscribers, without waiting for a
+//! durable append (docs/architecture.md, "Streamed text is live").
+//!
+//! A live event carries the seq of the last logged event before it. A
+//! subscription merges the live events into the log's: one is held until
+//! the logged event it follows has been sent, and dropped once a logged
+//! event that ends its model call (the answer, an error, the end of the
+//! turn) has been sent, so a reader sees text in place and never after the
+//! answer it belongs to.
+//!
+//! With several orchestrators, the replica that drives a session has its
+//! live events; another replica following the session asks the driver for
+//! them (`Subscribe` with `live_only`).
+
+use crate::cluster::Cluster;
+use agentry_proto::orchestrator::v1 as opb;
+use agentry_proto::sessions::v1 as spb;
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_runtime::telemetry::TracedChannel;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, broadcast, mpsc};
+use tokio_stream::StreamExt;
+use tonic::{Status, Streaming};
+
+/// Live events a slow subscriber may fall behind by before it misses some
+/// (they are dropped for it; the logged answer still comes).
+const LIVE_BUFFER: usize = 256;
+/// Live events held for a logged event not sent yet.
+const MAX_HELD: usize = 4096;
+/// How often a replica following a session driven elsewhere looks for its
+/// driver when it has none.
+const FIND_DRIVER_EVERY: Duration = Duration::from_secs(1);
+
+type Live = Arc<spb::Event>;
+
+/// The live events of the sessions this replica drives, by session.
+#[derive(Default)]
+pub struct LiveHub {
+    sessions: Mutex<HashMap<String, broadcast::Sender<Live>>>,
+}
+
+impl LiveHub {
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<Live>>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Shows `event` to the session's subscribers now (nobody: dropped).
+    pub fn publish(&self, event: spb::Event) {
+        let sessions = self.sessions();
+        if let Some(tx) = sessions.get(&event.session_id) {
+            let _ = tx.send(Arc::new(event));
+        }
+    }
+
+    /// Follows the live events of `session_id` from now on.
+    pub fn follow(self: &Arc<Self>, session_id: &str) -> LiveFeed {
+        let receiver = self
+            .sessions()
+            .entry(session_id.to_string())
+            .or_insert_with(|| broadcast::channel(LIVE_BUFFER).0)
+            .subscribe();
+        LiveFeed {
+            hub: self.clone(),
+            session_id: session_id.to_string(),
+            receiver,
+        }
+    }
+
+    /// Sessions with a subscriber (for tests).
+    pub fn followed(&self) -> usize {
+        self.sessions().len()
+    }
+}
+
+/// One subscriber's live events of a session; the session leaves the hub
+/// with its last subscriber.
+pub struct LiveFeed {
+    hub: Arc<LiveHub>,
+    session_id: String,
+    receiver: broadcast::Receiver<Live>,
+}
+
+impl LiveFeed {
+    /// The next live event; `None` when the hub is gone. Events missed by
+    /// falling behind are skipped.
+    pub async fn next(&mut self) -> Option<Live> {
+        loop {
+            match self.receiver.recv().await {
+                Ok(event) => return Some(event),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::debug!(session_id = %self.session_id, missed, "a subscriber fell behind the streamed text");
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
+impl Drop for LiveFeed {
+    fn drop(&mut self) {
+        let mut sessions = self.hub.sessions();
+        // This feed's receiver still counts until it is dropped.
+        if sessions
+            .get(&self.session_id)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            sessions.remove(&self.session_id);
+        }
+    }
+}
+
+/// The live event a model call streams: `text`, after logged event
+/// `after_seq`.
+pub fn text_delta(session_id: &str, turn_id: &str, after_seq: u64, text: String) -> spb::Event {
+    spb::Event {
+        session_id: session_id.to_string(),
+        seq: after_seq,
+        turn_id: turn_id.to_string(),
+        time: Some(crate::actor::now()),
+        kind: Some(spb::event::Kind::ModelTextDelta(spb::ModelTextDelta {
+            text,
+        })),
+        live: true,
+    }
+}
+
+/// Whether a logged event ends the model output before it: live text that
+/// follows an earlier event is not shown after it.
+fn ends_model_output(event: &spb::Event) -> bool {
+    use spb::event::Kind;
+    matches!(
+        event.kind,
+        Some(Kind::ModelMessage(_) | Kind::TurnFinished(_) | Kind::Error(_))
+    )
+}
+
+/// Whether a logged event starts a turn.
+fn starts_turn(event: &spb::Event) -> bool {
+    use spb::event::Kind;
+    matches!(
+        event.kind,
+        Some(Kind::UserMessage(_) | Kind::ReminderDue(_) | Kind::McpResourceUpdated(_))
+    )
+}
+
+/// Where a merged subscription is in the log.
+struct Merge {
+    /// The seq of the last logged event sent.
+    sent: u64,
+    /// The seq of the last logged event sent that ended model output.
+    closed_at: u64,
+    /// Live events waiting for the logged event they follow.
+    held: VecDeque<Live>,
+}
+
+impl Merge {
+    /// What to do with a live event now: `Some(true)` send, `Some(false)`
+    /// drop, `None` hold.
+    fn place(&self, event: &spb::Event) -> Option<bool> {
+        if self.closed_at > event.seq {
+            Some(false)
+        } else if event.seq <= self.sent {
+            Some(true)
+        } else {
+            None
+        }
+    }
+}
+
+/// A session's logged events (from the store's watch) with its live events
+/// merged in, for one subscriber. `remote` carries live events fetched from
+/// another replica that drives the session.
+pub fn merge(
+    mut logged: Streaming<spb::Event>,
+    mut local: LiveFeed,
+    mut remote: Option<mpsc::Receiver<Live>>,
+    from_seq: u64,
+    nudge: Option<Arc<Notify>>,
+) -> mpsc::Receiver<Result<spb::Event, Status>> {
+    let (tx, rx) = mpsc::channel(256);
+    tokio::spawn(async move {
+        let mut at = Merge {
+            sent: from_seq.saturating_sub(1),
+            closed_at: 0,
+            held: VecDeque::new(),
+        };
+        loop {
+            let live = tokio::select! {
+                biased;
+                event = logged.next() => {
+                    let event = match event {
+                        Some(Ok(event)) => event,
+                        Some(Err(status)) => {
+                            let _ = tx.send(Err(status)).await;
+                            return;
+                        }
+                        None => return,
+                    };
+                    at.sent = event.seq;
+                    if ends_model_output(&event) {
+                        at.closed_at = event.seq;
+                    }
+                    // A turn may start on another replica: look for it.
+                    if let Some(nudge) = &nudge
+                        && starts_turn(&event)
+                    {
+                        nudge.notify_one();
+                    }
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                    // Held events whose logged event has come.
+                    while let Some(show) = at.held.front().and_then(|e| at.place(e)) {
+                        let Some(event) = at.held.pop_front() else { break };
+                        if show && tx.send(Ok(Live::unwrap_or_clone(event))).await.is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                event = local.next() => event,
+                event = async { remote.as_mut()?.recv().await }, if remote.is_some() => {
+                    if event.is_none() {
+                        remote = None;
+                    }
+                    event
+                }
+                _ = tx.closed() => return,
+            };
+            let Some(event) = live else { continue };
+            match at.place(&event) {
+                Some(true) => {
+                    if tx.send(Ok(Live::unwrap_or_clone(event))).await.is_err() {
+                        return;
+                    }
+                }
+                Some(false) => {}
+                None => {
+                    if at.held.len() == MAX_HELD {
+                        at.held.pop_front();
+                    }
+                    at.held.push_back(event);
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The live events of a session another replica drives, for as long as
+/// `tx` is open: asks the store who drives it, follows that replica's live
+/// events, and looks again when they end, when `nudge` says the log moved,
+/// or every second while nobody drives it.
+pub async fn follow_driver(
+    cluster: Arc<Cluster>,
+    store: SessionStoreClient<TracedChannel>,
+    session_id: String,
+    tx: mpsc::Sender<Live>,
+    nudge: Arc<Notify>,
+) {
+    loop {
+        let driver = store
+            .clone()
+            .acquire_session(spb::AcquireSessionRequest {
+                session_id: session_id.clone(),
+                instance_id: cluster.instance_id.clone(),
+                peek: true,
+            })
+            .await
+            .map(tonic::Response::into_inner);
+        match driver {
+            Ok(lease)
+                if !lease.owner_url.is_empty()
+                    && lease.owner_instance_id != cluster.instance_id =>
+            {
+                if let Ok(mut peer) = cluster.peer(&lease.owner_url) {
+                    let request = crate::cluster::forwarded(opb::SubscribeRequest {
+                        session_id: session_id.clone(),
+                        from_seq: 0,
+                        live_only: true,
+                    });
+                    if let Ok(response) = peer.subscribe(request).await {
+                        let mut events = response.into_inner();
+                        loop {
+                            tokio::select! {
+                                event = events.next() => match event {
+                                    Some(Ok(event)) => {
+                                        if tx.send(Arc::new(event)).await.is_err() {
+                                            return;
+                                        }
+                                    }
+                                    _ => break,
+                                },
+                                _ = tx.closed() => return,
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(status) if status.code() == tonic::Code::NotFound => return,
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = nudge.notified() => {}
+            _ = tokio::time::sleep(FIND_DRIVER_EVERY) => {}
+            _ = tx.closed() => return,
+        }
+    }
+}
+
+/// The live events of a session driven here, as a stream (what another
+/// replica asks for with `live_only`).
+pub fn live_only(mut feed: LiveFeed) -> mpsc::Receiver<Result<spb::Event, Status>> {
+    let (tx, rx) = mpsc::channel(LIVE_BUFFER);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                event = feed.next() => match event {
+                    Some(event) => {
+                        if tx.send(Ok(Live::unwrap_or_clone(event))).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => return,
+                },
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+    use super::*;
+
+    fn logged(seq: u64, kind: spb::event::Kind) -> spb::Event {
+        spb::Event {
+            seq,
+            kind: Some(kind),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn live_text_waits_for_its_logged_event_and_never_follows_its_answer() {
+        let mut at = Merge {
+            sent: 4,
+            closed_at: 0,
+            held: VecDeque::new(),
+        };
+        // After an event already sent: now.
+        assert_eq!(at.place(&text_delta("s", "t", 4, "a".into())), Some(true));
+        // After one not sent yet: held.
+        assert_eq!(at.place(&text_delta("s", "t", 6, "b".into())), None);
+        // The answer of the call that streamed after seq 6 is logged at 9.
+        let answer = logged(
+            9,
+            spb::event::Kind::ModelMessage(spb::ModelMessage::default()),
+        );
+        assert!(ends_model_output(&answer));
+        at.sent = 9;
+        at.closed_at = 9;
+        // Text of that call arriving late: dropped.
+        assert_eq!(at.place(&text_delta("s", "t", 6, "c".into())), Some(false));
+        // Text of the next call (it follows the answer): shown.
+        assert_eq!(at.place(&text_delta("s", "t", 9, "d".into())), Some(true));
+        let tool = logged(10, spb::event::Kind::ToolResult(spb::ToolResult::default()));
+        assert!(!ends_model_output(&tool));
+    }
+
+    #[tokio::test]
+    async fn a_session_leaves_the_hub_with_its_last_subscriber() {
+        let hub = Arc::new(LiveHub::default());
+        let mut first = hub.follow("s1");
+        let second = hub.follow("s1");
+        let _other = hub.follow("s2");
+        assert_eq!(hub.followed(), 2);
+        hub.publish(text_delta("s1", "t", 3, "hello".into()));
+        let event = first.next().await.expect("an event");
+        assert!(event.live);
+        assert_eq!(event.seq, 3);
+        drop(second);
+        assert_eq!(hub.followed(), 2, "s1 still has a subscriber");
+        drop(first);
+        assert_eq!(hub.followed(), 1);
+        // Nobody follows s1: publishing keeps nothing.
+        hub.publish(text_delta("s1", "t", 4, "lost".into()));
+        assert_eq!(hub.followed(), 1);
+    }
+}
