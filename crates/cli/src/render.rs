@@ -654,7 +654,8 @@ mod tests {
         }
     }
 
-    fn rendered(events: &[pb::Event]) -> String {
+    /// What the answer and the activity streams show for these events.
+    fn both(events: &[pb::Event]) -> (String, String) {
         let mut answer = Vec::new();
         let mut activity = Vec::new();
         let mut r = Renderer::new(&mut answer, &mut activity);
@@ -662,19 +663,18 @@ mod tests {
             r.event(e);
         }
         drop(r);
-        String::from_utf8(activity).unwrap()
+        (
+            String::from_utf8(answer).unwrap(),
+            String::from_utf8(activity).unwrap(),
+        )
     }
 
-    /// What the answer stream shows for these events.
+    fn rendered(events: &[pb::Event]) -> String {
+        both(events).1
+    }
+
     fn answered(events: &[pb::Event]) -> String {
-        let mut answer = Vec::new();
-        let mut activity = Vec::new();
-        let mut r = Renderer::new(&mut answer, &mut activity);
-        for e in events {
-            r.event(e);
-        }
-        drop(r);
-        String::from_utf8(answer).unwrap()
+        both(events).0
     }
 
     #[test]

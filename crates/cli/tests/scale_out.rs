@@ -14,7 +14,7 @@ use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
 use agentry_proto::sessions::v1::{self as spb, ApprovalMode, event::Kind};
 use agentry_testkit::Cluster;
 use agentry_testkit::cluster::{Channel, Service};
-use agentry_testkit::fake_model::Reply;
+use agentry_testkit::fake_model::{Reply, finish, pause, text};
 use common::BIN;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -107,14 +107,12 @@ async fn submit(
         .map(tonic::Response::into_inner)
 }
 
-/// Follows the session through `client` until turn `turn_id` finishes.
-async fn finished(
+/// Follows the session through `client` from its start.
+async fn follow(
     client: &mut OrchestratorClient<Channel>,
     session_id: &str,
-    turn_id: &str,
-    within: Duration,
-) -> spb::TurnFinished {
-    let mut events = client
+) -> tonic::Streaming<spb::Event> {
+    client
         .subscribe(pb::SubscribeRequest {
             session_id: session_id.into(),
             from_seq: 1,
@@ -122,7 +120,17 @@ async fn finished(
         })
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+}
+
+/// Follows the session through `client` until turn `turn_id` finishes.
+async fn finished(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+    turn_id: &str,
+    within: Duration,
+) -> spb::TurnFinished {
+    let mut events = follow(client, session_id).await;
     tokio::time::timeout(within, async {
         while let Some(event) = events.message().await.unwrap() {
             if let Some(Kind::TurnFinished(f)) = event.kind
@@ -241,6 +249,41 @@ async fn two_orchestrators_share_sessions_and_survive_one_being_killed() {
     .await;
     assert_eq!(done.outcome, spb::TurnOutcome::Completed as i32);
 
+    // Streamed text is live (never logged): a client following the
+    // session through B gets it from A, which drives the session.
+    let mut through_b = follow(&mut to_b, &session.id).await;
+    cluster.model.push(Reply::stream(vec![
+        pause(Duration::from_millis(500)),
+        text("streamed "),
+        text("live"),
+        finish("stop"),
+    ]));
+    let turn = submit(&mut to_a, &session.id, "stream it").await.unwrap();
+    let streamed = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut streamed = String::new();
+        while let Some(event) = through_b.message().await.unwrap() {
+            match event.kind {
+                Some(Kind::ModelTextDelta(d)) => {
+                    assert!(event.live, "streamed text is live");
+                    streamed.push_str(&d.text);
+                }
+                Some(Kind::TurnFinished(_)) if event.turn_id == turn.turn_id => break,
+                _ => {}
+            }
+        }
+        streamed
+    })
+    .await
+    .expect("the streamed turn finishes within 20 s");
+    assert_eq!(streamed, "streamed live");
+    assert!(
+        log_of(&cluster, &session.id)
+            .await
+            .iter()
+            .all(|e| !matches!(e.kind, Some(Kind::ModelTextDelta(_)))),
+        "no streamed text in the log"
+    );
+
     // A third turn, through B, runs on A; A is killed while the model
     // answers. B takes the session over and the turn finishes there.
     let asked = cluster.model.request_count();
@@ -306,7 +349,13 @@ async fn two_orchestrators_share_sessions_and_survive_one_being_killed() {
         .collect();
     assert_eq!(
         answers,
-        ["One.", "Two.", "Three, after the takeover.", "Four."]
+        [
+            "One.",
+            "Two.",
+            "streamed live",
+            "Three, after the takeover.",
+            "Four."
+        ]
     );
     // B forwarded its inputs while A lived, then took the session over.
     let page = reqwest_metrics(b_metrics).await;

@@ -21,10 +21,11 @@ use agentry_proto::orchestrator::v1 as opb;
 use agentry_proto::sessions::v1 as spb;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_runtime::telemetry::TracedChannel;
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use agentry_runtime::topics::{Subscription, Topics};
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::{Notify, mpsc};
 use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 
@@ -40,79 +41,46 @@ const FIND_DRIVER_EVERY: Duration = Duration::from_secs(1);
 type Live = Arc<spb::Event>;
 
 /// The live events of the sessions this replica drives, by session.
-#[derive(Default)]
-pub struct LiveHub {
-    sessions: Mutex<HashMap<String, broadcast::Sender<Live>>>,
+pub struct LiveHub(Arc<Topics<Live>>);
+
+impl Default for LiveHub {
+    fn default() -> Self {
+        LiveHub(Topics::new(LIVE_BUFFER))
+    }
 }
 
 impl LiveHub {
-    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<Live>>> {
-        self.sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Shows `event` to the session's subscribers now (nobody: dropped).
     pub fn publish(&self, event: spb::Event) {
-        let sessions = self.sessions();
-        if let Some(tx) = sessions.get(&event.session_id) {
-            let _ = tx.send(Arc::new(event));
-        }
+        let session_id = event.session_id.clone();
+        self.0.publish(&session_id, Arc::new(event));
     }
 
     /// Follows the live events of `session_id` from now on.
-    pub fn follow(self: &Arc<Self>, session_id: &str) -> LiveFeed {
-        let receiver = self
-            .sessions()
-            .entry(session_id.to_string())
-            .or_insert_with(|| broadcast::channel(LIVE_BUFFER).0)
-            .subscribe();
-        LiveFeed {
-            hub: self.clone(),
-            session_id: session_id.to_string(),
-            receiver,
-        }
+    pub fn follow(&self, session_id: &str) -> LiveFeed {
+        LiveFeed(self.0.subscribe(session_id))
     }
 
-    /// Sessions with a subscriber (for tests).
+    /// Sessions with a subscriber now.
     pub fn followed(&self) -> usize {
-        self.sessions().len()
+        self.0.len()
     }
 }
 
-/// One subscriber's live events of a session; the session leaves the hub
-/// with its last subscriber.
-pub struct LiveFeed {
-    hub: Arc<LiveHub>,
-    session_id: String,
-    receiver: broadcast::Receiver<Live>,
-}
+/// One subscriber's live events of a session.
+pub struct LiveFeed(Subscription<Live>);
 
 impl LiveFeed {
     /// The next live event; `None` when the hub is gone. Events missed by
     /// falling behind are skipped.
     pub async fn next(&mut self) -> Option<Live> {
         loop {
-            match self.receiver.recv().await {
+            match self.0.recv().await? {
                 Ok(event) => return Some(event),
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    tracing::debug!(session_id = %self.session_id, missed, "a subscriber fell behind the streamed text");
+                Err(missed) => {
+                    tracing::debug!(missed, "a subscriber fell behind the streamed text");
                 }
-                Err(broadcast::error::RecvError::Closed) => return None,
             }
-        }
-    }
-}
-
-impl Drop for LiveFeed {
-    fn drop(&mut self) {
-        let mut sessions = self.hub.sessions();
-        // This feed's receiver still counts until it is dropped.
-        if sessions
-            .get(&self.session_id)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
-        {
-            sessions.remove(&self.session_id);
         }
     }
 }
@@ -381,7 +349,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_leaves_the_hub_with_its_last_subscriber() {
-        let hub = Arc::new(LiveHub::default());
+        let hub = LiveHub::default();
         let mut first = hub.follow("s1");
         let second = hub.follow("s1");
         let _other = hub.follow("s2");

@@ -12,6 +12,7 @@ pub mod datadir;
 pub mod metrics;
 pub mod serve;
 pub mod telemetry;
+pub mod topics;
 
 pub use auth::Auth;
 

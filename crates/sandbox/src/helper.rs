@@ -52,6 +52,10 @@ fn fail(message: &str) -> i32 {
 /// helper die of the same signal.
 pub fn run_main(args: &[String]) -> i32 {
     let spec: Spec = match args {
+        [flag] if flag == "--version" => {
+            println!("{}", crate::locate::version());
+            return 0;
+        }
         // `@FILE`: the spec is in a file the runner wrote for this call
         // (so that secrets in its environment are not on the command line,
         // which every user can read); it is removed once read.
@@ -402,19 +406,9 @@ fn private_mounts(read_write: &mut Vec<PathBuf>, cwd: &Path) {
 }
 
 fn set_limits(limits: &crate::Limits) -> Result<(), String> {
-    use nix::sys::resource::{Resource, setrlimit};
-    let mib = |n: u64| n.saturating_mul(1024 * 1024);
-    for (resource, value) in [
-        (Resource::RLIMIT_CPU, limits.cpu_secs),
-        (Resource::RLIMIT_AS, mib(limits.address_space_mib)),
-        (Resource::RLIMIT_NPROC, limits.processes),
-        (Resource::RLIMIT_FSIZE, mib(limits.file_size_mib)),
-        (Resource::RLIMIT_NOFILE, limits.open_files),
-    ] {
-        if value > 0 {
-            setrlimit(resource, value, value)
-                .map_err(|e| format!("cannot limit {resource:?} to {value}: {e}"))?;
-        }
+    for (resource, value) in limits.rlimits() {
+        nix::sys::resource::setrlimit(resource, value, value)
+            .map_err(|e| format!("cannot limit {resource:?} to {value}: {e}"))?;
     }
     Ok(())
 }

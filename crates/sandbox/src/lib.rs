@@ -148,6 +148,47 @@ pub struct Limits {
     pub open_files: u64,
 }
 
+impl Limits {
+    /// The limits as (resource, value) pairs, those set only.
+    fn rlimits(&self) -> Vec<(nix::sys::resource::Resource, u64)> {
+        use nix::sys::resource::Resource;
+        let mib = |n: u64| n.saturating_mul(1024 * 1024);
+        [
+            (Resource::RLIMIT_CPU, self.cpu_secs),
+            (Resource::RLIMIT_AS, mib(self.address_space_mib)),
+            (Resource::RLIMIT_NPROC, self.processes),
+            (Resource::RLIMIT_FSIZE, mib(self.file_size_mib)),
+            (Resource::RLIMIT_NOFILE, self.open_files),
+        ]
+        .into_iter()
+        .filter(|&(_, value)| value > 0)
+        .collect()
+    }
+
+    /// Makes `cmd`'s process take these limits (soft and hard) just before
+    /// it execs, after its identity switch: how commands are limited
+    /// without the OS sandbox, with no shell in between. A limit that
+    /// cannot be set fails the spawn.
+    pub fn apply_before_exec(&self, cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        let limits = self.rlimits();
+        // SAFETY: between fork and exec the closure makes only setrlimit
+        // system calls over a vector built before the fork: it allocates
+        // nothing and takes no lock, so the parent's other threads cannot
+        // leave it waiting on one.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || {
+                for &(resource, value) in &limits {
+                    nix::sys::resource::setrlimit(resource, value, value)
+                        .map_err(std::io::Error::from)?;
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
 /// Which layers to apply.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layers {

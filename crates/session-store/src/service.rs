@@ -4,6 +4,7 @@ use crate::backend::Backend;
 use crate::store::{Change, MAX_READ_EVENTS, StoreError};
 use agentry_proto::sessions::v1 as pb;
 use agentry_proto::sessions::v1::session_store_server::SessionStore;
+use agentry_runtime::topics::{Subscription, Topics};
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -39,7 +40,7 @@ pub struct SessionStoreService {
     store: Backend,
     closing: watch::Receiver<bool>,
     /// The store's changes, by session.
-    fanout: Arc<Fanout>,
+    fanout: Arc<Topics<Change>>,
     /// The store's metrics.
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
 }
@@ -49,8 +50,8 @@ impl SessionStoreService {
     /// Call within a Tokio runtime (it starts the task that hands each
     /// change to the watchers of its session).
     pub fn new(store: Backend, closing: watch::Receiver<bool>) -> Self {
-        let fanout = Arc::new(Fanout::default());
-        tokio::spawn(fanout.clone().route(store.subscribe()));
+        let fanout = Topics::new(SESSION_CHANGES);
+        tokio::spawn(route(fanout.clone(), store.subscribe()));
         Self {
             store,
             closing,
@@ -68,89 +69,23 @@ const SESSION_CHANGES: usize = 64;
 /// append wakes its session's watchers only, not every watcher of the store
 /// (with a thousand sessions watched, that was a thousand wake-ups per
 /// append).
-#[derive(Default)]
-pub struct Fanout {
-    sessions: std::sync::Mutex<std::collections::HashMap<String, broadcast::Sender<Change>>>,
-}
-
-impl Fanout {
-    fn sessions(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, broadcast::Sender<Change>>>
-    {
-        self.sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The changes of `session_id` from now on.
-    fn follow(self: &Arc<Self>, session_id: &str) -> SessionChanges {
-        let receiver = self
-            .sessions()
-            .entry(session_id.to_string())
-            .or_insert_with(|| broadcast::channel(SESSION_CHANGES).0)
-            .subscribe();
-        SessionChanges {
-            fanout: self.clone(),
-            session_id: session_id.to_string(),
-            receiver,
-        }
-    }
-
-    /// Sessions with a watcher now.
-    pub fn watched(&self) -> usize {
-        self.sessions().len()
-    }
-
-    /// Routes the store's changes until it closes.
-    async fn route(self: Arc<Self>, mut changes: broadcast::Receiver<Change>) {
-        loop {
-            let change = match changes.recv().await {
-                Ok(change) => change,
-                // Changes were missed: every watcher reads what it has not
-                // seen.
-                Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
-                Err(broadcast::error::RecvError::Closed) => return,
-            };
-            let session = match &change {
-                Change::Appended(events) => events.first().map(|e| e.session_id.as_str()),
-                Change::Deleted(id) => Some(id.as_str()),
-                Change::Advanced { session_id, .. } => Some(session_id.as_str()),
-                Change::Resync => None,
-            };
-            let sessions = self.sessions();
-            match session {
-                Some(id) => {
-                    if let Some(tx) = sessions.get(id) {
-                        let _ = tx.send(change);
-                    }
-                }
-                None => {
-                    for tx in sessions.values() {
-                        let _ = tx.send(Change::Resync);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// One watcher's changes of a session; the session leaves the fan-out with
-/// its last watcher.
-struct SessionChanges {
-    fanout: Arc<Fanout>,
-    session_id: String,
-    receiver: broadcast::Receiver<Change>,
-}
-
-impl Drop for SessionChanges {
-    fn drop(&mut self) {
-        let mut sessions = self.fanout.sessions();
-        if sessions
-            .get(&self.session_id)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
-        {
-            sessions.remove(&self.session_id);
+async fn route(fanout: Arc<Topics<Change>>, mut changes: broadcast::Receiver<Change>) {
+    loop {
+        let change = match changes.recv().await {
+            Ok(change) => change,
+            // Changes were missed: every watcher reads what it has not seen.
+            Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        let session = match &change {
+            Change::Appended(events) => events.first().map(|e| e.session_id.clone()),
+            Change::Deleted(id) => Some(id.clone()),
+            Change::Advanced { session_id, .. } => Some(session_id.clone()),
+            Change::Resync => None,
+        };
+        match session {
+            Some(id) => fanout.publish(&id, change),
+            None => fanout.publish_all(&change),
         }
     }
 }
@@ -327,7 +262,7 @@ impl SessionStore for SessionStoreService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let req = request.into_inner();
         // Subscribe before the first read so nothing committed in between is missed.
-        let live = self.fanout.follow(&req.session_id);
+        let live = self.fanout.subscribe(&req.session_id);
         let id = req.session_id.clone();
         self.store.get_session(id).await.map_err(status_of)?;
         let (tx, rx) = mpsc::channel(256);
@@ -348,7 +283,7 @@ async fn watch_session(
     store: Backend,
     session_id: String,
     mut next: u64,
-    mut changes: SessionChanges,
+    mut changes: Subscription<Change>,
     tx: mpsc::Sender<Result<pb::Event, Status>>,
     mut closing: watch::Receiver<bool>,
 ) {
@@ -357,7 +292,7 @@ async fn watch_session(
     }
     loop {
         let batch = tokio::select! {
-            batch = changes.receiver.recv() => batch,
+            batch = changes.recv() => batch,
             () = tx.closed() => return,
             () = closing_requested(&mut closing) => {
                 let _ = tx.send(Err(Status::unavailable("the session store is shutting down"))).await;
@@ -365,7 +300,7 @@ async fn watch_session(
             }
         };
         match batch {
-            Ok(Change::Deleted(id)) if id == session_id => {
+            Some(Ok(Change::Deleted(id))) if id == session_id => {
                 let _ = tx
                     .send(Err(Status::not_found(format!(
                         "session {session_id:?} was deleted"
@@ -373,23 +308,23 @@ async fn watch_session(
                     .await;
                 return;
             }
-            Ok(Change::Deleted(_)) => {}
+            Some(Ok(Change::Deleted(_))) => {}
             // Another replica appended: read what this watcher has not seen.
-            Ok(Change::Advanced {
+            Some(Ok(Change::Advanced {
                 session_id: id,
                 last_seq,
-            }) if id == session_id && last_seq >= next => {
+            })) if id == session_id && last_seq >= next => {
                 if catch_up(&store, &session_id, &mut next, &tx).await.is_err() {
                     return;
                 }
             }
-            Ok(Change::Advanced { .. }) => {}
-            Ok(Change::Resync) => {
+            Some(Ok(Change::Advanced { .. })) => {}
+            Some(Ok(Change::Resync)) => {
                 if catch_up(&store, &session_id, &mut next, &tx).await.is_err() {
                     return;
                 }
             }
-            Ok(Change::Appended(batch)) => {
+            Some(Ok(Change::Appended(batch))) => {
                 for e in batch.iter().filter(|e| e.session_id == session_id) {
                     if e.seq < next {
                         continue;
@@ -409,12 +344,13 @@ async fn watch_session(
                     next = e.seq + 1;
                 }
             }
-            Err(broadcast::error::RecvError::Lagged(_)) => {
+            // Fell behind: read what was missed from the log.
+            Some(Err(_missed)) => {
                 if catch_up(&store, &session_id, &mut next, &tx).await.is_err() {
                     return;
                 }
             }
-            Err(broadcast::error::RecvError::Closed) => return,
+            None => return,
         }
     }
 }

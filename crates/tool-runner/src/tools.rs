@@ -336,13 +336,10 @@ async fn bash(
             cmd
         }
         None => {
-            // No OS sandbox: the shell applies the limits (setrlimit through
-            // `ulimit`), then the command runs in a fresh bash.
-            let script = format!("{}exec bash -c \"$1\"", sandbox.ulimit_prefix());
+            // No OS sandbox: bash runs the command with the session's
+            // identity, environment and limits (set just before exec).
             let mut cmd = tokio::process::Command::new("bash");
             cmd.arg("-c")
-                .arg(script)
-                .arg("bash")
                 .arg(command)
                 .env_clear()
                 .envs(sandbox.environment(session, workspace.root(), workspace.tmp()))
@@ -354,6 +351,7 @@ async fn bash(
             if let Some(ids) = sandbox.ids_for(session) {
                 cmd.uid(ids.uid).gid(ids.gid);
             }
+            sandbox.limits.apply_before_exec(cmd.as_std_mut());
             cmd
         }
     };

@@ -69,9 +69,25 @@ async fn bash(ws: &Workspace, sandbox: &Sandbox, command: &str) -> ToolOutcome {
 #[tokio::test]
 async fn resource_limits_are_applied_to_commands() {
     let root = workspace_root();
+    let Some(sandbox) = confined(root.path()) else {
+        return;
+    };
+    limits_hold(root.path(), sandbox).await;
+}
+
+#[tokio::test]
+async fn without_the_os_sandbox_the_same_limits_hold() {
+    let root = workspace_root();
     let Some(mut sandbox) = confined(root.path()) else {
         return;
     };
+    // No helper: the runner starts bash itself and sets the limits
+    // between fork and exec.
+    sandbox.helper = None;
+    limits_hold(root.path(), sandbox).await;
+}
+
+async fn limits_hold(root: &std::path::Path, mut sandbox: Sandbox) {
     sandbox.limits = Rlimits {
         cpu_secs: 7,
         address_space_mib: 1024,
@@ -79,7 +95,7 @@ async fn resource_limits_are_applied_to_commands() {
         file_size_mib: 1,
         open_files: 64,
     };
-    let ws = open(root.path(), "s1", &sandbox);
+    let ws = open(root, "s1", &sandbox);
     let out = bash(&ws, &sandbox, "ulimit -t; ulimit -v; ulimit -f; ulimit -n").await;
     assert_eq!(out.output, "7\n1048576\n1024\n64\n");
     let out = bash(
