@@ -74,6 +74,31 @@ async fn session_turns(
     session_turns_via(client, None, stack, turns).await
 }
 
+/// A session ready for turns: created, its workspace holding the file
+/// the turn reads, its events followed.
+struct Prepared {
+    session_id: String,
+    events: tonic::Streaming<spb::Event>,
+}
+
+async fn prepare(
+    client: &mut OrchestratorClient<Channel>,
+    stack: &Stack,
+) -> anyhow::Result<Prepared> {
+    let session = client
+        .create_session(opb::CreateSessionRequest::default())
+        .await?
+        .into_inner();
+    let workspace = stack.workspace(&session.id);
+    std::fs::create_dir_all(&workspace)?;
+    std::fs::write(workspace.join("small.txt"), "a small file\n")?;
+    let events = follow(client, &session.id).await?;
+    Ok(Prepared {
+        session_id: session.id,
+        events,
+    })
+}
+
 /// [`session_turns`], the inputs sent through `submit_via` when given
 /// (after one unmeasured turn through `client`, so that the session is
 /// driven by `client`'s orchestrator and every input is forwarded).
@@ -83,14 +108,21 @@ async fn session_turns_via(
     stack: &Stack,
     turns: usize,
 ) -> anyhow::Result<(Vec<f64>, usize)> {
-    let session = client
-        .create_session(opb::CreateSessionRequest::default())
-        .await?
-        .into_inner();
-    let workspace = stack.workspace(&session.id);
-    std::fs::create_dir_all(&workspace)?;
-    std::fs::write(workspace.join("small.txt"), "a small file\n")?;
-    let mut events = follow(&mut client, &session.id).await?;
+    let prepared = prepare(&mut client, stack).await?;
+    prepared_turns(client, submit_via, prepared, turns).await
+}
+
+/// Runs `turns` turns in a prepared session.
+async fn prepared_turns(
+    mut client: OrchestratorClient<Channel>,
+    submit_via: Option<OrchestratorClient<Channel>>,
+    prepared: Prepared,
+    turns: usize,
+) -> anyhow::Result<(Vec<f64>, usize)> {
+    let Prepared {
+        session_id,
+        mut events,
+    } = prepared;
     let mut latencies = Vec::with_capacity(turns);
     let mut errors = 0;
     let forwarding = submit_via.is_some();
@@ -99,7 +131,7 @@ async fn session_turns_via(
         let warm_up = forwarding && turn == 0;
         let started = Instant::now();
         let via = if warm_up { &mut client } else { &mut sender };
-        let submitted = submit(via, &session.id, "read small.txt").await;
+        let submitted = submit(via, &session_id, "read small.txt").await;
         if submitted.is_err() {
             errors += 1;
             continue;
@@ -107,7 +139,7 @@ async fn session_turns_via(
         let mut read_file_ok = false;
         loop {
             let Some(event) = events.next().await else {
-                anyhow::bail!("the event stream of session {} ended", session.id);
+                anyhow::bail!("the event stream of session {session_id} ended");
             };
             match event?.kind {
                 Some(spb::event::Kind::ToolResult(r)) => {
@@ -135,23 +167,36 @@ async fn turn_run(stack: &Stack, sessions: usize, turns_each: usize) -> anyhow::
     for _ in 0..sessions.div_ceil(SESSIONS_PER_CONNECTION) {
         clients.push(stack.orchestrator().await?);
     }
+    // The sessions are created, their workspaces written and their events
+    // followed before the clock starts: the figure is turns, not set-up.
+    let mut prepared = Vec::with_capacity(sessions);
+    for i in 0..sessions {
+        let mut client = clients[i / SESSIONS_PER_CONNECTION].clone();
+        prepared.push((client.clone(), prepare(&mut client, stack).await?));
+    }
     let started = Instant::now();
-    let runs = (0..sessions).map(|i| {
-        let client = clients[i / SESSIONS_PER_CONNECTION].clone();
-        session_turns(client, stack, turns_each)
-    });
+    // Each session on a task of its own: the client's work spreads over
+    // the runtime's threads like the services' does.
+    let runs: Vec<_> = prepared
+        .into_iter()
+        .map(|(client, session)| tokio::spawn(prepared_turns(client, None, session, turns_each)))
+        .collect();
     let results = futures::future::join_all(runs).await;
     let elapsed = started.elapsed().as_secs_f64();
     let mut latencies = Vec::new();
     let mut errors = 0;
     for result in results {
         match result {
-            Ok((l, e)) => {
+            Ok(Ok((l, e))) => {
                 latencies.extend(l);
                 errors += e;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 eprintln!("  a session failed: {e:#}");
+                errors += turns_each;
+            }
+            Err(e) => {
+                eprintln!("  a session's task failed: {e}");
                 errors += turns_each;
             }
         }
