@@ -56,10 +56,11 @@ fn every_scenario_runs_on_a_small_load() {
     assert_eq!(figures["streaming"]["tokens"], 2000);
     assert!(figures["shell"]["ratio_sandbox_on"].as_f64().unwrap() > 0.0);
     assert!(figures["shell"]["ratio_sandbox_off"].as_f64().unwrap() > 0.0);
-    // The goals table: growing vs fresh, concurrent vs one, streaming and
-    // the shell with and without the sandbox, each with its figure.
+    // The goals table: growing vs fresh, streaming and the shell with and
+    // without the sandbox, each with its figure (the concurrency goal is
+    // for 1,000 sessions, not run here).
     let goals = figures["goals"].as_array().unwrap();
-    assert_eq!(goals.len(), 5, "{goals:?}");
+    assert_eq!(goals.len(), 4, "{goals:?}");
     for g in goals {
         assert!(g["value"].as_f64().unwrap().is_finite(), "{g}");
         assert!(g["met"].is_boolean(), "{g}");
