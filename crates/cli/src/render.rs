@@ -368,12 +368,23 @@ impl<A: Write, B: Write> Renderer<A, B> {
             }
             Kind::ModelMessage(m) => {
                 let streamed = std::mem::take(&mut self.streamed);
-                if let Some(rest) = m.text.strip_prefix(streamed.as_str())
-                    && !rest.is_empty()
-                {
-                    let _ = write!(self.answer, "{rest}");
+                // What of the answer was not shown as it streamed: the
+                // rest when its start was, nothing when it all was (a call
+                // written as text and rewritten streams more than the
+                // answer), else (followed from the middle, or fell behind)
+                // the whole answer on a line of its own.
+                let missing = match m.text.strip_prefix(streamed.as_str()) {
+                    Some(rest) => rest,
+                    None if streamed.ends_with(m.text.as_str()) => "",
+                    None => {
+                        self.end_line();
+                        m.text.as_str()
+                    }
+                };
+                if !missing.is_empty() {
+                    let _ = write!(self.answer, "{missing}");
                     let _ = self.answer.flush();
-                    self.mid_line = !rest.ends_with('\n');
+                    self.mid_line = !missing.ends_with('\n');
                 }
                 self.step_tokens
                     .push(m.usage.as_ref().map(|u| u.total_tokens).unwrap_or(0));
@@ -467,6 +478,8 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 );
             }
             Kind::Error(e) => {
+                // A failed call's text is not the next answer's start.
+                self.streamed.clear();
                 self.end_line();
                 let _ = writeln!(self.activity, "error: {}", e.message);
             }
@@ -697,8 +710,16 @@ mod tests {
         );
         // Read from a log, which keeps no streamed text: the message shows it.
         assert_eq!(answered(&[message("Hello")]), "Hello\n");
-        // Followed from the middle of the stream: the rest comes with it.
+        // Its start streamed, then the reader fell behind: the rest comes
+        // with the message.
         assert_eq!(answered(&[delta("Hel"), message("Hello")]), "Hello\n");
+        // Followed from the middle: the whole answer on a line of its own.
+        assert_eq!(answered(&[delta("lo"), message("Hello")]), "lo\nHello\n");
+        // A call written as text, rewritten: both streamed, nothing more.
+        assert_eq!(
+            answered(&[delta("<call>"), delta("Hello"), message("Hello")]),
+            "<call>Hello\n"
+        );
         // The next answer starts afresh.
         assert_eq!(
             answered(&[delta("a"), message("a"), message("b")]),

@@ -34,9 +34,10 @@ use tonic::{Status, Streaming};
 const LIVE_BUFFER: usize = 256;
 /// Live events held for a logged event not sent yet.
 const MAX_HELD: usize = 4096;
-/// How often a replica following a session driven elsewhere looks for its
-/// driver when it has none.
-const FIND_DRIVER_EVERY: Duration = Duration::from_secs(1);
+/// How often a replica following a session looks again for a driver
+/// elsewhere when it found none (a turn starting is noticed at once, from
+/// the log; this catches a takeover).
+const FIND_DRIVER_EVERY: Duration = Duration::from_secs(10);
 
 type Live = Arc<spb::Event>;
 
@@ -225,8 +226,8 @@ pub fn merge(
 
 /// The live events of a session another replica drives, for as long as
 /// `tx` is open: asks the store who drives it, follows that replica's live
-/// events, and looks again when they end, when `nudge` says the log moved,
-/// or every second while nobody drives it.
+/// events, and looks again when they end, when `nudge` says a turn started,
+/// or every ten seconds while no other replica drives it.
 pub async fn follow_driver(
     cluster: Arc<Cluster>,
     store: SessionStoreClient<TracedChannel>,

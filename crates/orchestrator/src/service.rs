@@ -674,7 +674,14 @@ impl Orchestrator for OrchestratorService {
         let events_tx = tx.clone();
         tokio::spawn(async move {
             let mut events = events;
-            while let Some(item) = events.next().await {
+            loop {
+                // A client that left an idle session is noticed now, not at
+                // the session's next event: its watch ends with it.
+                let item = tokio::select! {
+                    item = events.next() => item,
+                    () = events_tx.closed() => return,
+                };
+                let Some(item) = item else { return };
                 let message = item.map(|event| pb::ChatResponse {
                     kind: Some(pb::chat_response::Kind::Event(event)),
                 });

@@ -38,7 +38,7 @@ impl<T: Clone> Topics<T> {
         Subscription {
             topics: self.clone(),
             key: key.to_string(),
-            receiver,
+            receiver: Some(receiver),
         }
     }
 
@@ -72,14 +72,15 @@ impl<T: Clone> Topics<T> {
 pub struct Subscription<T> {
     topics: Arc<Topics<T>>,
     key: String,
-    receiver: broadcast::Receiver<T>,
+    /// Taken (and dropped under the lock) when the subscription ends.
+    receiver: Option<broadcast::Receiver<T>>,
 }
 
 impl<T: Clone> Subscription<T> {
     /// The next message (`Err(n)`: `n` were missed by falling behind);
     /// `None` never comes while the topics live.
     pub async fn recv(&mut self) -> Option<Result<T, u64>> {
-        match self.receiver.recv().await {
+        match self.receiver.as_mut()?.recv().await {
             Ok(message) => Some(Ok(message)),
             Err(broadcast::error::RecvError::Lagged(missed)) => Some(Err(missed)),
             Err(broadcast::error::RecvError::Closed) => None,
@@ -94,10 +95,12 @@ impl<T> Drop for Subscription<T> {
             .keys
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // This subscription's receiver still counts until it is dropped.
+        // The receiver goes under the lock: of two subscriptions ending at
+        // once, the second sees the first gone, and the key leaves.
+        drop(self.receiver.take());
         if keys
             .get(&self.key)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
+            .is_some_and(|tx| tx.receiver_count() == 0)
         {
             keys.remove(&self.key);
         }

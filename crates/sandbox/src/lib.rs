@@ -58,6 +58,7 @@ pub const SETUP_FAILED: i32 = 125;
 
 /// What the helper is asked to run, and how confined.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Spec {
     /// The command and its arguments; `argv[0]` is looked up in the
     /// environment's PATH.
@@ -126,6 +127,7 @@ impl ProxyRoute {
 
 /// A uid and gid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Ids {
     /// User id.
     pub uid: u32,
@@ -135,6 +137,7 @@ pub struct Ids {
 
 /// Resource limits of one command; 0 = not limited.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Limits {
     /// CPU seconds (RLIMIT_CPU).
     pub cpu_secs: u64,
@@ -191,6 +194,7 @@ impl Limits {
 
 /// Which layers to apply.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Layers {
     /// pid, network, mount, IPC and UTS namespaces (and a user namespace
     /// when the helper is not root).

@@ -18,14 +18,31 @@ const EMBEDDING_NAME: &str = "agentry";
 
 static RUNNING_PROGRAM_EMBEDS_HELPER: AtomicBool = AtomicBool::new(false);
 
+/// The revision of [`crate::Spec`] (with its parts): raise it with any
+/// change to what the runner sends, so that a helper built before the
+/// change is not taken for one that reads it. A helper also refuses a spec
+/// with fields it does not know.
+const SPEC_REVISION: u32 = 1;
+
 /// What `agentry-sandbox --version` prints: a helper that prints the same
 /// reads the runner's specs.
 pub fn version() -> String {
-    format!("{HELPER_NAME} {}", env!("CARGO_PKG_VERSION"))
+    format!(
+        "{HELPER_NAME} {} spec {SPEC_REVISION}",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
-/// Whether `path` is a helper of this very version.
-fn same_version(path: &Path) -> bool {
+/// Whether `path` is a helper of this very version, owned like `exe` and
+/// writable by its owner alone.
+fn same_helper(path: &Path, exe: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(helper), Ok(running)) = (std::fs::metadata(path), std::fs::metadata(exe)) else {
+        return false;
+    };
+    if helper.uid() != running.uid() || helper.mode() & 0o022 != 0 {
+        return false;
+    }
     std::process::Command::new(path)
         .arg("--version")
         .stdin(std::process::Stdio::null())
@@ -71,7 +88,7 @@ pub fn find_helper(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
         // whole of `agentry`): it runs before every command.
         if let Some(beside) = exe.parent().map(|dir| dir.join(HELPER_NAME))
             && beside.is_file()
-            && same_version(&beside)
+            && same_helper(&beside, exe)
         {
             return Ok(beside);
         }
@@ -108,6 +125,27 @@ pub fn find_helper(configured: Option<&Path>) -> Result<PathBuf, SandboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_helper_beside_is_taken_only_of_this_version_and_safely_owned() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let script = |name: &str, says: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\necho '{says}'\n"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .unwrap_or_else(|e| panic!("{e}"));
+            path
+        };
+        let good = script("good", &version(), 0o755);
+        assert!(same_helper(&good, &good));
+        let older = script("older", &format!("{HELPER_NAME} 0.0.1 spec 0"), 0o755);
+        assert!(!same_helper(&older, &good), "another version");
+        let writable = script("writable", &version(), 0o777);
+        assert!(!same_helper(&writable, &good), "anyone could replace it");
+        assert!(!same_helper(&dir.path().join("absent"), &good));
+    }
 
     #[test]
     fn the_helper_name_is_recognised_in_any_directory() {
