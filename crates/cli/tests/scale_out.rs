@@ -15,7 +15,7 @@ use agentry_proto::sessions::v1::{self as spb, ApprovalMode, event::Kind};
 use agentry_testkit::Cluster;
 use agentry_testkit::cluster::{Channel, Service};
 use agentry_testkit::fake_model::{Reply, finish, pause, text};
-use common::BIN;
+use common::{BIN, follow};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -105,22 +105,6 @@ async fn submit(
         })
         .await
         .map(tonic::Response::into_inner)
-}
-
-/// Follows the session through `client` from its start.
-async fn follow(
-    client: &mut OrchestratorClient<Channel>,
-    session_id: &str,
-) -> tonic::Streaming<spb::Event> {
-    client
-        .subscribe(pb::SubscribeRequest {
-            session_id: session_id.into(),
-            from_seq: 1,
-            live_only: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 /// Follows the session through `client` until turn `turn_id` finishes.

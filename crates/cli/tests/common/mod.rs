@@ -139,19 +139,26 @@ pub fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
 /// events (streamed text, never in the log).
 pub struct Live(tonic::Streaming<spb::Event>);
 
+/// Follows a session through `client` from its start: the log, then new
+/// events with the live ones.
+pub async fn follow(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+) -> tonic::Streaming<spb::Event> {
+    client
+        .subscribe(pb::SubscribeRequest {
+            session_id: session_id.into(),
+            from_seq: 1,
+            live_only: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 impl Live {
     pub async fn follow(client: &mut OrchestratorClient<Channel>, session_id: &str) -> Live {
-        Live(
-            client
-                .subscribe(pb::SubscribeRequest {
-                    session_id: session_id.into(),
-                    from_seq: 0,
-                    live_only: false,
-                })
-                .await
-                .unwrap()
-                .into_inner(),
-        )
+        Live(follow(client, session_id).await)
     }
 
     /// Waits for streamed text; panics after 20 s.
