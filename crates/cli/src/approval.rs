@@ -149,7 +149,7 @@ pub fn deny(call_id: &str, reason: &str) -> pb::ApprovalInput {
 
 /// Opens the arguments (pretty JSON) in `$VISUAL`/`$EDITOR` (default `vi`)
 /// and returns them edited, checked to be a JSON object.
-async fn edit_arguments(arguments_json: &str) -> anyhow::Result<String> {
+pub(crate) async fn edit_arguments(arguments_json: &str) -> anyhow::Result<String> {
     let value: Value = serde_json::from_str(arguments_json).unwrap_or(Value::Null);
     let pretty = serde_json::to_string_pretty(&value)?;
     let dir = std::env::temp_dir().join(format!("agentry-edit-{}", std::process::id()));

@@ -10,6 +10,7 @@ mod migrate;
 mod reminder_cmds;
 mod render;
 mod session_cmds;
+mod tui;
 mod turn;
 mod up;
 
@@ -63,6 +64,13 @@ enum Command {
         /// runner's proxy (public hosts only); switch it with /network
         #[arg(long)]
         network: bool,
+        /// The line-by-line chat even on a terminal (the full-screen chat
+        /// opens only when standard input and output are terminals)
+        #[arg(long)]
+        plain: bool,
+        /// Choose the session from a list of recent ones first
+        #[arg(long, conflicts_with = "session")]
+        pick: bool,
     },
     /// Run one turn headless and print the final answer
     Run {
@@ -370,7 +378,21 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve { service } => up::serve(&config, service)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Chat { session, network } => turn::chat(&config, session, network).await,
+        Command::Chat {
+            session,
+            network,
+            plain,
+            pick,
+        } => {
+            if !plain && tui::available() {
+                tui::chat(&config, session, network, pick).await
+            } else {
+                if pick {
+                    eprintln!("(--pick needs the full-screen chat: a terminal, without --plain)");
+                }
+                turn::chat(&config, session, network).await
+            }
+        }
         Command::Run {
             session,
             approve,

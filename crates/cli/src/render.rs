@@ -307,6 +307,16 @@ fn money(amount: f64, currency: &str) -> String {
     }
 }
 
+impl Renderer<Vec<u8>, Vec<u8>> {
+    /// What was written to each stream since the last call.
+    pub fn take_output(&mut self) -> (Vec<u8>, Vec<u8>) {
+        (
+            std::mem::take(&mut self.answer),
+            std::mem::take(&mut self.activity),
+        )
+    }
+}
+
 impl<A: Write, B: Write> Renderer<A, B> {
     /// ", $0.0012" for a turn, with the session's total so far once there
     /// was more than one priced turn.

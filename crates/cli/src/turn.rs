@@ -40,7 +40,7 @@ fn exit_code(outcome: i32) -> ExitCode {
 }
 
 /// Opens the named session, or creates a new one.
-async fn open_session(
+pub(crate) async fn open_session(
     client: &mut OrchestratorClient<TracedChannel>,
     session: Option<String>,
 ) -> anyhow::Result<spb::Session> {
@@ -62,7 +62,10 @@ async fn open_session(
 
 /// A session's event stream that survives a restart of the orchestrator or
 /// the session store: on a broken stream it resubscribes from the next seq.
-struct Follower {
+pub(crate) struct Follower {
+    /// Says nothing on stderr while it reconnects (a full-screen chat
+    /// owns the terminal).
+    pub quiet: bool,
     client: OrchestratorClient<TracedChannel>,
     session_id: String,
     next_seq: u64,
@@ -73,11 +76,12 @@ struct Follower {
 const RECONNECT_FOR: Duration = Duration::from_secs(30);
 
 impl Follower {
-    async fn new(
+    pub(crate) async fn new(
         client: &OrchestratorClient<TracedChannel>,
         session: &spb::Session,
     ) -> anyhow::Result<Follower> {
         let mut follower = Follower {
+            quiet: false,
             client: client.clone(),
             session_id: session.id.clone(),
             next_seq: session.event_count + 1,
@@ -104,7 +108,7 @@ impl Follower {
     }
 
     /// The next event, reconnecting when the stream breaks.
-    async fn next(&mut self) -> anyhow::Result<spb::Event> {
+    pub(crate) async fn next(&mut self) -> anyhow::Result<spb::Event> {
         let mut broken_since: Option<Instant> = None;
         loop {
             let failure = match &mut self.stream {
@@ -123,8 +127,11 @@ impl Follower {
                 None => "not subscribed".to_string(),
             };
             self.stream = None;
+            let quiet = self.quiet;
             let since = *broken_since.get_or_insert_with(|| {
-                eprintln!("({failure}; reconnecting…)");
+                if !quiet {
+                    eprintln!("({failure}; reconnecting…)");
+                }
                 Instant::now()
             });
             if since.elapsed() > RECONNECT_FOR {
@@ -176,7 +183,7 @@ impl Limits {
 
     /// Takes `/budget KEY VALUE` (keys: tokens, session-tokens, cost,
     /// session-cost); the error says what is expected.
-    fn set(&mut self, command: &str) -> Result<(), String> {
+    pub(crate) fn set(&mut self, command: &str) -> Result<(), String> {
         let usage = "usage: /budget tokens|session-tokens|cost|session-cost VALUE";
         let mut words = command.split_whitespace();
         let (Some(key), Some(value), None) = (words.next(), words.next(), words.next()) else {
@@ -197,7 +204,7 @@ impl Limits {
     }
 }
 
-fn user_input(text: String, mode: Mode) -> pb::Input {
+pub(crate) fn user_input(text: String, mode: Mode) -> pb::Input {
     let approval_mode = match mode.approve {
         Approve::Always => spb::ApprovalMode::Always,
         Approve::Never => spb::ApprovalMode::Never,

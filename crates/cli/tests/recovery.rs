@@ -217,6 +217,13 @@ impl ToolRunner for HangingRunner {
         ))
     }
 
+    async fn preview(
+        &self,
+        _request: Request<tpb::PreviewRequest>,
+    ) -> Result<Response<tpb::PreviewResponse>, Status> {
+        Err(Status::unimplemented("no previews in this test double"))
+    }
+
     async fn mcp_read_resource(
         &self,
         _request: Request<tpb::McpReadResourceRequest>,

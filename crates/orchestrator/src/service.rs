@@ -785,6 +785,49 @@ impl Orchestrator for OrchestratorService {
         }
     }
 
+    async fn preview_call(
+        &self,
+        request: Request<pb::PreviewCallRequest>,
+    ) -> Result<Response<agentry_proto::tools::v1::PreviewResponse>, Status> {
+        let req = request.into_inner();
+        // Only a call of this session that waits for a person: the
+        // preview reads the workspace, and is no way to read it with
+        // arguments nobody asked about.
+        let events = self.read_log(&req.session_id).await?;
+        let session = spb::Session {
+            id: req.session_id.clone(),
+            ..Default::default()
+        };
+        let pending = crate::inbox::pending(&session, &events)
+            .into_iter()
+            .find(|p| p.call_id == req.call_id)
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "no call {:?} waits for approval in session {}",
+                    req.call_id, req.session_id
+                ))
+            })?;
+        if !matches!(pending.tool.as_str(), "write_file" | "edit_file") {
+            return Err(Status::invalid_argument(format!(
+                "{} calls have no preview; only write_file and edit_file do",
+                pending.tool
+            )));
+        }
+        let request = agentry_proto::tools::v1::PreviewRequest {
+            session_id: req.session_id,
+            tool: pending.tool,
+            arguments_json: pending.arguments_json,
+        };
+        self.deps
+            .runners
+            .on_any(|mut client| {
+                let request = request.clone();
+                async move { client.preview(request).await.map(Response::into_inner) }
+            })
+            .await
+            .map(Response::new)
+    }
+
     async fn prune_snapshots(
         &self,
         request: Request<pb::PruneSnapshotsRequest>,

@@ -55,6 +55,7 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.tools.v1.ToolRunner/Snapshot",
     "/agentry.tools.v1.ToolRunner/RestoreSnapshot",
     "/agentry.tools.v1.ToolRunner/PruneSnapshots",
+    "/agentry.tools.v1.ToolRunner/Preview",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
 ];
 

@@ -252,6 +252,41 @@ impl ToolRunner for ToolRunnerService {
         Ok(Response::new(prune_response(&pruned)))
     }
 
+    async fn preview(
+        &self,
+        request: Request<pb::PreviewRequest>,
+    ) -> Result<Response<pb::PreviewResponse>, Status> {
+        let req = request.into_inner();
+        let workspace = self.workspace(&req.session_id)?;
+        let inner = &self.inner;
+        let Some(result) = crate::files::preview(
+            &req.tool,
+            &req.arguments_json,
+            &workspace,
+            &inner.limits,
+            &inner.sandbox,
+        )
+        .await
+        else {
+            return Err(Status::invalid_argument(format!(
+                "{:?} has no preview; only write_file and edit_file do",
+                req.tool
+            )));
+        };
+        Ok(Response::new(match result {
+            Ok(preview) => pb::PreviewResponse {
+                path: preview.path,
+                diff: preview.diff,
+                creates: preview.creates,
+                error: String::new(),
+            },
+            Err(e) => pb::PreviewResponse {
+                error: e.to_string(),
+                ..Default::default()
+            },
+        }))
+    }
+
     async fn mcp_subscribe(
         &self,
         request: Request<pb::McpSubscribeRequest>,

@@ -107,11 +107,18 @@ pub(super) struct EditArgs {
     replace_all: bool,
 }
 
-pub(super) fn edit_file(
-    workspace: &Workspace,
-    args: EditArgs,
-    limits: &Limits,
-) -> Result<ToolOutcome, ToolError> {
+/// An edit worked out: the file's text now and after, with what the
+/// replaced file had.
+struct PlannedEdit {
+    shown: String,
+    meta: std::fs::Metadata,
+    old_text: String,
+    new_text: String,
+    count: usize,
+}
+
+/// Reads the file and applies the replacement in memory; writes nothing.
+fn plan_edit(workspace: &Workspace, args: &EditArgs) -> Result<PlannedEdit, ToolError> {
     if args.old_string.is_empty() {
         return Err(ToolError::InvalidArguments(
             "old_string must not be empty; to create or overwrite a file use write_file".into(),
@@ -171,16 +178,20 @@ pub(super) fn edit_file(
     } else {
         old_text.replacen(&args.old_string, &args.new_string, 1)
     };
+    Ok(PlannedEdit {
+        shown,
+        meta,
+        old_text,
+        new_text,
+        count,
+    })
+}
 
-    let growth = (new_text.len() as u64).saturating_sub(meta.len());
-    if growth > 0 {
-        workspace.check_quota(limits.workspace_bytes, growth)?;
-    }
-    workspace.replace_file(&args.path, new_text.as_bytes(), Some(&meta))?;
-
+/// The unified diff from `old` to `new` of the file shown as `shown`.
+fn unified_diff(old: &str, new: &str, shown: &str) -> String {
     let diff = similar::TextDiff::configure()
         .timeout(DIFF_TIMEOUT)
-        .diff_lines(old_text.as_str(), new_text.as_str());
+        .diff_lines(old, new);
     let mut text = diff
         .unified_diff()
         .context_radius(3)
@@ -189,11 +200,105 @@ pub(super) fn edit_file(
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
+    text
+}
+
+pub(super) fn edit_file(
+    workspace: &Workspace,
+    args: EditArgs,
+    limits: &Limits,
+) -> Result<ToolOutcome, ToolError> {
+    let edit = plan_edit(workspace, &args)?;
+    let growth = (edit.new_text.len() as u64).saturating_sub(edit.meta.len());
+    if growth > 0 {
+        workspace.check_quota(limits.workspace_bytes, growth)?;
+    }
+    workspace.replace_file(&args.path, edit.new_text.as_bytes(), Some(&edit.meta))?;
+    let mut text = unified_diff(&edit.old_text, &edit.new_text, &edit.shown);
     text.push_str(&format!(
         "replaced {}",
-        plural(count, "occurrence", "occurrences")
+        plural(edit.count, "occurrence", "occurrences")
     ));
     Ok(outcome(&text, limits))
+}
+
+/// What a `write_file` or `edit_file` call would change, worked out
+/// without writing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preview {
+    /// The file, relative to the workspace.
+    pub path: String,
+    /// The change as a unified diff.
+    pub diff: String,
+    /// The file does not exist yet.
+    pub creates: bool,
+}
+
+/// The preview of a `write_file` call: the file's text now (none when it
+/// does not exist) against the content it would get.
+pub(super) fn preview_write(
+    workspace: &Workspace,
+    args: WriteArgs,
+    _limits: &Limits,
+) -> Result<Preview, ToolError> {
+    let current = match workspace.open_read(&args.path) {
+        Ok((file, shown)) => {
+            let meta = file
+                .metadata()
+                .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+            if meta.len() > MAX_EDIT_BYTES {
+                return Err(ToolError::TooLarge(format!(
+                    "{shown} is {} bytes, too large to show what the write changes",
+                    meta.len()
+                )));
+            }
+            let mut bytes = Vec::with_capacity(meta.len() as usize);
+            std::io::Read::read_to_end(&mut { file }, &mut bytes)
+                .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+            // A binary file is shown as replaced whole.
+            let text = String::from_utf8(bytes)
+                .ok()
+                .filter(|t| {
+                    !t.as_bytes()
+                        .iter()
+                        .take(BINARY_SNIFF_BYTES)
+                        .any(|b| *b == 0)
+                })
+                .unwrap_or_else(|| "[binary content]\n".to_string());
+            Some((text, shown))
+        }
+        Err(ToolError::Io(m)) if m.ends_with("no such file in the workspace") => None,
+        Err(e) => return Err(e),
+    };
+    Ok(match current {
+        Some((old, shown)) => Preview {
+            diff: unified_diff(&old, &args.content, &shown),
+            path: shown,
+            creates: false,
+        },
+        None => {
+            let shown = args.path.trim_start_matches("./").to_string();
+            Preview {
+                diff: unified_diff("", &args.content, &shown),
+                path: shown,
+                creates: true,
+            }
+        }
+    })
+}
+
+/// The preview of an `edit_file` call.
+pub(super) fn preview_edit(
+    workspace: &Workspace,
+    args: EditArgs,
+    _limits: &Limits,
+) -> Result<Preview, ToolError> {
+    let edit = plan_edit(workspace, &args)?;
+    Ok(Preview {
+        diff: unified_diff(&edit.old_text, &edit.new_text, &edit.shown),
+        path: edit.shown,
+        creates: false,
+    })
 }
 
 /// Why `old` was not found in `content`, with a hint when it nearly matches.

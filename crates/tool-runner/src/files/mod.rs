@@ -24,6 +24,7 @@ use std::time::Duration;
 mod edit;
 mod search;
 
+pub use edit::Preview;
 use edit::*;
 use search::*;
 
@@ -160,21 +161,60 @@ pub async fn execute(
     Some(result)
 }
 
+/// What a `write_file` or `edit_file` call would change, worked out in
+/// the same confinement as the call itself; nothing is written. `None`
+/// for every other tool.
+pub async fn preview(
+    tool: &str,
+    arguments_json: &str,
+    workspace: &Workspace,
+    limits: &Limits,
+    sandbox: &Sandbox,
+) -> Option<Result<Preview, ToolError>> {
+    let result = match tool {
+        "write_file" => {
+            confined(
+                tool,
+                arguments_json,
+                workspace,
+                limits,
+                sandbox,
+                preview_write,
+            )
+            .await
+        }
+        "edit_file" => {
+            confined(
+                tool,
+                arguments_json,
+                workspace,
+                limits,
+                sandbox,
+                preview_edit,
+            )
+            .await
+        }
+        _ => return None,
+    };
+    Some(result)
+}
+
 /// Parses the arguments, then runs `f` on a thread of its own confined
 /// like a command of the session (its identity, and a Landlock domain
 /// holding only the workspace): what a file tool can touch is what the
 /// session's shell can.
-async fn confined<A, F>(
+async fn confined<A, R, F>(
     tool: &str,
     arguments_json: &str,
     workspace: &Workspace,
     limits: &Limits,
     sandbox: &Sandbox,
     f: F,
-) -> Result<ToolOutcome, ToolError>
+) -> Result<R, ToolError>
 where
     A: for<'de> Deserialize<'de> + Send + 'static,
-    F: FnOnce(&Workspace, A, &Limits) -> Result<ToolOutcome, ToolError> + Send + 'static,
+    R: Send + 'static,
+    F: FnOnce(&Workspace, A, &Limits) -> Result<R, ToolError> + Send + 'static,
 {
     let args: A = crate::tools::parse_args(tool, arguments_json)?;
     let confinement = sandbox.file_confinement(workspace);

@@ -1,0 +1,553 @@
+//! `agentry chat` on a terminal: a full-screen chat (ratatui on
+//! crossterm). The session's events come from a task of their own (the
+//! whole log first, then live ones; a broken stream reconnects), keys from
+//! a reader thread, and both reach [`app::App`] through channels, so no
+//! request ever blocks the keys. Answers render as markdown, tool calls as
+//! blocks, approvals as a focused question with the diff of a file change.
+//!
+//! The terminal is restored however the chat ends (an error, a panic,
+//! Ctrl+D), and while the person edits a call's arguments in their editor.
+
+pub mod app;
+pub mod highlight;
+pub mod markdown;
+pub mod theme;
+pub mod view;
+
+use crate::client::connect;
+use crate::turn::{Follower, Mode, open_session, user_input};
+use crate::{Approve, approval};
+use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
+use agentry_proto::sessions::v1 as spb;
+use agentry_runtime::Config;
+use agentry_runtime::telemetry::TracedChannel;
+use app::{Action, App, NoteKind, PickerRow, Preview};
+use ratatui::Terminal;
+use ratatui::backend::CrosstermBackend;
+use ratatui::crossterm::{self, event, execute, terminal};
+use std::io::Stdout;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How often the spinner moves while something runs.
+const TICK: Duration = Duration::from_millis(120);
+
+/// What the background work reports.
+enum Report {
+    Event(spb::Event),
+    StreamLost(String),
+    Preview(String, Preview),
+    Sessions(Result<Vec<PickerRow>, String>),
+}
+
+/// How one session's chat ended.
+enum End {
+    Leave,
+    Switch(String),
+}
+
+/// `agentry chat` full-screen; `pick` opens the session picker first.
+pub async fn chat(
+    config: &Config,
+    session: Option<String>,
+    network: bool,
+    pick: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut client = connect(config).await?;
+    // The window the orchestrator plans for (shown before the first answer).
+    let window = client
+        .list_tools(pb::ListToolsRequest {})
+        .await
+        .map(|r| r.into_inner().context_window)
+        .unwrap_or(0);
+    let mut screen = Screen::enter()?;
+    let keys = KeyReader::start();
+    let mut next = session;
+    let mut pick = pick && next.is_none();
+    let mut last_session = None;
+    let result = loop {
+        let session = if pick {
+            pick = false;
+            match pick_first(&mut client, &mut screen, &keys, config).await? {
+                Some(id) => Some(id),
+                None => next.take(),
+            }
+        } else {
+            next.take()
+        };
+        let session = match open_session(&mut client, session).await {
+            Ok(s) => s,
+            Err(e) => break Err(e),
+        };
+        last_session = Some(session.id.clone());
+        let mut app = App::new(
+            theme::Theme::from_env(),
+            &session.id,
+            &config.llm.model,
+            window,
+            network,
+        );
+        match run_session(&mut client, &mut screen, &keys, &mut app, &session).await {
+            Ok(End::Leave) => break Ok(ExitCode::SUCCESS),
+            Ok(End::Switch(id)) => next = Some(id),
+            Err(e) => break Err(e),
+        }
+    };
+    keys.stop();
+    drop(screen);
+    if let Some(id) = last_session {
+        eprintln!("bye. Resume with: agentry chat --session {id}");
+    }
+    result
+}
+
+/// The picker before any session: the chosen one, or `None` for a new one.
+async fn pick_first(
+    client: &mut OrchestratorClient<TracedChannel>,
+    screen: &mut Screen,
+    keys: &KeyReader,
+    config: &Config,
+) -> anyhow::Result<Option<String>> {
+    let mut app = App::new(theme::Theme::from_env(), "", &config.llm.model, 0, false);
+    app.note("choose a session, or Esc for a new one", NoteKind::Info);
+    app.picker = Some(app::Picker {
+        rows: None,
+        selected: 0,
+    });
+    app.on_sessions(list_sessions(client).await.unwrap_or_default());
+    let mut cache = view::Cache::default();
+    loop {
+        screen.draw(&mut app, &mut cache)?;
+        let Some(key) = keys.next().await else {
+            return Ok(None);
+        };
+        if let event::Event::Key(key) = key {
+            for action in app.on_key(key) {
+                match action {
+                    Action::OpenSession(id) => return Ok(Some(id)),
+                    Action::Quit => return Ok(None),
+                    _ => {}
+                }
+            }
+            if app.picker.is_none() {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+async fn list_sessions(
+    client: &mut OrchestratorClient<TracedChannel>,
+) -> Result<Vec<PickerRow>, String> {
+    let response = client
+        .list_sessions(spb::ListSessionsRequest {
+            limit: 50,
+            offset: 0,
+            only_open_turns: false,
+        })
+        .await
+        .map_err(|s| s.message().to_string())?;
+    Ok(response
+        .into_inner()
+        .sessions
+        .into_iter()
+        .map(|s| PickerRow {
+            title: app::clean(if s.title.is_empty() {
+                &s.preview
+            } else {
+                &s.title
+            }),
+            age: crate::session_cmds::ago(s.updated_at.as_ref()),
+            events: s.event_count,
+            id: s.id,
+        })
+        .collect())
+}
+
+async fn run_session(
+    client: &mut OrchestratorClient<TracedChannel>,
+    screen: &mut Screen,
+    keys: &KeyReader,
+    app: &mut App,
+    session: &spb::Session,
+) -> anyhow::Result<End> {
+    let (reports_tx, mut reports) = mpsc::unbounded_channel::<Report>();
+    // The whole log, then live events.
+    let mut start = session.clone();
+    start.event_count = 0;
+    let mut follower = Follower::new(client, &start).await?;
+    follower.quiet = true;
+    let events_tx = reports_tx.clone();
+    let follow = tokio::spawn(async move {
+        loop {
+            match follower.next().await {
+                Ok(event) => {
+                    if events_tx.send(Report::Event(event)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = events_tx.send(Report::StreamLost(format!("{e:#}")));
+                    return;
+                }
+            }
+        }
+    });
+    let _follow = AbortOnDrop(follow);
+    let mut cache = view::Cache::default();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        if app.dirty {
+            screen.draw(app, &mut cache)?;
+            app.dirty = false;
+        }
+        let mut actions = Vec::new();
+        tokio::select! {
+            key = keys.next() => match key {
+                Some(event::Event::Key(key)) => actions = app.on_key(key),
+                Some(event::Event::Paste(text)) => app.on_paste(&text),
+                Some(event::Event::Mouse(mouse)) => match mouse.kind {
+                    event::MouseEventKind::ScrollUp => app.scroll_by(3),
+                    event::MouseEventKind::ScrollDown => app.scroll_by(-3),
+                    _ => {}
+                },
+                Some(event::Event::Resize(_, _)) => app.dirty = true,
+                Some(_) => {}
+                None => return Ok(End::Leave),
+            },
+            report = reports.recv() => {
+                let mut next = report;
+                // Everything already there is taken before drawing once.
+                while let Some(report) = next {
+                    match report {
+                        Report::Event(event) => actions.extend(app.on_event(&event)),
+                        Report::StreamLost(why) => {
+                            anyhow::bail!("lost the session's event stream: {why}")
+                        }
+                        Report::Preview(call_id, preview) => app.on_preview(&call_id, preview),
+                        Report::Sessions(Ok(rows)) => app.on_sessions(rows),
+                        Report::Sessions(Err(why)) => {
+                            app.picker = None;
+                            app.note(format!("cannot list sessions: {why}"), NoteKind::Error);
+                        }
+                    }
+                    next = reports.try_recv().ok();
+                }
+            }
+            _ = tick.tick(), if app.busy.is_some() => app.tick(),
+        }
+        for action in actions {
+            if let Some(end) =
+                perform(action, client, screen, keys, app, &session.id, &reports_tx).await?
+            {
+                return Ok(end);
+            }
+        }
+    }
+}
+
+/// Carries out one action; `Some` when the chat of this session ends.
+async fn perform(
+    action: Action,
+    client: &mut OrchestratorClient<TracedChannel>,
+    screen: &mut Screen,
+    keys: &KeyReader,
+    app: &mut App,
+    session_id: &str,
+    reports: &mpsc::UnboundedSender<Report>,
+) -> anyhow::Result<Option<End>> {
+    let submit = |input: pb::Input| pb::SubmitRequest {
+        session_id: session_id.to_string(),
+        input: Some(input),
+    };
+    match action {
+        Action::Submit {
+            text,
+            plan,
+            network,
+            limits,
+            compact,
+        } => {
+            let input = user_input(
+                text,
+                Mode {
+                    approve: Approve::Policy,
+                    plan,
+                    network,
+                    limits,
+                },
+            );
+            if compact {
+                app.note(
+                    "compaction on demand is not available from this chat yet; the conversation \
+                     is compacted on its own as it nears the context window",
+                    NoteKind::Error,
+                );
+                return Ok(None);
+            }
+            if let Err(status) = client.submit(submit(input)).await {
+                app.note(format!("not sent: {}", status.message()), NoteKind::Error);
+            }
+        }
+        Action::Decide(decision) => {
+            let input = pb::Input {
+                kind: Some(pb::input::Kind::Approval(decision)),
+            };
+            if let Err(status) = client.submit(submit(input)).await {
+                app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+            }
+        }
+        Action::EditArguments(request) => {
+            keys.pause();
+            screen.suspend()?;
+            let edited = approval::edit_arguments(&request.arguments_json).await;
+            screen.resume()?;
+            keys.resume();
+            app.dirty = true;
+            match edited {
+                Ok(arguments) => {
+                    let input = pb::Input {
+                        kind: Some(pb::input::Kind::Approval(pb::ApprovalInput {
+                            call_id: request.call_id.clone(),
+                            decision: spb::ApprovalDecision::Edit as i32,
+                            reason: String::new(),
+                            edited_arguments_json: arguments,
+                        })),
+                    };
+                    if let Err(status) = client.submit(submit(input)).await {
+                        app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+                    }
+                }
+                Err(e) => app.note(format!("{e:#}"), NoteKind::Error),
+            }
+        }
+        Action::Cancel => {
+            let input = pb::Input {
+                kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
+                    reason: "interrupted by the user".into(),
+                })),
+            };
+            if let Err(status) = client.submit(submit(input)).await {
+                app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+            }
+        }
+        Action::Preview(call_id) => {
+            let mut client = client.clone();
+            let reports = reports.clone();
+            let session_id = session_id.to_string();
+            tokio::spawn(async move {
+                let preview = match client
+                    .preview_call(pb::PreviewCallRequest {
+                        session_id,
+                        call_id: call_id.clone(),
+                    })
+                    .await
+                {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        if r.error.is_empty() {
+                            Preview::Diff {
+                                diff: r.diff,
+                                creates: r.creates,
+                            }
+                        } else {
+                            Preview::Failed(r.error)
+                        }
+                    }
+                    Err(status) => Preview::Failed(status.message().to_string()),
+                };
+                let _ = reports.send(Report::Preview(call_id, preview));
+            });
+        }
+        Action::ListSessions => {
+            let mut client = client.clone();
+            let reports = reports.clone();
+            tokio::spawn(async move {
+                let rows = list_sessions(&mut client).await;
+                let _ = reports.send(Report::Sessions(rows));
+            });
+        }
+        Action::OpenSession(id) => return Ok(Some(End::Switch(id))),
+        Action::Rewind(to_turn) => {
+            let rewound = client
+                .rewind_session(pb::RewindSessionRequest {
+                    session_id: session_id.to_string(),
+                    to_turn,
+                    conversation_only: false,
+                })
+                .await;
+            if let Err(status) = rewound {
+                app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+            }
+        }
+        Action::Quit => {
+            if app.turn_open {
+                let input = pb::Input {
+                    kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
+                        reason: "the person left the chat".into(),
+                    })),
+                };
+                let _ = client.submit(submit(input)).await;
+            }
+            return Ok(Some(End::Leave));
+        }
+    }
+    Ok(None)
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The terminal in full-screen mode; dropping it restores the terminal.
+struct Screen {
+    terminal: Terminal<CrosstermBackend<Stdout>>,
+    enhanced: bool,
+}
+
+impl Screen {
+    fn enter() -> anyhow::Result<Screen> {
+        // A panic restores the terminal before its message is printed.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore(true);
+            previous(info);
+        }));
+        let enhanced = matches!(terminal::supports_keyboard_enhancement(), Ok(true));
+        let mut screen = Screen {
+            terminal: Terminal::new(CrosstermBackend::new(std::io::stdout()))?,
+            enhanced,
+        };
+        screen.resume()?;
+        Ok(screen)
+    }
+
+    fn resume(&mut self) -> anyhow::Result<()> {
+        terminal::enable_raw_mode()?;
+        execute!(
+            std::io::stdout(),
+            terminal::EnterAlternateScreen,
+            event::EnableBracketedPaste,
+            event::EnableMouseCapture
+        )?;
+        if self.enhanced {
+            // Shift+Enter is told apart from Enter where the terminal can.
+            execute!(
+                std::io::stdout(),
+                event::PushKeyboardEnhancementFlags(
+                    event::KeyboardEnhancementFlags::DISAMBIGUATE_ESCAPE_CODES
+                )
+            )?;
+        }
+        self.terminal.clear()?;
+        Ok(())
+    }
+
+    fn suspend(&mut self) -> anyhow::Result<()> {
+        restore(self.enhanced);
+        Ok(())
+    }
+
+    fn draw(&mut self, app: &mut App, cache: &mut view::Cache) -> anyhow::Result<()> {
+        self.terminal.draw(|frame| view::draw(frame, app, cache))?;
+        Ok(())
+    }
+}
+
+fn restore(enhanced: bool) {
+    let mut out = std::io::stdout();
+    if enhanced {
+        let _ = execute!(out, event::PopKeyboardEnhancementFlags);
+    }
+    let _ = execute!(
+        out,
+        event::DisableMouseCapture,
+        event::DisableBracketedPaste,
+        terminal::LeaveAlternateScreen,
+        crossterm::cursor::Show
+    );
+    let _ = terminal::disable_raw_mode();
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        restore(self.enhanced);
+    }
+}
+
+/// Reads terminal events on a thread of its own; paused while an editor
+/// owns the terminal (so it gets every key).
+struct KeyReader {
+    events: tokio::sync::Mutex<mpsc::Receiver<event::Event>>,
+    paused: Arc<AtomicBool>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl KeyReader {
+    fn start() -> KeyReader {
+        let (tx, rx) = mpsc::channel(256);
+        let paused = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (p, s) = (paused.clone(), stopped.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if p.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                match event::poll(Duration::from_millis(50)) {
+                    Ok(true) => match event::read() {
+                        Ok(ev) => {
+                            if tx.blocking_send(ev).is_err() {
+                                return;
+                            }
+                        }
+                        Err(_) => return,
+                    },
+                    Ok(false) => {}
+                    Err(_) => return,
+                }
+            }
+        });
+        KeyReader {
+            events: tokio::sync::Mutex::new(rx),
+            paused,
+            stopped,
+        }
+    }
+
+    async fn next(&self) -> Option<event::Event> {
+        self.events.lock().await.recv().await
+    }
+
+    fn pause(&self) {
+        self.paused.store(true, Ordering::Relaxed);
+        // Let a poll in progress end.
+        std::thread::sleep(Duration::from_millis(60));
+    }
+
+    fn resume(&self) {
+        self.paused.store(false, Ordering::Relaxed);
+    }
+
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether this process can run the full-screen chat: both standard input
+/// and output are terminals, and the terminal is not `dumb`.
+pub fn available() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdin().is_terminal()
+        && std::io::stdout().is_terminal()
+        && !std::env::var("TERM").is_ok_and(|t| t == "dumb")
+}

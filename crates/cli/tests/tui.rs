@@ -1,0 +1,240 @@
+//! The full-screen chat driven in a real terminal: the real `agentry`
+//! binary runs `agentry chat` inside tmux (80×24), keys are typed with
+//! `send-keys` and the screen is read with `capture-pane`, against
+//! `agentry up` and the test kit's fake model.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use agentry_testkit::fake_model::{FakeModel, Reply};
+use common::install::{BIN, Install, Up};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether tmux can run here; in CI its absence fails the test.
+fn tmux_present() -> bool {
+    let found = Command::new("tmux")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "tmux is needed for the terminal tests and CI=true: install it (apt-get install tmux)"
+        );
+        eprintln!("SKIPPED: tmux is not installed; the full-screen chat was not driven");
+    }
+    found
+}
+
+/// One tmux server with one 80×24 window running a command.
+struct Tmux {
+    socket: PathBuf,
+}
+
+impl Tmux {
+    fn start(dir: &Path, script: &str) -> Tmux {
+        let socket = dir.join("tmux.sock");
+        let path = dir.join("chat.sh");
+        std::fs::write(&path, script).unwrap();
+        let status = Command::new("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .args([
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "80",
+                "-y",
+                "24",
+                "-s",
+                "t",
+            ])
+            .arg(format!("bash {}", path.display()))
+            .env_remove("TMUX")
+            .env("TERM", "xterm-256color")
+            .status()
+            .unwrap();
+        assert!(status.success(), "tmux did not start");
+        Tmux { socket }
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `keys` (tmux key names, or literal text with `-l`).
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "t"];
+        args.extend_from_slice(keys);
+        self.tmux(&args);
+    }
+
+    fn type_text(&self, text: &str) {
+        self.tmux(&["send-keys", "-t", "t", "-l", text]);
+    }
+
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t", "t"])
+    }
+
+    /// Waits until the screen satisfies `ok`, returning it.
+    fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let screen = self.screen();
+            if ok(&screen) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        self.tmux(&["kill-server"]);
+    }
+}
+
+fn chat_script(install: &Install, args: &str) -> String {
+    let mut script = String::from("cd \"$(dirname \"$0\")\"\nunset NO_COLOR\n");
+    for (k, v) in &install.env {
+        script.push_str(&format!("export {k}='{v}'\n"));
+    }
+    script.push_str(&format!(
+        "{BIN} chat {args}\necho \"[chat exited $?]\"\nsleep 60\n"
+    ));
+    script
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_edit_is_approved_from_its_diff_the_answer_renders_and_a_turn_is_cancelled() {
+    if !tmux_present() {
+        return;
+    }
+    let model = FakeModel::start().await.unwrap();
+    // A first, headless turn writes the file the chat will edit.
+    model.push(Reply::tool_call(
+        "w1",
+        "write_file",
+        json!({"path": "notes.txt", "content": "first line\nsecond line\nthird line\n"}),
+    ));
+    model.push(Reply::text("written"));
+    let prices = "[[model_prices]]\npattern = \"fake-model\"\ninput = 1.5\noutput = 2.0\n";
+    let (install, _up, _log) = Up::start_configured(&model.base_url(), prices);
+    let out = install.run(&["run", "--approve", "always", "write the notes"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let session = install.latest_session();
+    let file = install
+        .dir
+        .path()
+        .join("data/workspaces")
+        .join(&session)
+        .join("notes.txt");
+    assert!(file.exists());
+
+    model.push(Reply::tool_call(
+        "e1",
+        "edit_file",
+        json!({"path": "notes.txt", "old_string": "second line", "new_string": "2nd line"}),
+    ));
+    model.push(Reply::text(
+        "Done: the **second** line now reads `2nd line`.\n\n- one\n- two",
+    ));
+    let tmux = Tmux::start(
+        install.dir.path(),
+        &chat_script(&install, &format!("--session {session}")),
+    );
+    tmux.wait_for("the chat to open", |s| s.contains("message the agent"));
+    tmux.type_text("shorten the second line");
+    tmux.keys(&["Enter"]);
+
+    // The question shows the change as a diff against the file now.
+    let screen = tmux.wait_for("the edit's diff", |s| {
+        s.contains("+2nd line") && s.contains("allow?")
+    });
+    assert!(
+        screen.contains("the agent wants to run edit_file"),
+        "{screen}"
+    );
+    assert!(screen.contains("-second line"), "{screen}");
+    assert!(screen.contains(" first line"), "{screen}");
+    assert!(screen.contains("--- a/notes.txt"), "{screen}");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "first line\nsecond line\nthird line\n",
+        "nothing is written before the answer"
+    );
+    tmux.keys(&["y"]);
+
+    // The answer renders as markdown; the status line shows the context
+    // used against the window and the session's cost.
+    let screen = tmux.wait_for("the answer", |s| {
+        s.contains("line now reads") && s.contains("ready")
+    });
+    assert!(
+        screen.contains("Done: the second line now reads 2nd line."),
+        "{screen}"
+    );
+    assert!(!screen.contains("**"), "{screen}");
+    assert!(screen.contains("• one"), "{screen}");
+    assert!(screen.contains("✓ edit_file notes.txt"), "{screen}");
+    assert!(screen.contains("approved"), "{screen}");
+    let status = screen.lines().last().unwrap().to_string();
+    assert!(status.contains("fake-model"), "{status}");
+    assert!(status.contains("/32.8k ("), "{status}");
+    assert!(status.contains("$0.0"), "{status}");
+    assert!(status.contains(&session[..8]), "{status}");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "first line\n2nd line\nthird line\n"
+    );
+
+    // A long command, approved, then cancelled with Ctrl+C.
+    model.push(Reply::tool_call(
+        "b1",
+        "bash",
+        json!({"command": "sleep 30"}),
+    ));
+    model.push(Reply::text("never shown"));
+    tmux.type_text("wait a while");
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("the bash question", |s| s.contains("$ sleep 30"));
+    assert!(screen.contains("the agent wants to run bash"), "{screen}");
+    tmux.keys(&["y"]);
+    tmux.wait_for("the command to run", |s| s.contains("running bash"));
+    tmux.keys(&["C-c"]);
+    let screen = tmux.wait_for("the cancel", |s| {
+        s.contains("turn cancelled") && s.contains("ready")
+    });
+    assert!(!screen.contains("never shown"), "{screen}");
+
+    // Ctrl+D leaves, saying how to come back.
+    tmux.keys(&["C-d"]);
+    let screen = tmux.wait_for("the chat to end", |s| s.contains("[chat exited 0]"));
+    assert!(
+        screen.contains(&format!("agentry chat --session {session}")),
+        "{screen}"
+    );
+}
