@@ -20,6 +20,7 @@ pub fn user_input(text: &str, mode: spb::ApprovalMode, plan: bool) -> pb::Input 
             plan,
             network: false,
             budget: None,
+            compact: false,
         })),
     }
 }

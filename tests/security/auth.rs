@@ -134,6 +134,7 @@ async fn the_client_token_cannot_write_logs_run_tools_or_take_reminders() {
                     plan: false,
                     network: false,
                     budget: None,
+                    compact: false,
                 })),
                 ..Default::default()
             }],

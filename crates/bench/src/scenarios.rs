@@ -58,6 +58,7 @@ async fn submit(
                     plan: false,
                     network: false,
                     budget: None,
+                    compact: false,
                 })),
             }),
         })
@@ -615,6 +616,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
                                     plan: false,
                                     network: false,
                                     budget: None,
+                                    compact: false,
                                 })),
                                 ..Default::default()
                             }],

@@ -217,6 +217,7 @@ pub(crate) fn user_input(text: String, mode: Mode) -> pb::Input {
             plan: mode.plan,
             network: mode.network,
             budget: mode.limits.to_proto(),
+            compact: false,
         })),
     }
 }
@@ -524,7 +525,7 @@ pub async fn chat(
                             "" => continue,
                             "/exit" | "/quit" | "exit" | "quit" => break,
                             "/help" => {
-                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/network         outbound network for the agent's commands on or off (now {})\n/session         show this session's id\n/rewind N        back to the end of turn N, files included (see `agentry sessions show`)\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.", if network { "on" } else { "off" });
+                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/network         outbound network for the agent's commands on or off (now {})\n/session         show this session's id\n/compact         summarise the conversation now (all but the last few messages) to free context\n/rewind N        back to the end of turn N, files included (see `agentry sessions show`)\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.", if network { "on" } else { "off" });
                                 continue;
                             }
                             "/plan" => {
@@ -558,6 +559,20 @@ pub async fn chat(
                                     }
                                 }
                                 Err(_) => eprintln!("/rewind N: the turn to go back to (0: the start), as `agentry sessions show` numbers them"),
+                            }
+                            continue;
+                        }
+                        if text == "/compact" {
+                            let mut input = user_input(text.to_string(), Mode { approve: Approve::Policy, plan: false, network, limits: Limits::default() });
+                            if let Some(pb::input::Kind::UserMessage(m)) = &mut input.kind {
+                                m.compact = true;
+                            }
+                            match client.submit(pb::SubmitRequest { session_id: session.id.clone(), input: Some(input) }).await {
+                                Ok(r) => {
+                                    open_turn = Some(r.into_inner().turn_id);
+                                    cancelled = false;
+                                }
+                                Err(status) => eprintln!("agentry: {}", status.message()),
                             }
                             continue;
                         }

@@ -428,6 +428,7 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
             plan: true,
             network: false,
             budget: None,
+            compact: false,
         }),
     )
     .await;

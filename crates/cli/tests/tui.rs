@@ -230,6 +230,24 @@ async fn an_edit_is_approved_from_its_diff_the_answer_renders_and_a_turn_is_canc
     });
     assert!(!screen.contains("never shown"), "{screen}");
 
+    // /compact (completed from "/comp" with Tab) summarises the
+    // conversation at once, without a model answer.
+    model.push(Reply::text("The person had notes edited and waited."));
+    tmux.type_text("/comp");
+    tmux.keys(&["Tab"]);
+    tmux.wait_for("the completed command", |s| s.contains("› /compact"));
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("the compaction", |s| {
+        s.contains("compacted:") && s.contains("ready")
+    });
+    assert!(screen.contains("context compacted"), "{screen}");
+    let requests = model.requests();
+    let summarise = requests.last().unwrap().to_string();
+    assert!(
+        summarise.contains("Person: write the notes"),
+        "the summary request holds the oldest messages: {summarise}"
+    );
+
     // Ctrl+D leaves, saying how to come back.
     tmux.keys(&["C-d"]);
     let screen = tmux.wait_for("the chat to end", |s| s.contains("[chat exited 0]"));

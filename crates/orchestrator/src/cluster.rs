@@ -207,6 +207,7 @@ pub fn forwardable(input: &Input) -> Option<pb::Input> {
             plan: *plan,
             network: *network,
             budget: *budget,
+            compact: false,
         }),
         Input::Approval {
             call_id,
@@ -221,6 +222,11 @@ pub fn forwardable(input: &Input) -> Option<pb::Input> {
         }),
         Input::Cancel { reason } => pb::input::Kind::Cancel(pb::CancelInput {
             reason: reason.clone(),
+        }),
+        Input::Compact { text, .. } => pb::input::Kind::UserMessage(pb::UserInput {
+            text: text.clone(),
+            compact: true,
+            ..Default::default()
         }),
         _ => return None,
     };

@@ -527,6 +527,17 @@ fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
         Status::invalid_argument("the input is empty: set user_message, approval or cancel")
     })?;
     match kind {
+        pb::input::Kind::UserMessage(m) if m.compact => {
+            let text = if m.text.trim().is_empty() {
+                "/compact".to_string()
+            } else {
+                m.text.chars().take(1000).collect()
+            };
+            Ok(Input::Compact {
+                turn_id: new_turn_id(),
+                text,
+            })
+        }
         pb::input::Kind::UserMessage(m) => {
             if m.text.trim().is_empty() {
                 return Err(Status::invalid_argument("the message is empty"));

@@ -108,6 +108,7 @@ fn user(text: &str) -> Event {
             plan: false,
             network: false,
             budget: None,
+            compact: false,
         })),
         ..Default::default()
     }
@@ -282,6 +283,7 @@ fn one_of_each_kind() -> Vec<Event> {
             plan: false,
             network: false,
             budget: None,
+            compact: false,
         }),
         Kind::ModelTextDelta(pb::ModelTextDelta {
             text: "Sure".into(),

@@ -272,7 +272,7 @@ async fn perform(
             limits,
             compact,
         } => {
-            let input = user_input(
+            let mut input = user_input(
                 text,
                 Mode {
                     approve: Approve::Policy,
@@ -281,13 +281,8 @@ async fn perform(
                     limits,
                 },
             );
-            if compact {
-                app.note(
-                    "compaction on demand is not available from this chat yet; the conversation \
-                     is compacted on its own as it nears the context window",
-                    NoteKind::Error,
-                );
-                return Ok(None);
+            if let Some(pb::input::Kind::UserMessage(m)) = &mut input.kind {
+                m.compact = compact;
             }
             if let Err(status) = client.submit(submit(input)).await {
                 app.note(format!("not sent: {}", status.message()), NoteKind::Error);

@@ -132,6 +132,7 @@ pub fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
         plan: false,
         network: false,
         budget: None,
+        compact: false,
     })
 }
 

@@ -21,6 +21,7 @@ impl SessionState {
             plan: None,
             network: false,
             cost: 0.0,
+            compact: false,
         });
         self.phase = Phase::Generate;
     }
@@ -33,9 +34,12 @@ impl SessionState {
                 if let Some(raised) = &m.budget {
                     self.raise_limits(raised);
                 }
-                self.push_history(Message::User {
-                    content: m.text.clone(),
-                });
+                // A request to compact is not part of the conversation.
+                if !m.compact {
+                    self.push_history(Message::User {
+                        content: m.text.clone(),
+                    });
+                }
                 self.failed_calls.clear();
                 self.turn = Some(Turn {
                     id: turn_id.to_string(),
@@ -51,6 +55,7 @@ impl SessionState {
                     plan: m.plan.then(Plan::default),
                     network: m.network,
                     cost: 0.0,
+                    compact: m.compact,
                 });
                 self.phase = Phase::Generate;
             }

@@ -177,6 +177,9 @@ pub struct Turn {
     /// What its model calls cost so far, at the configured price (0 when
     /// none is configured).
     pub cost: f64,
+    /// The person asked for the conversation to be summarised: the turn
+    /// compacts it and ends without a model answer.
+    pub compact: bool,
 }
 
 impl Turn {
@@ -336,6 +339,15 @@ pub enum Input {
         network: bool,
         /// Spending limits raised with this message.
         budget: Option<pb::Budget>,
+    },
+    /// The person asked for the conversation to be summarised now (a turn
+    /// of its own: every message but the last few replaced by a summary,
+    /// no model answer).
+    Compact {
+        /// The id for the turn it starts.
+        turn_id: String,
+        /// What the person typed (recorded, not part of the conversation).
+        text: String,
     },
     /// The tools the model is offered now, fed in place of a model call
     /// about to start (only while generating): recorded when they changed,

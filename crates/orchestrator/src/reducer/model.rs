@@ -174,6 +174,19 @@ impl SessionState {
                 phase: self.phase,
             });
         }
+        let compact = self.turn.as_ref().is_some_and(|t| t.compact);
+        if compact && let Err(failure) = &summary {
+            // Asked for, a compaction that failed replaces nothing (the
+            // automatic one leaves the oldest messages out instead).
+            let message = format!(
+                "the conversation could not be summarised ({failure}); nothing was replaced"
+            );
+            let error = error_event(ErrorSource::Model, message.clone(), true);
+            self.emit(out, turn_id, error);
+            let finished = self.finish(TurnOutcome::Failed, message);
+            self.emit(out, turn_id, finished);
+            return Ok(());
+        }
         let mut event = crate::prompt::compaction_event(&job, &self.history, summary);
         if !self.compaction_fits(&event) {
             return Err(Refusal::Unexpected {
@@ -189,8 +202,68 @@ impl SessionState {
         if let Fit::Send { tokens, .. } = &fitted {
             event.tokens_after = *tokens as u64;
         }
+        if compact {
+            let message = format!(
+                "compacted: {} earlier messages summarised, ~{} → ~{} tokens",
+                event.messages, event.tokens_before, event.tokens_after
+            );
+            self.emit(out, turn_id, Kind::ContextCompacted(event));
+            let finished = self.finish(TurnOutcome::Completed, message);
+            self.emit(out, turn_id, finished);
+            return Ok(());
+        }
         self.emit(out, turn_id, Kind::ContextCompacted(event));
         self.model_effect(out, turn_id, prompt, fitted);
         Ok(())
+    }
+
+    /// A compaction the person asked for: every message but the last
+    /// `keep_last` (never splitting a tool call from its result) is to be
+    /// summarised, whatever the window; with nothing to summarise the turn
+    /// ends saying so.
+    pub(super) fn compact_now(&mut self, out: &mut Out, turn_id: &str) {
+        let keep = self.view.0.compaction.keep_last.max(1);
+        let budget = self.view.0.compaction.budget();
+        let mut split = self.history.len().saturating_sub(keep);
+        while split > 0 && matches!(self.history[split], Message::Tool { .. }) {
+            split -= 1;
+        }
+        // Replacing only an earlier summary gains nothing.
+        let only_summary = split == 1 && matches!(self.history[0], Message::System { .. });
+        if split == 0 || only_summary || self.history_spans.len() != self.history.len() {
+            let message = format!(
+                "nothing to compact: the conversation has {} messages, and the last {keep} are \
+                 always kept",
+                self.history.len()
+            );
+            let finished = self.finish(TurnOutcome::Completed, message);
+            self.emit(out, turn_id, finished);
+            return;
+        }
+        let prompt = self.prompt();
+        let counts = self
+            .history_tokens
+            .counts(&self.history, self.view.0.tokenizer);
+        let overhead = prompt.tool_tokens
+            + prompt
+                .head
+                .iter()
+                .map(|m| self.view.0.tokenizer.message(m))
+                .sum::<usize>();
+        let first_seq = self.history_spans[0].0;
+        let last_seq = self.history_spans[..split]
+            .iter()
+            .map(|s| s.1)
+            .max()
+            .unwrap_or(first_seq);
+        let job = CompactionJob {
+            messages: split,
+            first_seq,
+            last_seq,
+            tokens_before: overhead + counts.iter().sum::<usize>(),
+            max_tokens: (budget / 4).clamp(256, 2_000),
+        };
+        let messages = self.history[..split].to_vec();
+        out.after.push(Effect::Summarise { job, messages });
     }
 }

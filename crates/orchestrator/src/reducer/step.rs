@@ -75,6 +75,7 @@ impl SessionState {
                     plan,
                     network,
                     budget,
+                    compact: false,
                 };
                 message.set_approval_mode(approval_mode);
                 self.emit(&mut out, &turn_id, Kind::UserMessage(message));
@@ -91,7 +92,20 @@ impl SessionState {
                 }
                 return Ok(Self::into_effects(&turn_id, out));
             }
-            (Phase::Generate | Phase::UseTools, Input::UserMessage { .. }) => {
+            (Phase::Idle, Input::Compact { turn_id, text }) => {
+                let message = pb::UserMessage {
+                    text,
+                    compact: true,
+                    ..Default::default()
+                };
+                self.emit(&mut out, &turn_id, Kind::UserMessage(message));
+                self.compact_now(&mut out, &turn_id);
+                return Ok(Self::into_effects(&turn_id, out));
+            }
+            (
+                Phase::Generate | Phase::UseTools,
+                Input::UserMessage { .. } | Input::Compact { .. },
+            ) => {
                 return Err(Refusal::Busy);
             }
             (_, Input::ToolCatalog(catalog)) => {
@@ -217,6 +231,15 @@ impl SessionState {
                 self.emit(&mut out, &new_turn, Kind::McpResourceUpdated(update));
                 self.call_model(&mut out, &new_turn, true);
                 return Ok(Self::into_effects(&new_turn, out));
+            }
+            (Phase::Generate, Input::Interrupted)
+                if self.turn.as_ref().is_some_and(|t| t.compact) =>
+            {
+                let message = "the orchestrator restarted while the conversation was being \
+                               summarised; nothing was replaced: ask for the compaction again";
+                self.emit(&mut out, &turn_id, orchestrator_error(message, true));
+                let finished = self.finish(TurnOutcome::Failed, message.to_string());
+                self.emit(&mut out, &turn_id, finished);
             }
             (Phase::Generate, Input::Interrupted) => {
                 let restarts = self.turn.as_ref().map(|t| t.restarts).unwrap_or_default();

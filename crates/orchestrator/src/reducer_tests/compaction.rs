@@ -429,3 +429,161 @@ fn an_answer_instead_of_a_plan_is_asked_for_a_plan_once() {
     assert_eq!(finished.outcome, TurnOutcome::Completed as i32);
     assert_eq!(finished.message, "4");
 }
+
+// ---------------------------------------------------------------------------
+// Compaction on demand
+// ---------------------------------------------------------------------------
+
+fn compact_in(turn_id: &str) -> Input {
+    Input::Compact {
+        turn_id: turn_id.into(),
+        text: "/compact".into(),
+    }
+}
+
+/// A session (a large window, keeping the last two messages) with two
+/// finished turns: history [user, assistant, user, assistant].
+fn two_short_turns() -> Session {
+    let mut session = Session::new(5);
+    session.state = session.state.clone().with_view(window_of(100_000));
+    session.ok(user("first"));
+    session.ok(model_done("answer one", vec![]));
+    session.ok(user_in(TURN2, "second"));
+    session.ok(model_done("answer two", vec![]));
+    session
+}
+
+#[test]
+fn compact_on_demand_summarises_all_but_the_last_messages_whatever_the_window() {
+    let mut session = two_short_turns();
+    let effects = session.ok(compact_in("turn-3"));
+    // The request is recorded, is not part of the conversation, and no
+    // model answer is asked for: a summary is.
+    let Some(Kind::UserMessage(m)) = events_of(&effects).into_iter().next() else {
+        panic!("the request is recorded first: {effects:?}");
+    };
+    assert!(m.compact, "{m:?}");
+    assert_eq!(session.state.history.len(), 4);
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::CallModel { .. }))
+    );
+    let Some(Effect::Summarise { job, messages }) = effects
+        .iter()
+        .find(|e| matches!(e, Effect::Summarise { .. }))
+        .cloned()
+    else {
+        panic!("a summary is asked for: {effects:?}");
+    };
+    assert_eq!(job.messages, 2, "the last two messages are kept");
+    assert_eq!(messages.len(), 2);
+    assert_eq!((job.first_seq, job.last_seq), (1, 2));
+
+    let effects = session.ok(Input::Summarised {
+        job,
+        summary: Ok("they said hello twice".into()),
+    });
+    let events = events_of(&effects);
+    assert!(matches!(&events[0], Kind::ContextCompacted(c) if c.messages == 2));
+    let finished = outcome_of(&effects).expect("the turn ends");
+    assert_eq!(finished.outcome, TurnOutcome::Completed as i32);
+    assert!(
+        finished
+            .message
+            .starts_with("compacted: 2 earlier messages"),
+        "{}",
+        finished.message
+    );
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::CallModel { .. }))
+    );
+    assert!(session.state.is_idle());
+    // The summary and the two kept messages.
+    assert_eq!(session.state.history.len(), 3);
+    assert!(
+        matches!(&session.state.history[0], Message::System { content } if content.contains("they said hello twice"))
+    );
+    // The next message goes on from the compacted conversation.
+    let effects = session.ok(user_in("turn-4", "third"));
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::CallModel { .. }))
+    );
+}
+
+#[test]
+fn compact_with_nothing_to_summarise_says_so_and_ends() {
+    let mut session = Session::new(5);
+    session.state = session.state.clone().with_view(window_of(100_000));
+    session.ok(user("only"));
+    session.ok(model_done("answer", vec![]));
+    let effects = session.ok(compact_in(TURN2));
+    let finished = outcome_of(&effects).expect("the turn ends at once");
+    assert_eq!(finished.outcome, TurnOutcome::Completed as i32);
+    assert!(
+        finished.message.starts_with("nothing to compact"),
+        "{}",
+        finished.message
+    );
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::Summarise { .. }))
+    );
+    assert_eq!(session.state.history.len(), 2, "nothing changed");
+    assert!(session.state.is_idle());
+}
+
+#[test]
+fn a_failed_or_interrupted_compaction_on_demand_replaces_nothing() {
+    let mut session = two_short_turns();
+    let effects = session.ok(compact_in("turn-3"));
+    let Some(Effect::Summarise { job, .. }) = effects
+        .iter()
+        .find(|e| matches!(e, Effect::Summarise { .. }))
+        .cloned()
+    else {
+        panic!("a summary is asked for");
+    };
+    // A restart meanwhile: the turn fails, nothing replaced.
+    let mut restarted = session.restarted();
+    let effects = restarted.ok(Input::Interrupted);
+    let finished = outcome_of(&effects).expect("the turn ends");
+    assert_eq!(finished.outcome, TurnOutcome::Failed as i32);
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::CallModel { .. } | Effect::Summarise { .. }))
+    );
+    assert_eq!(restarted.state.history.len(), 4);
+
+    // The summary fails: nothing is left out either.
+    let effects = session.ok(Input::Summarised {
+        job,
+        summary: Err("the model is down".into()),
+    });
+    let finished = outcome_of(&effects).expect("the turn ends");
+    assert_eq!(finished.outcome, TurnOutcome::Failed as i32);
+    assert!(
+        finished.message.contains("nothing was replaced"),
+        "{}",
+        finished.message
+    );
+    assert!(
+        !events_of(&effects)
+            .iter()
+            .any(|k| matches!(k, Kind::ContextCompacted(_)))
+    );
+    assert_eq!(session.state.history.len(), 4);
+}
+
+#[test]
+fn compact_while_a_turn_runs_is_refused() {
+    let mut session = Session::new(5);
+    session.ok(user("busy"));
+    session.refused(compact_in(TURN2), Refusal::Busy);
+}

@@ -66,6 +66,7 @@ fn replay_of_an_unknown_approval_mode_uses_the_policy() {
             plan: false,
             network: false,
             budget: None,
+            compact: false,
         })),
         ..Default::default()
     }];

@@ -280,6 +280,7 @@ fn user_message_with(text: &str, mode: ApprovalMode) -> Kind {
         plan: false,
         network: false,
         budget: None,
+        compact: false,
     })
 }
 
@@ -506,6 +507,7 @@ fn turn(
         plan: None,
         network: false,
         cost: 0.0,
+        compact: false,
     }
 }
 

@@ -26,6 +26,7 @@ fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_in
             plan: false,
             network: true,
             budget: None,
+            compact: false,
         })]
     );
     // `step` has checked that the replayed log gives the same state.
