@@ -512,14 +512,14 @@ pub fn status_line(app: &App, width: u16) -> Line<'static> {
         }
         None => "ready ".to_string(),
     };
-    let left = left.join(" · ");
     let room = usize::from(width);
-    let gap = room.saturating_sub(left.width() + right.width());
-    let text = if gap == 0 {
-        shorten(&format!("{left} {right}"), room)
-    } else {
-        format!("{left}{}{right}", " ".repeat(gap))
-    };
+    // What runs is kept whole; the left part gives way.
+    let mut left = left.join(" · ");
+    if left.width() + right.width() + 1 > room {
+        left = shorten(&left, room.saturating_sub(right.width() + 1));
+    }
+    let gap = room.saturating_sub(left.width() + right.width()).max(1);
+    let text = format!("{left}{}{right}", " ".repeat(gap));
     Line::from(Span::styled(text, style))
 }
 
