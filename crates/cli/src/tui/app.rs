@@ -255,7 +255,11 @@ impl Editor {
     fn delete_word(&mut self) {
         let before = &self.text[..self.cursor];
         let trimmed = before.trim_end();
-        let start = trimmed.rfind(char::is_whitespace).map_or(0, |i| i + 1);
+        let start = trimmed
+            .char_indices()
+            .rev()
+            .find(|(_, c)| c.is_whitespace())
+            .map_or(0, |(i, c)| i + c.len_utf8());
         self.text.replace_range(start..self.cursor, "");
         self.cursor = start;
     }
@@ -315,6 +319,8 @@ pub struct App {
     pub approval_scroll: u16,
     /// Typing the reason of a deny for this call.
     pub deny_reason: Option<String>,
+    /// The answer being streamed (notes may arrive after it meanwhile).
+    streaming_at: Option<usize>,
     /// Lines the transcript is scrolled up from its end.
     pub scroll: usize,
     /// Tool blocks shown whole.
@@ -368,6 +374,7 @@ impl App {
             approval_hidden: false,
             approval_scroll: 0,
             deny_reason: None,
+            streaming_at: None,
             scroll: 0,
             expanded: false,
             plan_mode: false,
@@ -398,7 +405,7 @@ impl App {
     /// Adds a note to the transcript.
     pub fn note(&mut self, text: impl Into<String>, kind: NoteKind) {
         let text = clean(&text.into());
-        let text = text.trim_end_matches('\n').to_string();
+        let text = text.trim_matches('\n').to_string();
         if !text.trim().is_empty() {
             self.push(Entry::Note(text, kind));
         }
@@ -456,19 +463,20 @@ impl App {
             }
             Kind::ModelTextDelta(d) => {
                 let text = clean(&d.text);
-                match self.entries.last_mut() {
-                    Some(Entry::Answer {
-                        text: t,
-                        streaming: true,
-                    }) => {
-                        t.push_str(&text);
-                        let last = self.entries.len() - 1;
-                        self.touch(last);
+                match self.streaming_at {
+                    Some(at) => {
+                        if let Some(Entry::Answer { text: t, .. }) = self.entries.get_mut(at) {
+                            t.push_str(&text);
+                        }
+                        self.touch(at);
                     }
-                    _ => self.push(Entry::Answer {
-                        text,
-                        streaming: true,
-                    }),
+                    None => {
+                        self.streaming_at = Some(self.entries.len());
+                        self.push(Entry::Answer {
+                            text,
+                            streaming: true,
+                        });
+                    }
                 }
             }
             Kind::ModelMessage(m) => {
@@ -483,18 +491,21 @@ impl App {
                     self.model = clean(&m.model);
                 }
                 let text = clean(&m.text);
-                match self.entries.last_mut() {
-                    Some(Entry::Answer { text: t, streaming }) if *streaming => {
-                        *t = text;
-                        *streaming = false;
-                        let last = self.entries.len() - 1;
-                        self.touch(last);
+                // The logged answer replaces what streamed of it.
+                match self.streaming_at.take() {
+                    Some(at) => {
+                        if let Some(Entry::Answer { text: t, streaming }) = self.entries.get_mut(at)
+                        {
+                            *t = text;
+                            *streaming = false;
+                        }
+                        self.touch(at);
                     }
-                    _ if !text.trim().is_empty() => self.push(Entry::Answer {
+                    None if !text.trim().is_empty() => self.push(Entry::Answer {
                         text,
                         streaming: false,
                     }),
-                    _ => {}
+                    None => {}
                 }
             }
             Kind::ToolCallRequested(c) => {
@@ -546,6 +557,7 @@ impl App {
                     } else {
                         Preview::None
                     };
+                    self.approval_hidden = false;
                     self.approvals.push(Pending {
                         request: a.clone(),
                         preview,
@@ -613,7 +625,9 @@ impl App {
                     self.session_cost += cost;
                     self.currency = t.currency.clone();
                 }
-                if let Some(Entry::Answer { streaming, .. }) = self.entries.last_mut() {
+                if let Some(at) = self.streaming_at.take()
+                    && let Some(Entry::Answer { streaming, .. }) = self.entries.get_mut(at)
+                {
                     *streaming = false;
                 }
                 self.note(formatted, NoteKind::Info);
@@ -760,7 +774,9 @@ impl App {
                 return Vec::new();
             }
             KeyCode::Esc => {
-                if self.deny_reason.take().is_none() && !self.approvals.is_empty() {
+                if self.deny_reason.take().is_some() {
+                    self.input.take();
+                } else if !self.approvals.is_empty() {
                     self.approval_hidden = true;
                 }
                 return Vec::new();

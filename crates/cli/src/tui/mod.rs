@@ -14,6 +14,9 @@ pub mod markdown;
 pub mod theme;
 pub mod view;
 
+#[cfg(test)]
+mod tests;
+
 use crate::client::connect;
 use crate::turn::{Follower, Mode, open_session, user_input};
 use crate::{Approve, approval};
