@@ -837,3 +837,95 @@ async fn grep_clips_long_lines_and_skips_binary() {
         )
     );
 }
+
+// ------------------------------------------------------------------ previews
+
+async fn preview(ws: &Workspace, tool: &str, args: Value) -> Result<files::Preview, ToolError> {
+    files::preview(
+        tool,
+        &args.to_string(),
+        ws,
+        &limits(),
+        &Sandbox::unconfined(),
+    )
+    .await
+    .expect("a tool with a preview")
+}
+
+#[tokio::test]
+async fn a_preview_shows_the_change_as_a_diff_and_writes_nothing() {
+    let (_dir, ws) = setup();
+    write(&ws, "a.txt", "one\ntwo\nthree\n");
+    let edit = preview(
+        &ws,
+        "edit_file",
+        json!({"path": "a.txt", "old_string": "two", "new_string": "2"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        edit,
+        files::Preview {
+            path: "a.txt".into(),
+            diff: "--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+2\n three\n".into(),
+            creates: false,
+        }
+    );
+    let whole = preview(
+        &ws,
+        "write_file",
+        json!({"path": "a.txt", "content": "one\n"}),
+    )
+    .await
+    .unwrap();
+    assert!(whole.diff.contains("-two\n-three\n"), "{}", whole.diff);
+    let new = preview(
+        &ws,
+        "write_file",
+        json!({"path": "sub/new.txt", "content": "hello\n"}),
+    )
+    .await
+    .unwrap();
+    assert!(new.creates);
+    assert!(new.diff.contains("+hello"), "{}", new.diff);
+    // Nothing was written.
+    assert_eq!(read(&ws, "a.txt"), "one\ntwo\nthree\n");
+    assert!(!ws.root().join("sub").exists());
+}
+
+#[tokio::test]
+async fn a_preview_fails_as_the_call_would() {
+    let (_dir, ws) = setup();
+    write(&ws, "a.txt", "one\n");
+    let outside = preview(
+        &ws,
+        "write_file",
+        json!({"path": "../escape.txt", "content": "x"}),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(outside, ToolError::PathOutsideWorkspace { .. }),
+        "{outside:?}"
+    );
+    let missing = preview(
+        &ws,
+        "edit_file",
+        json!({"path": "a.txt", "old_string": "zzz", "new_string": "y"}),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        missing.to_string().contains("old_string was not found"),
+        "{missing}"
+    );
+    let bad = preview(&ws, "edit_file", json!({"path": 3}))
+        .await
+        .unwrap_err();
+    assert!(matches!(bad, ToolError::InvalidArguments(_)), "{bad:?}");
+    assert!(
+        files::preview("bash", "{}", &ws, &limits(), &Sandbox::unconfined())
+            .await
+            .is_none()
+    );
+}
