@@ -295,7 +295,7 @@ pub struct Renderer<A: Write, B: Write> {
 }
 
 /// An amount of money: `$0.0123` in USD, else `0.0123 EUR`.
-fn money(amount: f64, currency: &str) -> String {
+pub(crate) fn money(amount: f64, currency: &str) -> String {
     let digits = if amount != 0.0 && amount.abs() < 0.01 {
         4
     } else {

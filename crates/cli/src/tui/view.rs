@@ -491,7 +491,7 @@ pub fn status_line(app: &App, width: u16) -> Line<'static> {
     }
     left.push(format!("{} tok", tokens(app.session_tokens)));
     if !app.currency.is_empty() || app.session_cost > 0.0 {
-        left.push(money(app.session_cost, &app.currency));
+        left.push(crate::render::money(app.session_cost, &app.currency));
     }
     left.push(app.session_id.chars().take(8).collect());
     if app.plan_mode {
@@ -528,18 +528,6 @@ fn tokens(n: u64) -> String {
         format!("{:.1}k", n as f64 / 1000.0)
     } else {
         n.to_string()
-    }
-}
-
-fn money(amount: f64, currency: &str) -> String {
-    let digits = if amount != 0.0 && amount.abs() < 0.01 {
-        4
-    } else {
-        2
-    };
-    match currency {
-        "USD" | "" => format!("${amount:.digits$}"),
-        other => format!("{amount:.digits$} {other}"),
     }
 }
 
