@@ -157,6 +157,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::McpResourceUpdated(_) => "mcp_resource_updated",
             Kind::WorkspaceSnapshot(_) => "workspace_snapshot",
             Kind::SessionRewound(_) => "session_rewound",
+            Kind::HookRan(_) => "hook_ran",
         })
         .collect()
 }

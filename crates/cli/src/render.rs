@@ -48,6 +48,9 @@ pub fn event_json(event: &pb::Event) -> Value {
     let body = match &event.kind {
         None => json!({"type": "unknown"}),
         Some(kind) => match kind {
+            Kind::UserMessage(m) if m.compact => json!({
+                "type": "user_message", "text": m.text, "compact": true,
+            }),
             Kind::UserMessage(m) => json!({
                 "type": "user_message", "text": m.text, "plan": m.plan, "network": m.network,
             }),
@@ -147,6 +150,12 @@ pub fn event_json(event: &pb::Event) -> Value {
                     "title": s.title, "detail": s.detail,
                     "status": step_status_name(s.status), "summary": s.summary,
                 })).collect::<Vec<_>>(),
+            }),
+            Kind::HookRan(h) => json!({
+                "type": "hook_ran", "event": h.event, "command": h.command,
+                "call_id": h.call_id, "tool": h.tool, "decision": h.decision,
+                "reason": h.reason, "context": h.context, "error": h.error,
+                "stderr": h.stderr, "duration_ms": h.duration_ms, "outcome": h.outcome,
             }),
             Kind::PlanStepUpdated(u) => json!({
                 "type": "plan_step_updated", "index": u.index,
@@ -653,6 +662,40 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     "── rewound to the end of turn {} (seq {}); {files} ──",
                     r.to_turn, r.to_seq
                 );
+            }
+            Kind::HookRan(h) => {
+                self.end_line();
+                let line = if !h.error.is_empty() {
+                    let stderr = h.stderr.lines().rev().find(|l| !l.trim().is_empty());
+                    format!(
+                        "  (hook {} failed: {}{}; the policy decides alone)",
+                        shorten(&h.command, 80),
+                        shorten(&h.error, 200),
+                        stderr
+                            .map(|l| format!(": {}", shorten(l, 200)))
+                            .unwrap_or_default()
+                    )
+                } else if !h.decision.is_empty() {
+                    let reason = if h.reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", shorten(&h.reason, 200))
+                    };
+                    format!(
+                        "  (hook {} says {}{reason})",
+                        shorten(&h.command, 80),
+                        h.decision
+                    )
+                } else if !h.context.is_empty() {
+                    format!(
+                        "  (hook {} added context: {})",
+                        shorten(&h.command, 80),
+                        shorten(&h.context, 120)
+                    )
+                } else {
+                    return;
+                };
+                let _ = writeln!(self.activity, "{line}");
             }
             // The turn's end says it, with what to do.
             Kind::WorkspaceSnapshot(_)

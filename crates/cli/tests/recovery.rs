@@ -224,6 +224,13 @@ impl ToolRunner for HangingRunner {
         Err(Status::unimplemented("no previews in this test double"))
     }
 
+    async fn run_hook(
+        &self,
+        _request: Request<tpb::RunHookRequest>,
+    ) -> Result<Response<tpb::RunHookResponse>, Status> {
+        Err(Status::unimplemented("no hooks in this test double"))
+    }
+
     async fn mcp_read_resource(
         &self,
         _request: Request<tpb::McpReadResourceRequest>,

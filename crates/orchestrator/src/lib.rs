@@ -16,6 +16,7 @@ pub mod compaction;
 pub mod deps;
 pub mod errors;
 pub mod forks;
+pub mod hooks;
 pub mod inbox;
 pub mod live;
 pub mod mcp_updates;
@@ -70,6 +71,9 @@ pub enum RunError {
     /// The system prompt cannot be read.
     #[error(transparent)]
     SystemPrompt(#[from] agentry_runtime::ConfigError),
+    /// A hook's configuration is invalid.
+    #[error("hooks: {0}")]
+    Hooks(String),
     /// The policy's rules are invalid.
     #[error("invalid policy: {0}")]
     Policy(#[from] agentry_policy::PolicyError),
@@ -159,6 +163,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
             turn_cost: config.agent.turn_cost_budget,
             session_cost: config.agent.session_cost_budget,
         },
+        hooks: Arc::new(hooks::Hooks::new(&config.hooks).map_err(RunError::Hooks)?),
     };
     let mut deps = Deps::new(
         store,

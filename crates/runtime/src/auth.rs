@@ -56,6 +56,7 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.tools.v1.ToolRunner/RestoreSnapshot",
     "/agentry.tools.v1.ToolRunner/PruneSnapshots",
     "/agentry.tools.v1.ToolRunner/Preview",
+    "/agentry.tools.v1.ToolRunner/RunHook",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
 ];
 

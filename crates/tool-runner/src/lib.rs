@@ -9,6 +9,7 @@
 
 pub mod egress;
 pub mod files;
+pub mod hooks;
 pub mod mcp;
 pub mod metrics;
 pub mod output;

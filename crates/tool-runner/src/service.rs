@@ -287,6 +287,38 @@ impl ToolRunner for ToolRunnerService {
         }))
     }
 
+    async fn run_hook(
+        &self,
+        request: Request<pb::RunHookRequest>,
+    ) -> Result<Response<pb::RunHookResponse>, Status> {
+        let req = request.into_inner();
+        let max = agentry_runtime::config::MAX_HOOK_TIMEOUT_SECS;
+        if req.timeout_secs == 0 || u64::from(req.timeout_secs) > max {
+            return Err(Status::invalid_argument(format!(
+                "timeout_secs must be between 1 and {max}, not {}",
+                req.timeout_secs
+            )));
+        }
+        let workspace = self.workspace(&req.session_id)?;
+        let run = crate::hooks::run(
+            &self.inner.sandbox,
+            &workspace,
+            &self.inner.limits,
+            &req.command,
+            &req.input,
+            Duration::from_secs(u64::from(req.timeout_secs)),
+        )
+        .await;
+        Ok(Response::new(pb::RunHookResponse {
+            exit_code: run.exit_code,
+            stdout: run.stdout,
+            stderr: run.stderr,
+            timed_out: run.timed_out,
+            duration_ms: run.duration_ms,
+            error: run.error,
+        }))
+    }
+
     async fn mcp_subscribe(
         &self,
         request: Request<pb::McpSubscribeRequest>,

@@ -221,10 +221,10 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 /// the command started (it can find those that left the process group);
 /// SIGKILL of the group follows only if it does not exit in time. Without
 /// it, the process group is killed at once.
-struct CallGuard {
-    child: Option<tokio::process::Child>,
-    group: Option<nix::unistd::Pid>,
-    helper: bool,
+pub(crate) struct CallGuard {
+    pub(crate) child: Option<tokio::process::Child>,
+    pub(crate) group: Option<nix::unistd::Pid>,
+    pub(crate) helper: bool,
 }
 
 impl CallGuard {
@@ -240,7 +240,7 @@ impl CallGuard {
     }
 
     /// Stops everything and waits for the helper (bounded).
-    async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         self.signal_start();
         if let Some(mut child) = self.child.take()
             && tokio::time::timeout(STOP_GRACE, child.wait())
@@ -309,25 +309,41 @@ async fn pump(
     }
 }
 
-async fn bash(
+/// Where and how a sandboxed `bash -c` starts.
+pub(crate) struct Launch {
+    /// Its working directory.
+    pub cwd: std::path::PathBuf,
+    /// What it may write.
+    pub read_write: Vec<std::path::PathBuf>,
+    /// Variables set over the session's environment.
+    pub env: Vec<(String, String)>,
+    /// It reads the caller's standard input (otherwise it is closed).
+    pub stdin: bool,
+}
+
+/// `bash -c command` for the session: through the sandbox helper when there
+/// is one (the session's identity, confinement and limits), else directly
+/// with the session's identity, environment and limits. Its process group
+/// is its own; stdio is the caller's to set.
+pub(crate) fn sandboxed_bash(
+    sandbox: &Sandbox,
+    session: &str,
     command: &str,
     workspace: &Workspace,
-    timeout: Duration,
-    limits: &Limits,
-    sandbox: &Sandbox,
+    launch: &Launch,
     network: Option<&crate::egress::Pass>,
-    sink: OutputSink,
-) -> Result<ToolOutcome, ToolError> {
-    if command.trim().is_empty() {
-        return Err(ToolError::InvalidArguments(
-            "command must not be empty".into(),
-        ));
-    }
-    let session = workspace.session_id();
+) -> Result<tokio::process::Command, ToolError> {
     let mut cmd = match &sandbox.helper {
         Some(helper) => {
             let argv = vec!["bash".to_string(), "-c".to_string(), command.to_string()];
-            let spec = sandbox.spec(session, argv, workspace.root(), workspace.tmp(), network);
+            let mut spec = sandbox.spec(session, argv, workspace.root(), workspace.tmp(), network);
+            spec.cwd = launch.cwd.clone();
+            spec.read_write = launch.read_write.clone();
+            for (k, v) in &launch.env {
+                spec.env.retain(|(name, _)| name != k);
+                spec.env.push((k.clone(), v.clone()));
+            }
+            spec.stdin = launch.stdin;
             let spec = serde_json::to_string(&spec)
                 .map_err(|e| ToolError::Io(format!("cannot describe the sandbox: {e}")))?;
             let mut cmd = tokio::process::Command::new(helper);
@@ -347,7 +363,8 @@ async fn bash(
                     network
                         .map(crate::egress::Pass::environment)
                         .unwrap_or_default(),
-                );
+                )
+                .envs(launch.env.iter().cloned());
             if let Some(ids) = sandbox.ids_for(session) {
                 cmd.uid(ids.uid).gid(ids.gid);
             }
@@ -355,11 +372,38 @@ async fn bash(
             cmd
         }
     };
-    cmd.current_dir(workspace.root())
-        .stdin(Stdio::null())
+    cmd.current_dir(&launch.cwd).process_group(0);
+    Ok(cmd)
+}
+
+async fn bash(
+    command: &str,
+    workspace: &Workspace,
+    timeout: Duration,
+    limits: &Limits,
+    sandbox: &Sandbox,
+    network: Option<&crate::egress::Pass>,
+    sink: OutputSink,
+) -> Result<ToolOutcome, ToolError> {
+    if command.trim().is_empty() {
+        return Err(ToolError::InvalidArguments(
+            "command must not be empty".into(),
+        ));
+    }
+    let session = workspace.session_id();
+    let launch = Launch {
+        cwd: workspace.root().to_path_buf(),
+        read_write: vec![
+            workspace.root().to_path_buf(),
+            workspace.tmp().to_path_buf(),
+        ],
+        env: Vec::new(),
+        stdin: false,
+    };
+    let mut cmd = sandboxed_bash(sandbox, session, command, workspace, &launch, network)?;
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .stderr(Stdio::piped());
     let mut child = cmd
         .spawn()
         .map_err(|e| ToolError::Io(format!("cannot start bash: {e}")))?;

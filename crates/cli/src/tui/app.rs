@@ -651,6 +651,7 @@ impl App {
             | Kind::WorkspaceSnapshot(_)
             | Kind::SessionRewound(_)
             | Kind::BudgetExceeded(_)
+            | Kind::HookRan(_)
             | Kind::ToolsOffered(_) => self.note(formatted, NoteKind::Info),
         }
         actions

@@ -40,7 +40,7 @@ const TICK: Duration = Duration::from_millis(120);
 
 /// What the background work reports.
 enum Report {
-    Event(spb::Event),
+    Event(Box<spb::Event>),
     StreamLost(String),
     Preview(String, Preview),
     Sessions(Result<Vec<PickerRow>, String>),
@@ -188,7 +188,7 @@ async fn run_session(
         loop {
             match follower.next().await {
                 Ok(event) => {
-                    if events_tx.send(Report::Event(event)).is_err() {
+                    if events_tx.send(Report::Event(Box::new(event))).is_err() {
                         return;
                     }
                 }

@@ -32,7 +32,9 @@ pub struct Submitted {
     pub seq: u64,
 }
 
-/// A request to a session actor.
+/// A request to a session actor (always sent boxed, so the size of its
+/// largest variant costs nothing in the channel).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
     /// An input for the reducer.
     Input {
@@ -286,6 +288,7 @@ impl Actor {
                 | Input::ModelFailed { .. }
                 | Input::ToolDone(_)
                 | Input::Summarised { .. }
+                | Input::HooksDone { .. }
         );
         let summary = matches!(input, Input::Summarised { .. });
         match self.state.step(input) {
@@ -386,7 +389,8 @@ impl Actor {
             let overlaps = match &effect {
                 Effect::CallModel { .. } | Effect::Summarise { .. } => true,
                 Effect::RunTool { read_only, .. } => *read_only,
-                Effect::Record { .. } | Effect::AbortInFlight => false,
+                // A person's commands: only once what led to them is stored.
+                Effect::Record { .. } | Effect::AbortInFlight | Effect::RunHooks(_) => false,
             };
             let mut waiting = Some(effect);
             if overlaps && let Some(effect) = waiting.take() {
@@ -450,6 +454,7 @@ impl Actor {
                 read_only,
                 network,
             } => self.start_tool_call(call, read_only, network),
+            Effect::RunHooks(job) => self.start_hooks(job),
             Effect::AbortInFlight => self.abort_in_flight(),
         }
     }
@@ -583,6 +588,75 @@ impl Actor {
                 let gauge = InFlightGauge::new(&deps.metrics, "model");
                 model_call::summary_call(&deps, job, messages, task, tx).await;
                 drop(gauge);
+            }
+            .instrument(span),
+        );
+        self.in_flight.insert(task, handle.abort_handle());
+    }
+
+    /// Runs a job's hooks one after the other on a tool runner, then hands
+    /// their outcomes back.
+    fn start_hooks(&mut self, job: crate::hooks::HookJob) {
+        let (task, tx) = self.next_task();
+        let deps = self.deps.clone();
+        let session_id = self.session_id.clone();
+        let span = tracing::info_span!(
+            "hooks",
+            event = job.event.name(),
+            call_id = %job.call_id,
+            hooks = job.hooks.len(),
+        );
+        let handle = tokio::spawn(
+            async move {
+                let mut input = job.input.clone();
+                if let Some(object) = input.as_object_mut() {
+                    object.insert("session_id".into(), session_id.clone().into());
+                }
+                let input = input.to_string();
+                let mut outcomes = Vec::new();
+                for hook in &job.hooks {
+                    let request = agentry_proto::tools::v1::RunHookRequest {
+                        session_id: session_id.clone(),
+                        command: hook.command.clone(),
+                        input: input.clone(),
+                        timeout_secs: u32::try_from(hook.timeout_secs).unwrap_or(u32::MAX),
+                    };
+                    let ran = deps
+                        .runners
+                        .on_any(|mut client| {
+                            let request = request.clone();
+                            async move {
+                                client
+                                    .run_hook(request)
+                                    .await
+                                    .map(tonic::Response::into_inner)
+                            }
+                        })
+                        .await;
+                    outcomes.push(match ran {
+                        Ok(r) => crate::hooks::HookOutcome {
+                            exit_code: r.exit_code,
+                            stdout: r.stdout,
+                            stderr: r.stderr,
+                            timed_out: r.timed_out,
+                            duration_ms: r.duration_ms,
+                            error: r.error,
+                        },
+                        Err(status) => crate::hooks::HookOutcome {
+                            error: format!("no tool runner could run it: {}", status.message()),
+                            ..Default::default()
+                        },
+                    });
+                }
+                let _ = tx
+                    .send(Box::new((
+                        task,
+                        Input::HooksDone {
+                            job: Box::new(job),
+                            outcomes,
+                        },
+                    )))
+                    .await;
             }
             .instrument(span),
         );

@@ -48,6 +48,8 @@ pub struct View {
     pub no_progress_steps: u32,
     /// The configured spending limits (0: none).
     pub budget: agentry_proto::sessions::v1::Budget,
+    /// The hooks a person configured.
+    pub hooks: std::sync::Arc<crate::hooks::Hooks>,
 }
 
 impl Default for View {
@@ -67,6 +69,7 @@ impl Default for View {
             loop_repeats: agentry_runtime::Config::builtin().agent.loop_repeats,
             no_progress_steps: agentry_runtime::Config::builtin().agent.no_progress_steps,
             budget: agentry_proto::sessions::v1::Budget::default(),
+            hooks: std::sync::Arc::default(),
         }
     }
 }

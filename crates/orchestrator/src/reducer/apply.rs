@@ -105,6 +105,7 @@ impl SessionState {
                         phase: CallPhase::Validating,
                         answered: false,
                         outcome_unknown: false,
+                        hook_asked: false,
                     });
                 }
                 self.phase = Phase::UseTools;
@@ -233,6 +234,14 @@ impl SessionState {
             Kind::LoopDetected(_) | Kind::BudgetExceeded(_) => {}
             // The files, not the conversation; a rewind's events are left
             // out before they reach here (`crate::rewind::effective`).
+            Kind::HookRan(h) => {
+                if h.event == HookEvent::BeforeTool.name()
+                    && h.decision == "ask"
+                    && let Some(call) = self.turn.as_mut().and_then(|t| t.call_mut(&h.call_id))
+                {
+                    call.hook_asked = true;
+                }
+            }
             Kind::WorkspaceSnapshot(_) | Kind::SessionRewound(_) => {}
             Kind::PlanSubmitted(p) => {
                 if let Some((plan, steps)) = self.plan_mut() {

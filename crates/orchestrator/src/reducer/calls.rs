@@ -84,25 +84,64 @@ impl SessionState {
         }
     }
 
-    /// Checks one requested call: its arguments, then the policy.
+    /// Checks one requested call: its arguments, then the policy with the
+    /// before_tool hooks (which run first when any matches the tool; the
+    /// call stays `Validating` until they answer).
     pub(super) fn validate(&mut self, out: &mut Out, turn_id: &str, call_id: &str) {
+        let Some(call) = self.turn.as_ref().and_then(|t| t.call(call_id)) else {
+            return;
+        };
+        let (tool, args) = (call.tool.clone(), call.effective_arguments.clone());
+        if let Err(reason) = check_arguments(&args) {
+            let output = format!("error: invalid arguments for {tool}: {reason}");
+            self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            return;
+        }
+        let hooks = self.view.0.hooks.matching(HookEvent::BeforeTool, &tool);
+        if hooks.is_empty() {
+            self.settle(out, turn_id, call_id, &[]);
+            return;
+        }
+        let arguments: serde_json::Value =
+            serde_json::from_str(&args).unwrap_or_else(|_| serde_json::json!({}));
+        out.after.push(Effect::RunHooks(HookJob {
+            event: HookEvent::BeforeTool,
+            call_id: call_id.to_string(),
+            tool: tool.clone(),
+            hooks,
+            input: serde_json::json!({
+                "event": HookEvent::BeforeTool.name(),
+                "turn_id": turn_id,
+                "call_id": call_id,
+                "tool": tool,
+                "arguments": arguments,
+            }),
+            result: None,
+        }));
+    }
+
+    /// Decides a valid call: the policy's verdict with what the hooks
+    /// said (`hooks`: the before_tool hooks that ran for it, recorded).
+    pub(super) fn settle(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        call_id: &str,
+        hooks: &[pb::HookRan],
+    ) {
         let Some(turn) = self.turn.as_ref() else {
             return;
         };
         let Some(call) = turn.call(call_id) else {
             return;
         };
-        let (tool, args, read_only, mode) = (
+        let (tool, args, read_only, mode, hook_asked) = (
             call.tool.clone(),
             call.effective_arguments.clone(),
             call.read_only,
             turn.approval_mode,
+            call.hook_asked,
         );
-        if let Err(reason) = check_arguments(&args) {
-            let output = format!("error: invalid arguments for {tool}: {reason}");
-            self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
-            return;
-        }
         let verdict = self.policy.0.check_tool(
             &tool,
             &args,
@@ -110,27 +149,46 @@ impl SessionState {
             self.read_only_hint(&tool),
             &self.session_rules,
         );
-        match (verdict.decision, mode) {
+        let (decision, by_hook) = crate::hooks::combine(verdict.decision, hooks);
+        let rule = match by_hook {
+            Some(hook) if hook.reason.is_empty() => format!("the hook {}", hook.command),
+            Some(hook) => format!("the hook {}: {}", hook.command, hook.reason),
+            None => verdict.rule,
+        };
+        // Asked about by a hook, a call waits for a person whatever the
+        // turn's approval mode.
+        let mode = match (hook_asked, mode) {
+            (true, ApprovalMode::Always) => ApprovalMode::Policy,
+            (_, mode) => mode,
+        };
+        match (decision, mode) {
+            (Decision::Deny, _) if by_hook.is_some() => {
+                let output = format!("error: denied by {rule}");
+                self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            }
             (Decision::Deny, _) => {
-                let output = format!("error: denied by policy: {}", verdict.rule);
+                let output = format!("error: denied by policy: {rule}");
                 self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
             }
             (Decision::Confirm, ApprovalMode::Never) => {
                 let output = format!(
-                    "error: this call needs a person's approval ({}), and this turn runs without one",
-                    verdict.rule
+                    "error: this call needs a person's approval ({rule}), and this turn runs without one"
                 );
                 self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
             }
             (Decision::Allow, _) => {
+                let detail = match by_hook {
+                    Some(_) => format!("allowed by {rule}"),
+                    None => rule,
+                };
                 self.emit(
                     out,
                     turn_id,
-                    state_event(call_id, CallPhase::Scheduled, verdict.rule),
+                    state_event(call_id, CallPhase::Scheduled, detail),
                 );
             }
             (Decision::Confirm, ApprovalMode::Always) => {
-                let detail = format!("approved for this turn ({})", verdict.rule);
+                let detail = format!("approved for this turn ({rule})");
                 self.emit(
                     out,
                     turn_id,
@@ -146,7 +204,7 @@ impl SessionState {
                         network: self.network_for(&tool, &args),
                         tool,
                         arguments_json: args,
-                        matched_rule: verdict.rule,
+                        matched_rule: rule,
                         outcome_unknown: false,
                     }),
                 );
@@ -157,6 +215,92 @@ impl SessionState {
                 );
             }
         }
+    }
+
+    /// Hooks asked for by an effect answered: each is recorded; a call's
+    /// before_tool hooks then settle it, its after_tool hooks release its
+    /// result with the context they added.
+    pub(super) fn hooks_done(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        job: HookJob,
+        outcomes: Vec<HookOutcome>,
+    ) -> Result<(), Refusal> {
+        let phase = self.phase;
+        let call_phase = self
+            .turn
+            .as_ref()
+            .and_then(|t| t.call(&job.call_id))
+            .map(|c| c.phase);
+        match job.event {
+            HookEvent::BeforeTool if call_phase != Some(CallPhase::Validating) => {
+                return Err(Refusal::Unexpected {
+                    input: "hook outcome",
+                    phase,
+                });
+            }
+            HookEvent::AfterTool if !self.is_executing(&job.call_id) => {
+                return Err(Refusal::Unexpected {
+                    input: "hook outcome",
+                    phase,
+                });
+            }
+            _ => {}
+        }
+        let mut ran: Vec<pb::HookRan> = job
+            .hooks
+            .iter()
+            .zip(&outcomes)
+            .map(|(hook, outcome)| crate::hooks::interpret(&job, hook, outcome))
+            .collect();
+        if job.event == HookEvent::BeforeTool {
+            // The last record says what became of the call.
+            let policy = self
+                .turn
+                .as_ref()
+                .and_then(|t| t.call(&job.call_id))
+                .map(|c| {
+                    self.policy
+                        .0
+                        .check_tool(
+                            &c.tool,
+                            &c.effective_arguments,
+                            c.read_only,
+                            self.read_only_hint(&c.tool),
+                            &self.session_rules,
+                        )
+                        .decision
+                })
+                .unwrap_or(Decision::Confirm);
+            let decided = crate::hooks::combine(policy, &ran).0;
+            if let Some(last) = ran.last_mut() {
+                last.outcome = crate::hooks::decision_name(decided).to_string();
+            }
+        }
+        for event in &ran {
+            self.emit(out, turn_id, Kind::HookRan(event.clone()));
+        }
+        match job.event {
+            HookEvent::BeforeTool => {
+                self.settle(out, turn_id, &job.call_id, &ran);
+                self.dispatch(out, turn_id);
+            }
+            HookEvent::AfterTool => {
+                if let Some(mut result) = job.result {
+                    for hook in ran.iter().filter(|r| !r.context.is_empty()) {
+                        result.output.push_str(&format!(
+                            "\n\n[context from the hook {}]\n{}",
+                            hook.command, hook.context
+                        ));
+                    }
+                    self.answer(out, turn_id, result);
+                }
+                self.dispatch(out, turn_id);
+            }
+            HookEvent::UserMessage | HookEvent::TurnFinished | HookEvent::SessionStart => {}
+        }
+        Ok(())
     }
 
     /// Starts whatever calls may run now, or moves on when all are done.
@@ -426,7 +570,7 @@ impl SessionState {
     pub(super) fn release_allowed(&mut self, out: &mut Out, turn_id: &str) {
         let waiting: Vec<Call> = self.awaiting_approval().into_iter().cloned().collect();
         for call in waiting {
-            if call.outcome_unknown {
+            if call.outcome_unknown || call.hook_asked {
                 continue; // Only a person answers these.
             }
             let verdict = self.policy.0.check_tool(
@@ -491,6 +635,21 @@ impl SessionState {
                         let output = outcome_unknown_text(&call.tool);
                         self.refuse_call(out, turn_id, &call.id, CallPhase::Error, output);
                     }
+                }
+                CallPhase::AwaitingApproval if call.hook_asked => {
+                    // Asked again, as the hook asked.
+                    self.emit(
+                        out,
+                        turn_id,
+                        Kind::ApprovalRequested(pb::ApprovalRequested {
+                            call_id: call.id.clone(),
+                            tool: call.tool.clone(),
+                            arguments_json: call.effective_arguments.clone(),
+                            matched_rule: "a hook asked for a person".to_string(),
+                            network: self.network_for(&call.tool, &call.effective_arguments),
+                            outcome_unknown: false,
+                        }),
+                    );
                 }
                 CallPhase::AwaitingApproval => {
                     let verdict = self.policy.0.check_tool(

@@ -15,6 +15,7 @@
 //! `model` (each model call's exact request, and compaction), `catalog` (the
 //! tools offered, as recorded).
 
+use crate::hooks::{HookEvent, HookJob, HookOutcome};
 use crate::plan::{Plan, PlanCall, Stage};
 use crate::prompt::{CompactionJob, ModelRequest, View};
 use agentry_llm::{Completion, Message, ToolCall};
@@ -137,6 +138,8 @@ pub struct Call {
     /// It was running when the runtime restarted and a person is asked
     /// what to do (check, run again, skip).
     pub outcome_unknown: bool,
+    /// A before_tool hook asked for a person: only a person releases it.
+    pub hook_asked: bool,
 }
 
 impl Call {
@@ -411,6 +414,14 @@ pub enum Input {
     /// Something that happened beside the conversation (a workspace
     /// snapshot, a rewind): recorded as it is, in the running turn if any.
     Noted(Kind),
+    /// The hooks an effect asked for ran (their outcomes in the job's
+    /// order).
+    HooksDone {
+        /// The job, as the reducer asked for it.
+        job: Box<HookJob>,
+        /// What each hook gave.
+        outcomes: Vec<HookOutcome>,
+    },
     /// The summary a compaction asked for was written (or writing it
     /// failed, with the reason).
     Summarised {
@@ -454,6 +465,8 @@ pub enum Effect {
         /// The call gets outbound network (see [`SessionState::network_for`]).
         network: bool,
     },
+    /// Run hooks; their outcomes come back as [`Input::HooksDone`].
+    RunHooks(HookJob),
     /// Stop every model call and tool call in flight.
     AbortInFlight,
 }

@@ -7,7 +7,61 @@ impl SessionState {
     /// Records `kind` (applying it at once).
     pub(super) fn emit(&mut self, out: &mut Out, turn_id: &str, kind: Kind) {
         self.apply(turn_id, &kind);
+        self.notify_hooks(out, turn_id, &kind);
         out.events.push(kind);
+    }
+
+    /// The notification hooks an event calls for (run once it is stored).
+    fn notify_hooks(&self, out: &mut Out, turn_id: &str, kind: &Kind) {
+        let hooks = &self.view.0.hooks;
+        let mut jobs = Vec::new();
+        match kind {
+            Kind::UserMessage(m) if !m.compact => {
+                // The session's first event starts it.
+                if self.last_seq == 1 {
+                    jobs.push((
+                        HookEvent::SessionStart,
+                        serde_json::json!({"event": "session_start", "turn_id": turn_id}),
+                    ));
+                }
+                jobs.push((
+                    HookEvent::UserMessage,
+                    serde_json::json!({
+                        "event": "user_message", "turn_id": turn_id, "text": m.text,
+                    }),
+                ));
+            }
+            Kind::TurnFinished(f) => jobs.push((
+                HookEvent::TurnFinished,
+                serde_json::json!({
+                    "event": "turn_finished",
+                    "turn_id": turn_id,
+                    "outcome": match TurnOutcome::try_from(f.outcome) {
+                        Ok(TurnOutcome::Completed) => "completed",
+                        Ok(TurnOutcome::Failed) => "failed",
+                        Ok(TurnOutcome::Cancelled) => "cancelled",
+                        Ok(TurnOutcome::StepLimit) => "step_limit",
+                        Ok(TurnOutcome::Budget) => "budget",
+                        Ok(TurnOutcome::Unspecified) | Err(_) => "unspecified",
+                    },
+                    "message": f.message,
+                }),
+            )),
+            _ => {}
+        }
+        for (event, input) in jobs {
+            let matching = hooks.matching(event, "");
+            if !matching.is_empty() {
+                out.after.push(Effect::RunHooks(HookJob {
+                    event,
+                    call_id: String::new(),
+                    tool: String::new(),
+                    hooks: matching,
+                    input,
+                    result: None,
+                }));
+            }
+        }
     }
 
     pub(super) fn finish(&self, outcome: TurnOutcome, message: String) -> Kind {
@@ -147,8 +201,29 @@ impl SessionState {
                         phase,
                     });
                 }
-                self.answer(&mut out, &turn_id, result);
-                self.dispatch(&mut out, &turn_id);
+                let tool = call_tool(self, &result.call_id);
+                let hooks = self.view.0.hooks.matching(HookEvent::AfterTool, &tool);
+                if hooks.is_empty() {
+                    self.answer(&mut out, &turn_id, result);
+                    self.dispatch(&mut out, &turn_id);
+                } else {
+                    // The result waits for the hooks (nothing recorded yet:
+                    // a restart meanwhile finds the call still running).
+                    out.after.push(Effect::RunHooks(HookJob {
+                        event: HookEvent::AfterTool,
+                        call_id: result.call_id.clone(),
+                        tool: tool.clone(),
+                        hooks,
+                        input: serde_json::json!({
+                            "event": HookEvent::AfterTool.name(),
+                            "turn_id": turn_id,
+                            "call_id": result.call_id,
+                            "tool": tool,
+                            "result": {"output": result.output, "is_error": result.is_error},
+                        }),
+                        result: Some(result),
+                    }));
+                }
             }
             (
                 _,
@@ -276,6 +351,9 @@ impl SessionState {
                     input: "model output",
                     phase,
                 });
+            }
+            (_, Input::HooksDone { job, outcomes }) => {
+                self.hooks_done(&mut out, &turn_id, *job, outcomes)?;
             }
             (_, Input::Summarised { job, summary }) => {
                 self.summarised(&mut out, &turn_id, job, summary)?;

@@ -483,6 +483,7 @@ fn call_in(call: &ToolCall, phase: CallPhase, answered: bool) -> Call {
         phase,
         answered,
         outcome_unknown: false,
+        hook_asked: false,
     }
 }
 
@@ -763,7 +764,7 @@ fn phase_of(state: &SessionState, call_id: &str) -> Option<CallPhase> {
 // ---------------------------------------------------------------------------
 
 /// Checks the shape every step's effects have: an optional abort first, at
-/// most one Record, then only RunTool, CallModel and Summarise.
+/// most one Record, then only RunTool, CallModel, Summarise and RunHooks.
 fn check_effect_shape(effects: &[Effect]) {
     let mut rest = effects;
     if let [Effect::AbortInFlight, tail @ ..] = rest {
@@ -776,7 +777,10 @@ fn check_effect_shape(effects: &[Effect]) {
         assert!(
             matches!(
                 effect,
-                Effect::RunTool { .. } | Effect::CallModel { .. } | Effect::Summarise { .. }
+                Effect::RunTool { .. }
+                    | Effect::CallModel { .. }
+                    | Effect::Summarise { .. }
+                    | Effect::RunHooks(_)
             ),
             "unexpected effect {effect:?} in {effects:?}"
         );
@@ -894,6 +898,7 @@ mod basics;
 mod budgets;
 mod compaction;
 mod generate;
+mod hooks;
 mod idle;
 mod lifecycle;
 mod limits;

@@ -261,6 +261,7 @@ impl Config {
             }
         }
         self.mcp_servers()?;
+        self.check_hooks(label)?;
         if self.agent.max_steps == 0 {
             return Err(invalid("agent.max_steps", "must be at least 1"));
         }

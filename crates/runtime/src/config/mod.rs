@@ -86,6 +86,10 @@ pub struct Config {
     /// `mcp.servers_file` and [`Config::mcp_servers`].
     #[serde(default)]
     pub mcp_servers: Vec<McpServerConfig>,
+    /// Commands run at points of a session (before and after tool calls,
+    /// on messages, at a turn's end, at a session's start).
+    #[serde(default)]
+    pub hooks: Vec<HookConfig>,
     /// The directory the files were read from, if any.
     #[serde(skip)]
     pub config_dir: Option<PathBuf>,
@@ -753,7 +757,9 @@ pub enum LogFormat {
     Json,
 }
 
+mod hooks;
 mod load;
+pub use hooks::{HookConfig, HookEvent, MAX_HOOK_TIMEOUT_SECS};
 mod mcp;
 pub use mcp::{MCP_SEPARATOR, McpConfig, McpServerConfig, read_servers_file};
 

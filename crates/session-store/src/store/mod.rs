@@ -195,6 +195,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::McpResourceUpdated(_) => "mcp_resource_updated",
         event::Kind::WorkspaceSnapshot(_) => "workspace_snapshot",
         event::Kind::SessionRewound(_) => "session_rewound",
+        event::Kind::HookRan(_) => "hook_ran",
     }
 }
 
@@ -218,6 +219,8 @@ impl<'a> Summary<'a> {
         };
         for e in events {
             match &e.kind {
+                // A request to compact starts a turn but is no message.
+                Some(event::Kind::UserMessage(m)) if m.compact => summary.turn_open = Some(true),
                 Some(event::Kind::UserMessage(m)) => {
                     summary.user_messages += 1;
                     summary.first_user_text.get_or_insert(m.text.as_str());
