@@ -186,6 +186,8 @@ async fn an_edit_is_approved_from_its_diff_the_answer_renders_and_a_turn_is_canc
         "first line\nsecond line\nthird line\n",
         "nothing is written before the answer"
     );
+    // A question takes single keys once it has been on screen a moment.
+    std::thread::sleep(Duration::from_millis(800));
     tmux.keys(&["y"]);
 
     // The answer renders as markdown; the status line shows the context
@@ -222,6 +224,8 @@ async fn an_edit_is_approved_from_its_diff_the_answer_renders_and_a_turn_is_canc
     tmux.keys(&["Enter"]);
     let screen = tmux.wait_for("the bash question", |s| s.contains("$ sleep 30"));
     assert!(screen.contains("the agent wants to run bash"), "{screen}");
+    // A question takes single keys once it has been on screen a moment.
+    std::thread::sleep(Duration::from_millis(800));
     tmux.keys(&["y"]);
     tmux.wait_for("the command to run", |s| s.contains("running bash"));
     tmux.keys(&["C-c"]);

@@ -43,6 +43,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/exit", "leave (also Ctrl+D)"),
 ];
 
+/// See [`App::answer_guard`].
+pub const ANSWER_GUARD: std::time::Duration = std::time::Duration::from_millis(600);
 /// Most output kept per tool call for showing (the log has all of it).
 const MAX_KEPT_OUTPUT: usize = 64 * 1024;
 /// Lines of a running call's output shown live.
@@ -174,6 +176,8 @@ pub struct Pending {
     pub preview: Preview,
     /// The session that asks (a sub-agent's, or this one's).
     pub session_id: String,
+    /// When it was asked (as seen here).
+    pub shown_at: Instant,
 }
 
 /// A session in the picker.
@@ -313,6 +317,12 @@ pub struct App {
     draft: String,
     /// Questions waiting, the first one shown.
     pub approvals: Vec<Pending>,
+    /// A question takes single keys only once it has been on screen this
+    /// long and nothing was typed for as long (a key meant for a message
+    /// never answers a question that just appeared).
+    pub answer_guard: std::time::Duration,
+    /// When a key was last typed into the input.
+    typed_at: Option<Instant>,
     /// The question was put aside (Esc); Ctrl+A brings it back.
     pub approval_hidden: bool,
     /// Lines the question is scrolled by.
@@ -371,6 +381,8 @@ impl App {
             history_at: None,
             draft: String::new(),
             approvals: Vec::new(),
+            answer_guard: ANSWER_GUARD,
+            typed_at: None,
             approval_hidden: false,
             approval_scroll: 0,
             deny_reason: None,
@@ -562,6 +574,7 @@ impl App {
                         request: a.clone(),
                         preview,
                         session_id: event.session_id.clone(),
+                        shown_at: Instant::now(),
                     });
                     self.approval_scroll = 0;
                 }
@@ -642,9 +655,14 @@ impl App {
                 }
             }
             Kind::Error(_) => self.note(formatted, NoteKind::Error),
+            Kind::ContextCompacted(c) => {
+                if c.tokens_after > 0 {
+                    self.context_used = c.tokens_after;
+                }
+                self.note(formatted, NoteKind::Info);
+            }
             Kind::CancelRequested(_) => self.note("(cancelling…)", NoteKind::Info),
             Kind::SkillsetChosen(_)
-            | Kind::ContextCompacted(_)
             | Kind::PlanSubmitted(_)
             | Kind::PlanStepUpdated(_)
             | Kind::LoopDetected(_)
@@ -663,6 +681,7 @@ impl App {
         self.approvals.retain(|p| p.request.call_id != call_id);
         if self.approvals.len() != before {
             self.approval_scroll = 0;
+            self.approval_hidden = false;
             if self.deny_reason.as_deref() == Some(call_id) {
                 self.deny_reason = None;
             }
@@ -785,11 +804,14 @@ impl App {
             _ => {}
         }
         // A question takes single keys only when nothing is being typed.
+        let settled = |at: Option<Instant>| at.is_none_or(|t| t.elapsed() >= self.answer_guard);
         if self.deny_reason.is_none()
             && self.input.is_empty()
             && !ctrl
             && !alt
+            && settled(self.typed_at)
             && let (Some(pending), KeyCode::Char(c)) = (self.question(), key.code)
+            && settled(Some(pending.shown_at))
         {
             let request = pending.request.clone();
             if let Some(actions) = self.answer_key(&request, c) {
@@ -813,6 +835,7 @@ impl App {
                 let mut buf = [0u8; 4];
                 self.input.insert(c.encode_utf8(&mut buf));
                 self.history_at = None;
+                self.typed_at = Some(Instant::now());
             }
             KeyCode::Backspace => self.input.backspace(),
             KeyCode::Delete => self.input.delete(),
@@ -889,11 +912,17 @@ impl App {
     }
 
     fn submit(&mut self, text: String, plan: bool, compact: bool) -> Action {
+        // Raised limits go with the next real message.
+        let limits = if compact {
+            Limits::default()
+        } else {
+            std::mem::take(&mut self.limits)
+        };
         Action::Submit {
             text,
             plan,
             network: self.network,
-            limits: std::mem::take(&mut self.limits),
+            limits,
             compact,
         }
     }
@@ -1065,7 +1094,8 @@ impl App {
             KeyCode::Char('c') | KeyCode::Char('d')
                 if key.modifiers.contains(KeyModifiers::CONTROL) =>
             {
-                self.picker = None
+                self.picker = None;
+                return vec![Action::Quit];
             }
             KeyCode::Up | KeyCode::Char('k') => picker.selected = picker.selected.saturating_sub(1),
             KeyCode::Down | KeyCode::Char('j') => {

@@ -4,6 +4,7 @@
 //! it differs), lists (nested, numbered), block quotes, rules, and code
 //! blocks highlighted by language ([`super::highlight`]).
 
+use super::app::clean;
 use super::highlight;
 use super::theme::Theme;
 use pulldown_cmark::{CodeBlockKind, Event, HeadingLevel, Options, Parser, Tag, TagEnd};
@@ -90,15 +91,16 @@ impl Renderer {
             Event::Start(tag) => self.start(tag),
             Event::End(tag) => self.end(tag),
             Event::Text(text) => match &mut self.code {
-                Some((_, code)) => code.push_str(&text),
+                Some((_, code)) => code.push_str(&clean(&text)),
                 None => {
+                    // Entities are decoded by the parser: cleaned after it.
                     let style = self.style();
-                    self.spans.push(Span::styled(text.into_string(), style));
+                    self.spans.push(Span::styled(clean(&text), style));
                 }
             },
             Event::Code(code) => {
                 let style = self.style().patch(self.theme.code());
-                self.spans.push(Span::styled(code.into_string(), style));
+                self.spans.push(Span::styled(clean(&code), style));
             }
             Event::SoftBreak => {
                 let style = self.style();
@@ -119,7 +121,7 @@ impl Renderer {
             }
             Event::Html(html) | Event::InlineHtml(html) => {
                 let style = self.style();
-                self.spans.push(Span::styled(html.into_string(), style));
+                self.spans.push(Span::styled(clean(&html), style));
             }
             Event::FootnoteReference(_) | Event::InlineMath(_) | Event::DisplayMath(_) => {}
         }

@@ -75,8 +75,9 @@ pub async fn chat(
         let session = if pick {
             pick = false;
             match pick_first(&mut client, &mut screen, &keys, config).await? {
-                Some(id) => Some(id),
-                None => next.take(),
+                Picked::Session(id) => Some(id),
+                Picked::New => next.take(),
+                Picked::Quit => break Ok(ExitCode::SUCCESS),
             }
         } else {
             next.take()
@@ -107,13 +108,21 @@ pub async fn chat(
     result
 }
 
-/// The picker before any session: the chosen one, or `None` for a new one.
+/// What the picker before any session gave.
+enum Picked {
+    Session(String),
+    New,
+    Quit,
+}
+
+/// The picker before any session: the chosen one, a new one (Esc), or
+/// none at all (Ctrl+C, Ctrl+D).
 async fn pick_first(
     client: &mut OrchestratorClient<TracedChannel>,
     screen: &mut Screen,
     keys: &KeyReader,
     config: &Config,
-) -> anyhow::Result<Option<String>> {
+) -> anyhow::Result<Picked> {
     let mut app = App::new(theme::Theme::from_env(), "", &config.llm.model, 0, false);
     app.note("choose a session, or Esc for a new one", NoteKind::Info);
     app.picker = Some(app::Picker {
@@ -125,18 +134,18 @@ async fn pick_first(
     loop {
         screen.draw(&mut app, &mut cache)?;
         let Some(key) = keys.next().await else {
-            return Ok(None);
+            return Ok(Picked::Quit);
         };
         if let event::Event::Key(key) = key {
             for action in app.on_key(key) {
                 match action {
-                    Action::OpenSession(id) => return Ok(Some(id)),
-                    Action::Quit => return Ok(None),
+                    Action::OpenSession(id) => return Ok(Picked::Session(id)),
+                    Action::Quit => return Ok(Picked::Quit),
                     _ => {}
                 }
             }
             if app.picker.is_none() {
-                return Ok(None);
+                return Ok(Picked::New);
             }
         }
     }
@@ -332,6 +341,9 @@ async fn perform(
             if let Err(status) = client.submit(submit(input)).await {
                 app.note(format!("agentry: {}", status.message()), NoteKind::Error);
             }
+        }
+        // A question answered meanwhile (a log replayed) needs none.
+        Action::Preview(call_id) if !app.approvals.iter().any(|p| p.request.call_id == call_id) => {
         }
         Action::Preview(call_id) => {
             let mut client = client.clone();

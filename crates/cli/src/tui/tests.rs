@@ -24,7 +24,10 @@ const MODEL: &str = "configured-model";
 // ---------------------------------------------------------------- helpers
 
 fn new_app(color: bool) -> App {
-    App::new(Theme { color }, SESSION, MODEL, 32768, false)
+    let mut app = App::new(Theme { color }, SESSION, MODEL, 32768, false);
+    // Keys are typed faster than any person: no guard.
+    app.answer_guard = std::time::Duration::ZERO;
+    app
 }
 
 fn logged(kind: Kind) -> spb::Event {
@@ -1718,4 +1721,20 @@ fn control_characters_never_reach_the_screen() {
         );
     }
     assert!(!app.input.text.chars().any(char::is_control));
+}
+
+#[test]
+fn a_key_typed_as_a_question_appears_goes_to_the_message() {
+    // The guard people have: a question just shown takes no single key.
+    let mut app = App::new(Theme { color: true }, SESSION, MODEL, 32768, false);
+    assert_eq!(app.answer_guard, super::app::ANSWER_GUARD);
+    app.on_event(&logged(Kind::ApprovalRequested(spb::ApprovalRequested {
+        call_id: "b1".into(),
+        tool: "bash".into(),
+        arguments_json: r#"{"command":"ls"}"#.into(),
+        ..Default::default()
+    })));
+    let typed = app.on_key(KeyEvent::new(KeyCode::Char('a'), KeyModifiers::NONE));
+    assert_eq!(typed, Vec::new());
+    assert_eq!(app.input.text, "a");
 }

@@ -154,7 +154,12 @@ impl SessionState {
         // The catalog given is the copy the sessions share.
         let catalog = Catalog::interned(catalog);
         self.emit(out, turn_id, Kind::ToolsOffered(catalog.to_event()));
-        self.call_model(out, turn_id, true);
+        // A compaction asked for stays one (its summary is decided again).
+        if self.turn.as_ref().is_some_and(|t| t.compact) {
+            self.compact_now(out, turn_id);
+        } else {
+            self.call_model(out, turn_id, true);
+        }
         Ok(())
     }
 

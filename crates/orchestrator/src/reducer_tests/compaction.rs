@@ -587,3 +587,26 @@ fn compact_while_a_turn_runs_is_refused() {
     session.ok(user("busy"));
     session.refused(compact_in(TURN2), Refusal::Busy);
 }
+
+#[test]
+fn tools_that_changed_before_a_compaction_on_demand_leave_it_a_compaction() {
+    let mut session = two_short_turns();
+    session.ok(compact_in("turn-3"));
+    let effects = session.ok(Input::ToolCatalog(catalog()));
+    assert!(
+        events_of(&effects)
+            .iter()
+            .any(|k| matches!(k, Kind::ToolsOffered(_)))
+    );
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::Summarise { .. })),
+        "{effects:?}"
+    );
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::CallModel { .. }))
+    );
+}
