@@ -384,7 +384,11 @@ impl OrchestratorService {
         self.deps
             .store
             .clone()
-            .create_session(spb::CreateSessionRequest { session_id, title })
+            .create_session(spb::CreateSessionRequest {
+                session_id,
+                title,
+                parent: None,
+            })
             .await
             .map(Response::into_inner)
             .map_err(|s| store_status(&self.deps.store_url, s))

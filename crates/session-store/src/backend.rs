@@ -40,9 +40,22 @@ impl Backend {
 
     /// Creates a session with `id` (generated when empty).
     pub async fn create_session(&self, id: String, title: String) -> Result<Session, StoreError> {
+        self.create_child_session(id, title, Default::default())
+            .await
+    }
+
+    /// Creates a session linked to `parent` (a sub-agent's).
+    pub async fn create_child_session(
+        &self,
+        id: String,
+        title: String,
+        parent: agentry_proto::sessions::v1::SessionParent,
+    ) -> Result<Session, StoreError> {
         match self {
-            Backend::Sqlite(s) => blocking(s, move |s| s.create_session(&id, &title)).await,
-            Backend::Postgres(p) => p.create_session(&id, &title).await,
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| s.create_child_session(&id, &title, &parent)).await
+            }
+            Backend::Postgres(p) => p.create_child_session(&id, &title, &parent).await,
         }
     }
 

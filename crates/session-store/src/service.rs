@@ -101,7 +101,7 @@ impl SessionStore for SessionStoreService {
         let req = request.into_inner();
         let session = self
             .store
-            .create_session(req.session_id, req.title)
+            .create_child_session(req.session_id, req.title, req.parent.unwrap_or_default())
             .await
             .map_err(status_of)?;
         Ok(Response::new(session))

@@ -394,6 +394,29 @@ async fn leases_fence_a_driver_that_lost_its_session(replicas: &Replicas, n: u32
     assert_eq!(events.len(), 2);
 }
 
+async fn a_sub_agents_session_keeps_its_parent(replicas: &Replicas, n: u32) {
+    let store = replicas(n).await;
+    let parent = pb::SessionParent {
+        session_id: "p".into(),
+        call_id: "call-7".into(),
+        agent: "researcher".into(),
+    };
+    store.create_session("p".into(), "".into()).await.unwrap();
+    let child = store
+        .create_child_session("c".into(), "a task".into(), parent.clone())
+        .await
+        .unwrap();
+    assert_eq!(child.parent.as_ref(), Some(&parent));
+    assert_eq!(
+        store.get_session("c".into()).await.unwrap().parent,
+        Some(parent.clone())
+    );
+    assert_eq!(store.get_session("p".into()).await.unwrap().parent, None);
+    let (listed, _) = store.list_sessions(10, 0, false).await.unwrap();
+    let c = listed.iter().find(|s| s.id == "c").unwrap();
+    assert_eq!(c.parent, Some(parent));
+}
+
 async fn run_contract(replicas: Replicas) {
     sessions_are_created_listed_and_refused_when_invalid(&replicas, 0).await;
     appends_are_gap_free_and_refused_out_of_order(&replicas, 1).await;
@@ -403,6 +426,7 @@ async fn run_contract(replicas: Replicas) {
     forks_copy_the_log_and_deletes_remove_it(&replicas, 5).await;
     watch_replays_then_tails_across_replicas(&replicas, 6).await;
     leases_fence_a_driver_that_lost_its_session(&replicas, 7).await;
+    a_sub_agents_session_keeps_its_parent(&replicas, 8).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -141,6 +141,7 @@ async fn create(client: &mut Client, id: &str, title: &str) -> Session {
         .create_session(CreateSessionRequest {
             session_id: id.into(),
             title: title.into(),
+            parent: None,
         })
         .await
         .expect("CreateSession failed")
@@ -415,6 +416,7 @@ async fn create_and_get_sessions() {
             .create_session(CreateSessionRequest {
                 session_id: "alpha".into(),
                 title: String::new(),
+                parent: None,
             })
             .await,
         Code::AlreadyExists,
@@ -428,6 +430,7 @@ async fn create_and_get_sessions() {
                 .create_session(CreateSessionRequest {
                     session_id: bad.into(),
                     title: String::new(),
+                    parent: None,
                 })
                 .await,
             Code::InvalidArgument,

@@ -104,10 +104,11 @@ fn session_from_row(row: &tokio_postgres::Row) -> Session {
         preview: row.get(6),
         forked_from: row.get(7),
         turn_open: row.get(8),
+        parent: crate::store::parent_of(row.get(9), row.get(10), row.get(11)),
     }
 }
 
-const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent";
 
 impl PgStore {
     /// Connects to `url`, brings the schema up to date (safely when several
@@ -196,17 +197,36 @@ impl PgStore {
 
     /// Creates a session with `id` (generated when empty).
     pub async fn create_session(&self, id: &str, title: &str) -> Result<Session, StoreError> {
+        self.create_child_session(id, title, &Default::default())
+            .await
+    }
+
+    /// Creates a session linked to `parent` (a sub-agent's).
+    pub async fn create_child_session(
+        &self,
+        id: &str,
+        title: &str,
+        parent: &agentry_proto::sessions::v1::SessionParent,
+    ) -> Result<Session, StoreError> {
         let id = new_session_id(id)?;
         let now = now_ms();
         let client = self.client().await?;
         let row = client
             .query_opt(
                 &format!(
-                    "INSERT INTO sessions (id, title, created_ms, updated_ms, touched)
-                     VALUES ($1, $2, $3, $3, nextval('sessions_touched'))
+                    "INSERT INTO sessions (id, title, created_ms, updated_ms, touched,
+                                           parent_session, parent_call, parent_agent)
+                     VALUES ($1, $2, $3, $3, nextval('sessions_touched'), $4, $5, $6)
                      ON CONFLICT (id) DO NOTHING RETURNING {SESSION_COLUMNS}"
                 ),
-                &[&id, &preview_of(title), &now],
+                &[
+                    &id,
+                    &preview_of(title),
+                    &now,
+                    &parent.session_id,
+                    &parent.call_id,
+                    &parent.agent,
+                ],
             )
             .await
             .map_err(db_error)?;
@@ -681,9 +701,11 @@ impl PgStore {
         }
         let ms =
             |t: &Option<prost_types::Timestamp>| t.as_ref().map(ms_from_timestamp).unwrap_or(0);
+        let parent = session.parent.clone().unwrap_or_default();
         tx.execute(
-            "INSERT INTO sessions (id, title, created_ms, updated_ms, preview, forked_from, touched)
-             VALUES ($1, $2, $3, $4, $5, $6, nextval('sessions_touched'))",
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, preview, forked_from, touched,
+                                   parent_session, parent_call, parent_agent)
+             VALUES ($1, $2, $3, $4, $5, $6, nextval('sessions_touched'), $7, $8, $9)",
             &[
                 &session.id,
                 &session.title,
@@ -691,6 +713,9 @@ impl PgStore {
                 &ms(&session.updated_at),
                 &session.preview,
                 &session.forked_from,
+                &parent.session_id,
+                &parent.call_id,
+                &parent.agent,
             ],
         )
         .await

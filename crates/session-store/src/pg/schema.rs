@@ -42,6 +42,12 @@ const MIGRATIONS: &[(i32, &str)] = &[
             expires_ms BIGINT NOT NULL
          );",
     ),
+    (
+        3,
+        "ALTER TABLE sessions ADD COLUMN parent_session TEXT NOT NULL DEFAULT '';
+         ALTER TABLE sessions ADD COLUMN parent_call TEXT NOT NULL DEFAULT '';
+         ALTER TABLE sessions ADD COLUMN parent_agent TEXT NOT NULL DEFAULT '';",
+    ),
 ];
 
 /// The newest schema this build knows.

@@ -259,7 +259,20 @@ pub(crate) fn preview_of(text: &str) -> String {
     out
 }
 
-const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent";
+
+/// The parent link of a session's row (`None` for a session of its own).
+pub(crate) fn parent_of(
+    session_id: String,
+    call_id: String,
+    agent: String,
+) -> Option<agentry_proto::sessions::v1::SessionParent> {
+    (!session_id.is_empty()).then_some(agentry_proto::sessions::v1::SessionParent {
+        session_id,
+        call_id,
+        agent,
+    })
+}
 
 fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
     Ok(Session {
@@ -272,6 +285,7 @@ fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
         preview: row.get(6)?,
         forked_from: row.get(7)?,
         turn_open: row.get::<_, i64>(8)? != 0,
+        parent: parent_of(row.get(9)?, row.get(10)?, row.get(11)?),
     })
 }
 

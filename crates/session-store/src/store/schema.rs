@@ -21,7 +21,7 @@ use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 /// The schema this build writes.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// One step of the schema.
 struct Migration {
@@ -48,7 +48,21 @@ const MIGRATIONS: &[Migration] = &[
         what: "session leases for several orchestrators",
         apply: add_leases,
     },
+    Migration {
+        version: 4,
+        what: "the parent of a sub-agent's session",
+        apply: add_parents,
+    },
 ];
+
+/// Version 4: the session and call a sub-agent's session works for.
+fn add_parents(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE sessions ADD COLUMN parent_session TEXT NOT NULL DEFAULT '';
+         ALTER TABLE sessions ADD COLUMN parent_call TEXT NOT NULL DEFAULT '';
+         ALTER TABLE sessions ADD COLUMN parent_agent TEXT NOT NULL DEFAULT '';",
+    )
+}
 
 /// Version 3: the driver of each session and the replicas' heartbeats.
 fn add_leases(tx: &Transaction<'_>) -> rusqlite::Result<()> {

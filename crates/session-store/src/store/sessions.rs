@@ -2,20 +2,41 @@
 //! fork.
 
 use super::{Change, SESSION_COLUMNS, Store, StoreError, now_ms, preview_of, session_from_row};
+use agentry_proto::sessions::v1::SessionParent;
 use agentry_proto::sessions::v1::{Event, Session};
 use rusqlite::{Connection, OptionalExtension, params};
 
 impl Store {
     /// Creates a session with `id` (generated when empty).
     pub fn create_session(&self, id: &str, title: &str) -> Result<Session, StoreError> {
+        self.create_child_session(id, title, &SessionParent::default())
+    }
+
+    /// Creates a session linked to `parent` (a sub-agent's; an empty
+    /// parent for a session of its own).
+    pub fn create_child_session(
+        &self,
+        id: &str,
+        title: &str,
+        parent: &SessionParent,
+    ) -> Result<Session, StoreError> {
         let id = super::new_session_id(id)?;
         let now = now_ms();
         let title = preview_of(title);
         let conn = self.writer();
         let inserted = conn.execute(
-            "INSERT INTO sessions (id, title, created_ms, updated_ms, touched)
-             VALUES (?1, ?2, ?3, ?3, ?4) ON CONFLICT(id) DO NOTHING",
-            params![id, title, now, self.touch()],
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, touched, parent_session,
+                                   parent_call, parent_agent)
+             VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(id) DO NOTHING",
+            params![
+                id,
+                title,
+                now,
+                self.touch(),
+                parent.session_id,
+                parent.call_id,
+                parent.agent
+            ],
         )?;
         if inserted == 0 {
             return Err(StoreError::AlreadyExists(id));
