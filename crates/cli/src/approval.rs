@@ -26,7 +26,16 @@ pub fn describe(request: &spb::ApprovalRequested) -> String {
             request.tool
         )
     } else {
-        format!("\n  {} wants to run {}", "the agent", request.tool)
+        // A sub-agent's question, relayed, names the sub-agent.
+        let asker = request
+            .matched_rule
+            .strip_prefix("sub-agent ")
+            .and_then(|rest| rest.split_once(':'))
+            .map_or_else(
+                || "the agent".to_string(),
+                |(name, _)| format!("the sub-agent {name}"),
+            );
+        format!("\n  {asker} wants to run {}", request.tool)
     };
     if request.outcome_unknown {
         out.push('\n');

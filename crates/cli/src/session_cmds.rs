@@ -48,8 +48,20 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
         } else {
             &s.title
         };
+        // A sub-agent's task says whose it is.
+        let child = s
+            .parent
+            .as_ref()
+            .map(|p| {
+                format!(
+                    "↳ [{} for {}] ",
+                    p.agent,
+                    p.session_id.chars().take(8).collect::<String>()
+                )
+            })
+            .unwrap_or_default();
         print_line(format!(
-            "{:<38} {:>9} {:>7} {:>9}  {}",
+            "{:<38} {:>9} {:>7} {:>9}  {child}{}",
             s.id,
             ago(s.updated_at.as_ref()),
             s.user_message_count,
@@ -91,6 +103,33 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
             "session {} — {} ({} events)",
             session.id, session.title, session.event_count
         ))?;
+        if let Some(parent) = &session.parent {
+            print_line(format!(
+                "  a task of the sub-agent {} for session {} (call {})",
+                parent.agent, parent.session_id, parent.call_id
+            ))?;
+        }
+        // The sessions of its sub-agents' tasks.
+        let all = client
+            .list_sessions(spb::ListSessionsRequest {
+                limit: 1000,
+                offset: 0,
+                only_open_turns: false,
+            })
+            .await
+            .map_err(|s| status_error("cannot list sessions", s))?
+            .into_inner();
+        for child in all.sessions.iter().filter(|s| {
+            s.parent
+                .as_ref()
+                .is_some_and(|p| p.session_id == session.id)
+        }) {
+            let parent = child.parent.clone().unwrap_or_default();
+            print_line(format!(
+                "  ↳ {} [{} for call {}] {} ({} events)",
+                child.id, parent.agent, parent.call_id, child.title, child.event_count
+            ))?;
+        }
     }
     // What is stored now, then stop.
     let mut log = Vec::new();

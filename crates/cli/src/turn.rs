@@ -268,7 +268,9 @@ pub async fn run(
             }
         };
         let event = next;
-        if event.seq < submitted.seq {
+        // A sub-agent's question, relayed (its own session and seq).
+        let relayed = event.live && !event.session_id.is_empty() && event.session_id != session.id;
+        if !relayed && event.seq < submitted.seq {
             continue;
         }
         if json {
@@ -277,10 +279,17 @@ pub async fn run(
             renderer.event(&event);
         }
         match &event.kind {
-            Some(Kind::ApprovalRequested(request)) if event.turn_id == submitted.turn_id => {
+            Some(Kind::ApprovalRequested(request))
+                if relayed || event.turn_id == submitted.turn_id =>
+            {
                 if std::io::stdin().is_terminal() && !json {
                     let input = ask_on_terminal(request, &mut lines).await?;
-                    if let Err(status) = client.submit(approval_submit(&session.id, input)).await {
+                    let to = if relayed {
+                        &event.session_id
+                    } else {
+                        &session.id
+                    };
+                    if let Err(status) = client.submit(approval_submit(to, input)).await {
                         eprintln!("agentry: {}", status.message());
                     }
                 } else if !needs_person {
@@ -345,8 +354,9 @@ async fn ask_on_terminal(
 enum Notice {
     /// A turn ended.
     Finished { turn_id: String, outcome: i32 },
-    /// A call waits for a decision.
-    Approval(spb::ApprovalRequested),
+    /// A call waits for a decision (of this session, or of a sub-agent's
+    /// session: the id to answer to).
+    Approval(spb::ApprovalRequested, String),
     /// A call is no longer waiting (someone answered, or the turn ended).
     Resolved(String),
 }
@@ -411,9 +421,14 @@ pub async fn chat(
     }
     let (notices_tx, mut notices) = mpsc::unbounded_channel::<Notice>();
     let mut open_turn: Option<String> = None;
+    let printer_session = session.id.clone();
+    // The session each question is answered to (a sub-agent's, for a
+    // relayed one).
+    let mut asked_in: std::collections::HashMap<String, String> = Default::default();
     let printer = tokio::spawn(async move {
         let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
         renderer.show_approvals = false;
+        let own_id = printer_session;
         let mut pending: Vec<spb::ApprovalRequested> = Vec::new();
         loop {
             let event = match events.next().await {
@@ -437,8 +452,21 @@ pub async fn chat(
                 }
                 if event.seq == history_end {
                     for a in pending.drain(..) {
-                        let _ = notices_tx.send(Notice::Approval(a));
+                        let _ = notices_tx.send(Notice::Approval(a, own_id.clone()));
                     }
+                }
+                continue;
+            }
+            // A sub-agent's question, relayed: asked here, answered there.
+            if event.live && !event.session_id.is_empty() && event.session_id != own_id {
+                let notice = match kind {
+                    Kind::ApprovalRequested(a) => {
+                        Some(Notice::Approval(a.clone(), event.session_id.clone()))
+                    }
+                    other => is_resolution(other).map(Notice::Resolved),
+                };
+                if let Some(notice) = notice {
+                    let _ = notices_tx.send(notice);
                 }
                 continue;
             }
@@ -448,7 +476,7 @@ pub async fn chat(
                     turn_id: event.turn_id.clone(),
                     outcome: f.outcome,
                 }),
-                Kind::ApprovalRequested(a) => Some(Notice::Approval(a.clone())),
+                Kind::ApprovalRequested(a) => Some(Notice::Approval(a.clone(), own_id.clone())),
                 other => is_resolution(other).map(Notice::Resolved),
             };
             if let Some(notice) = notice {
@@ -500,7 +528,8 @@ pub async fn chat(
                 match std::mem::replace(&mut asking, Asking::Nothing) {
                     Asking::Approval(request) => match approval::answer(&request, &line).await {
                         approval::Answer::Decide(input) => {
-                            if let Err(status) = client.submit(approval_submit(&session.id, input)).await {
+                            let to = asked_in.get(&input.call_id).cloned().unwrap_or_else(|| session.id.clone());
+                            if let Err(status) = client.submit(approval_submit(&to, input)).await {
                                 eprintln!("agentry: {}", status.message());
                             }
                         }
@@ -515,7 +544,8 @@ pub async fn chat(
                     },
                     Asking::DenyReason(request) => {
                         let input = approval::deny(&request.call_id, &line);
-                        if let Err(status) = client.submit(approval_submit(&session.id, input)).await {
+                        let to = asked_in.get(&input.call_id).cloned().unwrap_or_else(|| session.id.clone());
+                        if let Err(status) = client.submit(approval_submit(&to, input)).await {
                             eprintln!("agentry: {}", status.message());
                         }
                     }
@@ -612,7 +642,8 @@ pub async fn chat(
                         queued.clear();
                     }
                 }
-                Some(Notice::Approval(request)) => {
+                Some(Notice::Approval(request, asker)) => {
+                    asked_in.insert(request.call_id.clone(), asker);
                     if open_turn.is_none() {
                         open_turn = Some(String::new());
                     }

@@ -161,6 +161,12 @@ impl ChatClient {
         &self.model
     }
 
+    /// The same client asking for another model (a sub-agent's).
+    pub fn with_model(mut self, model: &str) -> Self {
+        self.model = model.into();
+        self
+    }
+
     /// The configured wire protocol.
     pub fn provider(&self) -> Provider {
         self.provider

@@ -57,7 +57,7 @@ const RECALL_MAX_CHARS: usize = 16_000;
 
 /// Whether `name` is a built-in tool.
 pub fn is_builtin(name: &str) -> bool {
-    NAMES.contains(&name)
+    NAMES.contains(&name) || name == crate::agents::DELEGATE
 }
 
 /// The built-in tools as offered to the model, with their flags.

@@ -47,6 +47,11 @@ pub struct Deps {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// The streamed text of the sessions driven here, for their subscribers.
     pub live: Arc<crate::live::LiveHub>,
+    /// The agents tasks can be delegated to.
+    pub agents: Arc<crate::agents::Agents>,
+    /// The sessions this replica drives (for the delegate tool, which
+    /// drives a child session like a client would).
+    pub(crate) registry: std::sync::OnceLock<std::sync::Weak<crate::service::Registry>>,
 }
 
 impl Deps {
@@ -79,6 +84,8 @@ impl Deps {
             tool_cache: RwLock::new(None),
             cluster: None,
             live: Arc::default(),
+            agents: Arc::default(),
+            registry: std::sync::OnceLock::new(),
         }
     }
 
@@ -194,6 +201,10 @@ impl Deps {
             );
         }
         add_builtins(&mut set);
+        if !self.agents.is_empty() {
+            let (definition, flags) = self.agents.delegate_tool(&set);
+            set.add(definition, flags);
+        }
         if !response.mcp_servers.is_empty() {
             for (definition, flags) in crate::builtin::mcp_definitions() {
                 set.add(definition, flags);
@@ -245,6 +256,16 @@ impl Deps {
             .with_policy(self.policy.clone())
             .with_plan_max_steps(self.plan_max_steps)
             .with_view(self.view())
+            .replayed(events)
+    }
+
+    /// A sub-agent's session rebuilt from its log: the agent's view and
+    /// step limit.
+    pub fn replayed_as(&self, agent: &crate::agents::Agent, events: &[spb::Event]) -> SessionState {
+        SessionState::new(agent.def.max_steps.unwrap_or(self.max_steps))
+            .with_policy(self.policy.clone())
+            .with_plan_max_steps(self.plan_max_steps)
+            .with_view(Arc::new(agent.view(&self.view())))
             .replayed(events)
     }
 

@@ -9,6 +9,7 @@
 //! itself is the pure `agentry-policy` crate.
 
 pub mod actor;
+pub mod agents;
 pub mod attachments;
 pub mod builtin;
 pub mod cluster;
@@ -164,6 +165,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
             session_cost: config.agent.session_cost_budget,
         },
         hooks: Arc::new(hooks::Hooks::new(&config.hooks).map_err(RunError::Hooks)?),
+        only_offered: false,
     };
     let mut deps = Deps::new(
         store,
@@ -177,6 +179,10 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         Arc::new(policy),
     );
     deps.plan_max_steps = config.agent.plan_max_steps;
+    deps.agents = Arc::new(agents::Agents::new(
+        config.agents()?,
+        config.agent.max_parallel_agents,
+    ));
     let advertise = config.orchestrator.advertise_url.trim();
     if !advertise.is_empty() {
         let cluster = cluster::Cluster::new(advertise, config.orchestrator.listen, auth)

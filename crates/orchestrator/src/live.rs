@@ -57,6 +57,12 @@ impl LiveHub {
         self.0.publish(&session_id, Arc::new(event));
     }
 
+    /// Shows `event` (another session's: a sub-agent's question) to the
+    /// subscribers of `session_id`.
+    pub fn publish_to(&self, session_id: &str, event: spb::Event) {
+        self.0.publish(session_id, Arc::new(event));
+    }
+
     /// Follows the live events of `session_id` from now on.
     pub fn follow(&self, session_id: &str) -> LiveFeed {
         LiveFeed(self.0.subscribe(session_id))
@@ -134,6 +140,14 @@ impl Merge {
     /// What to do with a live event now: `Some(true)` send, `Some(false)`
     /// drop, `None` hold.
     fn place(&self, event: &spb::Event) -> Option<bool> {
+        use spb::event::Kind;
+        // A sub-agent's question (or its end), relayed: shown at once.
+        if matches!(
+            event.kind,
+            Some(Kind::ApprovalRequested(_) | Kind::ToolCallState(_))
+        ) {
+            return Some(true);
+        }
         if self.closed_at > event.seq {
             Some(false)
         } else if event.seq <= self.sent {

@@ -21,6 +21,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// A session's actor, once loaded.
 type SessionSlot = Arc<Mutex<Option<SessionHandle>>>;
 
+/// The sessions a replica drives, by id.
+pub(crate) type Registry = std::sync::Mutex<HashMap<String, SessionSlot>>;
+
 /// Where a session's inputs go.
 enum Route {
     /// Its actor on this replica.
@@ -34,7 +37,7 @@ enum Route {
 pub struct OrchestratorService {
     deps: Arc<Deps>,
     /// One slot per session, each locked on its own while the session loads.
-    sessions: Arc<std::sync::Mutex<HashMap<String, SessionSlot>>>,
+    sessions: Arc<Registry>,
 }
 
 pub(crate) fn store_status(url: &str, status: Status) -> Status {
@@ -50,10 +53,16 @@ pub(crate) fn store_status(url: &str, status: Status) -> Status {
 impl OrchestratorService {
     /// A service over `deps`.
     pub fn new(deps: Arc<Deps>) -> Self {
-        Self {
-            deps,
-            sessions: Arc::default(),
-        }
+        let sessions: Arc<Registry> = Arc::default();
+        let _ = deps.registry.set(Arc::downgrade(&sessions));
+        Self { deps, sessions }
+    }
+
+    /// The service whose sessions `deps` serve (for the delegate tool), if
+    /// it still runs.
+    pub fn attached(deps: Arc<Deps>) -> Option<Self> {
+        let sessions = deps.registry.get()?.upgrade()?;
+        Some(Self { deps, sessions })
     }
 
     /// The actor of a session, loading the session from its log if needed;
@@ -175,14 +184,49 @@ impl OrchestratorService {
     /// appends with lease `lease_epoch` (0: no lease).
     async fn load(&self, session_id: &str, lease_epoch: u64) -> Result<SessionHandle, Status> {
         let events = self.read_log(session_id).await?;
-        let state = self.deps.replayed(&events);
+        // A sub-agent's session runs as its agent, in its parent's
+        // workspace (the id names it: only the delegate tool makes those).
+        let child = if session_id.starts_with("sub-") {
+            let session = self.get(session_id.to_string()).await?;
+            match session.parent {
+                Some(parent) => {
+                    let agent = self.deps.agents.get(&parent.agent).ok_or_else(|| {
+                        Status::failed_precondition(format!(
+                            "session {session_id} is a task of the agent {:?}, which is no \
+                             longer configured",
+                            parent.agent
+                        ))
+                    })?;
+                    let workspace = self.workspace_of(&parent.session_id).await?;
+                    Some(crate::actor::Child { agent, workspace })
+                }
+                None => None,
+            }
+        } else {
+            None
+        };
+        let state = match &child {
+            Some(child) => self.deps.replayed_as(&child.agent, &events),
+            None => self.deps.replayed(&events),
+        };
         Ok(Actor::spawn(
             session_id.to_string(),
             state,
             events.len() as u64,
             lease_epoch,
             self.deps.clone(),
+            child,
         ))
+    }
+
+    /// The session whose workspace `session_id` works in: its own, or its
+    /// parent's for a sub-agent's session.
+    async fn workspace_of(&self, session_id: &str) -> Result<String, Status> {
+        let session = self.get(session_id.to_string()).await?;
+        Ok(match session.parent {
+            Some(parent) => parent.session_id,
+            None => session.id,
+        })
     }
 
     /// The shared dependencies.

@@ -457,6 +457,42 @@ impl App {
             return Vec::new();
         };
         let mut actions = Vec::new();
+        // A sub-agent's question, relayed: asked here, answered there.
+        if event.live && !event.session_id.is_empty() && event.session_id != self.session_id {
+            match kind {
+                Kind::ApprovalRequested(a) => {
+                    let known = self.approvals.iter().any(|p| {
+                        p.session_id == event.session_id && p.request.call_id == a.call_id
+                    });
+                    if !known {
+                        let mut request = a.clone();
+                        request.matched_rule = clean(&request.matched_rule);
+                        self.approval_hidden = false;
+                        self.approvals.push(Pending {
+                            request,
+                            preview: Preview::None,
+                            session_id: event.session_id.clone(),
+                            shown_at: Instant::now(),
+                        });
+                        self.dirty = true;
+                    }
+                }
+                Kind::ToolCallState(s)
+                    if s.phase != spb::ToolCallPhase::AwaitingApproval as i32 =>
+                {
+                    let before = self.approvals.len();
+                    self.approvals.retain(|p| {
+                        !(p.session_id == event.session_id && p.request.call_id == s.call_id)
+                    });
+                    if before != self.approvals.len() {
+                        self.approval_hidden = false;
+                        self.dirty = true;
+                    }
+                }
+                _ => {}
+            }
+            return actions;
+        }
         // The line renderer keeps the state its notes need (per-step
         // tokens, the plan's titles, the session's cost so far).
         self.notes.event(event);

@@ -301,14 +301,20 @@ async fn perform(
             }
         }
         Action::Decide(decision) => {
+            let to = asker(app, &decision.call_id, session_id);
             let input = pb::Input {
                 kind: Some(pb::input::Kind::Approval(decision)),
             };
-            if let Err(status) = client.submit(submit(input)).await {
+            let request = pb::SubmitRequest {
+                session_id: to,
+                input: Some(input),
+            };
+            if let Err(status) = client.submit(request).await {
                 app.note(format!("agentry: {}", status.message()), NoteKind::Error);
             }
         }
         Action::EditArguments(request) => {
+            let to = asker(app, &request.call_id, session_id);
             keys.pause();
             screen.suspend()?;
             let edited = approval::edit_arguments(&request.arguments_json).await;
@@ -325,7 +331,11 @@ async fn perform(
                             edited_arguments_json: arguments,
                         })),
                     };
-                    if let Err(status) = client.submit(submit(input)).await {
+                    let request = pb::SubmitRequest {
+                        session_id: to,
+                        input: Some(input),
+                    };
+                    if let Err(status) = client.submit(request).await {
                         app.note(format!("agentry: {}", status.message()), NoteKind::Error);
                     }
                 }
@@ -407,6 +417,14 @@ async fn perform(
         }
     }
     Ok(None)
+}
+
+/// The session a question was asked in (a sub-agent's, or this one).
+fn asker(app: &App, call_id: &str, session_id: &str) -> String {
+    app.approvals
+        .iter()
+        .find(|p| p.request.call_id == call_id)
+        .map_or_else(|| session_id.to_string(), |p| p.session_id.clone())
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -281,7 +281,13 @@ pub fn question_lines(pending: &Pending, theme: &Theme, width: u16) -> Vec<Line<
     let request = &pending.request;
     let mut out = Vec::new();
     let room = usize::from(width).max(10);
-    let asker = "the agent";
+    // A sub-agent's question, relayed, names the sub-agent.
+    let sub_agent = request
+        .matched_rule
+        .strip_prefix("sub-agent ")
+        .and_then(|rest| rest.split_once(':'))
+        .map(|(name, _)| format!("the sub-agent {name}"));
+    let asker = sub_agent.as_deref().unwrap_or("the agent");
     let head = if request.outcome_unknown {
         format!(
             "the runtime restarted while this {} call was running: it may or may not have taken effect",

@@ -83,6 +83,8 @@ pub(crate) struct Actor {
     snapshotted_turn: Option<String>,
     /// A turn ran such a call: its workspace is recorded when it ends.
     files_changed: bool,
+    /// Set for a sub-agent's session.
+    child: Option<Child>,
 }
 
 /// The store could not record an event: the actor stops, and the session is
@@ -100,6 +102,14 @@ pub(crate) fn now() -> prost_types::Timestamp {
     }
 }
 
+/// What makes a session a sub-agent's task.
+pub(crate) struct Child {
+    /// Its agent.
+    pub agent: Arc<crate::agents::Agent>,
+    /// The session whose workspace it works in (its parent's).
+    pub workspace: String,
+}
+
 /// How many ready outcomes are folded into one store append at most.
 const MAX_BATCH: usize = 512;
 
@@ -111,6 +121,7 @@ impl Actor {
         event_count: u64,
         lease_epoch: u64,
         deps: Arc<Deps>,
+        child: Option<Child>,
     ) -> SessionHandle {
         let (commands_tx, commands) = mpsc::channel(64);
         let (outcomes_tx, outcomes) = mpsc::channel(1024);
@@ -129,6 +140,7 @@ impl Actor {
             tasks_started: 0,
             turn_span: None,
             offered: None,
+            child,
         };
         tokio::spawn(actor.run(commands));
         SessionHandle {
@@ -271,6 +283,11 @@ impl Actor {
     /// Records the workspace; the effects that note it in the log (`None`
     /// when snapshots are off).
     async fn take_snapshot(&mut self, point: pb::SnapshotPoint) -> Option<Vec<Effect>> {
+        // A sub-agent works in its parent's workspace, which the parent's
+        // own snapshots record.
+        if self.child.is_some() {
+            return None;
+        }
         let taken = self.deps.snapshot(&self.session_id).await;
         let event = crate::forks::snapshot_event(taken, point)?;
         self.state
@@ -414,7 +431,11 @@ impl Actor {
     /// The effects that replace a model call about to start when the tools
     /// offered differ from the recorded catalog (`None` when they do not).
     async fn tools_changed(&mut self) -> Option<Vec<Effect>> {
-        let tools = self.deps.tools().await;
+        let mut tools = self.deps.tools().await;
+        if let Some(child) = &self.child {
+            // Only the agent's tools.
+            tools = Arc::new(child.agent.catalog(&tools));
+        }
         if self
             .offered
             .as_ref()
@@ -553,6 +574,7 @@ impl Actor {
             session_id: self.session_id.clone(),
             turn_id: self.state.turn_id().unwrap_or_default().to_string(),
             after_seq,
+            model: self.child.as_ref().and_then(|c| c.agent.def.model.clone()),
         };
         let span = tracing::info_span!(
             "model_call",
@@ -600,6 +622,8 @@ impl Actor {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();
+        // Hooks run where the session's tools act.
+        let workspace = self.workspace();
         let span = tracing::info_span!(
             "hooks",
             event = job.event.name(),
@@ -616,7 +640,7 @@ impl Actor {
                 let mut outcomes = Vec::new();
                 for hook in &job.hooks {
                     let request = agentry_proto::tools::v1::RunHookRequest {
-                        session_id: session_id.clone(),
+                        session_id: workspace.clone(),
                         command: hook.command.clone(),
                         input: input.clone(),
                         timeout_secs: u32::try_from(hook.timeout_secs).unwrap_or(u32::MAX),
@@ -663,10 +687,26 @@ impl Actor {
         self.in_flight.insert(task, handle.abort_handle());
     }
 
+    /// The session whose workspace this one's tools act on.
+    fn workspace(&self) -> String {
+        self.child
+            .as_ref()
+            .map_or_else(|| self.session_id.clone(), |c| c.workspace.clone())
+    }
+
     fn start_tool_call(&mut self, call: ToolCall, read_only: bool, network: bool) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();
+        let place = tool_call::Place {
+            workspace: self.workspace(),
+            turn_id: self.state.turn_id().unwrap_or_default().to_string(),
+            approval_mode: self
+                .state
+                .turn
+                .as_ref()
+                .map_or(pb::ApprovalMode::Policy, |t| t.approval_mode),
+        };
         let span = tracing::info_span!(
             "tool_call",
             tool = %call.name,
@@ -678,9 +718,17 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "tool");
-                let result =
-                    tool_call::tool_call(&deps, &session_id, call, read_only, network, task, &tx)
-                        .await;
+                let result = tool_call::tool_call(
+                    &deps,
+                    &session_id,
+                    &place,
+                    call,
+                    read_only,
+                    network,
+                    task,
+                    &tx,
+                )
+                .await;
                 drop(gauge);
                 let span = Span::current();
                 span.record("runner_id", result.runner_id.as_str());

@@ -13,6 +13,8 @@ pub(super) struct LiveText {
     pub turn_id: String,
     /// The last event decided before the call.
     pub after_seq: u64,
+    /// The model to ask instead of the orchestrator's (a sub-agent's).
+    pub model: Option<String>,
 }
 
 /// One model call with exactly the request the reducer decided.
@@ -108,7 +110,11 @@ pub(super) async fn stream_once(
     live: &LiveText,
     tx: &mpsc::Sender<Outcome>,
 ) -> Result<Option<agentry_llm::Completion>, ModelCallError> {
-    let mut stream = deps.llm().stream(request).await?;
+    let llm = match &live.model {
+        Some(model) => deps.llm().with_model(model),
+        None => deps.llm(),
+    };
+    let mut stream = llm.stream(request).await?;
     while let Some(item) = stream.next().await {
         match item {
             Ok(StreamEvent::TextDelta(text)) => {

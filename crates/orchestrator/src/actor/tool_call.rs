@@ -16,9 +16,19 @@ pub(super) fn tool_error(call: &ToolCall, output: String, started: Instant) -> p
     }
 }
 
+/// Where a call acts: the workspace's session (its parent's, for a
+/// sub-agent), the turn, how the turn's calls are approved.
+pub(super) struct Place {
+    pub workspace: String,
+    pub turn_id: String,
+    pub approval_mode: pb::ApprovalMode,
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn tool_call(
-    deps: &Deps,
+    deps: &Arc<Deps>,
     session_id: &str,
+    place: &Place,
     call: ToolCall,
     read_only: bool,
     network: bool,
@@ -28,12 +38,15 @@ pub(super) async fn tool_call(
     let started = Instant::now();
     let request = ExecuteRequest {
         call_id: call.id.clone(),
-        session_id: session_id.to_string(),
+        session_id: place.workspace.clone(),
         tool: call.name.clone(),
         arguments_json: call.arguments.clone(),
         timeout_ms: 0,
         network,
     };
+    if call.name == crate::agents::DELEGATE {
+        return delegate_call(deps, session_id, place, call, task, tx, started).await;
+    }
     if crate::builtin::is_builtin(&call.name) {
         return crate::builtin::run(deps, session_id, &call).await;
     }
@@ -67,5 +80,59 @@ pub(super) async fn tool_call(
             result.runner_id = failure.runner;
             result
         }
+    }
+}
+
+/// A delegate call: the task's progress as the call's output, its answer
+/// as the result.
+async fn delegate_call(
+    deps: &Arc<Deps>,
+    session_id: &str,
+    place: &Place,
+    call: ToolCall,
+    task: u64,
+    tx: &mpsc::Sender<Outcome>,
+    started: Instant,
+) -> pb::ToolResult {
+    let (progress, mut lines) = mpsc::unbounded_channel::<String>();
+    let forward = {
+        let tx = tx.clone();
+        let call_id = call.id.clone();
+        tokio::spawn(async move {
+            while let Some(text) = lines.recv().await {
+                let input = Input::ToolChunk {
+                    call_id: call_id.clone(),
+                    stream: pb::OutputStream::Stdout,
+                    text,
+                };
+                if tx.send(Box::new((task, input))).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let outcome = crate::agents::delegate(
+        deps.clone(),
+        session_id,
+        &place.turn_id,
+        place.approval_mode,
+        &call,
+        progress,
+    )
+    .await;
+    // The progress so far is out before the result.
+    let _ = forward.await;
+    let (output, is_error) = match outcome {
+        Ok(answer) => (answer, false),
+        Err(why) => (format!("error: {why}"), true),
+    };
+    pb::ToolResult {
+        call_id: call.id.clone(),
+        tool: call.name.clone(),
+        output,
+        is_error,
+        exit_code: None,
+        duration_ms: started.elapsed().as_millis() as u64,
+        runner_id: String::new(),
     }
 }

@@ -50,6 +50,9 @@ pub struct View {
     pub budget: agentry_proto::sessions::v1::Budget,
     /// The hooks a person configured.
     pub hooks: std::sync::Arc<crate::hooks::Hooks>,
+    /// Calls of tools the session was not offered are refused (a
+    /// sub-agent's session).
+    pub only_offered: bool,
 }
 
 impl Default for View {
@@ -70,6 +73,7 @@ impl Default for View {
             no_progress_steps: agentry_runtime::Config::builtin().agent.no_progress_steps,
             budget: agentry_proto::sessions::v1::Budget::default(),
             hooks: std::sync::Arc::default(),
+            only_offered: false,
         }
     }
 }

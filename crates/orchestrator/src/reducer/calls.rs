@@ -97,6 +97,15 @@ impl SessionState {
             self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
             return;
         }
+        if self.view.0.only_offered && !self.catalog.flags.contains_key(&tool) {
+            let offered: Vec<&str> = self.catalog.flags.keys().map(String::as_str).collect();
+            let output = format!(
+                "error: the tool {tool} is not offered to you; your tools are: {}",
+                offered.join(", ")
+            );
+            self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
+            return;
+        }
         let hooks = self.view.0.hooks.matching(HookEvent::BeforeTool, &tool);
         if hooks.is_empty() {
             self.settle(out, turn_id, call_id, &[]);

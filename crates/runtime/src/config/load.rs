@@ -262,6 +262,10 @@ impl Config {
         }
         self.mcp_servers()?;
         self.check_hooks(label)?;
+        self.agents()?;
+        if self.agent.max_parallel_agents == 0 {
+            return Err(invalid("agent.max_parallel_agents", "must be at least 1"));
+        }
         if self.agent.max_steps == 0 {
             return Err(invalid("agent.max_steps", "must be at least 1"));
         }

@@ -46,6 +46,11 @@ pub enum ConfigError {
     },
 }
 
+/// Sub-agent tasks that may run at once by default.
+fn default_parallel_agents() -> u32 {
+    4
+}
+
 /// The resolved configuration of every service.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -90,6 +95,10 @@ pub struct Config {
     /// on messages, at a turn's end, at a session's start).
     #[serde(default)]
     pub hooks: Vec<HookConfig>,
+    /// Agents a task can be delegated to (see also `agents/*.md` in the
+    /// config directory and [`Config::agents`]).
+    #[serde(default)]
+    pub agents: Vec<AgentDefinition>,
     /// The directory the files were read from, if any.
     #[serde(skip)]
     pub config_dir: Option<PathBuf>,
@@ -196,6 +205,10 @@ impl std::fmt::Debug for LlmConfig {
 pub struct AgentConfig {
     /// Model calls allowed in one turn.
     pub max_steps: u32,
+    /// Sub-agents' tasks of one session that may run at once (read-only
+    /// ones; a task that may change files runs alone).
+    #[serde(default = "default_parallel_agents")]
+    pub max_parallel_agents: u32,
     /// Pick a skillset per user message by its intent.
     pub skillsets: bool,
     /// A directory of the user's own skillsets (`<name>.md`), read after the
@@ -757,7 +770,9 @@ pub enum LogFormat {
     Json,
 }
 
+mod agents;
 mod hooks;
+pub use agents::{AgentDefinition, parse_agent_file};
 mod load;
 pub use hooks::{HookConfig, HookEvent, MAX_HOOK_TIMEOUT_SECS};
 mod mcp;

@@ -1,0 +1,385 @@
+//! Sub-agents: a task handed by the built-in `delegate` tool to a child
+//! session that runs with an agent's prompt, only its tools and its limits,
+//! in the parent's workspace.
+//!
+//! A child is a real session: its own log in the store, linked to the
+//! parent's session and call (`Session.parent`), driven by an actor like
+//! any other (so its calls go through the same policy, hooks and
+//! approvals, and it is recovered after a restart like any other). Its id
+//! is derived from the parent's session, turn and call, so a call run again
+//! after a restart finds its task instead of starting a second one.
+//!
+//! While the task runs, its progress (calls, results, questions) is the
+//! delegate call's output; its final answer is the call's result. A child's
+//! question for a person is relayed live to the parent's subscribers (the
+//! event keeps the child's session id, so an answer goes to the child).
+//! Dropping the delegate call (a cancel, the turn ending) cancels the task.
+
+use crate::deps::Deps;
+use crate::prompt::View;
+use crate::reducer::{Catalog, ToolFlags};
+use agentry_llm::{ToolCall, ToolDefinition};
+use agentry_proto::orchestrator::v1 as opb;
+use agentry_proto::orchestrator::v1::orchestrator_server::Orchestrator;
+use agentry_proto::sessions::v1::{self as pb, event::Kind};
+use agentry_runtime::config::AgentDefinition;
+use sha2::Digest;
+use std::sync::Arc;
+use tokio_stream::StreamExt;
+
+/// The built-in tool's name.
+pub const DELEGATE: &str = "delegate";
+
+/// One configured agent.
+#[derive(Debug)]
+pub struct Agent {
+    /// As configured.
+    pub def: AgentDefinition,
+}
+
+/// The configured agents and the bound on tasks running at once.
+#[derive(Debug)]
+pub struct Agents {
+    list: Vec<Arc<Agent>>,
+    /// Places for tasks running at once.
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Agents {
+    fn default() -> Self {
+        Agents::new(Vec::new(), 4)
+    }
+}
+
+impl Agents {
+    /// These agents, at most `parallel` tasks at once.
+    pub fn new(defs: Vec<AgentDefinition>, parallel: u32) -> Agents {
+        Agents {
+            list: defs
+                .into_iter()
+                .map(|def| Arc::new(Agent { def }))
+                .collect(),
+            slots: Arc::new(tokio::sync::Semaphore::new(parallel.max(1) as usize)),
+        }
+    }
+
+    /// Whether any agent is configured (the `delegate` tool is offered only
+    /// then).
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The agent called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
+        self.list.iter().find(|a| a.def.name == name).cloned()
+    }
+
+    /// The `delegate` tool, as offered with `catalog` (the runners' and the
+    /// built-in tools): read-only, and so run side by side with other
+    /// read-only calls, when every agent's tools are read-only there.
+    pub fn delegate_tool(&self, catalog: &Catalog) -> (ToolDefinition, ToolFlags) {
+        let read_only = self.list.iter().all(|a| {
+            a.def
+                .tools
+                .iter()
+                .all(|t| catalog.flags.get(t).is_some_and(|f| f.read_only))
+        });
+        let names: Vec<&str> = self.list.iter().map(|a| a.def.name.as_str()).collect();
+        let listing: Vec<String> = self
+            .list
+            .iter()
+            .map(|a| format!("- {}: {}", a.def.name, a.def.description))
+            .collect();
+        (
+            ToolDefinition {
+                name: DELEGATE.into(),
+                description: format!(
+                    "Hand a focused task to a sub-agent, which works on it in this workspace \
+                     with its own instructions and tools, and returns its final answer. Give it \
+                     everything it needs in `task`: it does not see this conversation. \
+                     Agents:\n{}",
+                    listing.join("\n")
+                ),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "agent": {"type": "string", "enum": names, "description": "Which agent."},
+                        "task": {"type": "string", "description": "The task, self-contained."}
+                    },
+                    "required": ["agent", "task"],
+                    "additionalProperties": false
+                }),
+            },
+            ToolFlags {
+                read_only,
+                parallel_safe: read_only,
+                read_only_hint: false,
+            },
+        )
+    }
+}
+
+impl Agent {
+    /// What shapes the agent's requests: the orchestrator's view with the
+    /// agent's prompt and window, no skillsets, only the tools offered.
+    pub fn view(&self, base: &View) -> View {
+        let mut view = base.clone();
+        view.system_prompt = self.def.system_prompt.clone();
+        view.skillsets = Default::default();
+        view.only_offered = true;
+        if let Some(window) = self.def.context_window {
+            view.compaction.context_window = window as usize;
+            view.compaction.window_source = format!("agent {:?}", self.def.name);
+        }
+        view
+    }
+
+    /// The agent's tools out of `catalog` (in its order).
+    pub fn catalog(&self, catalog: &Catalog) -> Catalog {
+        let mut own = Catalog::default();
+        for definition in &catalog.definitions {
+            if self.def.tools.contains(&definition.name)
+                && let Some(flags) = catalog.flags.get(&definition.name)
+            {
+                own.add(definition.clone(), *flags);
+            }
+        }
+        own
+    }
+}
+
+/// The id of the task a delegate call runs: the same for the same call of
+/// the same turn, so a call run again after a restart finds its task.
+pub fn child_id(parent: &str, turn_id: &str, call_id: &str) -> String {
+    let digest = sha2::Sha256::digest(format!("{parent}\n{turn_id}\n{call_id}").as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("sub-{hex}")
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DelegateArgs {
+    agent: String,
+    task: String,
+}
+
+/// Where a delegate call sends its progress.
+pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
+
+/// Runs a delegate call of session `parent` (turn `turn_id`, whose calls
+/// are approved as `approval_mode`): the child's final answer, or why
+/// there is none.
+pub async fn delegate(
+    deps: Arc<Deps>,
+    parent: &str,
+    turn_id: &str,
+    approval_mode: pb::ApprovalMode,
+    call: &ToolCall,
+    progress: Progress,
+) -> Result<String, String> {
+    let args: DelegateArgs = serde_json::from_str(&call.arguments)
+        .map_err(|e| format!("invalid arguments for delegate: {e}"))?;
+    let Some(agent) = deps.agents.get(&args.agent) else {
+        let names: Vec<String> = deps
+            .agents
+            .list
+            .iter()
+            .map(|a| a.def.name.clone())
+            .collect();
+        return Err(format!(
+            "no agent {:?}; the agents are: {}",
+            args.agent,
+            names.join(", ")
+        ));
+    };
+    if args.task.trim().is_empty() {
+        return Err("the task is empty: say what the agent should do".into());
+    }
+    let service = crate::service::OrchestratorService::attached(deps.clone())
+        .ok_or("the orchestrator is stopping")?;
+    let child = child_id(parent, turn_id, &call.id);
+    let _slot = deps
+        .agents
+        .slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| "the orchestrator is stopping".to_string())?;
+    // The session, made once.
+    let created = deps
+        .store
+        .clone()
+        .create_session(pb::CreateSessionRequest {
+            session_id: child.clone(),
+            title: args.task.chars().take(80).collect(),
+            parent: Some(pb::SessionParent {
+                session_id: parent.to_string(),
+                call_id: call.id.clone(),
+                agent: agent.def.name.clone(),
+            }),
+        })
+        .await;
+    match created {
+        Ok(_) => {}
+        Err(status) if status.code() == tonic::Code::AlreadyExists => {}
+        Err(status) => return Err(format!("cannot start the task: {}", status.message())),
+    }
+    // Cancelled with its call: a dropped future cancels the task.
+    let mut guard = CancelOnDrop {
+        service: Some(service.clone()),
+        child: child.clone(),
+    };
+    let log = deps
+        .read_log(&child)
+        .await
+        .map_err(|s| format!("cannot read the task's session: {}", s.message()))?;
+    if let Some(answer) = finished(&log) {
+        guard.service = None;
+        return answer;
+    }
+    let started = log
+        .iter()
+        .any(|e| matches!(e.kind, Some(Kind::UserMessage(_))));
+    let mut events = service
+        .subscribe(tonic::Request::new(opb::SubscribeRequest {
+            session_id: child.clone(),
+            from_seq: (log.len() as u64) + 1,
+            live_only: false,
+        }))
+        .await
+        .map_err(|s| format!("cannot follow the task: {}", s.message()))?
+        .into_inner();
+    if !started {
+        let _ = progress.send(format!(
+            "[{}] {}\n",
+            agent.def.name,
+            one_line(&args.task, 200)
+        ));
+        service
+            .submit(tonic::Request::new(opb::SubmitRequest {
+                session_id: child.clone(),
+                input: Some(opb::Input {
+                    kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                        text: args.task.clone(),
+                        approval_mode: approval_mode as i32,
+                        ..Default::default()
+                    })),
+                }),
+            }))
+            .await
+            .map_err(|s| format!("cannot start the task: {}", s.message()))?;
+    }
+    let name = agent.def.name.clone();
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|s| format!("lost the task's events: {}", s.message()))?;
+        if event.live {
+            continue;
+        }
+        let Some(kind) = &event.kind else { continue };
+        match kind {
+            Kind::ToolCallRequested(c) => {
+                let _ = progress.send(format!(
+                    "[{name}] {} {}\n",
+                    c.tool,
+                    one_line(&c.arguments_json, 160)
+                ));
+            }
+            Kind::ToolResult(r) => {
+                let mark = if r.is_error { "✗" } else { "←" };
+                let _ = progress.send(format!("[{name}] {mark} {}\n", one_line(&r.output, 160)));
+            }
+            Kind::ApprovalRequested(a) => {
+                let _ = progress.send(format!(
+                    "[{name}] waits for a person to approve {} (session {child}, call {})\n",
+                    a.tool, a.call_id
+                ));
+                relay(&deps, parent, &event, &name);
+            }
+            Kind::ToolCallState(s) if s.phase != pb::ToolCallPhase::AwaitingApproval as i32 => {
+                relay(&deps, parent, &event, &name);
+            }
+            Kind::TurnFinished(_) => {
+                guard.service = None;
+                return finished(std::slice::from_ref(&event))
+                    .unwrap_or_else(|| Err("the task ended without an answer".to_string()));
+            }
+            _ => {}
+        }
+    }
+    Err("the task's events ended before it finished".into())
+}
+
+/// The task's answer once its turn has finished.
+fn finished(log: &[pb::Event]) -> Option<Result<String, String>> {
+    log.iter().rev().find_map(|e| match &e.kind {
+        Some(Kind::TurnFinished(f)) => Some(match pb::TurnOutcome::try_from(f.outcome) {
+            Ok(pb::TurnOutcome::Completed) => Ok(f.message.clone()),
+            Ok(pb::TurnOutcome::Cancelled) => Err("the task was cancelled".to_string()),
+            _ => Err(format!("the task stopped: {}", f.message)),
+        }),
+        _ => None,
+    })
+}
+
+/// Shows a child's question (or its end) to the parent's subscribers, as
+/// the child's event, the agent named in its rule.
+fn relay(deps: &Deps, parent: &str, event: &pb::Event, agent: &str) {
+    let mut relayed = event.clone();
+    relayed.live = true;
+    if let Some(Kind::ApprovalRequested(a)) = &mut relayed.kind {
+        a.matched_rule = format!("sub-agent {agent}: {}", a.matched_rule);
+    }
+    deps.live.publish_to(parent, relayed);
+}
+
+fn one_line(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or("");
+    let mut out: String = line.chars().filter(|c| !c.is_control()).take(max).collect();
+    if line.chars().count() > max || text.lines().nth(1).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// Cancels the task when the delegate call is dropped before it finished.
+struct CancelOnDrop {
+    service: Option<crate::service::OrchestratorService>,
+    child: String,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(service) = self.service.take() else {
+            return;
+        };
+        let child = std::mem::take(&mut self.child);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = service
+                    .submit(tonic::Request::new(opb::SubmitRequest {
+                        session_id: child,
+                        input: Some(opb::Input {
+                            kind: Some(opb::input::Kind::Cancel(opb::CancelInput {
+                                reason: "the delegating call was cancelled".into(),
+                            })),
+                        }),
+                    }))
+                    .await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_id_is_the_same_for_the_same_call_and_fits_a_session_id() {
+        let a = child_id("01abc", "turn-1", "call_0");
+        assert_eq!(a, child_id("01abc", "turn-1", "call_0"));
+        assert_ne!(a, child_id("01abc", "turn-2", "call_0"));
+        assert_ne!(a, child_id("01abd", "turn-1", "call_0"));
+        assert!(a.len() <= 64 && a.starts_with("sub-"), "{a}");
+    }
+}
