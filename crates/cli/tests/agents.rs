@@ -346,3 +346,73 @@ async fn a_crash_during_a_sub_agents_task_resumes_parent_and_child() {
         "the task was not started twice"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sub_agents_call_is_approved_in_the_parents_chat() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "d1",
+        "delegate",
+        json!({"agent": "builder", "task": "create built.txt"}),
+    ));
+    model.push(Reply::tool_call(
+        "b1",
+        "bash",
+        json!({"command": "echo built > built.txt"}),
+    ));
+    model.push(Reply::text("created built.txt"));
+    model.push(Reply::text("The builder created it."));
+    let builder = "[[agents]]\nname = \"builder\"\ndescription = \"Builds things\"\n\
+                   system_prompt = \"You build.\"\ntools = [\"bash\", \"read_file\"]\n";
+    let (install, _up, _log) = Up::start_configured(&model.base_url(), builder);
+    // The delegate call itself asks first (the builder changes files),
+    // then the builder's bash call, relayed from its session.
+    let out = common::install::run_with_input(&install, &["chat"], b"build it\ny\ny\n", &[]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("the agent wants to run delegate"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the sub-agent builder wants to run bash"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("$ echo built > built.txt"), "{stderr}");
+    assert!(stdout.contains("The builder created it."), "{stdout}");
+    let session = install.latest_session();
+    let session = if session.starts_with("sub-") {
+        // The listing's first row is the most recent: the parent was
+        // touched last when its turn ended.
+        text(&install.run(&["sessions", "list"]))
+            .0
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().next().unwrap().to_string())
+            .find(|id| !id.starts_with("sub-"))
+            .unwrap()
+    } else {
+        session
+    };
+    let built = install
+        .dir
+        .path()
+        .join("data/workspaces")
+        .join(&session)
+        .join("built.txt");
+    assert_eq!(std::fs::read_to_string(built).unwrap(), "built\n");
+    let tasks: Vec<String> = text(&install.run(&["sessions", "list"]))
+        .0
+        .lines()
+        .filter(|l| l.contains("↳ [builder for"))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    assert_eq!(tasks.len(), 1);
+    let child_log = events(&install, &tasks[0]);
+    assert!(
+        child_log
+            .iter()
+            .any(|e| e["type"] == "approval_decided" && e["call_id"] == "b1"),
+        "the decision is in the child's log: {child_log:?}"
+    );
+}
