@@ -206,22 +206,39 @@ pub async fn delegate(
         .await
         .map_err(|_| "the orchestrator is stopping".to_string())?;
     // The session, made once.
+    let link = pb::SessionParent {
+        session_id: parent.to_string(),
+        call_id: call.id.clone(),
+        agent: agent.def.name.clone(),
+    };
     let created = deps
         .store
         .clone()
         .create_session(pb::CreateSessionRequest {
             session_id: child.clone(),
             title: args.task.chars().take(80).collect(),
-            parent: Some(pb::SessionParent {
-                session_id: parent.to_string(),
-                call_id: call.id.clone(),
-                agent: agent.def.name.clone(),
-            }),
+            parent: Some(link.clone()),
         })
         .await;
     match created {
         Ok(_) => {}
-        Err(status) if status.code() == tonic::Code::AlreadyExists => {}
+        Err(status) if status.code() == tonic::Code::AlreadyExists => {
+            // Only this call's own task is taken up again.
+            let existing = deps
+                .store
+                .clone()
+                .get_session(pb::GetSessionRequest {
+                    session_id: child.clone(),
+                })
+                .await
+                .map_err(|s| format!("cannot read the task's session: {}", s.message()))?
+                .into_inner();
+            if existing.parent.as_ref() != Some(&link) {
+                return Err(format!(
+                    "session {child} exists and is not this call's task; not using it"
+                ));
+            }
+        }
         Err(status) => return Err(format!("cannot start the task: {}", status.message())),
     }
     // Cancelled with its call: a dropped future cancels the task.
@@ -341,6 +358,40 @@ fn one_line(text: &str, max: usize) -> String {
     out
 }
 
+/// Cancels the task `child` if it exists and runs (in the background).
+pub fn cancel_task(deps: Arc<Deps>, child: String) {
+    let Some(service) = crate::service::OrchestratorService::attached(deps.clone()) else {
+        return;
+    };
+    tokio::spawn(async move {
+        // Only an existing task: no session is made for a cancel.
+        let exists = deps
+            .store
+            .clone()
+            .get_session(pb::GetSessionRequest {
+                session_id: child.clone(),
+            })
+            .await
+            .is_ok_and(|s| s.into_inner().turn_open);
+        if exists {
+            submit_cancel(&service, child).await;
+        }
+    });
+}
+
+async fn submit_cancel(service: &crate::service::OrchestratorService, child: String) {
+    let _ = service
+        .submit(tonic::Request::new(opb::SubmitRequest {
+            session_id: child,
+            input: Some(opb::Input {
+                kind: Some(opb::input::Kind::Cancel(opb::CancelInput {
+                    reason: "the delegating call has ended".into(),
+                })),
+            }),
+        }))
+        .await;
+}
+
 /// Cancels the task when the delegate call is dropped before it finished.
 struct CancelOnDrop {
     service: Option<crate::service::OrchestratorService>,
@@ -354,18 +405,7 @@ impl Drop for CancelOnDrop {
         };
         let child = std::mem::take(&mut self.child);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let _ = service
-                    .submit(tonic::Request::new(opb::SubmitRequest {
-                        session_id: child,
-                        input: Some(opb::Input {
-                            kind: Some(opb::input::Kind::Cancel(opb::CancelInput {
-                                reason: "the delegating call was cancelled".into(),
-                            })),
-                        }),
-                    }))
-                    .await;
-            });
+            handle.spawn(async move { submit_cancel(&service, child).await });
         }
     }
 }

@@ -209,14 +209,63 @@ impl OrchestratorService {
             Some(child) => self.deps.replayed_as(&child.agent, &events),
             None => self.deps.replayed(&events),
         };
-        Ok(Actor::spawn(
+        // A task whose delegate call has ended (answered, refused, skipped
+        // after a restart) does not go on by itself.
+        let orphan = match &child {
+            Some(_) if !state.is_idle() => self.task_call_ended(session_id).await?,
+            _ => false,
+        };
+        let handle = Actor::spawn(
             session_id.to_string(),
             state,
             events.len() as u64,
             lease_epoch,
             self.deps.clone(),
             child,
-        ))
+        );
+        if orphan {
+            tracing::info!(
+                session_id,
+                "cancelling a sub-agent's task whose call has ended"
+            );
+            let (reply, _answer) = oneshot::channel();
+            let _ = handle
+                .commands
+                .send(Box::new(Command::Input {
+                    input: Input::Cancel {
+                        reason: "the delegating call has ended".into(),
+                    },
+                    reply,
+                }))
+                .await;
+        }
+        Ok(handle)
+    }
+
+    /// Whether the delegate call a sub-agent's session works for has a
+    /// result in its parent's log.
+    async fn task_call_ended(&self, session_id: &str) -> Result<bool, Status> {
+        let session = self.get(session_id.to_string()).await?;
+        let Some(parent) = session.parent else {
+            return Ok(false);
+        };
+        let log = self.read_log(&parent.session_id).await?;
+        // The turn of the call: the one whose task this session is (a call
+        // id may come again in later turns).
+        let turn = log.iter().find_map(|e| match &e.kind {
+            Some(spb::event::Kind::ToolCallRequested(c))
+                if c.call_id == parent.call_id
+                    && crate::agents::child_id(&parent.session_id, &e.turn_id, &c.call_id)
+                        == session_id =>
+            {
+                Some(e.turn_id.clone())
+            }
+            _ => None,
+        });
+        Ok(log.iter().any(|e| {
+            Some(&e.turn_id) == turn.as_ref()
+                && matches!(&e.kind, Some(spb::event::Kind::ToolResult(r)) if r.call_id == parent.call_id)
+        }))
     }
 
     /// The session whose workspace `session_id` works in: its own, or its
@@ -633,6 +682,11 @@ impl Orchestrator for OrchestratorService {
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<spb::Session>, Status> {
         let req = request.into_inner();
+        if req.session_id.starts_with("sub-") {
+            return Err(Status::invalid_argument(
+                "session ids starting with \"sub-\" are the sub-agents' tasks; choose another id",
+            ));
+        }
         Ok(Response::new(self.create(req.session_id, req.title).await?))
     }
 

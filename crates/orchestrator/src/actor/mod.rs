@@ -375,6 +375,18 @@ impl Actor {
                     if pending != 0.0 {
                         crate::metrics::pending_approvals_changed(&self.deps.metrics, pending);
                     }
+                    // A delegate call that ended without its task's answer
+                    // (cancelled, refused, of unknown outcome after a
+                    // restart) leaves no task running behind it.
+                    if let pb::event::Kind::ToolResult(r) = kind
+                        && r.is_error
+                        && r.tool == crate::agents::DELEGATE
+                    {
+                        crate::agents::cancel_task(
+                            self.deps.clone(),
+                            crate::agents::child_id(&self.session_id, &turn_id, &r.call_id),
+                        );
+                    }
                     if let pb::event::Kind::LoopDetected(repeat) = kind {
                         crate::metrics::loop_detected(&self.deps.metrics, repeat.stopped);
                     }
