@@ -416,3 +416,75 @@ async fn a_sub_agents_call_is_approved_in_the_parents_chat() {
         "the decision is in the child's log: {child_log:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_whose_call_ends_after_a_restart_does_not_go_on() {
+    let model = FakeModel::start().await.unwrap();
+    let builder = "[[agents]]\nname = \"builder\"\ndescription = \"Builds things\"\n\
+                   system_prompt = \"You build.\"\ntools = [\"bash\"]\n";
+    let (install, up, log) = Up::start_configured(&model.base_url(), builder);
+    model.push(Reply::tool_call(
+        "d1",
+        "delegate",
+        json!({"agent": "builder", "task": "build for a long time"}),
+    ));
+    model.push(Reply::tool_call(
+        "b1",
+        "bash",
+        json!({"command": "sleep 30"}),
+    ));
+    let mut run = install
+        .command(&["run", "--approve", "always", "build"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let task = |install: &Install| -> Option<String> {
+        text(&install.run(&["sessions", "list"]))
+            .0
+            .lines()
+            .find(|l| l.contains("↳ [builder for"))
+            .map(|l| l.split_whitespace().next().unwrap().to_string())
+    };
+    wait_for("the builder's task", || task(&install).is_some());
+    let child = task(&install).unwrap();
+    wait_for("the builder's command to run", || {
+        events(&install, &child)
+            .iter()
+            .any(|e| e["type"] == "tool_call_state" && e["phase"] == "executing")
+    });
+    let session = text(&install.run(&["sessions", "list"]))
+        .0
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .find(|id| !id.starts_with("sub-"))
+        .unwrap();
+    drop(up); // SIGKILL, with the task's command running
+    let _ = run.kill();
+    let _ = run.wait();
+    // After the restart nobody can say what the delegate call did (it may
+    // change files): its result says so, and its task is cancelled rather
+    // than left to go on by itself.
+    model.push(Reply::text("done").delay(Duration::from_secs(2)));
+    model.push(Reply::text("done").delay(Duration::from_secs(2)));
+    let _up = Up::try_start(&install, &log).expect("agentry up again");
+    wait_for("the task to be cancelled", || {
+        events(&install, &child)
+            .iter()
+            .any(|e| e["type"] == "turn_finished" && e["outcome"] == "cancelled")
+    });
+    let parent = events(&install, &session);
+    let result = parent
+        .iter()
+        .find(|e| e["type"] == "tool_result" && e["call_id"] == "d1")
+        .unwrap();
+    assert!(
+        result["output"]
+            .as_str()
+            .unwrap()
+            .contains("outcome unknown"),
+        "{result}"
+    );
+}
