@@ -93,6 +93,35 @@ fn describe_arguments(request: &spb::ApprovalRequested, args: &Value) -> String 
     out
 }
 
+/// Separates a sub-agent's session from its call in the id a chat keeps
+/// for a relayed question (a call id alone may be the same in both
+/// sessions).
+const RELAYED: char = '\u{1f}';
+
+/// The id a chat keeps for the question of call `call_id` of `session_id`
+/// (a sub-agent's, relayed; `own` is the chat's session).
+pub fn question_id(own: &str, session_id: &str, call_id: &str) -> String {
+    if session_id.is_empty() || session_id == own {
+        call_id.to_string()
+    } else {
+        format!("{session_id}{RELAYED}{call_id}")
+    }
+}
+
+/// Where the answer to the question kept as `id` goes: the session and the
+/// call.
+pub fn answer_to(own: &str, id: &str) -> (String, String) {
+    match id.split_once(RELAYED) {
+        Some((session, call)) => (session.to_string(), call.to_string()),
+        None => (own.to_string(), id.to_string()),
+    }
+}
+
+/// Whether an event of a session's stream is a sub-agent's, relayed.
+pub fn is_relayed(own: &str, event: &spb::Event) -> bool {
+    event.live && !event.session_id.is_empty() && event.session_id != own
+}
+
 /// The question after the description.
 pub const QUESTION: &str = "  Allow? [y]es / [n]o / [a]lways in this session / [e]dit: ";
 

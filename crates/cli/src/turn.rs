@@ -269,7 +269,7 @@ pub async fn run(
         };
         let event = next;
         // A sub-agent's question, relayed (its own session and seq).
-        let relayed = event.live && !event.session_id.is_empty() && event.session_id != session.id;
+        let relayed = approval::is_relayed(&session.id, &event);
         if !relayed && event.seq < submitted.seq {
             continue;
         }
@@ -354,9 +354,9 @@ async fn ask_on_terminal(
 enum Notice {
     /// A turn ended.
     Finished { turn_id: String, outcome: i32 },
-    /// A call waits for a decision (of this session, or of a sub-agent's
-    /// session: the id to answer to).
-    Approval(spb::ApprovalRequested, String),
+    /// A call waits for a decision (a sub-agent's, relayed, under an id
+    /// naming its session: see [`approval::question_id`]).
+    Approval(spb::ApprovalRequested),
     /// A call is no longer waiting (someone answered, or the turn ended).
     Resolved(String),
 }
@@ -375,6 +375,13 @@ fn is_resolution(kind: &Kind) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// The decision on the question kept as `input.call_id`, to its session.
+fn answer(own: &str, mut input: pb::ApprovalInput) -> pb::SubmitRequest {
+    let (session, call) = approval::answer_to(own, &input.call_id);
+    input.call_id = call;
+    approval_submit(&session, input)
 }
 
 fn approval_submit(session_id: &str, input: pb::ApprovalInput) -> pb::SubmitRequest {
@@ -422,9 +429,6 @@ pub async fn chat(
     let (notices_tx, mut notices) = mpsc::unbounded_channel::<Notice>();
     let mut open_turn: Option<String> = None;
     let printer_session = session.id.clone();
-    // The session each question is answered to (a sub-agent's, for a
-    // relayed one).
-    let mut asked_in: std::collections::HashMap<String, String> = Default::default();
     let printer = tokio::spawn(async move {
         let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
         renderer.show_approvals = false;
@@ -452,18 +456,22 @@ pub async fn chat(
                 }
                 if event.seq == history_end {
                     for a in pending.drain(..) {
-                        let _ = notices_tx.send(Notice::Approval(a, own_id.clone()));
+                        let _ = notices_tx.send(Notice::Approval(a));
                     }
                 }
                 continue;
             }
-            // A sub-agent's question, relayed: asked here, answered there.
-            if event.live && !event.session_id.is_empty() && event.session_id != own_id {
+            // A sub-agent's question, relayed: asked here, answered there
+            // (kept under an id naming its session).
+            if approval::is_relayed(&own_id, &event) {
+                let relayed = |call: &str| approval::question_id(&own_id, &event.session_id, call);
                 let notice = match kind {
                     Kind::ApprovalRequested(a) => {
-                        Some(Notice::Approval(a.clone(), event.session_id.clone()))
+                        let mut a = a.clone();
+                        a.call_id = relayed(&a.call_id);
+                        Some(Notice::Approval(a))
                     }
-                    other => is_resolution(other).map(Notice::Resolved),
+                    other => is_resolution(other).map(|call| Notice::Resolved(relayed(&call))),
                 };
                 if let Some(notice) = notice {
                     let _ = notices_tx.send(notice);
@@ -476,7 +484,7 @@ pub async fn chat(
                     turn_id: event.turn_id.clone(),
                     outcome: f.outcome,
                 }),
-                Kind::ApprovalRequested(a) => Some(Notice::Approval(a.clone(), own_id.clone())),
+                Kind::ApprovalRequested(a) => Some(Notice::Approval(a.clone())),
                 other => is_resolution(other).map(Notice::Resolved),
             };
             if let Some(notice) = notice {
@@ -528,8 +536,7 @@ pub async fn chat(
                 match std::mem::replace(&mut asking, Asking::Nothing) {
                     Asking::Approval(request) => match approval::answer(&request, &line).await {
                         approval::Answer::Decide(input) => {
-                            let to = asked_in.get(&input.call_id).cloned().unwrap_or_else(|| session.id.clone());
-                            if let Err(status) = client.submit(approval_submit(&to, input)).await {
+                            if let Err(status) = client.submit(answer(&session.id, input)).await {
                                 eprintln!("agentry: {}", status.message());
                             }
                         }
@@ -544,8 +551,7 @@ pub async fn chat(
                     },
                     Asking::DenyReason(request) => {
                         let input = approval::deny(&request.call_id, &line);
-                        let to = asked_in.get(&input.call_id).cloned().unwrap_or_else(|| session.id.clone());
-                        if let Err(status) = client.submit(approval_submit(&to, input)).await {
+                        if let Err(status) = client.submit(answer(&session.id, input)).await {
                             eprintln!("agentry: {}", status.message());
                         }
                     }
@@ -642,8 +648,7 @@ pub async fn chat(
                         queued.clear();
                     }
                 }
-                Some(Notice::Approval(request, asker)) => {
-                    asked_in.insert(request.call_id.clone(), asker);
+                Some(Notice::Approval(request)) => {
                     if open_turn.is_none() {
                         open_turn = Some(String::new());
                     }

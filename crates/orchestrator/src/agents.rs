@@ -29,6 +29,11 @@ use tokio_stream::StreamExt;
 
 /// The built-in tool's name.
 pub const DELEGATE: &str = "delegate";
+/// How the ids of sub-agents' task sessions start (clients may not use it).
+pub const TASK_PREFIX: &str = "sub-";
+/// How often a task's open questions are shown again to the parent's
+/// subscribers (a chat that attached later sees them).
+const RELAY_AGAIN: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// One configured agent.
 #[derive(Debug)]
@@ -149,11 +154,44 @@ impl Agent {
 }
 
 /// The id of the task a delegate call runs: the same for the same call of
-/// the same turn, so a call run again after a restart finds its task.
-pub fn child_id(parent: &str, turn_id: &str, call_id: &str) -> String {
-    let digest = sha2::Sha256::digest(format!("{parent}\n{turn_id}\n{call_id}").as_bytes());
+/// the same model response (`step` of the turn), so a call run again after
+/// a restart finds its task, and a call id the model uses again in a later
+/// response is another task.
+pub fn child_id(parent: &str, turn_id: &str, step: u32, call_id: &str) -> String {
+    let digest = sha2::Sha256::digest(format!("{parent}\n{turn_id}\n{step}\n{call_id}").as_bytes());
     let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!("sub-{hex}")
+    format!("{TASK_PREFIX}{hex}")
+}
+
+/// Whether the delegate call that task `child` works for has a result in
+/// the parent's log `log` (the call found by the id it gives).
+pub fn call_ended(log: &[pb::Event], parent: &str, call_id: &str, child: &str) -> bool {
+    let mut steps: std::collections::HashMap<&str, u32> = Default::default();
+    let mut found: Option<&str> = None;
+    for event in log {
+        let turn = event.turn_id.as_str();
+        match &event.kind {
+            Some(Kind::ModelMessage(_)) => {
+                *steps.entry(turn).or_default() += 1;
+                // A later response of the turn: the call's step is over.
+                if found == Some(turn) {
+                    return false;
+                }
+            }
+            Some(Kind::ToolCallRequested(c))
+                if c.call_id == call_id
+                    && child_id(parent, turn, steps.get(turn).copied().unwrap_or(0), call_id)
+                        == child =>
+            {
+                found = Some(turn);
+            }
+            Some(Kind::ToolResult(r)) if found == Some(turn) && r.call_id == call_id => {
+                return true;
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 #[derive(serde::Deserialize)]
@@ -169,10 +207,12 @@ pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
 /// Runs a delegate call of session `parent` (turn `turn_id`, whose calls
 /// are approved as `approval_mode`): the child's final answer, or why
 /// there is none.
+#[allow(clippy::too_many_arguments)]
 pub async fn delegate(
     deps: Arc<Deps>,
     parent: &str,
     turn_id: &str,
+    step: u32,
     approval_mode: pb::ApprovalMode,
     call: &ToolCall,
     progress: Progress,
@@ -197,14 +237,7 @@ pub async fn delegate(
     }
     let service = crate::service::OrchestratorService::attached(deps.clone())
         .ok_or("the orchestrator is stopping")?;
-    let child = child_id(parent, turn_id, &call.id);
-    let _slot = deps
-        .agents
-        .slots
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| "the orchestrator is stopping".to_string())?;
+    let child = child_id(parent, turn_id, step, &call.id);
     // The session, made once.
     let link = pb::SessionParent {
         session_id: parent.to_string(),
@@ -241,19 +274,43 @@ pub async fn delegate(
         }
         Err(status) => return Err(format!("cannot start the task: {}", status.message())),
     }
-    // Cancelled with its call: a dropped future cancels the task.
-    let mut guard = CancelOnDrop {
-        service: Some(service.clone()),
-        child: child.clone(),
-    };
+    // A call that ends without the answer (cancelled, refused) cancels its
+    // task when its result is recorded (the actor's `cancel_task`).
     let log = deps
         .read_log(&child)
         .await
         .map_err(|s| format!("cannot read the task's session: {}", s.message()))?;
     if let Some(answer) = finished(&log) {
-        guard.service = None;
         return answer;
     }
+    let _slot = deps
+        .agents
+        .slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| "the orchestrator is stopping".to_string())?;
+    // Questions the task asked before this call followed it (a restart).
+    let session = pb::Session {
+        id: child.clone(),
+        ..Default::default()
+    };
+    let mut open: Vec<pb::Event> = crate::inbox::pending(&session, &log)
+        .into_iter()
+        .map(|p| pb::Event {
+            session_id: child.clone(),
+            turn_id: p.turn_id,
+            kind: Some(Kind::ApprovalRequested(pb::ApprovalRequested {
+                call_id: p.call_id,
+                tool: p.tool,
+                arguments_json: p.arguments_json,
+                matched_rule: p.matched_rule,
+                network: p.network,
+                outcome_unknown: false,
+            })),
+            ..Default::default()
+        })
+        .collect();
     let started = log
         .iter()
         .any(|e| matches!(e.kind, Some(Kind::UserMessage(_))));
@@ -266,7 +323,13 @@ pub async fn delegate(
         .await
         .map_err(|s| format!("cannot follow the task: {}", s.message()))?
         .into_inner();
-    if !started {
+    if started {
+        // Taken up again after a restart: its actor recovers it.
+        service
+            .wake(&child)
+            .await
+            .map_err(|s| format!("cannot take up the task: {}", s.message()))?;
+    } else {
         let _ = progress.send(format!(
             "[{}] {}\n",
             agent.def.name,
@@ -287,7 +350,19 @@ pub async fn delegate(
             .map_err(|s| format!("cannot start the task: {}", s.message()))?;
     }
     let name = agent.def.name.clone();
-    while let Some(event) = events.next().await {
+    let mut again = tokio::time::interval(RELAY_AGAIN);
+    again.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            _ = again.tick() => {
+                for question in &open {
+                    relay(&deps, parent, question, &name);
+                }
+                continue;
+            }
+        };
+        let Some(event) = event else { break };
         let event = event.map_err(|s| format!("lost the task's events: {}", s.message()))?;
         if event.live {
             continue;
@@ -311,12 +386,14 @@ pub async fn delegate(
                     a.tool, a.call_id
                 ));
                 relay(&deps, parent, &event, &name);
+                open.retain(|q| !same_call(q, &a.call_id));
+                open.push(event.clone());
             }
             Kind::ToolCallState(s) if s.phase != pb::ToolCallPhase::AwaitingApproval as i32 => {
                 relay(&deps, parent, &event, &name);
+                open.retain(|q| !same_call(q, &s.call_id));
             }
             Kind::TurnFinished(_) => {
-                guard.service = None;
                 return finished(std::slice::from_ref(&event))
                     .unwrap_or_else(|| Err("the task ended without an answer".to_string()));
             }
@@ -392,22 +469,9 @@ async fn submit_cancel(service: &crate::service::OrchestratorService, child: Str
         .await;
 }
 
-/// Cancels the task when the delegate call is dropped before it finished.
-struct CancelOnDrop {
-    service: Option<crate::service::OrchestratorService>,
-    child: String,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        let Some(service) = self.service.take() else {
-            return;
-        };
-        let child = std::mem::take(&mut self.child);
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move { submit_cancel(&service, child).await });
-        }
-    }
+/// Whether a relayed question is about `call_id`.
+fn same_call(question: &pb::Event, call_id: &str) -> bool {
+    matches!(&question.kind, Some(Kind::ApprovalRequested(a)) if a.call_id == call_id)
 }
 
 #[cfg(test)]
@@ -416,10 +480,11 @@ mod tests {
 
     #[test]
     fn a_task_id_is_the_same_for_the_same_call_and_fits_a_session_id() {
-        let a = child_id("01abc", "turn-1", "call_0");
-        assert_eq!(a, child_id("01abc", "turn-1", "call_0"));
-        assert_ne!(a, child_id("01abc", "turn-2", "call_0"));
-        assert_ne!(a, child_id("01abd", "turn-1", "call_0"));
+        let a = child_id("01abc", "turn-1", 1, "call_0");
+        assert_eq!(a, child_id("01abc", "turn-1", 1, "call_0"));
+        assert_ne!(a, child_id("01abc", "turn-1", 2, "call_0"));
+        assert_ne!(a, child_id("01abc", "turn-2", 1, "call_0"));
+        assert_ne!(a, child_id("01abd", "turn-1", 1, "call_0"));
         assert!(a.len() <= 64 && a.starts_with("sub-"), "{a}");
     }
 }

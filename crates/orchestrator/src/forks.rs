@@ -148,6 +148,7 @@ pub async fn fork(
     deps: &Deps,
     request: pb::ForkSessionRequest,
 ) -> Result<pb::ForkSessionResponse, Status> {
+    crate::service::check_client_session_id(&request.new_session_id)?;
     let source = deps.read_log(&request.session_id).await?;
     if source.is_empty() {
         // The store says whether it exists at all.

@@ -58,6 +58,12 @@ impl OrchestratorService {
         Self { deps, sessions }
     }
 
+    /// Loads a session's actor here (recovering an interrupted turn) unless
+    /// another replica drives it.
+    pub(crate) async fn wake(&self, session_id: &str) -> Result<(), Status> {
+        self.route(session_id).await.map(|_| ())
+    }
+
     /// The service whose sessions `deps` serve (for the delegate tool), if
     /// it still runs.
     pub fn attached(deps: Arc<Deps>) -> Option<Self> {
@@ -186,7 +192,7 @@ impl OrchestratorService {
         let events = self.read_log(session_id).await?;
         // A sub-agent's session runs as its agent, in its parent's
         // workspace (the id names it: only the delegate tool makes those).
-        let child = if session_id.starts_with("sub-") {
+        let child = if session_id.starts_with(crate::agents::TASK_PREFIX) {
             let session = self.get(session_id.to_string()).await?;
             match session.parent {
                 Some(parent) => {
@@ -198,7 +204,11 @@ impl OrchestratorService {
                         ))
                     })?;
                     let workspace = self.workspace_of(&parent.session_id).await?;
-                    Some(crate::actor::Child { agent, workspace })
+                    Some(crate::actor::Child {
+                        agent,
+                        workspace,
+                        orphan: false,
+                    })
                 }
                 None => None,
             }
@@ -210,11 +220,14 @@ impl OrchestratorService {
             None => self.deps.replayed(&events),
         };
         // A task whose delegate call has ended (answered, refused, skipped
-        // after a restart) does not go on by itself.
-        let orphan = match &child {
-            Some(_) if !state.is_idle() => self.task_call_ended(session_id).await?,
-            _ => false,
-        };
+        // after a restart) does not go on by itself: it is cancelled instead
+        // of recovered.
+        let mut child = child;
+        if let Some(child) = &mut child
+            && !state.is_idle()
+        {
+            child.orphan = self.task_call_ended(session_id).await?;
+        }
         let handle = Actor::spawn(
             session_id.to_string(),
             state,
@@ -223,22 +236,6 @@ impl OrchestratorService {
             self.deps.clone(),
             child,
         );
-        if orphan {
-            tracing::info!(
-                session_id,
-                "cancelling a sub-agent's task whose call has ended"
-            );
-            let (reply, _answer) = oneshot::channel();
-            let _ = handle
-                .commands
-                .send(Box::new(Command::Input {
-                    input: Input::Cancel {
-                        reason: "the delegating call has ended".into(),
-                    },
-                    reply,
-                }))
-                .await;
-        }
         Ok(handle)
     }
 
@@ -250,22 +247,12 @@ impl OrchestratorService {
             return Ok(false);
         };
         let log = self.read_log(&parent.session_id).await?;
-        // The turn of the call: the one whose task this session is (a call
-        // id may come again in later turns).
-        let turn = log.iter().find_map(|e| match &e.kind {
-            Some(spb::event::Kind::ToolCallRequested(c))
-                if c.call_id == parent.call_id
-                    && crate::agents::child_id(&parent.session_id, &e.turn_id, &c.call_id)
-                        == session_id =>
-            {
-                Some(e.turn_id.clone())
-            }
-            _ => None,
-        });
-        Ok(log.iter().any(|e| {
-            Some(&e.turn_id) == turn.as_ref()
-                && matches!(&e.kind, Some(spb::event::Kind::ToolResult(r)) if r.call_id == parent.call_id)
-        }))
+        Ok(crate::agents::call_ended(
+            &log,
+            &parent.session_id,
+            &parent.call_id,
+            session_id,
+        ))
     }
 
     /// The session whose workspace `session_id` works in: its own, or its
@@ -302,6 +289,11 @@ impl OrchestratorService {
             }
         };
         for session in sessions {
+            // A sub-agent's task is taken up by its delegate call (run
+            // again, or ended: then the task is cancelled), not on its own.
+            if session.parent.is_some() {
+                continue;
+            }
             if self.is_loaded(&session.id) {
                 continue;
             }
@@ -474,6 +466,7 @@ impl OrchestratorService {
     }
 
     async fn create(&self, session_id: String, title: String) -> Result<spb::Session, Status> {
+        check_client_session_id(&session_id)?;
         self.deps
             .store
             .clone()
@@ -586,6 +579,16 @@ impl OrchestratorService {
     }
 }
 
+/// A session id a client may choose: not one of the sub-agents' tasks.
+pub(crate) fn check_client_session_id(session_id: &str) -> Result<(), Status> {
+    if session_id.starts_with(crate::agents::TASK_PREFIX) {
+        return Err(Status::invalid_argument(
+            "session ids starting with \"sub-\" are the sub-agents' tasks; choose another id",
+        ));
+    }
+    Ok(())
+}
+
 /// Why an input does not go to `url`, the replica driving `session_id`.
 fn driven_elsewhere(session_id: &str, url: &str) -> Status {
     Status::failed_precondition(format!(
@@ -682,11 +685,6 @@ impl Orchestrator for OrchestratorService {
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<spb::Session>, Status> {
         let req = request.into_inner();
-        if req.session_id.starts_with("sub-") {
-            return Err(Status::invalid_argument(
-                "session ids starting with \"sub-\" are the sub-agents' tasks; choose another id",
-            ));
-        }
         Ok(Response::new(self.create(req.session_id, req.title).await?))
     }
 

@@ -5,8 +5,8 @@
 //! A hook starts in a fresh empty directory of its own, which is also its
 //! HOME and TMPDIR and is removed afterwards: nothing the session's
 //! commands wrote (a `.gitconfig`, a `json.py` next to a Python hook, a
-//! `.pth` file) is where the hook looks first, so files the model planted
-//! cannot steer what the hook decides. The workspace is named by
+//! `.pth` file) is where the hook looks first, so interpreters and tools
+//! it starts do not pick up files the model planted. The workspace is named by
 //! `$AGENTRY_WORKSPACE` for hooks that want to look at it, and Python is
 //! told not to import from the working directory or user site.
 
@@ -96,7 +96,16 @@ pub async fn run(
             ("PYTHONSAFEPATH".into(), "1".into()),
             ("PYTHONNOUSERSITE".into(), "1".into()),
             ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+            // git run by a hook reads no configuration of the machine or
+            // the user, and runs no fsmonitor or hooks of a repository
+            // the session may have planted.
             ("GIT_CONFIG_GLOBAL".into(), "/dev/null".into()),
+            ("GIT_CONFIG_NOSYSTEM".into(), "1".into()),
+            ("GIT_CONFIG_COUNT".into(), "2".into()),
+            ("GIT_CONFIG_KEY_0".into(), "core.fsmonitor".into()),
+            ("GIT_CONFIG_VALUE_0".into(), "false".into()),
+            ("GIT_CONFIG_KEY_1".into(), "core.hooksPath".into()),
+            ("GIT_CONFIG_VALUE_1".into(), "/dev/null".into()),
         ],
         stdin: true,
     };

@@ -458,14 +458,19 @@ impl App {
         };
         let mut actions = Vec::new();
         // A sub-agent's question, relayed: asked here, answered there.
-        if event.live && !event.session_id.is_empty() && event.session_id != self.session_id {
+        if crate::approval::is_relayed(&self.session_id, event) {
+            // Kept under an id naming its session (a call id alone may be
+            // the same in both sessions).
+            let relayed = |call: &str| {
+                crate::approval::question_id(&self.session_id, &event.session_id, call)
+            };
             match kind {
                 Kind::ApprovalRequested(a) => {
-                    let known = self.approvals.iter().any(|p| {
-                        p.session_id == event.session_id && p.request.call_id == a.call_id
-                    });
+                    let id = relayed(&a.call_id);
+                    let known = self.approvals.iter().any(|p| p.request.call_id == id);
                     if !known {
                         let mut request = a.clone();
+                        request.call_id = id;
                         request.matched_rule = clean(&request.matched_rule);
                         self.approval_hidden = false;
                         self.approvals.push(Pending {

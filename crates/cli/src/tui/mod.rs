@@ -300,8 +300,9 @@ async fn perform(
                 app.note(format!("not sent: {}", status.message()), NoteKind::Error);
             }
         }
-        Action::Decide(decision) => {
-            let to = asker(app, &decision.call_id, session_id);
+        Action::Decide(mut decision) => {
+            let (to, call) = crate::approval::answer_to(session_id, &decision.call_id);
+            decision.call_id = call;
             let input = pb::Input {
                 kind: Some(pb::input::Kind::Approval(decision)),
             };
@@ -314,7 +315,7 @@ async fn perform(
             }
         }
         Action::EditArguments(request) => {
-            let to = asker(app, &request.call_id, session_id);
+            let (to, call) = crate::approval::answer_to(session_id, &request.call_id);
             keys.pause();
             screen.suspend()?;
             let edited = approval::edit_arguments(&request.arguments_json).await;
@@ -325,7 +326,7 @@ async fn perform(
                 Ok(arguments) => {
                     let input = pb::Input {
                         kind: Some(pb::input::Kind::Approval(pb::ApprovalInput {
-                            call_id: request.call_id.clone(),
+                            call_id: call,
                             decision: spb::ApprovalDecision::Edit as i32,
                             reason: String::new(),
                             edited_arguments_json: arguments,
@@ -417,14 +418,6 @@ async fn perform(
         }
     }
     Ok(None)
-}
-
-/// The session a question was asked in (a sub-agent's, or this one).
-fn asker(app: &App, call_id: &str, session_id: &str) -> String {
-    app.approvals
-        .iter()
-        .find(|p| p.request.call_id == call_id)
-        .map_or_else(|| session_id.to_string(), |p| p.session_id.clone())
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

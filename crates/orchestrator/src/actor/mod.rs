@@ -85,6 +85,8 @@ pub(crate) struct Actor {
     files_changed: bool,
     /// Set for a sub-agent's session.
     child: Option<Child>,
+    /// The task of each delegate call started, by call id.
+    tasks: HashMap<String, String>,
 }
 
 /// The store could not record an event: the actor stops, and the session is
@@ -108,7 +110,13 @@ pub(crate) struct Child {
     pub agent: Arc<crate::agents::Agent>,
     /// The session whose workspace it works in (its parent's).
     pub workspace: String,
+    /// Its delegate call has ended: an unfinished turn is cancelled, not
+    /// recovered.
+    pub orphan: bool,
 }
+
+/// How long past its own timeout a hook's runner may take to answer.
+const HOOK_RPC_MARGIN_SECS: u64 = 10;
 
 /// How many ready outcomes are folded into one store append at most.
 const MAX_BATCH: usize = 512;
@@ -141,6 +149,7 @@ impl Actor {
             turn_span: None,
             offered: None,
             child,
+            tasks: HashMap::new(),
         };
         tokio::spawn(actor.run(commands));
         SessionHandle {
@@ -151,8 +160,17 @@ impl Actor {
     async fn run(mut self, mut commands: mpsc::Receiver<Box<Command>>) {
         // A turn left unfinished by an earlier process is closed first.
         if !self.state.is_idle() {
-            tracing::warn!(session_id = %self.session_id, "closing a turn interrupted by a restart");
-            let effects = self.state.step(Input::Interrupted).unwrap_or_default();
+            let orphan = self.child.as_ref().is_some_and(|c| c.orphan);
+            let input = if orphan {
+                tracing::info!(session_id = %self.session_id, "cancelling a sub-agent's task whose call has ended");
+                Input::Cancel {
+                    reason: "the delegating call has ended".into(),
+                }
+            } else {
+                tracing::warn!(session_id = %self.session_id, "closing a turn interrupted by a restart");
+                Input::Interrupted
+            };
+            let effects = self.state.step(input).unwrap_or_default();
             if let Err(Broken(status)) = self.run_effects_traced(effects).await {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "cannot close the interrupted turn");
                 self.abort_in_flight();
@@ -379,13 +397,24 @@ impl Actor {
                     // (cancelled, refused, of unknown outcome after a
                     // restart) leaves no task running behind it.
                     if let pb::event::Kind::ToolResult(r) = kind
-                        && r.is_error
                         && r.tool == crate::agents::DELEGATE
                     {
-                        crate::agents::cancel_task(
-                            self.deps.clone(),
-                            crate::agents::child_id(&self.session_id, &turn_id, &r.call_id),
-                        );
+                        let step = self.state.turn.as_ref().map(|t| t.steps);
+                        let task = self.tasks.remove(&r.call_id).or_else(|| {
+                            step.map(|step| {
+                                crate::agents::child_id(
+                                    &self.session_id,
+                                    &turn_id,
+                                    step,
+                                    &r.call_id,
+                                )
+                            })
+                        });
+                        if let Some(task) = task
+                            && r.is_error
+                        {
+                            crate::agents::cancel_task(self.deps.clone(), task);
+                        }
                     }
                     if let pb::event::Kind::LoopDetected(repeat) = kind {
                         crate::metrics::loop_detected(&self.deps.metrics, repeat.stopped);
@@ -657,9 +686,11 @@ impl Actor {
                         input: input.clone(),
                         timeout_secs: u32::try_from(hook.timeout_secs).unwrap_or(u32::MAX),
                     };
-                    let ran = deps
-                        .runners
-                        .on_any(|mut client| {
+                    // A runner that stops answering does not hold the call.
+                    let deadline = Duration::from_secs(hook.timeout_secs + HOOK_RPC_MARGIN_SECS);
+                    let ran = tokio::time::timeout(
+                        deadline,
+                        deps.runners.on_any(|mut client| {
                             let request = request.clone();
                             async move {
                                 client
@@ -667,8 +698,15 @@ impl Actor {
                                     .await
                                     .map(tonic::Response::into_inner)
                             }
-                        })
-                        .await;
+                        }),
+                    )
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(tonic::Status::deadline_exceeded(format!(
+                            "the tool runner gave no outcome within {} s",
+                            deadline.as_secs()
+                        )))
+                    });
                     outcomes.push(match ran {
                         Ok(r) => crate::hooks::HookOutcome {
                             exit_code: r.exit_code,
@@ -710,9 +748,16 @@ impl Actor {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let session_id = self.session_id.clone();
+        let step = self.state.turn.as_ref().map_or(0, |t| t.steps);
+        let turn_id = self.state.turn_id().unwrap_or_default().to_string();
+        if call.name == crate::agents::DELEGATE {
+            let task = crate::agents::child_id(&self.session_id, &turn_id, step, &call.id);
+            self.tasks.insert(call.id.clone(), task);
+        }
         let place = tool_call::Place {
             workspace: self.workspace(),
-            turn_id: self.state.turn_id().unwrap_or_default().to_string(),
+            step,
+            turn_id,
             approval_mode: self
                 .state
                 .turn

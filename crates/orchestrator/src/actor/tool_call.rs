@@ -21,6 +21,8 @@ pub(super) fn tool_error(call: &ToolCall, output: String, started: Instant) -> p
 pub(super) struct Place {
     pub workspace: String,
     pub turn_id: String,
+    /// The model response of the turn the call came in.
+    pub step: u32,
     pub approval_mode: pb::ApprovalMode,
 }
 
@@ -115,6 +117,7 @@ async fn delegate_call(
         deps.clone(),
         session_id,
         &place.turn_id,
+        place.step,
         place.approval_mode,
         &call,
         progress,

@@ -93,6 +93,18 @@ fn check_agent(agent: &AgentDefinition) -> Result<(), String> {
     if let Some(tool) = agent.tools.iter().find(|t| t.as_str() == "delegate") {
         return Err(format!("{tool:?}: sub-agents do not delegate further"));
     }
+    // A task ends with its call: nothing may wake it later.
+    if let Some(tool) = agent.tools.iter().find(|t| {
+        matches!(
+            t.as_str(),
+            "schedule_reminder" | "list_reminders" | "cancel_reminder" | "mcp_subscribe"
+        )
+    }) {
+        return Err(format!(
+            "{tool:?}: a sub-agent's task ends with its call, so it has no reminders or \
+             subscriptions"
+        ));
+    }
     if agent.max_steps == Some(0) {
         return Err("max_steps must be at least 1".into());
     }

@@ -205,8 +205,8 @@ impl std::fmt::Debug for LlmConfig {
 pub struct AgentConfig {
     /// Model calls allowed in one turn.
     pub max_steps: u32,
-    /// Sub-agents' tasks of one session that may run at once (read-only
-    /// ones; a task that may change files runs alone).
+    /// Sub-agents' tasks that may run at once on one orchestrator (a task
+    /// waiting for a person keeps its place).
     #[serde(default = "default_parallel_agents")]
     pub max_parallel_agents: u32,
     /// Pick a skillset per user message by its intent.
