@@ -602,6 +602,26 @@ impl SessionState {
     /// After a restart: re-run read-only calls that were running, report
     /// mutating ones as of unknown outcome, ask again for pending approvals,
     /// and carry on.
+    /// Asks a person about `call` again (after a restart).
+    fn ask_again(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        call: &Call,
+        matched_rule: String,
+        outcome_unknown: bool,
+    ) {
+        let asked = Kind::ApprovalRequested(pb::ApprovalRequested {
+            call_id: call.id.clone(),
+            tool: call.tool.clone(),
+            arguments_json: call.effective_arguments.clone(),
+            matched_rule,
+            network: self.network_for(&call.tool, &call.effective_arguments),
+            outcome_unknown,
+        });
+        self.emit(out, turn_id, asked);
+    }
+
     pub(super) fn recover_calls(&mut self, out: &mut Out, turn_id: &str) {
         let calls: Vec<Call> = self
             .turn
@@ -621,21 +641,16 @@ impl SessionState {
                         .unwrap_or(ApprovalMode::Policy);
                     if matches!(mode, ApprovalMode::Policy | ApprovalMode::Unspecified) {
                         // A person decides: check, run again, or skip.
-                        self.emit(
+                        self.ask_again(
                             out,
                             turn_id,
-                            Kind::ApprovalRequested(pb::ApprovalRequested {
-                                call_id: call.id.clone(),
-                                tool: call.tool.clone(),
-                                arguments_json: call.effective_arguments.clone(),
-                                matched_rule: format!(
-                                    "outcome unknown: the runtime restarted while this {} call \
+                            &call,
+                            format!(
+                                "outcome unknown: the runtime restarted while this {} call \
                                      was running",
-                                    call.tool
-                                ),
-                                network: self.network_for(&call.tool, &call.effective_arguments),
-                                outcome_unknown: true,
-                            }),
+                                call.tool
+                            ),
+                            true,
                         );
                         // It stays where it was (running, as far as anyone
                         // knows) until the person answers.
@@ -647,17 +662,12 @@ impl SessionState {
                 }
                 CallPhase::AwaitingApproval if call.hook_asked => {
                     // Asked again, as the hook asked.
-                    self.emit(
+                    self.ask_again(
                         out,
                         turn_id,
-                        Kind::ApprovalRequested(pb::ApprovalRequested {
-                            call_id: call.id.clone(),
-                            tool: call.tool.clone(),
-                            arguments_json: call.effective_arguments.clone(),
-                            matched_rule: "a hook asked for a person".to_string(),
-                            network: self.network_for(&call.tool, &call.effective_arguments),
-                            outcome_unknown: false,
-                        }),
+                        &call,
+                        "a hook asked for a person".to_string(),
+                        false,
                     );
                 }
                 CallPhase::AwaitingApproval => {
@@ -677,18 +687,7 @@ impl SessionState {
                         );
                         continue;
                     }
-                    self.emit(
-                        out,
-                        turn_id,
-                        Kind::ApprovalRequested(pb::ApprovalRequested {
-                            call_id: call.id.clone(),
-                            tool: call.tool.clone(),
-                            arguments_json: call.effective_arguments.clone(),
-                            matched_rule: verdict.rule,
-                            network: self.network_for(&call.tool, &call.effective_arguments),
-                            outcome_unknown: false,
-                        }),
-                    );
+                    self.ask_again(out, turn_id, &call, verdict.rule, false);
                 }
                 CallPhase::Validating => self.validate(out, turn_id, &call.id),
                 CallPhase::Scheduled
