@@ -470,12 +470,18 @@ impl App {
                     let known = self.approvals.iter().any(|p| p.request.call_id == id);
                     if !known {
                         let mut request = a.clone();
-                        request.call_id = id;
+                        request.call_id = id.clone();
                         request.matched_rule = clean(&request.matched_rule);
+                        let preview = if matches!(a.tool.as_str(), "write_file" | "edit_file") {
+                            actions.push(Action::Preview(id));
+                            Preview::Loading
+                        } else {
+                            Preview::None
+                        };
                         self.approval_hidden = false;
                         self.approvals.push(Pending {
                             request,
-                            preview: Preview::None,
+                            preview,
                             session_id: event.session_id.clone(),
                             shown_at: Instant::now(),
                         });
@@ -485,10 +491,9 @@ impl App {
                 Kind::ToolCallState(s)
                     if s.phase != spb::ToolCallPhase::AwaitingApproval as i32 =>
                 {
+                    let id = relayed(&s.call_id);
                     let before = self.approvals.len();
-                    self.approvals.retain(|p| {
-                        !(p.session_id == event.session_id && p.request.call_id == s.call_id)
-                    });
+                    self.approvals.retain(|p| p.request.call_id != id);
                     if before != self.approvals.len() {
                         self.approval_hidden = false;
                         self.dirty = true;

@@ -359,12 +359,13 @@ async fn perform(
         Action::Preview(call_id) => {
             let mut client = client.clone();
             let reports = reports.clone();
-            let session_id = session_id.to_string();
+            // A sub-agent's question is previewed in its session.
+            let (session_id, call) = crate::approval::answer_to(session_id, &call_id);
             tokio::spawn(async move {
                 let preview = match client
                     .preview_call(pb::PreviewCallRequest {
                         session_id,
-                        call_id: call_id.clone(),
+                        call_id: call,
                     })
                     .await
                 {

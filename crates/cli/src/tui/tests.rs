@@ -1738,3 +1738,64 @@ fn a_key_typed_as_a_question_appears_goes_to_the_message() {
     assert_eq!(typed, Vec::new());
     assert_eq!(app.input.text, "a");
 }
+
+#[test]
+fn a_sub_agents_question_is_kept_apart_from_the_parents_and_answered_to_its_session() {
+    let mut app = new_app(true);
+    let ask = |tool: &str, args: &str, rule: &str| {
+        Kind::ApprovalRequested(spb::ApprovalRequested {
+            call_id: "call_1".into(),
+            tool: tool.into(),
+            arguments_json: args.into(),
+            matched_rule: rule.into(),
+            ..Default::default()
+        })
+    };
+    let relayed = |kind: Kind| spb::Event {
+        session_id: "sub-0011".into(),
+        seq: 4,
+        turn_id: "child-turn".into(),
+        kind: Some(kind),
+        live: true,
+        time: None,
+    };
+    // The child's write (relayed) and the parent's own call, same call id.
+    let actions = app.on_event(&relayed(ask(
+        "write_file",
+        r#"{"path":"a.txt","content":"x"}"#,
+        "sub-agent builder: default for write_file: confirm",
+    )));
+    let child_id = crate::approval::question_id(SESSION, "sub-0011", "call_1");
+    assert_eq!(actions, vec![Action::Preview(child_id.clone())]);
+    app.on_event(&logged(ask(
+        "bash",
+        r#"{"command":"ls"}"#,
+        "default for bash: confirm",
+    )));
+    assert_eq!(app.approvals.len(), 2, "both questions wait");
+    assert_eq!(
+        crate::approval::answer_to(SESSION, &child_id),
+        ("sub-0011".to_string(), "call_1".to_string())
+    );
+    // The first is the child's: it names the sub-agent, and `y` answers it.
+    let lines = view::question_lines(app.question().unwrap(), &Theme { color: false }, 78);
+    let text: Vec<String> = lines
+        .iter()
+        .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+        .collect();
+    assert_eq!(text[0], "the sub-agent builder wants to run write_file");
+    let actions = app.on_key(KeyEvent::new(KeyCode::Char('y'), KeyModifiers::NONE));
+    let [Action::Decide(decision)] = actions.as_slice() else {
+        panic!("{actions:?}");
+    };
+    assert_eq!(decision.call_id, child_id);
+    // The child's call moving on clears only its question.
+    app.on_event(&relayed(Kind::ToolCallState(spb::ToolCallState {
+        call_id: "call_1".into(),
+        phase: spb::ToolCallPhase::Scheduled as i32,
+        detail: String::new(),
+    })));
+    assert_eq!(app.approvals.len(), 1);
+    assert_eq!(app.approvals[0].request.call_id, "call_1");
+    assert_eq!(app.approvals[0].request.tool, "bash");
+}
