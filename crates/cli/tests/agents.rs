@@ -5,7 +5,7 @@
 
 mod common;
 
-use agentry_testkit::fake_model::{FakeModel, Reply};
+use agentry_testkit::fake_model::{self, FakeModel, Reply};
 use common::install::{Install, Up, text};
 use serde_json::{Value, json};
 use std::process::Stdio;
@@ -487,4 +487,58 @@ async fn a_task_whose_call_ends_after_a_restart_does_not_go_on() {
             .contains("outcome unknown"),
         "{result}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tasks_wait_for_a_place_when_the_bound_is_reached() {
+    let model = FakeModel::start().await.unwrap();
+    let researcher = "[agent]\nmax_parallel_agents = 1\n\n[[agents]]\nname = \"researcher\"\n\
+                      description = \"Reads\"\nsystem_prompt = \"You read.\"\n\
+                      tools = [\"read_file\"]\n";
+    let (install, _up, _log) = Up::start_configured(&model.base_url(), researcher);
+    // Two read-only tasks in one response: they could run side by side,
+    // but one place means the second waits for the first to end.
+    let first = json!({"agent": "researcher", "task": "first question"}).to_string();
+    let second = json!({"agent": "researcher", "task": "second question"}).to_string();
+    model.push(Reply::stream(vec![
+        fake_model::tool_call(0, "d1", "delegate", &[&first]),
+        fake_model::tool_call(1, "d2", "delegate", &[&second]),
+        fake_model::finish("tool_calls"),
+        fake_model::usage(10, 5),
+    ]));
+    model.push(Reply::text("answer one").delay(Duration::from_millis(1500)));
+    model.push(Reply::text("answer two"));
+    model.push(Reply::text("both answered"));
+    let out = install.run(&["run", "ask twice"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "both answered");
+    let mut tasks: Vec<(f64, f64)> = children_of(&install, "researcher")
+        .iter()
+        .map(|id| {
+            let log = events(&install, id);
+            let at = |kind: &str| {
+                log.iter()
+                    .find(|e| e["type"] == kind)
+                    .and_then(|e| e["time"].as_f64())
+                    .unwrap()
+            };
+            (at("user_message"), at("turn_finished"))
+        })
+        .collect();
+    assert_eq!(tasks.len(), 2);
+    tasks.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(
+        tasks[1].0 >= tasks[0].1,
+        "the second task started before the first ended: {tasks:?}"
+    );
+}
+
+/// The task sessions of `agent` that `agentry sessions list` shows.
+fn children_of(install: &Install, agent: &str) -> Vec<String> {
+    let (list, _) = text(&install.run(&["sessions", "list"]));
+    list.lines()
+        .filter(|l| l.contains(&format!("↳ [{agent} for")))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect()
 }
