@@ -174,8 +174,6 @@ pub struct Pending {
     pub request: spb::ApprovalRequested,
     /// The change it would make, for writes and edits.
     pub preview: Preview,
-    /// The session that asks (a sub-agent's, or this one's).
-    pub session_id: String,
     /// When it was asked (as seen here).
     pub shown_at: Instant,
 }
@@ -482,7 +480,6 @@ impl App {
                         self.approvals.push(Pending {
                             request,
                             preview,
-                            session_id: event.session_id.clone(),
                             shown_at: Instant::now(),
                         });
                         self.dirty = true;
@@ -619,7 +616,6 @@ impl App {
                     self.approvals.push(Pending {
                         request: a.clone(),
                         preview,
-                        session_id: event.session_id.clone(),
                         shown_at: Instant::now(),
                     });
                     self.approval_scroll = 0;
