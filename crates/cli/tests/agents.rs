@@ -41,25 +41,6 @@ async fn with_notes(model: &FakeModel) -> (Install, Up, std::path::PathBuf, Stri
     (install, up, log, session)
 }
 
-fn events(install: &Install, session: &str) -> Vec<Value> {
-    let out = install.run(&["sessions", "show", "--json", session]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// The sub-agent sessions `agentry sessions list` shows.
-fn children(install: &Install) -> Vec<String> {
-    let (list, _) = text(&install.run(&["sessions", "list"]));
-    list.lines()
-        .filter(|l| l.contains("↳ [researcher for"))
-        .map(|l| l.split_whitespace().next().unwrap().to_string())
-        .collect()
-}
-
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ok() {
@@ -148,9 +129,9 @@ async fn a_turn_delegates_to_a_read_only_agent_and_uses_its_answer() {
 
     // The child is a session of its own, listed as the researcher's task,
     // with its complete log; the parent shows it.
-    let tasks = children(&install);
+    let tasks = children_of(&install, "researcher");
     assert_eq!(tasks.len(), 1);
-    let child_log = events(&install, &tasks[0]);
+    let child_log = install.events(&tasks[0]);
     let kinds: Vec<&str> = child_log
         .iter()
         .map(|e| e["type"].as_str().unwrap())
@@ -171,7 +152,7 @@ async fn a_turn_delegates_to_a_read_only_agent_and_uses_its_answer() {
         "{child_shown}"
     );
     // Its progress was the delegate call's output in the parent's log.
-    let parent_log = events(&install, &session);
+    let parent_log = install.events(&session);
     assert!(
         parent_log.iter().any(|e| e["type"] == "tool_output_chunk"
             && e["text"]
@@ -248,10 +229,13 @@ async fn cancelling_the_parent_cancels_its_sub_agent() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for("the sub-agent's session", || children(&install).len() == 1);
-    let child = children(&install).remove(0);
+    wait_for("the sub-agent's session", || {
+        children_of(&install, "researcher").len() == 1
+    });
+    let child = children_of(&install, "researcher").remove(0);
     wait_for("the child's turn to start", || {
-        events(&install, &child)
+        install
+            .events(&child)
             .iter()
             .any(|e| e["type"] == "user_message")
     });
@@ -263,11 +247,12 @@ async fn cancelling_the_parent_cancels_its_sub_agent() {
     let status = run.wait().unwrap();
     assert_eq!(status.code(), Some(130), "the run ends cancelled");
     wait_for("the child's turn to be cancelled", || {
-        events(&install, &child)
+        install
+            .events(&child)
             .iter()
             .any(|e| e["type"] == "turn_finished" && e["outcome"] == "cancelled")
     });
-    let parent = events(&install, &session);
+    let parent = install.events(&session);
     assert!(parent.iter().any(|e| {
         e["type"] == "tool_result"
             && e["call_id"] == "d1"
@@ -297,11 +282,14 @@ async fn a_crash_during_a_sub_agents_task_resumes_parent_and_child() {
         .spawn()
         .unwrap();
     let child = {
-        wait_for("the sub-agent's session", || children(&install).len() == 1);
-        children(&install).remove(0)
+        wait_for("the sub-agent's session", || {
+            children_of(&install, "researcher").len() == 1
+        });
+        children_of(&install, "researcher").remove(0)
     };
     wait_for("the child's read_file result", || {
-        events(&install, &child)
+        install
+            .events(&child)
             .iter()
             .any(|e| e["type"] == "tool_result")
     });
@@ -314,13 +302,14 @@ async fn a_crash_during_a_sub_agents_task_resumes_parent_and_child() {
     model.push(Reply::text("Resumed: hello from the notes."));
     let _up = Up::try_start(&install, &log).expect("agentry up again");
     wait_for("the parent's turn to finish", || {
-        events(&install, &session)
+        install
+            .events(&session)
             .iter()
             .filter(|e| e["type"] == "turn_finished")
             .count()
             == 2
     });
-    let parent = events(&install, &session);
+    let parent = install.events(&session);
     let finished = parent
         .iter()
         .rev()
@@ -329,14 +318,14 @@ async fn a_crash_during_a_sub_agents_task_resumes_parent_and_child() {
     assert_eq!(finished["outcome"], "completed", "{parent:?}");
     assert_eq!(finished["message"], "Resumed: hello from the notes.");
     // One task, finished, with its answer as the parent's call result.
-    assert_eq!(children(&install), vec![child.clone()]);
+    assert_eq!(children_of(&install, "researcher"), vec![child.clone()]);
     let result = parent
         .iter()
         .rev()
         .find(|e| e["type"] == "tool_result" && e["call_id"] == "d1")
         .unwrap();
     assert_eq!(result["output"], "notes.txt says: hello from the notes");
-    let child_log = events(&install, &child);
+    let child_log = install.events(&child);
     assert_eq!(
         child_log
             .iter()
@@ -408,7 +397,7 @@ async fn a_sub_agents_call_is_approved_in_the_parents_chat() {
         .map(|l| l.split_whitespace().next().unwrap().to_string())
         .collect();
     assert_eq!(tasks.len(), 1);
-    let child_log = events(&install, &tasks[0]);
+    let child_log = install.events(&tasks[0]);
     assert!(
         child_log
             .iter()
@@ -450,7 +439,8 @@ async fn a_task_whose_call_ends_after_a_restart_does_not_go_on() {
     wait_for("the builder's task", || task(&install).is_some());
     let child = task(&install).unwrap();
     wait_for("the builder's command to run", || {
-        events(&install, &child)
+        install
+            .events(&child)
             .iter()
             .any(|e| e["type"] == "tool_call_state" && e["phase"] == "executing")
     });
@@ -471,11 +461,12 @@ async fn a_task_whose_call_ends_after_a_restart_does_not_go_on() {
     model.push(Reply::text("done").delay(Duration::from_secs(2)));
     let _up = Up::try_start(&install, &log).expect("agentry up again");
     wait_for("the task to be cancelled", || {
-        events(&install, &child)
+        install
+            .events(&child)
             .iter()
             .any(|e| e["type"] == "turn_finished" && e["outcome"] == "cancelled")
     });
-    let parent = events(&install, &session);
+    let parent = install.events(&session);
     let result = parent
         .iter()
         .find(|e| e["type"] == "tool_result" && e["call_id"] == "d1")
@@ -516,7 +507,7 @@ async fn tasks_wait_for_a_place_when_the_bound_is_reached() {
     let mut tasks: Vec<(f64, f64)> = children_of(&install, "researcher")
         .iter()
         .map(|id| {
-            let log = events(&install, id);
+            let log = install.events(id);
             let at = |kind: &str| {
                 log.iter()
                     .find(|e| e["type"] == kind)

@@ -37,16 +37,6 @@ event = "turn_finished"
 command = "cat > \"$AGENTRY_WORKSPACE/finished.json\""
 "#;
 
-fn events(install: &common::install::Install, session: &str) -> Vec<Value> {
-    let out = install.run(&["sessions", "show", "--json", session]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// The tool message the model was sent for `call_id` in request `n`.
 fn tool_message(model: &FakeModel, n: usize, call_id: &str) -> String {
     let requests = model.requests();
@@ -120,7 +110,7 @@ async fn hooks_deny_time_out_never_lift_a_policy_deny_and_add_context() {
     assert!(sudo.starts_with("error: denied by policy"), "{sudo}");
 
     // Every run is in the log, the timed-out one with why it had no say.
-    let log = events(&install, &session);
+    let log = install.events(&session);
     let runs: Vec<&Value> = log.iter().filter(|e| e["type"] == "hook_ran").collect();
     let before: Vec<&&Value> = runs
         .iter()

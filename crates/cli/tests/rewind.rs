@@ -15,17 +15,6 @@ fn workspace(install: &Install, session: &str) -> PathBuf {
     install.dir.path().join("data/workspaces").join(session)
 }
 
-/// `sessions show --json`, one object per event.
-fn events(install: &Install, session: &str) -> Vec<Value> {
-    let out = install.run(&["sessions", "show", "--json", session]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// The seq of the n-th (1-based) event of `kind`.
 fn nth_seq(events: &[Value], kind: &str, n: usize) -> u64 {
     events
@@ -73,7 +62,7 @@ async fn fork_and_rewind_put_back_files_bash_deleted() {
 
     // Snapshots are in the log: before each turn's first change, and at
     // each turn's end.
-    let log_events = events(&install, &id);
+    let log_events = install.events(&id);
     let snapshots: Vec<&Value> = log_events
         .iter()
         .filter(|e| e["type"] == "workspace_snapshot")
@@ -121,7 +110,7 @@ async fn fork_and_rewind_put_back_files_bash_deleted() {
     );
     assert!(!fork.join("junk").exists());
     // The fork's log stops there, and it records where its files came from.
-    let forked = events(&install, "forked-1");
+    let forked = install.events("forked-1");
     assert!(
         forked
             .iter()
@@ -150,7 +139,7 @@ async fn fork_and_rewind_put_back_files_bash_deleted() {
     let (stdout, _) = text(&install.run(&["sessions", "show", &id]));
     assert!(stdout.contains("turn (rewound: history)"), "{stdout}");
     assert!(stdout.contains("rewound to the end of turn 1"), "{stdout}");
-    let history = events(&install, &id);
+    let history = install.events(&id);
     assert!(
         history
             .iter()
@@ -234,7 +223,7 @@ async fn a_fork_inside_a_turn_closes_it_and_a_running_turn_cannot_be_rewound() {
     let out = install.run(&["run", "--approve", "always", "make a"]);
     assert!(out.status.success(), "{:?}", text(&out));
     let id = install.latest_session();
-    let log = events(&install, &id);
+    let log = install.events(&id);
     // Right after the call's result: inside the turn, files changed.
     let result = nth_seq(&log, "tool_result", 1);
     let out = install.run(&[
@@ -253,7 +242,7 @@ async fn a_fork_inside_a_turn_closes_it_and_a_running_turn_cannot_be_rewound() {
         std::fs::read_to_string(workspace(&install, "mid-turn").join("a.txt")).unwrap(),
         "one\n"
     );
-    let forked = events(&install, "mid-turn");
+    let forked = install.events("mid-turn");
     assert_eq!(forked.last().unwrap()["type"], "turn_finished");
     // The fork is usable at once.
     model.push(Reply::text("Forked and fine."));

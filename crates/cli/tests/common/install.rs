@@ -85,6 +85,18 @@ impl Install {
             .to_string()
     }
 
+    /// A session's log as `sessions show --json` gives it, one object per
+    /// event.
+    pub fn events(&self, session: &str) -> Vec<serde_json::Value> {
+        let out = self.run(&["sessions", "show", "--json", session]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     /// The value of one of the install's variables.
     pub fn env_value(&self, name: &str) -> String {
         self.env
