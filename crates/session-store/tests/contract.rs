@@ -541,3 +541,35 @@ async fn postgres_restarts_are_survived() {
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, [1, 2]);
 }
+
+/// `agentry migrate` imports sessions into PostgreSQL: a sub-agent's
+/// session keeps its parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_sub_agents_session_keeps_its_parent() {
+    let Some(server) = Postgres::start() else {
+        return;
+    };
+    let url = server.create_database("imported");
+    let store = PgStore::connect(&url, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    let parent = pb::SessionParent {
+        session_id: "p".into(),
+        call_id: "call-1".into(),
+        agent: "researcher".into(),
+    };
+    let session = pb::Session {
+        id: "sub-0a".into(),
+        title: "a task".into(),
+        event_count: 1,
+        parent: Some(parent.clone()),
+        ..Default::default()
+    };
+    let mut event = user("what does it say?");
+    event.session_id = "sub-0a".into();
+    event.seq = 1;
+    assert!(store.import_session(&session, &[event]).await.unwrap());
+    let imported = store.get_session("sub-0a").await.unwrap();
+    assert_eq!(imported.parent, Some(parent));
+    assert_eq!(imported.event_count, 1);
+}
