@@ -234,6 +234,16 @@ pub async fn run(deps: &Deps, session_id: &str, call: &ToolCall) -> pb::ToolResu
         MCP_SUBSCRIBE => mcp_subscribe(deps, session_id, &call.arguments).await,
         other => Err(format!("{other} is not a built-in tool")),
     };
+    result_of(call, outcome, started)
+}
+
+/// The result of a call the orchestrator ran itself: its output, or the
+/// error the model is told.
+pub(crate) fn result_of(
+    call: &ToolCall,
+    outcome: Result<String, String>,
+    started: Instant,
+) -> pb::ToolResult {
     let (output, is_error) = match outcome {
         Ok(output) => (output, false),
         Err(e) => (format!("error: {e}"), true),

@@ -125,17 +125,5 @@ async fn delegate_call(
     .await;
     // The progress so far is out before the result.
     let _ = forward.await;
-    let (output, is_error) = match outcome {
-        Ok(answer) => (answer, false),
-        Err(why) => (format!("error: {why}"), true),
-    };
-    pb::ToolResult {
-        call_id: call.id.clone(),
-        tool: call.name.clone(),
-        output,
-        is_error,
-        exit_code: None,
-        duration_ms: started.elapsed().as_millis() as u64,
-        runner_id: String::new(),
-    }
+    crate::builtin::result_of(&call, outcome, started)
 }
