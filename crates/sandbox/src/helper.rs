@@ -10,18 +10,20 @@
 //!    subreaper and asks for SIGTERM when its parent (the runner) dies;
 //! 2. namespaces: `unshare` (with a user namespace mapping only its own ids
 //!    when not root), then mounts made private to them;
-//! 3. in the child, before exec: `/proc`, `/tmp` and `/dev/shm` mounted
-//!    fresh (namespaces only), the Landlock ruleset built (while paths can
-//!    still be opened), resource limits, the identity switch, the
-//!    parent-death signal, no_new_privs, Landlock enforced, seccomp last
-//!    (it refuses calls the earlier steps use);
+//! 3. in the child, before exec: a new session without a controlling
+//!    terminal (`setsid`); with namespaces, a mount namespace of its own
+//!    whose root is built from only what commands need (`rootfs`); the
+//!    Landlock ruleset built (while paths can still be opened), resource
+//!    limits, the identity switch, the parent-death signal, no_new_privs,
+//!    Landlock enforced, seccomp last (it refuses calls the earlier steps
+//!    use);
 //! 4. with network through a bridge, the helper forks the process that
 //!    forwards the namespace's `127.0.0.1:<port>` to the proxy;
 //! 5. the helper waits; when the command ends, or a stop signal arrives,
 //!    every process the command started is killed before the helper exits
 //!    with the command's status.
 
-use crate::{SETUP_FAILED, Spec, landlock_rules, syscalls};
+use crate::{SETUP_FAILED, SPEC_VARIABLE, Spec, landlock_rules, syscalls};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
@@ -38,9 +40,6 @@ const STOP_SIGNALS: [Signal; 4] = [
 
 /// How many rounds of "kill every child, reap" [`kill_tree`] makes at most.
 const MAX_KILL_ROUNDS: usize = 10_000;
-
-/// Size of the private `/tmp` and `/dev/shm` of a call with namespaces.
-const TMPFS_OPTIONS: &str = "mode=1777,size=1g";
 
 fn fail(message: &str) -> i32 {
     eprintln!("agentry-sandbox: {message}");
@@ -71,6 +70,15 @@ pub fn run_main(args: &[String]) -> i32 {
                 Err(e) => return fail(&format!("the spec file {path} is not valid: {e}")),
             }
         }
+        // The spec is in the helper's environment (readable only by the
+        // runner's own user, never on a command line).
+        [flag] if flag == "--spec-env" => match std::env::var(SPEC_VARIABLE)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+        {
+            Ok(spec) => spec,
+            Err(e) => return fail(&format!("the spec in ${SPEC_VARIABLE} is not valid: {e}")),
+        },
         [json] => match serde_json::from_str(json) {
             Ok(spec) => spec,
             Err(e) => return fail(&format!("the spec is not valid: {e}")),
@@ -318,9 +326,20 @@ fn spawn(spec: &Spec) -> Result<std::process::Child, String> {
 
 /// Everything the child does to itself before exec.
 fn confine(spec: &Spec) -> Result<(), String> {
+    // A session of its own, without a controlling terminal: nothing the
+    // command starts can open `/dev/tty` of the terminal the services run
+    // in, type into it (TIOCSTI) or be signalled from it.
+    nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     let mut read_write = spec.read_write.clone();
     if spec.layers.namespaces {
-        private_mounts(&mut read_write, &spec.cwd);
+        crate::rootfs::enter(spec)?;
+        let _ = nix::unistd::sethostname("agentry-sandbox");
+        // Private to the call in the built view.
+        for private in ["/tmp", "/dev/shm"] {
+            if !read_write.iter().any(|p| p == Path::new(private)) {
+                read_write.push(PathBuf::from(private));
+            }
+        }
     }
     let ruleset = if spec.layers.landlock {
         let with_mounts = Spec {
@@ -364,45 +383,14 @@ fn confine(spec: &Spec) -> Result<(), String> {
         }
     }
     if spec.layers.seccomp {
-        syscalls::install(spec.proxy.is_some())?;
+        // With the built view no host socket can be named, so Unix sockets
+        // stay usable; without it, none can be made at all.
+        syscalls::install(syscalls::Sockets {
+            network: spec.proxy.is_some(),
+            unix: spec.layers.namespaces,
+        })?;
     }
     Ok(())
-}
-
-/// In the call's own mount and pid namespaces: a `/proc` showing only its
-/// processes, and empty private `/tmp` and `/dev/shm` (added to the
-/// writable directories) unless the workspace or another writable
-/// directory lies beneath them. Best effort: a mount the kernel refuses
-/// (procfs under some container runtimes) leaves the original in place,
-/// still guarded by the other layers.
-fn private_mounts(read_write: &mut Vec<PathBuf>, cwd: &Path) {
-    use nix::mount::{MsFlags, mount};
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    let _ = mount(
-        Some("proc"),
-        "/proc",
-        Some("proc"),
-        flags | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    );
-    for dir in ["/tmp", "/dev/shm"] {
-        let covers = |p: &PathBuf| p.starts_with(dir);
-        if Path::new(dir).is_dir()
-            && !cwd.starts_with(dir)
-            && !read_write.iter().any(covers)
-            && mount(
-                Some("tmpfs"),
-                dir,
-                Some("tmpfs"),
-                flags,
-                Some(TMPFS_OPTIONS),
-            )
-            .is_ok()
-        {
-            read_write.push(PathBuf::from(dir));
-        }
-    }
-    let _ = nix::unistd::sethostname("agentry-sandbox");
 }
 
 fn set_limits(limits: &crate::Limits) -> Result<(), String> {

@@ -15,14 +15,14 @@ use std::path::Path;
 /// subset they know.
 const TARGET: ABI = ABI::V6;
 
-/// Device files every command may read and write.
+/// Device files every command may read and write (never `/dev/tty`: a
+/// command has no terminal).
 const DEVICES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
     "/dev/full",
     "/dev/random",
     "/dev/urandom",
-    "/dev/tty",
 ];
 
 /// Builds the ruleset of `spec`; nothing is enforced yet.
@@ -49,6 +49,11 @@ pub fn build(spec: &Spec) -> Result<RulesetCreated, String> {
         created = add(created, dir, all)?;
     }
     for root in &spec.read_only {
+        // A listed path that is not here (or not in the built view) is
+        // simply not granted.
+        if root.symlink_metadata().is_err() {
+            continue;
+        }
         created = allow_except(created, root, &spec.hidden, read, 0)?;
     }
     let device = AccessFs::from_file(TARGET) & !AccessFs::Execute;

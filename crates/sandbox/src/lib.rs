@@ -5,11 +5,17 @@
 //! command before it runs, then supervises it as one unit. The layers, each
 //! applied when the machine allows it (see [`Report`]):
 //!
+//! - **no terminal**: the command starts a session of its own, without a
+//!   controlling terminal; `/dev/tty` is not among its devices and seccomp
+//!   refuses the ioctls that type into a terminal (TIOCSTI, TIOCLINUX).
 //! - **namespaces** (user when not root, pid, network, mount, IPC, UTS): the
 //!   command is pid 1 of its own pid namespace, so everything it starts dies
 //!   with it; its network namespace has no interface but a downed loopback,
-//!   so there is no route anywhere, the services included; `/proc` shows only
-//!   its own processes and `/tmp` and `/dev/shm` are private to the call.
+//!   so there is no route anywhere, the services included; its root is
+//!   built from only what commands need (`rootfs`: system directories
+//!   read-only, the writable directories, a private `/tmp` and `/dev/shm`,
+//!   its own `/proc`, five devices; no `/sys`, `/run` or home directories,
+//!   so no host socket can be named).
 //! - **Landlock**: reads only beneath the system directories (minus the
 //!   paths named hidden: data dir, config dir, other workspaces), writes only
 //!   beneath the workspace and the session's temp dir; no TCP connect or
@@ -20,7 +26,8 @@
 //! - **network**: off unless the call was granted it; then the command's
 //!   only way out is the runner's HTTP proxy ([`ProxyRoute`]), which applies
 //!   the address rules of the web tools.
-//! - **seccomp**: no sockets but AF_UNIX while the network is off, no
+//! - **seccomp**: no sockets but AF_UNIX while the network is off (and no
+//!   AF_UNIX either without the built view of the namespaces layer), no
 //!   ptrace, no new namespaces, no mounts, no io_uring, no kernel keyring,
 //!   no BPF or perf events; 32-bit and x32 system calls are refused.
 //! - **identity**: as root, commands run as an unprivileged uid of their
@@ -44,6 +51,7 @@ mod bridge;
 pub mod helper;
 mod landlock_rules;
 mod locate;
+mod rootfs;
 mod syscalls;
 mod thread;
 
@@ -55,6 +63,30 @@ use std::path::{Path, PathBuf};
 
 /// The exit code of the helper when the sandbox could not be set up.
 pub const SETUP_FAILED: i32 = 125;
+
+/// The variable of the helper's environment that holds the spec when it is
+/// started as `agentry-sandbox --spec-env` (how the runner passes a spec
+/// that may carry secrets: a process's environment is readable only by its
+/// own user, its command line by everyone).
+pub const SPEC_VARIABLE: &str = "AGENTRY_SANDBOX_SPEC";
+
+/// Makes `cmd`'s process start a new session just before it execs: it has
+/// no controlling terminal, so neither it nor anything it starts can reach
+/// the terminal the services run in (`/dev/tty`, TIOCSTI, signals from the
+/// keyboard). Its process group is its own (the session's id).
+pub fn new_session_before_exec(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure makes one system call
+    // (setsid); it allocates nothing and takes no lock.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
+    }
+}
 
 /// What the helper is asked to run, and how confined.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -369,7 +401,8 @@ pub fn probe(helper: &Path, workspace: &Path, user: Option<Ids>) -> Result<Repor
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The system directories commands may read and execute beneath, those of
-/// them that exist here.
+/// them that exist here. `/sys` is not one of them: it lists the host's
+/// devices and holds kernel knobs no command needs.
 pub fn system_read_only() -> Vec<PathBuf> {
     [
         "/usr",
@@ -382,7 +415,6 @@ pub fn system_read_only() -> Vec<PathBuf> {
         "/etc",
         "/opt",
         "/proc",
-        "/sys",
         "/dev",
         "/run/systemd/resolve",
         "/var/lib/dpkg",

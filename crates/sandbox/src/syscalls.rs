@@ -1,6 +1,7 @@
 //! The seccomp filter of a command: a deny list of system calls that let a
-//! process reach past the other layers (network sockets, other processes'
-//! memory, new namespaces, mounts, kernel interfaces that bypass the checks
+//! process reach past the other layers (network sockets, Unix sockets where
+//! host sockets could be named, other processes' memory, new namespaces,
+//! mounts, typing into a terminal, kernel interfaces that bypass the checks
 //! of ordinary calls). Everything else is allowed: the sandbox confines
 //! where a command acts, not which programs it may use.
 
@@ -75,6 +76,23 @@ const NAMESPACE_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWCGROUP,
 ];
 
+/// Terminal ioctls refused: typing into a terminal's input (TIOCSTI) and
+/// the Linux console's selection paste (TIOCLINUX). A command has no
+/// controlling terminal, but may hold a descriptor of one it inherited or
+/// opened.
+// The request constants' type differs between C libraries.
+#[allow(clippy::unnecessary_cast)]
+const TERMINAL_IOCTLS: &[u64] = &[libc::TIOCSTI as u64, libc::TIOCLINUX as u64];
+
+/// Which sockets a command may make.
+#[derive(Debug, Clone, Copy)]
+pub struct Sockets {
+    /// AF_INET and AF_INET6 (the call was granted network).
+    pub network: bool,
+    /// AF_UNIX: only where no host socket can be named (the built view).
+    pub unix: bool,
+}
+
 /// The first system-call number of the x32 ABI on x86_64.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
@@ -92,11 +110,11 @@ fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, 
         .map_err(|e| format!("seccomp: {e}"))
 }
 
-/// The filters to install, in order. Only AF_UNIX sockets can be created,
-/// and AF_INET and AF_INET6 ones when `network` is true.
+/// The filters to install, in order. Sockets of the families `sockets`
+/// names can be created, no others.
 // System-call numbers are `c_long`, i64 here but i32 on 32-bit targets.
 #[allow(clippy::useless_conversion)]
-pub fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
+pub fn filters(sockets: Sockets) -> Result<Vec<BpfProgram>, String> {
     let arch = target()?;
     let mut denied: BTreeMap<i64, Vec<SeccompRule>> = DENIED
         .iter()
@@ -110,17 +128,37 @@ pub fn filters(network: bool) -> Result<Vec<BpfProgram>, String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     denied.insert(i64::from(libc::SYS_clone), clone_rules);
+    // The command is the ioctl's second argument, an `unsigned int`: only
+    // its low 32 bits count, whatever the register's upper half holds.
+    let ioctl_rules = TERMINAL_IOCTLS
+        .iter()
+        .map(|request| {
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *request)
+                .map_err(|e| format!("seccomp: {e}"))
+                .and_then(|c| rule(vec![c]))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    denied.insert(i64::from(libc::SYS_ioctl), ioctl_rules);
     // Sockets of any other family (netlink, packet, vsock…) are refused;
-    // TCP/IP ones only when the call has network.
-    let mut families = vec![libc::AF_UNIX];
-    if network {
+    // Unix ones only where no host socket can be named, TCP/IP ones only
+    // when the call has network.
+    let mut families = Vec::new();
+    if sockets.unix {
+        families.push(libc::AF_UNIX);
+    }
+    if sockets.network {
         families.extend([libc::AF_INET, libc::AF_INET6]);
     }
-    let other_family = families
-        .iter()
-        .map(|f| condition(0, SeccompCmpOp::Ne, u64::from(f.unsigned_abs())))
-        .collect::<Result<Vec<_>, _>>()?;
-    denied.insert(i64::from(libc::SYS_socket), vec![rule(other_family)?]);
+    let socket_rule = if families.is_empty() {
+        Vec::new()
+    } else {
+        let other_family = families
+            .iter()
+            .map(|f| condition(0, SeccompCmpOp::Ne, u64::from(f.unsigned_abs())))
+            .collect::<Result<Vec<_>, _>>()?;
+        vec![rule(other_family)?]
+    };
+    denied.insert(i64::from(libc::SYS_socket), socket_rule);
     let deny = SeccompFilter::new(
         denied,
         SeccompAction::Allow,
@@ -179,8 +217,8 @@ fn x32_guard() -> Vec<sock_filter> {
 }
 
 /// Installs the filters on the calling thread (no_new_privs must be set).
-pub fn install(network: bool) -> Result<(), String> {
-    for program in filters(network)? {
+pub fn install(sockets: Sockets) -> Result<(), String> {
+    for program in filters(sockets)? {
         seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))?;
     }
     Ok(())
@@ -192,10 +230,13 @@ mod tests {
 
     #[test]
     fn filters_compile_for_this_machine() {
-        let with = filters(true).unwrap_or_default();
-        let without = filters(false).unwrap_or_default();
+        let sockets = |network, unix| filters(Sockets { network, unix }).unwrap_or_default();
+        let with = sockets(true, true);
+        let without = sockets(false, true);
         assert_eq!(with.len(), 2);
         // Opening the network lets two more socket families through.
         assert!(with[0].len() > without[0].len());
+        // Without Unix sockets the socket rule has one condition less.
+        assert_ne!(sockets(false, false)[0].len(), without[0].len());
     }
 }

@@ -96,16 +96,6 @@ pub async fn run(
             ("PYTHONSAFEPATH".into(), "1".into()),
             ("PYTHONNOUSERSITE".into(), "1".into()),
             ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
-            // git run by a hook reads no configuration of the machine or
-            // the user, and runs no fsmonitor or hooks of a repository
-            // the session may have planted.
-            ("GIT_CONFIG_GLOBAL".into(), "/dev/null".into()),
-            ("GIT_CONFIG_NOSYSTEM".into(), "1".into()),
-            ("GIT_CONFIG_COUNT".into(), "2".into()),
-            ("GIT_CONFIG_KEY_0".into(), "core.fsmonitor".into()),
-            ("GIT_CONFIG_VALUE_0".into(), "false".into()),
-            ("GIT_CONFIG_KEY_1".into(), "core.hooksPath".into()),
-            ("GIT_CONFIG_VALUE_1".into(), "/dev/null".into()),
         ],
         stdin: true,
     };

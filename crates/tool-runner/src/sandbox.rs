@@ -82,6 +82,20 @@ pub enum SandboxSetupError {
     Config(String),
 }
 
+/// Set for every command: git reads no configuration of the machine or
+/// the user (a planted `~/.gitconfig`), and runs no fsmonitor or hooks of
+/// a repository the session may have planted, so the git commands the
+/// policy lets run without asking run no code of the workspace's.
+const GIT_HARDENING: &[(&str, &str)] = &[
+    ("GIT_CONFIG_GLOBAL", "/dev/null"),
+    ("GIT_CONFIG_NOSYSTEM", "1"),
+    ("GIT_CONFIG_COUNT", "2"),
+    ("GIT_CONFIG_KEY_0", "core.fsmonitor"),
+    ("GIT_CONFIG_VALUE_0", "false"),
+    ("GIT_CONFIG_KEY_1", "core.hooksPath"),
+    ("GIT_CONFIG_VALUE_1", "/dev/null"),
+];
+
 /// Variables copied from the runner's environment when set.
 const INHERITED: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TZ"];
 
@@ -325,13 +339,10 @@ impl Sandbox {
         }
     }
 
-    /// The environment of a command of `session_id`.
-    pub fn environment(
-        &self,
-        session_id: &str,
-        workspace: &Path,
-        tmp: &Path,
-    ) -> Vec<(String, String)> {
+    /// The environment of a command of `session_id`. HOME is the session's
+    /// temp dir (a bash call gets a fresh one of its own), never the
+    /// workspace, where the model writes files.
+    pub fn environment(&self, session_id: &str, tmp: &Path) -> Vec<(String, String)> {
         let mut env = self.base_env.clone();
         let user = match &self.identity {
             Identity::User { name, .. } => name.clone(),
@@ -340,8 +351,12 @@ impl Sandbox {
             }
             Identity::Runner => std::env::var("USER").unwrap_or_else(|_| "agentry".into()),
         };
+        for (k, v) in GIT_HARDENING {
+            env.retain(|(name, _)| name != k);
+            env.push((k.to_string(), v.to_string()));
+        }
         for (k, v) in [
-            ("HOME", workspace.display().to_string()),
+            ("HOME", tmp.display().to_string()),
             ("TMPDIR", tmp.display().to_string()),
             ("USER", user.clone()),
             ("LOGNAME", user),
@@ -362,7 +377,7 @@ impl Sandbox {
         tmp: &Path,
         network: Option<&crate::egress::Pass>,
     ) -> Spec {
-        let mut env = self.environment(session_id, workspace, tmp);
+        let mut env = self.environment(session_id, tmp);
         if let Some(pass) = network {
             env.extend(pass.environment());
         }
@@ -469,7 +484,7 @@ mod tests {
             base_env: base_env(&["DEFINITELY_NOT_SET_ANYWHERE".into()]),
             ..Sandbox::unconfined()
         };
-        let env = sandbox.environment("s1", Path::new("/w/s1"), Path::new("/w/.tmp/s1"));
+        let env = sandbox.environment("s1", Path::new("/w/.tmp/s1"));
         let names: Vec<&str> = env.iter().map(|(n, _)| n.as_str()).collect();
         for name in &names {
             assert!(
@@ -477,11 +492,12 @@ mod tests {
                     "PATH", "TERM", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME", "TMPDIR",
                     "USER", "LOGNAME"
                 ]
-                .contains(name),
+                .contains(name)
+                    || name.starts_with("GIT_CONFIG_"),
                 "{name} is not on the allowlist"
             );
         }
-        assert!(env.contains(&("HOME".into(), "/w/s1".into())));
+        assert!(env.contains(&("HOME".into(), "/w/.tmp/s1".into())));
         assert!(env.contains(&("TMPDIR".into(), "/w/.tmp/s1".into())));
     }
 }

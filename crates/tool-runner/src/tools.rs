@@ -347,8 +347,13 @@ pub(crate) fn sandboxed_bash(
             let spec = serde_json::to_string(&spec)
                 .map_err(|e| ToolError::Io(format!("cannot describe the sandbox: {e}")))?;
             let mut cmd = tokio::process::Command::new(helper);
-            // The name under which `agentry` itself acts as the helper.
-            cmd.arg0(agentry_sandbox::HELPER_NAME).arg(spec).env_clear();
+            // The name under which `agentry` itself acts as the helper. The
+            // spec (it may hold the proxy's credential) goes in the
+            // helper's environment, never on its command line.
+            cmd.arg0(agentry_sandbox::HELPER_NAME)
+                .arg("--spec-env")
+                .env_clear()
+                .env(agentry_sandbox::SPEC_VARIABLE, spec);
             cmd
         }
         None => {
@@ -358,7 +363,7 @@ pub(crate) fn sandboxed_bash(
             cmd.arg("-c")
                 .arg(command)
                 .env_clear()
-                .envs(sandbox.environment(session, workspace.root(), workspace.tmp()))
+                .envs(sandbox.environment(session, workspace.tmp()))
                 .envs(
                     network
                         .map(crate::egress::Pass::environment)
@@ -372,8 +377,30 @@ pub(crate) fn sandboxed_bash(
             cmd
         }
     };
-    cmd.current_dir(&launch.cwd).process_group(0);
+    // A session of its own: no controlling terminal, and a process group
+    // whose id is the process's.
+    agentry_sandbox::new_session_before_exec(cmd.as_std_mut());
+    cmd.current_dir(&launch.cwd);
     Ok(cmd)
+}
+
+/// A fresh empty HOME for one command, beside the session's temp dir and
+/// removed with the returned guard: nothing the session wrote before (a
+/// `.gitconfig`, a `.bashrc`, a `.pythonrc`) is read from it, and the
+/// workspace is never HOME.
+pub(crate) fn fresh_home(
+    sandbox: &Sandbox,
+    workspace: &Workspace,
+) -> Result<tempfile::TempDir, ToolError> {
+    let parent = workspace.tmp().parent().unwrap_or(workspace.tmp());
+    let dir = tempfile::Builder::new()
+        .prefix(".home-")
+        .tempdir_in(parent)
+        .map_err(|e| ToolError::Io(format!("cannot make the command's HOME: {e}")))?;
+    sandbox
+        .hand_over(workspace.session_id(), dir.path())
+        .map_err(|e| ToolError::Io(format!("cannot prepare the command's HOME: {e}")))?;
+    Ok(dir)
 }
 
 async fn bash(
@@ -391,13 +418,15 @@ async fn bash(
         ));
     }
     let session = workspace.session_id();
+    let home = fresh_home(sandbox, workspace)?;
     let launch = Launch {
         cwd: workspace.root().to_path_buf(),
         read_write: vec![
             workspace.root().to_path_buf(),
             workspace.tmp().to_path_buf(),
+            home.path().to_path_buf(),
         ],
-        env: Vec::new(),
+        env: vec![("HOME".into(), home.path().display().to_string())],
         stdin: false,
     };
     let mut cmd = sandboxed_bash(sandbox, session, command, workspace, &launch, network)?;

@@ -495,8 +495,10 @@ async fn stdio_servers_run_per_session_inside_its_sandbox() {
     assert_eq!(std::fs::read_dir(&specs).unwrap().count(), 0);
     let who = runner.call("s1", "fx__whoami", json!({})).await;
     let ws = runner.root.join("s1").display().to_string();
+    // HOME is the session's temp dir, never the workspace.
+    let tmp = runner.root.join(".tmp/s1").display().to_string();
     assert!(
-        who.ok().contains(&format!("cwd={ws} home={ws}")),
+        who.ok().contains(&format!("cwd={ws} home={tmp}")),
         "{}",
         who.ok()
     );

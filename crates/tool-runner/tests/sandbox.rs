@@ -174,15 +174,31 @@ async fn the_environment_is_only_the_allowlist() {
                 "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LOGNAME", "PATH", "PWD", "SHELL", "SHLVL",
                 "TERM", "TMPDIR", "TZ", "USER", "_"
             ]
-            .contains(name),
+            .contains(name)
+                || name.starts_with("GIT_CONFIG_"),
             "{name} reached the command: {}",
             out.output
         );
     }
+    // HOME is a fresh directory of the call's, never the workspace.
+    let home = out
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("HOME="))
+        .unwrap();
     assert!(
-        out.output
-            .contains(&format!("HOME={}", ws.root().display()))
+        !home.starts_with(&ws.root().display().to_string()),
+        "{home}"
     );
+    assert!(
+        std::path::Path::new(home)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(".home-"),
+        "{home}"
+    );
+    assert!(out.output.contains("GIT_CONFIG_GLOBAL=/dev/null"));
     assert!(
         out.output
             .contains(&format!("TMPDIR={}", ws.tmp().display()))

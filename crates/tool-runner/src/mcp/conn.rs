@@ -758,7 +758,7 @@ impl ServerProcess {
                     .arg("bash")
                     .args(&argv)
                     .env_clear()
-                    .envs(sandbox.environment(&place.session_id, &place.workspace, &place.tmp))
+                    .envs(sandbox.environment(&place.session_id, &place.tmp))
                     .envs(
                         network
                             .map(crate::egress::Pass::environment)
@@ -771,11 +771,13 @@ impl ServerProcess {
                 cmd
             }
         };
+        // A session of its own: no controlling terminal, and a process
+        // group whose id is the process's.
+        agentry_sandbox::new_session_before_exec(cmd.as_std_mut());
         cmd.current_dir(&cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd
             .spawn()
