@@ -229,11 +229,35 @@ fn compose(way: usize, allowed: &str, inner: &str) -> String {
         19 => format!("if {allowed}; then {inner}; fi"),
         20 => format!("sh -c {} && {allowed}", quote(inner)),
         21 => format!("nohup {inner} &"),
+        // Values bash evaluates as code later: prompt expansion, array
+        // subscripts in arithmetic, `[[ ]]`, traps, `printf -v`.
+        23 => format!("x={}; {allowed} ${{x@P}}", quote(&format!("$( {inner} )"))),
+        24 => format!("y={}; echo $((y))", quote(&format!("a[$( {inner} )]"))),
+        25 => format!(
+            "y={}; (( y )) && {allowed}",
+            quote(&format!("a[$( {inner} )]"))
+        ),
+        26 => format!(
+            "y={}; [[ $y -eq 1 ]] || {allowed}",
+            quote(&format!("a[$( {inner} )]"))
+        ),
+        27 => format!("trap {} EXIT; {allowed}", quote(inner)),
+        28 => format!(
+            "printf -v x %s {}; {allowed} ${{x@P}}",
+            quote(&format!("$( {inner} )"))
+        ),
+        29 => format!(
+            "read {} <<< 1; {allowed}",
+            quote(&format!("a[$( {inner} )]"))
+        ),
         _ => format!("for f in a; do {inner}; done"),
     }
 }
 
-const WAYS: usize = 23;
+const WAYS: usize = 30;
+
+/// The ways that hide a command in a value bash evaluates later.
+const LATE_WAYS: std::ops::Range<usize> = 23..30;
 
 /// `inner` composed with an allowed command once per step, innermost first.
 fn wrap(inner: &str, steps: &[(usize, usize)]) -> String {
@@ -267,6 +291,23 @@ proptest! {
             let (decision, rule) = decide(&policy, &hidden);
             prop_assert_eq!(decision, Decision::Deny, "{:?}: {}", hidden, rule);
         }
+    }
+
+    /// A denied command hidden in a value bash evaluates later is denied,
+    /// not merely confirmed: its text is in the line.
+    #[test]
+    fn denied_commands_in_late_evaluated_values_are_denied(
+        denied in 0..DENIED.len(),
+        way in LATE_WAYS,
+        allowed in 0..ALLOWED.len(),
+        outer in prop::collection::vec(
+            ((0..WAYS).prop_filter("not an option value", |w| *w != 16), 0..ALLOWED.len()),
+            0..2,
+        ),
+    ) {
+        let command = wrap(&compose(way, ALLOWED[allowed], DENIED[denied]), &outer);
+        let (decision, rule) = decide(&shipped(), &command);
+        prop_assert_eq!(decision, Decision::Deny, "{:?} was not denied ({})", command, rule);
     }
 
     /// So is a command that needs a person (other than as the value of

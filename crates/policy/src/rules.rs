@@ -3,7 +3,7 @@
 //! network.
 
 use crate::config::{PolicyConfig, PolicyRule};
-use crate::shell::{Segment, SegmentKind, segments_of};
+use crate::shell::{Segment, SegmentKind, segments_of, text_tails};
 use crate::{BASH, Decision};
 use globset::{GlobBuilder, GlobMatcher};
 use std::collections::BTreeMap;
@@ -422,6 +422,34 @@ impl Policy {
         default: Decision,
         session_rules: &[SessionRule],
     ) -> Verdict {
+        // A denied command anywhere in the text, quoted values included,
+        // denies the line: bash may run a value as code later.
+        let deny_rules: Vec<&CompiledRule> = self
+            .rules
+            .iter()
+            .filter(|r| r.decision == Decision::Deny)
+            .collect();
+        let mut too_long = false;
+        if !deny_rules.is_empty() {
+            match text_tails(command) {
+                Some(pieces) => {
+                    for (piece, starts) in &pieces {
+                        for start in starts {
+                            let tail = &piece[*start..];
+                            if let Some(rule) = deny_rules.iter().find(|r| r.matches_segment(tail))
+                            {
+                                return Verdict {
+                                    decision: Decision::Deny,
+                                    rule: rule.label.clone(),
+                                    segment: Some(tail.to_string()),
+                                };
+                            }
+                        }
+                    }
+                }
+                None => too_long = true,
+            }
+        }
         let segments = segments_of(command);
         // The strictest segment; of equally strict ones the first, except
         // that an explanation of doubt beats a plain default.
@@ -438,6 +466,13 @@ impl Policy {
             }) {
                 best = Some((decision, doubtful, rule, segment.text.clone()));
             }
+        }
+        if too_long && best.as_ref().is_none_or(|(d, ..)| *d == Decision::Allow) {
+            return Verdict {
+                decision: Decision::Confirm,
+                rule: "the command is too long to search for denied commands".to_string(),
+                segment: None,
+            };
         }
         match best {
             Some((decision, _, rule, segment)) => Verdict {

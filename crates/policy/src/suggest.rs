@@ -96,6 +96,10 @@ fn candidates(call: &Decided) -> Vec<PolicyRule> {
                 let glob = match words.as_slice() {
                     [] => return None,
                     [program] => (*program).to_string(),
+                    // An interpreter runs whatever code it is given
+                    // (`python3 -c '…'`, `perl -e '…'`, a script): only
+                    // the exact command approved is suggested.
+                    [program, ..] if is_interpreter(program) => s.text.clone(),
                     [program, first, ..] => format!("{program} {first}*"),
                 };
                 // Globs are written with the segment's own characters: one
@@ -121,6 +125,55 @@ fn candidates(call: &Decided) -> Vec<PolicyRule> {
         Some(_) => Vec::new(),
         None => vec![allow_rule(&call.tool, None, None)],
     }
+}
+
+/// Whether a program runs code given as its arguments: shells, script
+/// interpreters (with or without a version: `python3.12`), and tools that
+/// take a program (`awk`, `sed -e`, `xargs`, `find -exec`) are treated alike.
+fn is_interpreter(program: &str) -> bool {
+    let base = program.rsplit('/').next().unwrap_or(program);
+    let name = base.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    matches!(
+        name,
+        "python"
+            | "pypy"
+            | "perl"
+            | "ruby"
+            | "node"
+            | "nodejs"
+            | "deno"
+            | "bun"
+            | "php"
+            | "lua"
+            | "luajit"
+            | "Rscript"
+            | "R"
+            | "julia"
+            | "tclsh"
+            | "wish"
+            | "bash"
+            | "sh"
+            | "zsh"
+            | "dash"
+            | "ksh"
+            | "fish"
+            | "pwsh"
+            | "powershell"
+            | "osascript"
+            | "awk"
+            | "gawk"
+            | "mawk"
+            | "sed"
+            | "xargs"
+            | "find"
+            | "env"
+            | "eval"
+            | "exec"
+            | "sudo"
+            | "timeout"
+            | "nohup"
+            | "nice"
+    )
 }
 
 /// The calls a denied call stands for when a candidate is judged: for bash,
@@ -345,6 +398,31 @@ mod tests {
             toml.contains("command = \"cargo test*\"\ndecision = \"allow\""),
             "{toml}"
         );
+    }
+
+    #[test]
+    fn approved_interpreter_code_is_never_widened() {
+        let approved = [
+            bash("python3 -c 'print(1)'", true),
+            bash("python3 -c 'print(1)'", true),
+            bash("/usr/bin/perl -e 'print 1'", true),
+            bash("/usr/bin/perl -e 'print 1'", true),
+            bash("node -e 1", true),
+            bash("node -e 1", true),
+        ];
+        let got = globs(&suggest(&approved, 2));
+        let mut commands: Vec<&str> = got.iter().map(|(_, g, _)| g.as_str()).collect();
+        commands.sort_unstable();
+        assert_eq!(
+            commands,
+            vec![
+                "/usr/bin/perl -e print 1",
+                "node -e 1",
+                "python3 -c print(1)"
+            ],
+            "{got:?}"
+        );
+        assert!(commands.iter().all(|g| !g.ends_with('*')), "{got:?}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ const SUDO_RULE: &str = r#"rule 2 (bash "sudo *"): no privilege escalation"#;
 const SECRETS_RULE: &str = r#"rule 10 (write_file path "secrets/**"): secrets stay secret"#;
 const NOTES_RULE: &str = r#"rule 11 (write_file path "notes/*.md")"#;
 const BASH_DEFAULT: &str = "default for bash: confirm";
+const ASSIGNMENT: &str = "sets a variable, whose value bash or a program may later run as code";
 
 fn rule(
     tool: &str,
@@ -297,12 +298,21 @@ fn hidden_rm_is_denied() {
         verdict(Decision::Deny, RM_RULE, Some("rm -rf /"))
     );
     assert_eq!(bash(&p, "timeout 5 rm -rf /").decision, Decision::Deny);
-    // Arguments of a wrapped command are not commands.
+    // A denied command's text anywhere in the line denies it, even as an
+    // argument: bash may evaluate a value as code later, and the policy
+    // does not guess which text stays text.
     for command in [
         "timeout 5 grep sudo ls",
         "timeout -s KILL 5 grep sudo ls",
         "find . | xargs grep sudo file",
         "env X=1 grep -r sudo src",
+    ] {
+        assert_eq!(bash(&p, command).decision, Decision::Deny, "{command}");
+    }
+    // Without the denied words, wrapped commands are confirmed.
+    for command in [
+        "timeout 5 grep pattern ls",
+        "find . | xargs grep pattern file",
     ] {
         assert_eq!(bash(&p, command).decision, Decision::Confirm, "{command}");
     }
@@ -330,10 +340,10 @@ fn strictest_segment_decides() {
             Some("timeout -s KILL 5 ls")
         )
     );
-    // Assignments before a command are part of it.
+    // Assignments before a command are confirmed whatever the command.
     assert_eq!(
         bash(&p, "PAGER=evil git log"),
-        verdict(Decision::Confirm, BASH_DEFAULT, Some("PAGER=evil git log"))
+        verdict(Decision::Confirm, ASSIGNMENT, Some("PAGER=evil"))
     );
 }
 
@@ -433,7 +443,7 @@ fn unparsable_commands_are_confirmed() {
     // The raw text still meets the deny rules.
     assert_eq!(
         bash(&p, "sudo ls &&"),
-        verdict(Decision::Deny, SUDO_RULE, Some("sudo ls &&"))
+        verdict(Decision::Deny, SUDO_RULE, Some("sudo ls"))
     );
 }
 
@@ -487,13 +497,18 @@ fn computed_command_names_are_confirmed() {
 #[test]
 fn nothing_to_run_gets_the_bash_default() {
     let p = policy();
-    for command in ["", "   ", "# just a comment", "X=1"] {
+    for command in ["", "   ", "# just a comment"] {
         assert_eq!(
             bash(&p, command),
             verdict(Decision::Confirm, BASH_DEFAULT, None),
             "{command:?}"
         );
     }
+    // A bare assignment runs nothing now, but its value may run later.
+    assert_eq!(
+        bash(&p, "X=1"),
+        verdict(Decision::Confirm, ASSIGNMENT, Some("X=1"))
+    );
 }
 
 #[test]
@@ -1116,4 +1131,99 @@ fn mcp_tools_are_confirmed_unless_a_rule_names_them() {
         };
         assert!(Policy::from_config(&config).is_err());
     }
+}
+
+/// Lines whose every command is allowed by a rule, but which make bash run
+/// a value as code later (found by a hostile run): never allowed, and
+/// denied when the hidden code is a denied command.
+#[test]
+fn code_bash_evaluates_later_is_never_allowed() {
+    let p = policy();
+    for command in [
+        // Prompt expansion of a value.
+        "x='$(id)'; echo ${x@P}",
+        // Array subscripts evaluated by arithmetic.
+        "y='a[$(id)]'; echo $((y))",
+        "y='a[$(id)]'; (( y )) && ls",
+        "y='a[$(id)]'; [[ $y -eq 1 ]] && ls",
+        "echo ${a[$(id)]}",
+        "ls ${x:-$(id)}",
+        "echo ${!x}",
+        "echo ${x:1:2}",
+        // Variables that change what later commands run.
+        "PATH=.:$PATH; ls",
+        "HOME=sub; git status",
+        "PATH=.:$PATH ls",
+        "export PATH=.:$PATH; ls",
+        "declare -n r=x; echo $r",
+        "printf -v x '%s' '$(id)'; echo ${x@P}",
+        "mapfile -C 'id #' -c 1 < notes; ls",
+        "trap 'id' EXIT; ls",
+        "complete -C 'id' ls; ls",
+        "read 'a[$(id)]' <<< 1; ls",
+        "echo $PROMPT_COMMAND",
+        "env BASH_ENV=x bash -c ls",
+        "env -i git status",
+        "env -u GIT_CONFIG_COUNT git status",
+        "let x=1; ls",
+        "source ./x; ls",
+        "cat x < /dev/tcp/10.0.0.1/80",
+        "for ((;;)); do ls; done",
+    ] {
+        let v = bash(&p, command);
+        assert_eq!(v.decision, Decision::Confirm, "{command}: {v:?}");
+    }
+    // The plain forms stay allowed.
+    for command in [
+        "echo $HOME",
+        "echo ${HOME}",
+        "echo \"$1\"",
+        "echo ${#HOME}",
+        "echo \"${args[@]}\"",
+        "ls -la && echo done",
+    ] {
+        let v = bash(&p, command);
+        assert_eq!(v.decision, Decision::Allow, "{command}: {v:?}");
+    }
+}
+
+/// Denied commands composed into every construct bash evaluates later are
+/// denied, whatever quoting hides them.
+#[test]
+fn denied_commands_hidden_in_values_are_denied() {
+    let p = policy();
+    let denied = ["sudo id", "rm -rf /*", "sudo  -u root  sh", "s\\udo id"];
+    let constructs = [
+        "x='$(CMD)'; echo ${x@P}",
+        "y='a[$(CMD)]'; echo $((y))",
+        "y='a[$(CMD)]'; (( y ))",
+        "y='a[$(CMD)]'; [[ $y -eq 1 ]]",
+        "x=\"$(CMD)\"",
+        "echo 'CMD'",
+        "echo \"CMD\" | cat",
+        "trap 'CMD' EXIT",
+        "printf -v x '%s' 'CMD'",
+        "cat <<'EOF'\nCMD\nEOF",
+        "ls --color=\"$(CMD)\"",
+        "x=a[$(CMD)]",
+    ];
+    for hidden in denied {
+        for construct in constructs {
+            let command = construct.replace("CMD", hidden);
+            let v = bash(&p, &command);
+            assert_eq!(v.decision, Decision::Deny, "{command}: {v:?}");
+        }
+    }
+    // Quotes inside the hidden code do not hide it.
+    for command in ["x='$(su\"\"do id)'; echo ${x@P}", "x='$(\"sudo\" id)'"] {
+        assert_eq!(bash(&p, command).decision, Decision::Deny, "{command}");
+    }
+}
+
+/// A line too long to search for denied commands is never allowed.
+#[test]
+fn a_line_too_long_to_search_is_not_allowed() {
+    let p = policy();
+    let long = format!("echo {}", "word ".repeat(crate::shell::MAX_TEXT_TAILS));
+    assert_eq!(bash(&p, &long).decision, Decision::Confirm);
 }

@@ -101,17 +101,25 @@ pub(crate) fn segments_of(command: &str) -> Vec<Segment> {
             words: Vec::new(),
         }]
     };
+    let mut found = Vec::new();
+    if let Some(name) = RISKY_NAMES.iter().find(|n| command.contains(**n)) {
+        found.extend(doubt(format!(
+            "it names {name}, which makes bash or a program run code the policy cannot see"
+        )));
+    }
     let nesting = nesting_bound(command);
     if nesting <= INLINE_NESTING {
-        return walk();
+        found.extend(walk());
+        return found;
     }
     if nesting > MAX_NESTING {
-        return doubt("the command is too complex to check".to_string());
+        found.extend(doubt("the command is too complex to check".to_string()));
+        return found;
     }
     // The recursive parser gets a stack deep enough for any command under
     // the bound.
-    std::thread::scope(|scope| {
-        match std::thread::Builder::new()
+    found.extend(std::thread::scope(
+        |scope| match std::thread::Builder::new()
             .name("policy-parse".to_string())
             .stack_size(PARSE_STACK_BYTES)
             .spawn_scoped(scope, walk)
@@ -120,9 +128,79 @@ pub(crate) fn segments_of(command: &str) -> Vec<Segment> {
                 .join()
                 .unwrap_or_else(|_| doubt("the shell parser failed".to_string())),
             Err(e) => doubt(format!("could not check the command: {e}")),
-        }
-    })
+        },
+    ));
+    found
 }
+
+/// Most tails of a line's text that [`text_tails`] gives; a longer line is
+/// confirmed instead of searched to its end.
+pub(crate) const MAX_TEXT_TAILS: usize = 20_000;
+
+/// The places in a line's raw text where a denied command may hide inside
+/// a value bash evaluates later (`x='$(sudo id)'`, `y='a[$(rm -rf /)]'`):
+/// the text is cut at shell punctuation, once as written and once with
+/// quotes and backslashes taken out, blanks collapsed; every word of every
+/// piece starts a tail, the rest of its piece. Each piece comes with the
+/// byte offsets where its tails start. `None` when there would be more than
+/// [`MAX_TEXT_TAILS`] tails.
+pub(crate) fn text_tails(command: &str) -> Option<Vec<(String, Vec<usize>)>> {
+    let cut = |c: char| ";&|()<>{}[]$`'\"\n=".contains(c);
+    let unquoted: String = command
+        .chars()
+        .filter(|c| !matches!(c, '\'' | '"' | '\\'))
+        .collect();
+    let mut pieces = Vec::new();
+    let mut count = 0;
+    for text in [command, unquoted.as_str()] {
+        for piece in text.split(cut) {
+            let mut collapsed = String::new();
+            let mut starts = Vec::new();
+            for word in piece.split_whitespace() {
+                if !collapsed.is_empty() {
+                    collapsed.push(' ');
+                }
+                starts.push(collapsed.len());
+                collapsed.push_str(word);
+            }
+            count += starts.len();
+            if count > MAX_TEXT_TAILS {
+                return None;
+            }
+            if !starts.is_empty() {
+                pieces.push((collapsed, starts));
+            }
+        }
+    }
+    Some(pieces)
+}
+
+/// Names of variables and settings that make bash or the programs it
+/// starts run code from a value (or undo the sandbox's git settings):
+/// wherever they appear in a line, it is confirmed.
+const RISKY_NAMES: &[&str] = &[
+    "PROMPT_COMMAND",
+    "BASH_ENV",
+    "ENV=",
+    "BASH_FUNC_",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS0",
+    "PS1",
+    "PS2",
+    "PS3",
+    "PS4",
+    "LD_PRELOAD",
+    "LD_AUDIT",
+    "LD_LIBRARY_PATH",
+    "GIT_CONFIG",
+    "GIT_EXEC_PATH",
+    "GIT_SSH",
+    "GIT_EXTERNAL_DIFF",
+    "PYTHONSTARTUP",
+    "PERL5OPT",
+    "NODE_OPTIONS",
+];
 
 /// The text to hand the shell parser, or `None` when a `<<` or `<<-` is
 /// followed by an end word the parser cannot be trusted with: one that is

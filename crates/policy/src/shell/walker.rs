@@ -76,6 +76,14 @@ impl Walker {
                 self.redirect_list(function.body.1.as_ref());
             }
             ast::Command::ExtendedTest(test, redirects) => {
+                // `[[ $y -eq 1 ]]` evaluates y's value as arithmetic (and
+                // so any array subscript in it as code).
+                self.doubt(
+                    &command.to_string(),
+                    "[[ ]] may evaluate variables' values as arithmetic, which the policy cannot \
+                     see"
+                    .to_string(),
+                );
                 self.extended_test(&test.expr);
                 self.redirect_list(redirects.as_ref());
             }
@@ -86,6 +94,10 @@ impl Walker {
         match compound {
             ast::CompoundCommand::Arithmetic(a) => self.arithmetic(&a.expr.value),
             ast::CompoundCommand::ArithmeticForClause(f) => {
+                self.doubt(
+                    &compound.to_string(),
+                    "an arithmetic for loop evaluates variables' values as code".to_string(),
+                );
                 for expr in [&f.initializer, &f.condition, &f.updater]
                     .into_iter()
                     .flatten()
@@ -173,6 +185,16 @@ impl Walker {
                             self.file_write(&kind.to_string(), word);
                         }
                         ast::IoFileRedirectKind::Read | ast::IoFileRedirectKind::DuplicateInput => {
+                            // bash opens a connection for these names.
+                            if ["/dev/tcp/", "/dev/udp/"]
+                                .iter()
+                                .any(|p| word.text.starts_with(p))
+                            {
+                                self.doubt(
+                                    &format!("< {}", word.text),
+                                    "reads from a network connection".to_string(),
+                                );
+                            }
                         }
                     }
                 }
@@ -292,6 +314,14 @@ impl Walker {
             self.item(item, &mut words);
         }
         let inner = std::mem::replace(&mut self.segments, outer);
+        if !assignments.is_empty() {
+            // A value set here may be evaluated later as code (`${x@P}`,
+            // `$((x))`, PATH, HOME, BASH_ENV, PROMPT_COMMAND…).
+            self.doubt(
+                &join(&assignments),
+                "sets a variable, whose value bash or a program may later run as code".to_string(),
+            );
+        }
         if !words.is_empty() {
             if !assignments.is_empty() {
                 let mut all = assignments;
@@ -344,6 +374,11 @@ impl Walker {
             }
             ast::CommandPrefixOrSuffixItem::AssignmentWord(a, w) => {
                 // An argument such as `export X=$(...)`.
+                self.doubt(
+                    &w.value,
+                    "sets a variable, whose value bash or a program may later run as code"
+                        .to_string(),
+                );
                 self.assignment(a);
                 words.push(ShellWord {
                     text: w.value.clone(),
@@ -384,6 +419,9 @@ impl Walker {
             words: words.to_vec(),
         });
         let base = basename(&name.text);
+        if let Some(why) = evaluates_later(base, args) {
+            self.doubt(&text, why);
+        }
         // Shells, eval and wrappers have their arguments read as commands
         // already.
         if !is_shell(base) && base != "eval" && wrapper_syntax(base).is_none() {
@@ -585,4 +623,46 @@ impl Walker {
             self.words(wrapped);
         }
     }
+}
+
+/// Why a command makes bash (or the program) run text as code later, or
+/// changes what later commands run, in ways the policy cannot follow; `None`
+/// for the others.
+fn evaluates_later(base: &str, args: &[ShellWord]) -> Option<String> {
+    let has = |flag: &str| args.iter().any(|a| a.text == flag);
+    let subscript = || args.iter().any(|a| a.text.contains('['));
+    let why = match base {
+        "declare" | "typeset" | "local" | "export" | "readonly" | "let" => {
+            format!("{base} sets variables or evaluates arithmetic")
+        }
+        "trap" => "trap runs its argument as code later".to_string(),
+        "complete" | "compgen" if has("-C") || has("-F") => {
+            format!("{base} -C/-F runs code on completion")
+        }
+        "mapfile" | "readarray" if has("-C") => format!("{base} -C runs a callback"),
+        "printf" if args.iter().any(|a| a.text.starts_with("-v")) => {
+            "printf -v sets a variable".to_string()
+        }
+        "read" | "unset" | "getopts" | "test" | "[" | "wait" if subscript() => {
+            format!("{base} with an array subscript evaluates it as code")
+        }
+        "source" | "." => format!("{base} runs a file as shell code"),
+        "alias" | "enable" | "bind" | "hash" | "shopt" | "set" if !args.is_empty() => {
+            format!("{base} changes what later commands mean")
+        }
+        // Clearing or changing the environment undoes the sandbox's git
+        // and Python settings.
+        "env"
+            if args
+                .iter()
+                .any(|a| a.text.starts_with('-') || a.text.contains('=')) =>
+        {
+            "env with options or assignments changes the command's environment".to_string()
+        }
+        "exec" if args.iter().any(|a| a.text.starts_with('-')) => {
+            "exec with options changes the command's environment".to_string()
+        }
+        _ => return None,
+    };
+    Some(why)
 }

@@ -5,8 +5,17 @@ use super::*;
 use brush_parser::word::{self, Parameter, ParameterExpr, WordPiece, WordPieceWithSource};
 
 impl Walker {
-    /// An arithmetic expression: only command substitutions in it matter.
+    /// An arithmetic expression: bash evaluates every variable named in it
+    /// as an expression of its own, array subscripts included, so a value
+    /// such as `a[$(cmd)]` set earlier runs `cmd`. The policy cannot see
+    /// through that: the line is confirmed. Command substitutions in it
+    /// are walked too (a deny rule still denies them).
     pub(super) fn arithmetic(&mut self, expr: &str) {
+        self.doubt(
+            expr,
+            "arithmetic evaluates variables' values as code, which the policy cannot see"
+                .to_string(),
+        );
         if expr.contains(['$', '`']) {
             self.word(expr);
         }
@@ -73,6 +82,16 @@ impl Walker {
                 WordPiece::ParameterExpansion(expr) => {
                     text.push_str(source);
                     *literal = false;
+                    if !plain_parameter(expr) {
+                        self.doubt(
+                            source,
+                            format!(
+                                "the expansion {source} has an operator; bash may evaluate a \
+                                 variable's value as code (prompt expansion, indirection, \
+                                 arithmetic)"
+                            ),
+                        );
+                    }
                     self.parameter_expr(expr);
                 }
                 WordPiece::CommandSubstitution(code) => {
@@ -218,6 +237,33 @@ impl Walker {
             }
             ParameterExpr::VariableNames { .. } | ParameterExpr::MemberKeys { .. } => {}
         }
+    }
+}
+
+/// Whether a `${...}` only reads a variable as it is: `$x`, `${x}`, `$1`,
+/// `$@`, `${a[@]}`, `${#x}`. Every operator (`${x@P}`, `${!x}`,
+/// `${x:-…}`, `${x:1}`, `${a[i]}`…) may evaluate a value as code or as
+/// arithmetic, or is simply more than the policy reads.
+fn plain_parameter(expr: &ParameterExpr) -> bool {
+    let simple = |parameter: &Parameter| {
+        matches!(
+            parameter,
+            Parameter::Positional(_)
+                | Parameter::Special(_)
+                | Parameter::Named(_)
+                | Parameter::NamedWithAllIndices { .. }
+        )
+    };
+    match expr {
+        ParameterExpr::Parameter {
+            parameter,
+            indirect,
+        } => !indirect && simple(parameter),
+        ParameterExpr::ParameterLength {
+            parameter,
+            indirect,
+        } => !indirect && simple(parameter),
+        _ => false,
     }
 }
 
