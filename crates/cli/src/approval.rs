@@ -16,8 +16,13 @@ pub enum Answer {
 }
 
 /// A readable description of the call: the command for bash, a diff-like
-/// view of the new content for writes, pretty JSON otherwise.
+/// view of the new content for writes, pretty JSON otherwise. Everything
+/// that would act on a terminal is shown as a visible escape (`\e`, `\r`).
 pub fn describe(request: &spb::ApprovalRequested) -> String {
+    crate::terminal::visible(&describe_raw(request)).into_owned()
+}
+
+fn describe_raw(request: &spb::ApprovalRequested) -> String {
     let args: Value = serde_json::from_str(&request.arguments_json).unwrap_or(Value::Null);
     let mut out = if request.outcome_unknown {
         format!(
@@ -54,8 +59,13 @@ fn describe_arguments(request: &spb::ApprovalRequested, args: &Value) -> String 
     let mut out = String::new();
     match (request.tool.as_str(), args) {
         ("bash", Value::Object(map)) => {
+            // The whole command, every line of it, never cut; lines after
+            // the first are marked, so none can pass for a line of ours.
             let command = map.get("command").and_then(Value::as_str).unwrap_or("");
-            out.push_str(&format!("    $ {command}\n"));
+            for (i, line) in command.split('\n').enumerate() {
+                let mark = if i == 0 { '$' } else { '>' };
+                out.push_str(&format!("    {mark} {line}\n"));
+            }
             if request.network {
                 out.push_str("    with network: public hosts, through the tool runner's proxy\n");
             }

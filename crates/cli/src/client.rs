@@ -85,6 +85,7 @@ pub fn status_error(what: &str, status: tonic::Status) -> anyhow::Error {
 pub fn print_line(line: impl std::fmt::Display) -> anyhow::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}")?;
+    // Lines hold what sessions, reminders and servers said.
+    writeln!(out, "{}", crate::terminal::visible(&line.to_string()))?;
     Ok(())
 }

@@ -10,6 +10,7 @@ mod migrate;
 mod reminder_cmds;
 mod render;
 mod session_cmds;
+mod terminal;
 mod tui;
 mod turn;
 mod up;
@@ -365,7 +366,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("agentry: {e:#}");
+            // Errors carry services' and models' words.
+            eprintln!("agentry: {}", terminal::visible(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -245,16 +245,7 @@ fn shorten(text: &str, max: usize) -> String {
     // Control characters (escape sequences that could move the cursor,
     // rewrite earlier lines or reach the clipboard) never reach the
     // terminal from a tool, a server or a page.
-    let visible: String = text
-        .chars()
-        .map(|c| {
-            if c.is_control() && !c.is_whitespace() {
-                '\u{FFFD}'
-            } else {
-                c
-            }
-        })
-        .collect();
+    let visible = crate::terminal::visible(text);
     let one_line = visible.split_whitespace().collect::<Vec<_>>().join(" ");
     if one_line.chars().count() <= max {
         one_line

@@ -2,6 +2,7 @@
 
 use crate::client::{connect, print_line, status_error};
 use crate::render::{Renderer, event_json};
+use crate::terminal::Visible;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1 as spb;
 use agentry_runtime::Config;
@@ -156,7 +157,10 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
             .into_iter()
             .map(|t| (t.first_seq, t.number))
             .collect();
-    let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
+    let mut renderer = Renderer::new(
+        Visible::new(std::io::stdout()),
+        Visible::new(std::io::stdout()),
+    );
     renderer.show_user = true;
     for event in &log {
         let history = !kept.contains(&event.seq);

@@ -5,6 +5,7 @@ use crate::Approve;
 use crate::approval;
 use crate::client::{connect, print_line, status_error};
 use crate::render::{Renderer, event_json};
+use crate::terminal::Visible;
 use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
 use agentry_proto::sessions::v1::{self as spb, event::Kind};
 use agentry_runtime::Config;
@@ -249,7 +250,10 @@ pub async fn run(
         .await
         .map_err(|s| status_error("the message was not accepted", s))?
         .into_inner();
-    let mut renderer = Renderer::new(std::io::stdout(), std::io::stderr());
+    let mut renderer = Renderer::new(
+        Visible::new(std::io::stdout()),
+        Visible::new(std::io::stderr()),
+    );
     renderer.show_approvals = !std::io::stdin().is_terminal();
     let mut cancelled = false;
     let mut needs_person = false;
@@ -290,7 +294,7 @@ pub async fn run(
                         &session.id
                     };
                     if let Err(status) = client.submit(approval_submit(to, input)).await {
-                        eprintln!("agentry: {}", status.message());
+                        eprintln!("agentry: {}", crate::terminal::visible(status.message()));
                     }
                 } else if !needs_person {
                     needs_person = true;
@@ -430,7 +434,10 @@ pub async fn chat(
     let mut open_turn: Option<String> = None;
     let printer_session = session.id.clone();
     let printer = tokio::spawn(async move {
-        let mut renderer = Renderer::new(std::io::stdout(), std::io::stdout());
+        let mut renderer = Renderer::new(
+            Visible::new(std::io::stdout()),
+            Visible::new(std::io::stdout()),
+        );
         renderer.show_approvals = false;
         let own_id = printer_session;
         let mut pending: Vec<spb::ApprovalRequested> = Vec::new();
@@ -537,7 +544,7 @@ pub async fn chat(
                     Asking::Approval(request) => match approval::answer(&request, &line).await {
                         approval::Answer::Decide(input) => {
                             if let Err(status) = client.submit(answer(&session.id, input)).await {
-                                eprintln!("agentry: {}", status.message());
+                                eprintln!("agentry: {}", crate::terminal::visible(status.message()));
                             }
                         }
                         approval::Answer::DenyAskReason => {
@@ -552,7 +559,7 @@ pub async fn chat(
                     Asking::DenyReason(request) => {
                         let input = approval::deny(&request.call_id, &line);
                         if let Err(status) = client.submit(answer(&session.id, input)).await {
-                            eprintln!("agentry: {}", status.message());
+                            eprintln!("agentry: {}", crate::terminal::visible(status.message()));
                         }
                     }
                     Asking::Nothing => {
@@ -591,7 +598,7 @@ pub async fn chat(
                                         })
                                         .await;
                                     if let Err(status) = rewound {
-                                        eprintln!("agentry: {}", status.message());
+                                        eprintln!("agentry: {}", crate::terminal::visible(status.message()));
                                     }
                                 }
                                 Err(_) => eprintln!("/rewind N: the turn to go back to (0: the start), as `agentry sessions show` numbers them"),
@@ -608,7 +615,7 @@ pub async fn chat(
                                     open_turn = Some(r.into_inner().turn_id);
                                     cancelled = false;
                                 }
-                                Err(status) => eprintln!("agentry: {}", status.message()),
+                                Err(status) => eprintln!("agentry: {}", crate::terminal::visible(status.message())),
                             }
                             continue;
                         }
@@ -634,7 +641,7 @@ pub async fn chat(
                                 open_turn = Some(r.into_inner().turn_id);
                                 cancelled = false;
                             }
-                            Err(status) => eprintln!("agentry: {}", status.message()),
+                            Err(status) => eprintln!("agentry: {}", crate::terminal::visible(status.message())),
                         }
                     }
                 }
@@ -682,7 +689,7 @@ pub async fn chat(
                         .submit(pb::SubmitRequest { session_id: session.id.clone(), input: Some(cancel_input()) })
                         .await
                     {
-                        eprintln!("agentry: {}", status.message());
+                        eprintln!("agentry: {}", crate::terminal::visible(status.message()));
                     }
                 } else if open_turn.is_none() {
                     eprintln!();

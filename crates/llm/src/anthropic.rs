@@ -195,11 +195,13 @@ pub(crate) fn sse_stream(
     response: reqwest::Response,
     model: &str,
     timeout: Duration,
+    limits: crate::ResponseLimits,
 ) -> ChatStream {
     crate::sse::stream(
         response,
         Answer::new(model),
         timeout,
+        limits,
         "the server closed the stream before message_stop",
     )
 }
@@ -397,6 +399,22 @@ impl crate::sse::Assemble for Answer {
 
     fn finished(&self) -> bool {
         self.stop_reason.is_some()
+    }
+
+    fn sizes(&self) -> crate::limits::Sizes<'_> {
+        let streaming = self.blocks.iter().filter_map(|(_, block)| match block {
+            Block::ToolUse { name, input, .. } => Some((name.as_str(), input.len())),
+            Block::Text | Block::Other => None,
+        });
+        crate::limits::Sizes {
+            text: self.text.len(),
+            calls: self
+                .calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.arguments.len()))
+                .chain(streaming)
+                .collect(),
+        }
     }
 
     fn into_completion(self) -> Completion {

@@ -124,6 +124,18 @@ impl Assembler {
         }
     }
 
+    /// The sizes of the answer so far.
+    pub(crate) fn sizes(&self) -> crate::limits::Sizes<'_> {
+        crate::limits::Sizes {
+            text: self.text.len(),
+            calls: self
+                .calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.arguments.len()))
+                .collect(),
+        }
+    }
+
     /// Whether a finish reason was received, i.e. the answer itself is complete.
     pub(crate) fn finished(&self) -> bool {
         self.finish_reason.is_some()

@@ -17,6 +17,9 @@ use crate::{ChatRequest, LlmError, Provider, ProviderConfig, StreamEvent, ollama
 /// Longest error body quoted in [`LlmError::Http`].
 const MAX_ERROR_BODY_CHARS: usize = 2000;
 
+/// Most of an error response's body that is read.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
 /// The stream of a chat completion: text deltas as they arrive, then one
 /// [`StreamEvent::Completed`]. An `Err` item ends the stream.
 pub type ChatStream = Pin<Box<dyn Stream<Item = Result<StreamEvent, LlmError>> + Send>>;
@@ -37,6 +40,7 @@ pub struct ChatClient {
     request_timeout: Duration,
     max_retries: u32,
     retry_base_delay: Duration,
+    limits: crate::ResponseLimits,
     headers_hook: Option<fn(&mut reqwest::header::HeaderMap)>,
 }
 
@@ -50,6 +54,7 @@ impl fmt::Debug for ChatClient {
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
             .field("retry_base_delay", &self.retry_base_delay)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -150,6 +155,7 @@ impl ChatClient {
             request_timeout: cfg.request_timeout,
             max_retries: cfg.max_retries,
             retry_base_delay: cfg.retry_base_delay,
+            limits: cfg.limits,
             headers_hook: None,
             num_ctx: None,
             extra_body: None,
@@ -340,11 +346,13 @@ impl ChatClient {
                 response,
                 &self.model,
                 self.request_timeout,
+                self.limits,
             )),
             Provider::Ollama => Ok(ollama::ndjson_stream(
                 response,
                 &self.model,
                 self.request_timeout,
+                self.limits,
             )),
             Provider::OpenAi => {
                 let is_json = response
@@ -354,7 +362,7 @@ impl ChatClient {
                     .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
                 if is_json {
                     // The server ignored "stream": true and sent one complete response.
-                    openai::whole_response(response, &self.model, self.request_timeout)
+                    openai::whole_response(response, &self.model, self.request_timeout, self.limits)
                         .await
                         .map_err(Failure::from)
                 } else {
@@ -362,6 +370,7 @@ impl ChatClient {
                         response,
                         &self.model,
                         self.request_timeout,
+                        self.limits,
                     ))
                 }
             }
@@ -390,8 +399,10 @@ impl ChatClient {
 
     async fn http_error(&self, response: reqwest::Response) -> LlmError {
         let status = response.status();
-        let body = match tokio::time::timeout(self.request_timeout, response.text()).await {
-            Ok(Ok(body)) => body,
+        // An error body is read only as far as an error message needs.
+        let read = crate::limits::read_body(response, MAX_ERROR_BODY_BYTES);
+        let body = match tokio::time::timeout(self.request_timeout, read).await {
+            Ok(Ok((body, _))) => body,
             Ok(Err(e)) => {
                 tracing::debug!(error = %error_chain(&e), "cannot read the error body");
                 String::new()

@@ -55,6 +55,8 @@ pub struct ProviderConfig {
     /// The first backoff delay; it doubles with every retry (up to 10 s), with a little jitter.
     /// A `Retry-After` header of the server takes precedence (up to 60 s).
     pub retry_base_delay: Duration,
+    /// How large one response may grow.
+    pub limits: crate::ResponseLimits,
 }
 
 impl ProviderConfig {
@@ -78,6 +80,7 @@ impl ProviderConfig {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             max_retries: Self::DEFAULT_MAX_RETRIES,
             retry_base_delay: Self::DEFAULT_RETRY_BASE_DELAY,
+            limits: crate::ResponseLimits::default(),
         }
     }
 }
@@ -102,6 +105,7 @@ impl fmt::Debug for ProviderConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("max_retries", &self.max_retries)
             .field("retry_base_delay", &self.retry_base_delay)
+            .field("limits", &self.limits)
             .finish()
     }
 }

@@ -35,6 +35,13 @@ pub enum LlmError {
     /// or no `"done": true` line from Ollama).
     #[error("model stream ended before the response was finished: {0}")]
     Truncated(String),
+    /// The response grew past [`crate::ResponseLimits`]; the stream was
+    /// stopped.
+    #[error(
+        "the model's answer was stopped because {0}; ask for a shorter answer or smaller tool \
+         calls, or raise the limit in the [llm] configuration"
+    )]
+    TooLarge(String),
     /// The [`crate::ProviderConfig`] cannot be used.
     #[error("invalid model provider configuration: {0}")]
     InvalidConfig(String),
@@ -52,6 +59,7 @@ impl LlmError {
             LlmError::Http { status, .. } => matches!(*status, 408 | 409 | 425 | 429 | 500..=599),
             LlmError::Timeout { .. } => true,
             LlmError::Malformed(_) => false,
+            LlmError::TooLarge(_) => false,
             LlmError::Truncated(_) => true,
             LlmError::InvalidConfig(_) => false,
         }

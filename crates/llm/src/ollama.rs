@@ -23,8 +23,6 @@ use crate::{
 
 /// Longest excerpt of a bad line quoted in an error message.
 const SNIPPET_CHARS: usize = 200;
-/// Longest line accepted; a server sending more without a newline is not speaking NDJSON.
-const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 impl ChatRequest {
     /// The streaming request body sent to Ollama's `{base_url}/api/chat`.
@@ -191,6 +189,18 @@ impl LineAssembler {
         }
     }
 
+    /// The sizes of the answer so far.
+    pub(crate) fn sizes(&self) -> crate::limits::Sizes<'_> {
+        crate::limits::Sizes {
+            text: self.text.len(),
+            calls: self
+                .calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.arguments.len()))
+                .collect(),
+        }
+    }
+
     /// Handles one line of the stream (without its newline).
     pub(crate) fn handle(&mut self, line: &str) -> Result<LineStep, LlmError> {
         let line = line.trim();
@@ -281,6 +291,7 @@ pub(crate) fn ndjson_stream(
     response: reqwest::Response,
     model: &str,
     timeout: Duration,
+    limits: crate::ResponseLimits,
 ) -> ChatStream {
     let driver = Driver {
         body: Box::pin(response.bytes_stream()),
@@ -289,6 +300,7 @@ pub(crate) fn ndjson_stream(
         assembler: Some(LineAssembler::new(model)),
         pending: VecDeque::new(),
         timeout,
+        limits,
         done: false,
     };
     Box::pin(futures::stream::unfold(driver, |mut d| async move {
@@ -306,6 +318,7 @@ struct Driver<B> {
     assembler: Option<LineAssembler>,
     pending: VecDeque<StreamEvent>,
     timeout: Duration,
+    limits: crate::ResponseLimits,
     done: bool,
 }
 
@@ -343,7 +356,10 @@ where
             let Some(assembler) = self.assembler.as_mut() else {
                 return Some(self.fail(LlmError::Malformed("stream already completed".into())));
             };
-            match assembler.handle(&line) {
+            let handled = assembler
+                .handle(&line)
+                .and_then(|step| self.limits.check(&assembler.sizes()).map(|()| step));
+            match handled {
                 Ok(LineStep::Continue(events)) => self.pending.extend(events),
                 Ok(LineStep::Done(events)) => {
                     self.pending.extend(events);
@@ -366,11 +382,8 @@ where
                 return Ok(Some(line));
             }
             self.scanned = self.buf.len();
-            if self.buf.len() > MAX_LINE_BYTES {
-                return Err(LlmError::Malformed(format!(
-                    "a line of the stream is longer than {MAX_LINE_BYTES} bytes: {}",
-                    snippet(&String::from_utf8_lossy(&self.buf[..200]), SNIPPET_CHARS)
-                )));
+            if self.buf.len() > self.limits.max_line_bytes() {
+                return Err(self.limits.line_too_long());
             }
             match tokio::time::timeout(self.timeout, self.body.next()).await {
                 Err(_) => {

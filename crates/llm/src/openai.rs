@@ -15,11 +15,13 @@ pub(crate) fn sse_stream(
     response: reqwest::Response,
     model: &str,
     timeout: Duration,
+    limits: crate::ResponseLimits,
 ) -> ChatStream {
     crate::sse::stream(
         response,
         Assembler::new(model),
         timeout,
+        limits,
         "the server closed the stream without a finish reason or [DONE]",
     )
 }
@@ -43,6 +45,10 @@ impl crate::sse::Assemble for Assembler {
         Assembler::finished(self)
     }
 
+    fn sizes(&self) -> crate::limits::Sizes<'_> {
+        Assembler::sizes(self)
+    }
+
     fn into_completion(self) -> crate::Completion {
         Assembler::into_completion(self)
     }
@@ -53,11 +59,14 @@ pub(crate) async fn whole_response(
     response: reqwest::Response,
     model: &str,
     timeout: Duration,
+    limits: crate::ResponseLimits,
 ) -> Result<ChatStream, LlmError> {
-    let body = match tokio::time::timeout(timeout, response.text()).await {
+    let read = crate::limits::read_body(response, limits.max_line_bytes());
+    let body = match tokio::time::timeout(timeout, read).await {
         Err(_) => return Err(LlmError::Timeout { after: timeout }),
         Ok(Err(e)) => return Err(LlmError::Truncated(error_chain(&e))),
-        Ok(Ok(body)) => body,
+        Ok(Ok((_, true))) => return Err(limits.line_too_long()),
+        Ok(Ok((body, false))) => body,
     };
     let value: Value = serde_json::from_str(&body).map_err(|e| {
         LlmError::Malformed(format!(
@@ -85,6 +94,7 @@ pub(crate) async fn whole_response(
         Step::Continue(events) => items.extend(events.into_iter().map(Ok)),
         Step::Done => {}
     }
+    limits.check(&assembler.sizes())?;
     let completion = assembler.into_completion();
     items.push(Ok(StreamEvent::Completed(completion)));
     Ok(Box::pin(futures::stream::iter(items)))

@@ -17,7 +17,7 @@ pub(crate) fn should_retry(err: &LlmError) -> bool {
     match err {
         LlmError::Connect { .. } | LlmError::Timeout { .. } | LlmError::Truncated(_) => true,
         LlmError::Http { status, .. } => matches!(*status, 408 | 429 | 500..=599),
-        LlmError::Malformed(_) | LlmError::InvalidConfig(_) => false,
+        LlmError::Malformed(_) | LlmError::TooLarge(_) | LlmError::InvalidConfig(_) => false,
     }
 }
 

@@ -24,6 +24,9 @@ pub(crate) trait Assemble: Send + 'static {
     /// stops now has lost nothing.
     fn finished(&self) -> bool;
 
+    /// The sizes of the answer so far, held to the response limits.
+    fn sizes(&self) -> crate::limits::Sizes<'_>;
+
     /// The assembled answer.
     fn into_completion(self) -> Completion;
 }
@@ -34,13 +37,20 @@ pub(crate) fn stream<A: Assemble>(
     response: reqwest::Response,
     assembler: A,
     timeout: Duration,
+    limits: crate::ResponseLimits,
     early_end: &'static str,
 ) -> ChatStream {
+    // The SSE parser buffers a whole event: no line may grow past the
+    // limit before it is parsed.
+    let (body, line_too_long) =
+        crate::limits::bounded_lines(response.bytes_stream(), limits.max_line_bytes());
     let driver = Driver {
-        events: Box::pin(response.bytes_stream().eventsource()),
+        events: Box::pin(body.eventsource()),
         assembler: Some(assembler),
         pending: VecDeque::new(),
         timeout,
+        limits,
+        line_too_long,
         early_end,
         done: false,
     };
@@ -57,6 +67,9 @@ struct Driver<A> {
     assembler: Option<A>,
     pending: VecDeque<StreamEvent>,
     timeout: Duration,
+    limits: crate::ResponseLimits,
+    /// Raised when the raw stream was cut at a line past the limit.
+    line_too_long: std::sync::Arc<std::sync::atomic::AtomicBool>,
     early_end: &'static str,
     done: bool,
 }
@@ -75,6 +88,14 @@ impl<A: Assemble> Driver<A> {
                 Err(_) => self.end_early(LlmError::Timeout {
                     after: self.timeout,
                 }),
+                Ok(None)
+                    if self
+                        .line_too_long
+                        .load(std::sync::atomic::Ordering::Acquire) =>
+                {
+                    let err = self.limits.line_too_long();
+                    self.fail(err)
+                }
                 Ok(None) => self.end_early(LlmError::Truncated(self.early_end.into())),
                 Ok(Some(Err(EventStreamError::Transport(e)))) => {
                     let err = transport_error(&e, self.timeout);
@@ -88,7 +109,9 @@ impl<A: Assemble> Driver<A> {
                 )),
                 Ok(Some(Ok(event))) => {
                     let handled = match self.assembler.as_mut() {
-                        Some(assembler) => assembler.event(&event, &mut self.pending),
+                        Some(assembler) => assembler
+                            .event(&event, &mut self.pending)
+                            .and_then(|done| self.limits.check(&assembler.sizes()).map(|()| done)),
                         None => Err(LlmError::Malformed("stream already completed".into())),
                     };
                     match handled {
@@ -122,6 +145,8 @@ impl<A: Assemble> Driver<A> {
     fn fail(&mut self, err: LlmError) -> Result<StreamEvent, LlmError> {
         tracing::debug!(error = %err, "model stream failed");
         self.finish();
+        // Text already queued belongs to an answer that will not be kept.
+        self.pending.clear();
         self.assembler = None;
         Err(err)
     }

@@ -117,6 +117,12 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
         max_retries: config.llm.max_retries,
         retry_base_delay: ProviderConfig::DEFAULT_RETRY_BASE_DELAY,
+        limits: agentry_llm::ResponseLimits {
+            max_response_bytes: usize::try_from(config.llm.max_response_bytes)
+                .unwrap_or(usize::MAX),
+            max_tool_arguments_bytes: usize::try_from(config.llm.max_tool_arguments_bytes)
+                .unwrap_or(usize::MAX),
+        },
     })?
     .with_headers_hook(agentry_runtime::telemetry::inject_http)
     .with_extra_body(config.llm.extra_body_json());

@@ -1162,22 +1162,12 @@ impl App {
     }
 }
 
-/// Text from the session with control characters (escape sequences that
-/// could move the cursor or retitle the terminal) made visible as `�`;
-/// tabs become spaces.
+/// Text from the session with every character that would act on a
+/// terminal (escape sequences that could move the cursor or retitle the
+/// terminal) shown as a visible escape, by the CLI's one sanitizer; tabs
+/// become spaces.
 pub fn clean(text: &str) -> String {
-    if !text.chars().any(|c| c.is_control() && c != '\n') {
-        return text.to_string();
-    }
-    text.chars()
-        .filter(|c| *c != '\r')
-        .map(|c| match c {
-            '\t' => "    ".to_string(),
-            '\n' => "\n".to_string(),
-            c if c.is_control() => "�".to_string(),
-            c => c.to_string(),
-        })
-        .collect()
+    crate::terminal::visible(text).replace('\t', "    ")
 }
 
 /// The largest char boundary at or below `at`.

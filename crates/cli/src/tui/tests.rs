@@ -1662,12 +1662,20 @@ fn control_characters_never_reach_the_screen() {
     let buffer = Screen::new(80, 24).buffer(&mut app);
     let rows = text_rows(&buffer);
     assert!(!has_control(&buffer), "{}", dump(&rows));
-    assert!(shows(&rows, "› hi�[2J�]0;owned�"), "{}", dump(&rows));
-    assert!(shows(&rows, "answer�[2J�]0;owned� done"), "{}", dump(&rows));
+    assert!(shows(&rows, "› hi\\e[2J\\e]0;owned\\a"), "{}", dump(&rows));
+    assert!(
+        shows(&rows, "answer\\e[2J\\e]0;owned\\a done"),
+        "{}",
+        dump(&rows)
+    );
     // The tab became spaces (a paragraph's continuation, so trimmed).
-    assert!(shows(&rows, "owned� done indented"), "{}", dump(&rows));
-    assert!(shows(&rows, "printf '�[2J'"), "{}", dump(&rows));
-    assert!(shows(&rows, "  ⎿ live�[2J�]0;owned�"), "{}", dump(&rows));
+    assert!(shows(&rows, "owned\\a done indented"), "{}", dump(&rows));
+    assert!(shows(&rows, "printf '\\e[2J'"), "{}", dump(&rows));
+    assert!(
+        shows(&rows, "  ⎿ live\\e[2J\\e]0;owned\\a"),
+        "{}",
+        dump(&rows)
+    );
     feed(
         &mut app,
         vec![
@@ -1700,12 +1708,12 @@ fn control_characters_never_reach_the_screen() {
     let rows = text_rows(&buffer);
     assert!(!has_control(&buffer), "{}", dump(&rows));
     for needle in [
-        "  ⎿ out�[2J�]0;owned�",
-        "    line two�",
-        "error: bad�[2J�]0;owned�",
-        "reminder: ring�[2J�]0;owned�",
-        "│+y�[2J�]0;owned�",
-        "› pasted�[31m",
+        "  ⎿ out\\e[2J\\e]0;owned\\a",
+        "    line two\\b",
+        "error: bad\\e[2J\\e]0;owned\\a",
+        "reminder: ring\\e[2J\\e]0;owned\\a",
+        "│+y\\e[2J\\e]0;owned\\a",
+        "› pasted\\e[31m",
     ] {
         assert!(shows(&rows, needle), "{needle:?}\n{}", dump(&rows));
     }

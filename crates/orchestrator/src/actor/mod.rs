@@ -173,7 +173,7 @@ impl Actor {
             let effects = self.state.step(input).unwrap_or_default();
             if let Err(Broken(status)) = self.run_effects_traced(effects).await {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "cannot close the interrupted turn");
-                self.abort_in_flight();
+                self.stopped(&status);
                 return;
             }
         }
@@ -197,11 +197,38 @@ impl Actor {
             };
             if let Err(Broken(status)) = result {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "session actor stopped: the session store refused an append");
-                self.abort_in_flight();
+                self.stopped(&status);
                 return;
             }
         }
         self.abort_in_flight();
+    }
+
+    /// The actor stops because the log cannot be written: the followers of
+    /// a running turn are told it ended (live: it cannot be logged), so no
+    /// client waits for it forever. The next input starts a new actor,
+    /// which closes the turn in the log.
+    fn stopped(&mut self, status: &Status) {
+        self.abort_in_flight();
+        let Some(turn_id) = self.state.turn_id().map(str::to_string) else {
+            return;
+        };
+        self.deps.live.publish(pb::Event {
+            session_id: self.session_id.clone(),
+            seq: self.next_seq.saturating_sub(1),
+            turn_id,
+            time: Some(now()),
+            kind: Some(pb::event::Kind::TurnFinished(pb::TurnFinished {
+                outcome: pb::TurnOutcome::Failed as i32,
+                message: format!(
+                    "the session stopped: {}; the turn was not recorded past this point \
+                     (send a message to carry on)",
+                    status.message()
+                ),
+                ..Default::default()
+            })),
+            live: true,
+        });
     }
 
     async fn handle_command(

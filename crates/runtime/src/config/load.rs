@@ -40,6 +40,14 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_LLM_PROVIDER", &["llm", "provider"]),
     ("AGENTRY_LLM_TOOL_CHOICE", &["llm", "tool_choice"]),
     ("AGENTRY_LLM_CONTEXT_WINDOW", &["llm", "context_window"]),
+    (
+        "AGENTRY_LLM_MAX_RESPONSE_BYTES",
+        &["llm", "max_response_bytes"],
+    ),
+    (
+        "AGENTRY_LLM_MAX_TOOL_ARGUMENTS_BYTES",
+        &["llm", "max_tool_arguments_bytes"],
+    ),
     ("AGENTRY_MAX_STEPS", &["agent", "max_steps"]),
     ("AGENTRY_SKILLSETS", &["agent", "skillsets"]),
     ("AGENTRY_SKILLSETS_DIR", &["agent", "skillsets_dir"]),
@@ -213,6 +221,26 @@ impl Config {
         }
         if self.llm.model.trim().is_empty() {
             return Err(invalid("llm.model", "must not be empty"));
+        }
+        let ceiling = super::MAX_RESPONSE_BYTES_CEILING;
+        if !(1024..=ceiling).contains(&self.llm.max_response_bytes) {
+            return Err(invalid(
+                "llm.max_response_bytes",
+                &format!(
+                    "{} is outside 1024..={ceiling} (the upper bound keeps every event holding \
+                     a response within what the session store accepts)",
+                    self.llm.max_response_bytes
+                ),
+            ));
+        }
+        if !(1024..=self.llm.max_response_bytes).contains(&self.llm.max_tool_arguments_bytes) {
+            return Err(invalid(
+                "llm.max_tool_arguments_bytes",
+                &format!(
+                    "{} is outside 1024..={} (llm.max_response_bytes)",
+                    self.llm.max_tool_arguments_bytes, self.llm.max_response_bytes
+                ),
+            ));
         }
         let tls = &self.auth.tls;
         if tls.enabled() && (tls.cert.is_empty() || tls.key.is_empty() || tls.ca.is_empty()) {

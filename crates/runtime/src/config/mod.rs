@@ -138,7 +138,28 @@ pub struct LlmConfig {
     /// (`max_tokens`, `top_k`, `parallel_tool_calls`, `logit_bias`...).
     #[serde(default)]
     pub extra_body: toml::Table,
+    /// Most bytes of one model response (its text and every tool call's
+    /// arguments together); past it the stream is stopped and the turn
+    /// fails with a message saying so.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: u64,
+    /// Most bytes of one tool call's arguments.
+    #[serde(default = "default_max_tool_arguments_bytes")]
+    pub max_tool_arguments_bytes: u64,
 }
+
+fn default_max_response_bytes() -> u64 {
+    1024 * 1024
+}
+
+fn default_max_tool_arguments_bytes() -> u64 {
+    256 * 1024
+}
+
+/// The largest `llm.max_response_bytes` accepted: a quarter of the largest
+/// message between the services, so that an event holding a whole
+/// response (JSON-escaped) always fits in the session store.
+pub const MAX_RESPONSE_BYTES_CEILING: u64 = crate::MAX_MESSAGE_BYTES as u64 / 4;
 
 impl LlmConfig {
     /// `extra_body` as JSON, to add to request bodies.
@@ -195,6 +216,8 @@ impl std::fmt::Debug for LlmConfig {
             .field("temperature", &self.temperature)
             .field("provider", &self.provider)
             .field("max_retries", &self.max_retries)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("max_tool_arguments_bytes", &self.max_tool_arguments_bytes)
             .finish()
     }
 }
