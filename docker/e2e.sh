@@ -81,7 +81,7 @@ AGENTRY_TOKEN=$(dc exec -T orchestrator agentry token)
 export AGENTRY_TOKEN
 [[ $AGENTRY_TOKEN == agentry_client_* ]] && pass "the client token is available to the host CLI" ||
   fail "agentry token in the orchestrator printed '$AGENTRY_TOKEN'"
-layers=$(dc exec -T orchestrator agentry health http://tool-runner:50053 2>&1 || true)
+layers=$(dc exec -T orchestrator agentry health http://tool-runner:7743 2>&1 || true)
 echo "$layers"
 grep -q "^  sandbox landlock" <<<"$layers" && grep -q "^  sandbox seccomp" <<<"$layers" &&
   pass "the tool runners report their sandbox layers" ||

@@ -17,12 +17,14 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   chmod 700 "$PGDATA"
   pwfile=$(mktemp)
   printf '%s\n' "$POSTGRES_PASSWORD" >"$pwfile"
+  # Passwords everywhere, the socket included: with `trust`, any process
+  # that reaches the socket is the database's owner.
   "$bin/initdb" -D "$PGDATA" -U "$user" --pwfile="$pwfile" \
-    --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-locale >/dev/null
+    --auth=scram-sha-256 -E UTF8 --no-locale >/dev/null
   rm -f "$pwfile"
   echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
   "$bin/pg_ctl" -D "$PGDATA" -o "-c listen_addresses= -k /tmp" -w start >/dev/null
-  "$bin/psql" -h /tmp -U "$user" -d postgres -v ON_ERROR_STOP=1 -q \
+  PGPASSWORD="$POSTGRES_PASSWORD" "$bin/psql" -h /tmp -U "$user" -d postgres -v ON_ERROR_STOP=1 -q \
     -c "CREATE DATABASE \"$db\""
   "$bin/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null
   echo "postgres-entrypoint: initialised $PGDATA with database $db" >&2

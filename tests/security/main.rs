@@ -12,6 +12,7 @@ mod support;
 
 mod auth;
 mod flood;
+mod model_output;
 mod network;
 mod policy;
 mod race;

@@ -39,6 +39,9 @@ pub fn binaries() -> Option<PathBuf> {
     None
 }
 
+/// The password of the test servers' one user.
+pub const PASSWORD: &str = "agentry-test-password";
+
 fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
 }
@@ -86,6 +89,17 @@ impl Postgres {
             running: false,
         };
         let data = server.data();
+        // Password authentication, over TCP and the socket alike: with
+        // `trust`, any process of the machine that reaches the socket or
+        // the port is the database's owner (and `COPY … TO PROGRAM` runs
+        // commands as the server's user).
+        let pwfile = server.dir.path().join("pwfile");
+        std::fs::write(&pwfile, format!("{PASSWORD}\n"))
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", pwfile.display()));
+        if let Some((uid, gid)) = ids {
+            std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid))
+                .unwrap_or_else(|e| panic!("chown: {e}"));
+        }
         server.run(
             "initdb",
             &[
@@ -93,13 +107,15 @@ impl Postgres {
                 &data.display().to_string(),
                 "-U",
                 "agentry",
-                "--auth=trust",
+                "--auth=scram-sha-256",
+                &format!("--pwfile={}", pwfile.display()),
                 "-E",
                 "UTF8",
                 "--no-locale",
                 "--no-sync",
             ],
         );
+        let _ = std::fs::remove_file(&pwfile);
         server.start_again();
         Some(server)
     }
@@ -182,7 +198,7 @@ impl Postgres {
 
     /// The URL of database `db`.
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://agentry@127.0.0.1:{}/{db}", self.port)
+        format!("postgres://agentry:{PASSWORD}@127.0.0.1:{}/{db}", self.port)
     }
 
     /// Creates database `name` and returns its URL.
@@ -203,6 +219,7 @@ impl Postgres {
                 "-c",
                 &format!("CREATE DATABASE \"{name}\""),
             ])
+            .env("PGPASSWORD", PASSWORD)
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("psql: {e}"));

@@ -254,21 +254,21 @@ mod tests {
 
     #[test]
     fn the_advertised_url_is_checked_and_auto_is_this_hosts_address() {
-        let listen: std::net::SocketAddr = "0.0.0.0:50051".parse().unwrap();
+        let listen: std::net::SocketAddr = "0.0.0.0:7741".parse().unwrap();
         let auth = Auth::off();
-        let given = Cluster::new("http://orchestrator-1:50051/", listen, &auth).unwrap();
-        assert_eq!(given.url, "http://orchestrator-1:50051");
-        let error = Cluster::new("orchestrator-1:50051", listen, &auth)
+        let given = Cluster::new("http://orchestrator-1:7741/", listen, &auth).unwrap();
+        assert_eq!(given.url, "http://orchestrator-1:7741");
+        let error = Cluster::new("orchestrator-1:7741", listen, &auth)
             .err()
             .unwrap();
         assert!(error.contains("not an http(s) URL"), "{error}");
         // Each replica is its own instance.
-        let other = Cluster::new("http://orchestrator-1:50051", listen, &auth).unwrap();
+        let other = Cluster::new("http://orchestrator-1:7741", listen, &auth).unwrap();
         assert_ne!(given.instance_id, other.instance_id);
         match Cluster::new("auto", listen, &auth) {
             Ok(auto) => {
                 assert!(auto.url.starts_with("http://"), "{}", auto.url);
-                assert!(auto.url.ends_with(":50051"), "{}", auto.url);
+                assert!(auto.url.ends_with(":7741"), "{}", auto.url);
                 assert!(!auto.url.contains("127.0.0.1"), "{}", auto.url);
             }
             // A machine with no route anywhere has no such address.

@@ -3,7 +3,7 @@
 //! `tool_runner.url` names one runner, or several separated by commas. A
 //! URL whose host is a name (not an IP address, not `localhost`) is
 //! resolved again every [`REFRESH`], and every address it resolves to is a
-//! replica: under Docker Compose, `http://tool-runner:50053` finds each
+//! replica: under Docker Compose, `http://tool-runner:7743` finds each
 //! container of a `--scale`d service as it comes and goes.
 //!
 //! Each call goes to the healthy replica with the fewest calls in flight
@@ -108,7 +108,7 @@ fn parse_targets(urls: &str) -> Result<Vec<Target>, String> {
 
 /// One tool runner process.
 pub struct Replica {
-    /// The address calls go to, e.g. `http://172.18.0.5:50053`.
+    /// The address calls go to, e.g. `http://172.18.0.5:7743`.
     pub url: String,
     /// The configured URL it was found through.
     source: String,
@@ -610,10 +610,10 @@ mod tests {
 
     #[test]
     fn parses_targets() {
-        let t = parse_targets("http://tool-runner:50053").unwrap();
+        let t = parse_targets("http://tool-runner:7743").unwrap();
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].host, "tool-runner");
-        assert_eq!(t[0].port, 50053);
+        assert_eq!(t[0].port, 7743);
         assert!(t[0].dynamic);
 
         let t = parse_targets("http://127.0.0.1:1, http://localhost:2/,http://[::1]:3").unwrap();
@@ -625,7 +625,7 @@ mod tests {
 
         assert_eq!(parse_targets("http://runner").unwrap()[0].port, 80);
         assert!(parse_targets("").is_err());
-        assert!(parse_targets("tool-runner:50053").is_err());
+        assert!(parse_targets("tool-runner:7743").is_err());
         assert!(parse_targets("ftp://x:1").is_err());
         assert!(parse_targets("http://x:notaport").is_err());
         assert!(parse_targets("http://x:1/path").is_err());

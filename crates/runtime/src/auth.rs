@@ -698,11 +698,11 @@ mod tests {
         assert!(off.check_listen("127.0.0.1:1".parse().unwrap()).is_ok());
         assert!(off.check_listen("[::1]:1".parse().unwrap()).is_ok());
         let e = off
-            .check_listen("0.0.0.0:50051".parse().unwrap())
+            .check_listen("0.0.0.0:7741".parse().unwrap())
             .unwrap_err();
         assert!(e.to_string().contains("auth.mode"), "{e}");
         let (_, _, auth) = tokens();
-        assert!(auth.check_listen("0.0.0.0:50051".parse().unwrap()).is_ok());
+        assert!(auth.check_listen("0.0.0.0:7741".parse().unwrap()).is_ok());
     }
 
     #[test]

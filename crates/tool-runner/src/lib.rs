@@ -184,7 +184,10 @@ impl Setup {
             snapshots: config.tool_runner.snapshots.enabled.then(|| {
                 (
                     config.snapshots_dir(),
-                    snapshots::SnapshotLimits::from_config(&config.tool_runner.snapshots),
+                    snapshots::SnapshotLimits::from_config(
+                        &config.tool_runner.snapshots,
+                        config.tool_runner.limits.workspace_mib,
+                    ),
                 )
             }),
         })

@@ -246,6 +246,48 @@ async fn host_unix_sockets_cannot_be_reached() {
     }
 }
 
+/// PostgreSQL's Unix socket (where, before the built view, a command as
+/// the database's own user reached it with peer authentication) is not
+/// reachable either.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_postgresql_socket_cannot_be_reached() {
+    let root = workspace_root();
+    let Some(sandbox) = confined(root.path()) else {
+        return;
+    };
+    if !python_or_skip() {
+        return;
+    }
+    let Some(postgres) = agentry_fakes::postgres::Postgres::start() else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "PostgreSQL is not installed"
+        );
+        eprintln!("skipping: PostgreSQL is not installed");
+        return;
+    };
+    let socket = postgres.dir().join(format!(".s.PGSQL.{}", postgres.port()));
+    assert!(socket.exists(), "no socket at {}", socket.display());
+    let ws = open(root.path(), "s1", &sandbox);
+    let out = bash(
+        &ws,
+        &sandbox,
+        &format!(
+            "{PYTHON} -c 'import socket\n\
+             s = socket.socket(socket.AF_UNIX)\n\
+             s.connect(\"{}\")\n\
+             print(\"CONNECTED\")'",
+            socket.display()
+        ),
+    )
+    .await;
+    assert!(
+        out.is_error && !out.output.contains("CONNECTED"),
+        "PostgreSQL's socket was reached:\n{}",
+        out.output
+    );
+}
+
 /// `/sys` (the host's devices, kernel knobs) and `/run` (sockets of the
 /// host's services) are not in a command's view.
 #[tokio::test]

@@ -412,7 +412,7 @@ impl Config {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     return Err(invalid(
                         key,
-                        &format!("{url:?} is not an http(s) URL (e.g. http://127.0.0.1:50051)"),
+                        &format!("{url:?} is not an http(s) URL (e.g. http://127.0.0.1:7741)"),
                     ));
                 }
             }

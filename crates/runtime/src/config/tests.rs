@@ -16,7 +16,7 @@ fn defaults_load() {
     let config = Config::load(&source(None, &[])).unwrap();
     assert_eq!(config.llm.base_url, "http://localhost:11434/v1");
     assert_eq!(config.agent.max_steps, 15);
-    assert_eq!(config.orchestrator.url, "http://127.0.0.1:50051");
+    assert_eq!(config.orchestrator.url, "http://127.0.0.1:7741");
     assert_eq!(config.log.format, LogFormat::Text);
 }
 
@@ -147,7 +147,7 @@ fn container_settings_from_the_environment() {
             ("AGENTRY_CHROMIUM_SANDBOX", "false"),
             (
                 "AGENTRY_TOOL_RUNNER_URL",
-                "http://tool-runner:50053, http://10.0.0.9:50053",
+                "http://tool-runner:7743, http://10.0.0.9:7743",
             ),
         ],
     ))
@@ -162,13 +162,13 @@ fn container_settings_from_the_environment() {
     );
     let err = Config::load(&source(
         None,
-        &[("AGENTRY_TOOL_RUNNER_URL", "http://a:1,tool-runner:50053")],
+        &[("AGENTRY_TOOL_RUNNER_URL", "http://a:1,tool-runner:7743")],
     ))
     .unwrap_err()
     .to_string();
     assert!(err.contains("tool_runner.url"), "{err}");
     assert!(
-        err.contains("\"tool-runner:50053\" is not an http(s) URL"),
+        err.contains("\"tool-runner:7743\" is not an http(s) URL"),
         "{err}"
     );
 }
@@ -351,4 +351,40 @@ fn database_urls_and_snapshots_come_from_the_environment_and_passwords_stay_hidd
     assert!(defaults.session_store.database_url.is_empty());
     assert!(defaults.tool_runner.snapshots.enabled);
     assert!(defaults.snapshots_dir().ends_with("workspaces/.snapshots"));
+}
+
+#[test]
+fn default_ports_lie_below_the_ephemeral_range() {
+    // Linux hands out 32768-60999 for outgoing connections: a default port
+    // there can be held by any client of the machine when the services
+    // start.
+    let config = Config::load(&source(None, &[])).unwrap();
+    for addr in [
+        config.orchestrator.listen,
+        config.session_store.listen,
+        config.tool_runner.listen,
+        config.scheduler.listen,
+    ] {
+        assert!(addr.port() < 32768, "{addr}");
+    }
+}
+
+#[test]
+fn response_limits_are_checked() {
+    let config = Config::load(&source(None, &[])).unwrap();
+    assert_eq!(config.llm.max_response_bytes, 1024 * 1024);
+    assert_eq!(config.llm.max_tool_arguments_bytes, 256 * 1024);
+    for (env, key) in [
+        (
+            [("AGENTRY_LLM_MAX_RESPONSE_BYTES", "999999999")],
+            "llm.max_response_bytes",
+        ),
+        (
+            [("AGENTRY_LLM_MAX_TOOL_ARGUMENTS_BYTES", "2000000")],
+            "llm.max_tool_arguments_bytes",
+        ),
+    ] {
+        let err = Config::load(&source(None, &env)).unwrap_err().to_string();
+        assert!(err.contains(key), "{err}");
+    }
 }

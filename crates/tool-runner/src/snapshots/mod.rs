@@ -159,18 +159,67 @@ pub struct SnapshotLimits {
     pub max_file_bytes: u64,
     pub max_entries: u64,
     pub keep: Duration,
+    /// The whole store, enforced before anything is written (and by the
+    /// retention, which removes the oldest first); 0: no limit.
     pub max_total_bytes: u64,
+    /// What one session's kept snapshots may have added to the store: its
+    /// share, the workspace quota; 0: no limit.
+    pub session_bytes: u64,
 }
 
 impl SnapshotLimits {
-    /// The limits from the configuration.
-    pub fn from_config(config: &agentry_runtime::config::SnapshotsConfig) -> Self {
+    /// The limits from the configuration; `workspace_mib` is the session's
+    /// quota, which its snapshots are charged to.
+    pub fn from_config(
+        config: &agentry_runtime::config::SnapshotsConfig,
+        workspace_mib: u64,
+    ) -> Self {
         SnapshotLimits {
             max_file_bytes: config.max_file_mib.saturating_mul(1024 * 1024),
             max_entries: config.max_entries.max(1),
             keep: Duration::from_secs(config.keep_days.saturating_mul(86_400)),
             max_total_bytes: config.max_total_mib.saturating_mul(1024 * 1024),
+            session_bytes: workspace_mib.saturating_mul(1024 * 1024),
         }
+    }
+}
+
+/// What a snapshot may still add to the store: the session's share and the
+/// store's room, both checked before each new object is written.
+struct Room {
+    session: u64,
+    store: u64,
+}
+
+impl Room {
+    /// Takes `bytes` of room, or says which limit they would pass.
+    fn take(&mut self, bytes: u64, limits: &SnapshotLimits) -> Result<(), ToolError> {
+        let mib = |b: u64| b.div_ceil(1024 * 1024);
+        if bytes > self.session {
+            return Err(ToolError::Io(format!(
+                "snapshot refused: the session's snapshots would hold more than its {} MiB share \
+                 (tool_runner.limits.workspace_mib); its files were not recorded. Remove large \
+                 files the session no longer needs, or raise the limit",
+                mib(limits.session_bytes)
+            )));
+        }
+        if bytes > self.store {
+            return Err(ToolError::Io(format!(
+                "snapshot refused: the snapshot store would hold more than {} MiB \
+                 (tool_runner.snapshots.max_total_mib); its files were not recorded. Run \
+                 `agentry sessions prune`, or raise the limit",
+                mib(limits.max_total_bytes)
+            )));
+        }
+        self.session -= bytes;
+        self.store -= bytes;
+        Ok(())
+    }
+
+    /// Gives `bytes` back (an object that was there already).
+    fn give(&mut self, bytes: u64) {
+        self.session = self.session.saturating_add(bytes);
+        self.store = self.store.saturating_add(bytes);
     }
 }
 
@@ -182,6 +231,9 @@ const IN_MEMORY: u64 = 1 << 20;
 pub struct Snapshots {
     dir: PathBuf,
     limits: SnapshotLimits,
+    /// The bytes of the store's objects, as this runner knows them: counted
+    /// at open and by each retention run, and grown by its own snapshots.
+    total: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn io_error(what: &str, path: &Path, e: impl std::fmt::Display) -> ToolError {
@@ -202,10 +254,47 @@ impl Snapshots {
         }
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| io_error("protect", dir, e))?;
+        let total = objects_size(&dir.join("objects"));
         Ok(Snapshots {
             dir: dir.to_path_buf(),
             limits,
+            total: Arc::new(std::sync::atomic::AtomicU64::new(total)),
         })
+    }
+
+    /// The room a snapshot of `session_id` has.
+    fn room(&self, session_id: &str) -> Room {
+        let unlimited = |limit: u64, used: u64| {
+            if limit == 0 {
+                u64::MAX
+            } else {
+                limit.saturating_sub(used)
+            }
+        };
+        let total = self.total.load(std::sync::atomic::Ordering::Acquire);
+        Room {
+            session: unlimited(self.limits.session_bytes, self.charged(session_id)),
+            store: unlimited(self.limits.max_total_bytes, total),
+        }
+    }
+
+    /// What the kept snapshots of `session_id` added to the store (each
+    /// ref holds the bytes its snapshot added).
+    fn charged(&self, session_id: &str) -> u64 {
+        let Ok(refs) = std::fs::read_dir(self.dir.join("refs").join(session_id)) else {
+            return 0;
+        };
+        refs.flatten()
+            .filter_map(|r| std::fs::read_to_string(r.path()).ok())
+            .filter_map(|text| text.trim().parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Sets what this runner knows of the store's size (after a retention
+    /// run counted it).
+    fn counted(&self, bytes: u64) {
+        self.total
+            .store(bytes, std::sync::atomic::Ordering::Release);
     }
 
     /// Where the store is.
@@ -289,6 +378,7 @@ impl Snapshots {
         &self,
         fd: OwnedFd,
         size_hint: u64,
+        room: &mut Room,
     ) -> Result<Option<(String, u64, bool)>, ToolError> {
         let mut file = std::fs::File::from(fd);
         let limit = self.limits.max_file_bytes;
@@ -306,7 +396,15 @@ impl Snapshots {
             }
             hasher.update(&bytes);
             let hash = hex(&hasher.finalize());
-            let new = self.put_bytes(&bytes, &self.object_path(&hash))?;
+            let path = self.object_path(&hash);
+            if std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64) {
+                return Ok(Some((hash, bytes.len() as u64, false)));
+            }
+            room.take(bytes.len() as u64, &self.limits)?;
+            let new = self.put_bytes(&bytes, &path)?;
+            if !new {
+                room.give(bytes.len() as u64);
+            }
             return Ok(Some((hash, bytes.len() as u64, new)));
         }
         let (temp, mut out) = self.temp_file()?;
@@ -323,6 +421,11 @@ impl Snapshots {
             if size > limit {
                 break Ok(());
             }
+            // Checked before the bytes are written (the object may turn out
+            // to be stored already: then the room is given back).
+            if let Err(e) = room.take(n as u64, &self.limits) {
+                break Err(e);
+            }
             hasher.update(&buffer[..n]);
             if let Err(e) = out.write_all(&buffer[..n]) {
                 break Err(io_error("write", &temp, e));
@@ -331,10 +434,14 @@ impl Snapshots {
         drop(out);
         if result.is_err() || size > limit {
             let _ = std::fs::remove_file(&temp);
+            room.give(size.min(limit));
             return result.map(|()| None);
         }
         let hash = hex(&hasher.finalize());
         let new = self.put(&temp, &self.object_path(&hash))?;
+        if !new {
+            room.give(size);
+        }
         Ok(Some((hash, size, new)))
     }
 
@@ -380,17 +487,23 @@ impl Snapshots {
             .map_err(|e| ToolError::Io(format!("snapshot {id} is damaged: {e}")))
     }
 
-    /// Marks `id` as taken (or restored) by `session_id` now.
-    fn add_ref(&self, session_id: &str, id: &str) -> Result<(), ToolError> {
+    /// Marks `id` as taken (or restored) by `session_id` now; a snapshot
+    /// taken records the bytes it added (`added`), charged to the session
+    /// while the ref is kept.
+    fn add_ref(&self, session_id: &str, id: &str, added: Option<u64>) -> Result<(), ToolError> {
         let dir = self.dir.join("refs").join(session_id);
         std::fs::create_dir_all(&dir).map_err(|e| io_error("create", &dir, e))?;
         let path = dir.join(id);
-        let file = std::fs::OpenOptions::new()
+        let mut file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
             .map_err(|e| io_error("write", &path, e))?;
+        if let Some(added) = added.filter(|a| *a > 0) {
+            file.write_all(added.to_string().as_bytes())
+                .map_err(|e| io_error("write", &path, e))?;
+        }
         file.set_modified(std::time::SystemTime::now())
             .map_err(|e| io_error("touch", &path, e))
     }
@@ -412,6 +525,7 @@ impl Snapshots {
         let _lock = self.lock(false)?;
         let session_id = workspace.session_id().to_string();
         let known = Arc::new(self.known(&session_id));
+        let mut room = self.room(&session_id);
         let (tx, rx) = std::sync::mpsc::sync_channel::<Found>(64);
         let root = workspace.root().to_path_buf();
         let limits = self.limits.clone();
@@ -455,7 +569,7 @@ impl Snapshots {
                 }
                 FoundKind::File => {
                     let stored = match found.fd {
-                        Some(fd) => match self.store_object(fd, found.size) {
+                        Some(fd) => match self.store_object(fd, found.size, &mut room) {
                             Ok(stored) => stored,
                             Err(e) => {
                                 failure = Some(e);
@@ -509,6 +623,9 @@ impl Snapshots {
             .map_err(|_| ToolError::Io("snapshots: the workspace walk panicked".into()))?
             .map_err(|e| ToolError::Io(format!("snapshots: cannot confine the walk: {e}")))?;
         if let Some(failure) = failure {
+            // What was stored before it is on disk all the same.
+            self.total
+                .fetch_add(taken.new_bytes, std::sync::atomic::Ordering::AcqRel);
             return Err(failure);
         }
         walked.map_err(|e| ToolError::Io(format!("snapshots: {e}")))?;
@@ -521,7 +638,9 @@ impl Snapshots {
             .map_err(|e| ToolError::Io(format!("snapshots: cannot encode a manifest: {e}")))?;
         taken.id = hex(&Sha256::digest(&bytes));
         let new_manifest = self.put_bytes(&bytes, &self.manifest_path(&taken.id))?;
-        self.add_ref(&session_id, &taken.id)?;
+        self.add_ref(&session_id, &taken.id, Some(taken.new_bytes))?;
+        self.total
+            .fetch_add(taken.new_bytes, std::sync::atomic::Ordering::AcqRel);
         if index != *known {
             self.save_index(&session_id, &index)?;
         }
@@ -547,3 +666,16 @@ impl Snapshots {
 
 #[cfg(test)]
 mod tests;
+
+/// The bytes of the files two levels beneath `objects` (its fan-out).
+fn objects_size(objects: &Path) -> u64 {
+    let Ok(fans) = std::fs::read_dir(objects) else {
+        return 0;
+    };
+    fans.flatten()
+        .filter_map(|fan| std::fs::read_dir(fan.path()).ok())
+        .flat_map(|files| files.flatten())
+        .filter_map(|file| file.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}

@@ -217,6 +217,7 @@ impl Snapshots {
             for session in entries(&self.dir.join("refs")) {
                 let _ = std::fs::remove_dir(session.path()); // only when empty
             }
+            self.counted(super::objects_size(&self.dir.join("objects")));
         }
         Ok(pruned)
     }

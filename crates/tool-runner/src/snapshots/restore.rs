@@ -84,7 +84,7 @@ impl Snapshots {
                      restoring again finishes the job"
                 ))
             })?;
-        self.add_ref(workspace.session_id(), id)?;
+        self.add_ref(workspace.session_id(), id, None)?;
         // What was just written is read again by the next snapshot.
         let _ = std::fs::remove_file(self.index_path(workspace.session_id()));
         Ok(restored)

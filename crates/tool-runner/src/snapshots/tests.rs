@@ -9,6 +9,7 @@ fn limits() -> SnapshotLimits {
         max_entries: 10_000,
         keep: Duration::from_secs(3600),
         max_total_bytes: 0,
+        session_bytes: 0,
     }
 }
 
@@ -334,10 +335,7 @@ fn pruning_keeps_the_latest_per_session_and_frees_what_only_old_ones_held() {
 
 #[test]
 fn pruning_to_a_size_removes_the_oldest_first() {
-    let f = Fixture::new(SnapshotLimits {
-        max_total_bytes: 25,
-        ..limits()
-    });
+    let f = Fixture::new(limits());
     let ws = f.workspace("s");
     let mut ids = Vec::new();
     for content in ["aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc"] {
@@ -345,7 +343,16 @@ fn pruning_to_a_size_removes_the_oldest_first() {
         ids.push(f.snapshot(&ws).id);
         std::thread::sleep(Duration::from_millis(20));
     }
-    let pruned = f.store.prune(&PruneOptions::default()).unwrap();
+    // The limit lowered afterwards (snapshots are refused past it).
+    let lowered = Snapshots::open(
+        f.store.dir(),
+        SnapshotLimits {
+            max_total_bytes: 25,
+            ..limits()
+        },
+    )
+    .unwrap();
+    let pruned = lowered.prune(&PruneOptions::default()).unwrap();
     assert_eq!(pruned.snapshots_removed, 1);
     assert_eq!(pruned.bytes_kept, 20);
     assert!(f.store.manifest(&ids[0]).is_err());
@@ -434,4 +441,98 @@ fn a_restore_empties_read_only_directories_and_keeps_their_modes() {
         std::fs::Permissions::from_mode(0o755),
     )
     .unwrap();
+}
+
+/// The bytes of the store's objects on disk.
+fn stored(f: &Fixture) -> u64 {
+    objects_size(&f.store.dir().join("objects"))
+}
+
+#[test]
+fn a_session_s_snapshots_are_held_to_its_share() {
+    let f = Fixture::new(SnapshotLimits {
+        session_bytes: 15,
+        ..limits()
+    });
+    let ws = f.workspace("s");
+    std::fs::write(ws.root().join("f"), "aaaaaaaaaa").unwrap();
+    f.snapshot(&ws);
+    // The same content again costs nothing.
+    std::fs::write(ws.root().join("g"), "aaaaaaaaaa").unwrap();
+    f.snapshot(&ws);
+    std::fs::write(ws.root().join("f"), "bbbbbbbbbb").unwrap();
+    let refused = f
+        .store
+        .snapshot(&ws, &f.confinement(&ws))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("snapshot refused") && refused.contains("workspace_mib"),
+        "{refused}"
+    );
+    assert_eq!(stored(&f), 10, "nothing past the share was written");
+    // Another session has a share of its own.
+    let other = f.workspace("t");
+    std::fs::write(other.root().join("f"), "cccccccccc").unwrap();
+    f.snapshot(&other);
+    assert_eq!(stored(&f), 20);
+    // Once the session's older snapshots are pruned, its share is free again.
+    let lowered = Snapshots::open(
+        f.store.dir(),
+        SnapshotLimits {
+            keep: Duration::ZERO,
+            session_bytes: 15,
+            ..limits()
+        },
+    )
+    .unwrap();
+    std::fs::write(ws.root().join("f"), "dddddddddd").unwrap();
+    std::fs::remove_file(ws.root().join("g")).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    lowered.prune(&PruneOptions::default()).unwrap();
+    let kept_charge = lowered.charged("s");
+    assert!(kept_charge <= 10, "{kept_charge}");
+}
+
+#[test]
+fn the_store_s_total_is_enforced_before_writing() {
+    let f = Fixture::new(SnapshotLimits {
+        max_total_bytes: 15,
+        ..limits()
+    });
+    let ws = f.workspace("s");
+    std::fs::write(ws.root().join("f"), "aaaaaaaaaa").unwrap();
+    f.snapshot(&ws);
+    let other = f.workspace("t");
+    std::fs::write(other.root().join("f"), "bbbbbbbbbb").unwrap();
+    let refused = f
+        .store
+        .snapshot(&other, &f.confinement(&other))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("max_total_mib"), "{refused}");
+    assert_eq!(stored(&f), 10);
+}
+
+#[test]
+fn a_large_file_past_the_share_is_never_written() {
+    let f = Fixture::new(SnapshotLimits {
+        session_bytes: 3 << 19,
+        ..limits()
+    });
+    let ws = f.workspace("s");
+    // Streamed through a temporary file (larger than what is hashed in
+    // memory): refused before the bytes past the share are written.
+    std::fs::write(ws.root().join("big"), vec![7u8; 2 << 20]).unwrap();
+    let refused = f
+        .store
+        .snapshot(&ws, &f.confinement(&ws))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("workspace_mib"), "{refused}");
+    assert_eq!(stored(&f), 0);
+    let temps = std::fs::read_dir(f.store.dir().join("tmp"))
+        .unwrap()
+        .count();
+    assert_eq!(temps, 0, "a temporary file was left");
 }
