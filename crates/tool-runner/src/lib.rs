@@ -17,6 +17,7 @@ pub mod sandbox;
 pub mod service;
 pub mod snapshots;
 pub mod tools;
+pub mod watchdog;
 pub mod web;
 pub mod workspace;
 

@@ -57,6 +57,8 @@ pub struct Sandbox {
     pub hidden: Vec<PathBuf>,
     /// Internal hosts that calls granted network may reach.
     pub network_allow_hosts: Vec<String>,
+    /// The memory cap of each session's running commands together.
+    pub memory: std::sync::Arc<crate::watchdog::MemoryWatch>,
 }
 
 /// The first Landlock ABI with TCP connect rules.
@@ -120,6 +122,7 @@ impl Sandbox {
             read_only: agentry_sandbox::system_read_only(),
             hidden: Vec::new(),
             network_allow_hosts: Vec::new(),
+            memory: crate::watchdog::MemoryWatch::new(0),
         }
     }
 
@@ -198,6 +201,7 @@ impl Sandbox {
             read_only,
             hidden,
             network_allow_hosts: t.sandbox.network_allow_hosts.clone(),
+            memory: crate::watchdog::MemoryWatch::new(l.session_memory_mib),
         };
         if t.sandbox.mode == "off" {
             tracing::warn!(
@@ -268,6 +272,16 @@ impl Sandbox {
             Some(report) => report.lines(),
             None => vec!["OS sandbox: OFF (tool_runner.sandbox.mode = \"off\")".to_string()],
         };
+        lines.push(match self.memory.limit_mib() {
+            0 => {
+                "session memory: not capped (tool_runner.limits.session_memory_mib = 0)".to_string()
+            }
+            mib => format!(
+                "session memory: {mib} MiB per session, enforced by a watchdog over its \
+                 processes every {} ms (cgroup v2 is not used)",
+                crate::watchdog::SWEEP_EVERY.as_millis()
+            ),
+        });
         lines.push(match &self.identity {
             Identity::Runner => "identity: the runner's uid (the runner is not root)".to_string(),
             Identity::User { name, ids } => format!("identity: user {name} (uid {})", ids.uid),

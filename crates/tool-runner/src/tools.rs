@@ -459,6 +459,11 @@ async fn bash(
         )));
     }
     drop(merged_tx);
+    let watched = group.map(|pid| {
+        sandbox
+            .memory
+            .watch(session, pid.as_raw(), sandbox.helper.is_some())
+    });
     let mut guard = CallGuard {
         child: Some(child),
         group,
@@ -501,6 +506,17 @@ async fn bash(
             "\n[a background process left the command's process group and kept its output open; \
              output after this point was not collected]",
         );
+    }
+    if let Some(watched) = watched.filter(|w| w.stopped()) {
+        text.push('\n');
+        text.push_str(&watched.note());
+        return Ok(ToolOutcome {
+            output: text,
+            is_error: true,
+            exit_code: None,
+            truncated,
+            timed_out: false,
+        });
     }
     match waited {
         Some(Ok(status)) => {

@@ -367,3 +367,43 @@ async fn a_planted_git_fsmonitor_runs_nothing() {
         control.output
     );
 }
+
+/// A session whose commands allocate 4 × 1.5 GiB together (each process
+/// under its own address-space limit) is stopped at the session's memory
+/// cap, and the model is told why; another session's command runs on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_s_memory_is_capped_across_its_processes() {
+    let root = workspace_root();
+    let Some(mut sandbox) = confined(root.path()) else {
+        return;
+    };
+    if !python_or_skip() {
+        return;
+    }
+    sandbox.memory = agentry_tool_runner::watchdog::MemoryWatch::new(4096);
+    let greedy = open(root.path(), "s1", &sandbox);
+    let calm = open(root.path(), "s2", &sandbox);
+    let allocate = format!(
+        "for i in 1 2 3 4; do \
+           {PYTHON} -c 'import time; a = b\"x\" * (1536 << 20); time.sleep(60)' & \
+         done; wait; echo ALL-DONE"
+    );
+    let started = std::time::Instant::now();
+    let (out, other) = tokio::join!(
+        bash(&greedy, &sandbox, &allocate),
+        bash(&calm, &sandbox, "sleep 3; echo alive")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "the cap took {:?}",
+        started.elapsed()
+    );
+    assert!(out.is_error, "{}", out.output);
+    assert!(!out.output.contains("ALL-DONE"), "{}", out.output);
+    assert!(
+        out.output.contains("tool_runner.limits.session_memory_mib"),
+        "{}",
+        out.output
+    );
+    assert_eq!(other.output, "alive\n", "the other session was stopped too");
+}

@@ -672,6 +672,10 @@ pub struct ResourceLimits {
     /// limited.
     #[serde(default)]
     pub workspace_mib: u64,
+    /// Memory (resident) of all a session's running commands together, in
+    /// MiB; past it they are stopped. 0: not limited.
+    #[serde(default)]
+    pub session_memory_mib: u64,
 }
 
 /// The web tools (`web_fetch`, `web_crawl`).
