@@ -28,8 +28,18 @@ async fn hostile_model(arguments: u64) -> (String, Arc<AtomicU64>) {
         while let Ok((mut socket, _)) = listener.accept().await {
             let (counter, answers) = (counter.clone(), answers.clone());
             tokio::spawn(async move {
-                if !read_request(&mut socket).await {
-                    return;
+                match read_request(&mut socket).await {
+                    Some(line) if line.starts_with("POST") && line.contains("CHAT/COMPLETIONS") => {
+                    }
+                    // Anything else (the services asking what the server
+                    // is): not found.
+                    Some(_) => {
+                        let _ = socket
+                            .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                            .await;
+                        return;
+                    }
+                    None => return,
                 }
                 let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
                 if socket.write_all(head.as_bytes()).await.is_err() {
@@ -77,9 +87,9 @@ async fn hostile_model(arguments: u64) -> (String, Arc<AtomicU64>) {
     (format!("http://127.0.0.1:{port}/v1"), written)
 }
 
-/// Reads one request's headers and announced body; false when the client
-/// went away.
-async fn read_request(socket: &mut tokio::net::TcpStream) -> bool {
+/// Reads one request's headers and announced body: its request line, or
+/// `None` when the client went away.
+async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<String> {
     let mut request = Vec::new();
     let mut buffer = vec![0u8; 65536];
     loop {
@@ -91,11 +101,11 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> bool {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0);
             if request.len() >= end + 4 + length {
-                return true;
+                return head.lines().next().map(|l| l.to_uppercase());
             }
         }
         match socket.read(&mut buffer).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => request.extend_from_slice(&buffer[..n]),
         }
     }
