@@ -44,9 +44,7 @@ async fn a_spoofed_prompt_and_escapes_from_the_model_show_as_text() {
     model.push(Reply::text(&format!("answer{HOSTILE} end")));
     let (install, _up, _log) = Up::start(&model.base_url());
     let mut script = String::from("cd \"$(dirname \"$0\")\"\n");
-    for (k, v) in &install.env {
-        script.push_str(&format!("export {k}='{v}'\n"));
-    }
+    script.push_str(&install.shell_exports());
     script.push_str(&format!(
         "{BIN} run 'list the files'\necho \"[run exited $?]\"\n\
          {BIN} reminders list | cut -c 116-\n\

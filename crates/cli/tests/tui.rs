@@ -15,9 +15,7 @@ use std::time::Duration;
 
 fn chat_script(install: &Install, args: &str) -> String {
     let mut script = String::from("cd \"$(dirname \"$0\")\"\nunset NO_COLOR\n");
-    for (k, v) in &install.env {
-        script.push_str(&format!("export {k}='{v}'\n"));
-    }
+    script.push_str(&install.shell_exports());
     script.push_str(&format!(
         "{BIN} chat {args}\necho \"[chat exited $?]\"\nsleep 60\n"
     ));

@@ -7,56 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod sandbox_support;
-use sandbox_support::confined;
+use sandbox_support::{bash, confined, open, workspace_root};
 
-use agentry_tool_runner::Limits;
-use agentry_tool_runner::sandbox::Sandbox;
-use agentry_tool_runner::tools::{self, ToolOutcome};
-use agentry_tool_runner::workspace::Workspace;
-use serde_json::json;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
-
-fn limits() -> Limits {
-    Limits {
-        default_timeout: Duration::from_secs(20),
-        max_timeout: Duration::from_secs(60),
-        max_output_bytes: 65536,
-        max_read_bytes: 262144,
-        workspace_bytes: 0,
-    }
-}
-
-fn workspace_root() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-fn open(root: &Path, session: &str, sandbox: &Sandbox) -> Workspace {
-    let ws = Workspace::open(root, session).unwrap();
-    sandbox.hand_over(session, ws.root()).unwrap();
-    sandbox.hand_over(session, ws.tmp()).unwrap();
-    ws
-}
-
-async fn bash(ws: &Workspace, sandbox: &Sandbox, command: &str) -> ToolOutcome {
-    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
-    tools::execute(
-        "bash",
-        &json!({ "command": command }).to_string(),
-        ws,
-        &limits(),
-        None,
-        sandbox,
-        None,
-        None,
-        sink,
-    )
-    .await
-    .unwrap()
-}
 
 /// The system's Python, which sandboxed users can read (a pyenv build
 /// under a home directory is not in the sandbox's view).

@@ -5,66 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod sandbox_support;
-use sandbox_support::confined;
+use sandbox_support::{bash, confined, limits, open, run, workspace_root};
 
 use agentry_sandbox::{Layers, Limits as Rlimits};
-use agentry_tool_runner::Limits;
 use agentry_tool_runner::sandbox::Sandbox;
-use agentry_tool_runner::tools::{self, ToolOutcome};
-use agentry_tool_runner::workspace::Workspace;
+use agentry_tool_runner::tools::{self};
 use serde_json::json;
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
-
-fn limits() -> Limits {
-    Limits {
-        default_timeout: Duration::from_secs(20),
-        max_timeout: Duration::from_secs(60),
-        max_output_bytes: 65536,
-        max_read_bytes: 262144,
-        workspace_bytes: 0,
-    }
-}
-
-/// A workspace root that sandboxed users can traverse.
-fn workspace_root() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-fn open(root: &std::path::Path, session: &str, sandbox: &Sandbox) -> Workspace {
-    let ws = Workspace::open(root, session).unwrap();
-    sandbox.hand_over(session, ws.root()).unwrap();
-    sandbox.hand_over(session, ws.tmp()).unwrap();
-    ws
-}
-
-async fn run(
-    ws: &Workspace,
-    sandbox: &Sandbox,
-    tool: &str,
-    args: serde_json::Value,
-) -> ToolOutcome {
-    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
-    tools::execute(
-        tool,
-        &args.to_string(),
-        ws,
-        &limits(),
-        None,
-        sandbox,
-        None,
-        None,
-        sink,
-    )
-    .await
-    .unwrap()
-}
-
-async fn bash(ws: &Workspace, sandbox: &Sandbox, command: &str) -> ToolOutcome {
-    run(ws, sandbox, "bash", json!({ "command": command })).await
-}
 
 #[tokio::test]
 async fn resource_limits_are_applied_to_commands() {

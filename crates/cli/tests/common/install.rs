@@ -71,6 +71,15 @@ impl Install {
         cmd
     }
 
+    /// Shell lines that export the install's environment (for scripts run
+    /// in a terminal).
+    pub fn shell_exports(&self) -> String {
+        self.env
+            .iter()
+            .map(|(k, v)| format!("export {k}='{v}'\n"))
+            .collect()
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         self.command(args).stdin(Stdio::null()).output().unwrap()
     }

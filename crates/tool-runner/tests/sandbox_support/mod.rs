@@ -1,6 +1,74 @@
-//! The real sandbox for the runner's tests.
+//! The real sandbox for the runner's tests, and running tools in it.
 
+// Each test target uses a part of it.
+#![allow(dead_code)]
+
+use agentry_tool_runner::Limits;
 use agentry_tool_runner::sandbox::{Identity, Sandbox};
+use agentry_tool_runner::tools::{self, ToolOutcome};
+use agentry_tool_runner::workspace::Workspace;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+/// The runner's limits for these tests.
+pub fn limits() -> Limits {
+    Limits {
+        default_timeout: Duration::from_secs(20),
+        max_timeout: Duration::from_secs(60),
+        max_output_bytes: 65536,
+        max_read_bytes: 262144,
+        workspace_bytes: 0,
+    }
+}
+
+/// A workspace root that sandboxed users can traverse.
+pub fn workspace_root() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// The workspace of `session`, handed to the session's identity.
+pub fn open(root: &std::path::Path, session: &str, sandbox: &Sandbox) -> Workspace {
+    let ws = Workspace::open(root, session).unwrap();
+    sandbox.hand_over(session, ws.root()).unwrap();
+    sandbox.hand_over(session, ws.tmp()).unwrap();
+    ws
+}
+
+/// Runs `tool` with `args` in `ws`.
+pub async fn run(
+    ws: &Workspace,
+    sandbox: &Sandbox,
+    tool: &str,
+    args: serde_json::Value,
+) -> ToolOutcome {
+    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
+    tools::execute(
+        tool,
+        &args.to_string(),
+        ws,
+        &limits(),
+        None,
+        sandbox,
+        None,
+        None,
+        sink,
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs a bash command in `ws`.
+pub async fn bash(ws: &Workspace, sandbox: &Sandbox, command: &str) -> ToolOutcome {
+    run(
+        ws,
+        sandbox,
+        "bash",
+        serde_json::json!({ "command": command }),
+    )
+    .await
+}
 
 /// The sandbox with every layer this machine supports, or `None` (with a
 /// visible message; a failure under CI) when the helper is not built.
