@@ -179,3 +179,60 @@ async fn a_store_outage_between_turns_loses_nothing() {
     assert_eq!(users, vec!["one", "two"]);
     assert_eq!(finished(&all).message, "second");
 }
+
+/// The store goes away for good while a turn runs: the session's actor
+/// cannot record the turn's end and stops; whoever follows the turn is told
+/// it ended (or gets an error), never left waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_lost_mid_turn_never_leaves_a_follower_waiting() {
+    let mut cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::tool_call(
+        "wait",
+        "bash",
+        json!({"command": "sleep 1; echo done"}),
+    ));
+    cluster.model.push(Reply::text("never recorded"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "wait a little").await;
+    // The call runs; the store goes away before its result is recorded.
+    loop {
+        let event = events.message().await.unwrap().unwrap();
+        if matches!(event.kind, Some(Kind::ToolCallRequested(_))) {
+            break;
+        }
+    }
+    cluster
+        .stop_service(agentry_testkit::cluster::Service::SessionStore)
+        .await
+        .unwrap();
+    // The actor retries for its store window (10 s), then stops.
+    let end = tokio::time::timeout(std::time::Duration::from_secs(40), async {
+        loop {
+            match events.message().await {
+                Ok(Some(event)) => {
+                    if let Some(Kind::TurnFinished(f)) = &event.kind
+                        && event.turn_id == turn
+                    {
+                        return Ok(f.clone());
+                    }
+                }
+                Ok(None) => return Err("the stream ended".to_string()),
+                Err(status) => return Err(status.message().to_string()),
+            }
+        }
+    })
+    .await
+    .expect("the follower was left waiting for 40 s");
+    match end {
+        Ok(finished) => {
+            assert_eq!(finished.outcome, TurnOutcome::Failed as i32, "{finished:?}");
+            assert!(
+                finished.message.contains("the session stopped"),
+                "{}",
+                finished.message
+            );
+        }
+        Err(why) => assert!(!why.is_empty()),
+    }
+}
