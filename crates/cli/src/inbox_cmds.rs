@@ -146,10 +146,16 @@ pub async fn suggest(config: &Config, sessions: u32, min_saves: usize) -> anyhow
             "# no rule would have saved {min_saves} or more prompts without allowing a denied call"
         ));
     }
-    print_line(
-        "# Rules for config/local.toml. Each allows only calls like ones a person approved, \
-         and none a person denied; deny rules still win.",
-    )?;
+    let local = config
+        .config_dir
+        .as_ref()
+        .map(|dir| dir.join("local.toml").display().to_string())
+        .unwrap_or_else(|| "config/local.toml (set AGENTRY_CONFIG_DIR)".to_string());
+    print_line(format!(
+        "# Paste these into {local}: they are added to the rules already there, which stay \
+         (the default deny rules included). Each allows only calls like ones a person \
+         approved, and none a person denied; deny rules still win."
+    ))?;
     for s in suggestions {
         print_line(format!("\n{}", s.to_toml().trim_end()))?;
     }

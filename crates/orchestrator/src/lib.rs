@@ -128,6 +128,9 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
     .with_extra_body(config.llm.extra_body_json());
     let system_prompt = config.system_prompt()?;
     let policy = agentry_policy::Policy::from_config(&config.policy)?;
+    for notice in &config.notices {
+        tracing::warn!("{notice}");
+    }
     let profile = config.model_profile();
     let tokenizer = compaction::Tokenizer::for_model(&config.llm.model, &profile.tokenizer);
     let context_window = compaction::context_window(&config.llm.model, profile.context_window);

@@ -153,6 +153,7 @@ impl Config {
 
     /// Resolves the configuration from its layers.
     pub fn load(source: &ConfigSource) -> Result<Config, ConfigError> {
+        let mut notices = Vec::new();
         let mut merged = parse_layer("built-in defaults", DEFAULT_TOML)?;
         check_layer("built-in defaults", &merged, None)?;
         if let Some(dir) = &source.dir {
@@ -169,13 +170,19 @@ impl Config {
                     }
                 };
                 let label = path.display().to_string();
-                let layer = parse_layer(&label, &text)?;
+                let mut layer = parse_layer(&label, &text)?;
+                let dropped = add_policy_rules(&merged, &mut layer);
                 // Check the layer over the defaults so that a layer may set
                 // only some keys, yet errors still name this file.
                 let mut candidate = merged.clone();
                 merge(&mut candidate, layer);
                 check_layer(&label, &candidate, Some(dir))?;
                 merged = candidate;
+                notices.extend(dropped.into_iter().map(|rule| {
+                    format!(
+                        "{label}: policy.replace_default_rules = true drops the deny rule {rule}"
+                    )
+                }));
             }
         }
         for (var, path) in ENV_KEYS {
@@ -200,6 +207,7 @@ impl Config {
         }
         let mut config = deserialize("merged configuration", &merged)?;
         config.config_dir = source.dir.clone();
+        config.notices = notices;
         config.validate("configuration")?;
         Ok(config)
     }
@@ -575,6 +583,55 @@ fn key_at(text: &str, at: usize) -> Option<String> {
         offset = end;
     }
     None
+}
+
+/// Makes a layer's `[[policy.rules]]` add to the rules so far instead of
+/// replacing them (a rule already there is not added twice), so that a
+/// `local.toml` with one allow rule keeps every default deny rule. A layer
+/// with `policy.replace_default_rules = true` replaces them instead; the
+/// deny rules it drops are returned, for start-up to name. The directive
+/// itself is taken out of the layer: it is about merging, not a setting.
+fn add_policy_rules(base: &toml::Table, layer: &mut toml::Table) -> Vec<String> {
+    let Some(toml::Value::Table(policy)) = layer.get_mut("policy") else {
+        return Vec::new();
+    };
+    let replace = policy
+        .remove("replace_default_rules")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    let earlier: Vec<toml::Value> = base
+        .get("policy")
+        .and_then(|p| p.get("rules"))
+        .and_then(toml::Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let Some(toml::Value::Array(rules)) = policy.get_mut("rules") else {
+        return Vec::new();
+    };
+    if replace {
+        return earlier
+            .iter()
+            .filter(|r| r.get("decision").and_then(toml::Value::as_str) == Some("deny"))
+            .filter(|r| !rules.contains(r))
+            .map(|r| {
+                let text = |key: &str| r.get(key).and_then(toml::Value::as_str).unwrap_or("");
+                let what = [text("command"), text("path")].concat();
+                if what.is_empty() {
+                    format!("for {}", text("tool"))
+                } else {
+                    format!("{} {what:?}", text("tool"))
+                }
+            })
+            .collect();
+    }
+    let mut combined = earlier;
+    for rule in rules.drain(..) {
+        if !combined.contains(&rule) {
+            combined.push(rule);
+        }
+    }
+    *rules = combined;
+    Vec::new()
 }
 
 fn merge(base: &mut toml::Table, layer: toml::Table) {

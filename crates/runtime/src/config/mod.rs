@@ -102,6 +102,10 @@ pub struct Config {
     /// The directory the files were read from, if any.
     #[serde(skip)]
     pub config_dir: Option<PathBuf>,
+    /// What loading the layers did that a person should hear of at start
+    /// (deny rules a layer dropped with `policy.replace_default_rules`).
+    #[serde(skip)]
+    pub notices: Vec<String>,
 }
 
 /// The model server.

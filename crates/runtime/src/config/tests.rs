@@ -388,3 +388,62 @@ fn response_limits_are_checked() {
         assert!(err.contains(key), "{err}");
     }
 }
+
+/// What a person pastes from `agentry policy suggest` into local.toml.
+const ONE_ALLOW_RULE: &str =
+    "[[policy.rules]]\ntool = \"bash\"\ncommand = \"make test*\"\ndecision = \"allow\"\n";
+
+fn bash_decision(config: &Config, command: &str) -> agentry_policy::Decision {
+    let policy = agentry_policy::Policy::from_config(&config.policy).unwrap();
+    let args = serde_json::json!({ "command": command }).to_string();
+    policy.check("bash", &args, false, &[]).decision
+}
+
+#[test]
+fn a_layer_s_policy_rules_are_added_to_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    // The shipped file again in the config directory (as in a checkout)
+    // adds nothing twice.
+    std::fs::write(dir.path().join("default.toml"), DEFAULT_TOML).unwrap();
+    std::fs::write(dir.path().join("local.toml"), ONE_ALLOW_RULE).unwrap();
+    let config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+    let defaults = Config::builtin().policy.rules.len();
+    assert_eq!(config.policy.rules.len(), defaults + 1);
+    assert_eq!(
+        config.policy.rules.last().unwrap().command.as_deref(),
+        Some("make test*")
+    );
+    assert_eq!(
+        bash_decision(&config, "make test"),
+        agentry_policy::Decision::Allow
+    );
+    assert_eq!(
+        bash_decision(&config, "sudo id"),
+        agentry_policy::Decision::Deny
+    );
+    assert_eq!(
+        bash_decision(&config, "rm -rf /"),
+        agentry_policy::Decision::Deny
+    );
+    assert!(config.notices.is_empty(), "{:?}", config.notices);
+}
+
+#[test]
+fn replacing_the_default_rules_is_explicit_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("local.toml"),
+        format!("[policy]\nreplace_default_rules = true\n\n{ONE_ALLOW_RULE}"),
+    )
+    .unwrap();
+    let config = Config::load(&source(Some(dir.path()), &[])).unwrap();
+    assert_eq!(config.policy.rules.len(), 1);
+    assert_eq!(
+        bash_decision(&config, "sudo id"),
+        agentry_policy::Decision::Confirm
+    );
+    let notices = config.notices.join("\n");
+    assert!(notices.contains("local.toml"), "{notices}");
+    assert!(notices.contains("bash \"sudo *\""), "{notices}");
+    assert!(notices.contains("bash \"rm -rf /*\""), "{notices}");
+}
