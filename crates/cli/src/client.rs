@@ -89,3 +89,85 @@ pub fn print_line(line: impl std::fmt::Display) -> anyhow::Result<()> {
     writeln!(out, "{}", crate::terminal::visible(&line.to_string()))?;
     Ok(())
 }
+
+/// Sessions listed per request while a prefix is looked up.
+const RESOLVE_PAGE: u32 = 500;
+
+/// How many candidates an ambiguous prefix lists.
+const MAX_CANDIDATES: usize = 10;
+
+/// The full id of the session `given` names: an id, or a prefix of exactly
+/// one session's id (people need not type all 36 characters). No session,
+/// or several: an error that says so, listing the candidates.
+pub async fn resolve_session(config: &Config, given: &str) -> anyhow::Result<String> {
+    use agentry_proto::sessions::v1 as spb;
+    let given = given.trim();
+    if given.is_empty() {
+        anyhow::bail!("the session id is empty; `agentry sessions list` shows them");
+    }
+    let mut client = connect(config).await?;
+    let mut matches: Vec<spb::Session> = Vec::new();
+    let mut offset = 0u32;
+    loop {
+        let page = client
+            .list_sessions(spb::ListSessionsRequest {
+                limit: RESOLVE_PAGE,
+                offset,
+                only_open_turns: false,
+            })
+            .await
+            .map_err(|s| status_error("cannot list sessions", s))?
+            .into_inner();
+        for session in page.sessions.iter() {
+            if session.id == given {
+                return Ok(session.id.clone());
+            }
+            if session.id.starts_with(given) {
+                matches.push(session.clone());
+            }
+        }
+        offset = offset.saturating_add(page.sessions.len() as u32);
+        if page.sessions.is_empty() || u64::from(offset) >= page.total {
+            break;
+        }
+    }
+    match matches.as_slice() {
+        [] => anyhow::bail!(
+            "no session's id starts with {given:?}; `agentry sessions list` shows them"
+        ),
+        [one] => Ok(one.id.clone()),
+        several => {
+            let mut lines: Vec<String> = several
+                .iter()
+                .take(MAX_CANDIDATES)
+                .map(|s| {
+                    let title = if s.title.is_empty() {
+                        "(empty)"
+                    } else {
+                        &s.title
+                    };
+                    format!("  {}  {title}", s.id)
+                })
+                .collect();
+            if several.len() > MAX_CANDIDATES {
+                lines.push(format!("  … and {} more", several.len() - MAX_CANDIDATES));
+            }
+            anyhow::bail!(
+                "{} sessions' ids start with {given:?}; give more of the id:\n{}",
+                several.len(),
+                lines.join("\n")
+            )
+        }
+    }
+}
+
+/// [`resolve_session`] for an optional id.
+pub async fn resolve_optional(
+    config: &Config,
+    given: Option<String>,
+) -> anyhow::Result<Option<String>> {
+    match given {
+        Some(id) => resolve_session(config, &id).await.map(Some),
+        None => Ok(None),
+    }
+}

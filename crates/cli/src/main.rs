@@ -58,7 +58,8 @@ enum Command {
     },
     /// Chat with the agent interactively (or one message per line from a pipe)
     Chat {
-        /// Continue this session instead of starting a new one
+        /// Continue this session instead of starting a new one (its id, or
+        /// any prefix of it that only it has)
         #[arg(long, short)]
         session: Option<String>,
         /// Give the agent's bash commands outbound network through the tool
@@ -75,7 +76,8 @@ enum Command {
     },
     /// Run one turn headless and print the final answer
     Run {
-        /// Continue this session instead of starting a new one
+        /// Continue this session instead of starting a new one (its id, or
+        /// any prefix of it that only it has)
         #[arg(long, short)]
         session: Option<String>,
         /// How tool calls that need confirmation are handled
@@ -104,8 +106,9 @@ enum Command {
         /// What the session may cost in all, at the model prices
         #[arg(long, value_name = "AMOUNT")]
         session_budget_cost: Option<f64>,
-        /// The message for the agent
-        prompt: String,
+        /// The message for the agent; `-` (or none, with a pipe) reads it
+        /// from standard input: `git diff | agentry run -`
+        prompt: Option<String>,
     },
     /// List and inspect sessions
     Sessions {
@@ -172,7 +175,7 @@ enum Command {
 enum ApprovalsCommand {
     /// Decide on a waiting call
     Answer {
-        /// The session
+        /// The session (its id, or a prefix only it has)
         session: String,
         /// The call
         call: String,
@@ -247,7 +250,7 @@ enum SessionsCommand {
     },
     /// Show a session's conversation, its turns numbered
     Show {
-        /// The session id
+        /// The session's id, or any prefix of it that only it has
         id: String,
         /// Print every event as one JSON object per line
         #[arg(long)]
@@ -256,7 +259,7 @@ enum SessionsCommand {
     /// Copy a session up to a point into a new session, with its files as
     /// they were there
     Fork {
-        /// The session id
+        /// The session's id, or any prefix of it that only it has
         id: String,
         /// The last event the fork keeps (see `sessions show --json`);
         /// default: the whole log, with the files as they are now
@@ -273,7 +276,7 @@ enum SessionsCommand {
     /// and the workspace's files (what came after stays in the log as
     /// history)
     Rewind {
-        /// The session id
+        /// The session's id, or any prefix of it that only it has
         id: String,
         /// Keep turns 1..TURN, as `sessions show` numbers them (0: none)
         #[arg(long, value_name = "TURN")]
@@ -373,6 +376,39 @@ fn main() -> ExitCode {
     }
 }
 
+/// Most bytes of a message read from standard input (what the
+/// orchestrator accepts).
+const MAX_PIPED_PROMPT: u64 = 1024 * 1024;
+
+/// The message of `agentry run`: as given, or read from standard input for
+/// `-` or when none is given and standard input is not a terminal.
+fn prompt_text(given: Option<String>) -> anyhow::Result<String> {
+    use std::io::{IsTerminal, Read};
+    match given.as_deref() {
+        Some(text) if text != "-" => return Ok(text.to_string()),
+        None if std::io::stdin().is_terminal() => anyhow::bail!(
+            "give the message as an argument (agentry run \"…\"), or pipe it in \
+             (`… | agentry run -`)"
+        ),
+        _ => {}
+    }
+    let mut text = String::new();
+    std::io::stdin()
+        .take(MAX_PIPED_PROMPT + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| anyhow::anyhow!("cannot read the message from standard input: {e}"))?;
+    if text.len() as u64 > MAX_PIPED_PROMPT {
+        anyhow::bail!(
+            "the message on standard input is over {MAX_PIPED_PROMPT} bytes, more than the \
+             orchestrator accepts"
+        );
+    }
+    if text.trim().is_empty() {
+        anyhow::bail!("the message on standard input is empty");
+    }
+    Ok(text)
+}
+
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = load_config(&cli)?;
     match cli.command {
@@ -386,6 +422,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             plain,
             pick,
         } => {
+            let session = client::resolve_optional(&config, session).await?;
             if !plain && tui::available() {
                 tui::chat(&config, session, network, pick).await
             } else {
@@ -407,6 +444,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             session_budget_cost,
             prompt,
         } => {
+            let prompt = prompt_text(prompt)?;
+            let session = client::resolve_optional(&config, session).await?;
             let mode = turn::Mode {
                 approve,
                 plan,
@@ -422,18 +461,27 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Sessions { command } => match command {
             SessionsCommand::List { limit } => session_cmds::list(&config, limit).await,
-            SessionsCommand::Show { id, json } => session_cmds::show(&config, &id, json).await,
+            SessionsCommand::Show { id, json } => {
+                let id = client::resolve_session(&config, &id).await?;
+                session_cmds::show(&config, &id, json).await
+            }
             SessionsCommand::Fork {
                 id,
                 at,
                 new_id,
                 conversation_only,
-            } => session_cmds::fork(&config, &id, at, new_id, conversation_only).await,
+            } => {
+                let id = client::resolve_session(&config, &id).await?;
+                session_cmds::fork(&config, &id, at, new_id, conversation_only).await
+            }
             SessionsCommand::Rewind {
                 id,
                 to,
                 conversation_only,
-            } => session_cmds::rewind(&config, &id, to, conversation_only).await,
+            } => {
+                let id = client::resolve_session(&config, &id).await?;
+                session_cmds::rewind(&config, &id, to, conversation_only).await
+            }
             SessionsCommand::Prune { dry_run } => session_cmds::prune(&config, dry_run).await,
         }
         .map(|()| ExitCode::SUCCESS),
@@ -475,7 +523,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 call,
                 decision,
                 reason,
-            }) => inbox_cmds::answer(&config, &session, &call, decision, reason).await,
+            }) => {
+                let session = client::resolve_session(&config, &session).await?;
+                inbox_cmds::answer(&config, &session, &call, decision, reason).await
+            }
         }
         .map(|()| ExitCode::SUCCESS),
         Command::Policy {
@@ -501,6 +552,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         Command::Reminders { command } => match command {
             RemindersCommand::List { session, status } => {
+                let session = client::resolve_optional(&config, session).await?;
                 reminder_cmds::list(&config, session, status).await
             }
             RemindersCommand::Cancel { id } => reminder_cmds::cancel(&config, &id).await,

@@ -1126,3 +1126,81 @@ async fn the_approval_inbox_answers_later_and_policy_suggest_learns_from_it() {
     let parsed: toml::Table = toml::from_str(&rules).unwrap();
     assert_eq!(parsed["policy"]["rules"].as_array().unwrap().len(), 1);
 }
+
+/// Session ids are 36 characters; any prefix only one session has will do,
+/// an ambiguous one lists the candidates, an unknown one says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_are_named_by_any_unique_prefix_of_their_id() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("first answer"));
+    model.push(Reply::text("second answer"));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    for prompt in ["one", "two"] {
+        let out = install.run(&["run", prompt]);
+        assert!(out.status.success(), "{}", text(&out).1);
+    }
+    let list = text(&install.run(&["sessions", "list"])).0;
+    let ids: Vec<&str> = list
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(ids.len(), 2, "{list}");
+    // The shortest prefix of the first id that the second does not share.
+    let unique = (1..=ids[0].len())
+        .map(|n| &ids[0][..n])
+        .find(|p| !ids[1].starts_with(p))
+        .unwrap();
+    let (shown, err) = text(&install.run(&["sessions", "show", unique]));
+    assert!(shown.contains("answer"), "{shown}{err}");
+    let (_, ambiguous) = text(&install.run(&["sessions", "show", &ids[0][..2]]));
+    assert!(
+        ambiguous.contains("2 sessions' ids start with") && ambiguous.contains(ids[1]),
+        "{ambiguous}"
+    );
+    let out = install.run(&["sessions", "show", "zzzz"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out)
+            .1
+            .contains("no session's id starts with \"zzzz\""),
+        "{}",
+        text(&out).1
+    );
+    // The chat and run take a prefix too.
+    model.push(Reply::text("third answer"));
+    let out = install.run(&["run", "--session", unique, "three"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let events = install.events(ids[0]);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.to_string().contains("third answer")),
+        "the prefix did not reach the first session"
+    );
+}
+
+/// `agentry run -` (or no message, with a pipe) takes the message from
+/// standard input; an empty one is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_reads_the_message_from_a_pipe() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("read it"));
+    model.push(Reply::text("read it again"));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let out = run_with_input(&install, &["run", "-"], b"line one\nline two\n", &[]).await;
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert_eq!(text(&out).0.trim(), "read it");
+    let out = run_with_input(&install, &["run"], b"from a pipe\n", &[]).await;
+    assert!(out.status.success(), "{}", text(&out).1);
+    let requests = model.requests();
+    let sent: Vec<String> = requests
+        .iter()
+        .map(|r| r["messages"].as_array().unwrap().last().unwrap()["content"].to_string())
+        .collect();
+    assert!(sent[0].contains("line one\\nline two"), "{sent:?}");
+    assert!(sent[1].contains("from a pipe"), "{sent:?}");
+    let out = run_with_input(&install, &["run", "-"], b"  \n", &[]).await;
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("is empty"), "{}", text(&out).1);
+}
