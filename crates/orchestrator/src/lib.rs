@@ -75,8 +75,9 @@ pub enum RunError {
     /// A hook's configuration is invalid.
     #[error("hooks: {0}")]
     Hooks(String),
-    /// The policy's rules are invalid.
-    #[error("invalid policy: {0}")]
+    /// The policy's rules are invalid (the cause says which; it is not
+    /// repeated in this message, which error chains print before it).
+    #[error("invalid policy")]
     Policy(#[from] agentry_policy::PolicyError),
     /// The metrics endpoint cannot be served.
     #[error("{0}")]

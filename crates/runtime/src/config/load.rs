@@ -230,6 +230,14 @@ impl Config {
         if self.llm.model.trim().is_empty() {
             return Err(invalid("llm.model", "must not be empty"));
         }
+        // A rule that does not compile is the file's mistake, said at load
+        // by every command, not when the orchestrator starts.
+        if let Err(e) = agentry_policy::Policy::from_config(&self.policy) {
+            return Err(invalid(
+                "policy.rules",
+                &format!("{e} (rules of earlier layers count first)"),
+            ));
+        }
         let ceiling = super::MAX_RESPONSE_BYTES_CEILING;
         if !(1024..=ceiling).contains(&self.llm.max_response_bytes) {
             return Err(invalid(
@@ -514,11 +522,20 @@ fn read_optional(path: &Path) -> Result<Option<String>, ConfigError> {
 }
 
 fn parse_layer(label: &str, text: &str) -> Result<toml::Table, ConfigError> {
-    text.parse::<toml::Table>()
-        .map_err(|e| ConfigError::Invalid {
+    text.parse::<toml::Table>().map_err(|e| {
+        let reason = describe_toml_error(&e, text);
+        ConfigError::Invalid {
             source_name: label.to_string(),
-            reason: describe_toml_error(&e, text),
-        })
+            // A syntax error: its line in the file.
+            reason: match e.span() {
+                Some(span) => {
+                    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                    format!("line {line}: {reason}")
+                }
+                None => reason,
+            },
+        }
+    })
 }
 
 fn check_layer(

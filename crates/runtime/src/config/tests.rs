@@ -447,3 +447,32 @@ fn replacing_the_default_rules_is_explicit_and_named() {
     assert!(notices.contains("bash \"sudo *\""), "{notices}");
     assert!(notices.contains("bash \"rm -rf /*\""), "{notices}");
 }
+
+#[test]
+fn a_syntax_error_names_its_line_and_a_bad_rule_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[agent]\nmax_steps = 3\n[llm\n",
+    )
+    .unwrap();
+    let err = Config::load(&source(Some(dir.path()), &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("local.toml") && err.contains("line 3"),
+        "{err}"
+    );
+    std::fs::write(
+        dir.path().join("local.toml"),
+        "[[policy.rules]]\ntool = \"bash\"\ncommand = \"[abc\"\ndecision = \"allow\"\n",
+    )
+    .unwrap();
+    let err = Config::load(&source(Some(dir.path()), &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("local.toml") && err.contains("invalid command glob \"[abc\""),
+        "{err}"
+    );
+}
