@@ -27,7 +27,15 @@ use std::process::ExitCode;
     long_about = "A self-hosted runtime for tool-using LLM agents.\n\n\
         Start everything with `agentry up`, then talk to the agent with \
         `agentry chat` or `agentry run \"...\"`. Point it at any \
-        OpenAI-compatible model with AGENTRY_LLM_BASE_URL and AGENTRY_LLM_MODEL."
+        OpenAI-compatible model with AGENTRY_LLM_BASE_URL and AGENTRY_LLM_MODEL.",
+    after_help = "Examples:\n  \
+        agentry up                                  # every service in this process\n  \
+        agentry chat                                # talk to the agent\n  \
+        agentry run \"list the files\"                # one turn, the answer on stdout\n  \
+        git diff | agentry run - --approve never    # the message from a pipe\n  \
+        agentry sessions show 01a21d77-35cf         # any prefix only one session has\n  \
+        agentry approvals                           # calls waiting for a person\n  \
+        agentry completions bash > ~/.local/share/bash-completion/completions/agentry"
 )]
 struct Cli {
     /// Directory holding default.toml, local.toml and system.md
@@ -152,6 +160,15 @@ enum Command {
     Mcp {
         #[command(subcommand)]
         command: McpCommand,
+    },
+    /// Print a completion script for a shell, e.g. `agentry completions
+    /// bash > ~/.local/share/bash-completion/completions/agentry`, `agentry
+    /// completions zsh > ~/.zfunc/_agentry`, `agentry completions fish >
+    /// ~/.config/fish/completions/agentry.fish`
+    Completions {
+        /// The shell
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
     /// Print the client token of this data dir, for gRPC tools and CLIs on
     /// other machines (`authorization: Bearer <token>` metadata, or
@@ -350,6 +367,17 @@ fn main() -> ExitCode {
     }
     agentry_sandbox::running_program_embeds_helper();
     let cli = Cli::parse();
+    // Needs no configuration and no service.
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "agentry",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -504,6 +532,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate { to, from } => migrate::migrate(&config, to, from)
             .await
             .map(|()| ExitCode::SUCCESS),
+        // Answered in `main`, before any configuration is read.
+        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
         Command::Token => {
             let token = if config.auth.token.is_empty() {
                 agentry_runtime::auth::read_token(&config.client_token_file())?

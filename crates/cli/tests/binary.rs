@@ -1204,3 +1204,41 @@ async fn run_reads_the_message_from_a_pipe() {
     assert!(!out.status.success());
     assert!(text(&out).1.contains("is empty"), "{}", text(&out).1);
 }
+
+/// `agentry completions bash` is a script bash completes the commands with
+/// (no configuration or service needed).
+#[test]
+fn bash_completes_agentry_s_commands() {
+    let script = std::process::Command::new(common::BIN)
+        .args(["completions", "bash"])
+        .env("AGENTRY_CONFIG_DIR", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(script.status.success(), "{}", text(&script).1);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agentry.bash");
+    std::fs::write(&path, &script.stdout).unwrap();
+    let complete = |words: &str| {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+                 _agentry agentry \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+                 echo \"${{COMPREPLY[@]}}\"",
+                path.display()
+            ))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(complete("agentry ses").contains("sessions"));
+    assert!(complete("agentry sessions sh").contains("show"));
+    let shells = ["zsh", "fish"];
+    for shell in shells {
+        let out = std::process::Command::new(common::BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success() && !out.stdout.is_empty(), "{shell}");
+    }
+}
