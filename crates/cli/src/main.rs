@@ -94,6 +94,10 @@ enum Command {
         /// Print every event as one JSON object per line instead
         #[arg(long)]
         json: bool,
+        /// Also say how much of the context window every request's fixed
+        /// part (instructions, tool definitions) takes
+        #[arg(long, short)]
+        verbose: bool,
         /// Plan mode: the agent writes a step-by-step plan, then carries it
         /// out step by step, revising the plan when a step fails
         #[arg(long)]
@@ -464,6 +468,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             session,
             approve,
             json,
+            verbose,
             plan,
             network,
             budget_tokens,
@@ -478,6 +483,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 approve,
                 plan,
                 network,
+                verbose,
                 limits: turn::Limits {
                     turn_tokens: budget_tokens.unwrap_or(0),
                     session_tokens: session_budget_tokens.unwrap_or(0),

@@ -283,6 +283,9 @@ pub struct Renderer<A: Write, B: Write> {
     pub show_user: bool,
     /// Show approval requests (off where the caller asks the question itself).
     pub show_approvals: bool,
+    /// Show details a person rarely needs (how much of the context window
+    /// every request's fixed part takes).
+    pub verbose: bool,
     /// Token counts of the model calls of the current turn.
     step_tokens: Vec<u64>,
     /// The titles of the current plan's steps.
@@ -345,6 +348,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             streamed: String::new(),
             show_user: false,
             show_approvals: true,
+            verbose: false,
             step_tokens: Vec::new(),
             session_cost: None,
             mcp_calls: std::collections::HashSet::new(),
@@ -399,7 +403,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
                 self.step_tokens
                     .push(m.usage.as_ref().map(|u| u.total_tokens).unwrap_or(0));
                 self.end_line();
-                if m.fixed_tokens > 0 && m.context_window > 0 {
+                if self.verbose && m.fixed_tokens > 0 && m.context_window > 0 {
                     let _ = writeln!(
                         self.activity,
                         "{}",

@@ -157,6 +157,8 @@ pub struct Mode {
     pub network: bool,
     /// Spending limits to raise with the message (0: unchanged).
     pub limits: Limits,
+    /// Print details a person rarely needs.
+    pub verbose: bool,
 }
 
 /// Spending limits to raise (0: unchanged).
@@ -255,6 +257,7 @@ pub async fn run(
         Visible::new(std::io::stderr()),
     );
     renderer.show_approvals = !std::io::stdin().is_terminal();
+    renderer.verbose = mode.verbose;
     let mut cancelled = false;
     let mut needs_person = false;
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
@@ -606,7 +609,7 @@ pub async fn chat(
                             continue;
                         }
                         if text == "/compact" {
-                            let mut input = user_input(text.to_string(), Mode { approve: Approve::Policy, plan: false, network, limits: Limits::default() });
+                            let mut input = user_input(text.to_string(), Mode { approve: Approve::Policy, plan: false, network, limits: Limits::default(), verbose: false });
                             if let Some(pb::input::Kind::UserMessage(m)) = &mut input.kind {
                                 m.compact = true;
                             }
@@ -633,7 +636,7 @@ pub async fn chat(
                         let submitted = client
                             .submit(pb::SubmitRequest {
                                 session_id: session.id.clone(),
-                                input: Some(user_input(text.to_string(), Mode { approve: Approve::Policy, plan, network, limits: std::mem::take(&mut limits) })),
+                                input: Some(user_input(text.to_string(), Mode { approve: Approve::Policy, plan, network, limits: std::mem::take(&mut limits), verbose: false })),
                             })
                             .await;
                         match submitted {

@@ -24,7 +24,7 @@ async fn up_then_run_prints_the_answer() {
     let (install, up, log) = Up::start(&model.base_url());
 
     let out = tokio::task::spawn_blocking({
-        let cmd = install.command(&["run", "--approve", "always", "what is 6*7?"]);
+        let cmd = install.command(&["run", "--verbose", "--approve", "always", "what is 6*7?"]);
         move || {
             let mut cmd = cmd;
             cmd.stdin(Stdio::null()).output().unwrap()
@@ -1241,4 +1241,17 @@ fn bash_completes_agentry_s_commands() {
             .unwrap();
         assert!(out.status.success() && !out.stdout.is_empty(), "{shell}");
     }
+}
+
+/// Without `--verbose`, `run` keeps to the answer and the tool activity.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_says_the_fixed_part_only_when_verbose() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("plain"));
+    let (install, _up, _log) = Up::start(&model.base_url());
+    let out = install.run(&["run", "hello"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "plain");
+    assert!(!stderr.contains("fixed part"), "{stderr}");
 }

@@ -260,7 +260,7 @@ async fn a_streamed_answer_comes_through_run_and_json() {
     let llama = Llama::start(&dir, 2048, None);
     let (install, up, log) = Up::start_configured(&llama.base_url(), SHORT_ANSWERS);
 
-    let out = install.run(&["run", "--approve", "never", "Say hello."]);
+    let out = install.run(&["run", "--verbose", "--approve", "never", "Say hello."]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}\n{}", llama.logs());
     assert!(!stdout.trim().is_empty(), "no answer: {stderr}");

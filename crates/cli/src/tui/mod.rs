@@ -291,6 +291,7 @@ async fn perform(
                     plan,
                     network,
                     limits,
+                    verbose: false,
                 },
             );
             if let Some(pb::input::Kind::UserMessage(m)) = &mut input.kind {
