@@ -299,11 +299,16 @@ pub fn read_servers_file(path: &Path) -> Result<Vec<McpServerConfig>, ConfigErro
         };
         match s.kind.as_str() {
             "" | "stdio" | "http" | "streamable-http" | "streamableHttp" => {}
+            // A file shared with other agents may name servers of the
+            // old transport: the rest of the file still counts.
             "sse" => {
-                return Err(invalid(format!(
-                    "mcpServers.{name}: the old HTTP+SSE transport (\"type\": \"sse\") is not \
-                     supported; use the server's streamable HTTP endpoint"
-                )));
+                tracing::warn!(
+                    file = %path.display(),
+                    "mcpServers.{name} is skipped: the old HTTP+SSE transport (\"type\": \
+                     \"sse\") is not supported; give the server's streamable HTTP endpoint \
+                     instead"
+                );
+                continue;
             }
             other => {
                 return Err(invalid(format!(
@@ -448,10 +453,6 @@ mod tests {
                 r#"{"mcpServers": {"a": {"command": "x", "bogus": 1}}}"#,
                 "unknown keys",
             ),
-            (
-                r#"{"mcpServers": {"a": {"type": "sse", "url": "http://h/sse"}}}"#,
-                "not supported",
-            ),
         ] {
             let path = dir.path().join("bad.json");
             std::fs::write(&path, text).unwrap();
@@ -462,6 +463,19 @@ mod tests {
             assert!(err.contains("bad.json"), "{err}");
             assert!(err.contains(expected), "{text}: {err}");
         }
+        // A server of the old SSE transport is skipped; the others count.
+        let shared = dir.path().join("shared.json");
+        std::fs::write(
+            &shared,
+            r#"{"mcpServers": {"old": {"type": "sse", "url": "http://h/sse"},
+                               "time": {"command": "uvx", "args": ["mcp-server-time"]}}}"#,
+        )
+        .unwrap();
+        let servers = config_with(Vec::new(), Some(&shared))
+            .mcp_servers()
+            .unwrap();
+        let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["time"]);
         let err = config_with(Vec::new(), Some(&dir.path().join("missing.json")))
             .mcp_servers()
             .unwrap_err()
