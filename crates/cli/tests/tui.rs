@@ -158,3 +158,42 @@ async fn an_edit_is_approved_from_its_diff_the_answer_renders_and_a_turn_is_canc
         "{screen}"
     );
 }
+
+/// Leaving the chat while a question waits does not decide it: the turn
+/// is not cancelled, the question stays in the inbox, and the chat says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn leaving_with_a_question_waiting_keeps_it_in_the_inbox() {
+    if !tmux_present() {
+        return;
+    }
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "w1",
+        "bash",
+        json!({"command": "make release"}),
+    ));
+    model.push(Reply::text("released"));
+    let (install, _up, _log) = Up::start_configured(&model.base_url(), "");
+    let tmux = Tmux::start(install.dir.path(), &chat_script(&install, ""));
+    tmux.wait_for("the chat to open", |s| s.contains("message the agent"));
+    tmux.type_text("release it");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("the question", |s| s.contains("$ make release"));
+    tmux.keys(&["C-d"]);
+    let screen = tmux.wait_for("the chat to end", |s| s.contains("[chat exited 0]"));
+    assert!(
+        screen.contains("1 question of this session waits for an answer in `agentry approvals`"),
+        "{screen}"
+    );
+    let (waiting, _) = common::install::text(&install.run(&["approvals"]));
+    assert!(waiting.contains("make release"), "{waiting}");
+    let session = install.latest_session();
+    let events = install.events(&session);
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.to_string().contains("turn_cancelled")
+                || e.to_string().contains("\"cancelled\"")),
+        "the turn was cancelled: {events:?}"
+    );
+}

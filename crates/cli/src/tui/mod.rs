@@ -48,7 +48,8 @@ enum Report {
 
 /// How one session's chat ended.
 enum End {
-    Leave,
+    /// The person left; this many questions still wait for an answer.
+    Leave(usize),
     Switch(String),
 }
 
@@ -71,6 +72,7 @@ pub async fn chat(
     let mut next = session;
     let mut pick = pick && next.is_none();
     let mut last_session = None;
+    let mut waiting = 0;
     let result = loop {
         let session = if pick {
             pick = false;
@@ -95,7 +97,10 @@ pub async fn chat(
             network,
         );
         match run_session(&mut client, &mut screen, &keys, &mut app, &session).await {
-            Ok(End::Leave) => break Ok(ExitCode::SUCCESS),
+            Ok(End::Leave(questions)) => {
+                waiting = questions;
+                break Ok(ExitCode::SUCCESS);
+            }
             Ok(End::Switch(id)) => next = Some(id),
             Err(e) => break Err(e),
         }
@@ -103,6 +108,14 @@ pub async fn chat(
     keys.stop();
     drop(screen);
     if let Some(id) = last_session {
+        if waiting > 0 {
+            eprintln!(
+                "{waiting} question{} of this session wait{} for an answer in `agentry \
+                 approvals`; the turn goes on once answered (there, or here again).",
+                if waiting == 1 { "" } else { "s" },
+                if waiting == 1 { "s" } else { "" }
+            );
+        }
         eprintln!("bye. Resume with: agentry chat --session {id}");
     }
     result
@@ -229,7 +242,7 @@ async fn run_session(
                 },
                 Some(event::Event::Resize(_, _)) => app.dirty = true,
                 Some(_) => {}
-                None => return Ok(End::Leave),
+                None => return Ok(End::Leave(0)),
             },
             report = reports.recv() => {
                 let mut next = report;
@@ -408,6 +421,11 @@ async fn perform(
             }
         }
         Action::Quit => {
+            // A question waiting for an answer stays in the inbox: leaving
+            // does not decide it, and the turn waits for it.
+            if !app.approvals.is_empty() {
+                return Ok(Some(End::Leave(app.approvals.len())));
+            }
             if app.turn_open {
                 let input = pb::Input {
                     kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
@@ -416,7 +434,7 @@ async fn perform(
                 };
                 let _ = client.submit(submit(input)).await;
             }
-            return Ok(Some(End::Leave));
+            return Ok(Some(End::Leave(0)));
         }
     }
     Ok(None)
