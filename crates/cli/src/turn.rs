@@ -533,6 +533,17 @@ pub async fn chat(
             line = lines.next_line(), if read_input => {
                 prompt_shown = false;
                 let Some(line) = line? else {
+                    let waiting = usize::from(matches!(asking, Asking::Approval(_) | Asking::DenyReason(_))) + queued.len();
+                    if interactive && open_turn.is_some() && waiting > 0 {
+                        // The person left (Ctrl+D) with a question open: it
+                        // is not decided here; it waits in the inbox.
+                        eprintln!(
+                            "\n{waiting} question{} of this session wait{} for an answer in `agentry approvals`; the turn goes on once answered (there, or here again).",
+                            if waiting == 1 { "" } else { "s" },
+                            if waiting == 1 { "s" } else { "" }
+                        );
+                        break;
+                    }
                     if open_turn.is_some() {
                         // Input ended while a question was open: nobody is
                         // left to answer, so stop the turn and wait for it.

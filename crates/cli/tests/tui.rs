@@ -163,6 +163,16 @@ async fn an_edit_is_approved_from_its_diff_the_answer_renders_and_a_turn_is_canc
 /// is not cancelled, the question stays in the inbox, and the chat says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn leaving_with_a_question_waiting_keeps_it_in_the_inbox() {
+    leave_with_a_question_waiting("").await;
+}
+
+/// The same in the line chat on a terminal.
+#[tokio::test(flavor = "multi_thread")]
+async fn leaving_the_line_chat_with_a_question_waiting_keeps_it_in_the_inbox() {
+    leave_with_a_question_waiting("--plain").await;
+}
+
+async fn leave_with_a_question_waiting(args: &str) {
     if !tmux_present() {
         return;
     }
@@ -174,11 +184,14 @@ async fn leaving_with_a_question_waiting_keeps_it_in_the_inbox() {
     ));
     model.push(Reply::text("released"));
     let (install, _up, _log) = Up::start_configured(&model.base_url(), "");
-    let tmux = Tmux::start(install.dir.path(), &chat_script(&install, ""));
-    tmux.wait_for("the chat to open", |s| s.contains("message the agent"));
+    let tmux = Tmux::start(install.dir.path(), &chat_script(&install, args));
+    tmux.wait_for("the chat to open", |s| {
+        s.contains("message the agent") || s.contains("Type a message")
+    });
     tmux.type_text("release it");
     tmux.keys(&["Enter"]);
     tmux.wait_for("the question", |s| s.contains("$ make release"));
+    std::thread::sleep(Duration::from_millis(300));
     tmux.keys(&["C-d"]);
     let screen = tmux.wait_for("the chat to end", |s| s.contains("[chat exited 0]"));
     assert!(
