@@ -22,6 +22,29 @@ pub fn describe(request: &spb::ApprovalRequested) -> String {
     crate::terminal::visible(&describe_raw(request)).into_owned()
 }
 
+/// What answering "always in this session" would allow from then on, in
+/// one line: the commands of a bash line, a file tool's path, or every
+/// call of the tool.
+pub fn always_covers(request: &spb::ApprovalRequested) -> String {
+    let rules = agentry_policy::session_rules_for(&request.tool, &request.arguments_json);
+    let parts: Vec<String> = rules
+        .iter()
+        .map(|r| match (&r.command, &r.path) {
+            (Some(command), _) => format!("`{command}`"),
+            (None, Some(path)) => format!("{} of {path}", r.tool),
+            (None, None) => format!("every {} call", r.tool),
+        })
+        .collect();
+    if parts.is_empty() {
+        "[a]lways adds nothing it could match again: it answers this call only".to_string()
+    } else {
+        format!(
+            "[a]lways allows, for the rest of this session: {}",
+            parts.join(", ")
+        )
+    }
+}
+
 fn describe_raw(request: &spb::ApprovalRequested) -> String {
     let args: Value = serde_json::from_str(&request.arguments_json).unwrap_or(Value::Null);
     let mut out = if request.outcome_unknown {
@@ -50,7 +73,7 @@ fn describe_raw(request: &spb::ApprovalRequested) -> String {
         out.push_str(&format!("  ({})", request.matched_rule));
     }
     out.push('\n');
-    out + &describe_arguments(request, &args)
+    out + &describe_arguments(request, &args) + &format!("    {}\n", always_covers(request))
 }
 
 /// The call's arguments, readable: the command for bash, a diff-like view
@@ -282,5 +305,41 @@ mod tests {
             }
         }
         assert!(matches!(answer(&request, "y").await, Answer::Again(_)));
+    }
+}
+
+#[cfg(test)]
+mod covers_tests {
+    use super::*;
+
+    fn request(tool: &str, arguments: serde_json::Value) -> spb::ApprovalRequested {
+        spb::ApprovalRequested {
+            tool: tool.to_string(),
+            arguments_json: arguments.to_string(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_prompt_says_what_always_would_allow() {
+        let bash = request(
+            "bash",
+            serde_json::json!({"command": "make release && ls -la"}),
+        );
+        assert_eq!(
+            always_covers(&bash),
+            "[a]lways allows, for the rest of this session: `make release`, `ls -la`"
+        );
+        assert!(describe(&bash).contains("`make release`, `ls -la`"));
+        let write = request(
+            "write_file",
+            serde_json::json!({"path": "notes.txt", "content": "x"}),
+        );
+        assert!(always_covers(&write).ends_with("write_file of notes.txt"));
+        let mcp = request("time__now", serde_json::json!({}));
+        assert!(always_covers(&mcp).ends_with("every time__now call"));
+        // A line the policy cannot read gives nothing to match again.
+        let computed = request("bash", serde_json::json!({"command": "$CMD"}));
+        assert!(always_covers(&computed).contains("this call only"));
     }
 }

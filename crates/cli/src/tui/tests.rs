@@ -654,11 +654,12 @@ fn an_approval_shows_the_diff_and_takes_single_keys() {
         "@@ -1 +1 @@",
         "-old",
         "+new",
+        "[a]lways allows, for the rest of this session: edit_file of f",
     ] {
         expected.push(boxed(line, 80));
     }
     expected.push(format!("└{}┘", "─".repeat(78)));
-    assert_eq!(rows[12..21], expected[..], "{}", dump(&rows));
+    assert_eq!(rows[11..21], expected[..], "{}", dump(&rows));
     assert_eq!(
         rows[22],
         pad(
@@ -670,9 +671,9 @@ fn an_approval_shows_the_diff_and_takes_single_keys() {
     assert_eq!(rows[2], pad("? edit_file f", 80), "{}", dump(&rows));
     assert!(rows[23].contains("waiting for you"), "{}", dump(&rows));
     // Removed lines red, added ones green.
-    assert_eq!(buffer[(1, 18)].fg, Color::Red);
-    assert_eq!(buffer[(1, 19)].fg, Color::Green);
-    assert_eq!(buffer[(1, 17)].fg, Color::Cyan);
+    assert_eq!(buffer[(1, 17)].fg, Color::Red);
+    assert_eq!(buffer[(1, 18)].fg, Color::Green);
+    assert_eq!(buffer[(1, 16)].fg, Color::Cyan);
 
     // y approves (the question stays until the decision is logged).
     assert_eq!(
@@ -723,7 +724,7 @@ fn a_denial_takes_a_reason() {
     assert_eq!(app.deny_reason.as_deref(), Some("c1"));
     let rows = screen(&mut app, 80, 24);
     let title = " why not? type a reason for the agent (optional), Enter · Esc back ";
-    assert_eq!(rows[12], top_border(title, 80), "{}", dump(&rows));
+    assert_eq!(rows[11], top_border(title, 80), "{}", dump(&rows));
     assert_eq!(rows[22], pad("reason›", 80), "{}", dump(&rows));
     // y and n are now part of the reason, not answers.
     assert!(type_text(&mut app, "  not yet, try again ").is_empty());
@@ -743,7 +744,7 @@ fn a_denial_takes_a_reason() {
     assert!(app.deny_reason.is_none());
     assert!(app.question().is_some(), "not put aside");
     let rows = screen(&mut app, 80, 24);
-    assert_eq!(rows[12], top_border(ALLOW, 80));
+    assert_eq!(rows[11], top_border(ALLOW, 80));
 
     // An empty reason denies without one.
     press(&mut app, KeyCode::Char('n'));
@@ -781,7 +782,7 @@ fn typing_a_message_first_does_not_answer_the_question() {
     assert_eq!(app.approvals.len(), 1);
     let rows = screen(&mut app, 80, 24);
     assert_eq!(rows[22], pad("› dda", 80), "{}", dump(&rows));
-    assert_eq!(rows[12], top_border(ALLOW, 80), "still shown");
+    assert_eq!(rows[11], top_border(ALLOW, 80), "still shown");
     // Enter while the turn runs keeps the message and says why.
     assert!(press(&mut app, KeyCode::Enter).is_empty());
     assert_eq!(app.input.text, "dda");
@@ -807,7 +808,7 @@ fn a_question_is_put_aside_with_esc_and_brought_back_with_ctrl_a() {
     assert!(app.on_key(ctrl('a')).is_empty());
     assert!(app.question().is_some());
     let rows = screen.draw(&mut app);
-    assert_eq!(rows[12], top_border(ALLOW, 80), "{}", dump(&rows));
+    assert_eq!(rows[11], top_border(ALLOW, 80), "{}", dump(&rows));
     assert!(shows(&rows, "│+new"));
     assert_eq!(
         press(&mut app, KeyCode::Char('y')),
@@ -931,7 +932,7 @@ fn a_long_question_scrolls_inside_its_box() {
     app.on_key(key(KeyCode::PageDown));
     let rows = screen(&mut app, 80, 24);
     assert!(shows(&rows, "│+line 40 "), "{}", dump(&rows));
-    assert!(shows(&rows, "of 43 lines"), "{}", dump(&rows));
+    assert!(shows(&rows, "of 44 lines"), "{}", dump(&rows));
     // The status line is still the last row.
     assert!(rows[23].starts_with(" configured-model"), "{}", dump(&rows));
 }

@@ -373,6 +373,12 @@ pub fn question_lines(pending: &Pending, theme: &Theme, width: u16) -> Vec<Line<
         }
         (_, Preview::None) => arguments_lines(&args, request, theme, room, &mut out),
     }
+    if !request.outcome_unknown {
+        let covers = crate::approval::always_covers(request);
+        for piece in wrap_plain(&super::app::clean(&covers), room) {
+            out.push(Line::from(Span::styled(piece, theme.ask())));
+        }
+    }
     out
 }
 
