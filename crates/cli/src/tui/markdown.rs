@@ -1,8 +1,9 @@
-//! Answers as terminal lines: markdown (CommonMark with strikethrough and
-//! task lists) rendered to styled lines wrapped at a width. Headings,
+//! Answers as terminal lines: markdown (CommonMark with strikethrough, task
+//! lists and tables) rendered to styled lines wrapped at a width. Headings,
 //! emphasis, inline code, links (their address shown after the text when
-//! it differs), lists (nested, numbered), block quotes, rules, and code
-//! blocks highlighted by language ([`super::highlight`]).
+//! it differs), lists (nested, numbered), block quotes, rules, tables
+//! (columns aligned, cut to the width with `…`), and code blocks
+//! highlighted by language ([`super::highlight`]).
 
 use super::app::clean;
 use super::highlight;
@@ -25,8 +26,10 @@ pub fn render(text: &str, width: u16, theme: &Theme) -> Vec<Line<'static>> {
         quote: 0,
         code: None,
         link: None,
+        table: None,
     };
-    let options = Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS;
+    let options =
+        Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS | Options::ENABLE_TABLES;
     for event in Parser::new_ext(text, options) {
         r.event(event);
     }
@@ -53,6 +56,17 @@ struct Renderer {
     code: Option<(String, String)>,
     /// An open link: its address.
     link: Option<String>,
+    /// An open table: its rows so far (the head first), each a list of
+    /// cells' text, and the row being read.
+    table: Option<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    rows: Vec<Vec<String>>,
+    row: Vec<String>,
+    /// How many rows are the head.
+    head: usize,
 }
 
 impl Renderer {
@@ -185,12 +199,16 @@ impl Renderer {
                 self.link = Some(dest_url.into_string());
                 self.push_style(self.theme.link());
             }
+            Tag::Table(_) => {
+                self.flush();
+                self.blank();
+                self.table = Some(Table::default());
+            }
             Tag::HtmlBlock
             | Tag::FootnoteDefinition(_)
             | Tag::DefinitionList
             | Tag::DefinitionListTitle
             | Tag::DefinitionListDefinition
-            | Tag::Table(_)
             | Tag::TableHead
             | Tag::TableRow
             | Tag::TableCell
@@ -252,18 +270,95 @@ impl Renderer {
                     }
                 }
             }
+            TagEnd::TableCell if self.table.is_some() => {
+                let text: String = std::mem::take(&mut self.spans)
+                    .iter()
+                    .map(|s| s.content.as_ref())
+                    .collect();
+                if let Some(table) = &mut self.table {
+                    table.row.push(text.trim().to_string());
+                }
+            }
+            TagEnd::TableHead | TagEnd::TableRow if self.table.is_some() => {
+                if let Some(table) = &mut self.table {
+                    let row = std::mem::take(&mut table.row);
+                    table.rows.push(row);
+                    if tag == TagEnd::TableHead {
+                        table.head = table.rows.len();
+                    }
+                }
+            }
+            TagEnd::Table => {
+                if let Some(table) = self.table.take() {
+                    self.table_lines(&table);
+                }
+                self.blank();
+            }
             TagEnd::HtmlBlock
             | TagEnd::FootnoteDefinition
             | TagEnd::DefinitionList
             | TagEnd::DefinitionListTitle
             | TagEnd::DefinitionListDefinition
-            | TagEnd::Table
             | TagEnd::TableHead
             | TagEnd::TableRow
             | TagEnd::TableCell
             | TagEnd::Superscript
             | TagEnd::Subscript
             | TagEnd::MetadataBlock(_) => self.flush(),
+        }
+    }
+
+    /// A table: columns as wide as their widest cell, shrunk from the
+    /// widest until the table fits the width (cells cut with `…`), the head
+    /// in bold and ruled off, columns divided by `│`.
+    fn table_lines(&mut self, table: &Table) {
+        let indent = self.indent();
+        let columns = table.rows.iter().map(Vec::len).max().unwrap_or(0);
+        if columns == 0 {
+            return;
+        }
+        let mut widths = vec![1usize; columns];
+        for row in &table.rows {
+            for (i, cell) in row.iter().enumerate() {
+                widths[i] = widths[i].max(cell.width());
+            }
+        }
+        let separators = 3 * (columns - 1);
+        let room = self
+            .width
+            .saturating_sub(indent.width() + separators)
+            .max(columns);
+        while widths.iter().sum::<usize>() > room {
+            let Some(widest) = (0..columns).max_by_key(|&i| widths[i]) else {
+                break;
+            };
+            if widths[widest] <= 1 {
+                break;
+            }
+            widths[widest] -= 1;
+        }
+        for (r, row) in table.rows.iter().enumerate() {
+            let style = if r < table.head {
+                self.theme.text().add_modifier(Modifier::BOLD)
+            } else {
+                self.theme.text()
+            };
+            let mut spans = vec![Span::raw(indent.clone())];
+            for (i, width) in widths.iter().enumerate() {
+                if i > 0 {
+                    spans.push(Span::styled(" │ ", self.theme.dim()));
+                }
+                let cell = row.get(i).map(String::as_str).unwrap_or("");
+                spans.push(Span::styled(fit(cell, *width), style));
+            }
+            self.lines.push(Line::from(spans));
+            if r + 1 == table.head {
+                let rule: Vec<String> = widths.iter().map(|w| "─".repeat(*w)).collect();
+                self.lines.push(Line::from(Span::styled(
+                    format!("{indent}{}", rule.join("─┼─")),
+                    self.theme.dim(),
+                )));
+            }
         }
     }
 
@@ -422,6 +517,28 @@ pub fn plain(lines: &[Line<'_>]) -> String {
         .join("\n")
 }
 
+/// `text` padded to `width` columns, or cut to it with `…`.
+fn fit(text: &str, width: usize) -> String {
+    let shown = text.width();
+    if shown <= width {
+        return format!("{text}{}", " ".repeat(width - shown));
+    }
+    let mut out = String::new();
+    let mut used = 0;
+    for c in text.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w + 1 > width {
+            break;
+        }
+        out.push(c);
+        used += w;
+    }
+    out.push('…');
+    used += 1;
+    out.push_str(&" ".repeat(width.saturating_sub(used)));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -488,5 +605,28 @@ mod tests {
             assert_eq!(span.style.fg, None, "{span:?}");
             assert_eq!(span.style.bg, None, "{span:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn a_table_keeps_its_rows_and_columns() {
+        let theme = Theme { color: false };
+        let text = "Sizes:\n\n| crate | lines |\n|---|---:|\n| sandbox | 1,200 |\n| policy | 3,400 |\n\nDone.";
+        let shown = plain(&render(text, 60, &theme));
+        assert_eq!(
+            shown,
+            "Sizes:\n\ncrate   │ lines\n────────┼──────\nsandbox │ 1,200\npolicy  │ 3,400\n\nDone."
+        );
+        // Too wide for the screen: the widest column gives way.
+        let wide = "| a | b |\n|---|---|\n| short | a very long cell that cannot fit |";
+        let lines = render(wide, 24, &theme);
+        for line in &lines {
+            assert!(line.width() <= 24, "{:?}", plain(&lines));
+        }
+        assert!(plain(&lines).contains('…'), "{}", plain(&lines));
     }
 }
