@@ -1808,3 +1808,20 @@ fn a_sub_agents_question_is_kept_apart_from_the_parents_and_answered_to_its_sess
     assert_eq!(app.approvals[0].request.call_id, "call_1");
     assert_eq!(app.approvals[0].request.tool, "bash");
 }
+
+#[test]
+fn a_message_of_several_lines_keeps_them() {
+    let mut app = new_app(true);
+    feed(
+        &mut app,
+        vec![user("first line\nsecond line\n\nafter a blank")],
+    );
+    let rows = screen(&mut app, 80, 24);
+    let at = rows
+        .iter()
+        .position(|r| r.starts_with("› first line"))
+        .unwrap_or_else(|| panic!("{}", dump(&rows)));
+    assert_eq!(rows[at + 1], pad("  second line", 80), "{}", dump(&rows));
+    assert_eq!(rows[at + 2], pad("  ", 80), "{}", dump(&rows));
+    assert_eq!(rows[at + 3], pad("  after a blank", 80), "{}", dump(&rows));
+}

@@ -133,10 +133,17 @@ pub fn entry_lines(
     let mut out = Vec::new();
     match entry {
         Entry::User(text) => {
-            for (i, piece) in wrap_plain(text, usize::from(width).saturating_sub(2))
-                .into_iter()
-                .enumerate()
-            {
+            // Each line of a message on lines of its own (blank ones kept).
+            let room = usize::from(width).saturating_sub(2);
+            let pieces = text.split('\n').flat_map(|line| {
+                let wrapped = wrap_plain(line, room);
+                if wrapped.is_empty() {
+                    vec![String::new()]
+                } else {
+                    wrapped
+                }
+            });
+            for (i, piece) in pieces.enumerate() {
                 let prefix = if i == 0 { "› " } else { "  " };
                 out.push(Line::from(vec![
                     Span::styled(prefix, theme.user()),
