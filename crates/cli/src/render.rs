@@ -255,6 +255,13 @@ fn shorten(text: &str, max: usize) -> String {
     }
 }
 
+/// Whether a tool is plan mode's own (`submit_plan`, `complete_step`):
+/// its calls are the plan's steps, shown as the plan rather than as raw
+/// JSON.
+pub(crate) fn is_plan_tool(tool: &str) -> bool {
+    matches!(tool, "submit_plan" | "complete_step")
+}
+
 /// Renders events for a person.
 ///
 /// How much of the context window the fixed part of every request takes
@@ -411,6 +418,9 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     );
                 }
             }
+            // The plan's own calls show as the plan (below), not as calls.
+            Kind::ToolCallRequested(c) if is_plan_tool(&c.tool) => {}
+            Kind::ToolResult(r) if is_plan_tool(&r.tool) && !r.is_error => {}
             Kind::ToolCallRequested(c) => {
                 self.end_line();
                 if c.tool.contains("__") {
@@ -556,7 +566,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             Kind::CancelRequested(_) => {
                 self.end_line();
             }
-            Kind::SkillsetChosen(s) if !s.skillset.is_empty() => {
+            Kind::SkillsetChosen(s) if self.verbose && !s.skillset.is_empty() => {
                 let _ = writeln!(self.activity, "  (skillset: {})", s.skillset);
             }
             Kind::ContextCompacted(c) => {
@@ -736,6 +746,54 @@ mod tests {
 
     fn answered(events: &[pb::Event]) -> String {
         both(events).0
+    }
+
+    #[test]
+    fn plan_calls_and_skillsets_are_not_shown_as_activity() {
+        let call = |tool: &str, args: &str| {
+            event(Kind::ToolCallRequested(pb::ToolCallRequested {
+                call_id: format!("{tool}-1"),
+                tool: tool.into(),
+                arguments_json: args.into(),
+                ..Default::default()
+            }))
+        };
+        let result = |tool: &str, is_error: bool| {
+            event(Kind::ToolResult(pb::ToolResult {
+                call_id: format!("{tool}-1"),
+                tool: tool.into(),
+                output: "step 2 is still in progress".into(),
+                is_error,
+                ..Default::default()
+            }))
+        };
+        let skillset = event(Kind::SkillsetChosen(pb::SkillsetChosen {
+            skillset: "files".into(),
+            ..Default::default()
+        }));
+        let shown = rendered(&[
+            skillset.clone(),
+            call("submit_plan", r#"{"steps":[{"title":"one"}]}"#),
+            result("submit_plan", false),
+            call("complete_step", r#"{"status":"completed"}"#),
+            result("complete_step", true),
+        ]);
+        assert!(!shown.contains("skillset"), "{shown}");
+        assert!(!shown.contains("submit_plan"), "{shown}");
+        assert!(!shown.contains(r#"{"status""#), "{shown}");
+        // A plan call that failed still says why.
+        assert!(shown.contains("step 2 is still in progress"), "{shown}");
+        // Verbose, the skillset shows.
+        let mut activity = Vec::new();
+        let mut r = Renderer::new(Vec::new(), &mut activity);
+        r.verbose = true;
+        r.event(&skillset);
+        drop(r);
+        assert!(
+            String::from_utf8(activity)
+                .unwrap()
+                .contains("(skillset: files)")
+        );
     }
 
     #[test]

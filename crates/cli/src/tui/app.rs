@@ -563,6 +563,8 @@ impl App {
                     None => {}
                 }
             }
+            // The plan's own calls show as the plan, not as blocks of JSON.
+            Kind::ToolCallRequested(c) if crate::render::is_plan_tool(&c.tool) => {}
             Kind::ToolCallRequested(c) => {
                 self.push(Entry::Tool(ToolBlock {
                     call_id: c.call_id.clone(),
@@ -665,6 +667,9 @@ impl App {
                     }
                     block.output = output;
                     self.touch(i);
+                } else if crate::render::is_plan_tool(&r.tool) && r.is_error {
+                    // A plan call has no block: what went wrong is a note.
+                    self.note(formatted, NoteKind::Error);
                 }
                 self.resolved(&r.call_id);
                 if self.turn_open {
