@@ -86,6 +86,18 @@ impl Cluster {
         *self.alive.borrow()
     }
 
+    /// Whether the replica is alive, waiting up to `wait` for a heartbeat
+    /// to land (a replica just started has not renewed one yet).
+    pub async fn alive_within(&self, wait: Duration) -> bool {
+        if self.is_alive() {
+            return true;
+        }
+        let mut alive = self.alive.subscribe();
+        tokio::time::timeout(wait, alive.wait_for(|a| *a))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     /// Follows [`Cluster::is_alive`].
     pub fn watch_alive(&self) -> tokio::sync::watch::Receiver<bool> {
         self.alive.subscribe()

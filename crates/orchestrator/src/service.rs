@@ -92,9 +92,15 @@ impl OrchestratorService {
         {
             return Ok(Route::Here(handle.clone()));
         }
+        let alive = match &self.deps.cluster {
+            // A replica just started may not have landed its first
+            // heartbeat yet: an input waits a beat for it.
+            Some(cluster) => cluster.alive_within(crate::cluster::HEARTBEAT_EVERY).await,
+            None => true,
+        };
         let acquired = match &self.deps.cluster {
             None => Ok(0),
-            Some(cluster) if !cluster.is_alive() => Err(Err(Status::unavailable(
+            Some(_) if !alive => Err(Err(Status::unavailable(
                 "this orchestrator replica cannot renew its heartbeat in the session store, so \
                  it drives no session now; try again, or another replica",
             ))),
