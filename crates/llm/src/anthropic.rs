@@ -403,18 +403,11 @@ impl crate::sse::Assemble for Answer {
 
     fn sizes(&self) -> crate::limits::Sizes<'_> {
         let streaming = self.blocks.iter().filter_map(|(_, block)| match block {
-            Block::ToolUse { name, input, .. } => Some((name.as_str(), input.len())),
+            Block::ToolUse { name, input, .. } => Some((&**name, &**input)),
             Block::Text | Block::Other => None,
         });
-        crate::limits::Sizes {
-            text: self.text.len(),
-            calls: self
-                .calls
-                .iter()
-                .map(|c| (c.name.as_str(), c.arguments.len()))
-                .chain(streaming)
-                .collect(),
-        }
+        let done = self.calls.iter().map(|c| (&*c.name, &*c.arguments));
+        crate::limits::Sizes::of(&self.text, done.chain(streaming))
     }
 
     fn into_completion(self) -> Completion {

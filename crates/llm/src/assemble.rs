@@ -126,14 +126,8 @@ impl Assembler {
 
     /// The sizes of the answer so far.
     pub(crate) fn sizes(&self) -> crate::limits::Sizes<'_> {
-        crate::limits::Sizes {
-            text: self.text.len(),
-            calls: self
-                .calls
-                .iter()
-                .map(|c| (c.name.as_str(), c.arguments.len()))
-                .collect(),
-        }
+        let calls = self.calls.iter();
+        crate::limits::Sizes::of(&self.text, calls.map(|c| (&*c.name, &*c.arguments)))
     }
 
     /// Whether a finish reason was received, i.e. the answer itself is complete.

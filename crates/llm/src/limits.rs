@@ -43,6 +43,19 @@ pub(crate) struct Sizes<'a> {
     pub calls: Vec<(&'a str, usize)>,
 }
 
+impl<'a> Sizes<'a> {
+    /// The sizes of an answer with `text` and these calls (name, arguments).
+    pub(crate) fn of(text: &str, calls: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Sizes {
+            text: text.len(),
+            calls: calls
+                .into_iter()
+                .map(|(name, arguments)| (name, arguments.len()))
+                .collect(),
+        }
+    }
+}
+
 impl ResponseLimits {
     /// Default of [`ResponseLimits::max_response_bytes`]: 1 MiB.
     pub const DEFAULT_RESPONSE_BYTES: usize = 1024 * 1024;
