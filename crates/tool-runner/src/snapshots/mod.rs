@@ -232,8 +232,9 @@ pub struct Snapshots {
     dir: PathBuf,
     limits: SnapshotLimits,
     /// The bytes of the store's objects, as this runner knows them: counted
-    /// at open and by each retention run, and grown by its own snapshots.
-    total: Arc<std::sync::atomic::AtomicU64>,
+    /// when first needed (a store without a total limit is never counted)
+    /// and by each retention run, and grown by its own snapshots.
+    total: Arc<std::sync::OnceLock<std::sync::atomic::AtomicU64>>,
 }
 
 fn io_error(what: &str, path: &Path, e: impl std::fmt::Display) -> ToolError {
@@ -254,11 +255,25 @@ impl Snapshots {
         }
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| io_error("protect", dir, e))?;
-        let total = objects_size(&dir.join("objects"));
         Ok(Snapshots {
             dir: dir.to_path_buf(),
             limits,
-            total: Arc::new(std::sync::atomic::AtomicU64::new(total)),
+            total: Arc::default(),
+        })
+    }
+
+    /// Adds what a snapshot wrote to the store's size, once it is counted
+    /// (counting later reads it from disk).
+    fn grown(&self, bytes: u64) {
+        if let Some(total) = self.total.get() {
+            total.fetch_add(bytes, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+
+    /// What this runner knows of the store's size.
+    fn total(&self) -> &std::sync::atomic::AtomicU64 {
+        self.total.get_or_init(|| {
+            std::sync::atomic::AtomicU64::new(objects_size(&self.dir.join("objects")))
         })
     }
 
@@ -271,10 +286,16 @@ impl Snapshots {
                 limit.saturating_sub(used)
             }
         };
-        let total = self.total.load(std::sync::atomic::Ordering::Acquire);
+        let store = match self.limits.max_total_bytes {
+            0 => u64::MAX,
+            limit => unlimited(
+                limit,
+                self.total().load(std::sync::atomic::Ordering::Acquire),
+            ),
+        };
         Room {
             session: unlimited(self.limits.session_bytes, self.charged(session_id)),
-            store: unlimited(self.limits.max_total_bytes, total),
+            store,
         }
     }
 
@@ -293,7 +314,7 @@ impl Snapshots {
     /// Sets what this runner knows of the store's size (after a retention
     /// run counted it).
     fn counted(&self, bytes: u64) {
-        self.total
+        self.total()
             .store(bytes, std::sync::atomic::Ordering::Release);
     }
 
@@ -624,8 +645,7 @@ impl Snapshots {
             .map_err(|e| ToolError::Io(format!("snapshots: cannot confine the walk: {e}")))?;
         if let Some(failure) = failure {
             // What was stored before it is on disk all the same.
-            self.total
-                .fetch_add(taken.new_bytes, std::sync::atomic::Ordering::AcqRel);
+            self.grown(taken.new_bytes);
             return Err(failure);
         }
         walked.map_err(|e| ToolError::Io(format!("snapshots: {e}")))?;
@@ -639,8 +659,7 @@ impl Snapshots {
         taken.id = hex(&Sha256::digest(&bytes));
         let new_manifest = self.put_bytes(&bytes, &self.manifest_path(&taken.id))?;
         self.add_ref(&session_id, &taken.id, Some(taken.new_bytes))?;
-        self.total
-            .fetch_add(taken.new_bytes, std::sync::atomic::Ordering::AcqRel);
+        self.grown(taken.new_bytes);
         if index != *known {
             self.save_index(&session_id, &index)?;
         }
