@@ -92,18 +92,16 @@ impl OrchestratorService {
         {
             return Ok(Route::Here(handle.clone()));
         }
-        let alive = match &self.deps.cluster {
-            // A replica just started may not have landed its first
-            // heartbeat yet: an input waits a beat for it.
-            Some(cluster) => cluster.alive_within(crate::cluster::HEARTBEAT_EVERY).await,
-            None => true,
-        };
         let acquired = match &self.deps.cluster {
             None => Ok(0),
-            Some(_) if !alive => Err(Err(Status::unavailable(
-                "this orchestrator replica cannot renew its heartbeat in the session store, so \
-                 it drives no session now; try again, or another replica",
-            ))),
+            // A replica just started may not have landed its first
+            // heartbeat yet: an input waits a beat for it.
+            Some(cluster) if !cluster.alive_within(crate::cluster::HEARTBEAT_EVERY).await => {
+                Err(Err(Status::unavailable(
+                    "this orchestrator replica cannot renew its heartbeat in the session store, \
+                     so it drives no session now; try again, or another replica",
+                )))
+            }
             Some(cluster) => match cluster.acquire(&self.deps.store, session_id).await {
                 Ok(Driver::Here(epoch)) => Ok(epoch),
                 Ok(Driver::Elsewhere(url)) => Err(Ok(Route::Elsewhere(url))),

@@ -13,7 +13,7 @@
 use crate::Limits;
 use crate::output::CappedOutput;
 use crate::sandbox::Sandbox;
-use crate::tools::{CallGuard, Launch, sandboxed_bash};
+use crate::tools::{CallGuard, Launch, fresh_dir, sandboxed_bash};
 use crate::workspace::Workspace;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -66,17 +66,11 @@ pub async fn run(
             input.len()
         ));
     }
-    // A fresh directory beside the session's temporary one (reachable in
-    // the sandbox once listed as writable), handed to the session's user.
-    let parent = workspace.tmp().parent().unwrap_or(workspace.tmp());
-    let dir = match tempfile::Builder::new().prefix(".hook-").tempdir_in(parent) {
+    let dir = match fresh_dir(sandbox, workspace, ".hook-", "the hook's directory") {
         Ok(dir) => dir,
-        Err(e) => return failed(format!("cannot make the hook's directory: {e}")),
+        Err(e) => return failed(e.to_string()),
     };
     let session = workspace.session_id();
-    if let Err(e) = sandbox.hand_over(session, dir.path()) {
-        return failed(format!("cannot prepare the hook's directory: {e}"));
-    }
     let fresh = dir.path().display().to_string();
     let launch = Launch {
         cwd: dir.path().to_path_buf(),

@@ -384,22 +384,25 @@ pub(crate) fn sandboxed_bash(
     Ok(cmd)
 }
 
-/// A fresh empty HOME for one command, beside the session's temp dir and
-/// removed with the returned guard: nothing the session wrote before (a
-/// `.gitconfig`, a `.bashrc`, a `.pythonrc`) is read from it, and the
-/// workspace is never HOME.
-pub(crate) fn fresh_home(
+/// A fresh empty directory for one command (its HOME, a hook's working
+/// directory), beside the session's temp dir (reachable in the sandbox once
+/// listed as writable), handed to the session's user and removed with the
+/// returned guard: nothing the session wrote before (a `.gitconfig`, a
+/// `.bashrc`, a `json.py`) is found in it. `what` names it in errors.
+pub(crate) fn fresh_dir(
     sandbox: &Sandbox,
     workspace: &Workspace,
+    prefix: &str,
+    what: &str,
 ) -> Result<tempfile::TempDir, ToolError> {
     let parent = workspace.tmp().parent().unwrap_or(workspace.tmp());
     let dir = tempfile::Builder::new()
-        .prefix(".home-")
+        .prefix(prefix)
         .tempdir_in(parent)
-        .map_err(|e| ToolError::Io(format!("cannot make the command's HOME: {e}")))?;
+        .map_err(|e| ToolError::Io(format!("cannot make {what}: {e}")))?;
     sandbox
         .hand_over(workspace.session_id(), dir.path())
-        .map_err(|e| ToolError::Io(format!("cannot prepare the command's HOME: {e}")))?;
+        .map_err(|e| ToolError::Io(format!("cannot prepare {what}: {e}")))?;
     Ok(dir)
 }
 
@@ -418,7 +421,7 @@ async fn bash(
         ));
     }
     let session = workspace.session_id();
-    let home = fresh_home(sandbox, workspace)?;
+    let home = fresh_dir(sandbox, workspace, ".home-", "the command's HOME")?;
     let launch = Launch {
         cwd: workspace.root().to_path_buf(),
         read_write: vec![
