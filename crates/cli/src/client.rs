@@ -106,6 +106,23 @@ pub async fn resolve_session(config: &Config, given: &str) -> anyhow::Result<Str
         anyhow::bail!("the session id is empty; `agentry sessions list` shows them");
     }
     let mut client = connect(config).await?;
+    // A whole id is looked up once, not searched for among every session.
+    let exact = client
+        .get_session(agentry_proto::orchestrator::v1::GetSessionRequest {
+            session_id: given.to_string(),
+        })
+        .await;
+    match exact {
+        Ok(session) => return Ok(session.into_inner().id),
+        Err(status) if status.code() == tonic::Code::NotFound => {}
+        Err(status) if status.code() == tonic::Code::InvalidArgument => {}
+        Err(status) => {
+            return Err(status_error(
+                &format!("cannot open session {given}"),
+                status,
+            ));
+        }
+    }
     let mut matches: Vec<spb::Session> = Vec::new();
     let mut offset = 0u32;
     loop {
@@ -119,9 +136,6 @@ pub async fn resolve_session(config: &Config, given: &str) -> anyhow::Result<Str
             .map_err(|s| status_error("cannot list sessions", s))?
             .into_inner();
         for session in page.sessions.iter() {
-            if session.id == given {
-                return Ok(session.id.clone());
-            }
             if session.id.starts_with(given) {
                 matches.push(session.clone());
             }
