@@ -10,7 +10,10 @@
 #      ends cleanly with an error for the model, the session stays intact,
 #      and the next turn works on the remaining runners;
 #   3. the session store's container restarted: nothing stored is lost;
-#   4. everything torn down, even on failure.
+#   4. a session on a host directory (AGENTRY_PROJECT): it edits the files
+#      there, as the directory's owner, from the host CLI and from the cli
+#      container;
+#   5. everything torn down, even on failure.
 #
 # Usage: docker/e2e.sh   (AGENTRY_PROFILE=release for release binaries)
 # Needs: a Docker engine, Compose, cargo, curl, jq. Runs as root (it builds
@@ -57,6 +60,12 @@ export AGENTRY_LLM_BASE_URL=http://fake-model:8080/v1
 export AGENTRY_LLM_MODEL=fake-model
 export AGENTRY_ORCHESTRATOR_URL=http://127.0.0.1:$AGENTRY_PORT
 export AGENTRY_SCHEDULER_URL=http://127.0.0.1:$AGENTRY_SCHEDULER_PORT
+# A host directory sessions may work on, owned by someone who is not root.
+export AGENTRY_PROJECT=$work/project
+mkdir -p "$AGENTRY_PROJECT"
+printf 'version one\n' >"$AGENTRY_PROJECT/README"
+chown -R 4242:4242 "$AGENTRY_PROJECT"
+chmod 755 "$work"
 # The host CLI reads only these; keep it off any config of this checkout.
 export AGENTRY_CONFIG_DIR=$work/config
 mkdir -p "$AGENTRY_CONFIG_DIR"
@@ -217,6 +226,33 @@ if head -n "$before" "$work/final.jsonl" | cmp -s - "$work/before.jsonl" &&
 else
   fail "the session log was rewritten"
 fi
+
+# --- 4. a session on a host directory ---------------------------------------
+log "a session on a host directory (AGENTRY_PROJECT)"
+queue '[
+  {"tool_call": {"id": "p1", "name": "bash", "arguments": {"command": "id -u; pwd; echo made > made.txt"}}},
+  {"tool_call": {"id": "p2", "name": "edit_file", "arguments": {"path": "README", "old_string": "one", "new_string": "two"}}},
+  {"text": "Edited."}
+]'
+checkout=$PWD
+(cd "$AGENTRY_PROJECT" && "$checkout/$agentry" run --approve always --json "edit the project") >"$work/project.jsonl"
+has ".type == \"tool_result\" and .call_id == \"p1\" and (.output | startswith(\"4242\\n$AGENTRY_PROJECT\\n\"))" \
+  "$work/project.jsonl" && pass "a session started in the project runs there, as its owner" ||
+  fail "in the project: $(jq -c 'select(.type == "tool_result")' "$work/project.jsonl")"
+if [[ $(cat "$AGENTRY_PROJECT/README") == "version two" && $(stat -c %u "$AGENTRY_PROJECT/made.txt") == 4242 &&
+  $(stat -c %u "$AGENTRY_PROJECT/README") == 4242 ]]; then
+  pass "the project's files are edited and stay its owner's"
+else
+  fail "project files: $(ls -ln "$AGENTRY_PROJECT"; cat "$AGENTRY_PROJECT/README")"
+fi
+queue '[
+  {"tool_call": {"id": "p3", "name": "bash", "arguments": {"command": "pwd; cat made.txt"}}},
+  {"text": "Seen."}
+]'
+dc run --rm -T cli run --approve always --json "look" >"$work/project-cli.jsonl" 2>"$work/project-cli.err" || true
+has ".type == \"tool_result\" and .call_id == \"p3\" and (.output | startswith(\"$AGENTRY_PROJECT\\nmade\\n\"))" \
+  "$work/project-cli.jsonl" && pass "the cli container works in AGENTRY_PROJECT" ||
+  fail "cli container in the project: $(cat "$work/project-cli.jsonl" "$work/project-cli.err")"
 
 # --- the CLI as a container -------------------------------------------------
 if dc run --rm -T cli sessions list >"$work/cli.txt" 2>"$work/cli.err" &&

@@ -259,6 +259,7 @@ async fn chat_stream_attaches_takes_inputs_and_rejects_bad_ones() {
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     tx.send(pb::ChatRequest {
         kind: Some(pb::chat_request::Kind::Attach(pb::Attach {
+            project_dir: String::new(),
             session_id: "chat-1".into(),
             create: true,
             from_seq: 1,

@@ -93,6 +93,55 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>, u32, u32, i64, i64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn swapping_a_directory_for_a_link_outside_reads_and_writes_nothing_there() {
     let cluster = Cluster::start().await.unwrap();
+    let workspace = cluster.workspace_root().join(SESSION);
+    race(&cluster, &workspace).await;
+}
+
+/// The same race in a person's project directory (a session that opened
+/// it), which lies outside the workspace root: nothing outside the project
+/// is read or written, and nothing is made beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_a_project_directory_the_race_reads_and_writes_nothing_outside() {
+    let home = tempfile::Builder::new()
+        .prefix("agentry-race-home-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(home.path(), PermissionsExt::from_mode(0o755)).unwrap();
+    let project = home.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    if rustix::process::geteuid().is_root() {
+        // Commands and file tools then run as the project's owner.
+        std::os::unix::fs::chown(&project, Some(4343), Some(4343)).unwrap();
+    }
+    let roots = vec![home.path().display().to_string()];
+    let cluster = Cluster::start_with(move |c| c.tool_runner.project_roots = roots)
+        .await
+        .unwrap();
+    let channel = connect_as(&cluster.auth, &cluster.config.tool_runner.url)
+        .await
+        .unwrap();
+    let opened = ToolRunnerClient::new(channel)
+        .open_project(tpb::OpenProjectRequest {
+            session_id: SESSION.into(),
+            dir: project.display().to_string(),
+            check_only: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let project = project.canonicalize().unwrap();
+    assert_eq!(opened.dir, project.display().to_string());
+    race(&cluster, &project).await;
+    assert_eq!(
+        std::fs::read_dir(home.path()).unwrap().count(),
+        1,
+        "something was made beside the project"
+    );
+}
+
+/// Runs the file tools of session [`SESSION`] (working in `workspace`)
+/// while a directory on their path is swapped with links outside.
+async fn race(cluster: &Cluster, workspace: &Path) {
     let channel = connect_as(&cluster.auth, &cluster.config.tool_runner.url)
         .await
         .unwrap();
@@ -106,7 +155,6 @@ async fn swapping_a_directory_for_a_link_outside_reads_and_writes_nothing_there(
     )
     .await;
     assert!(!made.is_error, "{made:?}");
-    let workspace = cluster.workspace_root().join(SESSION);
     let dir = workspace.join("d");
 
     // Outside: a directory everyone may enter and write, files everyone may

@@ -81,6 +81,14 @@ enum Command {
         /// Choose the session from a list of recent ones first
         #[arg(long, conflicts_with = "session")]
         pick: bool,
+        /// A new session works in this project directory instead of the
+        /// current one
+        #[arg(long, value_name = "PATH", conflicts_with_all = ["session", "scratch"])]
+        dir: Option<std::path::PathBuf>,
+        /// A new session works in an empty scratch workspace of its own
+        /// instead of the current directory
+        #[arg(long, conflicts_with = "session")]
+        scratch: bool,
     },
     /// Run one turn headless and print the final answer
     Run {
@@ -118,6 +126,14 @@ enum Command {
         /// What the session may cost in all, at the model prices
         #[arg(long, value_name = "AMOUNT")]
         session_budget_cost: Option<f64>,
+        /// A new session works in this project directory instead of the
+        /// current one
+        #[arg(long, value_name = "PATH", conflicts_with_all = ["session", "scratch"])]
+        dir: Option<std::path::PathBuf>,
+        /// A new session works in an empty scratch workspace of its own
+        /// instead of the current directory
+        #[arg(long, conflicts_with = "session")]
+        scratch: bool,
         /// The message for the agent; `-` (or none, with a pipe) reads it
         /// from standard input: `git diff | agentry run -`
         prompt: Option<String>,
@@ -453,15 +469,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             network,
             plain,
             pick,
+            dir,
+            scratch,
         } => {
+            let place = turn::Place::from_args(dir, scratch)?;
             let session = client::resolve_optional(&config, session).await?;
             if !plain && tui::available() {
-                tui::chat(&config, session, network, pick).await
+                tui::chat(&config, session, &place, network, pick).await
             } else {
                 if pick {
                     eprintln!("(--pick needs the full-screen chat: a terminal, without --plain)");
                 }
-                turn::chat(&config, session, network).await
+                turn::chat(&config, session, &place, network).await
             }
         }
         Command::Run {
@@ -475,8 +494,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             session_budget_tokens,
             budget_cost,
             session_budget_cost,
+            dir,
+            scratch,
             prompt,
         } => {
+            let place = turn::Place::from_args(dir, scratch)?;
             let prompt = prompt_text(prompt)?;
             let session = client::resolve_optional(&config, session).await?;
             let mode = turn::Mode {
@@ -491,7 +513,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     session_cost: session_budget_cost.unwrap_or(0.0),
                 },
             };
-            turn::run(&config, session, mode, json, prompt).await
+            turn::run(&config, session, &place, mode, json, prompt).await
         }
         Command::Sessions { command } => match command {
             SessionsCommand::List { limit } => session_cmds::list(&config, limit).await,

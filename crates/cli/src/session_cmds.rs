@@ -23,6 +23,28 @@ pub(crate) fn ago(ts: Option<&prost_types::Timestamp>) -> String {
     }
 }
 
+/// Where a session works, in at most `width` characters: its project
+/// directory (the home directory as `~`, a long path cut at the front), or
+/// `scratch`.
+pub fn place_of(project_dir: &str, width: usize) -> String {
+    if project_dir.is_empty() {
+        return "scratch".to_string();
+    }
+    let home = std::env::var("HOME").unwrap_or_default();
+    let shown = match project_dir.strip_prefix(home.as_str()) {
+        Some(rest) if !home.is_empty() && (rest.is_empty() || rest.starts_with('/')) => {
+            format!("~{rest}")
+        }
+        _ => project_dir.to_string(),
+    };
+    let count = shown.chars().count();
+    if count <= width {
+        return shown;
+    }
+    let tail: String = shown.chars().skip(count - (width - 1)).collect();
+    format!("…{tail}")
+}
+
 /// `agentry sessions list`.
 pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
     let mut client = connect(config).await?;
@@ -40,8 +62,8 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
         return Ok(());
     }
     print_line(format!(
-        "{:<38} {:>9} {:>7} {:>9}  TITLE",
-        "ID", "UPDATED", "MSGS", "EVENTS"
+        "{:<38} {:>9} {:>7} {:>9}  {:<24}  TITLE",
+        "ID", "UPDATED", "MSGS", "EVENTS", "WHERE"
     ))?;
     for s in &response.sessions {
         let title = if s.title.is_empty() {
@@ -62,11 +84,12 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
             })
             .unwrap_or_default();
         print_line(format!(
-            "{:<38} {:>9} {:>7} {:>9}  {child}{}",
+            "{:<38} {:>9} {:>7} {:>9}  {:<24}  {child}{}",
             s.id,
             ago(s.updated_at.as_ref()),
             s.user_message_count,
             s.event_count,
+            place_of(&s.project_dir, 24),
             title
         ))?;
     }
@@ -104,6 +127,9 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
             "session {} — {} ({} events)",
             session.id, session.title, session.event_count
         ))?;
+        if !session.project_dir.is_empty() {
+            print_line(format!("  works in {}", session.project_dir))?;
+        }
         if let Some(parent) = &session.parent {
             print_line(format!(
                 "  a task of the sub-agent {} for session {} (call {})",

@@ -40,24 +40,100 @@ fn exit_code(outcome: i32) -> ExitCode {
     }
 }
 
-/// Opens the named session, or creates a new one.
+/// Where a new session works.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    /// The directory the command started in: the session works there when
+    /// the services allow it, else in a scratch workspace, said once.
+    Here(std::path::PathBuf),
+    /// `--dir`: that directory, or an error saying why not.
+    Dir(std::path::PathBuf),
+    /// `--scratch`: an empty workspace of its own.
+    Scratch,
+}
+
+impl Place {
+    /// The place `--dir` and `--scratch` name (they exclude each other),
+    /// else the current directory.
+    pub fn from_args(dir: Option<std::path::PathBuf>, scratch: bool) -> anyhow::Result<Place> {
+        if scratch {
+            return Ok(Place::Scratch);
+        }
+        if let Some(dir) = dir {
+            let full = std::fs::canonicalize(&dir).map_err(|e| {
+                anyhow::anyhow!(
+                    "--dir {}: {e}",
+                    crate::terminal::visible(&dir.display().to_string())
+                )
+            })?;
+            if !full.is_dir() {
+                anyhow::bail!("--dir {}: not a directory", full.display());
+            }
+            return Ok(Place::Dir(full));
+        }
+        // The root directory is never anyone's project (a container's
+        // default working directory): a scratch workspace, silently.
+        match std::env::current_dir() {
+            Ok(dir) if dir.parent().is_some() => Ok(Place::Here(dir)),
+            _ => Ok(Place::Scratch),
+        }
+    }
+}
+
+/// Opens the named session, or creates a new one working in `place`.
+/// Returns it with a note to show when the place could not be used.
 pub(crate) async fn open_session(
     client: &mut OrchestratorClient<TracedChannel>,
     session: Option<String>,
-) -> anyhow::Result<spb::Session> {
-    match session {
-        Some(id) => client
+    place: &Place,
+) -> anyhow::Result<(spb::Session, Option<String>)> {
+    if let Some(id) = session {
+        return client
             .get_session(pb::GetSessionRequest {
                 session_id: id.clone(),
             })
             .await
-            .map(|r| r.into_inner())
-            .map_err(|s| status_error(&format!("cannot open session {id}"), s)),
-        None => client
-            .create_session(pb::CreateSessionRequest::default())
+            .map(|r| (r.into_inner(), None))
+            .map_err(|s| status_error(&format!("cannot open session {id}"), s));
+    }
+    let create = |project_dir: String| pb::CreateSessionRequest {
+        project_dir,
+        ..Default::default()
+    };
+    let dir = match place {
+        Place::Scratch => None,
+        Place::Here(dir) | Place::Dir(dir) => Some(dir.display().to_string()),
+    };
+    let Some(dir) = dir else {
+        return client
+            .create_session(create(String::new()))
             .await
-            .map(|r| r.into_inner())
-            .map_err(|s| status_error("cannot create a session", s)),
+            .map(|r| (r.into_inner(), None))
+            .map_err(|s| status_error("cannot create a session", s));
+    };
+    match client.create_session(create(dir.clone())).await {
+        Ok(r) => Ok((r.into_inner(), None)),
+        Err(s)
+            if matches!(place, Place::Here(_))
+                && matches!(
+                    s.code(),
+                    tonic::Code::PermissionDenied | tonic::Code::Unimplemented
+                ) =>
+        {
+            let note = format!(
+                "this session works in a scratch workspace, not in {dir}: {}",
+                s.message()
+            );
+            client
+                .create_session(create(String::new()))
+                .await
+                .map(|r| (r.into_inner(), Some(note)))
+                .map_err(|s| status_error("cannot create a session", s))
+        }
+        Err(s) => Err(status_error(
+            &format!("cannot create a session working in {dir}"),
+            s,
+        )),
     }
 }
 
@@ -237,12 +313,18 @@ fn cancel_input() -> pb::Input {
 pub async fn run(
     config: &Config,
     session: Option<String>,
+    place: &Place,
     mode: Mode,
     json: bool,
     prompt: String,
 ) -> anyhow::Result<ExitCode> {
     let mut client = connect(config).await?;
-    let session = open_session(&mut client, session).await?;
+    let (session, note) = open_session(&mut client, session, place).await?;
+    if let Some(note) = note
+        && !json
+    {
+        eprintln!("agentry: {}", crate::terminal::visible(&note));
+    }
     let mut events = Follower::new(&client, &session).await?;
     let submitted = client
         .submit(pb::SubmitRequest {
@@ -404,10 +486,14 @@ fn approval_submit(session_id: &str, input: pb::ApprovalInput) -> pb::SubmitRequ
 pub async fn chat(
     config: &Config,
     session: Option<String>,
+    place: &Place,
     network: bool,
 ) -> anyhow::Result<ExitCode> {
     let mut client = connect(config).await?;
-    let session = open_session(&mut client, session).await?;
+    let (session, note) = open_session(&mut client, session, place).await?;
+    if let Some(note) = note {
+        eprintln!("agentry: {}", crate::terminal::visible(&note));
+    }
     let interactive = std::io::stdin().is_terminal();
     // With a turn still open (e.g. an approval left pending), read the log
     // from the start, silently, to find what is still waiting.
@@ -423,8 +509,13 @@ pub async fn chat(
         } else {
             String::new()
         };
+        let place = if session.project_dir.is_empty() {
+            String::new()
+        } else {
+            format!(" in {}", crate::terminal::visible(&session.project_dir))
+        };
         eprintln!(
-            "session {}{resumed}. Type a message; /help for commands, Ctrl+D to leave.",
+            "session {}{place}{resumed}. Type a message; /help for commands, Ctrl+D to leave.",
             session.id
         );
         if network {

@@ -231,6 +231,13 @@ impl ToolRunner for HangingRunner {
         Err(Status::unimplemented("no hooks in this test double"))
     }
 
+    async fn open_project(
+        &self,
+        _request: Request<tpb::OpenProjectRequest>,
+    ) -> Result<Response<tpb::OpenProjectResponse>, Status> {
+        Err(Status::permission_denied("no projects in this test double"))
+    }
+
     async fn mcp_read_resource(
         &self,
         _request: Request<tpb::McpReadResourceRequest>,

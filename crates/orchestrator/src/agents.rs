@@ -248,6 +248,7 @@ pub async fn delegate(
         .store
         .clone()
         .create_session(pb::CreateSessionRequest {
+            project_dir: String::new(),
             session_id: child.clone(),
             title: args.task.chars().take(80).collect(),
             parent: Some(link.clone()),

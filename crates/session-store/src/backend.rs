@@ -40,22 +40,23 @@ impl Backend {
 
     /// Creates a session with `id` (generated when empty).
     pub async fn create_session(&self, id: String, title: String) -> Result<Session, StoreError> {
-        self.create_child_session(id, title, Default::default())
-            .await
+        self.create(agentry_proto::sessions::v1::CreateSessionRequest {
+            session_id: id,
+            title,
+            ..Default::default()
+        })
+        .await
     }
 
-    /// Creates a session linked to `parent` (a sub-agent's).
-    pub async fn create_child_session(
+    /// Creates the session `new` describes: a sub-agent's with a parent,
+    /// one working in a project directory…
+    pub async fn create(
         &self,
-        id: String,
-        title: String,
-        parent: agentry_proto::sessions::v1::SessionParent,
+        new: agentry_proto::sessions::v1::CreateSessionRequest,
     ) -> Result<Session, StoreError> {
         match self {
-            Backend::Sqlite(s) => {
-                blocking(s, move |s| s.create_child_session(&id, &title, &parent)).await
-            }
-            Backend::Postgres(p) => p.create_child_session(&id, &title, &parent).await,
+            Backend::Sqlite(s) => blocking(s, move |s| s.create(&new)).await,
+            Backend::Postgres(p) => p.create(&new).await,
         }
     }
 

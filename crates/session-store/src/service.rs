@@ -98,10 +98,9 @@ impl SessionStore for SessionStoreService {
         &self,
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
-        let req = request.into_inner();
         let session = self
             .store
-            .create_child_session(req.session_id, req.title, req.parent.unwrap_or_default())
+            .create(request.into_inner())
             .await
             .map_err(status_of)?;
         Ok(Response::new(session))

@@ -403,7 +403,12 @@ async fn a_sub_agents_session_keeps_its_parent(replicas: &Replicas, n: u32) {
     };
     store.create_session("p".into(), "".into()).await.unwrap();
     let child = store
-        .create_child_session("c".into(), "a task".into(), parent.clone())
+        .create(agentry_proto::sessions::v1::CreateSessionRequest {
+            session_id: "c".into(),
+            title: "a task".into(),
+            parent: Some(parent.clone()),
+            project_dir: String::new(),
+        })
         .await
         .unwrap();
     assert_eq!(child.parent.as_ref(), Some(&parent));

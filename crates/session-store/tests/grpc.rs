@@ -139,6 +139,7 @@ fn seqs(events: &[Event]) -> Vec<u64> {
 async fn create(client: &mut Client, id: &str, title: &str) -> Session {
     client
         .create_session(CreateSessionRequest {
+            project_dir: String::new(),
             session_id: id.into(),
             title: title.into(),
             parent: None,
@@ -414,6 +415,7 @@ async fn create_and_get_sessions() {
     let status = assert_code(
         client
             .create_session(CreateSessionRequest {
+                project_dir: String::new(),
                 session_id: "alpha".into(),
                 title: String::new(),
                 parent: None,
@@ -428,6 +430,7 @@ async fn create_and_get_sessions() {
         let status = assert_code(
             client
                 .create_session(CreateSessionRequest {
+                    project_dir: String::new(),
                     session_id: bad.into(),
                     title: String::new(),
                     parent: None,

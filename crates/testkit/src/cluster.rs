@@ -87,6 +87,9 @@ impl Cluster {
         let mut config = Config::load(&ConfigSource::default())?;
         config.data_dir = dir.path().join("data").display().to_string();
         config.tool_runner.workspace_root = dir.path().join("workspaces").display().to_string();
+        // No project directory is open unless a test opens one: a session
+        // created from a test's working directory gets a scratch workspace.
+        config.tool_runner.project_roots = Vec::new();
         config.llm.base_url = model.base_url();
         config.llm.model = "fake-model".into();
         config.llm.request_timeout_secs = 30;

@@ -93,7 +93,7 @@ pub async fn run(
         ],
         stdin: true,
     };
-    let mut cmd = match sandboxed_bash(sandbox, session, command, workspace, &launch, None) {
+    let mut cmd = match sandboxed_bash(sandbox, command, workspace, &launch, None) {
         Ok(cmd) => cmd,
         Err(e) => return failed(e.to_string()),
     };

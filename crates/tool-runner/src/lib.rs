@@ -13,6 +13,7 @@ pub mod hooks;
 pub mod mcp;
 pub mod metrics;
 pub mod output;
+pub mod projects;
 pub mod sandbox;
 pub mod service;
 pub mod snapshots;
@@ -66,6 +67,10 @@ pub enum ToolError {
     /// An I/O failure.
     #[error("{0}")]
     Io(String),
+    /// The runner's settings do not allow it (a project directory outside
+    /// `tool_runner.project_roots`…).
+    #[error("{0}")]
+    NotAllowed(String),
 }
 
 impl ToolError {
@@ -78,7 +83,8 @@ impl ToolError {
             | ToolError::InvalidRequest(_)
             | ToolError::PathOutsideWorkspace { .. }
             | ToolError::Binary(_)
-            | ToolError::TooLarge(_) => false,
+            | ToolError::TooLarge(_)
+            | ToolError::NotAllowed(_) => false,
         }
     }
 }
@@ -127,6 +133,8 @@ pub fn default_runner_id() -> String {
 pub struct Setup {
     /// Where sessions' workspaces live.
     pub workspace_root: PathBuf,
+    /// Directories under which sessions may work on a project.
+    pub project_roots: Vec<PathBuf>,
     /// Timeouts and output limits.
     pub limits: Limits,
     /// How commands are confined.
@@ -177,6 +185,7 @@ impl Setup {
             mcp_servers,
             mcp: mcp::Settings::from_config(&config.mcp),
             workspace_root: config.workspace_root(),
+            project_roots: config.project_roots(),
             limits: Limits::from_config(config),
             sandbox,
             web: config.tool_runner.web.clone(),
@@ -241,6 +250,7 @@ pub async fn serve(
 ) -> Result<(), agentry_runtime::ServeError> {
     let Setup {
         workspace_root,
+        project_roots,
         limits,
         sandbox,
         web,
@@ -292,15 +302,25 @@ pub async fn serve(
     let web = std::sync::Arc::new(web::Web::new(&web, chromium));
     let background = web.start_background();
     let egress = start_egress(&sandbox, &workspace_root).await;
+    let places = projects::Places::new(
+        workspace_root.clone(),
+        &project_roots,
+        &sandbox.hidden,
+        sandbox.switches_identity(),
+    );
+    if !project_roots.is_empty() {
+        tracing::info!(project_roots = ?project_roots, "sessions may work in project directories under these");
+    }
     let mcp = mcp::Mcp::new(
         mcp_servers,
         mcp,
         sandbox.clone(),
-        workspace_root.clone(),
+        places.clone(),
         Some(egress.clone()),
     );
     let mcp_task = (!mcp.is_empty()).then(|| mcp.start_background());
     let mut runner = ToolRunnerService::new(workspace_root, limits, runner_id)
+        .with_places(places)
         .with_sandbox(sandbox)
         .with_web(web)
         .with_egress(egress)

@@ -36,6 +36,36 @@ pub enum Identity {
     },
 }
 
+/// Whom a command runs for: a session, and the owner of its project
+/// directory when it works in one and commands switch identity.
+#[derive(Debug, Clone, Copy)]
+pub struct Who<'a> {
+    /// The session.
+    pub session_id: &'a str,
+    /// The project directory's owner, whom commands then run as.
+    pub owner: Option<Ids>,
+}
+
+impl<'a> Who<'a> {
+    /// A session working in a scratch workspace.
+    pub fn session(session_id: &'a str) -> Who<'a> {
+        Who {
+            session_id,
+            owner: None,
+        }
+    }
+}
+
+impl crate::workspace::Workspace {
+    /// Whom this workspace's commands run for.
+    pub fn who(&self) -> Who<'_> {
+        Who {
+            session_id: self.session_id(),
+            owner: self.owner(),
+        }
+    }
+}
+
 /// The confinement of commands.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
@@ -292,7 +322,23 @@ impl Sandbox {
         lines
     }
 
-    /// The ids commands of `session_id` run as, when they switch.
+    /// Whether commands run as another user than the runner's.
+    pub fn switches_identity(&self) -> bool {
+        self.identity != Identity::Runner
+    }
+
+    /// The ids commands of `who` run as, when they switch: a project's
+    /// owner, else the configured user or the session's own uid.
+    pub fn ids_of(&self, who: Who<'_>) -> Option<Ids> {
+        match (&self.identity, who.owner) {
+            (Identity::Runner, _) => None,
+            (_, Some(owner)) => Some(owner),
+            _ => self.ids_for(who.session_id),
+        }
+    }
+
+    /// The ids commands of `session_id` run as in a scratch workspace,
+    /// when they switch.
     pub fn ids_for(&self, session_id: &str) -> Option<Ids> {
         match &self.identity {
             Identity::Runner => None,
@@ -339,31 +385,46 @@ impl Sandbox {
     ) -> agentry_sandbox::ThreadConfinement {
         agentry_sandbox::ThreadConfinement {
             workspace: workspace.root().to_path_buf(),
-            ids: self.ids_for(workspace.session_id()),
+            ids: self.ids_of(workspace.who()),
             landlock: self.helper.is_some() && self.layers.landlock,
         }
     }
 
-    /// Gives `path` to the identity of `session_id`, so its commands can
-    /// change it. Does not follow a symbolic link.
-    pub fn hand_over(&self, session_id: &str, path: &Path) -> std::io::Result<()> {
-        match self.ids_for(session_id) {
+    /// Gives `path` to the identity of `who`, so its commands can change
+    /// it. Does not follow a symbolic link.
+    pub fn hand_over(&self, who: Who<'_>, path: &Path) -> std::io::Result<()> {
+        match self.ids_of(who) {
             Some(ids) => chown(path, ids),
             None => Ok(()),
         }
     }
 
+    /// Gives a workspace and its temp dir to their session's identity. A
+    /// project directory is never handed over: it keeps its owner, whom
+    /// its commands run as.
+    pub fn hand_over_workspace(
+        &self,
+        workspace: &crate::workspace::Workspace,
+    ) -> std::io::Result<()> {
+        if !workspace.is_project() {
+            self.hand_over(workspace.who(), workspace.root())?;
+        }
+        self.hand_over(workspace.who(), workspace.tmp())
+    }
+
     /// The environment of a command of `session_id`. HOME is the session's
     /// temp dir (a bash call gets a fresh one of its own), never the
     /// workspace, where the model writes files.
-    pub fn environment(&self, session_id: &str, tmp: &Path) -> Vec<(String, String)> {
+    pub fn environment(&self, who: Who<'_>, tmp: &Path) -> Vec<(String, String)> {
+        let session_id = who.session_id;
         let mut env = self.base_env.clone();
-        let user = match &self.identity {
-            Identity::User { name, .. } => name.clone(),
-            Identity::PerSession { .. } => {
+        let user = match (&self.identity, who.owner) {
+            (Identity::Runner, _) => std::env::var("USER").unwrap_or_else(|_| "agentry".into()),
+            (_, Some(owner)) => user_name(owner.uid),
+            (Identity::User { name, .. }, None) => name.clone(),
+            (Identity::PerSession { .. }, None) => {
                 format!("agentry-{}", session_id.get(..8).unwrap_or(session_id))
             }
-            Identity::Runner => std::env::var("USER").unwrap_or_else(|_| "agentry".into()),
         };
         for (k, v) in GIT_HARDENING {
             env.retain(|(name, _)| name != k);
@@ -385,13 +446,13 @@ impl Sandbox {
     /// with network through the proxy when `network` is given.
     pub fn spec(
         &self,
-        session_id: &str,
+        who: Who<'_>,
         argv: Vec<String>,
         workspace: &Path,
         tmp: &Path,
         network: Option<&crate::egress::Pass>,
     ) -> Spec {
-        let mut env = self.environment(session_id, tmp);
+        let mut env = self.environment(who, tmp);
         if let Some(pass) = network {
             env.extend(pass.environment());
         }
@@ -402,7 +463,7 @@ impl Sandbox {
             read_write: vec![workspace.to_path_buf(), tmp.to_path_buf()],
             read_only: self.read_only.clone(),
             hidden: self.hidden.clone(),
-            user: self.ids_for(session_id),
+            user: self.ids_of(who),
             limits: self.limits.clone(),
             layers: self.layers,
             proxy: network.map(|pass| pass.route.clone()),
@@ -466,6 +527,15 @@ fn base_env(passthrough: &[String]) -> Vec<(String, String)> {
     env
 }
 
+/// The name of the user with `uid` (from the password database), else
+/// the number.
+pub fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
+}
+
 fn chown(path: &Path, ids: Ids) -> std::io::Result<()> {
     std::os::unix::fs::lchown(path, Some(ids.uid), Some(ids.gid))
 }
@@ -498,7 +568,7 @@ mod tests {
             base_env: base_env(&["DEFINITELY_NOT_SET_ANYWHERE".into()]),
             ..Sandbox::unconfined()
         };
-        let env = sandbox.environment("s1", Path::new("/w/.tmp/s1"));
+        let env = sandbox.environment(Who::session("s1"), Path::new("/w/.tmp/s1"));
         let names: Vec<&str> = env.iter().map(|(n, _)| n.as_str()).collect();
         for name in &names {
             assert!(

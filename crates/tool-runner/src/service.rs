@@ -23,7 +23,7 @@ pub struct ToolRunnerService {
 
 #[derive(Clone)]
 struct Inner {
-    workspace_root: PathBuf,
+    places: crate::projects::Places,
     limits: Limits,
     runner_id: String,
     sandbox: Sandbox,
@@ -39,7 +39,7 @@ impl ToolRunnerService {
     pub fn new(workspace_root: PathBuf, limits: Limits, runner_id: String) -> Self {
         Self {
             inner: Arc::new(Inner {
-                workspace_root,
+                places: crate::projects::Places::scratch_only(workspace_root),
                 limits,
                 runner_id,
                 sandbox: Sandbox::unconfined(),
@@ -58,6 +58,12 @@ impl ToolRunnerService {
         Self {
             inner: Arc::new(inner),
         }
+    }
+
+    /// The same runner letting sessions work where `places` allows (its
+    /// root replaces the workspace root).
+    pub fn with_places(self, places: crate::projects::Places) -> Self {
+        self.with(|inner| inner.places = places)
     }
 
     /// The same runner confining commands with `sandbox`.
@@ -108,20 +114,17 @@ const REDELIVER_AFTER: Duration = Duration::from_secs(10);
 impl ToolRunnerService {
     /// A session's workspace, created and handed to the session if new.
     fn workspace(&self, session_id: &str) -> Result<Workspace, Status> {
-        Workspace::open(&self.inner.workspace_root, session_id)
+        self.inner
+            .places
+            .open(session_id)
             .and_then(|ws| {
-                for dir in [ws.root(), ws.tmp()] {
-                    self.inner
-                        .sandbox
-                        .hand_over(session_id, dir)
-                        .map_err(|e| ToolError::Io(format!("cannot prepare the workspace: {e}")))?;
-                }
+                self.inner
+                    .sandbox
+                    .hand_over_workspace(&ws)
+                    .map_err(|e| ToolError::Io(format!("cannot prepare the workspace: {e}")))?;
                 Ok(ws)
             })
-            .map_err(|e| match e {
-                ToolError::InvalidRequest(m) => Status::invalid_argument(m),
-                other => Status::internal(other.to_string()),
-            })
+            .map_err(place_status)
     }
 
     fn snapshots(&self) -> Result<crate::snapshots::Snapshots, Status> {
@@ -319,6 +322,38 @@ impl ToolRunner for ToolRunnerService {
         }))
     }
 
+    async fn open_project(
+        &self,
+        request: Request<pb::OpenProjectRequest>,
+    ) -> Result<Response<pb::OpenProjectResponse>, Status> {
+        let req = request.into_inner();
+        let places = &self.inner.places;
+        let dir = std::path::Path::new(&req.dir);
+        let (dir, owner) = if req.check_only {
+            crate::workspace::check_session_id(&req.session_id).map_err(place_status)?;
+            places.check(dir).map_err(place_status)?
+        } else {
+            let workspace = places
+                .open_project(&req.session_id, dir)
+                .map_err(place_status)?;
+            self.inner
+                .sandbox
+                .hand_over_workspace(&workspace)
+                .map_err(|e| Status::internal(format!("cannot prepare the workspace: {e}")))?;
+            tracing::info!(session_id = %req.session_id, dir = %workspace.root().display(), "a session works in a project directory");
+            (workspace.root().to_path_buf(), workspace.owner())
+        };
+        let runs_as = match (self.inner.sandbox.switches_identity(), owner) {
+            (false, _) => String::new(),
+            (true, Some(ids)) => crate::sandbox::user_name(ids.uid),
+            (true, None) => String::new(),
+        };
+        Ok(Response::new(pb::OpenProjectResponse {
+            dir: dir.display().to_string(),
+            runs_as,
+        }))
+    }
+
     async fn mcp_subscribe(
         &self,
         request: Request<pb::McpSubscribeRequest>,
@@ -441,6 +476,17 @@ impl ToolRunner for ToolRunnerService {
             let tool = req.tool.clone();
             let started = Instant::now();
             tracing::debug!(call_id, tool, "tool call started");
+            let _project_lock = if workspace.is_project() && changes_files(&req.tool) {
+                match lock_project(&inner, &workspace, &tx).await {
+                    Some(lock) => lock,
+                    None => {
+                        inner.calls.record(&tool, "cancelled");
+                        return;
+                    }
+                }
+            } else {
+                None
+            };
             let (sink, mut chunks) = mpsc::channel(64);
             let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
             let mcp = inner.mcp.as_ref().filter(|m| m.owns(&req.tool));
@@ -648,9 +694,10 @@ impl QuotaWatch {
     /// A watch for `tool`'s call, when it is bash and there is a quota.
     async fn start(inner: &Inner, tool: &str, workspace: &Workspace) -> Option<QuotaWatch> {
         let quota = inner.limits.workspace_bytes;
-        // Bash and MCP servers (which run in the workspace) may grow it.
+        // Bash and MCP servers (which run in the workspace) may grow it; a
+        // project directory has no quota.
         let watched = tool == "bash" || inner.mcp.as_ref().is_some_and(|m| m.owns(tool));
-        if quota == 0 || !watched {
+        if quota == 0 || !watched || workspace.is_project() {
             return None;
         }
         let mut watch = QuotaWatch {
@@ -704,6 +751,61 @@ impl QuotaWatch {
 }
 
 const MIB: u64 = 1024 * 1024;
+
+/// The status of a failure to open a session's place.
+fn place_status(error: ToolError) -> Status {
+    match error {
+        ToolError::InvalidRequest(m) => Status::invalid_argument(m),
+        ToolError::NotAllowed(m) => Status::permission_denied(m),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+/// Whether calls of `tool` may change files (all but the built-in
+/// read-only tools): in a project directory, such calls of two sessions
+/// take turns.
+fn changes_files(tool: &str) -> bool {
+    !tools::specs()
+        .iter()
+        .any(|spec| spec.name == tool && spec.read_only)
+}
+
+/// Takes the lock of a project directory's changing calls, saying once on
+/// the call's output which session it waits for. `None` when the caller
+/// went away meanwhile, or the lock cannot be used (logged; the call then
+/// runs unlocked rather than not at all).
+async fn lock_project(
+    inner: &Inner,
+    workspace: &Workspace,
+    tx: &mpsc::Sender<Result<pb::ExecuteResponse, Status>>,
+) -> Option<Option<crate::projects::DirectoryLock>> {
+    let path = inner.places.lock_path(workspace.root());
+    let mut told = false;
+    loop {
+        match crate::projects::DirectoryLock::try_take(&path, workspace.session_id()) {
+            Ok(lock) => return Some(Some(lock)),
+            Err(None) => return Some(None),
+            Err(Some(holder)) => {
+                if !told {
+                    told = true;
+                    let note = format!(
+                        "[waiting for session {holder}: it is changing files in {}]\n",
+                        workspace.root().display()
+                    );
+                    let chunk =
+                        chunk_message(agentry_proto::sessions::v1::OutputStream::Stderr, note);
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return None;
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    () = tx.closed() => return None,
+                }
+            }
+        }
+    }
+}
 
 /// The status of a failed snapshot operation.
 fn snapshot_status(error: ToolError) -> Status {

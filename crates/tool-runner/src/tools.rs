@@ -327,7 +327,6 @@ pub(crate) struct Launch {
 /// is its own; stdio is the caller's to set.
 pub(crate) fn sandboxed_bash(
     sandbox: &Sandbox,
-    session: &str,
     command: &str,
     workspace: &Workspace,
     launch: &Launch,
@@ -336,7 +335,13 @@ pub(crate) fn sandboxed_bash(
     let mut cmd = match &sandbox.helper {
         Some(helper) => {
             let argv = vec!["bash".to_string(), "-c".to_string(), command.to_string()];
-            let mut spec = sandbox.spec(session, argv, workspace.root(), workspace.tmp(), network);
+            let mut spec = sandbox.spec(
+                workspace.who(),
+                argv,
+                workspace.root(),
+                workspace.tmp(),
+                network,
+            );
             spec.cwd = launch.cwd.clone();
             spec.read_write = launch.read_write.clone();
             for (k, v) in &launch.env {
@@ -363,14 +368,14 @@ pub(crate) fn sandboxed_bash(
             cmd.arg("-c")
                 .arg(command)
                 .env_clear()
-                .envs(sandbox.environment(session, workspace.tmp()))
+                .envs(sandbox.environment(workspace.who(), workspace.tmp()))
                 .envs(
                     network
                         .map(crate::egress::Pass::environment)
                         .unwrap_or_default(),
                 )
                 .envs(launch.env.iter().cloned());
-            if let Some(ids) = sandbox.ids_for(session) {
+            if let Some(ids) = sandbox.ids_of(workspace.who()) {
                 cmd.uid(ids.uid).gid(ids.gid);
             }
             sandbox.limits.apply_before_exec(cmd.as_std_mut());
@@ -401,7 +406,7 @@ pub(crate) fn fresh_dir(
         .tempdir_in(parent)
         .map_err(|e| ToolError::Io(format!("cannot make {what}: {e}")))?;
     sandbox
-        .hand_over(workspace.session_id(), dir.path())
+        .hand_over(workspace.who(), dir.path())
         .map_err(|e| ToolError::Io(format!("cannot prepare {what}: {e}")))?;
     Ok(dir)
 }
@@ -432,7 +437,7 @@ async fn bash(
         env: vec![("HOME".into(), home.path().display().to_string())],
         stdin: false,
     };
-    let mut cmd = sandboxed_bash(sandbox, session, command, workspace, &launch, network)?;
+    let mut cmd = sandboxed_bash(sandbox, command, workspace, &launch, network)?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -33,6 +33,8 @@ pub struct Workspace {
     root: PathBuf,
     tmp: PathBuf,
     session_id: String,
+    project: bool,
+    owner: Option<agentry_sandbox::Ids>,
 }
 
 /// The directory under the workspace root that holds each session's
@@ -60,8 +62,45 @@ impl Workspace {
     pub fn open(root: &Path, session_id: &str) -> Result<Workspace, ToolError> {
         check_session_id(session_id)?;
         let dir = root.join(session_id);
+        let (root, tmp) = Self::prepare(root, session_id, Some(&dir))?;
+        Ok(Workspace {
+            root,
+            tmp,
+            session_id: session_id.to_string(),
+            project: false,
+            owner: None,
+        })
+    }
+
+    /// The workspace of a session working in the project directory `dir`
+    /// (canonical, checked by [`crate::projects::Places`]); its temp dir
+    /// stays under `root`. `owner`: the ids its commands run as.
+    pub(crate) fn open_project(
+        root: &Path,
+        session_id: &str,
+        dir: PathBuf,
+        owner: Option<agentry_sandbox::Ids>,
+    ) -> Result<Workspace, ToolError> {
+        let (_, tmp) = Self::prepare(root, session_id, None)?;
+        Ok(Workspace {
+            root: dir,
+            tmp,
+            session_id: session_id.to_string(),
+            project: true,
+            owner,
+        })
+    }
+
+    /// Creates (0700) the scratch directory `dir`, if given, and the
+    /// session's temp dir; returns both canonical (the temp dir twice
+    /// without `dir`).
+    fn prepare(
+        root: &Path,
+        session_id: &str,
+        dir: Option<&Path>,
+    ) -> Result<(PathBuf, PathBuf), ToolError> {
         let tmp = root.join(TEMP_DIRS).join(session_id);
-        for d in [&dir, &tmp] {
+        for d in dir.into_iter().chain([tmp.as_path()]) {
             if d.is_dir() {
                 continue;
             }
@@ -78,11 +117,24 @@ impl Workspace {
             d.canonicalize()
                 .map_err(|e| ToolError::Io(format!("cannot open workspace {}: {e}", d.display())))
         };
-        Ok(Workspace {
-            root: canonical(&dir)?,
-            tmp: canonical(&tmp)?,
-            session_id: session_id.to_string(),
-        })
+        let tmp = canonical(&tmp)?;
+        let dir = match dir {
+            Some(d) => canonical(d)?,
+            None => tmp.clone(),
+        };
+        Ok((dir, tmp))
+    }
+
+    /// Whether this is a person's project directory (not a scratch
+    /// workspace the runner made).
+    pub fn is_project(&self) -> bool {
+        self.project
+    }
+
+    /// For a project when commands switch identity: the directory's owner,
+    /// whom its commands run as.
+    pub fn owner(&self) -> Option<agentry_sandbox::Ids> {
+        self.owner
     }
 
     /// The session's private temp directory (TMPDIR of its commands).
@@ -392,8 +444,10 @@ impl Workspace {
 
     /// `Err` with the reason when writing `adding` more bytes would take
     /// the workspace past `quota` bytes (0: no quota).
+    /// A project directory has no quota: it is the person's own disk, and
+    /// measuring a large repository at every write would be slow.
     pub fn check_quota(&self, quota: u64, adding: u64) -> Result<(), ToolError> {
-        if quota == 0 {
+        if quota == 0 || self.project {
             return Ok(());
         }
         let used = self.usage();

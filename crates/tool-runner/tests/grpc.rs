@@ -74,6 +74,7 @@ impl Runner {
             // whole cluster.
             let auth = agentry_runtime::Auth::off();
             let setup = agentry_tool_runner::Setup {
+                project_roots: Vec::new(),
                 mcp_servers: Vec::new(),
                 mcp: agentry_tool_runner::mcp::Settings::default(),
                 snapshots: None,

@@ -68,7 +68,7 @@ async fn a_command_has_no_terminal_even_when_the_helper_has_one() {
     std::fs::write(&script, TERMINAL_PROBE).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
     let mut spec = sandbox.spec(
-        "s1",
+        agentry_tool_runner::sandbox::Who::session("s1"),
         vec![PYTHON.into(), script.display().to_string()],
         ws.root(),
         ws.tmp(),

@@ -186,6 +186,7 @@ impl Runner {
         let metrics = metrics_listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let setup = agentry_tool_runner::Setup {
+            project_roots: Vec::new(),
             workspace_root: root.clone(),
             limits: Limits {
                 default_timeout: Duration::from_secs(30),

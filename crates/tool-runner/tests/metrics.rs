@@ -68,6 +68,7 @@ async fn metrics_show_tool_calls_and_the_breaker_state() {
     let server = tokio::spawn(async move {
         let auth = agentry_runtime::Auth::off();
         let setup = agentry_tool_runner::Setup {
+            project_roots: Vec::new(),
             mcp_servers: Vec::new(),
             mcp: agentry_tool_runner::mcp::Settings::default(),
             snapshots: None,

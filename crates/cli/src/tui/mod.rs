@@ -57,6 +57,7 @@ enum End {
 pub async fn chat(
     config: &Config,
     session: Option<String>,
+    place: &crate::turn::Place,
     network: bool,
     pick: bool,
 ) -> anyhow::Result<ExitCode> {
@@ -84,8 +85,8 @@ pub async fn chat(
         } else {
             next.take()
         };
-        let session = match open_session(&mut client, session).await {
-            Ok(s) => s,
+        let (session, note) = match open_session(&mut client, session, place).await {
+            Ok(opened) => opened,
             Err(e) => break Err(e),
         };
         last_session = Some(session.id.clone());
@@ -96,6 +97,15 @@ pub async fn chat(
             window,
             network,
         );
+        if !session.project_dir.is_empty() {
+            app.note(
+                format!("working in {}", session.project_dir),
+                app::NoteKind::Info,
+            );
+        }
+        if let Some(note) = note {
+            app.note(note, app::NoteKind::Info);
+        }
         match run_session(&mut client, &mut screen, &keys, &mut app, &session).await {
             Ok(End::Leave(questions)) => {
                 waiting = questions;

@@ -80,6 +80,11 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_TOOL_RUNNER_LISTEN", &["tool_runner", "listen"]),
     ("AGENTRY_WORKSPACE_ROOT", &["tool_runner", "workspace_root"]),
     ("AGENTRY_RUNNER_ID", &["tool_runner", "id"]),
+    ("AGENTRY_PROJECT_ROOTS", &["tool_runner", "project_roots"]),
+    (
+        "AGENTRY_SNAPSHOTS_INCLUDE_IGNORED",
+        &["tool_runner", "snapshots", "include_ignored"],
+    ),
     ("AGENTRY_SANDBOX", &["tool_runner", "sandbox", "mode"]),
     (
         "AGENTRY_SNAPSHOTS",
@@ -479,6 +484,25 @@ impl Config {
             PathBuf::from(&self.tool_runner.workspace_root)
         }
     }
+    /// The directories sessions may work under (`tool_runner.project_roots`
+    /// with `~` expanded; `~` stands for nothing when the services run as
+    /// root).
+    pub fn project_roots(&self) -> Vec<PathBuf> {
+        let home = (!running_as_root()).then(home_dir).flatten();
+        self.tool_runner
+            .project_roots
+            .iter()
+            .map(|r| r.trim())
+            .filter(|r| !r.is_empty())
+            .filter_map(|r| match r.strip_prefix('~') {
+                Some("") => home.clone(),
+                Some(rest) if rest.starts_with('/') => {
+                    home.as_ref().map(|h| h.join(rest.trim_start_matches('/')))
+                }
+                _ => Some(PathBuf::from(r)),
+            })
+            .collect()
+    }
 
     /// Where workspace snapshots are stored.
     pub fn snapshots_dir(&self) -> PathBuf {
@@ -703,6 +727,13 @@ fn env_value(table: &toml::Table, path: &[&str], raw: &str) -> toml::Value {
             .parse::<f64>()
             .map(toml::Value::Float)
             .unwrap_or_else(|_| toml::Value::String(raw.to_string())),
+        Some(toml::Value::Array(_)) => toml::Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|item| !item.is_empty())
+                .map(|item| toml::Value::String(item.to_string()))
+                .collect(),
+        ),
         Some(toml::Value::Boolean(_)) => match raw.trim() {
             "true" | "1" | "yes" => toml::Value::Boolean(true),
             "false" | "0" | "no" => toml::Value::Boolean(false),
@@ -710,4 +741,11 @@ fn env_value(table: &toml::Table, path: &[&str], raw: &str) -> toml::Value {
         },
         _ => toml::Value::String(raw.to_string()),
     }
+}
+
+/// The home directory of the user this process runs as ($HOME).
+fn home_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }

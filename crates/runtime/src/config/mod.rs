@@ -567,6 +567,12 @@ pub struct ToolRunnerConfig {
     /// Root of the session workspaces; empty for `<data_dir>/workspaces`.
     #[serde(default)]
     pub workspace_root: String,
+    /// Directories under which a session may work on a person's project
+    /// (`agentry chat` in a directory, `--dir`). `~` is the home directory
+    /// of the user the services run as, and stands for nothing when that
+    /// is root: as root, only directories named here are open.
+    #[serde(default)]
+    pub project_roots: Vec<String>,
     /// Default shell timeout.
     pub default_timeout_secs: u64,
     /// Largest shell timeout a call may ask for.
@@ -620,6 +626,10 @@ pub struct SnapshotsConfig {
     /// Then the oldest are pruned while all hold more than this (MiB);
     /// 0: no limit.
     pub max_total_mib: u64,
+    /// Record `.git` and what `.gitignore` ignores in project directories
+    /// too (by default they are left out, and rewinds leave them alone).
+    #[serde(default)]
+    pub include_ignored: bool,
 }
 
 /// Where a service run as root keeps its data unless told otherwise.

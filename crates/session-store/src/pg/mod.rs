@@ -105,10 +105,11 @@ fn session_from_row(row: &tokio_postgres::Row) -> Session {
         forked_from: row.get(7),
         turn_open: row.get(8),
         parent: crate::store::parent_of(row.get(9), row.get(10), row.get(11)),
+        project_dir: row.get(12),
     }
 }
 
-const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir";
 
 impl PgStore {
     /// Connects to `url`, brings the schema up to date (safely when several
@@ -197,35 +198,41 @@ impl PgStore {
 
     /// Creates a session with `id` (generated when empty).
     pub async fn create_session(&self, id: &str, title: &str) -> Result<Session, StoreError> {
-        self.create_child_session(id, title, &Default::default())
-            .await
+        self.create(&agentry_proto::sessions::v1::CreateSessionRequest {
+            session_id: id.to_string(),
+            title: title.to_string(),
+            ..Default::default()
+        })
+        .await
     }
 
-    /// Creates a session linked to `parent` (a sub-agent's).
-    pub async fn create_child_session(
+    /// Creates the session `new` describes (its id generated when empty):
+    /// a sub-agent's with a parent, one working in a project directory…
+    pub async fn create(
         &self,
-        id: &str,
-        title: &str,
-        parent: &agentry_proto::sessions::v1::SessionParent,
+        new: &agentry_proto::sessions::v1::CreateSessionRequest,
     ) -> Result<Session, StoreError> {
-        let id = new_session_id(id)?;
+        let parent = new.parent.clone().unwrap_or_default();
+        let id = new_session_id(&new.session_id)?;
         let now = now_ms();
         let client = self.client().await?;
         let row = client
             .query_opt(
                 &format!(
                     "INSERT INTO sessions (id, title, created_ms, updated_ms, touched,
-                                           parent_session, parent_call, parent_agent)
-                     VALUES ($1, $2, $3, $3, nextval('sessions_touched'), $4, $5, $6)
+                                           parent_session, parent_call, parent_agent,
+                                           project_dir)
+                     VALUES ($1, $2, $3, $3, nextval('sessions_touched'), $4, $5, $6, $7)
                      ON CONFLICT (id) DO NOTHING RETURNING {SESSION_COLUMNS}"
                 ),
                 &[
                     &id,
-                    &preview_of(title),
+                    &preview_of(&new.title),
                     &now,
                     &parent.session_id,
                     &parent.call_id,
                     &parent.agent,
+                    &new.project_dir,
                 ],
             )
             .await
@@ -704,8 +711,8 @@ impl PgStore {
         let parent = session.parent.clone().unwrap_or_default();
         tx.execute(
             "INSERT INTO sessions (id, title, created_ms, updated_ms, preview, forked_from, touched,
-                                   parent_session, parent_call, parent_agent)
-             VALUES ($1, $2, $3, $4, $5, $6, nextval('sessions_touched'), $7, $8, $9)",
+                                   parent_session, parent_call, parent_agent, project_dir)
+             VALUES ($1, $2, $3, $4, $5, $6, nextval('sessions_touched'), $7, $8, $9, $10)",
             &[
                 &session.id,
                 &session.title,
@@ -716,6 +723,7 @@ impl PgStore {
                 &parent.session_id,
                 &parent.call_id,
                 &parent.agent,
+                &session.project_dir,
             ],
         )
         .await

@@ -48,6 +48,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
          ALTER TABLE sessions ADD COLUMN parent_call TEXT NOT NULL DEFAULT '';
          ALTER TABLE sessions ADD COLUMN parent_agent TEXT NOT NULL DEFAULT '';",
     ),
+    (
+        4,
+        "ALTER TABLE sessions ADD COLUMN project_dir TEXT NOT NULL DEFAULT '';",
+    ),
 ];
 
 /// The newest schema this build knows.

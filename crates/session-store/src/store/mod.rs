@@ -259,7 +259,7 @@ pub(crate) fn preview_of(text: &str) -> String {
     out
 }
 
-const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir";
 
 /// The parent link of a session's row (`None` for a session of its own).
 pub(crate) fn parent_of(
@@ -286,6 +286,7 @@ fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
         forked_from: row.get(7)?,
         turn_open: row.get::<_, i64>(8)? != 0,
         parent: parent_of(row.get(9)?, row.get(10)?, row.get(11)?),
+        project_dir: row.get(12)?,
     })
 }
 

@@ -14,6 +14,8 @@
 //!   turn is open (`turn_open`); the listing index on `touched`.
 //! - 3: leases: which orchestrator replica drives each session (`owner`,
 //!   `lease_epoch`) and the replicas' heartbeats (`orchestrators`).
+//! - 4: the parent of a sub-agent's session (`parent_*`).
+//! - 5: the project directory a session works in (`project_dir`).
 
 use super::{StoreError, kind_name};
 use agentry_proto::sessions::v1::{Event, ReminderKind, event};
@@ -21,7 +23,7 @@ use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 /// The schema this build writes.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// One step of the schema.
 struct Migration {
@@ -53,7 +55,18 @@ const MIGRATIONS: &[Migration] = &[
         what: "the parent of a sub-agent's session",
         apply: add_parents,
     },
+    Migration {
+        version: 5,
+        what: "the project directory a session works in",
+        apply: add_project_dirs,
+    },
 ];
+
+/// Version 5: the project directory of a session (empty: a scratch
+/// workspace).
+fn add_project_dirs(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch("ALTER TABLE sessions ADD COLUMN project_dir TEXT NOT NULL DEFAULT '';")
+}
 
 /// Version 4: the session and call a sub-agent's session works for.
 fn add_parents(tx: &Transaction<'_>) -> rusqlite::Result<()> {

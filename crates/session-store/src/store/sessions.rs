@@ -2,32 +2,32 @@
 //! fork.
 
 use super::{Change, SESSION_COLUMNS, Store, StoreError, now_ms, preview_of, session_from_row};
-use agentry_proto::sessions::v1::SessionParent;
+use agentry_proto::sessions::v1::CreateSessionRequest;
 use agentry_proto::sessions::v1::{Event, Session};
 use rusqlite::{Connection, OptionalExtension, params};
 
 impl Store {
     /// Creates a session with `id` (generated when empty).
     pub fn create_session(&self, id: &str, title: &str) -> Result<Session, StoreError> {
-        self.create_child_session(id, title, &SessionParent::default())
+        self.create(&CreateSessionRequest {
+            session_id: id.to_string(),
+            title: title.to_string(),
+            ..Default::default()
+        })
     }
 
-    /// Creates a session linked to `parent` (a sub-agent's; an empty
-    /// parent for a session of its own).
-    pub fn create_child_session(
-        &self,
-        id: &str,
-        title: &str,
-        parent: &SessionParent,
-    ) -> Result<Session, StoreError> {
-        let id = super::new_session_id(id)?;
+    /// Creates the session `new` describes (its id generated when empty):
+    /// a sub-agent's with a parent, one working in a project directory…
+    pub fn create(&self, new: &CreateSessionRequest) -> Result<Session, StoreError> {
+        let parent = new.parent.clone().unwrap_or_default();
+        let id = super::new_session_id(&new.session_id)?;
         let now = now_ms();
-        let title = preview_of(title);
+        let title = preview_of(&new.title);
         let conn = self.writer();
         let inserted = conn.execute(
             "INSERT INTO sessions (id, title, created_ms, updated_ms, touched, parent_session,
-                                   parent_call, parent_agent)
-             VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(id) DO NOTHING",
+                                   parent_call, parent_agent, project_dir)
+             VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(id) DO NOTHING",
             params![
                 id,
                 title,
@@ -35,7 +35,8 @@ impl Store {
                 self.touch(),
                 parent.session_id,
                 parent.call_id,
-                parent.agent
+                parent.agent,
+                new.project_dir
             ],
         )?;
         if inserted == 0 {

@@ -123,6 +123,9 @@ impl ClientHandler for Handler {
 pub struct Place {
     /// Whose identity the process takes.
     pub session_id: String,
+    /// The owner of the session's project directory, whom the process then
+    /// runs as (when the runner switches identity).
+    pub owner: Option<agentry_sandbox::Ids>,
     /// The writable working area.
     pub workspace: PathBuf,
     /// The private temp dir.
@@ -130,6 +133,16 @@ pub struct Place {
     /// Where the runner hands the sandbox helper its settings: beneath the
     /// workspace root, which no sandbox can read.
     pub spec_dir: PathBuf,
+}
+
+impl Place {
+    /// Whom the process runs for.
+    pub fn who(&self) -> crate::sandbox::Who<'_> {
+        crate::sandbox::Who {
+            session_id: &self.session_id,
+            owner: self.owner,
+        }
+    }
 }
 
 /// An open connection.
@@ -729,13 +742,8 @@ impl ServerProcess {
         argv.extend(config.args.iter().cloned());
         let mut cmd = match &sandbox.helper {
             Some(helper) => {
-                let mut spec = sandbox.spec(
-                    &place.session_id,
-                    argv,
-                    &place.workspace,
-                    &place.tmp,
-                    network,
-                );
+                let mut spec =
+                    sandbox.spec(place.who(), argv, &place.workspace, &place.tmp, network);
                 spec.cwd = cwd.clone();
                 spec.stdin = true;
                 spec.env.extend(config.env.clone());
@@ -758,14 +766,14 @@ impl ServerProcess {
                     .arg("bash")
                     .args(&argv)
                     .env_clear()
-                    .envs(sandbox.environment(&place.session_id, &place.tmp))
+                    .envs(sandbox.environment(place.who(), &place.tmp))
                     .envs(
                         network
                             .map(crate::egress::Pass::environment)
                             .unwrap_or_default(),
                     )
                     .envs(&config.env);
-                if let Some(ids) = sandbox.ids_for(&place.session_id) {
+                if let Some(ids) = sandbox.ids_of(place.who()) {
                     cmd.uid(ids.uid).gid(ids.gid);
                 }
                 cmd

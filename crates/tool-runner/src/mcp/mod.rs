@@ -122,7 +122,7 @@ struct Shared {
     servers: BTreeMap<String, Arc<Server>>,
     settings: Settings,
     sandbox: Sandbox,
-    workspace_root: PathBuf,
+    places: crate::projects::Places,
     egress: Option<Arc<crate::egress::Egress>>,
     /// Connections by (server, session).
     conns: Mutex<HashMap<(String, String), Slot>>,
@@ -197,7 +197,7 @@ impl Mcp {
         servers: Vec<McpServerConfig>,
         settings: Settings,
         sandbox: Sandbox,
-        workspace_root: PathBuf,
+        places: crate::projects::Places,
         egress: Option<Arc<crate::egress::Egress>>,
     ) -> Mcp {
         let servers = servers
@@ -235,7 +235,7 @@ impl Mcp {
                 servers,
                 settings,
                 sandbox,
-                workspace_root,
+                places,
                 egress,
                 conns: Mutex::default(),
                 reading: Mutex::default(),
@@ -637,7 +637,8 @@ impl Mcp {
 
     fn subs_file(&self) -> PathBuf {
         self.shared
-            .workspace_root
+            .places
+            .root()
             .join(crate::workspace::TEMP_DIRS)
             .join(".mcp-subscriptions.json")
     }
@@ -709,14 +710,15 @@ impl Mcp {
 
     /// The session's workspace, prepared for its identity.
     fn session_place(&self, session_id: &str) -> Result<Place, String> {
-        let ws = crate::workspace::Workspace::open(&self.shared.workspace_root, session_id)
+        let ws = self
+            .shared
+            .places
+            .open(session_id)
             .map_err(|e| e.to_string())?;
-        for dir in [ws.root(), ws.tmp()] {
-            self.shared
-                .sandbox
-                .hand_over(session_id, dir)
-                .map_err(|e| format!("cannot prepare the workspace: {e}"))?;
-        }
+        self.shared
+            .sandbox
+            .hand_over_workspace(&ws)
+            .map_err(|e| format!("cannot prepare the workspace: {e}"))?;
         Ok(self.place_of(&ws))
     }
 
@@ -724,6 +726,7 @@ impl Mcp {
     pub fn place_of(&self, ws: &crate::workspace::Workspace) -> Place {
         Place {
             session_id: ws.session_id().to_string(),
+            owner: ws.owner(),
             workspace: ws.root().to_path_buf(),
             tmp: ws.tmp().to_path_buf(),
             spec_dir: spec_dir(&self.shared),
@@ -1030,7 +1033,8 @@ async fn open_with(
 /// Where sandbox settings are handed to the helper (private to the runner).
 fn spec_dir(shared: &Shared) -> PathBuf {
     shared
-        .workspace_root
+        .places
+        .root()
         .join(crate::workspace::TEMP_DIRS)
         .join(".mcp-specs")
 }
@@ -1038,11 +1042,13 @@ fn spec_dir(shared: &Shared) -> PathBuf {
 /// The place of the connection that lists a server's tools.
 fn catalog_place(shared: &Shared, server: &str) -> Result<Place, String> {
     let base = shared
-        .workspace_root
+        .places
+        .root()
         .join(crate::workspace::TEMP_DIRS)
         .join(CATALOG);
     let place = Place {
         session_id: CATALOG.to_string(),
+        owner: None,
         workspace: base.join(server),
         tmp: base.join(format!("{server}.tmp")),
         spec_dir: spec_dir(shared),
@@ -1054,7 +1060,7 @@ fn catalog_place(shared: &Shared, server: &str) -> Result<Place, String> {
     for dir in [&place.workspace, &place.tmp] {
         shared
             .sandbox
-            .hand_over(CATALOG, dir)
+            .hand_over(crate::sandbox::Who::session(CATALOG), dir)
             .map_err(|e| format!("cannot hand {} over: {e}", dir.display()))?;
     }
     // The identity must be able to pass through the base directory.

@@ -165,6 +165,16 @@ pub struct SnapshotLimits {
     /// What one session's kept snapshots may have added to the store: its
     /// share, the workspace quota; 0: no limit.
     pub session_bytes: u64,
+    /// Record what `.gitignore` ignores, and `.git`, in project
+    /// directories too (scratch workspaces always record everything).
+    pub include_ignored: bool,
+}
+
+impl SnapshotLimits {
+    /// Whether walks of `workspace` leave ignored paths out.
+    pub fn skips_ignored(&self, workspace: &Workspace) -> bool {
+        workspace.is_project() && !self.include_ignored
+    }
 }
 
 impl SnapshotLimits {
@@ -180,6 +190,7 @@ impl SnapshotLimits {
             keep: Duration::from_secs(config.keep_days.saturating_mul(86_400)),
             max_total_bytes: config.max_total_mib.saturating_mul(1024 * 1024),
             session_bytes: workspace_mib.saturating_mul(1024 * 1024),
+            include_ignored: config.include_ignored,
         }
     }
 }
@@ -550,6 +561,7 @@ impl Snapshots {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Found>(64);
         let root = workspace.root().to_path_buf();
         let limits = self.limits.clone();
+        let skip_ignored = limits.skips_ignored(workspace);
         let walk_known = known.clone();
         let confinement = confinement.clone();
         let walker = std::thread::spawn(move || {
@@ -560,6 +572,7 @@ impl Snapshots {
                     known: &walk_known,
                     max_file_bytes: limits.max_file_bytes,
                     max_entries: limits.max_entries,
+                    skip_ignored,
                 };
                 walk::walk(&root, &options, |found| tx.send(found).is_ok())
             })

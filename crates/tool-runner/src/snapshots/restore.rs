@@ -56,6 +56,7 @@ impl Snapshots {
         let known = self.known(workspace.session_id());
         let (requests_tx, requests) = std::sync::mpsc::sync_channel::<Request>(1);
         let root = workspace.root().to_path_buf();
+        let skip_ignored = self.limits.skips_ignored(workspace);
         let confinement = confinement.clone();
         let target: BTreeMap<Name, EntryKind> = manifest
             .entries
@@ -65,7 +66,7 @@ impl Snapshots {
         let worker = std::thread::spawn(move || {
             agentry_sandbox::run_confined(&confinement, move || {
                 let root = walk::open_beneath_root(&root)?;
-                apply(&root, &target, &known, &requests_tx)
+                apply(&root, &target, &known, skip_ignored, &requests_tx)
             })
         });
         // Serve the stored files the worker asks for until it is done.
@@ -109,6 +110,7 @@ fn apply(
     root: &OwnedFd,
     target: &BTreeMap<Name, EntryKind>,
     known: &HashMap<Name, Known>,
+    skip_ignored: bool,
     requests: &SyncSender<Request>,
 ) -> Result<Restored, String> {
     let mut done = Restored::default();
@@ -118,6 +120,7 @@ fn apply(
         known,
         max_file_bytes: u64::MAX,
         max_entries: u64::MAX,
+        skip_ignored,
     };
     walk::walk(root, &options, |found| {
         current.insert(found.path.clone(), found);

@@ -10,6 +10,7 @@ fn limits() -> SnapshotLimits {
         keep: Duration::from_secs(3600),
         max_total_bytes: 0,
         session_bytes: 0,
+        include_ignored: false,
     }
 }
 
@@ -535,4 +536,96 @@ fn a_large_file_past_the_share_is_never_written() {
         .unwrap()
         .count();
     assert_eq!(temps, 0, "a temporary file was left");
+}
+
+/// A project directory (under the fixture's temp dir) for session `s1`.
+fn project(f: &Fixture) -> Workspace {
+    let dir = f.root.parent().unwrap().join("project");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dir.canonicalize().unwrap();
+    Workspace::open_project(&f.root, "s1", dir, None).unwrap()
+}
+
+#[test]
+fn a_project_snapshot_leaves_out_git_and_what_gitignore_ignores() {
+    let f = Fixture::new(limits());
+    let ws = project(&f);
+    let root = ws.root().to_path_buf();
+    for dir in [".git/objects", "target/debug", "src/gen", "node_modules/x"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    std::fs::write(
+        root.join(".gitignore"),
+        "/target\nnode_modules/\n*.log\n!keep.log\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("src/.gitignore"), "gen/\n").unwrap();
+    std::fs::write(root.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(root.join(".git/objects/ab"), "object").unwrap();
+    std::fs::write(root.join("target/debug/app"), "binary").unwrap();
+    std::fs::write(root.join("node_modules/x/index.js"), "js").unwrap();
+    std::fs::write(root.join("src/gen/out.rs"), "generated").unwrap();
+    std::fs::write(root.join("src/lib.rs"), "pub fn one() {}\n").unwrap();
+    std::fs::write(root.join("debug.log"), "noise").unwrap();
+    std::fs::write(root.join("keep.log"), "kept").unwrap();
+    let taken = f.snapshot(&ws);
+    // .gitignore, src/.gitignore, src/lib.rs, keep.log.
+    assert_eq!(taken.files, 4, "{taken:?}");
+
+    // The project changes: a tracked file is edited, one is added, and
+    // the build writes; the repository moves on.
+    std::fs::write(root.join("src/lib.rs"), "pub fn two() {}\n").unwrap();
+    std::fs::write(root.join("src/new.rs"), "new").unwrap();
+    std::fs::write(root.join("target/debug/app"), "rebuilt").unwrap();
+    std::fs::write(root.join("target/debug/more"), "more").unwrap();
+    std::fs::write(root.join(".git/objects/cd"), "newer object").unwrap();
+    std::fs::write(root.join("debug.log"), "more noise").unwrap();
+    let restored = f.restore(&ws, &taken.id);
+    assert_eq!(
+        std::fs::read_to_string(root.join("src/lib.rs")).unwrap(),
+        "pub fn one() {}\n"
+    );
+    assert!(!root.join("src/new.rs").exists());
+    assert_eq!(restored.deleted, 1, "{restored:?}");
+    // What is ignored, and the repository, are as the project left them.
+    assert_eq!(
+        std::fs::read_to_string(root.join("target/debug/app")).unwrap(),
+        "rebuilt"
+    );
+    assert!(root.join("target/debug/more").exists());
+    assert!(root.join(".git/objects/cd").exists());
+    assert!(root.join(".git/objects/ab").exists());
+    assert_eq!(
+        std::fs::read_to_string(root.join("debug.log")).unwrap(),
+        "more noise"
+    );
+    assert!(root.join("node_modules/x/index.js").exists());
+    assert!(root.join("src/gen/out.rs").exists());
+}
+
+#[test]
+fn include_ignored_records_a_whole_project() {
+    let f = Fixture::new(SnapshotLimits {
+        include_ignored: true,
+        ..limits()
+    });
+    let ws = project(&f);
+    let root = ws.root().to_path_buf();
+    std::fs::create_dir_all(root.join(".git")).unwrap();
+    std::fs::create_dir_all(root.join("target")).unwrap();
+    std::fs::write(root.join(".gitignore"), "target/\n").unwrap();
+    std::fs::write(root.join(".git/HEAD"), "ref").unwrap();
+    std::fs::write(root.join("target/app"), "binary").unwrap();
+    assert_eq!(f.snapshot(&ws).files, 3);
+}
+
+#[test]
+fn a_scratch_workspace_records_ignored_files() {
+    let f = Fixture::new(limits());
+    let ws = f.workspace("s1");
+    let root = ws.root().to_path_buf();
+    std::fs::create_dir_all(root.join("target")).unwrap();
+    std::fs::write(root.join(".gitignore"), "target/\n").unwrap();
+    std::fs::write(root.join("target/app"), "binary").unwrap();
+    assert_eq!(f.snapshot(&ws).files, 2);
 }

@@ -66,6 +66,66 @@ pub struct WalkOptions<'a> {
     pub max_file_bytes: u64,
     /// More entries than this fail the walk.
     pub max_entries: u64,
+    /// Leave out `.git` and what `.gitignore` files (and
+    /// `.git/info/exclude`) ignore, as if they were not there (a
+    /// project's build output, its repository's internals).
+    pub skip_ignored: bool,
+}
+
+/// The ignore rules in force in a directory: its ancestors' and its own,
+/// nearest last.
+type Rules = std::rc::Rc<Vec<ignore::gitignore::Gitignore>>;
+
+/// Largest ignore file read.
+const MAX_IGNORE_FILE: u64 = 1024 * 1024;
+
+/// `rules` with those of the file `file` (beneath `root`) added, for the
+/// directory `dir` (relative): unchanged when there is no such file.
+fn with_rules(root: &OwnedFd, dir: &[u8], file: &[u8], rules: &Rules) -> Rules {
+    use std::io::Read;
+    let Ok(fd) = open_beneath(root, &join(dir, file), OFlags::RDONLY | OFlags::NONBLOCK) else {
+        return rules.clone();
+    };
+    let mut text = String::new();
+    if std::fs::File::from(fd)
+        .take(MAX_IGNORE_FILE)
+        .read_to_string(&mut text)
+        .is_err()
+    {
+        return rules.clone();
+    }
+    let mut builder = ignore::gitignore::GitignoreBuilder::new(virtual_path(dir));
+    for line in text.lines() {
+        // A line git would refuse is one rule less, not a failed walk.
+        let _ = builder.add_line(None, line);
+    }
+    match builder.build() {
+        Ok(set) if !set.is_empty() => {
+            let mut more = (**rules).clone();
+            more.push(set);
+            std::rc::Rc::new(more)
+        }
+        _ => rules.clone(),
+    }
+}
+
+/// A relative path as an absolute one under `/`, so rules and paths share
+/// one root whatever the workspace's real place.
+fn virtual_path(rel: &[u8]) -> std::path::PathBuf {
+    Path::new("/").join(std::ffi::OsStr::from_bytes_compat(rel))
+}
+
+/// Whether the nearest rule that speaks of `path` ignores it.
+fn ignored(rules: &Rules, path: &[u8], is_dir: bool) -> bool {
+    let path = virtual_path(path);
+    for set in rules.iter().rev() {
+        match set.matched(&path, is_dir) {
+            ignore::Match::Ignore(_) => return true,
+            ignore::Match::Whitelist(_) => return false,
+            ignore::Match::None => {}
+        }
+    }
+    false
 }
 
 /// Opens `rel` (empty: the workspace itself) beneath `root`, refusing any
@@ -128,9 +188,18 @@ pub fn walk(
     options: &WalkOptions<'_>,
     mut found: impl FnMut(Found) -> bool,
 ) -> Result<(), String> {
-    let mut pending: Vec<Vec<u8>> = vec![Vec::new()];
+    let mut top: Rules = Rules::default();
+    if options.skip_ignored {
+        top = with_rules(root, b"", b".git/info/exclude", &top);
+    }
+    let mut pending: Vec<(Vec<u8>, Rules)> = vec![(Vec::new(), top)];
     let mut entries = 0u64;
-    while let Some(dir_path) = pending.pop() {
+    while let Some((dir_path, rules)) = pending.pop() {
+        let rules = if options.skip_ignored {
+            with_rules(root, &dir_path, b".gitignore", &rules)
+        } else {
+            rules
+        };
         let shown = || String::from_utf8_lossy(&dir_path).into_owned();
         let dir = open_beneath(root, &dir_path, OFlags::RDONLY | OFlags::DIRECTORY)
             .map_err(|e| format!("cannot open directory {:?}: {e}", shown()))?;
@@ -140,7 +209,7 @@ pub fn walk(
         while let Some(entry) = reader.read() {
             let entry = entry.map_err(|e| format!("cannot list directory {:?}: {e}", shown()))?;
             let name = entry.file_name().to_bytes();
-            if name != b"." && name != b".." {
+            if name != b"." && name != b".." && !(options.skip_ignored && name == b".git") {
                 names.push(name.to_vec());
             }
         }
@@ -180,7 +249,11 @@ pub fn walk(
                 ino: stat.st_ino,
                 fd: None,
             };
-            match FileType::from_raw_mode(stat.st_mode) {
+            let file_type = FileType::from_raw_mode(stat.st_mode);
+            if options.skip_ignored && ignored(&rules, &path, file_type == FileType::Directory) {
+                continue;
+            }
+            match file_type {
                 FileType::Directory => {
                     item.kind = FoundKind::Dir;
                     item.size = 0;
@@ -234,7 +307,7 @@ pub fn walk(
             }
         }
         // Depth first, in name order.
-        pending.extend(subdirs.into_iter().rev());
+        pending.extend(subdirs.into_iter().rev().map(|d| (d, rules.clone())));
     }
     Ok(())
 }

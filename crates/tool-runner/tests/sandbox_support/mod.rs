@@ -31,8 +31,7 @@ pub fn workspace_root() -> tempfile::TempDir {
 /// The workspace of `session`, handed to the session's identity.
 pub fn open(root: &std::path::Path, session: &str, sandbox: &Sandbox) -> Workspace {
     let ws = Workspace::open(root, session).unwrap();
-    sandbox.hand_over(session, ws.root()).unwrap();
-    sandbox.hand_over(session, ws.tmp()).unwrap();
+    sandbox.hand_over_workspace(&ws).unwrap();
     ws
 }
 

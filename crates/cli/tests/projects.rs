@@ -1,0 +1,265 @@
+//! Sessions on a person's project directory, through the real `agentry`
+//! binary: `agentry up` in the background, a scripted model, and
+//! `agentry run` started in (or pointed at) a git repository.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use agentry_testkit::fake_model::{FakeModel, Reply};
+use common::install::{Install, Up, text};
+use serde_json::json;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The uid (and gid) the repository belongs to when the tests run as
+/// root: not root, and not a uid the sandbox gives sessions.
+const OWNER: u32 = 4242;
+
+fn running_as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(["-c", "user.name=Test", "-c", "user.email=test@example.com"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {:?}", text(&out));
+}
+
+/// A git repository with a tracked source file, an ignored build
+/// directory, and (as root) an owner who is not root.
+fn repository(parent: &Path) -> PathBuf {
+    let repo = parent.join("repo");
+    std::fs::create_dir_all(repo.join("src")).unwrap();
+    std::fs::create_dir_all(repo.join("target")).unwrap();
+    std::fs::write(repo.join("src/lib.rs"), "pub fn answer() -> u32 { 41 }\n").unwrap();
+    std::fs::write(repo.join(".gitignore"), "target/\n").unwrap();
+    std::fs::write(repo.join("target/build.txt"), "first build\n").unwrap();
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-q", "-m", "start"]);
+    if running_as_root() {
+        let out = Command::new("chown")
+            .args([
+                "-R",
+                &format!("{OWNER}:{OWNER}"),
+                &repo.display().to_string(),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{:?}", text(&out));
+    }
+    repo
+}
+
+/// A directory sessions may work under, that sandboxed users can pass.
+fn projects_root(install: &Install) -> PathBuf {
+    let root = install.dir.path().join("projects");
+    std::fs::create_dir_all(&root).unwrap();
+    for dir in [install.dir.path(), root.as_path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    root
+}
+
+fn start(model: &FakeModel) -> (Install, Up, PathBuf, PathBuf) {
+    // The projects root must exist before `agentry up` reads it: make the
+    // install first, then its configuration.
+    for _ in 0..3 {
+        let install = Install::new(&model.base_url());
+        let root = projects_root(&install);
+        std::fs::write(
+            install.dir.path().join("config/local.toml"),
+            format!(
+                "[tool_runner]\nproject_roots = [{:?}]\n",
+                root.display().to_string()
+            ),
+        )
+        .unwrap();
+        let log = install.dir.path().join("up.log");
+        if let Some(up) = Up::try_start(&install, &log) {
+            return (install, up, root, log);
+        }
+    }
+    panic!("agentry up could not bind its ports three times in a row");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_started_in_a_repository_reads_and_edits_it_and_rewinds_leave_builds_alone() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "r1",
+        "read_file",
+        json!({"path": "src/lib.rs"}),
+    ));
+    model.push(Reply::tool_call(
+        "e1",
+        "edit_file",
+        json!({"path": "src/lib.rs", "old_string": "41", "new_string": "42"}),
+    ));
+    model.push(Reply::tool_call(
+        "b1",
+        "bash",
+        json!({"command": "pwd; echo new > created.txt; echo second build > target/build.txt"}),
+    ));
+    model.push(Reply::text("Fixed the answer."));
+    let (install, _up, root, log) = start(&model);
+    let repo = repository(&root);
+
+    // Started inside the repository, with no option: it works there.
+    let out = install
+        .command(&["run", "--approve", "always", "fix the answer"])
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{stderr}\n{}",
+        log.display()
+    );
+    assert!(stdout.contains("Fixed the answer."), "{stdout}");
+    assert!(!stderr.contains("scratch"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("src/lib.rs")).unwrap(),
+        "pub fn answer() -> u32 { 42 }\n"
+    );
+    let id = install.latest_session();
+    let events = install.events(&id);
+    let results: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_result")
+        .collect();
+    assert!(
+        results[0]["output"].as_str().unwrap().contains("41"),
+        "{results:#?}"
+    );
+    let canonical = repo.canonicalize().unwrap();
+    assert!(
+        results[2]["output"]
+            .as_str()
+            .unwrap()
+            .contains(&canonical.display().to_string()),
+        "{results:#?}"
+    );
+    // Nothing the session made belongs to anyone but the repository's owner.
+    let owner = std::fs::metadata(&repo).unwrap().uid();
+    for made in ["created.txt", "src/lib.rs", "target/build.txt"] {
+        assert_eq!(
+            std::fs::metadata(repo.join(made)).unwrap().uid(),
+            owner,
+            "{made}"
+        );
+    }
+    if running_as_root() {
+        assert_eq!(owner, OWNER);
+    }
+    // No temp dir or other leftover of the runner in the repository.
+    let mut names: Vec<String> = std::fs::read_dir(&repo)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [".git", ".gitignore", "created.txt", "src", "target"]
+    );
+    // The listing and the session say where it works.
+    let (listed, _) = text(&install.run(&["sessions", "list"]));
+    assert!(listed.contains("WHERE"), "{listed}");
+    assert!(listed.contains("repo"), "{listed}");
+    let (shown, _) = text(&install.run(&["sessions", "show", &id]));
+    assert!(
+        shown.contains(&format!("works in {}", canonical.display())),
+        "{shown}"
+    );
+
+    // Rewinding the turn puts the tracked file back and removes what the
+    // turn made, but leaves the ignored build output as it is now.
+    let out = install.run(&["sessions", "rewind", &id, "--to", "0"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("src/lib.rs")).unwrap(),
+        "pub fn answer() -> u32 { 41 }\n"
+    );
+    assert!(!repo.join("created.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(repo.join("target/build.txt")).unwrap(),
+        "second build\n"
+    );
+    // The repository itself is intact.
+    let out = Command::new("git")
+        .args([
+            "-c",
+            &format!("safe.directory={}", canonical.display()),
+            "status",
+            "--porcelain",
+        ])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    let (porcelain, err) = text(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(porcelain.trim(), "", "the rewound repository is clean");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_outside_the_project_roots_is_refused_or_left_for_scratch() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call("p1", "bash", json!({"command": "pwd"})));
+    model.push(Reply::text("Here."));
+    let (install, _up, _root, _log) = start(&model);
+    let elsewhere = install.dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+
+    // Named with --dir: refused, with the setting named, and no session.
+    let out = install.run(&[
+        "run",
+        "--dir",
+        &elsewhere.display().to_string(),
+        "look around",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("tool_runner.project_roots"), "{stderr}");
+    assert!(stderr.contains("--scratch"), "{stderr}");
+    let (listed, _) = text(&install.run(&["sessions", "list"]));
+    assert!(listed.contains("no sessions yet"), "{listed}");
+
+    // Started there without --dir: a scratch workspace, said once.
+    let out = install
+        .command(&["run", "--approve", "always", "look around"])
+        .current_dir(&elsewhere)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("scratch workspace"), "{stderr}");
+    let id = install.latest_session();
+    let pwd = install
+        .events(&id)
+        .into_iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap();
+    assert!(
+        pwd["output"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("workspaces/{id}")),
+        "{pwd}"
+    );
+
+    // A missing directory is the client's error, before any service.
+    let out = install.run(&["run", "--dir", "/no/such/dir", "x"]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--dir /no/such/dir"), "{stderr}");
+}
