@@ -344,7 +344,7 @@ async fn a_model_server_that_comes_up_later_is_asked_again() {
             let mut client = client.clone();
             async move {
                 client
-                    .list_tools(agentry_proto::orchestrator::v1::ListToolsRequest {})
+                    .list_tools(agentry_proto::orchestrator::v1::ListToolsRequest::default())
                     .await
                     .unwrap()
                     .into_inner()

@@ -29,7 +29,7 @@ async fn until_ready(cluster: &Cluster, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let list = client
-            .list_tools(pb::ListToolsRequest {})
+            .list_tools(pb::ListToolsRequest::default())
             .await
             .unwrap()
             .into_inner();

@@ -29,7 +29,7 @@ async fn the_fixed_part_at_4096_tokens_stays_under_its_target() {
         .unwrap();
         let mut client = cluster.orchestrator().await.unwrap();
         let tools = client
-            .list_tools(ListToolsRequest {})
+            .list_tools(ListToolsRequest::default())
             .await
             .unwrap()
             .into_inner();

@@ -158,6 +158,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::WorkspaceSnapshot(_) => "workspace_snapshot",
             Kind::SessionRewound(_) => "session_rewound",
             Kind::HookRan(_) => "hook_ran",
+            Kind::InstructionsLoaded(_) => "instructions_loaded",
         })
         .collect()
 }

@@ -2,7 +2,9 @@
 //! run every service in one process.
 
 mod approval;
+mod autostart;
 mod client;
+mod doctor;
 mod health;
 mod inbox_cmds;
 mod mcp_cmds;
@@ -25,10 +27,12 @@ use std::process::ExitCode;
     version,
     about = "A self-hosted runtime for tool-using LLM agents",
     long_about = "A self-hosted runtime for tool-using LLM agents.\n\n\
-        Start everything with `agentry up`, then talk to the agent with \
-        `agentry chat` or `agentry run \"...\"`. Point it at any \
+        Run `agentry` in your project to chat about it (the services start \
+        for the chat when none are running), or start them with `agentry up` \
+        and use `agentry chat` or `agentry run \"...\"`. Point it at any \
         OpenAI-compatible model with AGENTRY_LLM_BASE_URL and AGENTRY_LLM_MODEL.",
     after_help = "Examples:\n  \
+        cd your-project && agentry                  # chat about it (starts the services if needed)\n  \
         agentry up                                  # every service in this process\n  \
         agentry chat                                # talk to the agent\n  \
         agentry run \"list the files\"                # one turn, the answer on stdout\n  \
@@ -51,8 +55,10 @@ struct Cli {
     #[arg(long, global = true, value_enum, value_name = "FORMAT")]
     log_format: Option<LogFormatArg>,
 
+    /// Without a command: `agentry chat` (starting the services for it
+    /// when none answer)
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -194,6 +200,11 @@ enum Command {
     /// other machines (`authorization: Bearer <token>` metadata, or
     /// AGENTRY_TOKEN)
     Token,
+    /// Check what a working agent needs, each with the fix when it fails:
+    /// the model server and the model, a tool call, the context window,
+    /// the data directory, the token, and (when they run) the services,
+    /// the sandbox's layers and the MCP servers (exit 1 when one fails)
+    Doctor,
     /// Check that services answer their gRPC health check (exit 0 when all serve)
     Health {
         /// Service URLs to check [default: the configured orchestrator]
@@ -388,7 +399,7 @@ fn main() -> ExitCode {
     agentry_sandbox::running_program_embeds_helper();
     let cli = Cli::parse();
     // Needs no configuration and no service.
-    if let Command::Completions { shell } = cli.command {
+    if let Some(Command::Completions { shell }) = cli.command {
         use clap::CommandFactory;
         clap_complete::generate(
             shell,
@@ -459,7 +470,16 @@ fn prompt_text(given: Option<String>) -> anyhow::Result<String> {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = load_config(&cli)?;
-    match cli.command {
+    // Bare `agentry` is `agentry chat`.
+    let command = cli.command.unwrap_or(Command::Chat {
+        session: None,
+        network: false,
+        plain: false,
+        pick: false,
+        dir: None,
+        scratch: false,
+    });
+    match command {
         Command::Up => up::up(&config).await.map(|()| ExitCode::SUCCESS),
         Command::Serve { service } => up::serve(&config, service)
             .await
@@ -473,6 +493,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             scratch,
         } => {
             let place = turn::Place::from_args(dir, scratch)?;
+            let _services = autostart::ensure(&config).await?;
             let session = client::resolve_optional(&config, session).await?;
             if !plain && tui::available() {
                 tui::chat(&config, session, &place, network, pick).await
@@ -541,6 +562,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             SessionsCommand::Prune { dry_run } => session_cmds::prune(&config, dry_run).await,
         }
         .map(|()| ExitCode::SUCCESS),
+        Command::Doctor => doctor::run(&config).await,
         Command::Health {
             urls,
             timeout,

@@ -8,7 +8,7 @@ use agentry_runtime::Config;
 async fn list_tools(config: &Config) -> anyhow::Result<pb::ListToolsResponse> {
     let mut client = connect(config).await?;
     Ok(client
-        .list_tools(pb::ListToolsRequest {})
+        .list_tools(pb::ListToolsRequest::default())
         .await
         .map_err(|s| status_error("cannot list the MCP servers", s))?
         .into_inner())

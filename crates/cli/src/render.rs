@@ -151,6 +151,12 @@ pub fn event_json(event: &pb::Event) -> Value {
                     "status": step_status_name(s.status), "summary": s.summary,
                 })).collect::<Vec<_>>(),
             }),
+            Kind::InstructionsLoaded(l) => json!({
+                "type": "instructions_loaded",
+                "files": l.files.iter().map(|f| json!({
+                    "path": f.path, "size": f.size, "truncated": f.truncated, "text": f.text,
+                })).collect::<Vec<_>>(),
+            }),
             Kind::HookRan(h) => json!({
                 "type": "hook_ran", "event": h.event, "command": h.command,
                 "call_id": h.call_id, "tool": h.tool, "decision": h.decision,
@@ -667,6 +673,25 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     "── rewound to the end of turn {} (seq {}); {files} ──",
                     r.to_turn, r.to_seq
                 );
+            }
+            Kind::InstructionsLoaded(l) => {
+                self.end_line();
+                for file in &l.files {
+                    let _ = writeln!(
+                        self.activity,
+                        "  (instructions from {}, {}{})",
+                        file.path,
+                        crate::session_cmds::size(file.size),
+                        if file.truncated {
+                            format!(
+                                "; only the first {} given",
+                                crate::session_cmds::size(file.text.len() as u64)
+                            )
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
             }
             Kind::HookRan(h) => {
                 self.end_line();

@@ -334,7 +334,7 @@ pub async fn prune(config: &Config, dry_run: bool) -> anyhow::Result<()> {
 }
 
 /// A size for people.
-fn size(bytes: u64) -> String {
+pub fn size(bytes: u64) -> String {
     match bytes {
         0..1024 => format!("{bytes} B"),
         1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
@@ -346,8 +346,14 @@ fn size(bytes: u64) -> String {
 /// `agentry tools`.
 pub async fn tools(config: &Config) -> anyhow::Result<()> {
     let mut client = connect(config).await?;
+    // What a session started here would be given.
+    let project_dir = std::env::current_dir()
+        .ok()
+        .filter(|d| d.parent().is_some())
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
     let response = client
-        .list_tools(pb::ListToolsRequest {})
+        .list_tools(pb::ListToolsRequest { project_dir })
         .await
         .map_err(|s| status_error("cannot list tools", s))?
         .into_inner();
@@ -363,6 +369,28 @@ pub async fn tools(config: &Config) -> anyhow::Result<()> {
         },
         crate::render::fixed_part(response.fixed_tokens, response.context_window),
     ))?;
+    if !response.instructions.is_empty() {
+        print_line("instructions a session started here is given (in the fixed part):")?;
+        for file in &response.instructions {
+            print_line(format!(
+                "  {} ({}{})",
+                file.path,
+                size(file.size),
+                if file.truncated {
+                    "; cut at 32 KiB"
+                } else {
+                    ""
+                }
+            ))?;
+        }
+        print_line("")?;
+    }
+    if !response.instructions_note.is_empty() {
+        print_line(format!(
+            "(no project instructions for this directory: {})\n",
+            response.instructions_note
+        ))?;
+    }
     for t in response.tools {
         let mut flags = Vec::new();
         if t.read_only {

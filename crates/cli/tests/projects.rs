@@ -263,3 +263,170 @@ async fn a_directory_outside_the_project_roots_is_refused_or_left_for_scratch() 
     assert!(!out.status.success());
     assert!(stderr.contains("--dir /no/such/dir"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_md_of_the_repository_and_of_a_subdirectory_reach_the_model() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "r1",
+        "read_file",
+        json!({"path": "crates/core/lib.rs"}),
+    ));
+    model.push(Reply::text("Read it."));
+    let (install, _up, root, log) = start(&model);
+    let repo = repository(&root);
+    let core = repo.join("crates/core");
+    std::fs::create_dir_all(&core).unwrap();
+    std::fs::write(
+        repo.join("AGENTS.md"),
+        "Run `make check` before you say you are done.\n",
+    )
+    .unwrap();
+    std::fs::write(core.join("AGENTS.md"), "The core crate has no I/O.\n").unwrap();
+    std::fs::write(core.join("lib.rs"), "pub fn pure() {}\n").unwrap();
+    if running_as_root() {
+        let out = Command::new("chown")
+            .args([
+                "-R",
+                &format!("{OWNER}:{OWNER}"),
+                &repo.display().to_string(),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    }
+    let canonical = repo.canonicalize().unwrap();
+
+    // `agentry tools` in the repository counts them in the fixed part.
+    let plain = install.run(&["tools"]);
+    let (plain_out, _) = text(&plain);
+    let here = install
+        .command(&["tools"])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    let (tools_out, tools_err) = text(&here);
+    assert!(here.status.success(), "{tools_out}\n{tools_err}");
+    let agents = canonical.join("AGENTS.md").display().to_string();
+    assert!(tools_out.contains(&agents), "{tools_out}");
+    let fixed = |out: &str| -> u64 {
+        let line = out
+            .lines()
+            .find(|l| l.contains("fixed part"))
+            .unwrap_or_else(|| panic!("no fixed part in {out}"));
+        line.split_whitespace()
+            .find_map(|w| w.trim_matches(|c: char| !c.is_ascii_digit()).parse().ok())
+            .unwrap()
+    };
+    assert!(
+        fixed(&tools_out) > fixed(&plain_out),
+        "{tools_out}\n---\n{plain_out}"
+    );
+
+    let out = install
+        .command(&["run", "--approve", "always", "look at the core"])
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{stderr}\n{}",
+        log.display()
+    );
+    assert!(
+        stderr.contains(&format!("instructions from {agents}")),
+        "{stderr}"
+    );
+    let requests = model.requests();
+    let system_text = |request: &serde_json::Value| -> String {
+        request["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "system")
+            .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // The first request has the repository's file; the one after the
+    // read of crates/core has the subdirectory's too, nearest last.
+    let first = system_text(&requests[requests.len() - 2]);
+    assert!(first.contains("Run `make check`"), "{first}");
+    assert!(!first.contains("The core crate has no I/O."), "{first}");
+    let second = system_text(&requests[requests.len() - 1]);
+    let (root_at, core_at) = (
+        second.find("Run `make check`").unwrap(),
+        second.find("The core crate has no I/O.").unwrap(),
+    );
+    assert!(root_at < core_at, "{second}");
+    // Both are in the log, as events.
+    let id = install.latest_session();
+    let loaded: Vec<String> = install
+        .events(&id)
+        .iter()
+        .filter(|e| e["type"] == "instructions_loaded")
+        .flat_map(|e| e["files"].as_array().unwrap().clone())
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        loaded,
+        [
+            agents,
+            canonical
+                .join("crates/core/AGENTS.md")
+                .display()
+                .to_string()
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_path_attaches_a_file_or_a_listing_and_a_missing_one_is_refused() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("It returns 41."));
+    let (install, _up, root, _log) = start(&model);
+    let repo = repository(&root);
+    let run_here = |prompt: &str| {
+        install
+            .command(&["run", prompt])
+            .current_dir(&repo)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run_here("what does @src/lib.rs return? see also @src/");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let request = model.requests().pop().unwrap();
+    let user = request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .unwrap()["content"]
+        .to_string();
+    assert!(user.contains("[attached: the file src/lib.rs]"), "{user}");
+    assert!(user.contains("answer() -> u32 { 41 }"), "{user}");
+    assert!(
+        user.contains("[attached: the listing of the directory src]"),
+        "{user}"
+    );
+    // A path that is not there, and an image: refused before any turn.
+    let before = model.requests().len();
+    for (prompt, says) in [
+        (
+            "fix @src/missing.rs please",
+            "cannot attach @src/missing.rs",
+        ),
+        ("what is in @shot.png", "@shot.png is an image"),
+    ] {
+        let out = run_here(prompt);
+        let (_, stderr) = text(&out);
+        assert!(!out.status.success(), "{prompt}");
+        assert!(stderr.contains(says), "{prompt}: {stderr}");
+    }
+    assert_eq!(model.requests().len(), before);
+}

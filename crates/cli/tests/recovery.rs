@@ -231,6 +231,13 @@ impl ToolRunner for HangingRunner {
         Err(Status::unimplemented("no hooks in this test double"))
     }
 
+    async fn read_instructions(
+        &self,
+        _request: Request<tpb::ReadInstructionsRequest>,
+    ) -> Result<Response<tpb::ReadInstructionsResponse>, Status> {
+        Ok(Response::new(tpb::ReadInstructionsResponse::default()))
+    }
+
     async fn open_project(
         &self,
         _request: Request<tpb::OpenProjectRequest>,

@@ -128,6 +128,40 @@ impl ChatClient {
         }
     }
 
+    /// The models the server lists: `GET {base}/models` (`data[].id`) on
+    /// the OpenAI-compatible wire, `GET {root}/api/tags` (`models[].name`)
+    /// on Ollama's. `Ok(None)` when it answers without such a list (and for
+    /// Anthropic, which is not asked).
+    ///
+    /// # Errors
+    ///
+    /// [`LlmError::Connect`] or [`LlmError::Timeout`] when the server
+    /// cannot be reached at all.
+    pub async fn listed_models(&self, timeout: Duration) -> Result<Option<Vec<String>>, LlmError> {
+        let names = |list: &Value, array: &str, key: &str| -> Option<Vec<String>> {
+            Some(
+                list[array]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|m| m[key].as_str().map(str::to_string))
+                    .collect(),
+            )
+        };
+        match self.provider {
+            Provider::Anthropic => Ok(None),
+            Provider::Ollama => {
+                let root = self.url.trim_end_matches("/api/chat");
+                let tags = self.get_json(&format!("{root}/api/tags"), timeout).await?;
+                Ok(tags.and_then(|t| names(&t, "models", "name")))
+            }
+            Provider::OpenAi => {
+                let base = self.url.trim_end_matches("/chat/completions");
+                let models = self.get_json(&format!("{base}/models"), timeout).await?;
+                Ok(models.and_then(|m| names(&m, "data", "id")))
+            }
+        }
+    }
+
     /// The window of Ollama's OpenAI-compatible endpoint: that of the
     /// loaded model, else the model's `num_ctx` parameter, else unknown (the
     /// server's own default applies). `None` when the server is not Ollama.

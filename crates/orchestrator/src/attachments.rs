@@ -1,6 +1,8 @@
-//! `@server:uri` in a person's message attaches that MCP resource: the
-//! orchestrator reads it through a tool runner (as the session, inside its
-//! sandbox) and adds its content to the message, which the log then keeps.
+//! `@server:uri` in a person's message attaches that MCP resource, and
+//! `@path` a file of the session's workspace or project (`@dir/` a
+//! listing): the orchestrator reads it through a tool runner (as the
+//! session, inside its sandbox) and adds its content to the message, which
+//! the log then keeps.
 
 /// Most resources one message may attach.
 pub const MAX_ATTACHMENTS: usize = 8;
@@ -33,6 +35,76 @@ pub fn mentions(text: &str) -> Vec<(String, String)> {
         }
     }
     found
+}
+
+/// A path mentioned with `@`: a word that starts with `@` and is no
+/// `@server:uri` mention (no colon), trailing punctuation of the sentence
+/// left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMention {
+    /// The path as written, relative to the session's directory.
+    pub path: String,
+    /// Written with a trailing `/`: a listing is asked for.
+    pub dir: bool,
+    /// It looks like a path (holds `/` or `.`): one that cannot be read
+    /// refuses the message. Other words (`@alice`) are attached only when
+    /// such a file exists.
+    pub clearly_a_path: bool,
+}
+
+/// The `@path` mentions of `text`, in order, without repeats.
+pub fn file_mentions(text: &str) -> Vec<FileMention> {
+    let mut found: Vec<FileMention> = Vec::new();
+    for word in text.split_whitespace() {
+        let Some(rest) = word.strip_prefix('@') else {
+            continue;
+        };
+        let path = rest.trim_end_matches(['.', ',', ';', '!', '?', ')', '\'', '"']);
+        if path.is_empty() || path.contains(':') || path.starts_with('@') {
+            continue;
+        }
+        let dir = path.ends_with('/');
+        let trimmed = path.trim_end_matches('/');
+        let mention = FileMention {
+            path: if trimmed.is_empty() {
+                ".".to_string()
+            } else {
+                trimmed.to_string()
+            },
+            dir,
+            clearly_a_path: dir || path.contains('/') || path.contains('.'),
+        };
+        if !found.iter().any(|m| m.path == mention.path) {
+            found.push(mention);
+        }
+    }
+    found
+}
+
+/// Whether `path` names an image (by its extension): images are not sent
+/// as text.
+pub fn is_image(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    [
+        ".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tiff", ".ico",
+    ]
+    .iter()
+    .any(|ext| lower.ends_with(ext))
+}
+
+/// The message with the files' contents (or listings) attached after it:
+/// (path, is a listing, content).
+pub fn attach_files(text: &str, files: &[(String, bool, String)]) -> String {
+    let mut out = text.to_string();
+    for (path, listing, content) in files {
+        let what = if *listing {
+            format!("the listing of the directory {path}")
+        } else {
+            format!("the file {path}")
+        };
+        out.push_str(&format!("\n\n[attached: {what}]\n{content}"));
+    }
+    out
 }
 
 /// The message with the resources' contents attached after it.
@@ -71,6 +143,33 @@ mod tests {
             vec![("a".to_string(), "b".to_string())]
         );
         assert!(mentions("mail me at someone@example.org").is_empty());
+    }
+
+    #[test]
+    fn path_mentions_are_words_without_a_colon() {
+        let found = file_mentions(
+            "fix @src/main.rs, see @docs/ and @README.md. Thanks @alice; not @server:uri or a@b.c",
+        );
+        let paths: Vec<(&str, bool, bool)> = found
+            .iter()
+            .map(|m| (m.path.as_str(), m.dir, m.clearly_a_path))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                ("src/main.rs", false, true),
+                ("docs", true, true),
+                ("README.md", false, true),
+                ("alice", false, false),
+            ]
+        );
+        assert_eq!(file_mentions("@./ twice @./")[0].path, ".");
+        assert_eq!(file_mentions("@a.rs @a.rs").len(), 1);
+        assert!(is_image("shot.PNG") && !is_image("main.rs"));
+        assert_eq!(
+            attach_files("look", &[("a.rs".into(), false, "fn a() {}".into())]),
+            "look\n\n[attached: the file a.rs]\nfn a() {}"
+        );
     }
 
     #[test]

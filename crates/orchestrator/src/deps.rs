@@ -97,6 +97,36 @@ impl Deps {
             .clone()
     }
 
+    /// The instruction files a session is given: the person's own, then
+    /// its project's as a tool runner reads them (`request` names the
+    /// session, or a directory for one not made yet).
+    pub async fn instructions(
+        &self,
+        request: agentry_proto::tools::v1::ReadInstructionsRequest,
+    ) -> Result<Vec<agentry_proto::sessions::v1::InstructionFile>, tonic::Status> {
+        let mut files: Vec<_> = self
+            .view()
+            .own_instructions
+            .as_deref()
+            .and_then(read_own_instructions)
+            .into_iter()
+            .collect();
+        let project = self
+            .runners
+            .on_any(|mut client| {
+                let request = request.clone();
+                async move {
+                    client
+                        .read_instructions(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await?;
+        files.extend(project.files);
+        Ok(files)
+    }
+
     /// What shapes model requests now.
     pub fn view(&self) -> Arc<crate::prompt::View> {
         self.view
@@ -296,4 +326,23 @@ impl Deps {
             }
         }
     }
+}
+
+/// The person's own instruction file, if there is one (cut like a
+/// project's).
+fn read_own_instructions(
+    path: &std::path::Path,
+) -> Option<agentry_proto::sessions::v1::InstructionFile> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let size = file.metadata().ok().filter(|m| m.is_file())?.len();
+    let limit = crate::prompt::MAX_INSTRUCTIONS_BYTES as u64;
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes).ok()?;
+    Some(agentry_proto::sessions::v1::InstructionFile {
+        path: path.display().to_string(),
+        text: String::from_utf8_lossy(&bytes).into_owned(),
+        truncated: size > limit,
+        size,
+    })
 }

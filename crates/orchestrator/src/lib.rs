@@ -89,23 +89,10 @@ pub enum RunError {
     #[error(transparent)]
     Serve(#[from] agentry_runtime::ServeError),
 }
-
-/// Builds the shared dependencies from the configuration; calls to the
-/// other services carry `auth`'s service credential.
-pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> {
-    let channel = |url: &str, service: &'static str| {
-        auth.lazy_channel(url)
-            .map_err(|source| RunError::Service { service, source })
-    };
-    let store = SessionStoreClient::new(channel(&config.session_store.url, "session_store.url")?)
-        .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES);
-    let runners =
-        runners::RunnerPool::new(&config.tool_runner.url, auth).map_err(RunError::Runners)?;
-    let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(channel(
-        &config.scheduler.url,
-        "scheduler.url",
-    )?);
-    let llm = ChatClient::new(ProviderConfig {
+/// The model client the configuration describes (`[llm]`), as the
+/// orchestrator and `agentry doctor` use it.
+pub fn llm_client(config: &Config) -> Result<ChatClient, agentry_llm::LlmError> {
+    Ok(ChatClient::new(ProviderConfig {
         provider: match config.llm.provider {
             agentry_runtime::config::LlmProvider::Openai => agentry_llm::Provider::OpenAi,
             agentry_runtime::config::LlmProvider::Ollama => agentry_llm::Provider::Ollama,
@@ -126,7 +113,25 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         },
     })?
     .with_headers_hook(agentry_runtime::telemetry::inject_http)
-    .with_extra_body(config.llm.extra_body_json());
+    .with_extra_body(config.llm.extra_body_json()))
+}
+
+/// Builds the shared dependencies from the configuration; calls to the
+/// other services carry `auth`'s service credential.
+pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> {
+    let channel = |url: &str, service: &'static str| {
+        auth.lazy_channel(url)
+            .map_err(|source| RunError::Service { service, source })
+    };
+    let store = SessionStoreClient::new(channel(&config.session_store.url, "session_store.url")?)
+        .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES);
+    let runners =
+        runners::RunnerPool::new(&config.tool_runner.url, auth).map_err(RunError::Runners)?;
+    let scheduler = agentry_proto::scheduler::v1::scheduler_client::SchedulerClient::new(channel(
+        &config.scheduler.url,
+        "scheduler.url",
+    )?);
+    let llm = llm_client(config)?;
     let system_prompt = config.system_prompt()?;
     let policy = agentry_policy::Policy::from_config(&config.policy)?;
     for notice in &config.notices {
@@ -176,6 +181,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         },
         hooks: Arc::new(hooks::Hooks::new(&config.hooks).map_err(RunError::Hooks)?),
         only_offered: false,
+        own_instructions: config.config_dir.as_ref().map(|d| d.join("AGENTS.md")),
     };
     let mut deps = Deps::new(
         store,

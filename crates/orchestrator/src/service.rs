@@ -621,6 +621,8 @@ impl OrchestratorService {
             }
         }
         let text = crate::attachments::attach(&text, &resources);
+        let files = self.attached_files(session_id, &text).await?;
+        let text = crate::attachments::attach_files(&text, &files);
         if text.len() > MAX_MESSAGE_BYTES {
             return Err(Status::invalid_argument(format!(
                 "the message with its attachments is {} bytes; at most {MAX_MESSAGE_BYTES} are \
@@ -636,6 +638,91 @@ impl OrchestratorService {
             network,
             budget,
         })
+    }
+}
+
+impl OrchestratorService {
+    /// The files and listings a message mentions with `@path`, read as the
+    /// session by a tool runner's read_file and list_dir: (path, is a
+    /// listing, content). A mention that looks like a path and cannot be
+    /// read refuses the message with the reason; another word (`@alice`)
+    /// is left as written unless such a file exists.
+    async fn attached_files(
+        &self,
+        session_id: &str,
+        text: &str,
+    ) -> Result<Vec<(String, bool, String)>, Status> {
+        let mentions = crate::attachments::file_mentions(text);
+        if mentions.len() > crate::attachments::MAX_ATTACHMENTS {
+            return Err(Status::invalid_argument(format!(
+                "the message mentions {} files; at most {} may be attached to one message",
+                mentions.len(),
+                crate::attachments::MAX_ATTACHMENTS
+            )));
+        }
+        let mut files = Vec::new();
+        for (n, mention) in mentions.into_iter().enumerate() {
+            if crate::attachments::is_image(&mention.path) {
+                return Err(Status::invalid_argument(format!(
+                    "@{} is an image, and images cannot be attached to a message yet; \
+                     describe it, or let the agent look at the file with its tools",
+                    mention.path
+                )));
+            }
+            // A directory named without its `/` is listed too.
+            let tools: &[&str] = if mention.dir {
+                &["list_dir"]
+            } else {
+                &["read_file", "list_dir"]
+            };
+            let mut result = None;
+            for tool in tools {
+                let request = agentry_proto::tools::v1::ExecuteRequest {
+                    call_id: format!("attach-{n}"),
+                    session_id: session_id.to_string(),
+                    tool: tool.to_string(),
+                    arguments_json: serde_json::json!({ "path": mention.path }).to_string(),
+                    timeout_ms: 0,
+                    network: false,
+                };
+                let read = self
+                    .deps
+                    .runners
+                    .execute(request, true, |_| async { true })
+                    .await;
+                let done = read.as_ref().is_ok_and(|r| !r.is_error);
+                // The first tool's failure is the one to tell.
+                if done || result.is_none() {
+                    result = Some((*tool == "list_dir", read));
+                }
+                if done {
+                    break;
+                }
+            }
+            let Some((listing, result)) = result else {
+                continue;
+            };
+            match result {
+                Ok(read) if !read.is_error => {
+                    files.push((mention.path, listing, read.output));
+                }
+                Ok(_) | Err(_) if !mention.clearly_a_path => {}
+                Ok(read) => {
+                    return Err(Status::failed_precondition(format!(
+                        "cannot attach @{}: {} (to send the word as written, put it in \
+                         quotes)",
+                        mention.path, read.output
+                    )));
+                }
+                Err(failure) => {
+                    return Err(Status::unavailable(format!(
+                        "cannot attach @{}: {}",
+                        mention.path, failure.message
+                    )));
+                }
+            }
+        }
+        Ok(files)
     }
 }
 
@@ -1080,8 +1167,9 @@ impl Orchestrator for OrchestratorService {
 
     async fn list_tools(
         &self,
-        _request: Request<pb::ListToolsRequest>,
+        request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        let project_dir = request.into_inner().project_dir;
         let specs = self.deps.runners.list_tools().await.map_err(|s| {
             Status::unavailable(format!(
                 "cannot list tools from the tool runner at {}: {}",
@@ -1107,9 +1195,23 @@ impl Orchestrator for OrchestratorService {
         // What the next model call is offered: asked again now.
         self.deps.forget_tools().await;
         let catalog = self.deps.tools().await;
+        // The instruction files a session started in `project_dir` gets.
+        let (instructions, instructions_note) = if project_dir.trim().is_empty() {
+            (Vec::new(), String::new())
+        } else {
+            let request = agentry_proto::tools::v1::ReadInstructionsRequest {
+                session_id: String::new(),
+                dir: project_dir,
+            };
+            match self.deps.instructions(request).await {
+                Ok(files) => (files, String::new()),
+                Err(status) => (Vec::new(), status.message().to_string()),
+            }
+        };
         let prompt = crate::prompt::build(
             crate::prompt::Parts {
                 system_prompt: &view.system_prompt,
+                instructions: &instructions,
                 extra: &[],
                 tools: &catalog.definitions,
                 tools_tokens: catalog.tokens(&view.tokenizer),
@@ -1129,6 +1231,14 @@ impl Orchestrator for OrchestratorService {
             fixed_tokens: to_u32(prompt.tokens(&view.tokenizer)),
             lean: view.lean,
             mcp_servers,
+            instructions: instructions
+                .into_iter()
+                .map(|f| agentry_proto::sessions::v1::InstructionFile {
+                    text: String::new(),
+                    ..f
+                })
+                .collect(),
+            instructions_note,
         }))
     }
 }

@@ -57,6 +57,8 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.tools.v1.ToolRunner/PruneSnapshots",
     "/agentry.tools.v1.ToolRunner/Preview",
     "/agentry.tools.v1.ToolRunner/RunHook",
+    "/agentry.tools.v1.ToolRunner/OpenProject",
+    "/agentry.tools.v1.ToolRunner/ReadInstructions",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
 ];
 

@@ -10,6 +10,7 @@
 pub mod egress;
 pub mod files;
 pub mod hooks;
+pub mod instructions;
 pub mod mcp;
 pub mod metrics;
 pub mod output;

@@ -255,6 +255,16 @@ impl Places {
         Ok((canonical, self.switches_identity.then_some(owner)))
     }
 
+    /// Whether `dir` (canonical) lies under a project root and outside the
+    /// services' own directories: where instruction files may be read.
+    pub fn within_roots(&self, dir: &Path) -> bool {
+        self.project_roots.iter().any(|r| dir.starts_with(r))
+            && !self
+                .forbidden
+                .iter()
+                .any(|f| dir.starts_with(f) || f.starts_with(dir))
+    }
+
     /// The lock file of a project directory's changing calls.
     pub fn lock_path(&self, dir: &Path) -> PathBuf {
         use std::hash::{Hash, Hasher};

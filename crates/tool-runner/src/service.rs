@@ -354,6 +354,48 @@ impl ToolRunner for ToolRunnerService {
         }))
     }
 
+    async fn read_instructions(
+        &self,
+        request: Request<pb::ReadInstructionsRequest>,
+    ) -> Result<Response<pb::ReadInstructionsResponse>, Status> {
+        let req = request.into_inner();
+        let places = self.inner.places.clone();
+        let (root, ids) = if req.session_id.is_empty() {
+            let (dir, owner) = places
+                .check(std::path::Path::new(&req.dir))
+                .map_err(place_status)?;
+            let who = crate::sandbox::Who {
+                session_id: "instructions",
+                owner,
+            };
+            (dir, self.inner.sandbox.ids_of(who))
+        } else {
+            let workspace = self.workspace(&req.session_id)?;
+            if !workspace.is_project() {
+                return Ok(Response::new(pb::ReadInstructionsResponse::default()));
+            }
+            let ids = self.inner.sandbox.ids_of(workspace.who());
+            (workspace.root().to_path_buf(), ids)
+        };
+        // As the session's user, without Landlock: the repository's root
+        // may be above the project.
+        let confinement = agentry_sandbox::ThreadConfinement {
+            workspace: root.clone(),
+            ids,
+            landlock: false,
+        };
+        let files = tokio::task::spawn_blocking(move || {
+            agentry_sandbox::run_confined(&confinement, move || {
+                let dirs = crate::instructions::project_dirs(&root, |d| places.within_roots(d));
+                crate::instructions::read_dirs(&dirs)
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(format!("reading instructions failed: {e}")))?
+        .map_err(|e| Status::internal(format!("cannot read instructions as the session: {e}")))?;
+        Ok(Response::new(pb::ReadInstructionsResponse { files }))
+    }
+
     async fn mcp_subscribe(
         &self,
         request: Request<pb::McpSubscribeRequest>,
@@ -593,6 +635,11 @@ impl ToolRunner for ToolRunnerService {
                 }
                 outcome.output.push_str(&note);
             }
+            let instructions = if workspace.is_project() && !outcome.is_error {
+                touched_instructions(&inner, &workspace, &req.tool, &req.arguments_json).await
+            } else {
+                Vec::new()
+            };
             let duration_ms = started.elapsed().as_millis() as u64;
             let outcome_name = match (outcome.timed_out, outcome.is_error) {
                 (true, _) => "timeout",
@@ -616,6 +663,7 @@ impl ToolRunner for ToolRunnerService {
                     runner_id: inner.runner_id.clone(),
                     truncated: outcome.truncated,
                     timed_out: outcome.timed_out,
+                    instructions,
                 })),
             };
             let _ = tx.send(Ok(result)).await;
@@ -751,6 +799,44 @@ impl QuotaWatch {
 }
 
 const MIB: u64 = 1024 * 1024;
+
+/// The instruction files of the directories a file tool's call touched
+/// below the project's root (read confined like the file tools).
+async fn touched_instructions(
+    inner: &Inner,
+    workspace: &Workspace,
+    tool: &str,
+    arguments_json: &str,
+) -> Vec<agentry_proto::sessions::v1::InstructionFile> {
+    let is_dir = match tool {
+        "read_file" | "write_file" | "edit_file" => false,
+        "list_dir" | "glob" | "grep" => true,
+        _ => return Vec::new(),
+    };
+    let Some(path) = serde_json::from_str::<serde_json::Value>(arguments_json)
+        .ok()
+        .and_then(|args| args.get("path")?.as_str().map(str::to_string))
+    else {
+        return Vec::new();
+    };
+    let dirs = crate::instructions::touched_dirs(&path, is_dir);
+    if dirs.is_empty() {
+        return Vec::new();
+    }
+    let confinement = inner.sandbox.file_confinement(workspace);
+    let root = workspace.root().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        agentry_sandbox::run_confined(&confinement, move || {
+            dirs.iter()
+                .filter_map(|rel| crate::instructions::read_below(&root, rel))
+                .collect()
+        })
+    })
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .unwrap_or_default()
+}
 
 /// The status of a failure to open a session's place.
 fn place_status(error: ToolError) -> Status {

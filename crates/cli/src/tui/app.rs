@@ -717,6 +717,7 @@ impl App {
             | Kind::SessionRewound(_)
             | Kind::BudgetExceeded(_)
             | Kind::HookRan(_)
+            | Kind::InstructionsLoaded(_)
             | Kind::ToolsOffered(_) => self.note(formatted, NoteKind::Info),
         }
         actions

@@ -64,7 +64,7 @@ pub async fn chat(
     let mut client = connect(config).await?;
     // The window the orchestrator plans for (shown before the first answer).
     let window = client
-        .list_tools(pb::ListToolsRequest {})
+        .list_tools(pb::ListToolsRequest::default())
         .await
         .map(|r| r.into_inner().context_window)
         .unwrap_or(0);

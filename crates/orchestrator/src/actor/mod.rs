@@ -83,6 +83,9 @@ pub(crate) struct Actor {
     snapshotted_turn: Option<String>,
     /// A turn ran such a call: its workspace is recorded when it ends.
     files_changed: bool,
+    /// The session's instruction files were looked for since the actor
+    /// started (before its first model call).
+    instructions_checked: bool,
     /// Set for a sub-agent's session.
     child: Option<Child>,
     /// The task of each delegate call started, by call id.
@@ -137,6 +140,7 @@ impl Actor {
         let actor = Actor {
             snapshotted_turn: None,
             files_changed,
+            instructions_checked: false,
             session_id,
             state,
             next_seq: event_count + 1,
@@ -380,6 +384,17 @@ impl Actor {
         let mut batch: Vec<pb::Event> = Vec::new();
         let mut effects = VecDeque::from(effects);
         while let Some(effect) = effects.pop_front() {
+            // The first model call looks for the session's instruction
+            // files: new ones are recorded and the call decided again.
+            if matches!(effect, Effect::CallModel { .. } | Effect::Summarise { .. })
+                && !self.instructions_checked
+                && let Some(instead) = self.instructions_found().await
+            {
+                for effect in instead.into_iter().rev() {
+                    effects.push_front(effect);
+                }
+                continue;
+            }
             // A model call is decided with the tools offered now: if they
             // changed, the reducer records them and decides the call again.
             if matches!(effect, Effect::CallModel { .. } | Effect::Summarise { .. })
@@ -494,6 +509,32 @@ impl Actor {
             first_seq.get_or_insert(seq);
         }
         Ok(first_seq)
+    }
+
+    /// The effects that replace a model call about to start when the
+    /// session has instruction files the model was not given (`None` when
+    /// it has none new). Asked once per actor, again after a failure.
+    async fn instructions_found(&mut self) -> Option<Vec<Effect>> {
+        self.instructions_checked = true;
+        let request = agentry_proto::tools::v1::ReadInstructionsRequest {
+            session_id: self.workspace(),
+            dir: String::new(),
+        };
+        let files = match self.deps.instructions(request).await {
+            Ok(files) => files,
+            Err(status) => {
+                tracing::warn!(session_id = %self.session_id, error = %status.message(), "cannot read the session's instruction files; trying again at the next model call");
+                self.instructions_checked = false;
+                return None;
+            }
+        };
+        if files.is_empty() {
+            return None;
+        }
+        self.state
+            .step(Input::Instructions(files))
+            .ok()
+            .filter(|effects| !effects.is_empty())
     }
 
     /// The effects that replace a model call about to start when the tools

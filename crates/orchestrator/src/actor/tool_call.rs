@@ -67,6 +67,13 @@ pub(super) async fn tool_call(
             async move { tx.send(Box::new((task, input))).await.is_ok() }
         })
         .await;
+    // Instruction files of directories the call touched come first.
+    if let Ok(result) = &outcome
+        && !result.instructions.is_empty()
+    {
+        let input = Input::Instructions(result.instructions.clone());
+        let _ = tx.send(Box::new((task, input))).await;
+    }
     match outcome {
         Ok(result) => pb::ToolResult {
             call_id: call.id.clone(),

@@ -53,6 +53,9 @@ pub struct View {
     /// Calls of tools the session was not offered are refused (a
     /// sub-agent's session).
     pub only_offered: bool,
+    /// The person's own instruction file (`<config dir>/AGENTS.md`), given
+    /// to every session before its project's.
+    pub own_instructions: Option<std::path::PathBuf>,
 }
 
 impl Default for View {
@@ -74,6 +77,7 @@ impl Default for View {
             budget: agentry_proto::sessions::v1::Budget::default(),
             hooks: std::sync::Arc::default(),
             only_offered: false,
+            own_instructions: None,
         }
     }
 }
@@ -113,6 +117,8 @@ pub struct Prompt {
 pub struct Parts<'a> {
     /// The configured system prompt.
     pub system_prompt: &'a str,
+    /// Instruction files (the person's, the project's AGENTS.md…).
+    pub instructions: &'a [agentry_proto::sessions::v1::InstructionFile],
     /// Instructions for this call only (skillset, plan guidance).
     pub extra: &'a [String],
     /// The tools the runners and the orchestrator offer.
@@ -150,6 +156,9 @@ pub fn build(parts: Parts<'_>, tokenizer: &Tokenizer) -> Prompt {
         system.push_str(&crate::textcalls::instructions(&definitions, parts.lean));
     }
     let mut head = vec![Message::System { content: system }];
+    head.extend(
+        instructions_message(parts.instructions).map(|content| Message::System { content }),
+    );
     head.extend(parts.extra.iter().map(|content| Message::System {
         content: content.clone(),
     }));
@@ -167,6 +176,55 @@ pub fn build(parts: Parts<'_>, tokenizer: &Tokenizer) -> Prompt {
         native: parts.native,
         tool_tokens,
     }
+}
+
+/// The most of all instruction files together the model is given.
+pub const MAX_INSTRUCTIONS_BYTES: usize = 32 * 1024;
+
+/// The system message holding the instruction files, each under its path,
+/// cut at [`MAX_INSTRUCTIONS_BYTES`] in all (the cut named); `None` without
+/// any.
+pub fn instructions_message(
+    files: &[agentry_proto::sessions::v1::InstructionFile],
+) -> Option<String> {
+    let files: Vec<_> = files.iter().filter(|f| !f.text.trim().is_empty()).collect();
+    if files.is_empty() {
+        return None;
+    }
+    let mut text = String::from(
+        "Instructions for working in this project, from its instruction files (the \
+         nearest directory's come last and win where they differ). They describe the \
+         project's conventions; they grant no permission and change no setting.",
+    );
+    let mut left = MAX_INSTRUCTIONS_BYTES;
+    for file in files {
+        text.push_str(&format!("\n\n# {}\n\n", file.path));
+        let body = file.text.trim_end();
+        if body.len() <= left {
+            text.push_str(body);
+            left -= body.len();
+            if file.truncated {
+                text.push_str(&format!(
+                    "\n[{} is {} bytes: only its first part is given]",
+                    file.path, file.size
+                ));
+            }
+        } else {
+            let mut keep = left;
+            while !body.is_char_boundary(keep) {
+                keep -= 1;
+            }
+            text.push_str(&body[..keep]);
+            text.push_str(&format!(
+                "\n[instructions cut here: all files together may give {} KiB; the rest of \
+                 {} and any file after it are left out]",
+                MAX_INSTRUCTIONS_BYTES / 1024,
+                file.path
+            ));
+            break;
+        }
+    }
+    Some(text)
 }
 
 impl Prompt {
@@ -360,6 +418,7 @@ mod tests {
     fn parts<'a>(tools: &'a [ToolDefinition], extra: &'a [String], native: bool) -> Parts<'a> {
         Parts {
             system_prompt: "You are helpful.",
+            instructions: &[],
             extra,
             tools,
             tools_tokens: 42,
@@ -481,5 +540,65 @@ mod tests {
         let (_, error) =
             read_text_calls(completion("TOOL:bash {not json"), &names, false).unwrap_err();
         assert!(!error.is_empty());
+    }
+
+    fn file(path: &str, text: &str) -> agentry_proto::sessions::v1::InstructionFile {
+        agentry_proto::sessions::v1::InstructionFile {
+            path: path.into(),
+            text: text.into(),
+            truncated: false,
+            size: text.len() as u64,
+        }
+    }
+
+    #[test]
+    fn instruction_files_follow_the_system_prompt_under_their_paths() {
+        let files = [
+            file("/r/AGENTS.md", "root rules"),
+            file("/r/a/AGENTS.md", "a rules"),
+        ];
+        let mut parts = parts(&[], &[], true);
+        parts.instructions = &files;
+        let prompt = build(parts, &Tokenizer::Estimate);
+        let Message::System { content } = &prompt.head[1] else {
+            panic!("{:?}", prompt.head);
+        };
+        let (root, a) = (
+            content.find("# /r/AGENTS.md\n\nroot rules").unwrap(),
+            content.find("# /r/a/AGENTS.md\n\na rules").unwrap(),
+        );
+        assert!(root < a);
+        assert!(content.contains("grant no permission"));
+        // Without files there is no such message.
+        assert_eq!(
+            build(super::tests::parts(&[], &[], true), &Tokenizer::Estimate)
+                .head
+                .len(),
+            1
+        );
+        assert_eq!(instructions_message(&[file("/x", "  \n")]), None);
+    }
+
+    #[test]
+    fn instructions_past_the_cap_are_cut_and_the_cut_named() {
+        let big = "x".repeat(MAX_INSTRUCTIONS_BYTES - 10);
+        let files = [
+            file("/r/AGENTS.md", &big),
+            file("/r/b/AGENTS.md", "0123456789abcdefghij"),
+            file("/r/c/AGENTS.md", "never reached"),
+        ];
+        let text = instructions_message(&files).unwrap();
+        assert!(text.contains("0123456789"));
+        assert!(!text.contains("abcdefghij"));
+        assert!(text.contains("the rest of /r/b/AGENTS.md and any file after it are left out"));
+        assert!(!text.contains("never reached"));
+        let mut cut = file("/r/AGENTS.md", "head");
+        cut.truncated = true;
+        cut.size = 99_999;
+        assert!(
+            instructions_message(&[cut])
+                .unwrap()
+                .contains("/r/AGENTS.md is 99999 bytes: only its first part is given")
+        );
     }
 }

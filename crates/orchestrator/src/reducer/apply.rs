@@ -205,6 +205,14 @@ impl SessionState {
                     self.start_event_turn(turn_id);
                 }
             }
+            Kind::InstructionsLoaded(loaded) => {
+                for file in &loaded.files {
+                    match self.instructions.iter_mut().find(|f| f.path == file.path) {
+                        Some(known) => *known = file.clone(),
+                        None => self.instructions.push(file.clone()),
+                    }
+                }
+            }
             Kind::SkillsetChosen(s) => {
                 if let Some(turn) = &mut self.turn {
                     turn.skillset = s.skillset.clone();

@@ -323,6 +323,9 @@ pub struct SessionState {
     pub spent_tokens: u64,
     /// What they cost so far, at the configured price.
     pub spent_cost: f64,
+    /// The instruction files given to the model (AGENTS.md…), in the order
+    /// it reads them: the last recorded text of each path.
+    pub instructions: Vec<pb::InstructionFile>,
 }
 
 /// Something that happened, fed to [`SessionState::step`].
@@ -356,6 +359,11 @@ pub enum Input {
     /// about to start (only while generating): recorded when they changed,
     /// and the model call is decided again with them.
     ToolCatalog(Arc<Catalog>),
+    /// Instruction files found for the session (its project's, a
+    /// subdirectory's a file tool touched): those not given to the model
+    /// yet are recorded; fed in place of a model call about to start, the
+    /// call is then decided again with them.
+    Instructions(Vec<pb::InstructionFile>),
     /// The model finished its response.
     ModelDone(Completion),
     /// The model call failed.
@@ -579,6 +587,7 @@ impl SessionState {
             limits: pb::Budget::default(),
             spent_tokens: 0,
             spent_cost: 0.0,
+            instructions: Vec::new(),
         }
     }
 

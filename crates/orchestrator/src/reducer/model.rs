@@ -120,6 +120,7 @@ impl SessionState {
         crate::prompt::build(
             Parts {
                 system_prompt: &view.system_prompt,
+                instructions: &self.instructions,
                 extra: &extra,
                 tools: &self.catalog.definitions,
                 tools_tokens: self.catalog.tokens(&view.tokenizer),
@@ -161,6 +162,36 @@ impl SessionState {
             self.call_model(out, turn_id, true);
         }
         Ok(())
+    }
+
+    /// Instruction files found: those the model has not been given (a new
+    /// path, or new text) are recorded; while generating (fed in place of a
+    /// model call), the call is decided again with them.
+    pub(super) fn take_instructions(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        files: Vec<pb::InstructionFile>,
+    ) {
+        let new: Vec<pb::InstructionFile> = files
+            .into_iter()
+            .filter(|f| !self.instructions.contains(f))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        self.emit(
+            out,
+            turn_id,
+            Kind::InstructionsLoaded(pb::InstructionsLoaded { files: new }),
+        );
+        if self.phase == Phase::Generate {
+            if self.turn.as_ref().is_some_and(|t| t.compact) {
+                self.compact_now(out, turn_id);
+            } else {
+                self.call_model(out, turn_id, true);
+            }
+        }
     }
 
     /// A summary for `job` came back: the compaction is recorded (the

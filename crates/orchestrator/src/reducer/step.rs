@@ -165,6 +165,9 @@ impl SessionState {
             (_, Input::ToolCatalog(catalog)) => {
                 self.offer_tools(&mut out, &turn_id, catalog)?;
             }
+            (_, Input::Instructions(files)) => {
+                self.take_instructions(&mut out, &turn_id, files);
+            }
             (Phase::Generate, Input::ModelDone(c)) => self.model_done(&mut out, &turn_id, c),
             (Phase::Generate, Input::ModelFailed { message, retryable }) => {
                 let error = error_event(ErrorSource::Model, message.clone(), retryable);

@@ -263,3 +263,83 @@ fn tool_catalog_does_not_change_calls_already_requested() {
     assert!(state.step(Input::ToolCatalog(catalog())).is_err());
     assert_eq!(calls_of(&state), calls);
 }
+
+// ---------------------------------------------------------------------------
+// Instruction files
+// ---------------------------------------------------------------------------
+
+fn instruction(path: &str, text: &str) -> pb::InstructionFile {
+    pb::InstructionFile {
+        path: path.into(),
+        text: text.into(),
+        truncated: false,
+        size: text.len() as u64,
+    }
+}
+
+#[test]
+fn new_instruction_files_are_recorded_and_the_model_call_decided_again_with_them() {
+    let state = generating(4);
+    let mut after = state.clone();
+    let root = instruction("/p/AGENTS.md", "use make check");
+    let effects = after.step(Input::Instructions(vec![root.clone()])).unwrap();
+    assert_eq!(
+        events_of(&effects),
+        vec![Kind::InstructionsLoaded(pb::InstructionsLoaded {
+            files: vec![root.clone()]
+        })]
+    );
+    let Some(Effect::CallModel { request }) = effects.last() else {
+        panic!("{effects:?}")
+    };
+    assert!(
+        request.head.iter().any(|m| matches!(m,
+            agentry_llm::Message::System { content } if content.contains("use make check"))),
+        "{request:?}"
+    );
+    // The same file again: nothing; a changed one: recorded, in its place.
+    assert_eq!(
+        after.step(Input::Instructions(vec![root.clone()])),
+        Ok(vec![])
+    );
+    let changed = instruction("/p/AGENTS.md", "use make test");
+    let effects = after
+        .step(Input::Instructions(vec![changed.clone()]))
+        .unwrap();
+    assert_eq!(events_of(&effects).len(), 1);
+    assert_eq!(after.instructions, vec![changed]);
+}
+
+#[test]
+fn instruction_files_found_by_a_tool_call_are_recorded_without_a_model_call() {
+    let mut state = using_tools(4);
+    let nested = instruction("/p/sub/AGENTS.md", "no I/O here");
+    let effects = state
+        .step(Input::Instructions(vec![nested.clone()]))
+        .unwrap();
+    assert_eq!(
+        effects,
+        vec![record(
+            TURN,
+            vec![Kind::InstructionsLoaded(pb::InstructionsLoaded {
+                files: vec![nested.clone()]
+            })]
+        )]
+    );
+    assert_eq!(state.phase, Phase::UseTools);
+    assert_eq!(state.instructions, vec![nested]);
+}
+
+#[test]
+fn recorded_instruction_files_come_back_on_replay() {
+    let mut session = Session::new(4);
+    session.ok(user("go"));
+    session.ok(Input::Instructions(vec![instruction(
+        "/p/AGENTS.md",
+        "rules",
+    )]));
+    assert_eq!(
+        SessionState::replay(4, &session.log).instructions,
+        vec![instruction("/p/AGENTS.md", "rules")]
+    );
+}

@@ -196,6 +196,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::WorkspaceSnapshot(_) => "workspace_snapshot",
         event::Kind::SessionRewound(_) => "session_rewound",
         event::Kind::HookRan(_) => "hook_ran",
+        event::Kind::InstructionsLoaded(_) => "instructions_loaded",
     }
 }
 

@@ -1,0 +1,88 @@
+//! A first run: bare `agentry` in a terminal with no services running
+//! starts them, chats, and stops them when the chat ends.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use agentry_testkit::fake_model::{FakeModel, Reply};
+use common::install::{BIN, Install, text};
+use common::tmux::{Tmux, tmux_present};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bare_agentry_with_no_services_starts_them_for_a_working_chat() {
+    if !tmux_present() {
+        return;
+    }
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("Hello from the model."));
+    let install = Install::new(&model.base_url());
+    // Nothing answers yet.
+    assert!(!install.run(&["sessions", "list"]).status.success());
+    let mut script = String::from("cd \"$(dirname \"$0\")\"\n");
+    script.push_str(&install.shell_exports());
+    script.push_str(&format!("{BIN}\necho \"[agentry exited $?]\"\nsleep 60\n"));
+    let tmux = Tmux::start(install.dir.path(), &script);
+    tmux.wait_for("the chat", |s| s.contains("ready"));
+    tmux.type_text("hello");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("the answer", |s| s.contains("Hello from the model."));
+    tmux.keys(&["C-d"]);
+    let screen = tmux.wait_for("the chat to end", |s| s.contains("[agentry exited"));
+    assert!(screen.contains("[agentry exited 0]"), "{screen}");
+    let history = tmux.history();
+    assert!(
+        history.contains("no services answer") && history.contains("logs/up.log"),
+        "{history}"
+    );
+    // The services it started stopped with it; the conversation is kept.
+    let out = install.run(&["sessions", "list"]);
+    assert!(!out.status.success(), "{:?}", text(&out));
+    let logs = std::fs::read_to_string(install.dir.path().join("data/logs/up.log")).unwrap();
+    assert!(logs.contains("orchestrator"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_names_a_missing_model_server_and_the_fix_then_passes_with_one() {
+    // No model server: the port is closed.
+    let closed = common::install::free_port();
+    let install = Install::new(&format!("http://127.0.0.1:{closed}/v1"));
+    let out = install.run(&["doctor"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  model server http://127.0.0.1:{closed}/v1 does not answer"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("fix: start it"), "{stdout}");
+    assert!(stdout.contains("AGENTRY_LLM_BASE_URL"), "{stdout}");
+
+    // A server that does not have the model.
+    let model = FakeModel::start().await.unwrap();
+    let mut install = Install::new(&model.base_url());
+    for (k, v) in &mut install.env {
+        if k == "AGENTRY_LLM_MODEL" {
+            *v = "no-such-model".into();
+        }
+    }
+    let out = install.run(&["doctor"]);
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("model no-such-model is not listed") && stdout.contains("fake-model"),
+        "{stdout}"
+    );
+
+    // With the model, and a model that calls the tool it is offered.
+    model.push(Reply::tool_call("p1", "ping", serde_json::json!({})));
+    let install = Install::new(&model.base_url());
+    let out = install.run(&["doctor"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("answers and lists fake-model"), "{stdout}");
+    assert!(stdout.contains("ok    the model calls tools"), "{stdout}");
+    assert!(stdout.contains("no services answer"), "{stdout}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
