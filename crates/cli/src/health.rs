@@ -27,7 +27,11 @@ pub async fn check(
                     // A tool runner also says how it confines commands, and
                     // how its MCP servers are (one that is down does not
                     // make the runner unhealthy: its other tools work).
-                    for line in runner_lines(auth.wrap(channel), timeout).await {
+                    let channel = auth.wrap(channel);
+                    for line in model_lines(channel.clone(), timeout).await {
+                        print_line(format!("  {line}"))?;
+                    }
+                    for line in runner_lines(channel, timeout).await {
                         print_line(format!("  {line}"))?;
                     }
                 }
@@ -50,6 +54,22 @@ pub async fn check(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// What an orchestrator found wrong with the model server; nothing for
+/// other services, or when nothing is wrong.
+async fn model_lines(channel: TracedChannel, timeout: Duration) -> Vec<String> {
+    use agentry_proto::orchestrator::v1::{
+        ListToolsRequest, orchestrator_client::OrchestratorClient,
+    };
+    let mut client = OrchestratorClient::new(channel);
+    match tokio::time::timeout(timeout, client.list_tools(ListToolsRequest::default())).await {
+        Ok(Ok(r)) if !r.get_ref().model_problem.is_empty() => vec![format!(
+            "model: {} (`agentry doctor` says how to fix it)",
+            r.get_ref().model_problem
+        )],
+        _ => Vec::new(),
+    }
 }
 
 /// The sandbox report and MCP servers of a tool runner; nothing for other

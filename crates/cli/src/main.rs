@@ -7,6 +7,7 @@ mod client;
 mod doctor;
 mod health;
 mod inbox_cmds;
+mod init;
 mod mcp_cmds;
 mod migrate;
 mod reminder_cmds;
@@ -43,7 +44,8 @@ use std::process::ExitCode;
 )]
 struct Cli {
     /// Directory holding default.toml, local.toml and system.md
-    /// [default: $AGENTRY_CONFIG_DIR, else ./config when present]
+    /// [default: $AGENTRY_CONFIG_DIR, else ./config when present, else
+    /// ~/.config/agentry when present]
     #[arg(long, global = true, value_name = "DIR")]
     config_dir: Option<PathBuf>,
 
@@ -200,6 +202,19 @@ enum Command {
     /// other machines (`authorization: Bearer <token>` metadata, or
     /// AGENTRY_TOKEN)
     Token,
+    /// Write a starter configuration: find model servers on their usual
+    /// local ports (Ollama 11434, llama.cpp 8080, LM Studio 1234, vLLM
+    /// 8000), list their models and ask which to use; `[llm]` goes to
+    /// local.toml in the configuration directory (~/.config/agentry)
+    Init {
+        /// Also look at this server (an OpenAI-compatible base URL, e.g.
+        /// http://gpu-box:8000/v1); repeatable
+        #[arg(long, value_name = "URL")]
+        url: Vec<String>,
+        /// Replace an existing local.toml (kept as local.toml.bak)
+        #[arg(long)]
+        force: bool,
+    },
     /// Check what a working agent needs, each with the fix when it fails:
     /// the model server and the model, a tool call, the context window,
     /// the data directory, the token, and (when they run) the services,
@@ -370,6 +385,16 @@ enum Approve {
 }
 
 fn load_config(cli: &Cli) -> anyhow::Result<agentry_runtime::Config> {
+    if let Some(dir) = &cli.config_dir
+        && !dir.is_dir()
+    {
+        anyhow::bail!(
+            "--config-dir {}: no such directory (it holds local.toml, system.md, agents/…; \
+             create it, or leave the option out to use $AGENTRY_CONFIG_DIR, ./config or \
+             ~/.config/agentry)",
+            terminal::visible(&dir.display().to_string())
+        );
+    }
     let source = agentry_runtime::ConfigSource::from_process(cli.config_dir.clone());
     let mut config = agentry_runtime::Config::load(&source)?;
     if let Some(url) = &cli.orchestrator {
@@ -563,6 +588,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         .map(|()| ExitCode::SUCCESS),
         Command::Doctor => doctor::run(&config).await,
+        Command::Init { url, force } => init::run(&config, &url, force).await,
         Command::Health {
             urls,
             timeout,

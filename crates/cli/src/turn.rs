@@ -494,6 +494,14 @@ pub async fn chat(
     if let Some(note) = note {
         eprintln!("agentry: {}", crate::terminal::visible(&note));
     }
+    if let Ok(tools) = client.list_tools(pb::ListToolsRequest::default()).await
+        && !tools.get_ref().model_problem.is_empty()
+    {
+        eprintln!(
+            "agentry: {}; `agentry doctor` says how to fix it",
+            crate::terminal::visible(&tools.get_ref().model_problem)
+        );
+    }
     let interactive = std::io::stdin().is_terminal();
     // With a turn still open (e.g. an approval left pending), read the log
     // from the start, silently, to find what is still waiting.

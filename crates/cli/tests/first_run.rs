@@ -86,3 +86,82 @@ async fn doctor_names_a_missing_model_server_and_the_fix_then_passes_with_one() 
     assert!(stdout.contains("no services answer"), "{stdout}");
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_no_model_server_up_and_health_say_so_at_once() {
+    let closed = common::install::free_port();
+    let (install, _up, log) = common::install::Up::start(&format!("http://127.0.0.1:{closed}/v1"));
+    let out = install.run(&["health"]);
+    let (stdout, stderr) = text(&out);
+    // The services serve; the model is named as the problem, with the fix.
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "model: model unreachable at http://127.0.0.1:{closed}/v1"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("agentry doctor"), "{stdout}");
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(logs.contains("model unreachable"), "{logs}");
+}
+
+#[test]
+fn a_config_dir_that_does_not_exist_is_an_error() {
+    let install = Install::new("http://127.0.0.1:9/v1");
+    let out = install.run(&[
+        "--config-dir",
+        "/no/such/agentry-config",
+        "sessions",
+        "list",
+    ]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--config-dir /no/such/agentry-config: no such directory"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn init_lists_the_models_of_a_server_and_writes_the_one_chosen() {
+    use std::io::Write;
+    let model = FakeModel::start().await.unwrap();
+    let install = Install::new(&model.base_url());
+    let config = install.dir.path().join("config");
+    let mut child = install
+        .command(&["init", "--url", &model.base_url()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"2\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1. fake-model (the server given"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2. fake-model-large"), "{stdout}");
+    let written = std::fs::read_to_string(config.join("local.toml")).unwrap();
+    assert!(
+        written.contains("model = \"fake-model-large\""),
+        "{written}"
+    );
+    assert!(
+        written.contains(&format!("base_url = \"{}\"", model.base_url())),
+        "{written}"
+    );
+    // The file parses as configuration, and is not replaced by accident.
+    let out = install.run(&["init", "--url", &model.base_url()]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("local.toml exists; nothing was changed"),
+        "{stderr}"
+    );
+    let parsed: toml::Table = toml::from_str(&written).unwrap();
+    assert_eq!(parsed["llm"]["provider"].as_str(), Some("openai"));
+}

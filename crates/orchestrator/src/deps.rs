@@ -43,6 +43,9 @@ pub struct Deps {
     /// Plan steps a plan-mode turn may start.
     pub plan_max_steps: u32,
     tool_cache: RwLock<Option<(std::time::Instant, Arc<Catalog>)>>,
+    /// What is wrong with the model server, as last found ("unreachable",
+    /// a model it does not list); `None` when nothing is known wrong.
+    model_problem: std::sync::RwLock<Option<String>>,
     /// This replica among several (`None`: the only orchestrator).
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// The streamed text of the sessions driven here, for their subscribers.
@@ -82,6 +85,7 @@ impl Deps {
             metrics: Arc::default(),
             plan_max_steps: crate::plan::default_max_steps(),
             tool_cache: RwLock::new(None),
+            model_problem: std::sync::RwLock::new(None),
             cluster: None,
             live: Arc::default(),
             agents: Arc::default(),
@@ -139,6 +143,22 @@ impl Deps {
     /// where that number comes from), and asks the model server for it
     /// where the protocol can (Ollama's `num_ctx`). Sessions loaded from
     /// now on use it.
+    /// Records what is wrong with the model server (`None`: nothing known).
+    pub fn set_model_problem(&self, problem: Option<String>) {
+        *self
+            .model_problem
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = problem;
+    }
+
+    /// What is wrong with the model server, as last found.
+    pub fn model_problem(&self) -> Option<String> {
+        self.model_problem
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     pub fn set_context_window(&self, tokens: usize, source: String) {
         let mut view = (*self.view()).clone();
         view.lean = tokens <= crate::prompt::lean::LEAN_WINDOW;

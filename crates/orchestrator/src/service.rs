@@ -1239,6 +1239,7 @@ impl Orchestrator for OrchestratorService {
                 })
                 .collect(),
             instructions_note,
+            model_problem: self.deps.model_problem().unwrap_or_default(),
         }))
     }
 }

@@ -126,20 +126,50 @@ pub async fn settle(deps: &Deps, configured: u32) -> Result<(), String> {
     let server = match llm.server_context_window(PROBE_TIMEOUT).await {
         Err(e) if not_ready(&e) => {
             tracing::debug!(error = %e, "the model server cannot say its context window yet");
+            deps.set_model_problem(Some(format!("model unreachable at {}: {e}", llm.url())));
             return Err(e.to_string());
         }
         other => other.map_err(|e| e.to_string()),
     };
+    // A model the server does not have fails every turn: said at once.
+    deps.set_model_problem(None);
+    if let Ok(Some(models)) = llm.listed_models(PROBE_TIMEOUT).await
+        && !models.is_empty()
+        && !listed(&models, llm.model())
+    {
+        deps.set_model_problem(Some(format!(
+            "model {} not listed by the server at {}",
+            llm.model(),
+            llm.url()
+        )));
+        tracing::warn!(
+            model = %llm.model(),
+            url = %llm.url(),
+            listed = %models.iter().take(8).cloned().collect::<Vec<_>>().join(", "),
+            "model not listed by the server: turns will fail until it has it (`agentry doctor` \
+             says how to fix it)"
+        );
+    }
     apply(deps, decide(llm.model(), configured, server));
     Ok(())
+}
+
+/// Whether `model` is among the server's `models` (Ollama adds `:latest`
+/// to names given without a tag).
+fn listed(models: &[String], model: &str) -> bool {
+    models
+        .iter()
+        .any(|m| m == model || *m == format!("{model}:latest"))
 }
 
 /// Asks again every [`RETRY_EVERY`] until the server answers; after
 /// [`RETRIES`] tries the plan stays as configured, with a warning.
 pub async fn keep_trying(deps: Arc<Deps>, configured: u32) {
-    tracing::info!(
+    tracing::warn!(
+        url = %deps.llm().url(),
         every = ?RETRY_EVERY,
-        "the model server cannot say its context window yet; asking again in the background"
+        "model unreachable: turns fail until the model server answers (asking again in the \
+         background; `agentry doctor` says how to fix it)"
     );
     let mut last = String::new();
     for _ in 0..RETRIES {

@@ -63,11 +63,14 @@ pub async fn chat(
 ) -> anyhow::Result<ExitCode> {
     let mut client = connect(config).await?;
     // The window the orchestrator plans for (shown before the first answer).
-    let window = client
+    let (window, model_problem) = client
         .list_tools(pb::ListToolsRequest::default())
         .await
-        .map(|r| r.into_inner().context_window)
-        .unwrap_or(0);
+        .map(|r| {
+            let r = r.into_inner();
+            (r.context_window, r.model_problem)
+        })
+        .unwrap_or_default();
     let mut screen = Screen::enter()?;
     let keys = KeyReader::start();
     let mut next = session;
@@ -105,6 +108,12 @@ pub async fn chat(
         }
         if let Some(note) = note {
             app.note(note, app::NoteKind::Info);
+        }
+        if !model_problem.is_empty() {
+            app.note(
+                format!("{model_problem}; `agentry doctor` says how to fix it"),
+                app::NoteKind::Error,
+            );
         }
         match run_session(&mut client, &mut screen, &keys, &mut app, &session).await {
             Ok(End::Leave(questions)) => {

@@ -90,6 +90,10 @@ pub(super) async fn model_call(
             span.record("completion_tokens", usage.completion_tokens);
         }
         crate::metrics::model_call_finished(&deps.metrics, "ok", elapsed, completion.usage);
+        // The model answers: whatever was found wrong at start is past.
+        if deps.model_problem().is_some() {
+            deps.set_model_problem(None);
+        }
         tracing::debug!(
             elapsed_ms = elapsed.as_millis() as u64,
             "model call finished"

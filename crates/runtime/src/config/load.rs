@@ -16,8 +16,10 @@ pub struct ConfigSource {
 }
 
 impl ConfigSource {
-    /// The directory from `AGENTRY_CONFIG_DIR`, else `./config` when it
-    /// exists, with the process environment.
+    /// The directory given, else `AGENTRY_CONFIG_DIR`, else `./config`
+    /// when it exists (a checkout of this project), else the person's
+    /// `$XDG_CONFIG_HOME/agentry` (`~/.config/agentry`) when it exists;
+    /// with the process environment.
     pub fn from_process(dir_override: Option<PathBuf>) -> Self {
         let env: BTreeMap<String, String> = std::env::vars().collect();
         let dir = dir_override
@@ -25,6 +27,19 @@ impl ConfigSource {
             .or_else(|| {
                 let local = PathBuf::from("config");
                 local.is_dir().then_some(local)
+            })
+            .or_else(|| {
+                let base = env
+                    .get("XDG_CONFIG_HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+                    .or_else(|| {
+                        env.get("HOME")
+                            .filter(|v| !v.is_empty())
+                            .map(|h| PathBuf::from(h).join(".config"))
+                    })?;
+                let personal = base.join("agentry");
+                personal.is_dir().then_some(personal)
             });
         Self { dir, env }
     }
