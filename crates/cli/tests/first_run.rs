@@ -165,3 +165,28 @@ async fn init_lists_the_models_of_a_server_and_writes_the_one_chosen() {
     let parsed: toml::Table = toml::from_str(&written).unwrap();
     assert_eq!(parsed["llm"]["provider"].as_str(), Some("openai"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_naming_a_tool_nobody_offers_stops_the_start_with_the_nearest_name() {
+    let model = FakeModel::start().await.unwrap();
+    let install = Install::new(&model.base_url());
+    let agents = install.dir.path().join("config/agents");
+    std::fs::create_dir_all(&agents).unwrap();
+    std::fs::write(
+        agents.join("reviewer.md"),
+        "---\nname: reviewer\ndescription: reviews code\ntools: read_file, grpe\n---\nReview.\n",
+    )
+    .unwrap();
+    let out = install
+        .command(&["up"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("reviewer.md"), "{stderr}");
+    assert!(
+        stderr.contains("names the tool \"grpe\"") && stderr.contains("did you mean \"grep\"?"),
+        "{stderr}"
+    );
+}

@@ -213,6 +213,55 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
     Ok(deps)
 }
 
+/// Refuses to start when an agent names a tool nobody offers (a typo the
+/// sub-agent would otherwise silently go without), naming the agent, where
+/// it is defined and the nearest tool. Tools of configured MCP servers
+/// (`server__…`) are not checked: a server may still be starting. Skipped,
+/// with a warning, when no tool runner answers yet.
+async fn check_agent_tools(config: &Config, deps: &Deps) -> Result<(), RunError> {
+    let agents = config.agents()?;
+    if agents.is_empty() {
+        return Ok(());
+    }
+    let listed = tokio::time::timeout(Duration::from_secs(5), deps.runners.list_tools()).await;
+    let Ok(Ok(listed)) = listed else {
+        tracing::warn!("no tool runner answers yet: the agents' tool lists are not checked");
+        return Ok(());
+    };
+    let mut known: Vec<String> = listed.tools.into_iter().map(|t| t.name).collect();
+    known.extend(builtin::NAMES.iter().map(|n| n.to_string()));
+    let servers: Vec<String> = config
+        .mcp_servers()
+        .map(|servers| servers.into_iter().map(|s| s.name).collect())
+        .unwrap_or_default();
+    for agent in &agents {
+        for tool in &agent.tools {
+            let of_a_server = tool
+                .split_once("__")
+                .is_some_and(|(server, _)| servers.iter().any(|s| s == server));
+            if of_a_server || known.contains(tool) {
+                continue;
+            }
+            let nearest = known
+                .iter()
+                .min_by_key(|k| strsim::levenshtein(k, tool))
+                .cloned()
+                .unwrap_or_default();
+            let source = agent
+                .file
+                .as_ref()
+                .map_or("[[agents]]".to_string(), |f| f.display().to_string());
+            return Err(RunError::Config(format!(
+                "{source}: agent {:?} names the tool {tool:?}, which no tool runner or the \
+                 orchestrator offers (did you mean {nearest:?}?). The tools: {}",
+                agent.name,
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Serves the orchestrator on `listener` until `shutdown`, checking callers
 /// and calling the other services with `auth`.
 pub async fn run(
@@ -227,6 +276,7 @@ pub async fn run(
         Ok(()) => None,
         Err(_) => Some(tokio::spawn(window::keep_trying(deps.clone(), configured))),
     };
+    check_agent_tools(config, &deps).await?;
     tracing::info!(
         model = %config.llm.model,
         llm = %config.llm.base_url,
