@@ -25,11 +25,28 @@ fn usage_json(u: Option<&pb::TokenUsage>) -> Value {
     .unwrap_or(Value::Null)
 }
 
-fn enum_name<E: TryFrom<i32>>(value: i32, name: impl Fn(E) -> &'static str) -> String {
+/// An enum value's plain name: its protobuf name without the type's
+/// prefix, in lower case (`OUTPUT_STREAM_STDOUT` → `stdout`); the number
+/// when this build does not know it.
+fn enum_name<E: TryFrom<i32>>(
+    value: i32,
+    prefix: &str,
+    name: impl Fn(E) -> &'static str,
+) -> String {
     E::try_from(value)
-        .map(|e| name(e).to_string())
+        .map(|e| {
+            let full = name(e);
+            full.strip_prefix(prefix)
+                .unwrap_or(full)
+                .to_ascii_lowercase()
+        })
         .unwrap_or_else(|_| value.to_string())
 }
+
+/// The version of the JSON form of events (`"version"` in each object):
+/// raised when a field changes meaning or goes away; new fields may come
+/// without it.
+pub const JSON_VERSION: u32 = 2;
 
 /// One event as a JSON object: `session_id`, `seq`, `turn_id`, `time`
 /// (seconds since the epoch), `type`, and the kind's own fields; `live`:
@@ -37,6 +54,7 @@ fn enum_name<E: TryFrom<i32>>(value: i32, name: impl Fn(E) -> &'static str) -> S
 /// of the logged event before it).
 pub fn event_json(event: &pb::Event) -> Value {
     let mut out = json!({
+        "version": JSON_VERSION,
         "session_id": event.session_id,
         "seq": event.seq,
         "turn_id": event.turn_id,
@@ -71,12 +89,14 @@ pub fn event_json(event: &pb::Event) -> Value {
             }),
             Kind::ApprovalDecided(a) => json!({
                 "type": "approval_decided", "call_id": a.call_id,
-                "decision": enum_name(a.decision, |d: pb::ApprovalDecision| d.as_str_name()),
+                "decision": enum_name(a.decision, "APPROVAL_DECISION_", |d: pb::ApprovalDecision| {
+                    d.as_str_name()
+                }),
                 "reason": a.reason, "edited_arguments": a.edited_arguments_json,
             }),
             Kind::ToolOutputChunk(c) => json!({
                 "type": "tool_output_chunk", "call_id": c.call_id,
-                "stream": enum_name(c.stream, |s: pb::OutputStream| s.as_str_name()),
+                "stream": enum_name(c.stream, "OUTPUT_STREAM_", |s: pb::OutputStream| s.as_str_name()),
                 "text": c.text,
             }),
             Kind::ToolResult(r) => json!({
@@ -106,7 +126,7 @@ pub fn event_json(event: &pb::Event) -> Value {
             }),
             Kind::Error(e) => json!({
                 "type": "error",
-                "source": enum_name(e.source, |s: pb::ErrorSource| s.as_str_name()),
+                "source": enum_name(e.source, "ERROR_SOURCE_", |s: pb::ErrorSource| s.as_str_name()),
                 "message": e.message, "retryable": e.retryable,
             }),
             Kind::TurnFinished(t) => json!({
@@ -196,7 +216,6 @@ pub fn step_status_name(status: i32) -> &'static str {
     }
 }
 
-/// A tool call phase's short name.
 /// A reminder's kind as the JSON output names it.
 fn reminder_kind_name(kind: pb::ReminderKind) -> &'static str {
     match kind {
@@ -206,6 +225,7 @@ fn reminder_kind_name(kind: pb::ReminderKind) -> &'static str {
     }
 }
 
+/// A tool call phase's short name.
 pub fn phase_name(phase: i32) -> &'static str {
     match pb::ToolCallPhase::try_from(phase) {
         Ok(pb::ToolCallPhase::Validating) => "validating",
@@ -771,6 +791,35 @@ mod tests {
 
     fn answered(events: &[pb::Event]) -> String {
         both(events).0
+    }
+
+    #[test]
+    fn json_events_carry_the_version_and_plain_enum_names() {
+        let chunk = event_json(&event(Kind::ToolOutputChunk(pb::ToolOutputChunk {
+            call_id: "c1".into(),
+            stream: pb::OutputStream::Stdout as i32,
+            text: "hi".into(),
+        })));
+        assert_eq!(chunk["version"], JSON_VERSION);
+        assert_eq!(chunk["stream"], "stdout");
+        let decided = event_json(&event(Kind::ApprovalDecided(pb::ApprovalDecided {
+            call_id: "c1".into(),
+            decision: pb::ApprovalDecision::ApproveForSession as i32,
+            ..Default::default()
+        })));
+        assert_eq!(decided["decision"], "approve_for_session");
+        let error = event_json(&event(Kind::Error(pb::Error {
+            source: pb::ErrorSource::Model as i32,
+            message: "down".into(),
+            retryable: true,
+        })));
+        assert_eq!(error["source"], "model");
+        // A value this build does not know stays a number.
+        let unknown = event_json(&event(Kind::Error(pb::Error {
+            source: 99,
+            ..Default::default()
+        })));
+        assert_eq!(unknown["source"], "99");
     }
 
     #[test]
