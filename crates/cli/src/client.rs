@@ -136,6 +136,10 @@ pub async fn resolve_session(config: &Config, given: &str) -> anyhow::Result<Str
             .map_err(|s| status_error("cannot list sessions", s))?
             .into_inner();
         for session in page.sessions.iter() {
+            // A name is exact, and wins over prefixes.
+            if session.name == given {
+                return Ok(session.id.clone());
+            }
             if session.id.starts_with(given) {
                 matches.push(session.clone());
             }
@@ -147,7 +151,8 @@ pub async fn resolve_session(config: &Config, given: &str) -> anyhow::Result<Str
     }
     match matches.as_slice() {
         [] => anyhow::bail!(
-            "no session's id starts with {given:?}; `agentry sessions list` shows them"
+            "no session is named {given:?} or has an id starting with it; `agentry sessions \
+             list` shows them"
         ),
         [one] => Ok(one.id.clone()),
         several => {

@@ -313,7 +313,7 @@ enum SessionsCommand {
     },
     /// Show a session's conversation, its turns numbered
     Show {
-        /// The session's id, or any prefix of it that only it has
+        /// The session's id, a prefix only it has, or its name
         id: String,
         /// Print every event as one JSON object per line
         #[arg(long)]
@@ -322,7 +322,7 @@ enum SessionsCommand {
     /// Copy a session up to a point into a new session, with its files as
     /// they were there
     Fork {
-        /// The session's id, or any prefix of it that only it has
+        /// The session's id, a prefix only it has, or its name
         id: String,
         /// The last event the fork keeps (see `sessions show --json`);
         /// default: the whole log, with the files as they are now
@@ -339,7 +339,7 @@ enum SessionsCommand {
     /// and the workspace's files (what came after stays in the log as
     /// history)
     Rewind {
-        /// The session's id, or any prefix of it that only it has
+        /// The session's id, a prefix only it has, or its name
         id: String,
         /// Keep turns 1..TURN, as `sessions show` numbers them (0: none)
         #[arg(long, value_name = "TURN")]
@@ -347,6 +347,22 @@ enum SessionsCommand {
         /// Rewind the conversation only; leave the files as they are
         #[arg(long)]
         conversation_only: bool,
+    },
+    /// Give a session a name to use instead of its id (`-` removes it)
+    Rename {
+        /// The session's id, a prefix only it has, or its name
+        id: String,
+        /// The new name: no spaces, not only hex digits and dashes
+        name: String,
+    },
+    /// Delete a session: its log, its sub-agents' tasks and its scratch
+    /// workspace (a project directory is never touched)
+    Delete {
+        /// The session's id, a prefix only it has, or its name
+        id: String,
+        /// Do not ask first (needed without a terminal)
+        #[arg(long, short)]
+        yes: bool,
     },
     /// Reclaim the space of workspace snapshots: those of deleted sessions,
     /// those past tool_runner.snapshots.keep_days (each session keeps its
@@ -585,6 +601,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 session_cmds::rewind(&config, &id, to, conversation_only).await
             }
             SessionsCommand::Prune { dry_run } => session_cmds::prune(&config, dry_run).await,
+            SessionsCommand::Rename { id, name } => {
+                let id = client::resolve_session(&config, &id).await?;
+                session_cmds::rename(&config, &id, &name).await
+            }
+            SessionsCommand::Delete { id, yes } => {
+                let id = client::resolve_session(&config, &id).await?;
+                session_cmds::delete(&config, &id, yes).await
+            }
         }
         .map(|()| ExitCode::SUCCESS),
         Command::Doctor => doctor::run(&config).await,

@@ -66,10 +66,11 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
         "ID", "UPDATED", "MSGS", "EVENTS", "WHERE"
     ))?;
     for s in &response.sessions {
-        let title = if s.title.is_empty() {
-            "(empty)"
-        } else {
-            &s.title
+        let title = match (s.name.is_empty(), s.title.is_empty()) {
+            (true, true) => "(empty)".to_string(),
+            (true, false) => s.title.clone(),
+            (false, true) => format!("[{}]", s.name),
+            (false, false) => format!("[{}] {}", s.name, s.title),
         };
         // A sub-agent's task says whose it is.
         let child = s
@@ -101,6 +102,79 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
         ))?;
     }
     Ok(())
+}
+
+/// `agentry sessions rename ID NAME` (`-` removes the name).
+pub async fn rename(config: &Config, id: &str, name: &str) -> anyhow::Result<()> {
+    let mut client = connect(config).await?;
+    let name = if name == "-" { "" } else { name };
+    let session = client
+        .rename_session(spb::RenameSessionRequest {
+            session_id: id.to_string(),
+            name: name.to_string(),
+        })
+        .await
+        .map_err(|s| status_error(&format!("cannot rename session {id}"), s))?
+        .into_inner();
+    if session.name.is_empty() {
+        print_line(format!("session {} has no name now", session.id))
+    } else {
+        print_line(format!(
+            "session {} is named {}: `agentry chat --session {}`",
+            session.id, session.name, session.name
+        ))
+    }
+}
+
+/// `agentry sessions delete ID`: asks first on a terminal.
+pub async fn delete(config: &Config, id: &str, yes: bool) -> anyhow::Result<()> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let mut client = connect(config).await?;
+    let session = client
+        .get_session(pb::GetSessionRequest {
+            session_id: id.to_string(),
+        })
+        .await
+        .map_err(|s| status_error(&format!("cannot find session {id}"), s))?
+        .into_inner();
+    if !yes {
+        if !std::io::stdin().is_terminal() {
+            anyhow::bail!(
+                "deleting session {id} cannot be undone; pass --yes to delete it without a \
+                 terminal to ask on"
+            );
+        }
+        let files = if session.project_dir.is_empty() {
+            "and its scratch workspace".to_string()
+        } else {
+            format!("(its project {} stays as it is)", session.project_dir)
+        };
+        eprint!(
+            "delete session {} \"{}\" ({} messages, {} events) {files}? [y/N] ",
+            session.id,
+            crate::terminal::visible(&session.title),
+            session.user_message_count,
+            session.event_count
+        );
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            eprintln!("nothing was deleted");
+            return Ok(());
+        }
+    }
+    let deleted = client
+        .delete_session(spb::DeleteSessionRequest {
+            session_id: id.to_string(),
+        })
+        .await
+        .map_err(|s| status_error(&format!("cannot delete session {id}"), s))?
+        .into_inner();
+    print_line(format!(
+        "deleted session {id} ({} events); its snapshots go with the next `agentry sessions prune`",
+        deleted.deleted_events
+    ))
 }
 
 /// `agentry sessions show ID`.

@@ -117,7 +117,9 @@ pub(crate) async fn open_session(
             if matches!(place, Place::Here(_))
                 && matches!(
                     s.code(),
-                    tonic::Code::PermissionDenied | tonic::Code::Unimplemented
+                    tonic::Code::PermissionDenied
+                        | tonic::Code::InvalidArgument
+                        | tonic::Code::Unimplemented
                 ) =>
         {
             let note = format!(

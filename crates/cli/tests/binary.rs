@@ -1163,7 +1163,7 @@ async fn sessions_are_named_by_any_unique_prefix_of_their_id() {
     assert!(
         text(&out)
             .1
-            .contains("no session's id starts with \"zzzz\""),
+            .contains("no session is named \"zzzz\" or has an id starting with it"),
         "{}",
         text(&out).1
     );

@@ -430,3 +430,68 @@ async fn at_path_attaches_a_file_or_a_listing_and_a_missing_one_is_refused() {
     }
     assert_eq!(model.requests().len(), before);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_are_named_used_by_name_and_deleted_without_touching_a_project() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("Hello."));
+    model.push(Reply::tool_call(
+        "w1",
+        "bash",
+        json!({"command": "echo scratch > note.txt"}),
+    ));
+    model.push(Reply::text("Noted."));
+    let (install, _up, root, _log) = start(&model);
+    let repo = repository(&root);
+    // One session in the project, one in a scratch workspace.
+    let out = install
+        .command(&["run", "hello"])
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    let project_session = install.latest_session();
+    let out = install.run(&["run", "--scratch", "--approve", "always", "note it"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let scratch_session = install.latest_session();
+    let scratch = install
+        .dir
+        .path()
+        .join("data/workspaces")
+        .join(&scratch_session);
+    assert!(scratch.join("note.txt").exists());
+
+    // A name, then every command takes it.
+    let out = install.run(&["sessions", "rename", &project_session, "login-fix"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("is named login-fix"), "{stdout}");
+    let (listed, _) = text(&install.run(&["sessions", "list"]));
+    assert!(listed.contains("[login-fix]"), "{listed}");
+    let (shown, _) = text(&install.run(&["sessions", "show", "login-fix"]));
+    assert!(shown.contains(&project_session), "{shown}");
+    let out = install.run(&["sessions", "rename", &scratch_session, "login-fix"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).1.contains("is taken by session"),
+        "{:?}",
+        text(&out)
+    );
+
+    // Deleting asks for --yes without a terminal, then removes the log and
+    // the scratch workspace; a project directory stays as it was.
+    let out = install.run(&["sessions", "delete", &scratch_session]);
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("pass --yes"), "{:?}", text(&out));
+    for id in [scratch_session.as_str(), "login-fix"] {
+        let out = install.run(&["sessions", "delete", id, "--yes"]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert!(stdout.contains("deleted session"), "{stdout}");
+    }
+    assert!(!scratch.exists());
+    assert!(repo.join("src/lib.rs").exists() && repo.join(".git").exists());
+    let (listed, _) = text(&install.run(&["sessions", "list"]));
+    assert!(listed.contains("no sessions yet"), "{listed}");
+}

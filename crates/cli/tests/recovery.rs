@@ -231,6 +231,13 @@ impl ToolRunner for HangingRunner {
         Err(Status::unimplemented("no hooks in this test double"))
     }
 
+    async fn forget_session(
+        &self,
+        _request: Request<tpb::ForgetSessionRequest>,
+    ) -> Result<Response<tpb::ForgetSessionResponse>, Status> {
+        Ok(Response::new(tpb::ForgetSessionResponse::default()))
+    }
+
     async fn read_instructions(
         &self,
         _request: Request<tpb::ReadInstructionsRequest>,

@@ -145,6 +145,19 @@ impl OrchestratorService {
         }
     }
 
+    /// Stops a session's actor here, if it runs (the session is being
+    /// deleted).
+    async fn unload(&self, session_id: &str) {
+        let slot = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session_id);
+        if let Some(slot) = slot {
+            slot.lock().await.take();
+        }
+    }
+
     /// Stops every session actor of this replica (its lease lapsed: other
     /// replicas may drive its sessions now); inputs load them again,
     /// through a new lease or to the replica that drives them.
@@ -836,6 +849,85 @@ impl Orchestrator for OrchestratorService {
             self.create(req.session_id, req.title, req.project_dir)
                 .await?,
         ))
+    }
+
+    async fn rename_session(
+        &self,
+        request: Request<spb::RenameSessionRequest>,
+    ) -> Result<Response<spb::Session>, Status> {
+        self.deps
+            .store
+            .clone()
+            .rename_session(request.into_inner())
+            .await
+            .map_err(|s| store_status(&self.deps.store_url, s))
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<spb::DeleteSessionRequest>,
+    ) -> Result<Response<spb::DeleteSessionResponse>, Status> {
+        let session_id = request.into_inner().session_id;
+        let session = self.get(session_id.clone()).await?;
+        if session.turn_open {
+            return Err(Status::failed_precondition(format!(
+                "session {session_id} has a turn open; cancel it first (Ctrl+C in its chat, \
+                 or answer what it waits for in `agentry approvals`), then delete it"
+            )));
+        }
+        // Its sub-agents' tasks go with it, first.
+        let mut doomed: Vec<String> = self
+            .deps
+            .all_sessions(false)
+            .await?
+            .into_iter()
+            .filter(|s| {
+                s.parent
+                    .as_ref()
+                    .is_some_and(|p| p.session_id == session_id)
+            })
+            .map(|s| s.id)
+            .collect();
+        doomed.push(session_id);
+        let mut deleted_events = 0;
+        for id in doomed {
+            self.unload(&id).await;
+            match self
+                .deps
+                .store
+                .clone()
+                .delete_session(spb::DeleteSessionRequest {
+                    session_id: id.clone(),
+                })
+                .await
+            {
+                Ok(r) => deleted_events += r.into_inner().deleted_events,
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => return Err(store_status(&self.deps.store_url, status)),
+            }
+            // What the runners keep for it; a runner that cannot be reached
+            // leaves a workspace behind, which is said, not fatal.
+            let forget = agentry_proto::tools::v1::ForgetSessionRequest {
+                session_id: id.clone(),
+            };
+            if let Err(status) = self
+                .deps
+                .runners
+                .on_any(|mut client| {
+                    let forget = forget.clone();
+                    async move {
+                        client
+                            .forget_session(forget)
+                            .await
+                            .map(Response::into_inner)
+                    }
+                })
+                .await
+            {
+                tracing::warn!(session_id = %id, error = %status.message(), "the session was deleted, but its workspace could not be removed");
+            }
+        }
+        Ok(Response::new(spb::DeleteSessionResponse { deleted_events }))
     }
 
     async fn get_session(

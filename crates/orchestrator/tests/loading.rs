@@ -70,6 +70,13 @@ impl SessionStore for GatedStore {
         Err(Status::unimplemented("not in this test"))
     }
 
+    async fn rename_session(
+        &self,
+        _: Request<spb::RenameSessionRequest>,
+    ) -> Result<Response<spb::Session>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+
     async fn heartbeat(
         &self,
         _: Request<spb::HeartbeatRequest>,

@@ -44,6 +44,7 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.sessions.v1.SessionStore/CreateSession",
     "/agentry.sessions.v1.SessionStore/DeleteSession",
     "/agentry.sessions.v1.SessionStore/ForkSession",
+    "/agentry.sessions.v1.SessionStore/RenameSession",
     "/agentry.sessions.v1.SessionStore/Append",
     "/agentry.sessions.v1.SessionStore/Heartbeat",
     "/agentry.sessions.v1.SessionStore/AcquireSession",
@@ -59,6 +60,7 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.tools.v1.ToolRunner/RunHook",
     "/agentry.tools.v1.ToolRunner/OpenProject",
     "/agentry.tools.v1.ToolRunner/ReadInstructions",
+    "/agentry.tools.v1.ToolRunner/ForgetSession",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
 ];
 

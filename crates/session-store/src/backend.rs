@@ -60,6 +60,15 @@ impl Backend {
         }
     }
 
+    /// Gives a session a name (empty: none), checked.
+    pub async fn rename(&self, id: String, name: String) -> Result<Session, StoreError> {
+        let name = crate::store::check_session_name(&name)?;
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.rename(&id, &name)).await,
+            Backend::Postgres(p) => p.rename(&id, &name).await,
+        }
+    }
+
     /// Returns one session.
     pub async fn get_session(&self, id: String) -> Result<Session, StoreError> {
         match self {

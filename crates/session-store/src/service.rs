@@ -16,7 +16,9 @@ pub fn status_of(e: StoreError) -> Status {
     let retryable = e.is_retryable();
     match e {
         StoreError::NotFound(_) => Status::not_found(e.to_string()),
-        StoreError::AlreadyExists(_) => Status::already_exists(e.to_string()),
+        StoreError::AlreadyExists(_) | StoreError::NameTaken { .. } => {
+            Status::already_exists(e.to_string())
+        }
         StoreError::Conflict { .. } | StoreError::LeaseLost { .. } | StoreError::NoHeartbeat(_) => {
             Status::failed_precondition(e.to_string())
         }
@@ -101,6 +103,19 @@ impl SessionStore for SessionStoreService {
         let session = self
             .store
             .create(request.into_inner())
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(session))
+    }
+
+    async fn rename_session(
+        &self,
+        request: Request<pb::RenameSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let req = request.into_inner();
+        let session = self
+            .store
+            .rename(req.session_id, req.name)
             .await
             .map_err(status_of)?;
         Ok(Response::new(session))

@@ -422,6 +422,60 @@ async fn a_sub_agents_session_keeps_its_parent(replicas: &Replicas, n: u32) {
     assert_eq!(c.parent, Some(parent));
 }
 
+async fn names_are_unique_checked_and_kept_with_the_project(replicas: &Replicas, n: u32) {
+    let store = replicas(n).await;
+    let made = store
+        .create(agentry_proto::sessions::v1::CreateSessionRequest {
+            session_id: "a".into(),
+            project_dir: "/home/me/repo".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(made.project_dir, "/home/me/repo");
+    store.create_session("b".into(), "".into()).await.unwrap();
+    let named = store.rename("a".into(), "fix-login".into()).await.unwrap();
+    assert_eq!(named.name, "fix-login");
+    assert_eq!(named.project_dir, "/home/me/repo");
+    let taken = store
+        .rename("b".into(), "fix-login".into())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&taken, StoreError::NameTaken { by, .. } if by == "a"),
+        "{taken}"
+    );
+    for bad in ["two words", "deadbeef-01", &"x".repeat(65)] {
+        assert!(
+            matches!(
+                store.rename("b".into(), bad.to_string()).await,
+                Err(StoreError::InvalidArgument(_))
+            ),
+            "{bad}"
+        );
+    }
+    assert!(matches!(
+        store.rename("nobody".into(), "x1".into()).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // Renaming to its own name, then clearing it, frees the name.
+    store.rename("a".into(), "fix-login".into()).await.unwrap();
+    assert_eq!(store.rename("a".into(), "".into()).await.unwrap().name, "");
+    assert_eq!(
+        store
+            .rename("b".into(), "fix-login".into())
+            .await
+            .unwrap()
+            .name,
+        "fix-login"
+    );
+    let (listed, _) = store.list_sessions(10, 0, false).await.unwrap();
+    assert_eq!(
+        listed.iter().find(|s| s.id == "b").unwrap().name,
+        "fix-login"
+    );
+}
+
 async fn run_contract(replicas: Replicas) {
     sessions_are_created_listed_and_refused_when_invalid(&replicas, 0).await;
     appends_are_gap_free_and_refused_out_of_order(&replicas, 1).await;
@@ -432,6 +486,7 @@ async fn run_contract(replicas: Replicas) {
     watch_replays_then_tails_across_replicas(&replicas, 6).await;
     leases_fence_a_driver_that_lost_its_session(&replicas, 7).await;
     a_sub_agents_session_keeps_its_parent(&replicas, 8).await;
+    names_are_unique_checked_and_kept_with_the_project(&replicas, 9).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

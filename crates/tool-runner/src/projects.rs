@@ -207,8 +207,14 @@ impl Places {
             )));
         }
         let canonical = dir.canonicalize().map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                " (the tool runner sees its own files: a runner in a container or on another \
+                 machine sees the directory only where it is mounted at the same path)"
+            } else {
+                ""
+            };
             ToolError::InvalidRequest(format!(
-                "the project directory {} cannot be opened: {e}",
+                "the project directory {} cannot be opened where the tool runner runs: {e}{hint}",
                 dir.display()
             ))
         })?;

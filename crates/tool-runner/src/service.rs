@@ -354,6 +354,37 @@ impl ToolRunner for ToolRunnerService {
         }))
     }
 
+    async fn forget_session(
+        &self,
+        request: Request<pb::ForgetSessionRequest>,
+    ) -> Result<Response<pb::ForgetSessionResponse>, Status> {
+        let session_id = request.into_inner().session_id;
+        crate::workspace::check_session_id(&session_id).map_err(place_status)?;
+        let places = self.inner.places.clone();
+        let removed = tokio::task::spawn_blocking(move || -> Result<bool, ToolError> {
+            let root = places.root();
+            // A project directory is the person's: only the record goes.
+            let scratch = places.recorded(&session_id)?.is_none();
+            places.forget(&session_id)?;
+            let remove = |dir: std::path::PathBuf| match std::fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(ToolError::Io(format!(
+                    "cannot remove {}: {e}",
+                    dir.display()
+                ))),
+            };
+            remove(root.join(crate::workspace::TEMP_DIRS).join(&session_id))?;
+            Ok(scratch && remove(root.join(&session_id))?)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("forgetting the session failed: {e}")))?
+        .map_err(place_status)?;
+        Ok(Response::new(pb::ForgetSessionResponse {
+            workspace_removed: removed,
+        }))
+    }
+
     async fn read_instructions(
         &self,
         request: Request<pb::ReadInstructionsRequest>,

@@ -106,10 +106,11 @@ fn session_from_row(row: &tokio_postgres::Row) -> Session {
         turn_open: row.get(8),
         parent: crate::store::parent_of(row.get(9), row.get(10), row.get(11)),
         project_dir: row.get(12),
+        name: row.get(13),
     }
 }
 
-const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir, name";
 
 impl PgStore {
     /// Connects to `url`, brings the schema up to date (safely when several
@@ -239,6 +240,42 @@ impl PgStore {
             .map_err(db_error)?;
         row.map(|r| session_from_row(&r))
             .ok_or(StoreError::AlreadyExists(id))
+    }
+
+    /// Gives a session a name (checked by the caller; empty: none).
+    pub async fn rename(&self, id: &str, name: &str) -> Result<Session, StoreError> {
+        let client = self.client().await?;
+        if !name.is_empty()
+            && let Some(row) = client
+                .query_opt(
+                    "SELECT id FROM sessions WHERE name = $1 AND id <> $2",
+                    &[&name, &id],
+                )
+                .await
+                .map_err(db_error)?
+        {
+            return Err(StoreError::NameTaken {
+                name: name.to_string(),
+                by: row.get(0),
+            });
+        }
+        let row = client
+            .query_opt(
+                &format!("UPDATE sessions SET name = $2 WHERE id = $1 RETURNING {SESSION_COLUMNS}"),
+                &[&id, &name],
+            )
+            .await
+            .map_err(|e| match e.code() {
+                Some(code) if *code == tokio_postgres::error::SqlState::UNIQUE_VIOLATION => {
+                    StoreError::NameTaken {
+                        name: name.to_string(),
+                        by: "another".into(),
+                    }
+                }
+                _ => db_error(e),
+            })?;
+        row.map(|r| session_from_row(&r))
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))
     }
 
     /// Returns one session.
@@ -711,8 +748,8 @@ impl PgStore {
         let parent = session.parent.clone().unwrap_or_default();
         tx.execute(
             "INSERT INTO sessions (id, title, created_ms, updated_ms, preview, forked_from, touched,
-                                   parent_session, parent_call, parent_agent, project_dir)
-             VALUES ($1, $2, $3, $4, $5, $6, nextval('sessions_touched'), $7, $8, $9, $10)",
+                                   parent_session, parent_call, parent_agent, project_dir, name)
+             VALUES ($1, $2, $3, $4, $5, $6, nextval('sessions_touched'), $7, $8, $9, $10, $11)",
             &[
                 &session.id,
                 &session.title,
@@ -724,6 +761,7 @@ impl PgStore {
                 &parent.call_id,
                 &parent.agent,
                 &session.project_dir,
+                &session.name,
             ],
         )
         .await

@@ -52,6 +52,11 @@ const MIGRATIONS: &[(i32, &str)] = &[
         4,
         "ALTER TABLE sessions ADD COLUMN project_dir TEXT NOT NULL DEFAULT '';",
     ),
+    (
+        5,
+        "ALTER TABLE sessions ADD COLUMN name TEXT NOT NULL DEFAULT '';
+         CREATE UNIQUE INDEX sessions_by_name ON sessions (name) WHERE name <> '';",
+    ),
 ];
 
 /// The newest schema this build knows.

@@ -11,6 +11,14 @@ pub enum StoreError {
     /// The session already exists.
     #[error("session {0:?} already exists")]
     AlreadyExists(String),
+    /// Another session has the name.
+    #[error("the name {name:?} is taken by session {by}; choose another")]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// The session that has it.
+        by: String,
+    },
     /// An append did not start at the log's next seq.
     #[error(
         "append to session {session_id:?} expected next seq {expected} but the log's next seq is {actual}"
@@ -109,6 +117,7 @@ impl StoreError {
             StoreError::Unavailable(_) => true,
             StoreError::NotFound(_)
             | StoreError::AlreadyExists(_)
+            | StoreError::NameTaken { .. }
             | StoreError::Conflict { .. }
             | StoreError::LeaseLost { .. }
             | StoreError::NoHeartbeat(_)

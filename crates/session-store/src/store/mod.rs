@@ -94,6 +94,32 @@ pub fn validate_session_id(id: &str) -> Result<(), StoreError> {
     }
 }
 
+/// A session name as given, checked: 1-64 characters, no whitespace or
+/// control characters, not only hex digits and dashes (it would read as an
+/// id or a prefix of one); empty removes the name.
+pub fn check_session_name(name: &str) -> Result<String, StoreError> {
+    let name = name.trim();
+    if name.is_empty() {
+        return Ok(String::new());
+    }
+    if name.chars().count() > 64 {
+        return Err(StoreError::InvalidArgument(format!(
+            "the name {name:?} is longer than 64 characters"
+        )));
+    }
+    if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(StoreError::InvalidArgument(format!(
+            "the name {name:?} has spaces or control characters; use letters, digits, '-', '_', '.'"
+        )));
+    }
+    if name.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return Err(StoreError::InvalidArgument(format!(
+            "the name {name:?} reads like a session id; give it a letter that is not a-f"
+        )));
+    }
+    Ok(name.to_string())
+}
+
 /// The id a new session gets: `id`, checked, or a fresh one when empty.
 pub(crate) fn new_session_id(id: &str) -> Result<String, StoreError> {
     if id.is_empty() {
@@ -260,7 +286,7 @@ pub(crate) fn preview_of(text: &str) -> String {
     out
 }
 
-const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir, name";
 
 /// The parent link of a session's row (`None` for a session of its own).
 pub(crate) fn parent_of(
@@ -288,6 +314,7 @@ fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
         turn_open: row.get::<_, i64>(8)? != 0,
         parent: parent_of(row.get(9)?, row.get(10)?, row.get(11)?),
         project_dir: row.get(12)?,
+        name: row.get(13)?,
     })
 }
 

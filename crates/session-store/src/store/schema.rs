@@ -16,6 +16,7 @@
 //!   `lease_epoch`) and the replicas' heartbeats (`orchestrators`).
 //! - 4: the parent of a sub-agent's session (`parent_*`).
 //! - 5: the project directory a session works in (`project_dir`).
+//! - 6: a name people give a session (`name`, unique when set).
 
 use super::{StoreError, kind_name};
 use agentry_proto::sessions::v1::{Event, ReminderKind, event};
@@ -23,7 +24,7 @@ use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 /// The schema this build writes.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// One step of the schema.
 struct Migration {
@@ -60,7 +61,20 @@ const MIGRATIONS: &[Migration] = &[
         what: "the project directory a session works in",
         apply: add_project_dirs,
     },
+    Migration {
+        version: 6,
+        what: "session names",
+        apply: add_names,
+    },
 ];
+
+/// Version 6: a session's name, unique among the named ones.
+fn add_names(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE sessions ADD COLUMN name TEXT NOT NULL DEFAULT '';
+         CREATE UNIQUE INDEX IF NOT EXISTS sessions_by_name ON sessions(name) WHERE name != '';",
+    )
+}
 
 /// Version 5: the project directory of a session (empty: a scratch
 /// workspace).

@@ -45,6 +45,33 @@ impl Store {
         Self::session_in(&conn, &id)
     }
 
+    /// Gives a session a name (checked by the caller; empty: none).
+    pub fn rename(&self, id: &str, name: &str) -> Result<Session, StoreError> {
+        let conn = self.writer();
+        if !name.is_empty()
+            && let Some(by) = conn
+                .query_row(
+                    "SELECT id FROM sessions WHERE name = ?1 AND id != ?2",
+                    params![name, id],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()?
+        {
+            return Err(StoreError::NameTaken {
+                name: name.to_string(),
+                by,
+            });
+        }
+        let changed = conn.execute(
+            "UPDATE sessions SET name = ?2 WHERE id = ?1",
+            params![id, name],
+        )?;
+        if changed == 0 {
+            return Err(StoreError::NotFound(id.to_string()));
+        }
+        Self::session_in(&conn, id)
+    }
+
     pub(super) fn session_in(conn: &Connection, id: &str) -> Result<Session, StoreError> {
         conn.query_row(
             &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
