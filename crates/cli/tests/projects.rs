@@ -67,6 +67,16 @@ fn projects_root(install: &Install) -> PathBuf {
     root
 }
 
+/// Runs `agentry ARGS` started in `dir`, with nothing on standard input.
+fn run_in(install: &Install, dir: &Path, args: &[&str]) -> std::process::Output {
+    install
+        .command(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
 fn start(model: &FakeModel) -> (Install, Up, PathBuf, PathBuf) {
     // The projects root must exist before `agentry up` reads it: make the
     // install first, then its configuration.
@@ -112,12 +122,11 @@ async fn a_session_started_in_a_repository_reads_and_edits_it_and_rewinds_leave_
     let repo = repository(&root);
 
     // Started inside the repository, with no option: it works there.
-    let out = install
-        .command(&["run", "--approve", "always", "fix the answer"])
-        .current_dir(&repo)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = run_in(
+        &install,
+        &repo,
+        &["run", "--approve", "always", "fix the answer"],
+    );
     let (stdout, stderr) = text(&out);
     assert!(
         out.status.success(),
@@ -234,12 +243,11 @@ async fn a_directory_outside_the_project_roots_is_refused_or_left_for_scratch() 
     assert!(listed.contains("no sessions yet"), "{listed}");
 
     // Started there without --dir: a scratch workspace, said once.
-    let out = install
-        .command(&["run", "--approve", "always", "look around"])
-        .current_dir(&elsewhere)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = run_in(
+        &install,
+        &elsewhere,
+        &["run", "--approve", "always", "look around"],
+    );
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("scratch workspace"), "{stderr}");
@@ -300,11 +308,7 @@ async fn agents_md_of_the_repository_and_of_a_subdirectory_reach_the_model() {
     // `agentry tools` in the repository counts them in the fixed part.
     let plain = install.run(&["tools"]);
     let (plain_out, _) = text(&plain);
-    let here = install
-        .command(&["tools"])
-        .current_dir(&repo)
-        .output()
-        .unwrap();
+    let here = run_in(&install, &repo, &["tools"]);
     let (tools_out, tools_err) = text(&here);
     assert!(here.status.success(), "{tools_out}\n{tools_err}");
     let agents = canonical.join("AGENTS.md").display().to_string();
@@ -323,12 +327,11 @@ async fn agents_md_of_the_repository_and_of_a_subdirectory_reach_the_model() {
         "{tools_out}\n---\n{plain_out}"
     );
 
-    let out = install
-        .command(&["run", "--approve", "always", "look at the core"])
-        .current_dir(&repo)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = run_in(
+        &install,
+        &repo,
+        &["run", "--approve", "always", "look at the core"],
+    );
     let (stdout, stderr) = text(&out);
     assert!(
         out.status.success(),
@@ -388,14 +391,7 @@ async fn at_path_attaches_a_file_or_a_listing_and_a_missing_one_is_refused() {
     model.push(Reply::text("It returns 41."));
     let (install, _up, root, _log) = start(&model);
     let repo = repository(&root);
-    let run_here = |prompt: &str| {
-        install
-            .command(&["run", prompt])
-            .current_dir(&repo)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap()
-    };
+    let run_here = |prompt: &str| run_in(&install, &repo, &["run", prompt]);
     let out = run_here("what does @src/lib.rs return? see also @src/");
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -444,12 +440,7 @@ async fn sessions_are_named_used_by_name_and_deleted_without_touching_a_project(
     let (install, _up, root, _log) = start(&model);
     let repo = repository(&root);
     // One session in the project, one in a scratch workspace.
-    let out = install
-        .command(&["run", "hello"])
-        .current_dir(&repo)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = run_in(&install, &repo, &["run", "hello"]);
     assert!(out.status.success(), "{:?}", text(&out));
     let project_session = install.latest_session();
     let out = install.run(&["run", "--scratch", "--approve", "always", "note it"]);

@@ -61,6 +61,28 @@ impl Home {
     }
 }
 
+/// Runs a tool call, its refusal as an `Err` (the shared `run` unwraps).
+async fn attempt(
+    ws: &Workspace,
+    sandbox: &Sandbox,
+    tool: &str,
+    args: &serde_json::Value,
+) -> Result<agentry_tool_runner::tools::ToolOutcome, agentry_tool_runner::ToolError> {
+    let (sink, _rx) = tokio::sync::mpsc::channel(16);
+    agentry_tool_runner::tools::execute(
+        tool,
+        &args.to_string(),
+        ws,
+        &limits(),
+        None,
+        sandbox,
+        None,
+        None,
+        sink,
+    )
+    .await
+}
+
 fn open(places: &Places, sandbox: &Sandbox, session: &str, dir: &Path) -> Workspace {
     let ws = places.open_project(session, dir).unwrap();
     sandbox.hand_over_workspace(&ws).unwrap();
@@ -142,20 +164,7 @@ async fn a_project_session_changes_only_its_directory_as_its_owner() {
         ),
         ("read_file", json!({"path": "up/beside.txt"})),
     ] {
-        let (sink, _rx) = tokio::sync::mpsc::channel(16);
-        let out = agentry_tool_runner::tools::execute(
-            tool,
-            &args.to_string(),
-            &ws,
-            &limits(),
-            None,
-            &sandbox,
-            None,
-            None,
-            sink,
-        )
-        .await;
-        match out {
+        match attempt(&ws, &sandbox, tool, &args).await {
             Err(e) => assert!(!e.to_string().contains("BESIDE-SECRET")),
             Ok(o) => panic!("{tool} {args} was not refused: {}", o.output),
         }
@@ -190,17 +199,11 @@ async fn a_link_swapped_in_while_writing_never_leads_out_of_the_project() {
     let started = Instant::now();
     let mut written = 0;
     while started.elapsed() < Duration::from_secs(3) {
-        let (sink, _rx) = tokio::sync::mpsc::channel(16);
-        let out = agentry_tool_runner::tools::execute(
-            "write_file",
-            &json!({"path": "d/race.txt", "content": "raced"}).to_string(),
+        let out = attempt(
             &ws,
-            &limits(),
-            None,
             &sandbox,
-            None,
-            None,
-            sink,
+            "write_file",
+            &json!({"path": "d/race.txt", "content": "raced"}),
         )
         .await;
         // Refused (a link on the way) or failed (the directory was gone):
