@@ -159,6 +159,7 @@ pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
             Kind::SessionRewound(_) => "session_rewound",
             Kind::HookRan(_) => "hook_ran",
             Kind::InstructionsLoaded(_) => "instructions_loaded",
+            Kind::ModelChanged(_) => "model_changed",
         })
         .collect()
 }

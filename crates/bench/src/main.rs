@@ -19,6 +19,8 @@
 //! - `idle`: orchestrator memory per idle session;
 //! - `startup`: `agentry up` until every service serves;
 //! - `snapshots`: workspace snapshots and a restore of 10,000 files;
+//! - `project`: snapshots of a 50,000-file repository with an ignored
+//!   1 GiB build directory (not in the default set: it writes 1 GiB);
 //! - `scale-out`: turns on PostgreSQL through one orchestrator and two
 //!   (needs PostgreSQL installed; not in the default set).
 
@@ -85,6 +87,8 @@ pub enum Scenario {
     Startup,
     /// Workspace snapshots of 10,000 files
     Snapshots,
+    /// Snapshots of a 50,000-file repository with a 1 GiB ignored build dir
+    Project,
     /// One orchestrator versus two on PostgreSQL
     ScaleOut,
 }
@@ -150,6 +154,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Idle => scenarios::idle(&bin, args.idle_sessions).await?,
             Scenario::Startup => startup::startup(&bin).await?,
             Scenario::Snapshots => scenarios::snapshots(&bin).await?,
+            Scenario::Project => scenarios::project(&bin).await?,
             Scenario::ScaleOut => scenarios::scale_out(&bin, args.turns, &args.sessions).await?,
         };
         let name = format!("{scenario:?}").to_lowercase();

@@ -171,6 +171,7 @@ pub fn event_json(event: &pb::Event) -> Value {
                     "status": step_status_name(s.status), "summary": s.summary,
                 })).collect::<Vec<_>>(),
             }),
+            Kind::ModelChanged(m) => json!({"type": "model_changed", "model": m.model}),
             Kind::InstructionsLoaded(l) => json!({
                 "type": "instructions_loaded",
                 "files": l.files.iter().map(|f| json!({
@@ -693,6 +694,15 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     "── rewound to the end of turn {} (seq {}); {files} ──",
                     r.to_turn, r.to_seq
                 );
+            }
+            Kind::ModelChanged(m) => {
+                self.end_line();
+                let model = if m.model.is_empty() {
+                    "the configured model".to_string()
+                } else {
+                    m.model.clone()
+                };
+                let _ = writeln!(self.activity, "  (model: {model} from here on)");
             }
             Kind::InstructionsLoaded(l) => {
                 self.end_line();

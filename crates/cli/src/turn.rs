@@ -702,6 +702,17 @@ pub async fn chat(
                             }
                             _ => {}
                         }
+                        if let Some(name) = text.strip_prefix("/model ") {
+                            let input = pb::Input {
+                                kind: Some(pb::input::Kind::Model(pb::ModelInput {
+                                    name: name.trim().to_string(),
+                                })),
+                            };
+                            if let Err(status) = client.submit(pb::SubmitRequest { session_id: session.id.clone(), input: Some(input) }).await {
+                                eprintln!("agentry: {}", crate::terminal::visible(status.message()));
+                            }
+                            continue;
+                        }
                         if let Some(rest) = text.strip_prefix("/rewind") {
                             match rest.trim().parse::<u32>() {
                                 Ok(to_turn) => {

@@ -190,3 +190,34 @@ async fn an_agent_naming_a_tool_nobody_offers_stops_the_start_with_the_nearest_n
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slash_model_switches_the_session_s_model_and_refuses_one_not_listed() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("Hi from the large one."));
+    let (install, _up, _log) = common::install::Up::start(&model.base_url());
+    let out = common::install::run_with_input(
+        &install,
+        &["chat", "--scratch"],
+        b"/model fake-model-large\nhello\n/model no-such-model\n",
+        &[],
+    )
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Hi from the large one."), "{stdout}");
+    assert!(
+        stderr.contains("does not list \"no-such-model\""),
+        "{stderr}"
+    );
+    let request = model.requests().pop().unwrap();
+    assert_eq!(request["model"], "fake-model-large");
+    let id = install.latest_session();
+    let changed: Vec<String> = install
+        .events(&id)
+        .iter()
+        .filter(|e| e["type"] == "model_changed")
+        .map(|e| e["model"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(changed, ["fake-model-large"]);
+}

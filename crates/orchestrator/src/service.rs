@@ -570,6 +570,10 @@ impl OrchestratorService {
     /// that is not configured is left as written (it may be an address);
     /// a resource that cannot be read refuses the message, saying why.
     pub async fn with_attachments(&self, session_id: &str, input: Input) -> Result<Input, Status> {
+        if let Input::SetModel(name) = &input {
+            self.check_model(name).await?;
+            return Ok(input);
+        }
         let Input::UserMessage {
             turn_id,
             text,
@@ -655,6 +659,37 @@ impl OrchestratorService {
 }
 
 impl OrchestratorService {
+    /// Refuses a model the model server does not list (when it lists its
+    /// models); the configured one (empty) is always fine.
+    async fn check_model(&self, name: &str) -> Result<(), Status> {
+        if name.is_empty() {
+            return Ok(());
+        }
+        let llm = self.deps.llm();
+        match llm.listed_models(std::time::Duration::from_secs(5)).await {
+            Ok(Some(models))
+                if !models.is_empty()
+                    && !models
+                        .iter()
+                        .any(|m| m == name || *m == format!("{name}:latest")) =>
+            {
+                Err(Status::failed_precondition(format!(
+                    "the model server at {} does not list {name:?}; it lists: {}",
+                    llm.url(),
+                    models
+                        .iter()
+                        .take(12)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )))
+            }
+            // Listed, not listed by this kind of server, or unreachable
+            // (the next model call says so): taken as given.
+            _ => Ok(()),
+        }
+    }
+
     /// The files and listings a message mentions with `@path`, read as the
     /// session by a tool runner's read_file and list_dir: (path, is a
     /// listing, content). A mention that looks like a path and cannot be
@@ -819,6 +854,15 @@ fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
             })
         }
         pb::input::Kind::Cancel(c) => Ok(Input::Cancel { reason: c.reason }),
+        pb::input::Kind::Model(m) => {
+            let name = m.name.trim().to_string();
+            if name.len() > 200 || name.chars().any(char::is_control) {
+                return Err(Status::invalid_argument(
+                    "a model name has at most 200 characters and no control characters",
+                ));
+            }
+            Ok(Input::SetModel(name))
+        }
         pb::input::Kind::Approval(a) => {
             if a.call_id.is_empty() {
                 return Err(Status::invalid_argument("the approval names no call_id"));

@@ -30,7 +30,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     ("/session", "this session's id"),
     ("/sessions", "pick another session"),
-    ("/model", "the model and its context window"),
+    (
+        "/model",
+        "the model and its context window; `/model NAME` switches it",
+    ),
     ("/compact", "summarise the conversation now to free context"),
     (
         "/rewind",
@@ -40,6 +43,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "/budget",
         "`/budget tokens|session-tokens|cost|session-cost VALUE`",
     ),
+    ("/new", "start a fresh session (in the same directory)"),
     ("/exit", "leave (also Ctrl+D)"),
 ];
 
@@ -78,6 +82,10 @@ pub enum Action {
     ListSessions,
     /// Open another session.
     OpenSession(String),
+    /// Start a fresh session.
+    NewSession,
+    /// Switch the session's model.
+    SetModel(String),
     /// Go back to the end of a turn.
     Rewind(u32),
     /// Leave.
@@ -719,6 +727,12 @@ impl App {
             | Kind::HookRan(_)
             | Kind::InstructionsLoaded(_)
             | Kind::ToolsOffered(_) => self.note(formatted, NoteKind::Info),
+            Kind::ModelChanged(m) => {
+                if !m.model.is_empty() {
+                    self.model = m.model.clone();
+                }
+                self.note(formatted, NoteKind::Info);
+            }
         }
         actions
     }
@@ -1021,12 +1035,32 @@ impl App {
                 let id = self.session_id.clone();
                 self.note(format!("session {id}"), NoteKind::Info);
             }
+            "/new" => {
+                if self.turn_open {
+                    self.note(
+                        "a turn is running here: cancel it (Ctrl+C) or wait, then /new",
+                        NoteKind::Error,
+                    );
+                    return Vec::new();
+                }
+                return vec![Action::NewSession];
+            }
             "/sessions" => {
                 self.picker = Some(Picker {
                     rows: None,
                     selected: 0,
                 });
                 return vec![Action::ListSessions];
+            }
+            "/model" if !rest.is_empty() => {
+                if self.turn_open {
+                    self.note(
+                        "a turn is running: switch the model when it ends",
+                        NoteKind::Error,
+                    );
+                    return Vec::new();
+                }
+                return vec![Action::SetModel(rest.to_string())];
             }
             "/model" => {
                 let window = if self.context_window > 0 {

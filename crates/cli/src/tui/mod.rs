@@ -51,6 +51,8 @@ enum End {
     /// The person left; this many questions still wait for an answer.
     Leave(usize),
     Switch(String),
+    /// A fresh session, where this one was started.
+    New,
 }
 
 /// `agentry chat` full-screen; `pick` opens the session picker first.
@@ -121,6 +123,7 @@ pub async fn chat(
                 break Ok(ExitCode::SUCCESS);
             }
             Ok(End::Switch(id)) => next = Some(id),
+            Ok(End::New) => next = None,
             Err(e) => break Err(e),
         }
     };
@@ -427,6 +430,7 @@ async fn perform(
             });
         }
         Action::OpenSession(id) => return Ok(Some(End::Switch(id))),
+        Action::NewSession => return Ok(Some(End::New)),
         Action::Rewind(to_turn) => {
             let rewound = client
                 .rewind_session(pb::RewindSessionRequest {
@@ -436,6 +440,20 @@ async fn perform(
                 })
                 .await;
             if let Err(status) = rewound {
+                app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+            }
+        }
+        Action::SetModel(name) => {
+            let input = pb::Input {
+                kind: Some(pb::input::Kind::Model(pb::ModelInput { name })),
+            };
+            let sent = client
+                .submit(pb::SubmitRequest {
+                    session_id: session_id.to_string(),
+                    input: Some(input),
+                })
+                .await;
+            if let Err(status) = sent {
                 app.note(format!("agentry: {}", status.message()), NoteKind::Error);
             }
         }

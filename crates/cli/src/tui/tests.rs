@@ -1825,3 +1825,19 @@ fn a_message_of_several_lines_keeps_them() {
     assert_eq!(rows[at + 2], pad("  ", 80), "{}", dump(&rows));
     assert_eq!(rows[at + 3], pad("  after a blank", 80), "{}", dump(&rows));
 }
+
+#[test]
+fn slash_new_starts_a_fresh_session_unless_a_turn_runs() {
+    let mut app = new_app(true);
+    type_text(&mut app, "/new");
+    assert_eq!(press(&mut app, KeyCode::Enter), vec![Action::NewSession]);
+    app.turn_open = true;
+    type_text(&mut app, "/new");
+    assert!(press(&mut app, KeyCode::Enter).is_empty());
+    let rows = screen(&mut app, 80, 24);
+    assert!(
+        shows(&rows, "cancel it (Ctrl+C) or wait"),
+        "{}",
+        dump(&rows)
+    );
+}

@@ -683,7 +683,12 @@ impl Actor {
             session_id: self.session_id.clone(),
             turn_id: self.state.turn_id().unwrap_or_default().to_string(),
             after_seq,
-            model: self.child.as_ref().and_then(|c| c.agent.def.model.clone()),
+            // An agent's own model, else the one the person switched to.
+            model: self
+                .child
+                .as_ref()
+                .and_then(|c| c.agent.def.model.clone())
+                .or_else(|| self.state.model.clone()),
         };
         let span = tracing::info_span!(
             "model_call",

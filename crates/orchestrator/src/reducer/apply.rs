@@ -205,6 +205,9 @@ impl SessionState {
                     self.start_event_turn(turn_id);
                 }
             }
+            Kind::ModelChanged(m) => {
+                self.model = (!m.model.is_empty()).then(|| m.model.clone());
+            }
             Kind::InstructionsLoaded(loaded) => {
                 for file in &loaded.files {
                     match self.instructions.iter_mut().find(|f| f.path == file.path) {

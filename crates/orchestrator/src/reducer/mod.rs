@@ -326,6 +326,9 @@ pub struct SessionState {
     /// The instruction files given to the model (AGENTS.md…), in the order
     /// it reads them: the last recorded text of each path.
     pub instructions: Vec<pb::InstructionFile>,
+    /// The model the person switched the session to (`None`: the
+    /// configured one).
+    pub model: Option<String>,
 }
 
 /// Something that happened, fed to [`SessionState::step`].
@@ -364,6 +367,9 @@ pub enum Input {
     /// yet are recorded; fed in place of a model call about to start, the
     /// call is then decided again with them.
     Instructions(Vec<pb::InstructionFile>),
+    /// The person switches the session's model (between turns; empty: the
+    /// configured one).
+    SetModel(String),
     /// The model finished its response.
     ModelDone(Completion),
     /// The model call failed.
@@ -588,6 +594,7 @@ impl SessionState {
             spent_tokens: 0,
             spent_cost: 0.0,
             instructions: Vec::new(),
+            model: None,
         }
     }
 

@@ -165,6 +165,11 @@ impl SessionState {
             (_, Input::ToolCatalog(catalog)) => {
                 self.offer_tools(&mut out, &turn_id, catalog)?;
             }
+            (Phase::Idle, Input::SetModel(model)) => {
+                let changed = pb::ModelChanged { model };
+                self.emit(&mut out, "", Kind::ModelChanged(changed));
+            }
+            (_, Input::SetModel(_)) => return Err(Refusal::Busy),
             (_, Input::Instructions(files)) => {
                 self.take_instructions(&mut out, &turn_id, files);
             }

@@ -343,3 +343,30 @@ fn recorded_instruction_files_come_back_on_replay() {
         vec![instruction("/p/AGENTS.md", "rules")]
     );
 }
+
+#[test]
+fn the_person_switches_the_model_between_turns_and_replay_keeps_it() {
+    let mut session = Session::new(4);
+    let effects = session.ok(Input::SetModel("big-model".into()));
+    assert_eq!(
+        events_of(&effects),
+        vec![Kind::ModelChanged(pb::ModelChanged {
+            model: "big-model".into()
+        })]
+    );
+    assert_eq!(session.state.model.as_deref(), Some("big-model"));
+    session.ok(user("go"));
+    assert_eq!(
+        session.state.clone().step(Input::SetModel("other".into())),
+        Err(Refusal::Busy)
+    );
+    assert_eq!(
+        SessionState::replay(4, &session.log).model.as_deref(),
+        Some("big-model")
+    );
+    let mut idle = SessionState::replay(4, &session.log);
+    idle.phase = Phase::Idle;
+    idle.turn = None;
+    idle.step(Input::SetModel(String::new())).unwrap();
+    assert_eq!(idle.model, None);
+}

@@ -223,6 +223,7 @@ pub fn kind_name(kind: &event::Kind) -> &'static str {
         event::Kind::SessionRewound(_) => "session_rewound",
         event::Kind::HookRan(_) => "hook_ran",
         event::Kind::InstructionsLoaded(_) => "instructions_loaded",
+        event::Kind::ModelChanged(_) => "model_changed",
     }
 }
 
