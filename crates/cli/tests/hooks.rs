@@ -188,3 +188,44 @@ fn a_bad_hook_is_refused_at_start_naming_it() {
     let (_, stderr) = text(&install.run(&["up"]));
     assert!(stderr.contains("before_everything"), "{stderr}");
 }
+
+#[test]
+fn a_hook_whose_script_the_sandbox_cannot_read_stops_the_start() {
+    let install = common::install::Install::new("http://127.0.0.1:9/v1");
+    // A script in the install's directory: the sandbox shows only the
+    // system directories and what tool_runner.sandbox.read_only names.
+    let script = install.dir.path().join("hooks/check.sh");
+    std::fs::create_dir_all(script.parent().unwrap()).unwrap();
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::write(
+        install.dir.path().join("config/local.toml"),
+        format!(
+            "[[hooks]]\nevent = \"before_tool\"\ncommand = \"sh {}\"\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let out = install.run(&["up"]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("hooks[0]")
+            && stderr.contains(&format!(
+                "{} cannot be found or read inside the sandbox",
+                script.display()
+            ))
+            && stderr.contains("tool_runner.sandbox.read_only"),
+        "{stderr}"
+    );
+    // A program that is not there at all.
+    std::fs::write(
+        install.dir.path().join("config/local.toml"),
+        "[[hooks]]\nevent = \"before_tool\"\ncommand = \"no-such-hook-program --check\"\n",
+    )
+    .unwrap();
+    let (_, stderr) = text(&install.run(&["up"]));
+    assert!(
+        stderr.contains("no-such-hook-program cannot be found or read inside the sandbox"),
+        "{stderr}"
+    );
+}

@@ -262,6 +262,121 @@ async fn check_agent_tools(config: &Config, deps: &Deps) -> Result<(), RunError>
     Ok(())
 }
 
+/// The session id under which hooks are tried at start (its scratch
+/// directory is removed again).
+const HOOK_CHECK_SESSION: &str = "agentry-hook-check";
+
+/// The shell that checks, inside the sandbox, that what a hook command
+/// names can be run there: its program on the PATH (or, named by path,
+/// readable), and the script an interpreter is given by path readable.
+fn hook_probe(command: &str) -> Option<String> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let program = *words.first()?;
+    // Shell syntax (variables, substitutions, assignments) is not guessed at.
+    if program.contains(['$', '`', '=', '(', ')', '{', '}', ';', '|', '&', '<', '>']) {
+        return None;
+    }
+    let quote = |w: &str| format!("'{}'", w.replace('\'', "'\\''"));
+    let mut probe = String::new();
+    if program.contains('/') {
+        probe.push_str(&format!(
+            "[ -r {p} ] || {{ echo {p}; exit 3; }}; ",
+            p = quote(program)
+        ));
+    } else {
+        probe.push_str(&format!(
+            "command -v -- {p} >/dev/null || {{ echo {p}; exit 3; }}; ",
+            p = quote(program)
+        ));
+    }
+    // An interpreter's script, named by path.
+    let interpreter = matches!(
+        program.rsplit('/').next().unwrap_or(program),
+        "sh" | "bash" | "dash" | "python" | "python3" | "node" | "perl" | "ruby" | "deno"
+    );
+    if interpreter
+        && let Some(script) = words.get(1).map(|w| w.trim_matches(['"', '\'']))
+        && script.starts_with('/')
+        && script
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+@".contains(c))
+    {
+        probe.push_str(&format!(
+            "[ -r {p} ] || {{ echo {p}; exit 3; }}; ",
+            p = quote(script)
+        ));
+    }
+    Some(probe)
+}
+
+/// Refuses to start when a hook's program (or a script it names by path)
+/// cannot be found or read inside the sandbox, where hooks run: such a
+/// hook would have no say at every call. Skipped, with a warning, when no
+/// tool runner answers yet.
+async fn check_hooks_runnable(config: &Config, deps: &Deps) -> Result<(), RunError> {
+    if config.hooks.is_empty() {
+        return Ok(());
+    }
+    let mut checked = false;
+    for (i, hook) in config.hooks.iter().enumerate() {
+        let Some(probe) = hook_probe(&hook.command) else {
+            continue;
+        };
+        let request = agentry_proto::tools::v1::RunHookRequest {
+            session_id: HOOK_CHECK_SESSION.into(),
+            command: probe,
+            input: String::new(),
+            timeout_secs: 10,
+        };
+        let ran = tokio::time::timeout(
+            Duration::from_secs(15),
+            deps.runners.on_any(|mut client| {
+                let request = request.clone();
+                async move {
+                    client
+                        .run_hook(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            }),
+        )
+        .await;
+        let Ok(Ok(ran)) = ran else {
+            tracing::warn!("no tool runner answers yet: the hooks' commands are not checked");
+            return Ok(());
+        };
+        checked = true;
+        if ran.exit_code == Some(3) {
+            let missing = ran.stdout.trim().trim_matches('\'');
+            return Err(RunError::Hooks(format!(
+                "hooks[{i}] ({} {:?}): {missing} cannot be found or read inside the sandbox, \
+                 where hooks run, so the hook would have no say; put it in a directory the \
+                 sandbox shows (the system directories, or tool_runner.sandbox.read_only)",
+                hook.event.name(),
+                hook.command
+            )));
+        }
+    }
+    if checked {
+        let forget = agentry_proto::tools::v1::ForgetSessionRequest {
+            session_id: HOOK_CHECK_SESSION.into(),
+        };
+        let _ = deps
+            .runners
+            .on_any(|mut client| {
+                let forget = forget.clone();
+                async move {
+                    client
+                        .forget_session(forget)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await;
+    }
+    Ok(())
+}
+
 /// Serves the orchestrator on `listener` until `shutdown`, checking callers
 /// and calling the other services with `auth`.
 pub async fn run(
@@ -277,6 +392,7 @@ pub async fn run(
         Err(_) => Some(tokio::spawn(window::keep_trying(deps.clone(), configured))),
     };
     check_agent_tools(config, &deps).await?;
+    check_hooks_runnable(config, &deps).await?;
     tracing::info!(
         model = %config.llm.model,
         llm = %config.llm.base_url,
@@ -358,4 +474,29 @@ pub async fn run(
     }
     served?;
     Ok(())
+}
+
+#[cfg(test)]
+mod start_checks {
+    #![allow(clippy::unwrap_used)]
+    use super::hook_probe;
+
+    #[test]
+    fn a_hook_s_program_and_an_interpreter_s_script_are_probed() {
+        let probe = hook_probe("python3 /opt/hooks/check.py --strict").unwrap();
+        assert!(probe.contains("command -v -- 'python3'"), "{probe}");
+        assert!(probe.contains("[ -r '/opt/hooks/check.py' ]"), "{probe}");
+        let probe = hook_probe("/usr/local/bin/no-push").unwrap();
+        assert!(
+            probe.starts_with("[ -r '/usr/local/bin/no-push' ]"),
+            "{probe}"
+        );
+        // Redirections and other words are the hook's business.
+        let probe = hook_probe("cat > /dev/null; echo ok").unwrap();
+        assert!(!probe.contains("[ -r '/dev/null'"), "{probe}");
+        // Shell syntax in the program is not guessed at.
+        assert_eq!(hook_probe("$HOME/bin/hook"), None);
+        assert_eq!(hook_probe("X=1 hook"), None);
+        assert_eq!(hook_probe("  "), None);
+    }
 }
