@@ -47,6 +47,17 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/exit", "leave (also Ctrl+D)"),
 ];
 
+/// The start of a result the orchestrator gives a call a cancel stopped.
+const CANCELLED: &str = "error: cancelled before it finished";
+
+/// An event's time in milliseconds since the epoch.
+fn event_ms(event: &spb::Event) -> Option<i64> {
+    event
+        .time
+        .as_ref()
+        .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+}
+
 /// See [`App::answer_guard`].
 pub const ANSWER_GUARD: std::time::Duration = std::time::Duration::from_millis(600);
 /// Most output kept per tool call for showing (the log has all of it).
@@ -137,6 +148,9 @@ pub struct ToolBlock {
     pub runner: String,
     /// What a person decided, if asked.
     pub decision: String,
+    /// When it was asked for (the event's time, in ms since the epoch): a
+    /// call cancelled before its runner answered takes its duration from it.
+    pub requested_ms: Option<i64>,
 }
 
 /// One item of the transcript.
@@ -584,6 +598,7 @@ impl App {
                     duration_ms: 0,
                     runner: String::new(),
                     decision: String::new(),
+                    requested_ms: event_ms(event),
                 }));
             }
             Kind::ToolCallState(s) => {
@@ -664,10 +679,23 @@ impl App {
                     block.state = CallState::Done;
                     block.is_error = r.is_error;
                     block.duration_ms = r.duration_ms;
+                    // A call cancelled here has no runner's figure: the
+                    // time from its request to its end.
+                    if r.duration_ms == 0
+                        && let (Some(from), Some(to)) = (block.requested_ms, event_ms(event))
+                    {
+                        block.duration_ms = u64::try_from(to - from).unwrap_or(0);
+                    }
                     block.runner = clean(&r.runner_id);
                     // The result is what the model sees: it replaces the
-                    // live output.
-                    let mut output = clean(&r.output);
+                    // live output, but for a cancelled call, whose output so
+                    // far stays above the note.
+                    let cancelled = r.output.starts_with(CANCELLED);
+                    let mut output = if cancelled && !block.output.trim().is_empty() {
+                        format!("{}\n{}", block.output.trim_end(), clean(&r.output))
+                    } else {
+                        clean(&r.output)
+                    };
                     if output.len() > MAX_KEPT_OUTPUT {
                         let cut = floor_boundary(&output, MAX_KEPT_OUTPUT);
                         output.truncate(cut);

@@ -1841,3 +1841,37 @@ fn slash_new_starts_a_fresh_session_unless_a_turn_runs() {
         dump(&rows)
     );
 }
+
+#[test]
+fn a_cancelled_call_keeps_its_output_and_shows_how_long_it_ran() {
+    let mut app = new_app(false);
+    let at = |kind: Kind, seconds: i64, nanos: i32| {
+        let mut event = logged(kind);
+        event.time = Some(prost_types::Timestamp { seconds, nanos });
+        event
+    };
+    for event in [
+        at(requested("c1", "bash", r#"{"command":"make"}"#), 1_000, 0),
+        at(
+            phase("c1", spb::ToolCallPhase::Executing),
+            1_000,
+            100_000_000,
+        ),
+        at(chunk("c1", "compiling a\ncompiling b\n"), 1_001, 0),
+        at(
+            result("c1", "bash", "error: cancelled before it finished", true, 0),
+            1_002,
+            500_000_000,
+        ),
+    ] {
+        app.on_event(&event);
+    }
+    let Some(Entry::Tool(block)) = app.entries.last() else {
+        panic!("{:?}", app.entries)
+    };
+    assert_eq!(block.duration_ms, 2_500);
+    assert_eq!(
+        block.output,
+        "compiling a\ncompiling b\nerror: cancelled before it finished"
+    );
+}
