@@ -58,14 +58,18 @@ async fn answering(config: &Config) -> bool {
 
 /// Whether `url` names this machine (only then are services started here).
 fn is_local(url: &str) -> bool {
-    let host = url
-        .split("://")
-        .nth(1)
-        .unwrap_or(url)
-        .split(['/', ':'])
+    let authority = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split('/')
         .next()
         .unwrap_or_default();
-    matches!(host, "127.0.0.1" | "localhost" | "[::1]" | "::1" | "")
+    let host = match authority.strip_prefix('[') {
+        // An IPv6 address: up to its closing bracket.
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    matches!(host, "127.0.0.1" | "localhost" | "::1" | "")
 }
 
 /// The services for a chat: those already running, or, when none answer at

@@ -1079,7 +1079,10 @@ fn slash_commands_are_suggested_and_completed() {
             ),
             pad("  /session   this session's id", 80),
             pad("  /sessions  pick another session", 80),
-            pad("  /model     the model and its context window", 80),
+            pad(
+                "  /model     the model and its context window; `/model NAME` switches it",
+                80
+            ),
         ],
         "{}",
         dump(&rows)
