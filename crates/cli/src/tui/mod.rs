@@ -160,10 +160,7 @@ async fn pick_first(
 ) -> anyhow::Result<Picked> {
     let mut app = App::new(theme::Theme::from_env(), "", &config.llm.model, 0, false);
     app.note("choose a session, or Esc for a new one", NoteKind::Info);
-    app.picker = Some(app::Picker {
-        rows: None,
-        selected: 0,
-    });
+    app.picker = Some(app::Picker::default());
     app.on_sessions(list_sessions(client).await.unwrap_or_default());
     let mut cache = view::Cache::default();
     loop {
@@ -209,6 +206,8 @@ async fn list_sessions(
             }),
             age: crate::session_cmds::ago(s.updated_at.as_ref()),
             events: s.event_count,
+            name: app::clean(&s.name),
+            place: app::clean(&crate::session_cmds::place_of(&s.project_dir, 24)),
             id: s.id,
         })
         .collect())

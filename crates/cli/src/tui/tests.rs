@@ -339,7 +339,7 @@ fn a_streamed_answer_renders_as_markdown_with_the_status_line() {
     let status = format!(
         "{}ready ",
         pad(
-            " qwen3-coder · ctx 1.2k/32.8k (4%) · 1.2k tok · 5f3c9a1e",
+            " qwen3-coder · ctx 1.2k/32.8k (4%) · 1.2k tok · 5f3c9a1e-7b2d",
             74
         )
     );
@@ -1159,8 +1159,9 @@ fn commands_change_the_chat_or_say_they_are_unknown() {
     assert!(app.plan_mode && app.network);
     let rows = screen(&mut app, 80, 24);
     assert!(
-        rows[23]
-            .starts_with(" configured-model · ctx 0/32.8k (0%) · 0 tok · 5f3c9a1e · plan · net "),
+        rows[23].starts_with(
+            " configured-model · ctx 0/32.8k (0%) · 0 tok · 5f3c9a1e-7b2d · plan · net "
+        ),
         "{}",
         dump(&rows)
     );
@@ -1278,7 +1279,10 @@ fn the_session_picker_lists_and_opens_sessions() {
     assert_eq!(press(&mut app, KeyCode::Enter), vec![Action::ListSessions]);
     let rows = screen(&mut app, 80, 24);
     assert!(
-        shows(&rows, "sessions: ↑/↓ choose · Enter open · Esc close"),
+        shows(
+            &rows,
+            "sessions: type to filter · ↑/↓ choose · Enter open · Esc close"
+        ),
         "{}",
         dump(&rows)
     );
@@ -1288,6 +1292,8 @@ fn the_session_picker_lists_and_opens_sessions() {
         title: title.to_string(),
         age: "2 min ago".to_string(),
         events: 12,
+        name: String::new(),
+        place: "scratch".to_string(),
     };
     app.on_sessions(vec![
         row(SESSION, "this one"),
@@ -1297,7 +1303,7 @@ fn the_session_picker_lists_and_opens_sessions() {
     let rows = text_rows(&buffer);
     let at = find_row(&rows, "● 5f3c9a1e this one").expect("the current session");
     assert!(
-        rows[at].contains(" 2 min ago · 12 events "),
+        rows[at].contains(" scratch · 2 min ago · 12 events "),
         "{}",
         dump(&rows)
     );
@@ -1409,8 +1415,11 @@ fn every_size_draws_with_the_status_line_last() {
                 title: "a session with a long title that will not fit".to_string(),
                 age: "1 h ago".to_string(),
                 events: 3,
+                name: "named".to_string(),
+                place: "~/code/agentry".to_string(),
             }]),
             selected: 0,
+            filter: "ab".to_string(),
         });
         let rows = screen(&mut app, width, height);
         assert_eq!(rows.len(), usize::from(height));
@@ -1434,7 +1443,9 @@ fn every_size_draws_with_the_status_line_last() {
     let app = busy_app(true);
     let status = status_text(&app, 120);
     assert!(
-        status.starts_with(" qwen3-coder · ctx 20.5k/32.8k (63%) · 20.5k tok · $0.50 · 5f3c9a1e "),
+        status.starts_with(
+            " qwen3-coder · ctx 20.5k/32.8k (63%) · 20.5k tok · $0.50 · 5f3c9a1e-7b2d "
+        ),
         "{status:?}"
     );
     assert!(status.contains(" waiting for you "), "{status:?}");
@@ -1876,5 +1887,81 @@ fn a_cancelled_call_keeps_its_output_and_shows_how_long_it_ran() {
     assert_eq!(
         block.output,
         "compiling a\ncompiling b\nerror: cancelled before it finished"
+    );
+}
+
+#[test]
+fn the_picker_filters_as_you_type_and_shows_ids_as_far_as_they_differ() {
+    let mut app = new_app(false);
+    type_text(&mut app, "/sessions");
+    press(&mut app, KeyCode::Enter);
+    let row = |id: &str, title: &str, name: &str| PickerRow {
+        id: id.to_string(),
+        title: title.to_string(),
+        age: "1 min ago".to_string(),
+        events: 3,
+        name: name.to_string(),
+        place: "~/code/app".to_string(),
+    };
+    app.on_sessions(vec![
+        row(
+            "01a21e25-40bb-71d8-a60b-5dba139fb221",
+            "fix the login",
+            "login",
+        ),
+        row("01a21e25-7aa0-7000-8000-000000000001", "write the docs", ""),
+        row("99999999-0000-7000-8000-000000000002", "unrelated", ""),
+    ]);
+    let rows = screen(&mut app, 100, 24);
+    // Made in the same minute: shown as far as they differ.
+    assert!(
+        shows(&rows, "01a21e25-4 [login] fix the login"),
+        "{}",
+        dump(&rows)
+    );
+    assert!(shows(&rows, "01a21e25-7 write the docs"), "{}", dump(&rows));
+    assert!(shows(&rows, "99999999 unrelated"), "{}", dump(&rows));
+    // Typing filters (name, title, id, place); Enter opens the one left.
+    type_text(&mut app, "DOCS");
+    let rows = screen(&mut app, 100, 24);
+    assert!(shows(&rows, "filter: DOCS"), "{}", dump(&rows));
+    assert!(!shows(&rows, "fix the login"), "{}", dump(&rows));
+    assert_eq!(
+        press(&mut app, KeyCode::Enter),
+        vec![Action::OpenSession(
+            "01a21e25-7aa0-7000-8000-000000000001".to_string()
+        )]
+    );
+    type_text(&mut app, "/sessions");
+    press(&mut app, KeyCode::Enter);
+    app.on_sessions(vec![row(
+        "01a21e25-40bb-71d8-a60b-5dba139fb221",
+        "x",
+        "login",
+    )]);
+    type_text(&mut app, "zzz");
+    let rows = screen(&mut app, 100, 24);
+    assert!(
+        shows(&rows, "no session matches \"zzz\""),
+        "{}",
+        dump(&rows)
+    );
+    assert!(press(&mut app, KeyCode::Enter).is_empty());
+    // Backspace widens it again.
+    type_text(&mut app, "/sessions");
+    press(&mut app, KeyCode::Enter);
+    app.on_sessions(vec![row(
+        "01a21e25-40bb-71d8-a60b-5dba139fb221",
+        "x",
+        "login",
+    )]);
+    type_text(&mut app, "lox");
+    press(&mut app, KeyCode::Backspace);
+    press(&mut app, KeyCode::Backspace);
+    assert_eq!(
+        press(&mut app, KeyCode::Enter),
+        vec![Action::OpenSession(
+            "01a21e25-40bb-71d8-a60b-5dba139fb221".to_string()
+        )]
     );
 }

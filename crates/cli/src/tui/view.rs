@@ -512,7 +512,9 @@ pub fn status_line(app: &App, width: u16) -> Line<'static> {
     if !app.currency.is_empty() || app.session_cost > 0.0 {
         left.push(crate::render::money(app.session_cost, &app.currency));
     }
-    left.push(app.session_id.chars().take(8).collect());
+    // Ids of sessions made in the same minute share their first eight
+    // characters; thirteen tell them apart (and are a prefix to type).
+    left.push(app.session_id.chars().take(13).collect());
     if app.plan_mode {
         left.push("plan".to_string());
     }
@@ -563,28 +565,58 @@ fn draw_picker(frame: &mut Frame<'_>, app: &App, area: Rect) {
     );
     let block = Block::default()
         .borders(Borders::ALL)
-        .title(" sessions: ↑/↓ choose · Enter open · Esc close ");
-    let inner = usize::from(height.saturating_sub(2));
-    let lines: Vec<Line<'static>> = match &picker.rows {
+        .title(" sessions: type to filter · ↑/↓ choose · Enter open · Esc close ");
+    let mut inner = usize::from(height.saturating_sub(2));
+    let mut lines: Vec<Line<'static>> = Vec::new();
+    if !picker.filter.is_empty() {
+        lines.push(Line::from(Span::styled(
+            format!("filter: {}", picker.filter),
+            theme.dim(),
+        )));
+        inner = inner.saturating_sub(1);
+    }
+    let visible = picker.visible();
+    // Each id as far as it tells the session apart from the others.
+    let ids: Vec<&str> = picker
+        .rows
+        .iter()
+        .flatten()
+        .map(|row| row.id.as_str())
+        .collect();
+    let prefixes = super::app::distinct_prefixes(&ids);
+    let shown_id = |id: &str| {
+        ids.iter()
+            .position(|i| *i == id)
+            .map_or(id, |at| prefixes[at])
+            .to_string()
+    };
+    lines.extend(match &picker.rows {
         None => vec![Line::from(Span::styled("loading…", theme.dim()))],
         Some(rows) if rows.is_empty() => {
             vec![Line::from(Span::styled("no sessions yet", theme.dim()))]
         }
-        Some(rows) => {
+        Some(_) if visible.is_empty() => vec![Line::from(Span::styled(
+            format!("no session matches {:?}", picker.filter),
+            theme.dim(),
+        ))],
+        Some(_) => {
             let first = picker.selected.saturating_sub(inner.saturating_sub(1));
-            rows.iter()
+            visible
+                .iter()
                 .enumerate()
                 .skip(first)
                 .take(inner)
                 .map(|(i, row)| {
                     let current = if row.id == app.session_id { "●" } else { " " };
-                    let meta = format!(" {} · {} events ", row.age, row.events);
-                    let room = usize::from(width).saturating_sub(meta.width() + 14);
-                    let text = format!(
-                        "{current} {} {:<room$}{meta}",
-                        row.id.chars().take(8).collect::<String>(),
-                        shorten(&row.title, room)
-                    );
+                    let meta = format!(" {} · {} · {} events ", row.place, row.age, row.events);
+                    let id = shown_id(&row.id);
+                    let title = if row.name.is_empty() {
+                        row.title.clone()
+                    } else {
+                        format!("[{}] {}", row.name, row.title)
+                    };
+                    let room = usize::from(width).saturating_sub(meta.width() + id.width() + 6);
+                    let text = format!("{current} {id} {:<room$}{meta}", shorten(&title, room));
                     let style = if i == picker.selected {
                         theme.selected()
                     } else {
@@ -594,7 +626,7 @@ fn draw_picker(frame: &mut Frame<'_>, app: &App, area: Rect) {
                 })
                 .collect()
         }
-    };
+    });
     frame.render_widget(Clear, rect);
     frame.render_widget(Paragraph::new(lines).block(block), rect);
 }
