@@ -354,6 +354,12 @@ pub struct App {
     pub theme: Theme,
     /// The session shown.
     pub session_id: String,
+    /// Where `@path` completes from (the session's directory, when it is
+    /// on this machine).
+    files_root: Option<std::path::PathBuf>,
+    /// The last message could not be sent because the orchestrator did
+    /// not answer (the status line says so until something arrives).
+    pub disconnected: bool,
     /// The model's name.
     pub model: String,
     /// Its context window, in tokens (0: unknown).
@@ -431,6 +437,8 @@ impl App {
         App {
             theme,
             session_id: session_id.to_string(),
+            files_root: None,
+            disconnected: false,
             model: model.to_string(),
             context_window,
             context_used: 0,
@@ -523,6 +531,7 @@ impl App {
         let Some(kind) = &event.kind else {
             return Vec::new();
         };
+        self.disconnected = false;
         let mut actions = Vec::new();
         // A sub-agent's question, relayed: asked here, answered there.
         if crate::approval::is_relayed(&self.session_id, event) {
@@ -1190,7 +1199,114 @@ impl App {
             .collect()
     }
 
+    /// A message was not sent: it goes back into the input (unless
+    /// something was typed meanwhile), with why, to be sent again with
+    /// Enter; `unreachable`: the orchestrator did not answer.
+    pub fn not_sent(&mut self, text: String, why: &str, unreachable: bool) {
+        self.disconnected = unreachable;
+        let restored = self.input.text.is_empty();
+        if restored {
+            self.input.set(text);
+        }
+        self.note(
+            format!(
+                "not sent: {why}{}",
+                if restored {
+                    "; the message is back in the input: Enter sends it again"
+                } else {
+                    ""
+                }
+            ),
+            NoteKind::Error,
+        );
+    }
+
+    /// Where `@path` completes from: the session's directory when it is on
+    /// this machine.
+    pub fn set_files_root(&mut self, root: Option<std::path::PathBuf>) {
+        self.files_root = root.filter(|r| r.is_dir());
+    }
+
+    /// Tab after `@` and part of a path: the path completed from the
+    /// session's directory (as far as the names that fit agree; a
+    /// directory gets its `/`, a file a space). `false` when the word at
+    /// the cursor is no `@path` or there is nowhere to complete from.
+    fn complete_path(&mut self) -> bool {
+        let Some(root) = self.files_root.clone() else {
+            return false;
+        };
+        let before = &self.input.text[..self.input.cursor];
+        let word = before
+            .rsplit(char::is_whitespace)
+            .next()
+            .unwrap_or_default();
+        let Some(partial) = word.strip_prefix('@') else {
+            return false;
+        };
+        if partial.contains(':') {
+            return false;
+        }
+        let (dir, base) = match partial.rfind('/') {
+            Some(at) => (&partial[..=at], &partial[at + 1..]),
+            None => ("", partial),
+        };
+        let rel = std::path::Path::new(dir);
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return true;
+        }
+        let Ok(entries) = std::fs::read_dir(root.join(rel)) else {
+            return true;
+        };
+        let mut names: Vec<(String, bool)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let fits =
+                    name.starts_with(base) && (base.starts_with('.') || !name.starts_with('.'));
+                fits.then(|| (name, e.file_type().is_ok_and(|t| t.is_dir())))
+            })
+            .collect();
+        names.sort();
+        let Some((first, first_dir)) = names.first().cloned() else {
+            return true;
+        };
+        let mut common = first.clone();
+        for (name, _) in &names[1..] {
+            while !name.starts_with(&common) {
+                common.pop();
+            }
+        }
+        if names.len() == 1 {
+            common.push(if first_dir { '/' } else { ' ' });
+        }
+        if common.len() > base.len() {
+            self.input.insert(&clean(&common[base.len()..]));
+        } else if names.len() > 1 {
+            let shown: Vec<String> = names
+                .iter()
+                .take(12)
+                .map(|(n, d)| format!("{n}{}", if *d { "/" } else { "" }))
+                .collect();
+            self.note(
+                format!(
+                    "@{dir}: {}{}",
+                    shown.join("  "),
+                    if names.len() > 12 { "  …" } else { "" }
+                ),
+                NoteKind::Info,
+            );
+        }
+        true
+    }
+
     fn complete(&mut self) {
+        if self.complete_path() {
+            return;
+        }
         let options = self.suggestions();
         let Some(first) = options.first() else {
             return;

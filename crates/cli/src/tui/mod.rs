@@ -107,6 +107,7 @@ pub async fn chat(
                 format!("working in {}", session.project_dir),
                 app::NoteKind::Info,
             );
+            app.set_files_root(Some(std::path::PathBuf::from(&session.project_dir)));
         }
         if let Some(note) = note {
             app.note(note, app::NoteKind::Info);
@@ -318,6 +319,7 @@ async fn perform(
             limits,
             compact,
         } => {
+            let sent_text = text.clone();
             let mut input = user_input(
                 text,
                 Mode {
@@ -332,7 +334,8 @@ async fn perform(
                 m.compact = compact;
             }
             if let Err(status) = client.submit(submit(input)).await {
-                app.note(format!("not sent: {}", status.message()), NoteKind::Error);
+                let unreachable = status.code() == tonic::Code::Unavailable;
+                app.not_sent(sent_text, status.message(), unreachable);
             }
         }
         Action::Decide(mut decision) => {

@@ -1965,3 +1965,62 @@ fn the_picker_filters_as_you_type_and_shows_ids_as_far_as_they_differ() {
         )]
     );
 }
+
+#[test]
+fn tab_completes_an_at_path_from_the_session_s_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("src/parser")).unwrap();
+    std::fs::write(dir.path().join("src/main.rs"), "").unwrap();
+    std::fs::write(dir.path().join("src/parser/mod.rs"), "").unwrap();
+    std::fs::write(dir.path().join("src/parser/lexer.rs"), "").unwrap();
+    std::fs::write(dir.path().join(".hidden"), "").unwrap();
+    let mut app = new_app(false);
+    app.set_files_root(Some(dir.path().to_path_buf()));
+    type_text(&mut app, "explain @sr");
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.input.text, "explain @src/");
+    type_text(&mut app, "p");
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.input.text, "explain @src/parser/");
+    press(&mut app, KeyCode::Tab);
+    // Two names and nothing in common: they are shown, nothing is added.
+    assert_eq!(app.input.text, "explain @src/parser/");
+    assert!(matches!(
+        app.entries.last(),
+        Some(Entry::Note(text, NoteKind::Info)) if text.contains("lexer.rs") && text.contains("mod.rs")
+    ));
+    type_text(&mut app, "l");
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.input.text, "explain @src/parser/lexer.rs ");
+    // No way out of the directory; slash commands still complete.
+    app.input = Default::default();
+    type_text(&mut app, "@../");
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.input.text, "@../");
+    app.input = Default::default();
+    type_text(&mut app, "/sess");
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.input.text, "/session");
+}
+
+#[test]
+fn a_message_not_sent_goes_back_to_the_input_and_the_status_says_disconnected() {
+    let mut app = new_app(false);
+    type_text(&mut app, "hello there");
+    let sent = press(&mut app, KeyCode::Enter);
+    assert!(matches!(&sent[..], [Action::Submit { text, .. }] if text == "hello there"));
+    assert!(app.input.is_empty());
+    app.not_sent("hello there".into(), "connection refused", true);
+    assert_eq!(app.input.text, "hello there");
+    let rows = screen(&mut app, 80, 24);
+    assert!(rows[23].ends_with("disconnected "), "{}", dump(&rows));
+    assert!(
+        shows(&rows, "the message is back in the input"),
+        "{}",
+        dump(&rows)
+    );
+    // Anything arriving from the session means it answers again.
+    app.on_event(&logged(user("hello there")));
+    let rows = screen(&mut app, 80, 24);
+    assert!(!rows[23].contains("disconnected"), "{}", dump(&rows));
+}

@@ -531,6 +531,7 @@ pub fn status_line(app: &App, width: u16) -> Line<'static> {
             let secs = app.busy_since.map_or(0, |t| t.elapsed().as_secs());
             format!("{} {what} {secs}s ", SPINNER[app.spinner % SPINNER.len()])
         }
+        None if app.disconnected => "disconnected ".to_string(),
         None => "ready ".to_string(),
     };
     let room = usize::from(width);
