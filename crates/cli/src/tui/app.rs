@@ -198,6 +198,9 @@ pub struct Pending {
     pub preview: Preview,
     /// When it was asked (as seen here).
     pub shown_at: Instant,
+    /// The person edited the arguments (now in `request`): shown again,
+    /// and run as shown only once they say yes.
+    pub edited: bool,
 }
 
 /// A session in the picker.
@@ -559,6 +562,7 @@ impl App {
                             request,
                             preview,
                             shown_at: Instant::now(),
+                            edited: false,
                         });
                         self.dirty = true;
                     }
@@ -698,6 +702,7 @@ impl App {
                         request: a.clone(),
                         preview,
                         shown_at: Instant::now(),
+                        edited: false,
                     });
                     self.approval_scroll = 0;
                 }
@@ -1016,6 +1021,29 @@ impl App {
                 _ => None,
             };
         }
+        let edited = self
+            .approvals
+            .iter()
+            .any(|p| p.edited && p.request.call_id == request.call_id);
+        if edited {
+            // The call as edited: run as shown, refused, or edited again.
+            return match c {
+                'y' => Some(vec![Action::Decide(pb::ApprovalInput {
+                    call_id: request.call_id.clone(),
+                    decision: ApprovalDecision::Edit as i32,
+                    reason: String::new(),
+                    edited_arguments_json: request.arguments_json.clone(),
+                })]),
+                'n' => {
+                    self.deny_reason = Some(request.call_id.clone());
+                    Some(Vec::new())
+                }
+                'e' => Some(vec![Action::EditArguments(request.clone())]),
+                // "Always" means nothing for a one-off edit.
+                'a' => Some(Vec::new()),
+                _ => None,
+            };
+        }
         match c {
             'y' => Some(decide(ApprovalDecision::Approve)),
             'a' => Some(decide(ApprovalDecision::ApproveForSession)),
@@ -1197,6 +1225,24 @@ impl App {
             .filter(|(c, _)| c.starts_with(text.as_str()) && *c != text)
             .copied()
             .collect()
+    }
+
+    /// The person edited a waiting call's arguments: the question shows
+    /// the call as edited, to be run only once they say yes.
+    pub fn edited(&mut self, call_id: &str, arguments_json: String) {
+        if let Some(pending) = self
+            .approvals
+            .iter_mut()
+            .find(|p| p.request.call_id == call_id)
+        {
+            pending.request.arguments_json = arguments_json;
+            pending.edited = true;
+            // A diff of the original arguments would mislead.
+            pending.preview = Preview::None;
+            pending.shown_at = Instant::now();
+            self.approval_hidden = false;
+            self.dirty = true;
+        }
     }
 
     /// A message was not sent: it goes back into the input (unless

@@ -353,31 +353,16 @@ async fn perform(
             }
         }
         Action::EditArguments(request) => {
-            let (to, call) = crate::approval::answer_to(session_id, &request.call_id);
             keys.pause();
             screen.suspend()?;
             let edited = approval::edit_arguments(&request.arguments_json).await;
             screen.resume()?;
             keys.resume();
             app.dirty = true;
+            // The call as edited is shown again; it runs once the person
+            // says yes to it.
             match edited {
-                Ok(arguments) => {
-                    let input = pb::Input {
-                        kind: Some(pb::input::Kind::Approval(pb::ApprovalInput {
-                            call_id: call,
-                            decision: spb::ApprovalDecision::Edit as i32,
-                            reason: String::new(),
-                            edited_arguments_json: arguments,
-                        })),
-                    };
-                    let request = pb::SubmitRequest {
-                        session_id: to,
-                        input: Some(input),
-                    };
-                    if let Err(status) = client.submit(request).await {
-                        app.note(format!("agentry: {}", status.message()), NoteKind::Error);
-                    }
-                }
+                Ok(arguments) => app.edited(&request.call_id, arguments),
                 Err(e) => app.note(format!("{e:#}"), NoteKind::Error),
             }
         }

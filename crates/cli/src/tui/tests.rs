@@ -2024,3 +2024,33 @@ fn a_message_not_sent_goes_back_to_the_input_and_the_status_says_disconnected() 
     let rows = screen(&mut app, 80, 24);
     assert!(!rows[23].contains("disconnected"), "{}", dump(&rows));
 }
+
+#[test]
+fn an_edited_call_is_shown_again_and_runs_only_once_confirmed() {
+    let mut app = new_app(false);
+    let ask = spb::ApprovalRequested {
+        call_id: "c1".into(),
+        tool: "bash".into(),
+        arguments_json: r#"{"command":"rm -rf build"}"#.into(),
+        matched_rule: "default for bash: confirm".into(),
+        ..Default::default()
+    };
+    feed(&mut app, vec![Kind::ApprovalRequested(ask.clone())]);
+    let asked = press(&mut app, KeyCode::Char('e'));
+    assert!(matches!(&asked[..], [Action::EditArguments(r)] if r.call_id == "c1"));
+    app.edited("c1", r#"{"command":"rm -rf build/tmp"}"#.into());
+    let rows = screen(&mut app, 80, 24);
+    assert!(shows(&rows, "$ rm -rf build/tmp"), "{}", dump(&rows));
+    assert!(shows(&rows, "edited: run it as shown?"), "{}", dump(&rows));
+    // "Always" means nothing for a one-off edit.
+    assert!(press(&mut app, KeyCode::Char('a')).is_empty());
+    assert_eq!(
+        press(&mut app, KeyCode::Char('y')),
+        vec![Action::Decide(pb::ApprovalInput {
+            call_id: "c1".into(),
+            decision: ApprovalDecision::Edit as i32,
+            reason: String::new(),
+            edited_arguments_json: r#"{"command":"rm -rf build/tmp"}"#.into(),
+        })]
+    );
+}

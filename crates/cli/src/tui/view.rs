@@ -380,7 +380,7 @@ pub fn question_lines(pending: &Pending, theme: &Theme, width: u16) -> Vec<Line<
         }
         (_, Preview::None) => arguments_lines(&args, request, theme, room, &mut out),
     }
-    if !request.outcome_unknown {
+    if !request.outcome_unknown && !pending.edited {
         let covers = crate::approval::always_covers(request);
         for piece in wrap_plain(&super::app::clean(&covers), room) {
             out.push(Line::from(Span::styled(piece, theme.ask())));
@@ -411,6 +411,8 @@ fn draw_question(frame: &mut Frame<'_>, app: &App, lines: Vec<Line<'static>>, ar
         " why not? type a reason for the agent (optional), Enter · Esc back ".to_string()
     } else if app.question().is_some_and(|p| p.request.outcome_unknown) {
         " [c]heck first · [r]un again · [s]kip ".to_string()
+    } else if app.question().is_some_and(|p| p.edited) {
+        " edited: run it as shown? [y]es · [n]o · [e]dit again · Esc later ".to_string()
     } else {
         let more = app.approvals.len().saturating_sub(1);
         let queue = if more > 0 {
