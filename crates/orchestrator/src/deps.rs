@@ -101,6 +101,20 @@ impl Deps {
             .clone()
     }
 
+    /// Has a runner remove what it keeps for a session (its scratch
+    /// workspace, temp dir and project record).
+    pub async fn forget_session(&self, session_id: &str) -> Result<(), tonic::Status> {
+        let request = agentry_proto::tools::v1::ForgetSessionRequest {
+            session_id: session_id.to_string(),
+        };
+        self.runners
+            .on_any(|mut client| {
+                let request = request.clone();
+                async move { client.forget_session(request).await.map(|_| ()) }
+            })
+            .await
+    }
+
     /// The instruction files a session is given: the person's own, then
     /// its project's as a tool runner reads them (`request` names the
     /// session, or a directory for one not made yet).

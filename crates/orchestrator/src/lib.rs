@@ -358,21 +358,7 @@ async fn check_hooks_runnable(config: &Config, deps: &Deps) -> Result<(), RunErr
         }
     }
     if checked {
-        let forget = agentry_proto::tools::v1::ForgetSessionRequest {
-            session_id: HOOK_CHECK_SESSION.into(),
-        };
-        let _ = deps
-            .runners
-            .on_any(|mut client| {
-                let forget = forget.clone();
-                async move {
-                    client
-                        .forget_session(forget)
-                        .await
-                        .map(tonic::Response::into_inner)
-                }
-            })
-            .await;
+        let _ = deps.forget_session(HOOK_CHECK_SESSION).await;
     }
     Ok(())
 }

@@ -951,23 +951,7 @@ impl Orchestrator for OrchestratorService {
             }
             // What the runners keep for it; a runner that cannot be reached
             // leaves a workspace behind, which is said, not fatal.
-            let forget = agentry_proto::tools::v1::ForgetSessionRequest {
-                session_id: id.clone(),
-            };
-            if let Err(status) = self
-                .deps
-                .runners
-                .on_any(|mut client| {
-                    let forget = forget.clone();
-                    async move {
-                        client
-                            .forget_session(forget)
-                            .await
-                            .map(Response::into_inner)
-                    }
-                })
-                .await
-            {
+            if let Err(status) = self.deps.forget_session(&id).await {
                 tracing::warn!(session_id = %id, error = %status.message(), "the session was deleted, but its workspace could not be removed");
             }
         }

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod sandbox_support;
-use sandbox_support::{bash, confined, limits, run, workspace_root};
+use sandbox_support::{attempt, bash, confined, limits, run, workspace_root};
 
 use agentry_proto::tools::v1 as pb;
 use agentry_proto::tools::v1::tool_runner_server::ToolRunner;
@@ -59,28 +59,6 @@ impl Home {
             sandbox.switches_identity(),
         )
     }
-}
-
-/// Runs a tool call, its refusal as an `Err` (the shared `run` unwraps).
-async fn attempt(
-    ws: &Workspace,
-    sandbox: &Sandbox,
-    tool: &str,
-    args: &serde_json::Value,
-) -> Result<agentry_tool_runner::tools::ToolOutcome, agentry_tool_runner::ToolError> {
-    let (sink, _rx) = tokio::sync::mpsc::channel(16);
-    agentry_tool_runner::tools::execute(
-        tool,
-        &args.to_string(),
-        ws,
-        &limits(),
-        None,
-        sandbox,
-        None,
-        None,
-        sink,
-    )
-    .await
 }
 
 fn open(places: &Places, sandbox: &Sandbox, session: &str, dir: &Path) -> Workspace {

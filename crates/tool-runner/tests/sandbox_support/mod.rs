@@ -35,13 +35,13 @@ pub fn open(root: &std::path::Path, session: &str, sandbox: &Sandbox) -> Workspa
     ws
 }
 
-/// Runs `tool` with `args` in `ws`.
-pub async fn run(
+/// Runs `tool` with `args` in `ws`; a refused call is the `Err`.
+pub async fn attempt(
     ws: &Workspace,
     sandbox: &Sandbox,
     tool: &str,
-    args: serde_json::Value,
-) -> ToolOutcome {
+    args: &serde_json::Value,
+) -> Result<ToolOutcome, agentry_tool_runner::ToolError> {
     let (sink, _rx) = tokio::sync::mpsc::channel(1024);
     tools::execute(
         tool,
@@ -55,7 +55,16 @@ pub async fn run(
         sink,
     )
     .await
-    .unwrap()
+}
+
+/// Runs `tool` with `args` in `ws`.
+pub async fn run(
+    ws: &Workspace,
+    sandbox: &Sandbox,
+    tool: &str,
+    args: serde_json::Value,
+) -> ToolOutcome {
+    attempt(ws, sandbox, tool, &args).await.unwrap()
 }
 
 /// Runs a bash command in `ws`.
