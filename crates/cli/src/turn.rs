@@ -311,6 +311,26 @@ fn cancel_input() -> pb::Input {
     }
 }
 
+/// What to say instead of sending `text` when it is a slash command the
+/// line chat does not have (`/new`, `/sessions`, a typo); `None` for a
+/// message (which may start with a path, like `/etc/hosts is empty`).
+fn unknown_command(text: &str) -> Option<String> {
+    let word = text.split_whitespace().next()?;
+    let name = word.strip_prefix('/')?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c == '-') {
+        return None;
+    }
+    Some(match word {
+        "/new" | "/sessions" | "/model" => format!(
+            "{word} is in the full-screen chat (a terminal, without --plain); here: `agentry \
+             chat` again, `agentry sessions list`, `/model NAME`"
+        ),
+        _ => format!(
+            "unknown command {word}; /help lists them (to send it as a message, put a word before it)"
+        ),
+    })
+}
+
 /// `agentry run`: one turn, headless.
 pub async fn run(
     config: &Config,
@@ -683,7 +703,7 @@ pub async fn chat(
                             "" => continue,
                             "/exit" | "/quit" | "exit" | "quit" => break,
                             "/help" => {
-                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/network         outbound network for the agent's commands on or off (now {})\n/session         show this session's id\n/compact         summarise the conversation now (all but the last few messages) to free context\n/rewind N        back to the end of turn N, files included (see `agentry sessions show`)\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.", if network { "on" } else { "off" });
+                                eprintln!("/plan <message>  run this message in plan mode (plan, then execute step by step)\n/plan            plan mode on or off for every message\n/network         outbound network for the agent's commands on or off (now {})\n/session         show this session's id\n/model NAME      switch this session's model from the next message\n/compact         summarise the conversation now (all but the last few messages) to free context\n/rewind N        back to the end of turn N, files included (see `agentry sessions show`)\n/exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\nCtrl+C during a turn cancels it.", if network { "on" } else { "off" });
                                 continue;
                             }
                             "/plan" => {
@@ -756,6 +776,12 @@ pub async fn chat(
                             Some(rest) if !rest.trim().is_empty() => (rest.trim(), true),
                             _ => (text, plan_mode),
                         };
+                        // A command this chat does not have is not sent to
+                        // the model as a message (a path such as /etc/hosts is).
+                        if let Some(unknown) = unknown_command(text) {
+                            eprintln!("{unknown}");
+                            continue;
+                        }
                         let submitted = client
                             .submit(pb::SubmitRequest {
                                 session_id: session.id.clone(),
@@ -833,8 +859,26 @@ pub async fn chat(
 
 #[cfg(test)]
 mod tests {
+
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn slash_words_the_line_chat_lacks_are_not_sent() {
+        assert!(
+            unknown_command("/new")
+                .unwrap()
+                .contains("full-screen chat")
+        );
+        assert!(
+            unknown_command("/sesions")
+                .unwrap()
+                .contains("unknown command /sesions")
+        );
+        assert_eq!(unknown_command("/etc/hosts is empty, why?"), None);
+        assert_eq!(unknown_command("why is /etc/hosts empty"), None);
+        assert_eq!(unknown_command("/"), None);
+    }
 
     #[test]
     fn budget_commands_raise_one_limit_each() {
