@@ -486,3 +486,63 @@ async fn sessions_are_named_used_by_name_and_deleted_without_touching_a_project(
     let (listed, _) = text(&install.run(&["sessions", "list"]));
     assert!(listed.contains("no sessions yet"), "{listed}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_sessions_on_one_repository_take_turns_with_their_changing_calls() {
+    let model = FakeModel::start().await.unwrap();
+    for label in ["one", "two"] {
+        model.push(Reply::tool_call(
+            &format!("b-{label}"),
+            "bash",
+            json!({"command": format!(
+                "echo start-{label} >> order.txt; sleep 1.5; echo end-{label} >> order.txt"
+            )}),
+        ));
+    }
+    model.push(Reply::text("Done."));
+    model.push(Reply::text("Done."));
+    let (install, _up, root, _log) = start(&model);
+    let repo = repository(&root);
+    // Two runs at once, both started in the repository.
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let mut cmd = install.command(&["run", "--approve", "always", "log it"]);
+            cmd.current_dir(&repo)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    for run in runs {
+        let out = run.wait_with_output().unwrap();
+        assert!(out.status.success(), "{:?}", text(&out));
+    }
+    // The changing calls ran one after the other, never interleaved.
+    let order = std::fs::read_to_string(repo.join("order.txt")).unwrap();
+    let lines: Vec<&str> = order.lines().collect();
+    assert_eq!(lines.len(), 4, "{order}");
+    assert!(
+        lines[0].starts_with("start-") && lines[2].starts_with("start-"),
+        "{order}"
+    );
+    assert_eq!(lines[0].replace("start", "end"), lines[1], "{order}");
+    assert_eq!(lines[2].replace("start", "end"), lines[3], "{order}");
+    // The one that waited said whom for.
+    let (listed, _) = text(&install.run(&["sessions", "list"]));
+    let ids: Vec<String> = listed
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert_eq!(ids.len(), 2, "{listed}");
+    let waited = ids.iter().any(|id| {
+        install.events(id).iter().any(|e| {
+            e["type"] == "tool_output_chunk"
+                && e["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("[waiting for session"))
+        })
+    });
+    assert!(waited, "no call said it waited");
+}
