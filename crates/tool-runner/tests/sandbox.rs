@@ -336,7 +336,7 @@ async fn without_namespaces_a_granted_call_reaches_only_the_proxy_port() {
     )
     .await;
     assert!(
-        without.output.contains("status=000") && !without.output.contains("407"),
+        without.output.contains("status=000") && !without.output.contains("status=407"),
         "{}",
         without.output
     );
