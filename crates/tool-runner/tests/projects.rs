@@ -67,15 +67,22 @@ fn open(places: &Places, sandbox: &Sandbox, session: &str, dir: &Path) -> Worksp
     ws
 }
 
-#[tokio::test]
-async fn a_project_session_changes_only_its_directory_as_its_owner() {
+/// Session `s1` working in a fresh home's project under the real sandbox,
+/// with the workspace root beside it; `None` (said) without the helper.
+fn confined_project() -> Option<(tempfile::TempDir, Sandbox, Home, Workspace)> {
     let root = workspace_root();
-    let Some(sandbox) = confined(root.path()) else {
-        return;
-    };
+    let sandbox = confined(root.path())?;
     let home = Home::new();
     let places = home.places(root.path(), &sandbox);
     let ws = open(&places, &sandbox, "s1", &home.project);
+    Some((root, sandbox, home, ws))
+}
+
+#[tokio::test]
+async fn a_project_session_changes_only_its_directory_as_its_owner() {
+    let Some((root, sandbox, home, ws)) = confined_project() else {
+        return;
+    };
     let record = root.path().join(".projects/s1");
     assert!(record.exists());
     let out = bash(
@@ -152,13 +159,9 @@ async fn a_project_session_changes_only_its_directory_as_its_owner() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_link_swapped_in_while_writing_never_leads_out_of_the_project() {
-    let root = workspace_root();
-    let Some(sandbox) = confined(root.path()) else {
+    let Some((_root, sandbox, home, ws)) = confined_project() else {
         return;
     };
-    let home = Home::new();
-    let places = home.places(root.path(), &sandbox);
-    let ws = open(&places, &sandbox, "s1", &home.project);
     // A command swaps `d` between a directory and a link to the parent
     // as fast as it can while the file tool writes into `d` again and
     // again.
