@@ -15,6 +15,7 @@ pub fn user(text: &str) -> pb::Input {
 pub fn user_input(text: &str, mode: spb::ApprovalMode, plan: bool) -> pb::Input {
     pb::Input {
         kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
+            images: Vec::new(),
             text: text.to_string(),
             approval_mode: mode as i32,
             plan,

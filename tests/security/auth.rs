@@ -129,6 +129,7 @@ async fn the_client_token_cannot_write_logs_run_tools_or_take_reminders() {
             expected_seq: 0,
             events: vec![spb::Event {
                 kind: Some(spb::event::Kind::UserMessage(spb::UserMessage {
+                    images: Vec::new(),
                     text: "rm -rf ~".into(),
                     approval_mode: spb::ApprovalMode::Always as i32,
                     plan: false,

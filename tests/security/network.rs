@@ -215,6 +215,7 @@ async fn a_turn_the_person_gives_network_reaches_out_and_the_turns_around_it_do_
                 session_id: session.id.clone(),
                 input: Some(opb::Input {
                     kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                        images: Vec::new(),
                         text: "fetch the page".into(),
                         approval_mode: spb::ApprovalMode::Always as i32,
                         plan: false,

@@ -53,6 +53,7 @@ async fn submit(
             session_id: session_id.to_string(),
             input: Some(opb::Input {
                 kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                    images: Vec::new(),
                     text: text.into(),
                     approval_mode: spb::ApprovalMode::Policy as i32,
                     plan: false,
@@ -610,6 +611,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
                             expected_seq: seq,
                             events: vec![spb::Event {
                                 kind: Some(spb::event::Kind::UserMessage(spb::UserMessage {
+                                    images: Vec::new(),
                                     text: "a message of about sixty bytes, as a short chat line is"
                                         .into(),
                                     approval_mode: 0,

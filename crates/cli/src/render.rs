@@ -71,6 +71,9 @@ pub fn event_json(event: &pb::Event) -> Value {
             }),
             Kind::UserMessage(m) => json!({
                 "type": "user_message", "text": m.text, "plan": m.plan, "network": m.network,
+                "images": m.images.iter().map(|i| json!({
+                    "path": i.path, "mime": i.mime, "bytes": i.data.len(),
+                })).collect::<Vec<_>>(),
             }),
             Kind::ModelTextDelta(d) => json!({"type": "model_text_delta", "text": d.text}),
             Kind::ModelMessage(m) => json!({
@@ -405,7 +408,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             Kind::UserMessage(m) => {
                 if self.show_user {
                     self.end_line();
-                    let _ = writeln!(self.activity, "you> {}", m.text);
+                    let _ = writeln!(self.activity, "you> {}{}", m.text, images_shown(m));
                 }
             }
             Kind::ModelTextDelta(d) => {
@@ -765,6 +768,27 @@ impl<A: Write, B: Write> Renderer<A, B> {
             | Kind::ToolsOffered(_) => {}
         }
     }
+}
+
+/// The images a person's message carries, one line each after its text
+/// (empty without any).
+pub fn images_shown(message: &pb::UserMessage) -> String {
+    message
+        .images
+        .iter()
+        .map(|image| {
+            let name = if image.path.is_empty() {
+                "an image"
+            } else {
+                image.path.as_str()
+            };
+            format!(
+                "\n[image: {name}, {}, {} KiB]",
+                image.mime,
+                image.data.len().div_ceil(1024)
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

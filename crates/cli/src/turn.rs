@@ -293,6 +293,7 @@ pub(crate) fn user_input(text: String, mode: Mode) -> pb::Input {
     };
     pb::Input {
         kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
+            images: Vec::new(),
             text,
             approval_mode: approval_mode as i32,
             plan: mode.plan,

@@ -78,6 +78,11 @@ fn run_in(install: &Install, dir: &Path, args: &[&str]) -> std::process::Output 
 }
 
 fn start(model: &FakeModel) -> (Install, Up, PathBuf, PathBuf) {
+    start_with(model, "")
+}
+
+/// [`start`], with `more` added to the configuration.
+fn start_with(model: &FakeModel, more: &str) -> (Install, Up, PathBuf, PathBuf) {
     // The projects root must exist before `agentry up` reads it: make the
     // install first, then its configuration.
     for _ in 0..3 {
@@ -86,7 +91,7 @@ fn start(model: &FakeModel) -> (Install, Up, PathBuf, PathBuf) {
         std::fs::write(
             install.dir.path().join("config/local.toml"),
             format!(
-                "[tool_runner]\nproject_roots = [{:?}]\n",
+                "{more}\n[tool_runner]\nproject_roots = [{:?}]\n",
                 root.display().to_string()
             ),
         )
@@ -417,7 +422,71 @@ async fn at_path_attaches_a_file_or_a_listing_and_a_missing_one_is_refused() {
             "fix @src/missing.rs please",
             "cannot attach @src/missing.rs",
         ),
-        ("what is in @shot.png", "@shot.png is an image"),
+        (
+            "what is in @shot.png",
+            "not set to take images; if it takes images, set `llm.images = true`",
+        ),
+    ] {
+        let out = run_here(prompt);
+        let (_, stderr) = text(&out);
+        assert!(!out.status.success(), "{prompt}");
+        assert!(stderr.contains(says), "{prompt}: {stderr}");
+    }
+    assert_eq!(model.requests().len(), before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_mentioned_goes_to_a_model_that_takes_images_and_other_files_are_refused() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("A red dot."));
+    let (install, _up, root, _log) = start_with(&model, "[llm]\nimages = true\n");
+    let repo = repository(&root);
+    // A real (1×1) PNG, and text dressed as one.
+    let png: &[u8] = &[
+        0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 0x0d, b'I', b'H', b'D', b'R', 0,
+        0, 0, 1, 0, 0, 0, 1, 8, 2, 0, 0, 0, 0x90, 0x77, 0x53, 0xde,
+    ];
+    std::fs::write(repo.join("shot.png"), png).unwrap();
+    std::fs::write(repo.join("fake.png"), "just text\n").unwrap();
+    let run_here = |prompt: &str| run_in(&install, &repo, &["run", "--json", prompt]);
+    let out = run_here("what is in @shot.png?");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let request = model.requests().pop().unwrap();
+    let user = request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .unwrap()
+        .clone();
+    let parts = user["content"].as_array().expect("text and image parts");
+    assert_eq!(parts[0]["text"], "what is in @shot.png?", "{user}");
+    {
+        use base64::Engine as _;
+        let url = format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(png)
+        );
+        assert_eq!(parts[1]["image_url"]["url"], url.as_str(), "{user}");
+    }
+    // The log keeps it, and the transcript says so.
+    let message = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["type"] == "user_message")
+        .expect("the message in the JSON output");
+    assert_eq!(
+        message["images"],
+        serde_json::json!([{"path": "shot.png", "mime": "image/png", "bytes": png.len()}])
+    );
+    // Text named like an image, and a path outside the project: refused
+    // before any turn.
+    let before = model.requests().len();
+    for (prompt, says) in [
+        ("and @fake.png?", "is not a PNG, JPEG, GIF or WebP image"),
+        ("and @../../x.png?", "cannot attach @../../x.png"),
     ] {
         let out = run_here(prompt);
         let (_, stderr) = text(&out);

@@ -238,6 +238,13 @@ impl ToolRunner for HangingRunner {
         Ok(Response::new(tpb::ForgetSessionResponse::default()))
     }
 
+    async fn read_image(
+        &self,
+        _request: Request<tpb::ReadImageRequest>,
+    ) -> Result<Response<tpb::ReadImageResponse>, Status> {
+        Err(Status::unimplemented("this runner reads no images"))
+    }
+
     async fn read_instructions(
         &self,
         _request: Request<tpb::ReadInstructionsRequest>,
@@ -451,6 +458,7 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
         &mut client,
         &session.id,
         pb::input::Kind::UserMessage(pb::UserInput {
+            images: Vec::new(),
             text: "do one then two".into(),
             approval_mode: ApprovalMode::Always as i32,
             plan: true,

@@ -51,7 +51,18 @@ impl ChatRequest {
                         system.push(json!({"type": "text", "text": content}));
                     }
                 }
-                Message::User { content } => {
+                Message::User { content, images } => {
+                    // Images first: Anthropic advises them before the text.
+                    for image in images {
+                        push(
+                            "user",
+                            json!({"type": "image", "source": {
+                                "type": "base64",
+                                "media_type": image.mime,
+                                "data": image.base64(),
+                            }}),
+                        );
+                    }
                     push("user", json!({"type": "text", "text": non_empty(content)}));
                 }
                 Message::Assistant {

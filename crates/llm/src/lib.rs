@@ -28,5 +28,7 @@ pub use client::{ChatClient, ChatStream};
 pub use config::{Provider, ProviderConfig};
 pub use error::LlmError;
 pub use limits::ResponseLimits;
-pub use types::{ChatRequest, Completion, Message, StreamEvent, ToolCall, ToolDefinition, Usage};
+pub use types::{
+    ChatRequest, Completion, Image, Message, StreamEvent, ToolCall, ToolDefinition, Usage,
+};
 pub use window::{ServerWindow, WindowKind};

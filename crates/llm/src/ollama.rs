@@ -37,7 +37,14 @@ impl ChatRequest {
         for message in &self.messages {
             let wire = match message {
                 Message::System { content } => json!({"role": "system", "content": content}),
-                Message::User { content } => json!({"role": "user", "content": content}),
+                Message::User { content, images } if images.is_empty() => {
+                    json!({"role": "user", "content": content})
+                }
+                Message::User { content, images } => json!({
+                    "role": "user",
+                    "content": content,
+                    "images": images.iter().map(crate::Image::base64).collect::<Vec<_>>(),
+                }),
                 Message::Assistant {
                     content,
                     tool_calls,

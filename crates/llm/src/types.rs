@@ -29,6 +29,8 @@ pub enum Message {
     User {
         /// Message text.
         content: String,
+        /// Images sent with the text (for models that take images).
+        images: Vec<Image>,
     },
     /// A previous answer of the model, possibly with tool calls.
     Assistant {
@@ -44,6 +46,30 @@ pub enum Message {
         /// The tool's output.
         content: String,
     },
+}
+
+/// An image in a person's message: its media type (`image/png`,
+/// `image/jpeg`, `image/gif` or `image/webp`) and its bytes, shared by the
+/// copies of a conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    /// The media type.
+    pub mime: String,
+    /// The encoded image, as read from the file.
+    pub data: std::sync::Arc<[u8]>,
+}
+
+impl Image {
+    /// The image as base64 text, as the model servers take it.
+    pub fn base64(&self) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(&self.data)
+    }
+
+    /// The image as a `data:` URL (OpenAI's `image_url`).
+    pub fn data_url(&self) -> String {
+        format!("data:{};base64,{}", self.mime, self.base64())
+    }
 }
 
 /// A call of a tool requested by the model.
@@ -121,6 +147,7 @@ impl Message {
     pub fn user(content: impl Into<String>) -> Self {
         Message::User {
             content: content.into(),
+            images: Vec::new(),
         }
     }
 
@@ -144,7 +171,12 @@ impl Message {
     pub fn to_wire(&self) -> Value {
         match self {
             Message::System { content } => json!({"role": "system", "content": content}),
-            Message::User { content } => json!({"role": "user", "content": content}),
+            Message::User { content, images } if images.is_empty() => {
+                json!({"role": "user", "content": content})
+            }
+            Message::User { content, images } => {
+                json!({"role": "user", "content": openai_parts(content, images)})
+            }
             Message::Assistant {
                 content,
                 tool_calls,
@@ -167,6 +199,18 @@ impl Message {
             } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
         }
     }
+}
+
+/// OpenAI's content parts for a text with images: the text, then each
+/// image as a `data:` URL.
+fn openai_parts(content: &str, images: &[Image]) -> Value {
+    let mut parts = vec![json!({"type": "text", "text": content})];
+    parts.extend(
+        images
+            .iter()
+            .map(|image| json!({"type": "image_url", "image_url": {"url": image.data_url()}})),
+    );
+    Value::Array(parts)
 }
 
 impl ToolCall {
@@ -287,8 +331,12 @@ impl serde::Serialize for WireMessage<'_> {
                 map.serialize_entry("content", content)?;
                 map.serialize_entry("role", "system")?;
             }
-            Message::User { content } => {
+            Message::User { content, images } if images.is_empty() => {
                 map.serialize_entry("content", content)?;
+                map.serialize_entry("role", "user")?;
+            }
+            Message::User { content, images } => {
+                map.serialize_entry("content", &openai_parts(content, images))?;
                 map.serialize_entry("role", "user")?;
             }
             Message::Assistant {
@@ -459,6 +507,46 @@ mod tests {
             json!({"role": "assistant", "content": null, "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
             ]})
+        );
+    }
+
+    #[test]
+    fn images_travel_in_each_servers_own_form() {
+        let image = Image {
+            mime: "image/png".into(),
+            data: std::sync::Arc::from(&b"\x89PNG"[..]),
+        };
+        let message = Message::User {
+            content: "what is this?".into(),
+            images: vec![image.clone()],
+        };
+        assert_eq!(image.base64(), "iVBORw==");
+        let openai = json!({"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}},
+        ]});
+        assert_eq!(message.to_wire(), openai);
+        let req = ChatRequest::new(vec![message]);
+        let parsed: Value = serde_json::from_slice(&req.to_wire_bytes("m").unwrap()).unwrap();
+        assert_eq!(parsed["messages"][0], openai);
+        assert_eq!(
+            req.to_anthropic_wire("m")["messages"][0]["content"],
+            json!([
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}},
+                {"type": "text", "text": "what is this?"},
+            ])
+        );
+        assert_eq!(
+            req.to_ollama_wire("m", None)["messages"][0],
+            json!({"role": "user", "content": "what is this?", "images": ["iVBORw=="]})
+        );
+        // Without images a message stays plain text everywhere.
+        let plain = ChatRequest::new(vec![Message::user("hi")]);
+        assert_eq!(plain.to_wire("m")["messages"][0]["content"], json!("hi"));
+        assert!(
+            plain.to_ollama_wire("m", None)["messages"][0]
+                .get("images")
+                .is_none()
         );
     }
 }

@@ -212,6 +212,7 @@ pub fn forwardable(input: &Input) -> Option<pb::Input> {
             plan,
             network,
             budget,
+            images,
             ..
         } => pb::input::Kind::UserMessage(pb::UserInput {
             text: text.clone(),
@@ -220,6 +221,7 @@ pub fn forwardable(input: &Input) -> Option<pb::Input> {
             network: *network,
             budget: *budget,
             compact: false,
+            images: images.clone(),
         }),
         Input::Approval {
             call_id,
@@ -291,6 +293,7 @@ mod tests {
     #[test]
     fn only_a_persons_inputs_are_forwarded() {
         let user = Input::UserMessage {
+            images: Vec::new(),
             turn_id: "t".into(),
             text: "hi".into(),
             approval_mode: spb::ApprovalMode::Always,

@@ -38,6 +38,7 @@ pub async fn summarise(
                     "{transcript}\n\nSummarise the transcript above in at most {} words.",
                     (max_tokens * 2 / 3).max(50)
                 ),
+                images: Vec::new(),
             },
         ],
         tools: Vec::new(),
@@ -92,7 +93,12 @@ pub fn transcript(messages: &[Message], tokenizer: &Tokenizer, limit: usize) -> 
     let render = |m: &Message| -> String {
         match m {
             Message::System { content } => format!("(Earlier summary) {content}"),
-            Message::User { content } => format!("Person: {content}"),
+            Message::User { content, images } if images.is_empty() => {
+                format!("Person: {content}")
+            }
+            Message::User { content, images } => {
+                format!("Person: {content}\n(with {} image(s))", images.len())
+            }
             Message::Assistant {
                 content,
                 tool_calls,
@@ -153,6 +159,7 @@ mod tests {
         let messages = vec![
             Message::User {
                 content: long.clone(),
+                images: Vec::new(),
             },
             Message::Assistant {
                 content: String::new(),

@@ -159,6 +159,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
             user_dir.as_deref(),
         ),
         native: profile.native_tools,
+        images: config.llm.images,
         tokenizer,
         compaction: prompt::Settings {
             enabled: config.agent.compaction,

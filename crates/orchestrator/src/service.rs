@@ -581,6 +581,7 @@ impl OrchestratorService {
             plan,
             network,
             budget,
+            mut images,
         } = input
         else {
             return Ok(input);
@@ -638,8 +639,27 @@ impl OrchestratorService {
             }
         }
         let text = crate::attachments::attach(&text, &resources);
-        let files = self.attached_files(session_id, &text).await?;
+        let (files, mentioned) = self.attached_files(session_id, &text).await?;
         let text = crate::attachments::attach_files(&text, &files);
+        images.extend(mentioned);
+        check_images(&images)?;
+        // The images go where the model reads them from, or nowhere.
+        for image in &mut images {
+            if image.mime.is_empty() {
+                image.mime = agentry_runtime::images::image_type(&image.data)
+                    .unwrap_or_default()
+                    .to_string();
+            }
+        }
+        if !images.is_empty() && !self.deps.view().images {
+            return Err(Status::failed_precondition(format!(
+                "the model {:?} is not set to take images, so the message's {} cannot be \
+                 sent; if it takes images, set `llm.images = true` in the configuration, \
+                 else describe the image in words",
+                self.deps.llm().model(),
+                if images.len() == 1 { "image" } else { "images" }
+            )));
+        }
         if text.len() > MAX_MESSAGE_BYTES {
             return Err(Status::invalid_argument(format!(
                 "the message with its attachments is {} bytes; at most {MAX_MESSAGE_BYTES} are \
@@ -654,6 +674,7 @@ impl OrchestratorService {
             plan,
             network,
             budget,
+            images,
         })
     }
 }
@@ -695,11 +716,12 @@ impl OrchestratorService {
     /// listing, content). A mention that looks like a path and cannot be
     /// read refuses the message with the reason; another word (`@alice`)
     /// is left as written unless such a file exists.
+    #[allow(clippy::type_complexity)]
     async fn attached_files(
         &self,
         session_id: &str,
         text: &str,
-    ) -> Result<Vec<(String, bool, String)>, Status> {
+    ) -> Result<(Vec<(String, bool, String)>, Vec<spb::Image>), Status> {
         let mentions = crate::attachments::file_mentions(text);
         if mentions.len() > crate::attachments::MAX_ATTACHMENTS {
             return Err(Status::invalid_argument(format!(
@@ -709,13 +731,11 @@ impl OrchestratorService {
             )));
         }
         let mut files = Vec::new();
+        let mut images = Vec::new();
         for (n, mention) in mentions.into_iter().enumerate() {
-            if crate::attachments::is_image(&mention.path) {
-                return Err(Status::invalid_argument(format!(
-                    "@{} is an image, and images cannot be attached to a message yet; \
-                     describe it, or let the agent look at the file with its tools",
-                    mention.path
-                )));
+            if !mention.dir && crate::attachments::is_image(&mention.path) {
+                images.push(self.attached_image(session_id, mention.path).await?);
+                continue;
             }
             // A directory named without its `/` is listed too.
             let tools: &[&str] = if mention.dir {
@@ -770,8 +790,100 @@ impl OrchestratorService {
                 }
             }
         }
-        Ok(files)
+        Ok((files, images))
     }
+
+    /// The image a message mentions with `@path`, read as the session by a
+    /// tool runner.
+    async fn attached_image(&self, session_id: &str, path: String) -> Result<spb::Image, Status> {
+        if !self.deps.view().images {
+            return Err(Status::failed_precondition(format!(
+                "@{path} is an image, and the model {:?} is not set to take images; if it \
+                 takes images, set `llm.images = true` in the configuration, else describe \
+                 the image in words",
+                self.deps.llm().model()
+            )));
+        }
+        let request = agentry_proto::tools::v1::ReadImageRequest {
+            session_id: session_id.to_string(),
+            path: path.clone(),
+        };
+        let read = self
+            .deps
+            .runners
+            .on_any(|mut client| {
+                let request = request.clone();
+                async move {
+                    client
+                        .read_image(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await
+            .map_err(|s| {
+                let why = format!("cannot attach @{path}: {}", s.message());
+                match s.code() {
+                    tonic::Code::Unavailable => Status::unavailable(why),
+                    _ => Status::failed_precondition(why),
+                }
+            })?;
+        Ok(spb::Image {
+            path,
+            mime: read.mime,
+            data: read.data,
+        })
+    }
+}
+
+/// Images a client sent with a message: each of a kind the model servers
+/// take (its first bytes tell; the media type given must agree), within
+/// the size limits.
+fn check_images(images: &[spb::Image]) -> Result<(), Status> {
+    use agentry_runtime::images::{MAX_IMAGE_BYTES, MAX_MESSAGE_IMAGE_BYTES, image_type};
+    if images.len() > crate::attachments::MAX_ATTACHMENTS {
+        return Err(Status::invalid_argument(format!(
+            "the message has {} images; at most {} may be sent with one message",
+            images.len(),
+            crate::attachments::MAX_ATTACHMENTS
+        )));
+    }
+    let mut total = 0u64;
+    for (n, image) in images.iter().enumerate() {
+        let name = if image.path.is_empty() {
+            format!("image {}", n + 1)
+        } else {
+            image.path.clone()
+        };
+        if image.data.len() as u64 > MAX_IMAGE_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "{name} is {} bytes; an image may have at most {MAX_IMAGE_BYTES}",
+                image.data.len()
+            )));
+        }
+        match image_type(&image.data) {
+            Some(kind) if image.mime.is_empty() || image.mime == kind => {}
+            Some(kind) => {
+                return Err(Status::invalid_argument(format!(
+                    "{name} is said to be {} but is {kind}",
+                    image.mime
+                )));
+            }
+            None => {
+                return Err(Status::invalid_argument(format!(
+                    "{name} is not a PNG, JPEG, GIF or WebP image, the kinds model servers take"
+                )));
+            }
+        }
+        total += image.data.len() as u64;
+    }
+    if total > MAX_MESSAGE_IMAGE_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "the message's images have {total} bytes in all; at most \
+             {MAX_MESSAGE_IMAGE_BYTES} may be sent with one message"
+        )));
+    }
+    Ok(())
 }
 
 /// A session id a client may choose: not one of the sub-agents' tasks.
@@ -843,6 +955,7 @@ fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
                     m.text.len()
                 )));
             }
+            check_images(&m.images)?;
             Ok(Input::UserMessage {
                 turn_id: new_turn_id(),
                 text: m.text,
@@ -851,6 +964,7 @@ fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
                 plan: m.plan,
                 network: m.network,
                 budget: m.budget,
+                images: m.images,
             })
         }
         pb::input::Kind::Cancel(c) => Ok(Input::Cancel { reason: c.reason }),

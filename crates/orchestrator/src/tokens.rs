@@ -119,12 +119,18 @@ impl Tokenizer {
     }
 }
 
+/// What one image is counted as: about what the model servers charge for
+/// an image at the size they scale it down to (Anthropic: width × height /
+/// 750 for at most 1.15 megapixels; OpenAI: 765 for 1024 × 1024).
+pub(crate) const IMAGE_TOKENS: usize = 1600;
+
 /// The cost of one message as sent: `cost` of each text it carries, plus
 /// the framing of the message and of each tool call.
 pub(crate) fn measure(message: &Message, cost: impl Fn(&str) -> usize) -> usize {
     PER_MESSAGE
         + match message {
-            Message::System { content } | Message::User { content } => cost(content),
+            Message::System { content } => cost(content),
+            Message::User { content, images } => cost(content) + images.len() * IMAGE_TOKENS,
             Message::Assistant {
                 content,
                 tool_calls,

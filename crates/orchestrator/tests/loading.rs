@@ -168,6 +168,7 @@ impl SessionStore for GatedStore {
 
 fn message(text: &str) -> Input {
     Input::UserMessage {
+        images: Vec::new(),
         turn_id: new_turn_id(),
         text: text.into(),
         approval_mode: ApprovalMode::Policy,

@@ -61,6 +61,7 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.tools.v1.ToolRunner/OpenProject",
     "/agentry.tools.v1.ToolRunner/ReadInstructions",
     "/agentry.tools.v1.ToolRunner/ForgetSession",
+    "/agentry.tools.v1.ToolRunner/ReadImage",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
 ];
 

@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod config;
 pub mod datadir;
+pub mod images;
 pub mod metrics;
 pub mod serve;
 pub mod telemetry;

@@ -67,6 +67,9 @@ impl SessionStoreService {
 /// log instead.
 const SESSION_CHANGES: usize = 64;
 
+/// Most bytes of the events of one Read page (half the largest message).
+const MAX_PAGE_BYTES: usize = agentry_runtime::MAX_MESSAGE_BYTES / 2;
+
 /// Hands each change to the watchers of the session it concerns, so that an
 /// append wakes its session's watchers only, not every watcher of the store
 /// (with a thousand sessions watched, that was a thousand wake-ups per
@@ -209,11 +212,23 @@ impl SessionStore for SessionStoreService {
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let req = request.into_inner();
         let from = req.from_seq.max(1);
-        let (events, has_more) = self
+        let (mut events, mut has_more) = self
             .store
             .read(req.session_id, from, req.limit)
             .await
             .map_err(status_of)?;
+        // A page stays well under the largest message a client takes
+        // (events with images can be megabytes each): at least one event,
+        // the rest on the next page.
+        let mut bytes = 0usize;
+        if let Some(cut) = events.iter().position(|event| {
+            bytes += prost::Message::encoded_len(event);
+            bytes > MAX_PAGE_BYTES
+        }) {
+            let keep = cut.max(1);
+            has_more |= keep < events.len();
+            events.truncate(keep);
+        }
         let next_seq = events.last().map(|e| e.seq + 1).unwrap_or(from);
         Ok(Response::new(pb::ReadResponse {
             events,

@@ -103,6 +103,7 @@ fn user(text: &str) -> Event {
     Event {
         turn_id: "turn-1".into(),
         kind: Some(event::Kind::UserMessage(pb::UserMessage {
+            images: Vec::new(),
             text: text.into(),
             approval_mode: pb::ApprovalMode::Policy as i32,
             plan: false,
@@ -280,6 +281,7 @@ fn one_of_each_kind() -> Vec<Event> {
     };
     let kinds = vec![
         Kind::UserMessage(pb::UserMessage {
+            images: Vec::new(),
             text: "List the files, please.\nThanks ✓".into(),
             approval_mode: pb::ApprovalMode::Always as i32,
             plan: false,
@@ -889,6 +891,38 @@ async fn read_pages_through_the_log() {
     let page = read(&mut client, "empty", 0, 0).await.unwrap();
     assert!(page.events.is_empty());
     assert_eq!((page.next_seq, page.has_more), (1, false));
+}
+
+#[tokio::test]
+async fn a_page_of_large_events_stays_under_the_message_limit() {
+    let (_dir, server, _) = start_fresh().await;
+    let mut client = server
+        .client()
+        .await
+        .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES);
+    create(&mut client, "big", "").await;
+    // Five messages with a 9 MiB image each: 45 MiB in all.
+    for n in 1..=5u64 {
+        let mut event = user(&format!("m{n}"));
+        if let Some(event::Kind::UserMessage(m)) = &mut event.kind {
+            m.images.push(pb::Image {
+                path: format!("{n}.png"),
+                mime: "image/png".into(),
+                data: vec![n as u8; 9 * 1024 * 1024],
+            });
+        }
+        assert_eq!(append(&mut client, "big", n, vec![event]).await.unwrap(), n);
+    }
+    let first = read(&mut client, "big", 1, 0).await.unwrap();
+    assert_eq!(seqs(&first.events), vec![1, 2, 3]);
+    assert_eq!((first.next_seq, first.has_more), (4, true));
+    let all = read_all(&mut client, "big").await;
+    assert_eq!(seqs(&all), vec![1, 2, 3, 4, 5]);
+    assert_eq!(text_of(&all[4]), "m5");
+    // One event larger than a page still comes, alone.
+    let one = read(&mut client, "big", 5, 0).await.unwrap();
+    assert_eq!((one.events.len(), one.has_more), (1, false));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -385,6 +385,34 @@ impl ToolRunner for ToolRunnerService {
         }))
     }
 
+    async fn read_image(
+        &self,
+        request: Request<pb::ReadImageRequest>,
+    ) -> Result<Response<pb::ReadImageResponse>, Status> {
+        let req = request.into_inner();
+        let workspace = self.workspace(&req.session_id)?;
+        let read = crate::files::read_image(
+            &req.path,
+            &workspace,
+            &self.inner.limits,
+            &self.inner.sandbox,
+        )
+        .await;
+        match read {
+            Ok((mime, data)) => Ok(Response::new(pb::ReadImageResponse {
+                mime: mime.to_string(),
+                data,
+            })),
+            Err(e @ (ToolError::InvalidArguments(_) | ToolError::TooLarge(_))) => {
+                Err(Status::invalid_argument(e.to_string()))
+            }
+            Err(e @ ToolError::PathOutsideWorkspace { .. }) => {
+                Err(Status::permission_denied(e.to_string()))
+            }
+            Err(e) => Err(Status::failed_precondition(e.to_string())),
+        }
+    }
+
     async fn read_instructions(
         &self,
         request: Request<pb::ReadInstructionsRequest>,

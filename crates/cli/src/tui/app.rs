@@ -594,7 +594,8 @@ impl App {
         self.dirty = true;
         match kind {
             Kind::UserMessage(m) => {
-                self.push(Entry::User(clean(&m.text)));
+                let text = format!("{}{}", m.text, crate::render::images_shown(m));
+                self.push(Entry::User(clean(&text)));
                 self.turn_open = true;
                 self.set_busy(Some(Busy::Model));
             }

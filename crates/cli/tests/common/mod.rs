@@ -134,6 +134,7 @@ pub fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
         network: false,
         budget: None,
         compact: false,
+        images: Vec::new(),
     })
 }
 

@@ -381,7 +381,7 @@ fn shrink(message: &mut Message) -> bool {
     }
     let content = match message {
         Message::System { content }
-        | Message::User { content }
+        | Message::User { content, .. }
         | Message::Assistant { content, .. }
         | Message::Tool { content, .. } => content,
     };
@@ -416,6 +416,7 @@ mod tests {
         let history = vec![
             Message::User {
                 content: include_str!("../reducer/step.rs").into(),
+                images: Vec::new(),
             },
             Message::Assistant {
                 content: "ok ✓ — done".into(),
@@ -498,6 +499,7 @@ mod tests {
         let history = vec![
             Message::User {
                 content: "short".into(),
+                images: Vec::new(),
             },
             Message::Tool {
                 tool_call_id: "c".into(),
@@ -521,6 +523,7 @@ mod tests {
         let history = vec![
             Message::User {
                 content: "write it".into(),
+                images: Vec::new(),
             },
             Message::Assistant {
                 content: String::new(),

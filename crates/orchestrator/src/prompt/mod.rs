@@ -56,6 +56,9 @@ pub struct View {
     /// The person's own instruction file (`<config dir>/AGENTS.md`), given
     /// to every session before its project's.
     pub own_instructions: Option<std::path::PathBuf>,
+    /// The model takes images (`llm.images`): a message's images are sent
+    /// with it; else each is named in the text instead.
+    pub images: bool,
 }
 
 impl Default for View {
@@ -78,6 +81,7 @@ impl Default for View {
             hooks: std::sync::Arc::default(),
             only_offered: false,
             own_instructions: None,
+            images: false,
         }
     }
 }
@@ -310,6 +314,7 @@ pub fn ask_to_rewrite(request: &mut ChatRequest, text: String, error: &str) {
     });
     request.messages.push(Message::User {
         content: crate::textcalls::correction(error),
+        images: Vec::new(),
     });
 }
 
@@ -376,6 +381,7 @@ fn as_text(message: Message) -> Message {
             content,
         } => Message::User {
             content: format!("Result of tool call {tool_call_id}:\n{content}"),
+            images: Vec::new(),
         },
         other => other,
     }
@@ -399,6 +405,7 @@ mod tests {
         vec![
             Message::User {
                 content: "list files".into(),
+                images: Vec::new(),
             },
             Message::Assistant {
                 content: String::new(),
@@ -478,7 +485,8 @@ mod tests {
         assert_eq!(
             request.messages[3],
             Message::User {
-                content: "Result of tool call c1:\na.txt".into()
+                content: "Result of tool call c1:\na.txt".into(),
+                images: Vec::new(),
             }
         );
     }
@@ -510,7 +518,7 @@ mod tests {
                 tool_calls: Vec::new(),
             }
         );
-        let Message::User { content } = &request.messages[sent + 1] else {
+        let Message::User { content, .. } = &request.messages[sent + 1] else {
             panic!("{:?}", request.messages[sent + 1]);
         };
         assert!(content.contains("not valid JSON"), "{content}");

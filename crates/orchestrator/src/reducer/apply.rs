@@ -36,9 +36,8 @@ impl SessionState {
                 }
                 // A request to compact is not part of the conversation.
                 if !m.compact {
-                    self.push_history(Message::User {
-                        content: m.text.clone(),
-                    });
+                    let message = user_message(&m.text, &m.images, self.view.0.images);
+                    self.push_history(message);
                 }
                 self.failed_calls.clear();
                 self.turn = Some(Turn {
@@ -191,6 +190,7 @@ impl SessionState {
                     .insert((u.server.clone(), u.uri.clone()), u.update_id.clone());
                 self.push_history(Message::User {
                     content: super::compose_mcp_update(u),
+                    images: Vec::new(),
                 });
                 self.start_event_turn(turn_id);
             }
@@ -201,6 +201,7 @@ impl SessionState {
                     // agent acts on.
                     self.push_history(Message::User {
                         content: compose_reminder(r),
+                        images: Vec::new(),
                     });
                     self.start_event_turn(turn_id);
                 }
@@ -266,5 +267,39 @@ impl SessionState {
             }
             Kind::ModelTextDelta(_) | Kind::ToolOutputChunk(_) | Kind::CancelRequested(_) => {}
         }
+    }
+}
+
+/// A person's message as the model gets it: with its images when the model
+/// takes images, else with each named in the text (a session that switched
+/// to such a model keeps its history).
+fn user_message(text: &str, images: &[pb::Image], takes_images: bool) -> Message {
+    if takes_images || images.is_empty() {
+        return Message::User {
+            content: text.to_string(),
+            images: images
+                .iter()
+                .map(|image| agentry_llm::Image {
+                    mime: image.mime.clone(),
+                    data: std::sync::Arc::from(image.data.as_slice()),
+                })
+                .collect(),
+        };
+    }
+    let mut content = text.to_string();
+    for image in images {
+        let name = if image.path.is_empty() {
+            "an image"
+        } else {
+            image.path.as_str()
+        };
+        content.push_str(&format!(
+            "\n\n[attached: {name} ({}), not shown: this model is not set to take images]",
+            image.mime
+        ));
+    }
+    Message::User {
+        content,
+        images: Vec::new(),
     }
 }

@@ -348,6 +348,8 @@ pub enum Input {
         network: bool,
         /// Spending limits raised with this message.
         budget: Option<pb::Budget>,
+        /// Images sent with the text.
+        images: Vec<pb::Image>,
     },
     /// The person asked for the conversation to be summarised now (a turn
     /// of its own: every message but the last few replaced by a summary,

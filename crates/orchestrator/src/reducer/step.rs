@@ -111,6 +111,7 @@ impl SessionState {
                     plan,
                     network,
                     budget,
+                    images,
                 },
             ) => {
                 if text.trim().is_empty() {
@@ -130,6 +131,7 @@ impl SessionState {
                     network,
                     budget,
                     compact: false,
+                    images,
                 };
                 message.set_approval_mode(approval_mode);
                 self.emit(&mut out, &turn_id, Kind::UserMessage(message));

@@ -370,3 +370,51 @@ fn the_person_switches_the_model_between_turns_and_replay_keeps_it() {
     idle.step(Input::SetModel(String::new())).unwrap();
     assert_eq!(idle.model, None);
 }
+
+#[test]
+fn a_messages_images_reach_a_model_that_takes_them_and_are_named_for_one_that_does_not() {
+    let image = pb::Image {
+        path: "shot.png".into(),
+        mime: "image/png".into(),
+        data: b"\x89PNG\r\n\x1a\n-pixels-".to_vec(),
+    };
+    for takes_images in [true, false] {
+        let mut s = Session::new(20);
+        s.state = s.state.clone().with_view(Arc::new(View {
+            images: takes_images,
+            ..View::default()
+        }));
+        let effects = s.ok(Input::UserMessage {
+            images: vec![image.clone()],
+            turn_id: TURN.into(),
+            text: "what is this?".into(),
+            approval_mode: ApprovalMode::Policy,
+            plan: false,
+            network: false,
+            budget: None,
+        });
+        // The log keeps the image either way.
+        let Kind::UserMessage(recorded) = &events_of(&effects)[0] else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(recorded.images, vec![image.clone()]);
+        let Some(Effect::CallModel { request }) = effects.last() else {
+            panic!("{effects:?}")
+        };
+        let Some(Message::User { content, images }) = request.history.last() else {
+            panic!("{:?}", request.history)
+        };
+        if takes_images {
+            assert_eq!(content, "what is this?");
+            assert_eq!(images.len(), 1);
+            assert_eq!(images[0].mime, "image/png");
+            assert_eq!(&images[0].data[..], &image.data[..]);
+        } else {
+            assert!(images.is_empty());
+            assert!(
+                content.contains("[attached: shot.png (image/png), not shown: this model"),
+                "{content}"
+            );
+        }
+    }
+}

@@ -16,6 +16,7 @@ fn with_limits(budget: pb::Budget) -> Session {
 
 fn raising(text: &str, budget: pb::Budget) -> Input {
     Input::UserMessage {
+        images: Vec::new(),
         turn_id: TURN.into(),
         text: text.into(),
         approval_mode: ApprovalMode::Policy,

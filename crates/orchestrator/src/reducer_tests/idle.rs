@@ -61,6 +61,7 @@ fn replay_of_an_unknown_approval_mode_uses_the_policy() {
     let events = [pb::Event {
         turn_id: TURN.into(),
         kind: Some(Kind::UserMessage(pb::UserMessage {
+            images: Vec::new(),
             text: "hi".into(),
             approval_mode: 99,
             plan: false,

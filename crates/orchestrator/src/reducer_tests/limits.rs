@@ -204,6 +204,7 @@ fn history_after_a_full_turn_with_tools() {
         vec![
             Message::User {
                 content: "list and read".into(),
+                images: Vec::new(),
             },
             Message::Assistant {
                 content: "let me look".into(),

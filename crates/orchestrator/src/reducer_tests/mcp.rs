@@ -33,7 +33,7 @@ fn a_resource_update_starts_a_turn_once() {
     );
     let told = session.state.history.last().unwrap();
     assert!(
-        matches!(told, Message::User { content } if content.contains("watch://file") && content.contains("new text")),
+        matches!(told, Message::User { content, .. } if content.contains("watch://file") && content.contains("new text")),
         "{told:?}"
     );
     assert_eq!(session.state.turn.as_ref().unwrap().id, "turn-mcp");

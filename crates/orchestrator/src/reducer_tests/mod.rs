@@ -182,6 +182,7 @@ fn user_in(turn_id: &str, text: &str) -> Input {
 
 fn user_with(turn_id: &str, text: &str, approval_mode: ApprovalMode) -> Input {
     Input::UserMessage {
+        images: Vec::new(),
         turn_id: turn_id.into(),
         text: text.into(),
         approval_mode,
@@ -275,6 +276,7 @@ fn user_message(text: &str) -> Kind {
 
 fn user_message_with(text: &str, mode: ApprovalMode) -> Kind {
     Kind::UserMessage(pb::UserMessage {
+        images: Vec::new(),
         text: text.into(),
         approval_mode: mode as i32,
         plan: false,

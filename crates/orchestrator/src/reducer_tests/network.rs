@@ -11,6 +11,7 @@ use pretty_assertions::assert_eq;
 fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_inherits_it() {
     let mut session = Session::new(4);
     let effects = session.ok(Input::UserMessage {
+        images: Vec::new(),
         turn_id: TURN.into(),
         text: "fetch it".into(),
         approval_mode: ApprovalMode::Policy,
@@ -21,6 +22,7 @@ fn a_turn_keeps_the_persons_network_switch_through_a_replay_and_no_other_turn_in
     assert_eq!(
         events_of(&effects),
         vec![Kind::UserMessage(pb::UserMessage {
+            images: Vec::new(),
             text: "fetch it".into(),
             approval_mode: ApprovalMode::Policy as i32,
             plan: false,
@@ -94,6 +96,7 @@ fn an_approval_request_says_when_the_call_would_get_network() {
     // A turn the person gave network: every bash call has it, other tools not.
     let mut session = Session::with_policy(4, policy, catalog());
     session.ok(Input::UserMessage {
+        images: Vec::new(),
         turn_id: TURN.into(),
         text: "build".into(),
         approval_mode: ApprovalMode::Policy,

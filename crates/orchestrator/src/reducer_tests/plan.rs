@@ -9,6 +9,7 @@ use pretty_assertions::assert_eq;
 
 pub(super) fn plan_user(text: &str) -> Input {
     Input::UserMessage {
+        images: Vec::new(),
         turn_id: TURN.into(),
         text: text.into(),
         approval_mode: ApprovalMode::Policy,

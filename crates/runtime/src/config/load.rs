@@ -55,6 +55,7 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_LLM_PROVIDER", &["llm", "provider"]),
     ("AGENTRY_LLM_TOOL_CHOICE", &["llm", "tool_choice"]),
     ("AGENTRY_LLM_CONTEXT_WINDOW", &["llm", "context_window"]),
+    ("AGENTRY_LLM_IMAGES", &["llm", "images"]),
     (
         "AGENTRY_LLM_MAX_RESPONSE_BYTES",
         &["llm", "max_response_bytes"],

@@ -150,6 +150,10 @@ pub struct LlmConfig {
     /// Most bytes of one tool call's arguments.
     #[serde(default = "default_max_tool_arguments_bytes")]
     pub max_tool_arguments_bytes: u64,
+    /// The model takes images: `@shot.png` in a message sends the image
+    /// with it (off: such a message is refused, saying so).
+    #[serde(default)]
+    pub images: bool,
 }
 
 fn default_max_response_bytes() -> u64 {
@@ -222,6 +226,7 @@ impl std::fmt::Debug for LlmConfig {
             .field("max_retries", &self.max_retries)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("max_tool_arguments_bytes", &self.max_tool_arguments_bytes)
+            .field("images", &self.images)
             .finish()
     }
 }

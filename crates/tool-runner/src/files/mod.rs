@@ -161,6 +161,61 @@ pub async fn execute(
     Some(result)
 }
 
+/// Reads the image at `path` as the session, confined like a file tool:
+/// (media type, bytes).
+pub async fn read_image(
+    path: &str,
+    workspace: &Workspace,
+    limits: &Limits,
+    sandbox: &Sandbox,
+) -> Result<(&'static str, Vec<u8>), ToolError> {
+    let arguments = serde_json::json!({ "path": path }).to_string();
+    confined(
+        "read_image",
+        &arguments,
+        workspace,
+        limits,
+        sandbox,
+        |workspace: &Workspace, args: ImageArgs, _: &Limits| {
+            let (file, shown) = workspace.open_read(&args.path)?;
+            let meta = file
+                .metadata()
+                .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+            if meta.is_dir() {
+                return Err(ToolError::InvalidArguments(format!(
+                    "{shown} is a directory, not an image"
+                )));
+            }
+            if meta.len() > agentry_runtime::images::MAX_IMAGE_BYTES {
+                return Err(ToolError::TooLarge(format!(
+                    "{shown} is {} bytes; an image sent to the model may have at most {} \
+                     (scale it down first)",
+                    meta.len(),
+                    agentry_runtime::images::MAX_IMAGE_BYTES
+                )));
+            }
+            let mut data = Vec::with_capacity(meta.len() as usize);
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(file, agentry_runtime::images::MAX_IMAGE_BYTES + 1),
+                &mut data,
+            )
+            .map_err(|e| ToolError::Io(format!("{shown}: {e}")))?;
+            let Some(mime) = agentry_runtime::images::image_type(&data) else {
+                return Err(ToolError::InvalidArguments(format!(
+                    "{shown} is not a PNG, JPEG, GIF or WebP image, the kinds model servers take"
+                )));
+            };
+            Ok((mime, data))
+        },
+    )
+    .await
+}
+
+#[derive(Deserialize)]
+struct ImageArgs {
+    path: String,
+}
+
 /// What a `write_file` or `edit_file` call would change, worked out in
 /// the same confinement as the call itself; nothing is written. `None`
 /// for every other tool.
