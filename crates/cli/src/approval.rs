@@ -13,6 +13,9 @@ pub enum Answer {
     DenyAskReason,
     /// The input was not understood; ask again.
     Again(String),
+    /// The person edited the arguments (these): show the call again and
+    /// ask, and run it as edited only once they say yes.
+    Edited(String),
 }
 
 /// A readable description of the call: the command for bash, a diff-like
@@ -180,8 +183,10 @@ fn decision(call_id: &str, decision: ApprovalDecision) -> pb::ApprovalInput {
     }
 }
 
-/// Interprets one line typed at the question.
-pub async fn answer(request: &spb::ApprovalRequested, line: &str) -> Answer {
+/// Interprets one line typed at the question; `edited`: the person edited
+/// the call (its arguments are the edited ones), which then runs as shown
+/// on a yes.
+pub async fn answer(request: &spb::ApprovalRequested, line: &str, edited: bool) -> Answer {
     if request.outcome_unknown {
         return match line.trim().to_lowercase().as_str() {
             "c" | "check" => Answer::Decide(decision(&request.call_id, ApprovalDecision::Check)),
@@ -193,6 +198,14 @@ pub async fn answer(request: &spb::ApprovalRequested, line: &str) -> Answer {
         };
     }
     match line.trim().to_lowercase().as_str() {
+        "y" | "yes" if edited => Answer::Decide(pb::ApprovalInput {
+            edited_arguments_json: request.arguments_json.clone(),
+            ..decision(&request.call_id, ApprovalDecision::Edit)
+        }),
+        "a" | "always" if edited => Answer::Again(
+            "an edited call runs once, as shown: answer y to run it, n, or e to edit it again"
+                .to_string(),
+        ),
         "y" | "yes" => Answer::Decide(decision(&request.call_id, ApprovalDecision::Approve)),
         "a" | "always" => Answer::Decide(decision(
             &request.call_id,
@@ -200,14 +213,21 @@ pub async fn answer(request: &spb::ApprovalRequested, line: &str) -> Answer {
         )),
         "n" | "no" => Answer::DenyAskReason,
         "e" | "edit" => match edit_arguments(&request.arguments_json).await {
-            Ok(edited) => Answer::Decide(pb::ApprovalInput {
-                edited_arguments_json: edited,
-                ..decision(&request.call_id, ApprovalDecision::Edit)
-            }),
+            Ok(edited) => Answer::Edited(edited),
             Err(e) => Answer::Again(format!("{e:#}")),
         },
         _ => Answer::Again("please answer y, n, a or e".to_string()),
     }
+}
+
+/// The question about a call the person edited (`edited` arguments), shown
+/// again before it runs.
+pub fn ask_edited(request: &mut spb::ApprovalRequested, edited: String) -> String {
+    request.arguments_json = edited;
+    format!(
+        "  The call as edited:\n{}  Run it as shown? [y]es / [n]o / [e]dit again: ",
+        describe(request)
+    )
 }
 
 /// A deny with the reason typed (may be empty).
@@ -299,12 +319,15 @@ mod tests {
             ("run again", ApprovalDecision::Approve),
             ("s", ApprovalDecision::Deny),
         ] {
-            match answer(&request, typed).await {
+            match answer(&request, typed, false).await {
                 Answer::Decide(input) => assert_eq!(input.decision, expected as i32, "{typed}"),
                 _ => panic!("{typed} was not understood"),
             }
         }
-        assert!(matches!(answer(&request, "y").await, Answer::Again(_)));
+        assert!(matches!(
+            answer(&request, "y", false).await,
+            Answer::Again(_)
+        ));
     }
 }
 

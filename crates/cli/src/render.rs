@@ -401,6 +401,12 @@ impl<A: Write, B: Write> Renderer<A, B> {
         }
     }
 
+    /// Marks the start of turn `number` (as `/rewind N` takes it).
+    pub fn turn_header(&mut self, number: u32) {
+        self.end_line();
+        let _ = writeln!(self.activity, "── turn {number} ──");
+    }
+
     /// Shows one event.
     pub fn event(&mut self, event: &pb::Event) {
         let Some(kind) = &event.kind else { return };
@@ -766,6 +772,39 @@ impl<A: Write, B: Write> Renderer<A, B> {
             | Kind::ToolCallState(_)
             | Kind::SkillsetChosen(_)
             | Kind::ToolsOffered(_) => {}
+        }
+    }
+}
+
+/// Turn numbers as `/rewind N` and `agentry sessions show` give them,
+/// followed one stored event at a time: a rewind takes the turns after its
+/// point out of the count.
+#[derive(Debug, Default, Clone)]
+pub struct TurnCounter {
+    /// Where each turn of the conversation starts (seq).
+    starts: Vec<u64>,
+}
+
+impl TurnCounter {
+    /// Follows `event` of the session: the number of the turn it starts,
+    /// if it starts one.
+    pub fn follow(&mut self, event: &pb::Event) -> Option<u32> {
+        if event.live {
+            return None;
+        }
+        match event.kind.as_ref()? {
+            Kind::SessionRewound(r) => {
+                let kept = self.starts.partition_point(|seq| *seq <= r.to_seq);
+                self.starts.truncate(kept);
+                None
+            }
+            kind if agentry_orchestrator::rewind::starts_turn(kind)
+                && !event.turn_id.is_empty() =>
+            {
+                self.starts.push(event.seq);
+                Some(self.starts.len() as u32)
+            }
+            _ => None,
         }
     }
 }

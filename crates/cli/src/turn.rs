@@ -151,6 +151,10 @@ pub(crate) struct Follower {
     stream: Option<Streaming<spb::Event>>,
 }
 
+/// How often a message kept while the orchestrator did not answer is sent
+/// again.
+const RESEND_EVERY: Duration = Duration::from_secs(2);
+
 /// How long a broken event stream is retried before giving up.
 const RECONNECT_FOR: Duration = Duration::from_secs(30);
 
@@ -444,19 +448,25 @@ async fn ask_on_terminal(
         approval::describe(request),
         approval::question(request)
     );
+    let mut request = request.clone();
+    let mut edited = false;
     loop {
         let Some(line) = lines.next_line().await? else {
             anyhow::bail!("standard input closed while a tool call waited for approval");
         };
-        match approval::answer(request, &line).await {
+        match approval::answer(&request, &line, edited).await {
             approval::Answer::Decide(input) => return Ok(input),
+            approval::Answer::Edited(arguments) => {
+                eprint!("{}", approval::ask_edited(&mut request, arguments));
+                edited = true;
+            }
             approval::Answer::DenyAskReason => {
                 eprint!("  Reason for the agent (optional, Enter to skip): ");
                 let reason = lines.next_line().await?.unwrap_or_default();
                 return Ok(approval::deny(&request.call_id, &reason));
             }
             approval::Answer::Again(why) => {
-                eprint!("  {why}\n{}", approval::question(request))
+                eprint!("  {why}\n{}", approval::question(&request))
             }
         }
     }
@@ -477,6 +487,8 @@ enum Notice {
 enum Asking {
     Nothing,
     Approval(spb::ApprovalRequested),
+    /// The person edited the call: asked again before it runs as edited.
+    Edited(spb::ApprovalRequested),
     DenyReason(spb::ApprovalRequested),
 }
 
@@ -526,13 +538,12 @@ pub async fn chat(
         );
     }
     let interactive = std::io::stdin().is_terminal();
-    // With a turn still open (e.g. an approval left pending), read the log
-    // from the start, silently, to find what is still waiting.
+    // Read the log from the start, silently, to number the turns as
+    // `/rewind N` takes them and to find what still waits (an approval left
+    // pending).
     let history_end = session.event_count;
     let mut start = session.clone();
-    if session.turn_open {
-        start.event_count = 0;
-    }
+    start.event_count = 0;
     let mut events = Follower::new(&client, &start).await?;
     if interactive {
         let resumed = if session.user_message_count > 0 {
@@ -566,12 +577,14 @@ pub async fn chat(
         renderer.show_approvals = false;
         let own_id = printer_session;
         let mut pending: Vec<spb::ApprovalRequested> = Vec::new();
+        let mut turns = crate::render::TurnCounter::default();
         loop {
             let event = match events.next().await {
                 Ok(event) => event,
                 Err(e) => return Err::<(), _>(e),
             };
             let Some(kind) = &event.kind else { continue };
+            let turn_number = turns.follow(&event);
             if !event.live && event.seq <= history_end {
                 // History: only track what still waits for a decision.
                 match kind {
@@ -610,6 +623,11 @@ pub async fn chat(
                 }
                 continue;
             }
+            // Numbers for a person to `/rewind` to; a script reading the
+            // answers gets none.
+            if let Some(number) = turn_number.filter(|_| interactive) {
+                renderer.turn_header(number);
+            }
             renderer.event(&event);
             let notice = match kind {
                 Kind::TurnFinished(f) => Some(Notice::Finished {
@@ -638,6 +656,11 @@ pub async fn chat(
     let mut limits = Limits::default();
     let mut cancelled = false;
     let mut prompt_shown = false;
+    // A message the orchestrator did not answer for: sent again every few
+    // seconds until it is back.
+    let mut unsent: Option<pb::SubmitRequest> = None;
+    let mut resend = tokio::time::interval(RESEND_EVERY);
+    resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         // Move to the next queued question when free.
         if matches!(asking, Asking::Nothing) && !queued.is_empty() {
@@ -655,7 +678,13 @@ pub async fn chat(
             line = lines.next_line(), if read_input => {
                 prompt_shown = false;
                 let Some(line) = line? else {
-                    let waiting = usize::from(matches!(asking, Asking::Approval(_) | Asking::DenyReason(_))) + queued.len();
+                    if let Some(kept) = unsent.as_ref().and_then(|r| r.input.as_ref()).and_then(|i| match &i.kind {
+                        Some(pb::input::Kind::UserMessage(m)) => Some(m.text.clone()),
+                        _ => None,
+                    }) {
+                        eprintln!("\nthe orchestrator never answered; this message was not sent: {}", crate::terminal::visible(&kept));
+                    }
+                    let waiting = usize::from(matches!(asking, Asking::Approval(_) | Asking::Edited(_) | Asking::DenyReason(_))) + queued.len();
                     if interactive && open_turn.is_some() && waiting > 0 {
                         // The person left (Ctrl+D) with a question open: it
                         // is not decided here; it waits in the inbox.
@@ -676,22 +705,29 @@ pub async fn chat(
                     }
                     break;
                 };
+                let edited = matches!(asking, Asking::Edited(_));
                 match std::mem::replace(&mut asking, Asking::Nothing) {
-                    Asking::Approval(request) => match approval::answer(&request, &line).await {
-                        approval::Answer::Decide(input) => {
-                            if let Err(status) = client.submit(answer(&session.id, input)).await {
-                                eprintln!("agentry: {}", crate::terminal::visible(status.message()));
+                    Asking::Approval(mut request) | Asking::Edited(mut request) => {
+                        match approval::answer(&request, &line, edited).await {
+                            approval::Answer::Decide(input) => {
+                                if let Err(status) = client.submit(answer(&session.id, input)).await {
+                                    eprintln!("agentry: {}", crate::terminal::visible(status.message()));
+                                }
+                            }
+                            approval::Answer::Edited(arguments) => {
+                                eprint!("{}", approval::ask_edited(&mut request, arguments));
+                                asking = Asking::Edited(request);
+                            }
+                            approval::Answer::DenyAskReason => {
+                                eprint!("  Reason for the agent (optional, Enter to skip): ");
+                                asking = Asking::DenyReason(request);
+                            }
+                            approval::Answer::Again(why) => {
+                                eprint!("  {why}\n{}", approval::question(&request));
+                                asking = if edited { Asking::Edited(request) } else { Asking::Approval(request) };
                             }
                         }
-                        approval::Answer::DenyAskReason => {
-                            eprint!("  Reason for the agent (optional, Enter to skip): ");
-                            asking = Asking::DenyReason(request);
-                        }
-                        approval::Answer::Again(why) => {
-                            eprint!("  {why}\n{}", approval::question(&request));
-                            asking = Asking::Approval(request);
-                        }
-                    },
+                    }
                     Asking::DenyReason(request) => {
                         let input = approval::deny(&request.call_id, &line);
                         if let Err(status) = client.submit(answer(&session.id, input)).await {
@@ -783,16 +819,23 @@ pub async fn chat(
                             eprintln!("{unknown}");
                             continue;
                         }
-                        let submitted = client
-                            .submit(pb::SubmitRequest {
-                                session_id: session.id.clone(),
-                                input: Some(user_input(text.to_string(), Mode { approve: Approve::Policy, plan, network, limits: std::mem::take(&mut limits), verbose: false })),
-                            })
-                            .await;
-                        match submitted {
+                        let request = pb::SubmitRequest {
+                            session_id: session.id.clone(),
+                            input: Some(user_input(text.to_string(), Mode { approve: Approve::Policy, plan, network, limits: std::mem::take(&mut limits), verbose: false })),
+                        };
+                        match client.submit(request.clone()).await {
                             Ok(r) => {
                                 open_turn = Some(r.into_inner().turn_id);
                                 cancelled = false;
+                                unsent = None;
+                            }
+                            Err(status) if status.code() == tonic::Code::Unavailable => {
+                                eprintln!(
+                                    "agentry: disconnected: the orchestrator does not answer ({}); the message is kept and sent once it is back (Ctrl+D leaves)",
+                                    crate::terminal::visible(status.message())
+                                );
+                                unsent = Some(request);
+                                resend.reset();
                             }
                             Err(status) => eprintln!("agentry: {}", crate::terminal::visible(status.message())),
                         }
@@ -812,7 +855,7 @@ pub async fn chat(
                     if open_turn.is_none() {
                         open_turn = Some(String::new());
                     }
-                    let already = matches!(&asking, Asking::Approval(a) | Asking::DenyReason(a) if a.call_id == request.call_id)
+                    let already = matches!(&asking, Asking::Approval(a) | Asking::Edited(a) | Asking::DenyReason(a) if a.call_id == request.call_id)
                         || queued.iter().any(|q| q.call_id == request.call_id);
                     if !already {
                         queued.push(request);
@@ -820,7 +863,7 @@ pub async fn chat(
                 }
                 Some(Notice::Resolved(call_id)) => {
                     queued.retain(|q| q.call_id != call_id);
-                    if matches!(&asking, Asking::Approval(a) | Asking::DenyReason(a) if a.call_id == call_id) {
+                    if matches!(&asking, Asking::Approval(a) | Asking::Edited(a) | Asking::DenyReason(a) if a.call_id == call_id) {
                         eprintln!("\n  (answered)");
                         asking = Asking::Nothing;
                     }
@@ -832,6 +875,22 @@ pub async fn chat(
                     };
                 }
             },
+            _ = resend.tick(), if unsent.is_some() && open_turn.is_none() => {
+                let Some(request) = unsent.take() else { continue };
+                match client.submit(request.clone()).await {
+                    Ok(r) => {
+                        eprintln!("(the orchestrator answers again: the message was sent)");
+                        open_turn = Some(r.into_inner().turn_id);
+                        cancelled = false;
+                        prompt_shown = false;
+                    }
+                    Err(status) if status.code() == tonic::Code::Unavailable => unsent = Some(request),
+                    Err(status) => eprintln!(
+                        "agentry: the message kept while disconnected was not sent: {}",
+                        crate::terminal::visible(status.message())
+                    ),
+                }
+            }
             _ = tokio::signal::ctrl_c() => {
                 if open_turn.is_some() && !cancelled {
                     cancelled = true;

@@ -349,13 +349,18 @@ async fn chat_edits_arguments_in_the_editor() {
     let out = run_with_input(
         &install,
         &["chat"],
-        b"first\nsecond\ne\n",
+        b"first\nsecond\ne\na\ny\n",
         &[("EDITOR", "sed -i 's/make original/echo edited/'")],
     )
     .await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("edited to"), "{stdout}");
+    // The edited call is shown again and runs only on a yes ("always"
+    // does not cover an edited call).
+    let shown = stderr.find("The call as edited:").expect(&stderr);
+    assert!(stderr[shown..].contains("$ echo edited"), "{stderr}");
+    assert!(stderr.contains("an edited call runs once"), "{stderr}");
     let requests = model.requests();
     let last = requests[3]["messages"]
         .as_array()

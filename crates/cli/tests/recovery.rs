@@ -659,3 +659,79 @@ async fn killed_mid_write_the_person_chooses_skip() {
     );
     assert_eq!(calls.len(), 1, "not run again: {calls:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_typed_while_the_orchestrator_is_down_is_sent_once_it_is_back() {
+    use std::io::Write as _;
+    let mut cluster = cluster_without_orchestrator(|_| {}).await;
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    let mut client = orchestrator.start().await;
+    cluster.model.push(Reply::text("one"));
+    cluster.model.push(Reply::text("two"));
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    let errors = tempfile::NamedTempFile::new().unwrap();
+    let output = tempfile::NamedTempFile::new().unwrap();
+    let mut chat = orchestrator
+        .cli(&["chat", "--session", &session.id])
+        .stdin(std::process::Stdio::piped())
+        .stdout(output.reopen().unwrap())
+        .stderr(errors.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let mut typed = chat.stdin.take().unwrap();
+    let wait_for = |file: &std::path::Path, needle: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(file).unwrap();
+            if text.contains(needle) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the chat did not say {needle:?}: {text}\n{}",
+                std::fs::read_to_string(errors.path()).unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    writeln!(typed, "hello one").unwrap();
+    log.finished().await;
+    // The chat saw the turn end too.
+    wait_for(output.path(), "(1 step");
+
+    orchestrator.kill();
+    writeln!(typed, "hello two").unwrap();
+    wait_for(
+        errors.path(),
+        "the message is kept and sent once it is back",
+    );
+    orchestrator.start().await;
+    let sent = log
+        .until(
+            "the kept message",
+            |k| matches!(k, Kind::UserMessage(m) if m.text == "hello two"),
+        )
+        .await;
+    assert!(sent.seq > 1);
+    assert_eq!(log.finished().await.outcome, TurnOutcome::Completed as i32);
+    drop(typed);
+    let status = chat.wait().unwrap();
+    let stderr = std::fs::read_to_string(errors.path()).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the orchestrator answers again: the message was sent"),
+        "{stderr}"
+    );
+    // Sent once: one such message in the log.
+    let copies = log
+        .seen
+        .iter()
+        .filter(|e| matches!(&e.kind, Some(Kind::UserMessage(m)) if m.text == "hello two"))
+        .count();
+    assert_eq!(copies, 1);
+}

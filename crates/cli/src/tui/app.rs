@@ -169,6 +169,8 @@ pub enum Entry {
     Tool(ToolBlock),
     /// Anything else worth a line.
     Note(String, NoteKind),
+    /// A turn starts: its number, as `/rewind N` takes it.
+    Turn(u32),
 }
 
 /// What a call waiting for approval would change.
@@ -363,6 +365,8 @@ pub struct App {
     /// The last message could not be sent because the orchestrator did
     /// not answer (the status line says so until something arrives).
     pub disconnected: bool,
+    /// That message, sent again by itself while it stays in the input.
+    pub resend: Option<String>,
     /// The model's name.
     pub model: String,
     /// Its context window, in tokens (0: unknown).
@@ -379,6 +383,18 @@ pub struct App {
     pub entries: Vec<Entry>,
     /// Each entry's revision (bumped when it changes: the view's cache key).
     pub revisions: Vec<u64>,
+    /// Each entry was made by events a rewind took out of the
+    /// conversation: shown dimmed, as history.
+    pub rewound: Vec<bool>,
+    /// Each entry's place in the log: the seq of the event that made it
+    /// (streamed text: of the message it becomes).
+    places: Vec<u64>,
+    /// The seq of the last stored event seen.
+    last_seq: u64,
+    /// The place of what the event being shown makes.
+    place: u64,
+    /// The turn numbers.
+    turns: crate::render::TurnCounter,
     revision: u64,
     /// A turn runs.
     pub turn_open: bool,
@@ -442,6 +458,7 @@ impl App {
             session_id: session_id.to_string(),
             files_root: None,
             disconnected: false,
+            resend: None,
             model: model.to_string(),
             context_window,
             context_used: 0,
@@ -450,6 +467,11 @@ impl App {
             currency: String::new(),
             entries: Vec::new(),
             revisions: Vec::new(),
+            rewound: Vec::new(),
+            places: Vec::new(),
+            last_seq: 0,
+            place: 0,
+            turns: crate::render::TurnCounter::default(),
             revision: 0,
             turn_open: false,
             busy: None,
@@ -481,7 +503,21 @@ impl App {
         self.revision += 1;
         self.entries.push(entry);
         self.revisions.push(self.revision);
+        self.rewound.push(false);
+        self.places.push(self.place);
         self.dirty = true;
+    }
+
+    /// The entries made by events after `to_seq` and before `rewind_seq`
+    /// (a rewind's marker) are history now.
+    fn mark_rewound(&mut self, to_seq: u64, rewind_seq: u64) {
+        for i in 0..self.entries.len() {
+            let place = self.places[i];
+            if place > to_seq && place < rewind_seq && !self.rewound[i] {
+                self.rewound[i] = true;
+                self.touch(i);
+            }
+        }
     }
 
     fn touch(&mut self, index: usize) {
@@ -581,6 +617,19 @@ impl App {
                 _ => {}
             }
             return actions;
+        }
+        // Where what this event makes goes in the log.
+        if event.live {
+            self.place = self.last_seq + 1;
+        } else {
+            self.place = event.seq;
+            self.last_seq = self.last_seq.max(event.seq);
+        }
+        if let Some(number) = self.turns.follow(event) {
+            self.push(Entry::Turn(number));
+        }
+        if let Kind::SessionRewound(r) = kind {
+            self.mark_rewound(r.to_seq, event.seq);
         }
         // The line renderer keeps the state its notes need (per-step
         // tokens, the plan's titles, the session's cost so far).
@@ -1250,22 +1299,46 @@ impl App {
     /// something was typed meanwhile), with why, to be sent again with
     /// Enter; `unreachable`: the orchestrator did not answer.
     pub fn not_sent(&mut self, text: String, why: &str, unreachable: bool) {
+        // Said once: tries while it stays unreachable are quiet.
+        let told = self.disconnected && unreachable;
         self.disconnected = unreachable;
         let restored = self.input.text.is_empty();
         if restored {
-            self.input.set(text);
+            self.input.set(text.clone());
+        }
+        // Sent again by itself once the orchestrator answers, unless the
+        // person changes it first.
+        self.resend = (restored && unreachable).then_some(text);
+        if told {
+            self.dirty = true;
+            return;
         }
         self.note(
             format!(
                 "not sent: {why}{}",
-                if restored {
-                    "; the message is back in the input: Enter sends it again"
-                } else {
-                    ""
+                match (restored, unreachable) {
+                    (true, true) =>
+                        "; the message stays in the input and is sent once the orchestrator answers (Enter tries now)",
+                    (true, false) => "; the message is back in the input: Enter sends it again",
+                    (false, _) => "",
                 }
             ),
             NoteKind::Error,
         );
+    }
+
+    /// The message kept while the orchestrator did not answer, taken from
+    /// the input to be sent again (nothing when the person changed it, or a
+    /// turn runs).
+    pub fn resend_now(&mut self) -> Vec<Action> {
+        let Some(text) = self.resend.take() else {
+            return Vec::new();
+        };
+        if self.turn_open || self.input.text != text {
+            return Vec::new();
+        }
+        self.input.take();
+        vec![self.submit(text, self.plan_mode, false)]
     }
 
     /// Where `@path` completes from: the session's directory when it is on

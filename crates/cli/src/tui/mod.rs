@@ -247,6 +247,8 @@ async fn run_session(
     let mut cache = view::Cache::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut resend = tokio::time::interval(RESEND_EVERY);
+    resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         if app.dirty {
             screen.draw(app, &mut cache)?;
@@ -286,6 +288,7 @@ async fn run_session(
                 }
             }
             _ = tick.tick(), if app.busy.is_some() => app.tick(),
+            _ = resend.tick(), if app.resend.is_some() => actions = app.resend_now(),
         }
         for action in actions {
             if let Some(end) =
@@ -296,6 +299,10 @@ async fn run_session(
         }
     }
 }
+
+/// How often a message kept while the orchestrator did not answer is sent
+/// again.
+const RESEND_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Carries out one action; `Some` when the chat of this session ends.
 async fn perform(

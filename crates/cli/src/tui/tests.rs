@@ -311,9 +311,10 @@ fn a_streamed_answer_renders_as_markdown_with_the_status_line() {
         assert!(app.on_event(&live(delta(piece))).is_empty());
     }
     let rows = screen.draw(&mut app);
-    assert_eq!(rows[0], pad("› show me some rust", 80), "{}", dump(&rows));
-    assert_eq!(rows[2], pad("Here is bold text.", 80), "{}", dump(&rows));
-    assert_eq!(rows[4], pad("• one", 80), "{}", dump(&rows));
+    assert_eq!(rows[0], pad("── turn 1 ──", 80), "{}", dump(&rows));
+    assert_eq!(rows[1], pad("› show me some rust", 80), "{}", dump(&rows));
+    assert_eq!(rows[3], pad("Here is bold text.", 80), "{}", dump(&rows));
+    assert_eq!(rows[5], pad("• one", 80), "{}", dump(&rows));
     assert!(!shows(&rows, "• two"), "{}", dump(&rows));
     assert!(rows[23].contains("thinking"), "{}", dump(&rows));
     assert!(
@@ -344,6 +345,7 @@ fn a_streamed_answer_renders_as_markdown_with_the_status_line() {
         )
     );
     let mut expected: Vec<String> = [
+        "── turn 1 ──",
         "› show me some rust",
         "",
         "Here is bold text.",
@@ -372,13 +374,13 @@ fn a_streamed_answer_renders_as_markdown_with_the_status_line() {
     // Emphasis is a style, not asterisks; code is highlighted.
     for x in 8..12 {
         assert!(
-            buffer[(x, 2)].modifier.contains(Modifier::BOLD),
+            buffer[(x, 3)].modifier.contains(Modifier::BOLD),
             "cell {x} of {:?}",
-            rows[2]
+            rows[3]
         );
     }
-    assert!(!buffer[(0, 2)].modifier.contains(Modifier::BOLD));
-    assert_eq!(buffer[(2, 8)].fg, Color::Magenta, "`fn` is a keyword");
+    assert!(!buffer[(0, 3)].modifier.contains(Modifier::BOLD));
+    assert_eq!(buffer[(2, 9)].fg, Color::Magenta, "`fn` is a keyword");
     // The status line is one style across the width.
     assert_eq!(buffer[(0, 23)].bg, Color::DarkGray);
     assert_eq!(buffer[(79, 23)].bg, Color::DarkGray);
@@ -439,7 +441,7 @@ fn a_tool_block_shows_live_output_then_folds_its_result() {
         ],
     );
     let rows = screen.draw(&mut app);
-    assert_eq!(rows[2], pad("· bash echo hi", 80), "{}", dump(&rows));
+    assert_eq!(rows[3], pad("· bash echo hi", 80), "{}", dump(&rows));
     feed(
         &mut app,
         vec![
@@ -462,13 +464,13 @@ fn a_tool_block_shows_live_output_then_folds_its_result() {
     .iter()
     .map(|r| pad(r, 80))
     .collect();
-    assert_eq!(rows[2..9], live_block[..], "{}", dump(&rows));
+    assert_eq!(rows[3..10], live_block[..], "{}", dump(&rows));
     assert!(!shows(&rows, "l2"), "{}", dump(&rows));
     assert!(rows[23].contains("running bash"), "{}", dump(&rows));
     // The spinner moves although the block did not change.
     app.tick();
     let rows = screen.draw(&mut app);
-    assert_eq!(rows[2], pad("⠙ bash echo hi", 80), "{}", dump(&rows));
+    assert_eq!(rows[3], pad("⠙ bash echo hi", 80), "{}", dump(&rows));
 
     // The result replaces the live output, folded to its first line.
     feed(
@@ -492,10 +494,10 @@ fn a_tool_block_shows_live_output_then_folds_its_result() {
     .iter()
     .map(|r| pad(r, 80))
     .collect();
-    assert_eq!(rows[2..6], folded[..], "{}", dump(&rows));
+    assert_eq!(rows[3..7], folded[..], "{}", dump(&rows));
     assert!(!shows(&rows, "second line"));
     assert!(!shows(&rows, "l8"), "the live output is gone");
-    assert_eq!(buffer[(0, 2)].fg, Color::Green);
+    assert_eq!(buffer[(0, 3)].fg, Color::Green);
     // The model answers next.
     assert!(rows[23].contains("thinking"), "{}", dump(&rows));
 
@@ -512,11 +514,11 @@ fn a_tool_block_shows_live_output_then_folds_its_result() {
     .iter()
     .map(|r| pad(r, 80))
     .collect();
-    assert_eq!(rows[2..7], whole[..], "{}", dump(&rows));
+    assert_eq!(rows[3..8], whole[..], "{}", dump(&rows));
     assert!(!shows(&rows, "more lines"));
     app.on_key(ctrl('o'));
     let rows = screen.draw(&mut app);
-    assert_eq!(rows[2..6], folded[..], "{}", dump(&rows));
+    assert_eq!(rows[3..7], folded[..], "{}", dump(&rows));
 
     // A failed call is marked ✗, its output in the error style.
     feed(
@@ -667,8 +669,8 @@ fn an_approval_shows_the_diff_and_takes_single_keys() {
             80
         )
     );
-    assert_eq!(rows[0], pad("› fix f", 80));
-    assert_eq!(rows[2], pad("? edit_file f", 80), "{}", dump(&rows));
+    assert_eq!(rows[1], pad("› fix f", 80));
+    assert_eq!(rows[3], pad("? edit_file f", 80), "{}", dump(&rows));
     assert!(rows[23].contains("waiting for you"), "{}", dump(&rows));
     // Removed lines red, added ones green.
     assert_eq!(buffer[(1, 17)].fg, Color::Red);
@@ -707,7 +709,7 @@ fn an_approval_shows_the_diff_and_takes_single_keys() {
     let rows = screen.draw(&mut app);
     assert!(!shows(&rows, "allow?"), "{}", dump(&rows));
     assert_eq!(
-        rows[2],
+        rows[3],
         pad("✓ edit_file f  3 ms · runner-a · approved", 80),
         "{}",
         dump(&rows)
@@ -1737,6 +1739,7 @@ fn control_characters_never_reach_the_screen() {
         let text = match entry {
             Entry::User(t) | Entry::Note(t, _) | Entry::Answer { text: t, .. } => t.clone(),
             Entry::Tool(b) => format!("{}{}{}", b.tool, b.summary, b.output),
+            Entry::Turn(n) => n.to_string(),
         };
         assert!(
             !text.chars().any(|c| c.is_control() && c != '\n'),
@@ -2015,10 +2018,22 @@ fn a_message_not_sent_goes_back_to_the_input_and_the_status_says_disconnected() 
     let rows = screen(&mut app, 80, 24);
     assert!(rows[23].ends_with("disconnected "), "{}", dump(&rows));
     assert!(
-        shows(&rows, "the message is back in the input"),
+        shows(&rows, "the message stays in the input and is sent once"),
         "{}",
         dump(&rows)
     );
+    // It is sent again by itself, once per try, saying so only once.
+    let again = app.resend_now();
+    assert!(matches!(&again[..], [Action::Submit { text, .. }] if text == "hello there"));
+    assert!(app.input.is_empty());
+    let notes = app.entries.len();
+    app.not_sent("hello there".into(), "connection refused", true);
+    assert_eq!(app.entries.len(), notes, "a failed retry is quiet");
+    assert_eq!(app.input.text, "hello there");
+    // A message the person changed is theirs to send.
+    type_text(&mut app, "!");
+    assert!(app.resend_now().is_empty());
+    assert_eq!(app.input.text, "hello there!");
     // Anything arriving from the session means it answers again.
     app.on_event(&logged(user("hello there")));
     let rows = screen(&mut app, 80, 24);
@@ -2053,4 +2068,63 @@ fn an_edited_call_is_shown_again_and_runs_only_once_confirmed() {
             edited_arguments_json: r#"{"command":"rm -rf build/tmp"}"#.into(),
         })]
     );
+}
+
+#[test]
+fn turns_carry_their_numbers_and_a_rewound_turn_shows_as_history() {
+    let mut app = new_app(false);
+    let mut screen = Screen::new(80, 24);
+    let mut seq = 0;
+    let mut event = |turn: &str, kind: Kind| {
+        seq += 1;
+        spb::Event {
+            seq,
+            turn_id: turn.to_string(),
+            ..logged(kind)
+        }
+    };
+    let log = vec![
+        event("t1", user("first")),
+        event("t1", message("one", MODEL, None)),
+        event("t1", finished(None, None)),
+        event("t2", user("second")),
+        event("t2", message("two", MODEL, None)),
+        event("t2", finished(None, None)),
+        event(
+            "",
+            Kind::SessionRewound(spb::SessionRewound {
+                to_turn: 1,
+                to_seq: 3,
+                ..Default::default()
+            }),
+        ),
+        event("t3", user("third")),
+    ];
+    for e in &log {
+        app.on_event(e);
+    }
+    let rows = screen.draw(&mut app);
+    let at = |needle: &str| {
+        rows.iter()
+            .position(|r| r.starts_with(needle))
+            .unwrap_or_else(|| panic!("{needle:?} not shown:\n{}", dump(&rows)))
+    };
+    // The second turn is history now; the next one takes its number.
+    assert!(at("── turn 1 ──") < at("› first"));
+    assert!(at("── turn 2 · rewound ──") < at("› second"));
+    assert!(at("› second") < at("── turn 2 ──"));
+    assert!(at("── turn 2 ──") < at("› third"));
+    let rewound: Vec<String> = app
+        .entries
+        .iter()
+        .zip(&app.rewound)
+        .filter(|(_, r)| **r)
+        .map(|(e, _)| format!("{e:?}"))
+        .collect();
+    assert_eq!(rewound.len(), 4, "{rewound:?}");
+    assert!(
+        rewound[1].contains("second") && rewound[2].contains("two"),
+        "{rewound:?}"
+    );
+    assert!(!app.rewound[app.entries.len() - 1], "the new turn is live");
 }

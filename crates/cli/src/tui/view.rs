@@ -90,7 +90,10 @@ fn draw_transcript(frame: &mut Frame<'_>, app: &mut App, cache: &mut Cache, area
             .get(i)
             .is_some_and(|(r, w, e, _)| *r == revision && *w == width && *e == app.expanded);
         if !fresh {
-            let rendered = entry_lines(entry, &app.theme, width, app.expanded, app.spinner);
+            let mut rendered = entry_lines(entry, &app.theme, width, app.expanded, app.spinner);
+            if app.rewound.get(i).copied().unwrap_or(false) {
+                as_history(&mut rendered, &app.theme);
+            }
             let item = (revision, width, app.expanded, rendered);
             if i < cache.entries.len() {
                 cache.entries[i] = item;
@@ -103,6 +106,9 @@ fn draw_transcript(frame: &mut Frame<'_>, app: &mut App, cache: &mut Cache, area
             && b.state == CallState::Running
         {
             cache.entries[i].3 = entry_lines(entry, &app.theme, width, app.expanded, app.spinner);
+            if app.rewound.get(i).copied().unwrap_or(false) {
+                as_history(&mut cache.entries[i].3, &app.theme);
+            }
         }
         lines.extend(cache.entries[i].3.iter().cloned());
     }
@@ -118,6 +124,19 @@ fn draw_transcript(frame: &mut Frame<'_>, app: &mut App, cache: &mut Cache, area
         if area.width > w {
             let at = Rect::new(area.x + area.width - w, area.y + area.height - 1, w, 1);
             frame.render_widget(Paragraph::new(Span::styled(hint, app.theme.selected())), at);
+        }
+    }
+}
+
+/// Lines of a rewound turn: dimmed, and its header says so.
+fn as_history(lines: &mut [Line<'static>], theme: &Theme) {
+    for line in lines.iter_mut() {
+        for span in line.spans.iter_mut() {
+            if span.content.starts_with("── turn ") && span.content.ends_with(" ──") {
+                let header = span.content.trim_end_matches(" ──").to_string();
+                span.content = format!("{header} · rewound ──").into();
+            }
+            span.style = theme.dim();
         }
     }
 }
@@ -157,6 +176,12 @@ pub fn entry_lines(
             out.push(Line::default());
         }
         Entry::Tool(block) => tool_lines(block, theme, width, expanded, spinner, &mut out),
+        Entry::Turn(number) => {
+            out.push(Line::from(Span::styled(
+                format!("── turn {number} ──"),
+                theme.dim(),
+            )));
+        }
         Entry::Note(text, kind) => {
             let style = match kind {
                 NoteKind::Info => theme.dim(),

@@ -100,6 +100,16 @@ impl Orchestrator {
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
     }
+
+    /// The `agentry` CLI, set up to talk to this orchestrator.
+    pub fn cli(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).env_remove("RUST_LOG");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
 }
 
 impl Drop for Orchestrator {
