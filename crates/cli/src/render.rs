@@ -105,7 +105,7 @@ pub fn event_json(event: &pb::Event) -> Value {
             Kind::ToolResult(r) => json!({
                 "type": "tool_result", "call_id": r.call_id, "tool": r.tool, "output": r.output,
                 "is_error": r.is_error, "exit_code": r.exit_code, "duration_ms": r.duration_ms,
-                "runner_id": r.runner_id,
+                "runner_id": r.runner_id, "sub_agent_usage": usage_json(r.sub_agent_usage.as_ref()),
             }),
             Kind::WorkspaceSnapshot(w) => json!({
                 "type": "workspace_snapshot", "snapshot_id": w.snapshot_id,
@@ -512,10 +512,13 @@ impl<A: Write, B: Write> Renderer<A, B> {
             Kind::ToolResult(r) => {
                 self.mcp_calls.remove(&r.call_id);
                 let mark = if r.is_error { "✗" } else { "←" };
-                let runner = if r.runner_id.is_empty() {
-                    String::new()
-                } else {
-                    format!("  [{} ms on {}]", r.duration_ms, r.runner_id)
+                let runner = match (&r.sub_agent_usage, r.runner_id.is_empty()) {
+                    (Some(u), _) => format!(
+                        "  [{} ms, the sub-agent used {} tokens]",
+                        r.duration_ms, u.total_tokens
+                    ),
+                    (None, true) => String::new(),
+                    (None, false) => format!("  [{} ms on {}]", r.duration_ms, r.runner_id),
                 };
                 let _ = writeln!(
                     self.activity,

@@ -160,6 +160,37 @@ async fn a_turn_delegates_to_a_read_only_agent_and_uses_its_answer() {
                 .is_some_and(|t| t.contains("[researcher] read_file"))),
         "{parent_log:?}"
     );
+    // The child's tokens count in the parent's turn.
+    let spent = |log: &[Value]| -> u64 {
+        log.iter()
+            .filter(|e| e["type"] == "model_message")
+            .map(|e| e["usage"]["total_tokens"].as_u64().unwrap())
+            .sum()
+    };
+    let finished = parent_log
+        .iter()
+        .rfind(|e| e["type"] == "turn_finished")
+        .unwrap();
+    let this_turn: Vec<Value> = parent_log
+        .iter()
+        .filter(|e| e["turn_id"] == finished["turn_id"])
+        .cloned()
+        .collect();
+    let (child_tokens, own_tokens) = (spent(&child_log), spent(&this_turn));
+    assert!(child_tokens > 0 && own_tokens > 0);
+    let result = parent_log
+        .iter()
+        .find(|e| e["type"] == "tool_result" && e["call_id"] == "d1")
+        .unwrap();
+    assert_eq!(
+        result["sub_agent_usage"]["total_tokens"], child_tokens,
+        "{result}"
+    );
+    assert_eq!(
+        finished["usage"]["total_tokens"],
+        own_tokens + child_tokens,
+        "{finished}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -206,9 +206,59 @@ pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
 
 /// Runs a delegate call of session `parent` (turn `turn_id`, whose calls
 /// are approved as `approval_mode`): the child's final answer, or why
-/// there is none.
-#[allow(clippy::too_many_arguments)]
+/// there is none, and the tokens its task used (read from its log, so a
+/// call run again after a restart counts the same).
 pub async fn delegate(
+    deps: Arc<Deps>,
+    parent: &str,
+    turn_id: &str,
+    step: u32,
+    approval_mode: pb::ApprovalMode,
+    call: &ToolCall,
+    progress: Progress,
+) -> (Result<String, String>, Option<pb::TokenUsage>) {
+    let outcome = run_task(
+        deps.clone(),
+        parent,
+        turn_id,
+        step,
+        approval_mode,
+        call,
+        progress,
+    )
+    .await;
+    let child = child_id(parent, turn_id, step, &call.id);
+    let usage = match deps.read_log(&child).await {
+        Ok(log) => task_usage(&log),
+        Err(_) => None,
+    };
+    (outcome, usage)
+}
+
+/// The tokens a task's log shows spent: its model calls' and its own
+/// sub-agents' (rewound turns included: what was spent was spent); `None`
+/// for none.
+pub fn task_usage(log: &[pb::Event]) -> Option<pb::TokenUsage> {
+    let mut total = pb::TokenUsage::default();
+    for event in log {
+        let usage = match &event.kind {
+            Some(Kind::ModelMessage(m)) => m.usage.as_ref(),
+            Some(Kind::ToolResult(r)) => r.sub_agent_usage.as_ref(),
+            _ => None,
+        };
+        if let Some(u) = usage {
+            total.prompt_tokens += u.prompt_tokens;
+            total.completion_tokens += u.completion_tokens;
+            total.total_tokens += u.total_tokens;
+            total.cached_prompt_tokens += u.cached_prompt_tokens;
+            total.cache_write_prompt_tokens += u.cache_write_prompt_tokens;
+        }
+    }
+    (total.total_tokens > 0).then_some(total)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_task(
     deps: Arc<Deps>,
     parent: &str,
     turn_id: &str,

@@ -249,6 +249,7 @@ pub(crate) fn result_of(
         Err(e) => (format!("error: {e}"), true),
     };
     pb::ToolResult {
+        sub_agent_usage: None,
         call_id: call.id.clone(),
         tool: call.name.clone(),
         output,

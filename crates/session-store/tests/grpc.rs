@@ -337,6 +337,7 @@ fn one_of_each_kind() -> Vec<Event> {
             text: "warning\n".into(),
         }),
         Kind::ToolResult(pb::ToolResult {
+            sub_agent_usage: None,
             call_id: "c1".into(),
             tool: "bash".into(),
             output: ".\n..\nfile\n".into(),

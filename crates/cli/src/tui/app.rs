@@ -786,6 +786,9 @@ impl App {
                 }
             }
             Kind::ToolResult(r) => {
+                if let Some(u) = &r.sub_agent_usage {
+                    self.session_tokens += u.total_tokens;
+                }
                 if let Some((i, block)) = self.block_mut(&r.call_id) {
                     block.state = CallState::Done;
                     block.is_error = r.is_error;
@@ -798,11 +801,20 @@ impl App {
                         block.duration_ms = u64::try_from(to - from).unwrap_or(0);
                     }
                     block.runner = clean(&r.runner_id);
+                    // A sub-agent's tokens count here too, and its block
+                    // says how many.
+                    if let Some(u) = &r.sub_agent_usage {
+                        block.runner =
+                            format!("sub-agent {} tok", super::view::tokens(u.total_tokens));
+                    }
                     // The result is what the model sees: it replaces the
                     // live output, but for a cancelled call, whose output so
-                    // far stays above the note.
+                    // far stays above the note, and for a sub-agent's task,
+                    // whose steps stay above its answer (folded like any
+                    // output).
                     let cancelled = r.output.starts_with(CANCELLED);
-                    let mut output = if cancelled && !block.output.trim().is_empty() {
+                    let keeps_steps = cancelled || r.tool == agentry_orchestrator::agents::DELEGATE;
+                    let mut output = if keeps_steps && !block.output.trim().is_empty() {
                         format!("{}\n{}", block.output.trim_end(), clean(&r.output))
                     } else {
                         clean(&r.output)

@@ -112,6 +112,7 @@ fn chunk(call_id: &str, text: &str) -> Kind {
 
 fn result(call_id: &str, tool: &str, output: &str, is_error: bool, duration_ms: u64) -> Kind {
     Kind::ToolResult(spb::ToolResult {
+        sub_agent_usage: None,
         call_id: call_id.to_string(),
         tool: tool.to_string(),
         output: output.to_string(),
@@ -2127,4 +2128,47 @@ fn turns_carry_their_numbers_and_a_rewound_turn_shows_as_history() {
         "{rewound:?}"
     );
     assert!(!app.rewound[app.entries.len() - 1], "the new turn is live");
+}
+
+#[test]
+fn a_sub_agents_steps_stay_folded_under_its_call_and_its_tokens_count() {
+    let mut app = new_app(false);
+    let mut screen = Screen::new(80, 24);
+    feed(
+        &mut app,
+        vec![
+            user("ask the researcher"),
+            requested(
+                "d1",
+                "delegate",
+                r#"{"agent":"researcher","task":"read notes"}"#,
+            ),
+            phase("d1", spb::ToolCallPhase::Executing),
+            chunk("d1", "[researcher] read notes\n"),
+            chunk("d1", "[researcher] read_file {\"path\":\"notes.txt\"}\n"),
+            chunk("d1", "[researcher] ← hello\n"),
+        ],
+    );
+    let tokens_before = app.session_tokens;
+    let Kind::ToolResult(mut done) = result("d1", "delegate", "notes say hello", false, 900) else {
+        unreachable!()
+    };
+    done.sub_agent_usage = Some(spb::TokenUsage {
+        prompt_tokens: 1000,
+        completion_tokens: 234,
+        total_tokens: 1234,
+        ..Default::default()
+    });
+    feed(&mut app, vec![Kind::ToolResult(done)]);
+    assert_eq!(app.session_tokens, tokens_before + 1234);
+    let rows = screen.draw(&mut app);
+    assert!(shows(&rows, "sub-agent 1.2k tok"), "{}", dump(&rows));
+    // Folded: the first steps show, the rest is a Ctrl+O away; the answer
+    // is kept below them.
+    assert!(shows(&rows, "[researcher] read notes"), "{}", dump(&rows));
+    app.expanded = true;
+    app.dirty = true;
+    let rows = screen.draw(&mut app);
+    assert!(shows(&rows, "[researcher] ← hello"), "{}", dump(&rows));
+    assert!(shows(&rows, "notes say hello"), "{}", dump(&rows));
 }

@@ -572,7 +572,7 @@ pub fn status_line(app: &App, width: u16) -> Line<'static> {
     Line::from(Span::styled(text, style))
 }
 
-fn tokens(n: u64) -> String {
+pub fn tokens(n: u64) -> String {
     if n >= 1000 {
         format!("{:.1}k", n as f64 / 1000.0)
     } else {

@@ -6,6 +6,7 @@ use agentry_proto::tools::v1::{ExecuteRequest, OutputChunk};
 
 pub(super) fn tool_error(call: &ToolCall, output: String, started: Instant) -> pb::ToolResult {
     pb::ToolResult {
+        sub_agent_usage: None,
         call_id: call.id.clone(),
         tool: call.name.clone(),
         output,
@@ -76,6 +77,7 @@ pub(super) async fn tool_call(
     }
     match outcome {
         Ok(result) => pb::ToolResult {
+            sub_agent_usage: None,
             call_id: call.id.clone(),
             tool: call.name.clone(),
             output: result.output,
@@ -120,7 +122,7 @@ async fn delegate_call(
             }
         })
     };
-    let outcome = crate::agents::delegate(
+    let (outcome, usage) = crate::agents::delegate(
         deps.clone(),
         session_id,
         &place.turn_id,
@@ -132,5 +134,8 @@ async fn delegate_call(
     .await;
     // The progress so far is out before the result.
     let _ = forward.await;
-    crate::builtin::result_of(&call, outcome, started)
+    pb::ToolResult {
+        sub_agent_usage: usage,
+        ..crate::builtin::result_of(&call, outcome, started)
+    }
 }

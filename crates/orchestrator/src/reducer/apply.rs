@@ -148,6 +148,15 @@ impl SessionState {
                 if r.is_error {
                     self.failed_calls.insert(r.call_id.clone());
                 }
+                // A sub-agent's tokens are this session's spending too.
+                if let Some(u) = &r.sub_agent_usage {
+                    self.count_spent(Some(u));
+                    let cost = self.view.0.price.as_ref().map(|p| p.cost(u));
+                    if let Some(turn) = &mut self.turn {
+                        add_usage(&mut turn.usage, u);
+                        turn.cost += cost.unwrap_or_default();
+                    }
+                }
                 let Some(turn) = &mut self.turn else { return };
                 let Some(index) = turn.calls.iter().position(|c| c.id == r.call_id) else {
                     return;

@@ -629,6 +629,7 @@ impl SessionState {
             for event in events.iter().filter(|e| !kept.contains(&e.seq)) {
                 match &event.kind {
                     Some(Kind::ModelMessage(m)) => self.count_spent(m.usage.as_ref()),
+                    Some(Kind::ToolResult(r)) => self.count_spent(r.sub_agent_usage.as_ref()),
                     Some(Kind::UserMessage(m)) => {
                         if let Some(raised) = &m.budget {
                             self.raise_limits(raised);

@@ -166,3 +166,31 @@ fn cost_limits_use_the_configured_price() {
     assert_eq!(over.currency, "EUR");
     assert!((over.used - 0.011).abs() < 1e-12);
 }
+
+#[test]
+fn a_sub_agents_tokens_count_toward_the_turn_and_the_session() {
+    let mut s = with_limits(pb::Budget {
+        turn_tokens: 1_000,
+        ..Default::default()
+    });
+    s.ok(user("work"));
+    let effects = s.ok(costly_call("a", 100));
+    assert_eq!(run_tools(&effects).len(), 1);
+    // The call ran a sub-agent's task, which used 950 tokens.
+    let mut result = tool_result("a", "the task's answer");
+    result.sub_agent_usage = Some(token_usage(900, 50));
+    s.ok(Input::ToolDone(result));
+    let effects = s.ok(costly_call("b", 100));
+    assert!(
+        run_tools(&effects).is_empty(),
+        "over the limit: {effects:?}"
+    );
+    let passed = exceeded(&effects).unwrap();
+    assert_eq!((passed.used, passed.limit), (1_150.0, 1_000.0));
+    let finished = finished_with(&effects).unwrap();
+    assert_eq!(finished.usage.unwrap().total_tokens, 1_150);
+    // A replay of the log counts the same.
+    let replayed = SessionState::replay(20, &s.log);
+    assert_eq!(s.state.spent_tokens, 1_150);
+    assert_eq!(replayed.spent_tokens, s.state.spent_tokens);
+}

@@ -158,6 +158,7 @@ fn model_done(text: &str, calls: Vec<ToolCall>) -> Input {
 
 fn tool_result(call_id: &str, output: &str) -> pb::ToolResult {
     pb::ToolResult {
+        sub_agent_usage: None,
         call_id: call_id.into(),
         tool: "shell".into(),
         output: output.into(),
