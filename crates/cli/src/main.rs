@@ -334,6 +334,11 @@ enum SessionsCommand {
         /// Copy the conversation only; the new workspace starts empty
         #[arg(long)]
         conversation_only: bool,
+        /// Work in this directory instead of a scratch workspace with the
+        /// files (left as they are), e.g. a git worktree:
+        /// `git worktree add ../try-b && agentry sessions fork ID --dir ../try-b`
+        #[arg(long, value_name = "PATH", conflicts_with = "conversation_only")]
+        dir: Option<std::path::PathBuf>,
     },
     /// Put a session back to the end of an earlier turn: the conversation
     /// and the workspace's files (what came after stays in the log as
@@ -588,9 +593,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 at,
                 new_id,
                 conversation_only,
+                dir,
             } => {
                 let id = client::resolve_session(&config, &id).await?;
-                session_cmds::fork(&config, &id, at, new_id, conversation_only).await
+                let dir = match dir {
+                    Some(dir) => match turn::Place::from_args(Some(dir), false)? {
+                        turn::Place::Dir(full) => Some(full),
+                        _ => None,
+                    },
+                    None => None,
+                };
+                session_cmds::fork(&config, &id, at, new_id, conversation_only, dir).await
             }
             SessionsCommand::Rewind {
                 id,

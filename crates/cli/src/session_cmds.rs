@@ -297,6 +297,7 @@ pub async fn fork(
     at_seq: u64,
     new_id: Option<String>,
     conversation_only: bool,
+    dir: Option<std::path::PathBuf>,
 ) -> anyhow::Result<()> {
     let mut client = connect(config).await?;
     let forked = client
@@ -305,6 +306,10 @@ pub async fn fork(
             at_seq,
             new_session_id: new_id.unwrap_or_default(),
             conversation_only,
+            dir: dir
+                .as_ref()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
         })
         .await
         .map_err(|s| status_error(&format!("cannot fork session {id}"), s))?
@@ -316,7 +321,12 @@ pub async fn fork(
         format!("seq {at_seq}")
     };
     print_line(format!("forked {id} at {at} into {}", session.id))?;
-    if forked.snapshot_id.is_empty() {
+    if !session.project_dir.is_empty() {
+        print_line(format!(
+            "  works in {}, its files as they are (nothing copied)",
+            session.project_dir
+        ))?;
+    } else if forked.snapshot_id.is_empty() {
         print_line("  files: not copied (--conversation-only); the new workspace is empty")?;
     } else if forked.snapshot_seq > 0 {
         print_line(format!(

@@ -43,18 +43,24 @@ fn repository(parent: &Path) -> PathBuf {
     git(&repo, &["init", "-q"]);
     git(&repo, &["add", "."]);
     git(&repo, &["commit", "-q", "-m", "start"]);
+    hand_to_owner(&repo);
+    repo
+}
+
+/// As root, gives `dir` to an owner who is not root (a root-owned project
+/// is refused with per-session users).
+fn hand_to_owner(dir: &Path) {
     if running_as_root() {
         let out = Command::new("chown")
             .args([
                 "-R",
                 &format!("{OWNER}:{OWNER}"),
-                &repo.display().to_string(),
+                &dir.display().to_string(),
             ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{:?}", text(&out));
     }
-    repo
 }
 
 /// A directory sessions may work under, that sandboxed users can pass.
@@ -494,6 +500,97 @@ async fn an_image_mentioned_goes_to_a_model_that_takes_images_and_other_files_ar
         assert!(stderr.contains(says), "{prompt}: {stderr}");
     }
     assert_eq!(model.requests().len(), before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_works_in_a_git_worktree_of_its_own_and_leaves_the_source_alone() {
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::text("Looked."));
+    let (install, _up, root, _log) = start(&model);
+    let repo = repository(&root);
+    let out = run_in(&install, &repo, &["run", "look at the answer"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let source = install.latest_session();
+    // A worktree beside the repository, for the fork.
+    let worktree = root.join("try-b");
+    git(
+        &repo,
+        &[
+            "-c",
+            "safe.directory=*",
+            "worktree",
+            "add",
+            "-q",
+            worktree.to_str().unwrap(),
+        ],
+    );
+    hand_to_owner(&worktree);
+    let out = install.run(&[
+        "sessions",
+        "fork",
+        &source,
+        "--id",
+        "try-b",
+        "--dir",
+        worktree.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let canonical = worktree.canonicalize().unwrap();
+    assert!(
+        stdout.contains(&format!("works in {}", canonical.display())),
+        "{stdout}"
+    );
+    // The fork goes on from the same conversation, in the worktree.
+    model.push(Reply::tool_call(
+        "e1",
+        "edit_file",
+        json!({"path": "src/lib.rs", "old_string": "41", "new_string": "43"}),
+    ));
+    model.push(Reply::text("Changed it there."));
+    let out = install.run(&[
+        "run",
+        "--session",
+        "try-b",
+        "--approve",
+        "always",
+        "change it",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let request = model.requests().pop().unwrap();
+    assert!(
+        request.to_string().contains("look at the answer"),
+        "{request}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("src/lib.rs")).unwrap(),
+        "pub fn answer() -> u32 { 43 }\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo.join("src/lib.rs")).unwrap(),
+        "pub fn answer() -> u32 { 41 }\n",
+        "the source's directory is untouched"
+    );
+    let (shown, _) = text(&install.run(&["sessions", "show", "try-b"]));
+    assert!(shown.contains(&canonical.display().to_string()), "{shown}");
+    // A directory outside the project roots: refused, and no fork is left.
+    let elsewhere = install.dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let out = install.run(&[
+        "sessions",
+        "fork",
+        &source,
+        "--id",
+        "nowhere",
+        "--dir",
+        elsewhere.to_str().unwrap(),
+    ]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("tool_runner.project_roots"), "{stderr}");
+    let (listed, _) = text(&install.run(&["sessions", "list"]));
+    assert!(!listed.contains("nowhere"), "{listed}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -143,10 +143,13 @@ pub fn plan_rewind(
     })
 }
 
-/// Forks a session: the log up to `at_seq`, the workspace as it was there.
+/// Forks a session: the log up to `at_seq`, the workspace as it was there
+/// (or, with `project_dir`, checked by the runners already, the fork works
+/// there and no files are restored).
 pub async fn fork(
     deps: &Deps,
     request: pb::ForkSessionRequest,
+    project_dir: String,
 ) -> Result<pb::ForkSessionResponse, Status> {
     crate::service::check_client_session_id(&request.new_session_id)?;
     let source = deps.read_log(&request.session_id).await?;
@@ -173,7 +176,7 @@ pub async fn fork(
     };
     let kept = &source[..source.partition_point(|e| e.seq <= at)];
     // Which files the fork starts with.
-    let (snapshot_id, snapshot_seq) = if request.conversation_only {
+    let (snapshot_id, snapshot_seq) = if request.conversation_only || !project_dir.is_empty() {
         (String::new(), 0)
     } else if request.at_seq == 0 {
         let taken = deps.snapshot(&request.session_id).await.map_err(|s| {
@@ -206,6 +209,7 @@ pub async fn fork(
             session_id: request.session_id.clone(),
             up_to_seq: at,
             new_session_id: request.new_session_id.clone(),
+            project_dir,
         })
         .await?
         .into_inner();

@@ -1244,9 +1244,32 @@ impl Orchestrator for OrchestratorService {
         &self,
         request: Request<pb::ForkSessionRequest>,
     ) -> Result<Response<pb::ForkSessionResponse>, Status> {
-        crate::forks::fork(&self.deps, request.into_inner())
-            .await
-            .map(Response::new)
+        let request = request.into_inner();
+        check_client_session_id(&request.new_session_id)?;
+        // A directory is checked before anything is made, and recorded
+        // once the fork exists (which goes with a refusal).
+        let project_dir = match request.dir.trim() {
+            "" => String::new(),
+            dir => self.open_project("", dir, true).await?.dir,
+        };
+        let forked = crate::forks::fork(&self.deps, request, project_dir.clone()).await?;
+        if !project_dir.is_empty() {
+            let id = forked
+                .session
+                .as_ref()
+                .map(|s| s.id.clone())
+                .unwrap_or_default();
+            if let Err(status) = self.open_project(&id, &project_dir, false).await {
+                let _ = self
+                    .deps
+                    .store
+                    .clone()
+                    .delete_session(spb::DeleteSessionRequest { session_id: id })
+                    .await;
+                return Err(status);
+            }
+        }
+        Ok(Response::new(forked))
     }
 
     async fn rewind_session(

@@ -163,7 +163,12 @@ impl SessionStore for SessionStoreService {
         let req = request.into_inner();
         let session = self
             .store
-            .fork_session(req.session_id, req.up_to_seq, req.new_session_id)
+            .fork_session(
+                req.session_id,
+                req.up_to_seq,
+                req.new_session_id,
+                req.project_dir,
+            )
             .await
             .map_err(status_of)?;
         Ok(Response::new(session))

@@ -225,26 +225,32 @@ async fn forks_copy_the_log_and_deletes_remove_it(replicas: &Replicas, n: u32) {
         .await
         .unwrap();
     let fork = store
-        .fork_session("src".into(), 2, "fork".into())
+        .fork_session("src".into(), 2, "fork".into(), "/home/p/try-b".into())
         .await
         .unwrap();
     assert_eq!(fork.forked_from, "src");
+    assert_eq!(fork.project_dir, "/home/p/try-b");
     assert_eq!(fork.event_count, 2);
     assert!(!fork.turn_open);
     let (events, _) = store.read("fork".into(), 1, 0).await.unwrap();
     assert!(events.iter().all(|e| e.session_id == "fork"));
     let whole = store
-        .fork_session("src".into(), 0, String::new())
+        .fork_session("src".into(), 0, String::new(), String::new())
         .await
         .unwrap();
     assert_eq!(whole.event_count, 3);
+    assert_eq!(whole.project_dir, "", "a scratch workspace unless told");
     assert!(whole.turn_open);
     assert!(matches!(
-        store.fork_session("src".into(), 9, "f2".into()).await,
+        store
+            .fork_session("src".into(), 9, "f2".into(), String::new())
+            .await,
         Err(StoreError::InvalidArgument(_))
     ));
     assert!(matches!(
-        store.fork_session("src".into(), 1, "fork".into()).await,
+        store
+            .fork_session("src".into(), 1, "fork".into(), String::new())
+            .await,
         Err(StoreError::AlreadyExists(_))
     ));
     assert_eq!(store.delete_session("src".into()).await.unwrap(), 3);

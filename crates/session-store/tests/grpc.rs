@@ -594,6 +594,7 @@ async fn fork_copies_the_log_up_to_a_seq() {
         async move {
             client
                 .fork_session(ForkSessionRequest {
+                    project_dir: String::new(),
                     session_id: "src".into(),
                     up_to_seq,
                     new_session_id: new_id,
@@ -653,6 +654,7 @@ async fn fork_copies_the_log_up_to_a_seq() {
     assert_code(
         client
             .fork_session(ForkSessionRequest {
+                project_dir: String::new(),
                 session_id: "missing".into(),
                 up_to_seq: 0,
                 new_session_id: "x".into(),
@@ -949,6 +951,7 @@ async fn data_survives_a_server_restart() {
         .unwrap();
     client
         .fork_session(ForkSessionRequest {
+            project_dir: String::new(),
             session_id: "chat".into(),
             up_to_seq: 5,
             new_session_id: "chat-fork".into(),

@@ -344,6 +344,7 @@ impl PgStore {
         id: &str,
         up_to_seq: u64,
         new_id: &str,
+        project_dir: &str,
     ) -> Result<Session, StoreError> {
         let new_id = new_session_id(new_id)?;
         let mut client = self.client().await?;
@@ -353,10 +354,11 @@ impl PgStore {
         let now = now_ms();
         let inserted = tx
             .execute(
-                "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from, touched)
-                 VALUES ($1, $2, $3, $3, $4, nextval('sessions_touched'))
+                "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from, touched,
+                                       project_dir)
+                 VALUES ($1, $2, $3, $3, $4, nextval('sessions_touched'), $5)
                  ON CONFLICT (id) DO NOTHING",
-                &[&new_id, &source.title, &now, &id],
+                &[&new_id, &source.title, &now, &id, &project_dir],
             )
             .await
             .map_err(db_error)?;

@@ -144,6 +144,7 @@ impl Store {
         id: &str,
         up_to_seq: u64,
         new_id: &str,
+        project_dir: &str,
     ) -> Result<Session, StoreError> {
         let new_id = super::new_session_id(new_id)?;
         let mut conn = self.writer();
@@ -152,9 +153,10 @@ impl Store {
         let last = super::fork_end(id, up_to_seq, source.event_count)?;
         let now = now_ms();
         let inserted = tx.execute(
-            "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from, touched)
-             VALUES (?1, ?2, ?3, ?3, ?4, ?5) ON CONFLICT(id) DO NOTHING",
-            params![new_id, source.title, now, id, self.touch()],
+            "INSERT INTO sessions (id, title, created_ms, updated_ms, forked_from, touched,
+                                   project_dir)
+             VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6) ON CONFLICT(id) DO NOTHING",
+            params![new_id, source.title, now, id, self.touch(), project_dir],
         )?;
         if inserted == 0 {
             return Err(StoreError::AlreadyExists(new_id));
