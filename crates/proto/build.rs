@@ -5,6 +5,7 @@ use prost::Message;
 use std::path::PathBuf;
 
 const FILES: &[&str] = &[
+    "agentry/errors/v1/errors.proto",
     "agentry/sessions/v1/events.proto",
     "agentry/sessions/v1/sessions.proto",
     "agentry/tools/v1/tools.proto",

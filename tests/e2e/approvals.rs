@@ -110,6 +110,10 @@ async fn a_sensitive_call_waits_for_approval_and_runs_once_approved() {
     .await
     .unwrap_err();
     assert_eq!(stale.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        agentry_runtime::reasons::reason_of(&stale),
+        agentry_runtime::reasons::Reason::NoPendingApproval
+    );
     assert!(
         stale.message().contains("no approval is pending"),
         "{}",

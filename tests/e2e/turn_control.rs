@@ -96,6 +96,10 @@ async fn a_second_message_during_a_turn_is_refused() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        agentry_runtime::reasons::reason_of(&err),
+        agentry_runtime::reasons::Reason::SessionBusy
+    );
     assert!(
         err.message().contains("already running"),
         "{}",

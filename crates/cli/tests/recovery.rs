@@ -142,6 +142,16 @@ async fn killed_while_an_approval_is_pending_it_is_offered_again() {
     );
 }
 
+/// What a runner with snapshots off answers (its reason included, as the
+/// real runner's).
+fn snapshots_off() -> Status {
+    agentry_runtime::reasons::status(
+        tonic::Code::FailedPrecondition,
+        agentry_runtime::reasons::Reason::SnapshotsOff,
+        "workspace snapshots are off in this test double",
+    )
+}
+
 /// A tool runner double speaking our own gRPC contract: the first call of
 /// each call id hangs (so the orchestrator can be killed mid-call); a
 /// repeated call answers at once.
@@ -194,27 +204,21 @@ impl ToolRunner for HangingRunner {
         &self,
         _request: Request<tpb::SnapshotRequest>,
     ) -> Result<Response<tpb::SnapshotResponse>, Status> {
-        Err(Status::failed_precondition(
-            "workspace snapshots are off in this test double",
-        ))
+        Err(snapshots_off())
     }
 
     async fn restore_snapshot(
         &self,
         _request: Request<tpb::RestoreSnapshotRequest>,
     ) -> Result<Response<tpb::RestoreSnapshotResponse>, Status> {
-        Err(Status::failed_precondition(
-            "workspace snapshots are off in this test double",
-        ))
+        Err(snapshots_off())
     }
 
     async fn prune_snapshots(
         &self,
         _request: Request<tpb::PruneSnapshotsRequest>,
     ) -> Result<Response<tpb::PruneSnapshotsResponse>, Status> {
-        Err(Status::failed_precondition(
-            "workspace snapshots are off in this test double",
-        ))
+        Err(snapshots_off())
     }
 
     async fn preview(

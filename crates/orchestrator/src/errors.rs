@@ -29,6 +29,26 @@ impl ModelCallError {
     }
 }
 
+/// How a refused input is told to the client: its code and reason.
+pub(crate) fn refusal_status(refusal: &crate::reducer::Refusal) -> tonic::Status {
+    use crate::reducer::Refusal;
+    use agentry_runtime::reasons::{Reason, status};
+    let reason = match refusal {
+        Refusal::Busy => Reason::SessionBusy,
+        Refusal::NothingToCancel => Reason::NoTurnRunning,
+        Refusal::NoPendingApproval { .. } => Reason::NoPendingApproval,
+        Refusal::EmptyMessage | Refusal::InvalidDecision(_) | Refusal::Unexpected { .. } => {
+            Reason::Unspecified
+        }
+    };
+    let code = if refusal.is_invalid_argument() {
+        tonic::Code::InvalidArgument
+    } else {
+        tonic::Code::FailedPrecondition
+    };
+    status(code, reason, refusal.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,8 +17,7 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Whether a runner's refusal means snapshots are off there.
 pub fn snapshots_off(status: &Status) -> bool {
-    status.code() == tonic::Code::FailedPrecondition
-        && status.message().contains("snapshots are off")
+    agentry_runtime::reasons::reason_of(status) == agentry_runtime::reasons::Reason::SnapshotsOff
 }
 
 impl Deps {
@@ -180,8 +179,8 @@ pub async fn fork(
         (String::new(), 0)
     } else if request.at_seq == 0 {
         let taken = deps.snapshot(&request.session_id).await.map_err(|s| {
-            Status::new(
-                s.code(),
+            agentry_runtime::reasons::restated(
+                &s,
                 format!(
                     "cannot snapshot the workspace of {}: {}",
                     request.session_id,
@@ -249,8 +248,8 @@ async fn finish_fork(
     let mut effects = Vec::new();
     if !snapshot_id.is_empty() {
         let restored = deps.restore(&session.id, snapshot_id).await.map_err(|s| {
-            Status::new(
-                s.code(),
+            agentry_runtime::reasons::restated(
+                &s,
                 format!("cannot restore the fork's files: {}", s.message()),
             )
         })?;

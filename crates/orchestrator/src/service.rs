@@ -898,9 +898,12 @@ pub(crate) fn check_client_session_id(session_id: &str) -> Result<(), Status> {
 
 /// Why an input does not go to `url`, the replica driving `session_id`.
 fn driven_elsewhere(session_id: &str, url: &str) -> Status {
-    Status::failed_precondition(format!(
-        "session {session_id} is driven by the orchestrator at {url}"
-    ))
+    agentry_runtime::reasons::with_metadata(
+        tonic::Code::FailedPrecondition,
+        agentry_runtime::reasons::Reason::DrivenElsewhere,
+        format!("session {session_id} is driven by the orchestrator at {url}"),
+        std::collections::HashMap::from([("url".to_string(), url.to_string())]),
+    )
 }
 
 /// A failure of the replica driving `session_id`, as the client sees it.
@@ -918,8 +921,7 @@ fn driver_status(session_id: &str, url: &str, status: Status) -> Status {
 /// Whether an append was refused because another replica drives the
 /// session now.
 fn lease_lost(status: &Status) -> bool {
-    status.code() == tonic::Code::FailedPrecondition
-        && status.message().contains("driven by another orchestrator")
+    agentry_runtime::reasons::reason_of(status) == agentry_runtime::reasons::Reason::LeaseLost
 }
 
 /// The id of a turn an input starts.

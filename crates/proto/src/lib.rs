@@ -6,6 +6,14 @@
 //! depend on any other Agentry crate.
 #![allow(clippy::all, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+/// Why a call failed, for programs (carried in `google.rpc.ErrorInfo`).
+pub mod errors {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("agentry.errors.v1");
+    }
+}
+
 /// Session events and the session store contract.
 pub mod sessions {
     /// Version 1.

@@ -11,6 +11,7 @@ pub mod config;
 pub mod datadir;
 pub mod images;
 pub mod metrics;
+pub mod reasons;
 pub mod serve;
 pub mod telemetry;
 pub mod topics;

@@ -13,14 +13,24 @@ use tonic::{Request, Response, Status};
 
 /// Maps a store error to the gRPC status a client should see.
 pub fn status_of(e: StoreError) -> Status {
+    use agentry_runtime::reasons::{Reason, status};
+    use tonic::Code;
     let retryable = e.is_retryable();
     match e {
-        StoreError::NotFound(_) => Status::not_found(e.to_string()),
+        StoreError::NotFound(_) => status(Code::NotFound, Reason::SessionNotFound, e.to_string()),
         StoreError::AlreadyExists(_) | StoreError::NameTaken { .. } => {
-            Status::already_exists(e.to_string())
+            status(Code::AlreadyExists, Reason::AlreadyExists, e.to_string())
         }
-        StoreError::Conflict { .. } | StoreError::LeaseLost { .. } | StoreError::NoHeartbeat(_) => {
-            Status::failed_precondition(e.to_string())
+        StoreError::Conflict { .. } => status(
+            Code::FailedPrecondition,
+            Reason::AppendConflict,
+            e.to_string(),
+        ),
+        StoreError::LeaseLost { .. } => {
+            status(Code::FailedPrecondition, Reason::LeaseLost, e.to_string())
+        }
+        StoreError::NoHeartbeat(_) => {
+            status(Code::FailedPrecondition, Reason::NoHeartbeat, e.to_string())
         }
         StoreError::InvalidArgument(_) => Status::invalid_argument(e.to_string()),
         StoreError::Database(_) | StoreError::Unavailable(_) if retryable => {

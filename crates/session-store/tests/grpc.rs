@@ -664,7 +664,11 @@ async fn fork_copies_the_log_up_to_a_seq() {
     );
     // Failed forks created nothing.
     assert_code(get(&mut client, "too-far").await, Code::NotFound);
-    assert_code(get(&mut client, "x").await, Code::NotFound);
+    let missing = assert_code(get(&mut client, "x").await, Code::NotFound);
+    assert_eq!(
+        agentry_runtime::reasons::reason_of(&missing),
+        agentry_runtime::reasons::Reason::SessionNotFound
+    );
     assert_eq!(list(&mut client, 0, 0).await.1, 3);
 }
 
@@ -751,6 +755,10 @@ async fn append_with_a_wrong_expected_seq_fails_and_stores_nothing() {
             )
             .await,
             Code::FailedPrecondition,
+        );
+        assert_eq!(
+            agentry_runtime::reasons::reason_of(&status),
+            agentry_runtime::reasons::Reason::AppendConflict
         );
         assert!(
             status.message().contains(&format!(

@@ -129,7 +129,9 @@ impl ToolRunnerService {
 
     fn snapshots(&self) -> Result<crate::snapshots::Snapshots, Status> {
         self.inner.snapshots.clone().ok_or_else(|| {
-            Status::failed_precondition(
+            agentry_runtime::reasons::status(
+                tonic::Code::FailedPrecondition,
+                agentry_runtime::reasons::Reason::SnapshotsOff,
                 "workspace snapshots are off on this tool runner (tool_runner.snapshots.enabled)",
             )
         })
@@ -901,7 +903,11 @@ async fn touched_instructions(
 fn place_status(error: ToolError) -> Status {
     match error {
         ToolError::InvalidRequest(m) => Status::invalid_argument(m),
-        ToolError::NotAllowed(m) => Status::permission_denied(m),
+        ToolError::NotAllowed(m) => agentry_runtime::reasons::status(
+            tonic::Code::PermissionDenied,
+            agentry_runtime::reasons::Reason::ProjectRefused,
+            m,
+        ),
         other => Status::internal(other.to_string()),
     }
 }

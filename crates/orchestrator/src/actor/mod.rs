@@ -247,12 +247,7 @@ impl Actor {
             // the model is called.
             Ok(effects) => effects,
             Err(refusal) => {
-                let status = if refusal.is_invalid_argument() {
-                    Status::invalid_argument(refusal.to_string())
-                } else {
-                    Status::failed_precondition(refusal.to_string())
-                };
-                let _ = reply.send(Err(status));
+                let _ = reply.send(Err(crate::errors::refusal_status(&refusal)));
                 return Ok(());
             }
         };
@@ -631,8 +626,8 @@ impl Actor {
                     return Ok(first);
                 }
                 Err(status) => {
-                    return Err(Broken(Status::new(
-                        status.code(),
+                    return Err(Broken(agentry_runtime::reasons::restated(
+                        &status,
                         format!(
                             "cannot record events in the session store at {}: {}",
                             self.deps.store_url,

@@ -86,8 +86,8 @@ impl Actor {
                 .restore(&self.session_id, &snapshot_id)
                 .await
                 .map_err(|s| {
-                    RewindError::Refused(Status::new(
-                        s.code(),
+                    RewindError::Refused(agentry_runtime::reasons::restated(
+                        &s,
                         format!("cannot put the files back: {}", s.message()),
                     ))
                 })?;
