@@ -130,6 +130,31 @@ async fn bad_tool_calls_go_back_to_the_model_as_tool_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_call_that_times_out_or_is_cut_says_so_in_its_result() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::tool_call(
+        "slow",
+        "bash",
+        json!({"command": "sleep 5", "timeout_secs": 1}),
+    ));
+    cluster.model.push(Reply::tool_call(
+        "loud",
+        "bash",
+        json!({"command": "head -c 200000 /dev/zero | tr '\\0' x"}),
+    ));
+    cluster.model.push(Reply::text("done"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "run them").await;
+    let got = until_finished(&mut events, &turn).await;
+    let results = tool_results(&got);
+    assert_eq!(results.len(), 2, "{got:#?}");
+    assert!(results[0].timed_out && results[0].is_error, "{:?}", results[0]);
+    assert!(!results[0].truncated);
+    assert!(results[1].truncated && !results[1].timed_out, "{:?}", results[1]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_store_outage_between_turns_loses_nothing() {
     let mut cluster = Cluster::start().await.unwrap();
     cluster.model.push(Reply::text("first"));

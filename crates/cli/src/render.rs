@@ -106,6 +106,7 @@ pub fn event_json(event: &pb::Event) -> Value {
                 "type": "tool_result", "call_id": r.call_id, "tool": r.tool, "output": r.output,
                 "is_error": r.is_error, "exit_code": r.exit_code, "duration_ms": r.duration_ms,
                 "runner_id": r.runner_id, "sub_agent_usage": usage_json(r.sub_agent_usage.as_ref()),
+                "truncated": r.truncated, "timed_out": r.timed_out,
             }),
             Kind::WorkspaceSnapshot(w) => json!({
                 "type": "workspace_snapshot", "snapshot_id": w.snapshot_id,
@@ -519,6 +520,11 @@ impl<A: Write, B: Write> Renderer<A, B> {
                     ),
                     (None, true) => String::new(),
                     (None, false) => format!("  [{} ms on {}]", r.duration_ms, r.runner_id),
+                };
+                let runner = match (r.timed_out, r.truncated) {
+                    (true, _) => format!("{runner} (timed out)"),
+                    (false, true) => format!("{runner} (output cut to the runner's limit)"),
+                    (false, false) => runner,
                 };
                 let _ = writeln!(
                     self.activity,

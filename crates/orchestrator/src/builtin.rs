@@ -249,6 +249,8 @@ pub(crate) fn result_of(
         Err(e) => (format!("error: {e}"), true),
     };
     pb::ToolResult {
+        truncated: false,
+        timed_out: false,
         sub_agent_usage: None,
         call_id: call.id.clone(),
         tool: call.name.clone(),

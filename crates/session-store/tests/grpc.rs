@@ -337,6 +337,8 @@ fn one_of_each_kind() -> Vec<Event> {
             text: "warning\n".into(),
         }),
         Kind::ToolResult(pb::ToolResult {
+            truncated: false,
+            timed_out: false,
             sub_agent_usage: None,
             call_id: "c1".into(),
             tool: "bash".into(),

@@ -801,6 +801,11 @@ impl App {
                         block.duration_ms = u64::try_from(to - from).unwrap_or(0);
                     }
                     block.runner = clean(&r.runner_id);
+                    if r.timed_out {
+                        block.runner.push_str(" · timed out");
+                    } else if r.truncated {
+                        block.runner.push_str(" · output cut");
+                    }
                     // A sub-agent's tokens count here too, and its block
                     // says how many.
                     if let Some(u) = &r.sub_agent_usage {

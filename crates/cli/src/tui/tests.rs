@@ -112,6 +112,8 @@ fn chunk(call_id: &str, text: &str) -> Kind {
 
 fn result(call_id: &str, tool: &str, output: &str, is_error: bool, duration_ms: u64) -> Kind {
     Kind::ToolResult(spb::ToolResult {
+        truncated: false,
+        timed_out: false,
         sub_agent_usage: None,
         call_id: call_id.to_string(),
         tool: tool.to_string(),

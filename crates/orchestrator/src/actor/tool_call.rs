@@ -6,6 +6,8 @@ use agentry_proto::tools::v1::{ExecuteRequest, OutputChunk};
 
 pub(super) fn tool_error(call: &ToolCall, output: String, started: Instant) -> pb::ToolResult {
     pb::ToolResult {
+        truncated: false,
+        timed_out: false,
         sub_agent_usage: None,
         call_id: call.id.clone(),
         tool: call.name.clone(),
@@ -85,6 +87,8 @@ pub(super) async fn tool_call(
             exit_code: result.exit_code,
             duration_ms: result.duration_ms,
             runner_id: result.runner_id,
+            truncated: result.truncated,
+            timed_out: result.timed_out,
         },
         Err(failure) => {
             let mut result = tool_error(&call, failure.message, started);

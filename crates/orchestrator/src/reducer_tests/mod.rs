@@ -158,6 +158,8 @@ fn model_done(text: &str, calls: Vec<ToolCall>) -> Input {
 
 fn tool_result(call_id: &str, output: &str) -> pb::ToolResult {
     pb::ToolResult {
+        truncated: false,
+        timed_out: false,
         sub_agent_usage: None,
         call_id: call_id.into(),
         tool: "shell".into(),
