@@ -149,9 +149,17 @@ async fn a_call_that_times_out_or_is_cut_says_so_in_its_result() {
     let got = until_finished(&mut events, &turn).await;
     let results = tool_results(&got);
     assert_eq!(results.len(), 2, "{got:#?}");
-    assert!(results[0].timed_out && results[0].is_error, "{:?}", results[0]);
+    assert!(
+        results[0].timed_out && results[0].is_error,
+        "{:?}",
+        results[0]
+    );
     assert!(!results[0].truncated);
-    assert!(results[1].truncated && !results[1].timed_out, "{:?}", results[1]);
+    assert!(
+        results[1].truncated && !results[1].timed_out,
+        "{:?}",
+        results[1]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

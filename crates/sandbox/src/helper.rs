@@ -46,6 +46,47 @@ fn fail(message: &str) -> i32 {
     SETUP_FAILED
 }
 
+/// A set-up failure, told on the report descriptor when the spec names
+/// one (as data nothing the command prints can imitate), else on stderr.
+fn fail_for(spec: &Spec, message: &str) -> i32 {
+    report(spec, message);
+    SETUP_FAILED
+}
+
+fn report(spec: &Spec, message: &str) {
+    let Some(fd) = spec.report_fd else {
+        eprintln!("agentry-sandbox: {message}");
+        return;
+    };
+    let mut line = serde_json::to_string(&crate::HelperReport::SetupFailed(message.to_string()))
+        .unwrap_or_default();
+    line.push('\n');
+    // SAFETY: the runner gave the helper this descriptor for its reports;
+    // it is borrowed for one write and never closed here.
+    #[allow(unsafe_code)]
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    if nix::unistd::write(borrowed, line.as_bytes()).is_err() {
+        eprintln!("agentry-sandbox: {message}");
+    }
+}
+
+/// The report descriptor is the helper's alone: closed when the command
+/// execs.
+fn keep_reports_private(spec: &Spec) -> Result<(), String> {
+    if let Some(fd) = spec.report_fd {
+        // SAFETY: fcntl on a descriptor number; no memory is involved.
+        #[allow(unsafe_code)]
+        let done = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        if done < 0 {
+            return Err(format!(
+                "the report descriptor {fd} is not open: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Runs the helper with its command-line arguments (without the program
 /// name) and returns the exit code; a command killed by a signal makes the
 /// helper die of the same signal.
@@ -89,12 +130,15 @@ pub fn run_main(args: &[String]) -> i32 {
             );
         }
     };
+    if let Err(message) = keep_reports_private(&spec) {
+        return fail(&message);
+    }
     if spec.argv.is_empty() {
-        return fail("the spec names no command");
+        return fail_for(&spec, "the spec names no command");
     }
     match supervise(&spec) {
         Ok(status) => exit_like(status),
-        Err(message) => fail(&message),
+        Err(message) => fail_for(&spec, &message),
     }
 }
 
@@ -312,7 +356,7 @@ fn spawn(spec: &Spec) -> Result<std::process::Child, String> {
     unsafe {
         cmd.pre_exec(move || {
             confine(&spec_for_child).map_err(|message| {
-                eprintln!("agentry-sandbox: {message}");
+                report(&spec_for_child, &message);
                 std::io::Error::from_raw_os_error(libc::EPERM)
             })
         });

@@ -37,8 +37,11 @@
 //!   session when each session has its uid), file size, open files.
 //!
 //! Failure semantics: the helper applies exactly the layers the spec
-//! requires and fails closed (exit [`SETUP_FAILED`], a message on stderr
-//! starting with `agentry-sandbox:`) when one of them cannot be applied; the
+//! requires and fails closed (exit [`SETUP_FAILED`], and why as a
+//! [`HelperReport`] on its own descriptor, [`Reports`], which the command
+//! never gets, so nothing it prints or exits with passes for a sandbox
+//! failure; on stderr only when started by hand) when one of them cannot be
+//! applied; the
 //! runner learns which layers the machine supports once, at start-up, with
 //! [`probe`]. When the call ends — the command exits, the helper gets
 //! SIGTERM, SIGINT or SIGHUP, or the helper's parent dies — every process the
@@ -123,6 +126,88 @@ pub struct Spec {
     /// before the command runs; used by [`probe`].
     #[serde(default)]
     pub report: bool,
+    /// The helper's own descriptor (see [`Reports`]): a set-up failure is
+    /// written there, as data, instead of on stderr, so nothing the command
+    /// prints can pass for one. Closed in the command.
+    #[serde(default)]
+    pub report_fd: Option<i32>,
+}
+
+/// The descriptor a helper started through [`Reports::attach`] reports on.
+pub const REPORT_FD: i32 = 3;
+
+/// One report of the helper on its descriptor: a JSON line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HelperReport {
+    /// The sandbox could not be set up (the helper then exits
+    /// [`SETUP_FAILED`]); the command never ran.
+    SetupFailed(String),
+}
+
+/// The runner's end of a helper's report descriptor.
+#[derive(Debug)]
+pub struct Reports {
+    read: std::os::fd::OwnedFd,
+    write: Option<std::os::fd::OwnedFd>,
+}
+
+impl Reports {
+    /// A pipe whose write end `cmd`'s process (the helper) gets as
+    /// [`REPORT_FD`]; put `report_fd: Some(REPORT_FD)` in its spec.
+    pub fn attach(cmd: &mut std::process::Command) -> std::io::Result<Reports> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let (read, write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+        let raw = write.as_raw_fd();
+        // SAFETY: between fork and exec the closure makes one or two
+        // system calls (dup2, or fcntl when the pipe already has the
+        // number); it allocates nothing and takes no lock.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || {
+                let done = if raw == REPORT_FD {
+                    libc::fcntl(raw, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(raw, REPORT_FD)
+                };
+                if done < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(Reports {
+            read,
+            write: Some(write),
+        })
+    }
+
+    /// Once the helper is started: the runner's copy of the write end
+    /// goes, so that the pipe ends with the helper.
+    pub fn started(&mut self) {
+        self.write = None;
+    }
+
+    /// Why the sandbox could not be set up, if the helper said so (read
+    /// once it has exited; never blocks).
+    pub fn setup_failure(&self) -> Option<String> {
+        let mut text = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = nix::unistd::read(&self.read, &mut buf) {
+            if n == 0 || text.len() > 64 * 1024 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&text)
+            .lines()
+            .find_map(|line| match serde_json::from_str(line) {
+                Ok(HelperReport::SetupFailed(why)) => Some(why),
+                Err(_) => None,
+            })
+    }
 }
 
 /// How a command with network reaches the runner's HTTP proxy, the only
@@ -341,26 +426,26 @@ pub fn probe(helper: &Path, workspace: &Path, user: Option<Ids>) -> Result<Repor
             proxy: None,
             stdin: false,
             report: true,
+            report_fd: Some(REPORT_FD),
         };
         use std::os::unix::process::CommandExt;
-        let out = std::process::Command::new(helper)
-            .arg0(HELPER_NAME)
+        let spawn_error = |source| SandboxError::Spawn {
+            path: helper.to_path_buf(),
+            source,
+        };
+        let mut cmd = std::process::Command::new(helper);
+        cmd.arg0(HELPER_NAME)
             .arg(serde_json::to_string(&spec).unwrap_or_default())
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|source| SandboxError::Spawn {
-                path: helper.to_path_buf(),
-                source,
-            })?;
+            .stdin(std::process::Stdio::null());
+        let mut reports = Reports::attach(&mut cmd).map_err(spawn_error)?;
+        let out = cmd.output().map_err(spawn_error)?;
+        reports.started();
         let err = String::from_utf8_lossy(&out.stderr);
         if out.status.success() {
             return Ok(Ok(err.into_owned()));
         }
-        let why = err
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("agentry-sandbox:"))
-            .map(|l| l.trim_start_matches("agentry-sandbox:").trim().to_string())
+        let why = reports
+            .setup_failure()
             .unwrap_or_else(|| format!("the probe exited with {}: {}", out.status, err.trim()));
         Ok(Err(why))
     };

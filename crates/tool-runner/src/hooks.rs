@@ -93,8 +93,8 @@ pub async fn run(
         ],
         stdin: true,
     };
-    let mut cmd = match sandboxed_bash(sandbox, command, workspace, &launch, None) {
-        Ok(cmd) => cmd,
+    let (mut cmd, mut reports) = match sandboxed_bash(sandbox, command, workspace, &launch, None) {
+        Ok(made) => made,
         Err(e) => return failed(e.to_string()),
     };
     cmd.stdin(Stdio::piped())
@@ -104,6 +104,9 @@ pub async fn run(
         Ok(child) => child,
         Err(e) => return failed(format!("cannot start the hook: {e}")),
     };
+    if let Some(reports) = &mut reports {
+        reports.started();
+    }
     let group = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
@@ -151,15 +154,11 @@ pub async fn run(
     match status {
         Some(Ok(status)) => {
             let code = status.code();
-            if sandbox.helper.is_some()
-                && code == Some(agentry_sandbox::SETUP_FAILED)
-                && let Some(line) = stderr.lines().find(|l| l.starts_with("agentry-sandbox: "))
+            if code == Some(agentry_sandbox::SETUP_FAILED)
+                && let Some(why) = reports.as_ref().and_then(|r| r.setup_failure())
             {
                 return HookRun {
-                    error: format!(
-                        "the sandbox could not start the hook: {}",
-                        line.trim_start_matches("agentry-sandbox: ")
-                    ),
+                    error: format!("the sandbox could not start the hook: {why}"),
                     stderr,
                     duration_ms,
                     ..HookRun::default()

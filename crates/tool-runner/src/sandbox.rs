@@ -469,6 +469,8 @@ impl Sandbox {
             proxy: network.map(|pass| pass.route.clone()),
             stdin: false,
             report: false,
+            // Every helper the runner starts reports on its descriptor.
+            report_fd: Some(agentry_sandbox::REPORT_FD),
         }
     }
 }

@@ -331,7 +331,7 @@ pub(crate) fn sandboxed_bash(
     workspace: &Workspace,
     launch: &Launch,
     network: Option<&crate::egress::Pass>,
-) -> Result<tokio::process::Command, ToolError> {
+) -> Result<(tokio::process::Command, Option<agentry_sandbox::Reports>), ToolError> {
     let mut cmd = match &sandbox.helper {
         Some(helper) => {
             let argv = vec!["bash".to_string(), "-c".to_string(), command.to_string()];
@@ -386,7 +386,17 @@ pub(crate) fn sandboxed_bash(
     // whose id is the process's.
     agentry_sandbox::new_session_before_exec(cmd.as_std_mut());
     cmd.current_dir(&launch.cwd);
-    Ok(cmd)
+    // The helper says why it could not set the sandbox up on a descriptor
+    // of its own, never in the command's output.
+    let reports = match &sandbox.helper {
+        Some(_) => Some(
+            agentry_sandbox::Reports::attach(cmd.as_std_mut()).map_err(|e| {
+                ToolError::Io(format!("cannot make the sandbox's report pipe: {e}"))
+            })?,
+        ),
+        None => None,
+    };
+    Ok((cmd, reports))
 }
 
 /// A fresh empty directory for one command (its HOME, a hook's working
@@ -437,13 +447,16 @@ async fn bash(
         env: vec![("HOME".into(), home.path().display().to_string())],
         stdin: false,
     };
-    let mut cmd = sandboxed_bash(sandbox, command, workspace, &launch, network)?;
+    let (mut cmd, mut reports) = sandboxed_bash(sandbox, command, workspace, &launch, network)?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd
         .spawn()
         .map_err(|e| ToolError::Io(format!("cannot start bash: {e}")))?;
+    if let Some(reports) = &mut reports {
+        reports.started();
+    }
     let group = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
@@ -529,13 +542,11 @@ async fn bash(
     match waited {
         Some(Ok(status)) => {
             let code = status.code();
-            if sandbox.helper.is_some()
-                && code == Some(agentry_sandbox::SETUP_FAILED)
-                && let Some(line) = text.lines().find(|l| l.starts_with("agentry-sandbox: "))
+            if code == Some(agentry_sandbox::SETUP_FAILED)
+                && let Some(why) = reports.as_ref().and_then(|r| r.setup_failure())
             {
                 return Err(ToolError::Io(format!(
-                    "the sandbox could not start the command: {}",
-                    line.trim_start_matches("agentry-sandbox: ")
+                    "the sandbox could not start the command: {why}"
                 )));
             }
             if text.is_empty() {

@@ -75,6 +75,8 @@ async fn a_command_has_no_terminal_even_when_the_helper_has_one() {
         None,
     );
     spec.stdin = true;
+    // Started by hand here, without the runner's report pipe.
+    spec.report_fd = None;
     let helper = sandbox.helper.clone().unwrap();
     // Python's pty module makes the terminal the helper's controlling
     // terminal and its standard streams, then reports what the command

@@ -346,3 +346,37 @@ async fn without_namespaces_a_granted_call_reaches_only_the_proxy_port() {
         "the page was reached"
     );
 }
+
+#[tokio::test]
+async fn only_the_helper_can_report_a_sandbox_failure() {
+    let root = workspace_root();
+    let Some(sandbox) = confined(root.path()) else {
+        return;
+    };
+    let ws = open(root.path(), "reports", &sandbox);
+    // A command that imitates the helper's old message and exit code is
+    // just a command that failed.
+    let out = bash(
+        &ws,
+        &sandbox,
+        "echo 'agentry-sandbox: the sandbox is broken' >&2; exit 125",
+    )
+    .await;
+    assert_eq!(out.exit_code, Some(125), "{}", out.output);
+    assert!(
+        out.output.contains("the sandbox is broken"),
+        "{}",
+        out.output
+    );
+    // A real set-up failure (a limit no kernel allows) is told as one.
+    let mut sandbox = sandbox;
+    sandbox.limits.open_files = 1 << 40;
+    let err = sandbox_support::attempt(&ws, &sandbox, "bash", &json!({"command": "true"}))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the sandbox could not start the command"),
+        "{err}"
+    );
+}

@@ -193,7 +193,8 @@ impl Conn {
                 Ok(Ok(service)) => (service, Some(process)),
                 Ok(Err(e)) => {
                     let status = process.exit_status().await;
-                    return Err(explain_start(&e.to_string(), status, &stderr_tail));
+                    let setup = process.reports.as_ref().and_then(|r| r.setup_failure());
+                    return Err(explain_start(&e.to_string(), status, setup, &stderr_tail));
                 }
                 Err(_) => {
                     return Err(format!(
@@ -598,18 +599,20 @@ fn progress_line(p: &ProgressNotificationParam) -> String {
     }
 }
 
-fn explain_start(error: &str, status: Option<String>, tail: &Mutex<Vec<String>>) -> String {
+fn explain_start(
+    error: &str,
+    status: Option<String>,
+    setup_failure: Option<String>,
+    tail: &Mutex<Vec<String>>,
+) -> String {
+    if let Some(why) = setup_failure {
+        return format!("the sandbox could not start it: {why}");
+    }
     let tail = tail.lock().unwrap_or_else(|e| e.into_inner()).join("\n");
     let mut text = match status {
         Some(status) => format!("it exited during start-up ({status})"),
         None => format!("initialize failed: {error}"),
     };
-    if let Some(line) = tail
-        .lines()
-        .find_map(|l| l.strip_prefix("agentry-sandbox: "))
-    {
-        return format!("the sandbox could not start it: {line}");
-    }
     if !tail.is_empty() {
         text.push_str(&format!("; its last words:\n{tail}"));
     }
@@ -700,6 +703,8 @@ struct ServerProcess {
     helper: bool,
     /// The exit status, once it was waited for.
     status: Mutex<Option<String>>,
+    /// The sandbox helper's report descriptor (with a helper).
+    reports: Option<agentry_sandbox::Reports>,
 }
 
 impl ServerProcess {
@@ -787,9 +792,21 @@ impl ServerProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        // The helper says why it could not set the sandbox up on a
+        // descriptor of its own, never in the server's stderr.
+        let mut reports = match &sandbox.helper {
+            Some(_) => Some(
+                agentry_sandbox::Reports::attach(cmd.as_std_mut())
+                    .map_err(|e| format!("cannot make the sandbox's report pipe: {e}"))?,
+            ),
+            None => None,
+        };
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {:?}: {e}", config.command))?;
+        if let Some(reports) = &mut reports {
+            reports.started();
+        }
         let group = child
             .id()
             .and_then(|id| i32::try_from(id).ok())
@@ -803,6 +820,7 @@ impl ServerProcess {
                 group,
                 helper: sandbox.helper.is_some(),
                 status: Mutex::default(),
+                reports,
             },
             stdout,
             stdin,
