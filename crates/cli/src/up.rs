@@ -5,11 +5,7 @@ use agentry_runtime::Auth;
 use agentry_runtime::config::Config;
 use agentry_runtime::serve::bind;
 use agentry_runtime::{shutdown_signal, telemetry};
-use std::future::Future;
-use std::pin::Pin;
 use tokio::sync::watch;
-
-type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 
 /// A shutdown future that completes when `rx` sees `true`.
 async fn on_stop(mut rx: watch::Receiver<bool>) {
@@ -17,65 +13,31 @@ async fn on_stop(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-async fn start(
-    config: &Config,
-    auth: &Auth,
-    service: Service,
-    stop: watch::Receiver<bool>,
-) -> anyhow::Result<ServiceFuture> {
-    let auth = auth.clone();
-    let shutdown = on_stop(stop);
-    let fut: ServiceFuture = match service {
-        Service::SessionStore => {
-            let listener = bind(config.session_store.listen).await?;
-            let config = config.clone();
-            Box::pin(async move {
-                agentry_session_store::run(&config, &auth, listener, shutdown).await?;
-                Ok(())
-            })
+impl From<Service> for agentry_stack::Service {
+    fn from(service: Service) -> Self {
+        match service {
+            Service::SessionStore => agentry_stack::Service::SessionStore,
+            Service::ToolRunner => agentry_stack::Service::ToolRunner,
+            Service::Scheduler => agentry_stack::Service::Scheduler,
+            Service::Orchestrator => agentry_stack::Service::Orchestrator,
         }
-        Service::ToolRunner => {
-            let listener = bind(config.tool_runner.listen).await?;
-            // Set up before anything runs, so a missing helper or a bad
-            // metrics address fails the start.
-            let setup = agentry_tool_runner::Setup::from_config(config).await?;
-            Box::pin(async move {
-                agentry_tool_runner::serve(setup, &auth, listener, shutdown).await?;
-                Ok(())
-            })
-        }
-        Service::Scheduler => {
-            let listener = bind(config.scheduler.listen).await?;
-            let config = config.clone();
-            Box::pin(async move {
-                agentry_scheduler::run(&config, &auth, listener, shutdown).await?;
-                Ok(())
-            })
-        }
-        Service::Orchestrator => {
-            let listener = bind(config.orchestrator.listen).await?;
-            let config = config.clone();
-            Box::pin(async move {
-                agentry_orchestrator::run(&config, &auth, listener, shutdown).await?;
-                Ok(())
-            })
-        }
-    };
-    Ok(fut)
+    }
 }
 
 /// Runs the given services until Ctrl+C / SIGTERM or until one fails.
-async fn run_services(config: &Config, services: &[Service]) -> anyhow::Result<()> {
+async fn run_services(config: &Config, services: &[agentry_stack::Service]) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    // Bind every address first, so a taken port fails before anything runs.
+    // Bind and set up every service first, so a taken port or a bad set-up
+    // fails before anything runs.
     let auth = Auth::for_services(config)?;
     let mut futures = Vec::new();
     for service in services {
-        futures.push((
-            *service,
-            start(config, &auth, *service, stop_rx.clone()).await?,
-        ));
+        let listener = bind(service.listen(config)).await?;
+        let serving =
+            agentry_stack::prepare(*service, config, &auth, listener, on_stop(stop_rx.clone()))
+                .await?;
+        futures.push((*service, serving));
     }
     for (service, fut) in futures {
         tasks.spawn(async move { (service, fut.await) });
@@ -106,12 +68,6 @@ async fn run_services(config: &Config, services: &[Service]) -> anyhow::Result<(
 /// `agentry up`.
 pub async fn up(config: &Config) -> anyhow::Result<()> {
     let telemetry = telemetry::init(config.log.format, "info", &config.otel.endpoint, "agentry");
-    let all = [
-        Service::SessionStore,
-        Service::ToolRunner,
-        Service::Scheduler,
-        Service::Orchestrator,
-    ];
     eprintln!(
         "Agentry is starting: orchestrator on {}, data in {}, model {} at {}",
         config.orchestrator.url,
@@ -119,20 +75,20 @@ pub async fn up(config: &Config) -> anyhow::Result<()> {
         config.llm.model,
         config.llm.base_url
     );
-    let result = run_services(config, &all).await;
+    let result = run_services(config, &agentry_stack::Service::ALL).await;
     telemetry.shutdown().await;
     result
 }
 
 /// `agentry serve SERVICE`.
 pub async fn serve(config: &Config, service: Service) -> anyhow::Result<()> {
-    let name = match service {
-        Service::Orchestrator => "agentry-orchestrator",
-        Service::SessionStore => "agentry-session-store",
-        Service::ToolRunner => "agentry-tool-runner",
-        Service::Scheduler => "agentry-scheduler",
-    };
-    let telemetry = telemetry::init(config.log.format, "info", &config.otel.endpoint, name);
+    let service = agentry_stack::Service::from(service);
+    let telemetry = telemetry::init(
+        config.log.format,
+        "info",
+        &config.otel.endpoint,
+        service.program(),
+    );
     let result = run_services(config, &[service]).await;
     telemetry.shutdown().await;
     result

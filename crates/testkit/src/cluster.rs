@@ -17,17 +17,7 @@ use tokio::task::JoinHandle;
 pub type Channel = agentry_runtime::telemetry::TracedChannel;
 
 /// Which service, for starting and stopping one of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Service {
-    /// The session store.
-    SessionStore,
-    /// The tool runner.
-    ToolRunner,
-    /// The scheduler.
-    Scheduler,
-    /// The orchestrator.
-    Orchestrator,
-}
+pub use agentry_stack::Service;
 
 struct Running {
     stop: oneshot::Sender<()>,
@@ -146,51 +136,24 @@ impl Cluster {
     /// Starts one service on its configured address and waits until it
     /// accepts connections.
     pub async fn start_service(&mut self, service: Service) -> anyhow::Result<()> {
-        let config = self.config.clone();
-        let auth = self.auth.clone();
-        let addr = match service {
-            Service::SessionStore => config.session_store.listen,
-            Service::ToolRunner => config.tool_runner.listen,
-            Service::Scheduler => config.scheduler.listen,
-            Service::Orchestrator => config.orchestrator.listen,
-        };
+        let mut config = self.config.clone();
+        let addr = service.listen(&config);
         let listener = match self.reserved.iter().position(|(s, _)| *s == service) {
             Some(i) => self.reserved.remove(i).1,
             None => bind_retrying(addr).await?,
         };
-        // Set up here, not in the task, so a missing helper fails the start
-        // with its own message.
-        let runner = match service {
-            Service::ToolRunner => {
-                let mut config = config.clone();
-                config.tool_runner.id = format!("runner-{}", addr.port());
-                Some(agentry_tool_runner::Setup::from_config(&config).await?)
-            }
-            _ => None,
-        };
+        if service == Service::ToolRunner {
+            config.tool_runner.id = format!("runner-{}", addr.port());
+        }
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
         };
-        let task: JoinHandle<anyhow::Result<()>> = match service {
-            Service::SessionStore => tokio::spawn(async move {
-                agentry_session_store::run(&config, &auth, listener, shutdown).await?;
-                Ok(())
-            }),
-            Service::ToolRunner => tokio::spawn(async move {
-                let setup = runner.ok_or_else(|| anyhow::anyhow!("no tool runner set-up"))?;
-                agentry_tool_runner::serve(setup, &auth, listener, shutdown).await?;
-                Ok(())
-            }),
-            Service::Scheduler => tokio::spawn(async move {
-                agentry_scheduler::run(&config, &auth, listener, shutdown).await?;
-                Ok(())
-            }),
-            Service::Orchestrator => tokio::spawn(async move {
-                agentry_orchestrator::run(&config, &auth, listener, shutdown).await?;
-                Ok(())
-            }),
-        };
+        // Set up here, not in the task, so a missing helper fails the start
+        // with its own message.
+        let serving =
+            agentry_stack::prepare(service, &config, &self.auth, listener, shutdown).await?;
+        let task: JoinHandle<anyhow::Result<()>> = tokio::spawn(serving);
         self.running.push((service, Running { stop, task }));
         Ok(())
     }
