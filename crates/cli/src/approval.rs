@@ -158,6 +158,39 @@ pub fn is_relayed(own: &str, event: &spb::Event) -> bool {
     event.live && !event.session_id.is_empty() && event.session_id != own
 }
 
+/// What a sub-agent's relayed event means to the chat of session `own`:
+/// its questions are asked there under an id naming the sub-agent's session
+/// ([`question_id`]; a call id alone may be the same in both sessions).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Relayed {
+    /// A question, its `call_id` the question's id.
+    Asked(spb::ApprovalRequested),
+    /// The question with this id was answered (here or elsewhere).
+    Answered(String),
+    /// Nothing for the chat.
+    Nothing,
+}
+
+/// The meaning of `event` for the chat of `own` when it is a sub-agent's,
+/// relayed; `None` for the session's own events.
+pub fn relayed(own: &str, event: &spb::Event) -> Option<Relayed> {
+    use spb::event::Kind;
+    if !is_relayed(own, event) {
+        return None;
+    }
+    let id = |call: &str| question_id(own, &event.session_id, call);
+    Some(match &event.kind {
+        Some(Kind::ApprovalRequested(a)) => Relayed::Asked(spb::ApprovalRequested {
+            call_id: id(&a.call_id),
+            ..a.clone()
+        }),
+        Some(Kind::ToolCallState(s)) if s.phase != spb::ToolCallPhase::AwaitingApproval as i32 => {
+            Relayed::Answered(id(&s.call_id))
+        }
+        _ => Relayed::Nothing,
+    })
+}
+
 /// The question after the description.
 pub const QUESTION: &str = "  Allow? [y]es / [n]o / [a]lways in this session / [e]dit: ";
 

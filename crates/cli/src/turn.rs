@@ -608,15 +608,11 @@ pub async fn chat(
             }
             // A sub-agent's question, relayed: asked here, answered there
             // (kept under an id naming its session).
-            if approval::is_relayed(&own_id, &event) {
-                let relayed = |call: &str| approval::question_id(&own_id, &event.session_id, call);
-                let notice = match kind {
-                    Kind::ApprovalRequested(a) => {
-                        let mut a = a.clone();
-                        a.call_id = relayed(&a.call_id);
-                        Some(Notice::Approval(a))
-                    }
-                    other => is_resolution(other).map(|call| Notice::Resolved(relayed(&call))),
+            if let Some(relayed) = approval::relayed(&own_id, &event) {
+                let notice = match relayed {
+                    approval::Relayed::Asked(question) => Some(Notice::Approval(question)),
+                    approval::Relayed::Answered(id) => Some(Notice::Resolved(id)),
+                    approval::Relayed::Nothing => None,
                 };
                 if let Some(notice) = notice {
                     let _ = notices_tx.send(notice);

@@ -573,21 +573,15 @@ impl App {
         self.disconnected = false;
         let mut actions = Vec::new();
         // A sub-agent's question, relayed: asked here, answered there.
-        if crate::approval::is_relayed(&self.session_id, event) {
-            // Kept under an id naming its session (a call id alone may be
-            // the same in both sessions).
-            let relayed = |call: &str| {
-                crate::approval::question_id(&self.session_id, &event.session_id, call)
-            };
-            match kind {
-                Kind::ApprovalRequested(a) => {
-                    let id = relayed(&a.call_id);
+        if let Some(relayed) = crate::approval::relayed(&self.session_id, event) {
+            match relayed {
+                crate::approval::Relayed::Asked(mut request) => {
+                    let id = request.call_id.clone();
                     let known = self.approvals.iter().any(|p| p.request.call_id == id);
                     if !known {
-                        let mut request = a.clone();
-                        request.call_id = id.clone();
                         request.matched_rule = clean(&request.matched_rule);
-                        let preview = if matches!(a.tool.as_str(), "write_file" | "edit_file") {
+                        let preview = if matches!(request.tool.as_str(), "write_file" | "edit_file")
+                        {
                             actions.push(Action::Preview(id));
                             Preview::Loading
                         } else {
@@ -603,10 +597,7 @@ impl App {
                         self.dirty = true;
                     }
                 }
-                Kind::ToolCallState(s)
-                    if s.phase != spb::ToolCallPhase::AwaitingApproval as i32 =>
-                {
-                    let id = relayed(&s.call_id);
+                crate::approval::Relayed::Answered(id) => {
                     let before = self.approvals.len();
                     self.approvals.retain(|p| p.request.call_id != id);
                     if before != self.approvals.len() {
@@ -614,7 +605,7 @@ impl App {
                         self.dirty = true;
                     }
                 }
-                _ => {}
+                crate::approval::Relayed::Nothing => {}
             }
             return actions;
         }
