@@ -28,7 +28,7 @@ use std::sync::Arc;
 use tokio_stream::StreamExt;
 
 /// The built-in tool's name.
-pub const DELEGATE: &str = "delegate";
+pub const DELEGATE: &str = crate::reducer::DELEGATE_TOOL;
 /// How the ids of sub-agents' task sessions start (clients may not use it).
 pub const TASK_PREFIX: &str = "sub-";
 /// How often a task's open questions are shown again to the parent's

@@ -430,29 +430,6 @@ impl Actor {
                     if pending != 0.0 {
                         crate::metrics::pending_approvals_changed(&self.deps.metrics, pending);
                     }
-                    // A delegate call that ended without its task's answer
-                    // (cancelled, refused, of unknown outcome after a
-                    // restart) leaves no task running behind it.
-                    if let pb::event::Kind::ToolResult(r) = kind
-                        && r.tool == crate::agents::DELEGATE
-                    {
-                        let step = self.state.turn.as_ref().map(|t| t.steps);
-                        let task = self.tasks.remove(&r.call_id).or_else(|| {
-                            step.map(|step| {
-                                crate::agents::child_id(
-                                    &self.session_id,
-                                    &turn_id,
-                                    step,
-                                    &r.call_id,
-                                )
-                            })
-                        });
-                        if let Some(task) = task
-                            && r.is_error
-                        {
-                            crate::agents::cancel_task(self.deps.clone(), task);
-                        }
-                    }
                     if let pb::event::Kind::LoopDetected(repeat) = kind {
                         crate::metrics::loop_detected(&self.deps.metrics, repeat.stopped);
                     }
@@ -485,7 +462,10 @@ impl Actor {
                 Effect::CallModel { .. } | Effect::Summarise { .. } => true,
                 Effect::RunTool { read_only, .. } => *read_only,
                 // A person's commands: only once what led to them is stored.
-                Effect::Record { .. } | Effect::AbortInFlight | Effect::RunHooks(_) => false,
+                Effect::Record { .. }
+                | Effect::AbortInFlight
+                | Effect::RunHooks(_)
+                | Effect::EndTask { .. } => false,
             };
             let mut waiting = Some(effect);
             if overlaps && let Some(effect) = waiting.take() {
@@ -581,6 +561,19 @@ impl Actor {
             } => self.start_tool_call(call, read_only, network),
             Effect::RunHooks(job) => self.start_hooks(job),
             Effect::AbortInFlight => self.abort_in_flight(),
+            Effect::EndTask {
+                turn_id,
+                call_id,
+                step,
+                cancel,
+            } => {
+                let task = self.tasks.remove(&call_id).unwrap_or_else(|| {
+                    crate::agents::child_id(&self.session_id, &turn_id, step, &call_id)
+                });
+                if cancel {
+                    crate::agents::cancel_task(self.deps.clone(), task);
+                }
+            }
         }
     }
 

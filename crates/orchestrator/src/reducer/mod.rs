@@ -485,7 +485,24 @@ pub enum Effect {
     RunHooks(HookJob),
     /// Stop every model call and tool call in flight.
     AbortInFlight,
+    /// A delegate call has its result (run once it is stored): its
+    /// sub-agent's task is over for this session; when the call ended
+    /// without the task's answer (cancelled, refused, skipped), the task is
+    /// cancelled so that nothing runs on behind it.
+    EndTask {
+        /// The turn of the call.
+        turn_id: String,
+        /// The call.
+        call_id: String,
+        /// The model response of the turn the call came in (names the task).
+        step: u32,
+        /// Cancel the task.
+        cancel: bool,
+    },
 }
+
+/// The tool that hands a task to a sub-agent (run by the orchestrator).
+pub const DELEGATE_TOOL: &str = "delegate";
 
 /// An input that does not fit the session's state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -6,6 +6,16 @@ use super::*;
 impl SessionState {
     /// Records `kind` (applying it at once).
     pub(super) fn emit(&mut self, out: &mut Out, turn_id: &str, kind: Kind) {
+        if let Kind::ToolResult(r) = &kind
+            && r.tool == super::DELEGATE_TOOL
+        {
+            out.after.push(Effect::EndTask {
+                turn_id: turn_id.to_string(),
+                call_id: r.call_id.clone(),
+                step: self.turn.as_ref().map(|t| t.steps).unwrap_or_default(),
+                cancel: r.is_error,
+            });
+        }
         self.apply(turn_id, &kind);
         self.notify_hooks(out, turn_id, &kind);
         out.events.push(kind);

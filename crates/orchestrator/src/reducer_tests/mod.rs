@@ -769,7 +769,8 @@ fn phase_of(state: &SessionState, call_id: &str) -> Option<CallPhase> {
 // ---------------------------------------------------------------------------
 
 /// Checks the shape every step's effects have: an optional abort first, at
-/// most one Record, then only RunTool, CallModel, Summarise and RunHooks.
+/// most one Record, then only RunTool, CallModel, Summarise, RunHooks and
+/// EndTask.
 fn check_effect_shape(effects: &[Effect]) {
     let mut rest = effects;
     if let [Effect::AbortInFlight, tail @ ..] = rest {
@@ -786,6 +787,7 @@ fn check_effect_shape(effects: &[Effect]) {
                     | Effect::CallModel { .. }
                     | Effect::Summarise { .. }
                     | Effect::RunHooks(_)
+                    | Effect::EndTask { .. }
             ),
             "unexpected effect {effect:?} in {effects:?}"
         );

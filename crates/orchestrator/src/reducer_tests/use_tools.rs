@@ -350,3 +350,50 @@ fn use_tools_interrupted_reports_the_running_mutating_call_and_starts_the_next()
         )
     );
 }
+
+#[test]
+fn a_delegate_calls_result_ends_its_task_and_one_without_the_answer_cancels_it() {
+    let end_tasks = |effects: &[Effect]| -> Vec<(String, u32, bool)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::EndTask {
+                    call_id,
+                    step,
+                    cancel,
+                    ..
+                } => Some((call_id.clone(), *step, *cancel)),
+                _ => None,
+            })
+            .collect()
+    };
+    let delegate = |id: &str| call(id, "delegate", r#"{"agent":"a","task":"t"}"#);
+    // Answered: the task is over, not cancelled; after the result is stored.
+    let mut s = Session::new(20);
+    s.ok(user("go"));
+    s.ok(model_done("", vec![delegate("d1")]));
+    let mut answered = tool_result("d1", "the answer");
+    answered.tool = "delegate".into();
+    let effects = s.ok(Input::ToolDone(answered));
+    assert_eq!(end_tasks(&effects), vec![("d1".to_string(), 1, false)]);
+    let record = effects
+        .iter()
+        .position(|e| matches!(e, Effect::Record { .. }))
+        .unwrap();
+    let end = effects
+        .iter()
+        .position(|e| matches!(e, Effect::EndTask { .. }))
+        .unwrap();
+    assert!(record < end, "{effects:?}");
+    // Cancelled while it runs: its task is cancelled too.
+    let mut s = Session::new(20);
+    s.ok(user("go"));
+    s.ok(model_done("", vec![delegate("d2")]));
+    let effects = s.ok(cancel("stop"));
+    assert_eq!(end_tasks(&effects), vec![("d2".to_string(), 1, true)]);
+    // Other tools end no task.
+    let mut s = Session::new(20);
+    s.ok(user("go"));
+    s.ok(model_done("", vec![bash("b1", "ls")]));
+    assert!(end_tasks(&s.ok(done("b1", "a.txt"))).is_empty());
+}
