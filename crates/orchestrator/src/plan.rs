@@ -12,10 +12,14 @@ use agentry_proto::sessions::v1::{self as pb, PlanStepStatus};
 use serde::Deserialize;
 use std::fmt::Write as _;
 
-/// Plan steps a turn may start (retries included) unless configured: the
-/// built-in configuration's `agent.plan_max_steps`.
+/// Plan steps a turn may start (retries included) unless configured (the
+/// built-in configuration's `agent.plan_max_steps`, which a test keeps
+/// equal).
+pub const DEFAULT_MAX_STEPS: u32 = 15;
+
+/// [`DEFAULT_MAX_STEPS`].
 pub fn default_max_steps() -> u32 {
-    agentry_runtime::Config::builtin().agent.plan_max_steps
+    DEFAULT_MAX_STEPS
 }
 /// The planner's tool.
 pub const SUBMIT_PLAN: &str = "submit_plan";

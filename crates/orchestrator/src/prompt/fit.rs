@@ -29,15 +29,20 @@ pub struct Settings {
     pub window_source: String,
 }
 
+/// The built-in `agent.compaction_threshold` (a test keeps the built-in
+/// settings and these equal: the core reads no configuration).
+pub const DEFAULT_THRESHOLD: f32 = 0.8;
+/// The built-in `agent.compaction_keep_messages`.
+pub const DEFAULT_KEEP_LAST: usize = 6;
+
 impl Default for Settings {
     /// The built-in configuration's settings, for a model of unknown
     /// context window.
     fn default() -> Self {
-        let agent = &agentry_runtime::Config::builtin().agent;
         Settings {
-            enabled: agent.compaction,
-            threshold: agent.compaction_threshold,
-            keep_last: agent.compaction_keep_messages as usize,
+            enabled: true,
+            threshold: DEFAULT_THRESHOLD,
+            keep_last: DEFAULT_KEEP_LAST,
             context_window: crate::tokens::context_window("", 0),
             window_source: "the default".to_string(),
         }

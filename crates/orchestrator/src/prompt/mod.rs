@@ -61,6 +61,12 @@ pub struct View {
     pub images: bool,
 }
 
+/// The built-in `agent.loop_repeats` (a test keeps them equal): the core
+/// reads no configuration; settings are passed in.
+pub const DEFAULT_LOOP_REPEATS: u32 = 3;
+/// The built-in `agent.no_progress_steps`.
+pub const DEFAULT_NO_PROGRESS_STEPS: u32 = 5;
+
 impl Default for View {
     /// No system prompt or skillsets, native tool calls, the built-in
     /// compaction settings.
@@ -75,8 +81,8 @@ impl Default for View {
             price: None,
             lean: false,
             require_first_tool: false,
-            loop_repeats: agentry_runtime::Config::builtin().agent.loop_repeats,
-            no_progress_steps: agentry_runtime::Config::builtin().agent.no_progress_steps,
+            loop_repeats: DEFAULT_LOOP_REPEATS,
+            no_progress_steps: DEFAULT_NO_PROGRESS_STEPS,
             budget: agentry_proto::sessions::v1::Budget::default(),
             hooks: std::sync::Arc::default(),
             only_offered: false,
