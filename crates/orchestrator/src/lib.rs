@@ -160,6 +160,7 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         ),
         native: profile.native_tools,
         images: config.llm.images,
+        catalogs: std::sync::Arc::default(),
         tokenizer,
         compaction: prompt::Settings {
             enabled: config.agent.compaction,

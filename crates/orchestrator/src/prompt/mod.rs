@@ -59,6 +59,8 @@ pub struct View {
     /// The model takes images (`llm.images`): a message's images are sent
     /// with it; else each is named in the text instead.
     pub images: bool,
+    /// The tool catalogs the sessions share.
+    pub catalogs: std::sync::Arc<crate::reducer::Catalogs>,
 }
 
 /// The built-in `agent.loop_repeats` (a test keeps them equal): the core
@@ -88,6 +90,7 @@ impl Default for View {
             only_offered: false,
             own_instructions: None,
             images: false,
+            catalogs: std::sync::Arc::default(),
         }
     }
 }

@@ -248,7 +248,7 @@ impl SessionState {
                 self.history_tokens.inserted(0);
             }
             Kind::ToolsOffered(t) => {
-                self.catalog = Catalog::shared_from_event(t);
+                self.catalog = self.view.0.catalogs.shared_from_event(t);
             }
             // What the loop detector and the limits saw; the calls' own
             // events and the turn's end carry the consequences.

@@ -31,22 +31,30 @@ impl PartialEq for Catalog {
 /// The catalogs in use, each with the event that records it, so that
 /// sessions offered the same tools share one copy (with its schemas a
 /// catalog takes tens of KiB) and replaying a log does not parse the same
-/// schemas again for every session.
-static INTERNED: Mutex<Vec<(Weak<Catalog>, pb::ToolsOffered)>> = Mutex::new(Vec::new());
-
-type Interned = Vec<(Weak<Catalog>, pb::ToolsOffered)>;
-
-fn interned_list() -> std::sync::MutexGuard<'static, Interned> {
-    let mut list = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
-    list.retain(|(weak, _)| weak.strong_count() > 0);
-    list
+/// schemas again for every session. One per orchestrator, in its
+/// [`crate::prompt::View`]: the core keeps no global state.
+#[derive(Default)]
+pub struct Catalogs {
+    list: Mutex<Vec<(Weak<Catalog>, pb::ToolsOffered)>>,
 }
 
-impl Catalog {
+impl std::fmt::Debug for Catalogs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalogs").finish_non_exhaustive()
+    }
+}
+
+impl Catalogs {
+    fn live(&self) -> std::sync::MutexGuard<'_, Vec<(Weak<Catalog>, pb::ToolsOffered)>> {
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        list.retain(|(weak, _)| weak.strong_count() > 0);
+        list
+    }
+
     /// The shared copy of `catalog`: an equal one already in use, or this
     /// one (then shared from now on).
-    pub fn interned(catalog: Arc<Catalog>) -> Arc<Catalog> {
-        let mut list = interned_list();
+    pub fn interned(&self, catalog: Arc<Catalog>) -> Arc<Catalog> {
+        let mut list = self.live();
         let existing = list
             .iter()
             .filter_map(|(weak, _)| weak.upgrade())
@@ -59,17 +67,20 @@ impl Catalog {
     }
 
     /// The shared copy of the catalog an event recorded.
-    pub fn shared_from_event(event: &pb::ToolsOffered) -> Arc<Catalog> {
-        let existing = interned_list()
+    pub fn shared_from_event(&self, event: &pb::ToolsOffered) -> Arc<Catalog> {
+        let existing = self
+            .live()
             .iter()
             .find(|(_, recorded)| recorded == event)
             .and_then(|(weak, _)| weak.upgrade());
         match existing {
             Some(existing) => existing,
-            None => Catalog::interned(Arc::new(Catalog::from_event(event))),
+            None => self.interned(Arc::new(Catalog::from_event(event))),
         }
     }
+}
 
+impl Catalog {
     /// The tokens the definitions take in a request.
     pub fn tokens(&self, tokenizer: &Tokenizer) -> usize {
         *self
@@ -179,12 +190,13 @@ mod tests {
             },
             ToolFlags::default(),
         );
-        let first = Catalog::interned(Arc::new(catalog.clone()));
-        let again = Catalog::interned(Arc::new(Catalog::from_event(&catalog.to_event())));
+        let catalogs = Catalogs::default();
+        let first = catalogs.interned(Arc::new(catalog.clone()));
+        let again = catalogs.interned(Arc::new(Catalog::from_event(&catalog.to_event())));
         assert!(Arc::ptr_eq(&first, &again));
         assert!(Arc::ptr_eq(
             &first,
-            &Catalog::shared_from_event(&catalog.to_event())
+            &catalogs.shared_from_event(&catalog.to_event())
         ));
         let mut other = catalog.clone();
         other.flags.insert(
@@ -195,7 +207,7 @@ mod tests {
                 read_only_hint: false,
             },
         );
-        assert!(!Arc::ptr_eq(&first, &Catalog::interned(Arc::new(other))));
+        assert!(!Arc::ptr_eq(&first, &catalogs.interned(Arc::new(other))));
     }
 
     #[test]

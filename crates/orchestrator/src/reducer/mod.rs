@@ -588,7 +588,7 @@ mod model;
 mod plan_calls;
 mod step;
 
-pub use catalog::Catalog;
+pub use catalog::{Catalog, Catalogs};
 
 impl SessionState {
     /// An idle session with an empty conversation that allows every call.

@@ -153,7 +153,7 @@ impl SessionState {
             return Ok(());
         }
         // The catalog given is the copy the sessions share.
-        let catalog = Catalog::interned(catalog);
+        let catalog = self.view.0.catalogs.interned(catalog);
         self.emit(out, turn_id, Kind::ToolsOffered(catalog.to_event()));
         // A compaction asked for stays one (its summary is decided again).
         if self.turn.as_ref().is_some_and(|t| t.compact) {
