@@ -62,7 +62,8 @@ pub(super) async fn model_call(
             }
         };
         let completion = if completion.tool_calls.is_empty() {
-            match crate::prompt::read_text_calls(completion, &names, native) {
+            let new_id = || format!("text-{}", uuid::Uuid::now_v7().simple());
+            match crate::prompt::read_text_calls(completion, &names, native, new_id) {
                 Ok(completion) => completion,
                 Err((text, error)) if !corrected => {
                     tracing::info!(%error, "asking the model to rewrite a malformed tool call");

@@ -327,13 +327,15 @@ pub fn ask_to_rewrite(request: &mut ChatRequest, text: String, error: &str) {
     });
 }
 
-/// Tool calls written in the text become real calls. A text that tries to
+/// Tool calls written in the text become real calls, each with an id from
+/// `new_id` (the caller's: the core keeps no clock). A text that tries to
 /// call a tool but cannot be read is returned with the reason; plain text
 /// passes through. Without native tool calling, fenced JSON blocks count too.
 pub fn read_text_calls(
     mut completion: Completion,
     names: &BTreeSet<String>,
     native: bool,
+    mut new_id: impl FnMut() -> String,
 ) -> Result<Completion, (String, String)> {
     let tries = crate::textcalls::looks_like_a_call(&completion.text)
         || (!native && completion.text.contains("```"));
@@ -347,7 +349,7 @@ pub fn read_text_calls(
                 .calls
                 .into_iter()
                 .map(|c| ToolCall {
-                    id: format!("text-{}", uuid::Uuid::now_v7().simple()),
+                    id: new_id(),
                     name: c.name,
                     arguments: c.arguments,
                 })
@@ -543,19 +545,27 @@ mod tests {
             usage: None,
             model: "m".into(),
         };
-        let plain = read_text_calls(completion("All done."), &names, false).unwrap();
+        let mut n = 0;
+        let mut ids = || {
+            n += 1;
+            format!("text-{n}")
+        };
+        let plain = read_text_calls(completion("All done."), &names, false, &mut ids).unwrap();
         assert!(plain.tool_calls.is_empty());
         let called = read_text_calls(
             completion("Listing.\nTOOL:bash {\"command\": \"ls\"}"),
             &names,
             false,
+            &mut ids,
         )
         .unwrap();
         assert_eq!(called.tool_calls.len(), 1);
+        assert_eq!(called.tool_calls[0].id, "text-1");
         assert_eq!(called.tool_calls[0].name, "bash");
         assert_eq!(called.finish_reason, "tool_calls");
         let (_, error) =
-            read_text_calls(completion("TOOL:bash {not json"), &names, false).unwrap_err();
+            read_text_calls(completion("TOOL:bash {not json"), &names, false, &mut ids)
+                .unwrap_err();
         assert!(!error.is_empty());
     }
 
