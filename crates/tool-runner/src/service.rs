@@ -431,6 +431,17 @@ impl ToolRunner for ToolRunnerService {
             };
             (dir, self.inner.sandbox.ids_of(who))
         } else {
+            // A scratch workspace has no project instructions: answered
+            // from the project record alone, nothing prepared (a fresh
+            // session asks before its first model call).
+            crate::workspace::check_session_id(&req.session_id).map_err(place_status)?;
+            if places
+                .recorded(&req.session_id)
+                .map_err(place_status)?
+                .is_none()
+            {
+                return Ok(Response::new(pb::ReadInstructionsResponse::default()));
+            }
             let workspace = self.workspace(&req.session_id)?;
             if !workspace.is_project() {
                 return Ok(Response::new(pb::ReadInstructionsResponse::default()));
