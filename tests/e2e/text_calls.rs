@@ -112,6 +112,15 @@ async fn a_malformed_call_gets_one_correction() {
             .contains("could not be read"),
         "{correction}"
     );
+    // The unreadable answer's tokens count too (10 + 2, then 10 + 3).
+    let first = received
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(agentry_proto::sessions::v1::event::Kind::ModelMessage(m)) => m.usage,
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!((first.prompt_tokens, first.completion_tokens), (20, 5));
 }
 
 #[tokio::test(flavor = "multi_thread")]

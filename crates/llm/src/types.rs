@@ -135,6 +135,19 @@ pub struct Usage {
     pub cache_write_tokens: u64,
 }
 
+impl Usage {
+    /// Both together (two calls' tokens as one).
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens + other.prompt_tokens,
+            completion_tokens: self.completion_tokens + other.completion_tokens,
+            total_tokens: self.total_tokens + other.total_tokens,
+            cached_prompt_tokens: self.cached_prompt_tokens + other.cached_prompt_tokens,
+            cache_write_tokens: self.cache_write_tokens + other.cache_write_tokens,
+        }
+    }
+}
+
 impl Message {
     /// Shorthand for [`Message::System`].
     pub fn system(content: impl Into<String>) -> Self {

@@ -48,8 +48,10 @@ pub(super) async fn model_call(
             },
         ))
     };
-    // A tool call written as text that cannot be read gets one correction.
+    // A tool call written as text that cannot be read gets one correction;
+    // what the unreadable answer cost counts with the answer that follows.
     let mut corrected = false;
+    let mut spent_before: Option<agentry_llm::Usage> = None;
     loop {
         let completion = match stream_once(&deps, &request, &live, &tx).await {
             Ok(Some(completion)) => completion,
@@ -61,13 +63,15 @@ pub(super) async fn model_call(
                 return;
             }
         };
-        let completion = if completion.tool_calls.is_empty() {
+        let usage = completion.usage;
+        let mut completion = if completion.tool_calls.is_empty() {
             let new_id = || format!("text-{}", uuid::Uuid::now_v7().simple());
             match crate::prompt::read_text_calls(completion, &names, native, new_id) {
                 Ok(completion) => completion,
                 Err((text, error)) if !corrected => {
                     tracing::info!(%error, "asking the model to rewrite a malformed tool call");
                     corrected = true;
+                    spent_before = usage;
                     crate::prompt::ask_to_rewrite(&mut request, text, &error);
                     continue;
                 }
@@ -82,6 +86,9 @@ pub(super) async fn model_call(
         } else {
             completion
         };
+        if let Some(before) = spent_before {
+            completion.usage = Some(completion.usage.map_or(before, |u| u.plus(before)));
+        }
         let elapsed = started.elapsed();
         let span = Span::current();
         span.record("outcome", "ok");
