@@ -83,6 +83,14 @@ fn run_in(install: &Install, dir: &Path, args: &[&str]) -> std::process::Output 
         .unwrap()
 }
 
+/// A run that failed, saying `says` (the callers check that no model call
+/// was made).
+fn refused(out: &std::process::Output, prompt: &str, says: &str) {
+    let (_, stderr) = text(out);
+    assert!(!out.status.success(), "{prompt}");
+    assert!(stderr.contains(says), "{prompt}: {stderr}");
+}
+
 fn start(model: &FakeModel) -> (Install, Up, PathBuf, PathBuf) {
     start_with(model, "")
 }
@@ -433,10 +441,7 @@ async fn at_path_attaches_a_file_or_a_listing_and_a_missing_one_is_refused() {
             "not set to take images; if it takes images, set `llm.images = true`",
         ),
     ] {
-        let out = run_here(prompt);
-        let (_, stderr) = text(&out);
-        assert!(!out.status.success(), "{prompt}");
-        assert!(stderr.contains(says), "{prompt}: {stderr}");
+        refused(&run_here(prompt), prompt, says);
     }
     assert_eq!(model.requests().len(), before);
 }
@@ -494,10 +499,7 @@ async fn an_image_mentioned_goes_to_a_model_that_takes_images_and_other_files_ar
         ("and @fake.png?", "is not a PNG, JPEG, GIF or WebP image"),
         ("and @../../x.png?", "cannot attach @../../x.png"),
     ] {
-        let out = run_here(prompt);
-        let (_, stderr) = text(&out);
-        assert!(!out.status.success(), "{prompt}");
-        assert!(stderr.contains(says), "{prompt}: {stderr}");
+        refused(&run_here(prompt), prompt, says);
     }
     assert_eq!(model.requests().len(), before);
 }

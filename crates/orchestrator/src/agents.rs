@@ -204,35 +204,21 @@ struct DelegateArgs {
 /// Where a delegate call sends its progress.
 pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
 
-/// Runs a delegate call of session `parent` (turn `turn_id`, whose calls
-/// are approved as `approval_mode`): the child's final answer, or why
-/// there is none, and the tokens its task used (read from its log, so a
-/// call run again after a restart counts the same).
-pub async fn delegate(
-    deps: Arc<Deps>,
+/// The tokens the task of a delegate call used (read from its log, so a
+/// call run again after a restart counts the same); `None` for none or no
+/// task.
+pub async fn task_usage_of(
+    deps: &Deps,
     parent: &str,
     turn_id: &str,
     step: u32,
-    approval_mode: pb::ApprovalMode,
-    call: &ToolCall,
-    progress: Progress,
-) -> (Result<String, String>, Option<pb::TokenUsage>) {
-    let outcome = run_task(
-        deps.clone(),
-        parent,
-        turn_id,
-        step,
-        approval_mode,
-        call,
-        progress,
-    )
-    .await;
-    let child = child_id(parent, turn_id, step, &call.id);
-    let usage = match deps.read_log(&child).await {
-        Ok(log) => task_usage(&log),
-        Err(_) => None,
-    };
-    (outcome, usage)
+    call_id: &str,
+) -> Option<pb::TokenUsage> {
+    let log = deps
+        .read_log(&child_id(parent, turn_id, step, call_id))
+        .await
+        .ok()?;
+    task_usage(&log)
 }
 
 /// The tokens a task's log shows spent: its model calls' and its own
@@ -257,8 +243,10 @@ pub fn task_usage(log: &[pb::Event]) -> Option<pb::TokenUsage> {
     (total.total_tokens > 0).then_some(total)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_task(
+/// Runs a delegate call of session `parent` (turn `turn_id`, whose calls
+/// are approved as `approval_mode`): the child's final answer, or why
+/// there is none.
+pub async fn delegate(
     deps: Arc<Deps>,
     parent: &str,
     turn_id: &str,

@@ -126,7 +126,7 @@ async fn delegate_call(
             }
         })
     };
-    let (outcome, usage) = crate::agents::delegate(
+    let outcome = crate::agents::delegate(
         deps.clone(),
         session_id,
         &place.turn_id,
@@ -138,6 +138,8 @@ async fn delegate_call(
     .await;
     // The progress so far is out before the result.
     let _ = forward.await;
+    let usage =
+        crate::agents::task_usage_of(deps, session_id, &place.turn_id, place.step, &call.id).await;
     pb::ToolResult {
         sub_agent_usage: usage,
         ..crate::builtin::result_of(&call, outcome, started)
