@@ -19,9 +19,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(FILES, [&root])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("agentry_descriptor.bin"), fds.encode_to_vec())?;
+    // Without the `grpc` feature, only the messages are generated.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
+        .build_server(grpc)
+        .build_client(grpc)
+        .build_transport(grpc)
         .compile_fds(fds)?;
     Ok(())
 }

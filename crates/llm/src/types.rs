@@ -524,6 +524,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "client")]
     fn images_travel_in_each_servers_own_form() {
         let image = Image {
             mime: "image/png".into(),

@@ -17,26 +17,18 @@ pub mod compaction;
 pub mod deps;
 pub mod errors;
 pub mod forks;
-pub mod hooks;
-pub mod inbox;
 pub mod live;
 pub mod mcp_updates;
 pub mod metrics;
-pub mod plan;
-pub mod prompt;
-pub mod reducer;
 pub mod reminders;
-pub mod rewind;
 pub mod runners;
 pub mod service;
-pub mod skillsets;
-pub mod textcalls;
-pub mod tokens;
 pub mod window;
 
-#[cfg(test)]
-mod reducer_tests;
-
+// The pure core, under the names the shell has always used for it.
+pub use agentry_agent::{
+    hooks, inbox, plan, prompt, reducer, rewind, skillsets, textcalls, tokens,
+};
 pub use deps::Deps;
 pub use service::OrchestratorService;
 

@@ -10,7 +10,7 @@
 pub mod errors {
     /// Version 1.
     pub mod v1 {
-        tonic::include_proto!("agentry.errors.v1");
+        include!(concat!(env!("OUT_DIR"), "/agentry.errors.v1.rs"));
     }
 }
 
@@ -18,7 +18,7 @@ pub mod errors {
 pub mod sessions {
     /// Version 1.
     pub mod v1 {
-        tonic::include_proto!("agentry.sessions.v1");
+        include!(concat!(env!("OUT_DIR"), "/agentry.sessions.v1.rs"));
     }
 }
 
@@ -26,7 +26,7 @@ pub mod sessions {
 pub mod tools {
     /// Version 1.
     pub mod v1 {
-        tonic::include_proto!("agentry.tools.v1");
+        include!(concat!(env!("OUT_DIR"), "/agentry.tools.v1.rs"));
     }
 }
 
@@ -34,7 +34,7 @@ pub mod tools {
 pub mod scheduler {
     /// Version 1.
     pub mod v1 {
-        tonic::include_proto!("agentry.scheduler.v1");
+        include!(concat!(env!("OUT_DIR"), "/agentry.scheduler.v1.rs"));
     }
 }
 
@@ -42,7 +42,7 @@ pub mod scheduler {
 pub mod orchestrator {
     /// Version 1.
     pub mod v1 {
-        tonic::include_proto!("agentry.orchestrator.v1");
+        include!(concat!(env!("OUT_DIR"), "/agentry.orchestrator.v1.rs"));
     }
 }
 

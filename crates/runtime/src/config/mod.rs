@@ -333,49 +333,6 @@ fn glob_matches(pattern: &str, model: &str) -> bool {
     glob(pattern.as_bytes(), model.as_bytes())
 }
 
-/// What a family of models costs, per million tokens.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ModelPrice {
-    /// A glob on the model name, as for profiles.
-    pub pattern: String,
-    /// Per million prompt tokens.
-    pub input: f64,
-    /// Per million generated tokens.
-    pub output: f64,
-    /// Per million prompt tokens read from the server's prompt cache; unset:
-    /// the same as `input`.
-    #[serde(default)]
-    pub cached_input: Option<f64>,
-    /// Per million prompt tokens written to the server's prompt cache;
-    /// unset: the same as `input`.
-    #[serde(default)]
-    pub cache_write: Option<f64>,
-    /// The currency of the prices; unset: USD.
-    #[serde(default)]
-    pub currency: Option<String>,
-}
-
-impl ModelPrice {
-    /// What a model call with this usage costs: prompt tokens read from the
-    /// cache at `cached_input`, written to it at `cache_write`, the rest at
-    /// `input`; completion tokens at `output`.
-    pub fn cost(&self, usage: &agentry_proto::sessions::v1::TokenUsage) -> f64 {
-        let prompt = usage.prompt_tokens;
-        let cached = usage.cached_prompt_tokens.min(prompt);
-        let written = usage.cache_write_prompt_tokens.min(prompt - cached);
-        let fresh = (prompt - cached - written) as f64 * self.input;
-        let cached = cached as f64 * self.cached_input.unwrap_or(self.input);
-        let written = written as f64 * self.cache_write.unwrap_or(self.input);
-        (fresh + cached + written + usage.completion_tokens as f64 * self.output) / 1_000_000.0
-    }
-
-    /// The currency of the prices.
-    pub fn currency(&self) -> &str {
-        self.currency.as_deref().unwrap_or("USD")
-    }
-}
-
 impl Config {
     /// The profile of the configured model: the first whose pattern matches.
     pub fn model_profile(&self) -> ModelProfile {
@@ -820,7 +777,8 @@ mod agents;
 mod hooks;
 pub use agents::{AgentDefinition, parse_agent_file};
 mod load;
-pub use hooks::{HookConfig, HookEvent, MAX_HOOK_TIMEOUT_SECS};
+pub use agentry_agent::settings::{HookConfig, HookEvent, ModelPrice};
+pub use hooks::MAX_HOOK_TIMEOUT_SECS;
 mod mcp;
 pub use mcp::{MCP_SEPARATOR, McpConfig, McpServerConfig, read_servers_file};
 

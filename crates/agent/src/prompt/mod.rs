@@ -36,7 +36,7 @@ pub struct View {
     /// Sampling temperature.
     pub temperature: Option<f32>,
     /// What the model costs, when configured.
-    pub price: Option<agentry_runtime::config::ModelPrice>,
+    pub price: Option<crate::settings::ModelPrice>,
     /// The window is small: requests are lean (see [`lean`]).
     pub lean: bool,
     /// The first model call of each turn must call a tool

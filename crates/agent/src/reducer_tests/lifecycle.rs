@@ -391,7 +391,7 @@ fn cancel_closes_running_waiting_and_scheduled_calls() {
 
 #[test]
 fn a_turn_ends_with_its_cost_at_the_configured_price() {
-    let price = agentry_runtime::config::ModelPrice {
+    let price = crate::settings::ModelPrice {
         pattern: "*".into(),
         input: 2.0,
         output: 8.0,

@@ -145,7 +145,7 @@ fn cost_limits_use_the_configured_price() {
         ..Default::default()
     });
     let mut view = (*s.state.view.0).clone();
-    view.price = Some(agentry_runtime::config::ModelPrice {
+    view.price = Some(crate::settings::ModelPrice {
         pattern: "*".into(),
         input: 10.0,
         output: 10.0,

@@ -418,20 +418,3 @@ fn a_messages_images_reach_a_model_that_takes_them_and_are_named_for_one_that_do
         }
     }
 }
-
-#[test]
-fn the_cores_defaults_are_the_built_in_configurations() {
-    // The core reads no configuration; its defaults must still say what
-    // config/default.toml says.
-    let agent = &agentry_runtime::Config::builtin().agent;
-    let view = View::default();
-    assert_eq!(view.loop_repeats, agent.loop_repeats);
-    assert_eq!(view.no_progress_steps, agent.no_progress_steps);
-    assert_eq!(view.compaction.enabled, agent.compaction);
-    assert_eq!(view.compaction.threshold, agent.compaction_threshold);
-    assert_eq!(
-        view.compaction.keep_last,
-        agent.compaction_keep_messages as usize
-    );
-    assert_eq!(crate::plan::DEFAULT_MAX_STEPS, agent.plan_max_steps);
-}

@@ -11,11 +11,11 @@ use crate::reducer::{
 };
 use agentry_llm::{Completion, Message, ToolCall, Usage};
 use agentry_policy::{Decision, Policy, SessionRule};
+use agentry_policy::{PolicyConfig, PolicyDecision, PolicyRule};
 use agentry_proto::sessions::v1::{
     self as pb, ApprovalDecision, ApprovalMode, ErrorSource, OutputStream, TokenUsage,
     ToolCallPhase, TurnOutcome, event::Kind,
 };
-use agentry_runtime::config::{PolicyConfig, PolicyDecision, PolicyRule};
 use pretty_assertions::assert_eq;
 use std::collections::BTreeMap;
 use std::sync::Arc;

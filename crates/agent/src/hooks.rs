@@ -16,9 +16,9 @@
 //!   policy alone, and its failure is recorded with its stderr.
 //! - Every hook that ran is a `hook_ran` event in the session's log.
 
+pub use crate::settings::{HookConfig, HookEvent};
 use agentry_policy::Decision;
 use agentry_proto::sessions::v1 as pb;
-pub use agentry_runtime::config::{HookConfig, HookEvent};
 use serde_json::Value;
 
 /// Most context one after_tool hook may add.
