@@ -81,7 +81,7 @@ pub enum PlanCall {
 }
 
 fn status(step: &pb::PlanStep) -> PlanStepStatus {
-    PlanStepStatus::try_from(step.status).unwrap_or(PlanStepStatus::Unspecified)
+    PlanStepStatus::try_from(step.status).unwrap_or(PlanStepStatus::Pending)
 }
 
 impl Plan {
@@ -105,7 +105,7 @@ impl Plan {
             }
         }
         self.stage_start = turn_steps;
-        match PlanStepStatus::try_from(u.status).unwrap_or(PlanStepStatus::Unspecified) {
+        match PlanStepStatus::try_from(u.status).unwrap_or(PlanStepStatus::Pending) {
             PlanStepStatus::InProgress => {
                 self.current = Some(index);
                 self.started = u.started;
@@ -117,7 +117,7 @@ impl Plan {
                 self.stage = Stage::Repairing;
                 self.failure = u.summary.clone();
             }
-            PlanStepStatus::Unspecified => {}
+            PlanStepStatus::Pending => {}
         }
     }
 
@@ -125,7 +125,7 @@ impl Plan {
     pub fn next_pending(&self) -> Option<usize> {
         self.steps
             .iter()
-            .position(|s| status(s) == PlanStepStatus::Unspecified)
+            .position(|s| status(s) == PlanStepStatus::Pending)
     }
 
     /// Every step is done and none runs: the model writes the final answer.
@@ -157,7 +157,7 @@ impl Plan {
     fn outline(&self, out: &mut String) {
         for (i, step) in self.steps.iter().enumerate() {
             let mark = match status(step) {
-                PlanStepStatus::Unspecified => "to do",
+                PlanStepStatus::Pending => "to do",
                 PlanStepStatus::InProgress => "current",
                 PlanStepStatus::Completed => "done",
                 PlanStepStatus::Failed => "failed",
@@ -340,7 +340,7 @@ pub fn parse_call(tool: &str, arguments: &str) -> Result<PlanCall, String> {
                 steps.push(pb::PlanStep {
                     title: clip(&title, MAX_TITLE_CHARS),
                     detail: clip(&detail, MAX_TEXT_CHARS),
-                    status: PlanStepStatus::Unspecified as i32,
+                    status: PlanStepStatus::Pending as i32,
                     summary: String::new(),
                 });
             }
@@ -463,11 +463,11 @@ mod tests {
             steps: vec![
                 step("a", PlanStepStatus::Completed),
                 step("b", PlanStepStatus::Failed),
-                step("c", PlanStepStatus::Unspecified),
+                step("c", PlanStepStatus::Pending),
             ],
             ..Default::default()
         };
-        let revised = plan.revised(vec![step("b2", PlanStepStatus::Unspecified)]);
+        let revised = plan.revised(vec![step("b2", PlanStepStatus::Pending)]);
         let titles: Vec<_> = revised.iter().map(|s| s.title.as_str()).collect();
         assert_eq!(titles, ["a", "b2"]);
     }
@@ -482,8 +482,8 @@ mod tests {
         plan.submitted(
             &pb::PlanSubmitted {
                 steps: vec![
-                    step("read", PlanStepStatus::Unspecified),
-                    step("write", PlanStepStatus::Unspecified),
+                    step("read", PlanStepStatus::Pending),
+                    step("write", PlanStepStatus::Pending),
                 ],
                 revision: 1,
                 reason: String::new(),

@@ -13,11 +13,11 @@ mod migrate;
 mod reminder_cmds;
 mod render;
 mod session_cmds;
-mod terminal;
 mod tui;
 mod turn;
 mod up;
 
+use agentry_client::terminal;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -477,7 +477,7 @@ enum Notice {
     /// A turn ended.
     Finished { turn_id: String, outcome: i32 },
     /// A call waits for a decision (a sub-agent's, relayed, under an id
-    /// naming its session: see [`approval::question_id`]).
+    /// naming its session: see [`agentry_client::relay::question_id`]).
     Approval(spb::ApprovalRequested),
     /// A call is no longer waiting (someone answered, or the turn ended).
     Resolved(String),

@@ -490,7 +490,11 @@ async fn an_image_mentioned_goes_to_a_model_that_takes_images_and_other_files_ar
         .expect("the message in the JSON output");
     assert_eq!(
         message["images"],
-        serde_json::json!([{"path": "shot.png", "mime": "image/png", "bytes": png.len()}])
+        serde_json::json!([{
+            "path": "shot.png",
+            "mime": "image/png",
+            "data": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, png),
+        }])
     );
     // Text named like an image, and a path outside the project: refused
     // before any turn.

@@ -8,10 +8,11 @@
 //! model or a tool prints can move the cursor or change the terminal; an
 //! approval question never takes keys while the person is typing.
 
-use crate::render::Renderer;
 use crate::turn::Limits;
+use agentry_client::view::SessionView;
+pub use agentry_client::view::{Activity as Busy, CallState, Entry, NoteKind, ToolBlock};
 use agentry_proto::orchestrator::v1 as pb;
-use agentry_proto::sessions::v1::{self as spb, ApprovalDecision, event::Kind};
+use agentry_proto::sessions::v1::{self as spb, ApprovalDecision};
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use std::time::Instant;
 
@@ -47,21 +48,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/exit", "leave (also Ctrl+D)"),
 ];
 
-/// The start of a result the orchestrator gives a call a cancel stopped.
-const CANCELLED: &str = "error: cancelled before it finished";
-
-/// An event's time in milliseconds since the epoch.
-fn event_ms(event: &spb::Event) -> Option<i64> {
-    event
-        .time
-        .as_ref()
-        .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
-}
-
 /// See [`App::answer_guard`].
 pub const ANSWER_GUARD: std::time::Duration = std::time::Duration::from_millis(600);
-/// Most output kept per tool call for showing (the log has all of it).
-const MAX_KEPT_OUTPUT: usize = 64 * 1024;
 /// Lines of a running call's output shown live.
 pub const LIVE_LINES: usize = 6;
 
@@ -101,76 +89,6 @@ pub enum Action {
     Rewind(u32),
     /// Leave.
     Quit,
-}
-
-/// How a note is shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoteKind {
-    /// Information.
-    Info,
-    /// Something went wrong.
-    Error,
-    /// A reminder or another event that arrived on its own.
-    Arrived,
-}
-
-/// Where a tool call is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallState {
-    /// Asked for, being checked.
-    Requested,
-    /// Waiting for a person.
-    Waiting,
-    /// Running.
-    Running,
-    /// Finished.
-    Done,
-}
-
-/// One tool call, shown as a block.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolBlock {
-    /// The call's id.
-    pub call_id: String,
-    /// The tool.
-    pub tool: String,
-    /// Its arguments, short.
-    pub summary: String,
-    /// Output so far (capped).
-    pub output: String,
-    /// Where it is.
-    pub state: CallState,
-    /// Its result failed (or was refused).
-    pub is_error: bool,
-    /// How long it ran.
-    pub duration_ms: u64,
-    /// The runner that served it.
-    pub runner: String,
-    /// What a person decided, if asked.
-    pub decision: String,
-    /// When it was asked for (the event's time, in ms since the epoch): a
-    /// call cancelled before its runner answered takes its duration from it.
-    pub requested_ms: Option<i64>,
-}
-
-/// One item of the transcript.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Entry {
-    /// What the person sent.
-    User(String),
-    /// The model's answer (markdown), streaming until its message is logged.
-    Answer {
-        /// The text.
-        text: String,
-        /// Still streaming.
-        streaming: bool,
-    },
-    /// A tool call.
-    Tool(ToolBlock),
-    /// Anything else worth a line.
-    Note(String, NoteKind),
-    /// A turn starts: its number, as `/rewind N` takes it.
-    Turn(u32),
 }
 
 /// What a call waiting for approval would change.
@@ -274,17 +192,6 @@ pub fn distinct_prefixes<'a>(ids: &[&'a str]) -> Vec<&'a str> {
         .collect()
 }
 
-/// What runs now, for the status line.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Busy {
-    /// The model is thinking.
-    Model,
-    /// A tool runs.
-    Tool(String),
-    /// A call waits for the person.
-    Waiting,
-}
-
 /// The line editor.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Editor {
@@ -367,37 +274,8 @@ pub struct App {
     pub disconnected: bool,
     /// That message, sent again by itself while it stays in the input.
     pub resend: Option<String>,
-    /// The model's name.
-    pub model: String,
-    /// Its context window, in tokens (0: unknown).
-    pub context_window: u32,
-    /// Tokens the last model call used (its prompt and answer).
-    pub context_used: u64,
-    /// Tokens of the session's model calls.
-    pub session_tokens: u64,
-    /// What the session's turns cost.
-    pub session_cost: f64,
-    /// In which currency ("" before any priced turn).
-    pub currency: String,
-    /// The transcript.
-    pub entries: Vec<Entry>,
-    /// Each entry's revision (bumped when it changes: the view's cache key).
-    pub revisions: Vec<u64>,
-    /// Each entry was made by events a rewind took out of the
-    /// conversation: shown dimmed, as history.
-    pub rewound: Vec<bool>,
-    /// Each entry's place in the log: the seq of the event that made it
-    /// (streamed text: of the message it becomes).
-    places: Vec<u64>,
-    /// The seq of the last stored event seen.
-    last_seq: u64,
-    /// The place of what the event being shown makes.
-    place: u64,
-    /// The turn numbers.
-    turns: crate::render::TurnCounter,
-    revision: u64,
-    /// A turn runs.
-    pub turn_open: bool,
+    /// The session as its events make it: transcript, figures, questions.
+    pub view: SessionView,
     /// What runs.
     pub busy: Option<Busy>,
     /// When the current activity started.
@@ -421,8 +299,6 @@ pub struct App {
     pub approval_scroll: u16,
     /// Typing the reason of a deny for this call.
     pub deny_reason: Option<String>,
-    /// The answer being streamed (notes may arrive after it meanwhile).
-    streaming_at: Option<usize>,
     /// Lines the transcript is scrolled up from its end.
     pub scroll: usize,
     /// Tool blocks shown whole.
@@ -438,8 +314,6 @@ pub struct App {
     pub spinner: usize,
     /// Something changed since the last draw.
     pub dirty: bool,
-    /// Formats the events shown as notes, as the line chat does.
-    notes: Renderer<Vec<u8>, Vec<u8>>,
 }
 
 impl App {
@@ -451,29 +325,16 @@ impl App {
         context_window: u32,
         network: bool,
     ) -> App {
-        let mut notes = Renderer::new(Vec::new(), Vec::new());
-        notes.show_approvals = false;
+        let mut view = SessionView::new(session_id, clean);
+        view.model = model.to_string();
+        view.context_window = context_window;
         App {
             theme,
             session_id: session_id.to_string(),
             files_root: None,
             disconnected: false,
             resend: None,
-            model: model.to_string(),
-            context_window,
-            context_used: 0,
-            session_tokens: 0,
-            session_cost: 0.0,
-            currency: String::new(),
-            entries: Vec::new(),
-            revisions: Vec::new(),
-            rewound: Vec::new(),
-            places: Vec::new(),
-            last_seq: 0,
-            place: 0,
-            turns: crate::render::TurnCounter::default(),
-            revision: 0,
-            turn_open: false,
+            view,
             busy: None,
             busy_since: None,
             input: Editor::default(),
@@ -486,7 +347,6 @@ impl App {
             approval_hidden: false,
             approval_scroll: 0,
             deny_reason: None,
-            streaming_at: None,
             scroll: 0,
             expanded: false,
             plan_mode: false,
@@ -495,46 +355,13 @@ impl App {
             picker: None,
             spinner: 0,
             dirty: true,
-            notes,
         }
-    }
-
-    fn push(&mut self, entry: Entry) {
-        self.revision += 1;
-        self.entries.push(entry);
-        self.revisions.push(self.revision);
-        self.rewound.push(false);
-        self.places.push(self.place);
-        self.dirty = true;
-    }
-
-    /// The entries made by events after `to_seq` and before `rewind_seq`
-    /// (a rewind's marker) are history now.
-    fn mark_rewound(&mut self, to_seq: u64, rewind_seq: u64) {
-        for i in 0..self.entries.len() {
-            let place = self.places[i];
-            if place > to_seq && place < rewind_seq && !self.rewound[i] {
-                self.rewound[i] = true;
-                self.touch(i);
-            }
-        }
-    }
-
-    fn touch(&mut self, index: usize) {
-        self.revision += 1;
-        if let Some(r) = self.revisions.get_mut(index) {
-            *r = self.revision;
-        }
-        self.dirty = true;
     }
 
     /// Adds a note to the transcript.
     pub fn note(&mut self, text: impl Into<String>, kind: NoteKind) {
-        let text = clean(&text.into());
-        let text = text.trim_matches('\n').to_string();
-        if !text.trim().is_empty() {
-            self.push(Entry::Note(text, kind));
-        }
+        self.view.note(&text.into(), kind);
+        self.dirty = true;
     }
 
     fn set_busy(&mut self, busy: Option<Busy>) {
@@ -543,17 +370,6 @@ impl App {
             self.busy = busy;
             self.dirty = true;
         }
-    }
-
-    fn block_mut(&mut self, call_id: &str) -> Option<(usize, &mut ToolBlock)> {
-        self.entries
-            .iter_mut()
-            .enumerate()
-            .rev()
-            .find_map(|(i, e)| match e {
-                Entry::Tool(b) if b.call_id == call_id => Some((i, b)),
-                _ => None,
-            })
     }
 
     /// The question shown now, if any.
@@ -567,319 +383,47 @@ impl App {
 
     /// Takes one of the session's events; returns what to fetch for it.
     pub fn on_event(&mut self, event: &spb::Event) -> Vec<Action> {
-        let Some(kind) = &event.kind else {
+        if event.kind.is_none() {
             return Vec::new();
-        };
+        }
         self.disconnected = false;
+        let relayed = agentry_client::relay::is_relayed(&self.view.session_id, event);
+        let applied = self.view.apply(event);
         let mut actions = Vec::new();
-        // A sub-agent's question, relayed: asked here, answered there.
-        if let Some(relayed) = crate::approval::relayed(&self.session_id, event) {
-            match relayed {
-                crate::approval::Relayed::Asked(mut request) => {
-                    let id = request.call_id.clone();
-                    let known = self.approvals.iter().any(|p| p.request.call_id == id);
-                    if !known {
-                        request.matched_rule = clean(&request.matched_rule);
-                        let preview = if matches!(request.tool.as_str(), "write_file" | "edit_file")
-                        {
-                            actions.push(Action::Preview(id));
-                            Preview::Loading
-                        } else {
-                            Preview::None
-                        };
-                        self.approval_hidden = false;
-                        self.approvals.push(Pending {
-                            request,
-                            preview,
-                            shown_at: Instant::now(),
-                            edited: false,
-                        });
-                        self.dirty = true;
-                    }
-                }
-                crate::approval::Relayed::Answered(id) => {
-                    let before = self.approvals.len();
-                    self.approvals.retain(|p| p.request.call_id != id);
-                    if before != self.approvals.len() {
-                        self.approval_hidden = false;
-                        self.dirty = true;
-                    }
-                }
-                crate::approval::Relayed::Nothing => {}
-            }
-            return actions;
-        }
-        // Where what this event makes goes in the log.
-        if event.live {
-            self.place = self.last_seq + 1;
-        } else {
-            self.place = event.seq;
-            self.last_seq = self.last_seq.max(event.seq);
-        }
-        if let Some(number) = self.turns.follow(event) {
-            self.push(Entry::Turn(number));
-        }
-        if let Kind::SessionRewound(r) = kind {
-            self.mark_rewound(r.to_seq, event.seq);
-        }
-        // The line renderer keeps the state its notes need (per-step
-        // tokens, the plan's titles, the session's cost so far).
-        self.notes.event(event);
-        let (answer, activity) = self.notes.take_output();
-        let formatted = format!(
-            "{}{}",
-            String::from_utf8_lossy(&answer),
-            String::from_utf8_lossy(&activity)
-        );
-        self.dirty = true;
-        match kind {
-            Kind::UserMessage(m) => {
-                let text = format!("{}{}", m.text, crate::render::images_shown(m));
-                self.push(Entry::User(clean(&text)));
-                self.turn_open = true;
-                self.set_busy(Some(Busy::Model));
-            }
-            Kind::ModelTextDelta(d) => {
-                let text = clean(&d.text);
-                match self.streaming_at {
-                    Some(at) => {
-                        if let Some(Entry::Answer { text: t, .. }) = self.entries.get_mut(at) {
-                            t.push_str(&text);
-                        }
-                        self.touch(at);
-                    }
-                    None => {
-                        self.streaming_at = Some(self.entries.len());
-                        self.push(Entry::Answer {
-                            text,
-                            streaming: true,
-                        });
-                    }
-                }
-            }
-            Kind::ModelMessage(m) => {
-                if let Some(u) = &m.usage {
-                    self.context_used = u.prompt_tokens + u.completion_tokens;
-                    self.session_tokens += u.total_tokens;
-                }
-                if m.context_window > 0 {
-                    self.context_window = m.context_window;
-                }
-                if !m.model.is_empty() {
-                    self.model = clean(&m.model);
-                }
-                let text = clean(&m.text);
-                // The logged answer replaces what streamed of it.
-                match self.streaming_at.take() {
-                    Some(at) => {
-                        if let Some(Entry::Answer { text: t, streaming }) = self.entries.get_mut(at)
-                        {
-                            *t = text;
-                            *streaming = false;
-                        }
-                        self.touch(at);
-                    }
-                    None if !text.trim().is_empty() => self.push(Entry::Answer {
-                        text,
-                        streaming: false,
-                    }),
-                    None => {}
-                }
-            }
-            // The plan's own calls show as the plan, not as blocks of JSON.
-            Kind::ToolCallRequested(c) if crate::render::is_plan_tool(&c.tool) => {}
-            Kind::ToolCallRequested(c) => {
-                self.push(Entry::Tool(ToolBlock {
-                    call_id: c.call_id.clone(),
-                    tool: clean(&c.tool),
-                    summary: clean(&crate::render::short_args(&c.tool, &c.arguments_json)),
-                    output: String::new(),
-                    state: CallState::Requested,
-                    is_error: false,
-                    duration_ms: 0,
-                    runner: String::new(),
-                    decision: String::new(),
-                    requested_ms: event_ms(event),
-                }));
-            }
-            Kind::ToolCallState(s) => {
-                let phase = spb::ToolCallPhase::try_from(s.phase).unwrap_or_default();
-                if phase != spb::ToolCallPhase::AwaitingApproval {
-                    self.resolved(&s.call_id);
-                }
-                let state = match phase {
-                    spb::ToolCallPhase::AwaitingApproval => Some(CallState::Waiting),
-                    spb::ToolCallPhase::Executing => Some(CallState::Running),
-                    _ => None,
+        if let Some(mut request) = applied.asked {
+            let id = request.call_id.clone();
+            if !self.approvals.iter().any(|p| p.request.call_id == id) {
+                request.matched_rule = clean(&request.matched_rule);
+                let preview = if matches!(request.tool.as_str(), "write_file" | "edit_file")
+                    && !request.outcome_unknown
+                {
+                    actions.push(Action::Preview(id));
+                    Preview::Loading
+                } else {
+                    Preview::None
                 };
-                if let Some(state) = state
-                    && let Some((i, block)) = self.block_mut(&s.call_id)
-                {
-                    block.state = state;
-                    let tool = block.tool.clone();
-                    self.touch(i);
-                    self.set_busy(Some(match state {
-                        CallState::Running => Busy::Tool(tool),
-                        _ => Busy::Waiting,
-                    }));
-                }
+                self.approval_hidden = false;
+                self.approvals.push(Pending {
+                    request,
+                    preview,
+                    shown_at: Instant::now(),
+                    edited: false,
+                });
+                self.approval_scroll = 0;
+                self.dirty = true;
             }
-            Kind::ApprovalRequested(a) => {
-                if !self
-                    .approvals
-                    .iter()
-                    .any(|p| p.request.call_id == a.call_id)
-                {
-                    let preview = if matches!(a.tool.as_str(), "write_file" | "edit_file")
-                        && !a.outcome_unknown
-                    {
-                        actions.push(Action::Preview(a.call_id.clone()));
-                        Preview::Loading
-                    } else {
-                        Preview::None
-                    };
-                    self.approval_hidden = false;
-                    self.approvals.push(Pending {
-                        request: a.clone(),
-                        preview,
-                        shown_at: Instant::now(),
-                        edited: false,
-                    });
-                    self.approval_scroll = 0;
-                }
-                self.set_busy(Some(Busy::Waiting));
-            }
-            Kind::ApprovalDecided(d) => {
-                let decision = match ApprovalDecision::try_from(d.decision).unwrap_or_default() {
-                    ApprovalDecision::Approve => "approved".to_string(),
-                    ApprovalDecision::ApproveForSession => "approved for this session".to_string(),
-                    ApprovalDecision::Edit => "edited and approved".to_string(),
-                    ApprovalDecision::Check => "to be checked".to_string(),
-                    ApprovalDecision::Deny if d.reason.is_empty() => "denied".to_string(),
-                    ApprovalDecision::Deny => format!("denied: {}", clean(&d.reason)),
-                    ApprovalDecision::Unspecified => String::new(),
-                };
-                if let Some((i, block)) = self.block_mut(&d.call_id) {
-                    block.decision = decision;
-                    self.touch(i);
-                }
-                self.resolved(&d.call_id);
-                if self.turn_open {
-                    self.set_busy(Some(Busy::Model));
-                }
-            }
-            Kind::ToolOutputChunk(c) => {
-                if let Some((i, block)) = self.block_mut(&c.call_id) {
-                    if block.output.len() < MAX_KEPT_OUTPUT {
-                        block.output.push_str(&clean(&c.text));
-                    }
-                    self.touch(i);
-                }
-            }
-            Kind::ToolResult(r) => {
-                if let Some(u) = &r.sub_agent_usage {
-                    self.session_tokens += u.total_tokens;
-                }
-                if let Some((i, block)) = self.block_mut(&r.call_id) {
-                    block.state = CallState::Done;
-                    block.is_error = r.is_error;
-                    block.duration_ms = r.duration_ms;
-                    // A call cancelled here has no runner's figure: the
-                    // time from its request to its end.
-                    if r.duration_ms == 0
-                        && let (Some(from), Some(to)) = (block.requested_ms, event_ms(event))
-                    {
-                        block.duration_ms = u64::try_from(to - from).unwrap_or(0);
-                    }
-                    block.runner = clean(&r.runner_id);
-                    if r.timed_out {
-                        block.runner.push_str(" · timed out");
-                    } else if r.truncated {
-                        block.runner.push_str(" · output cut");
-                    }
-                    // A sub-agent's tokens count here too, and its block
-                    // says how many.
-                    if let Some(u) = &r.sub_agent_usage {
-                        block.runner =
-                            format!("sub-agent {} tok", super::view::tokens(u.total_tokens));
-                    }
-                    // The result is what the model sees: it replaces the
-                    // live output, but for a cancelled call, whose output so
-                    // far stays above the note, and for a sub-agent's task,
-                    // whose steps stay above its answer (folded like any
-                    // output).
-                    let cancelled = r.output.starts_with(CANCELLED);
-                    let keeps_steps = cancelled || r.tool == agentry_orchestrator::agents::DELEGATE;
-                    let mut output = if keeps_steps && !block.output.trim().is_empty() {
-                        format!("{}\n{}", block.output.trim_end(), clean(&r.output))
-                    } else {
-                        clean(&r.output)
-                    };
-                    if output.len() > MAX_KEPT_OUTPUT {
-                        let cut = floor_boundary(&output, MAX_KEPT_OUTPUT);
-                        output.truncate(cut);
-                        output.push_str("\n[… shortened here; the log has it all]");
-                    }
-                    block.output = output;
-                    self.touch(i);
-                } else if crate::render::is_plan_tool(&r.tool) && r.is_error {
-                    // A plan call has no block: what went wrong is a note.
-                    self.note(formatted, NoteKind::Error);
-                }
-                self.resolved(&r.call_id);
-                if self.turn_open {
-                    self.set_busy(Some(Busy::Model));
-                }
-            }
-            Kind::TurnFinished(t) => {
-                self.turn_open = false;
-                self.set_busy(None);
-                self.approvals.clear();
-                self.deny_reason = None;
-                if let Some(cost) = t.cost {
-                    self.session_cost += cost;
-                    self.currency = t.currency.clone();
-                }
-                if let Some(at) = self.streaming_at.take()
-                    && let Some(Entry::Answer { streaming, .. }) = self.entries.get_mut(at)
-                {
-                    *streaming = false;
-                }
-                self.note(formatted, NoteKind::Info);
-            }
-            Kind::ReminderDue(_) | Kind::McpResourceUpdated(_) => {
-                self.note(formatted, NoteKind::Arrived);
-                if matches!(kind, Kind::McpResourceUpdated(_))
-                    || matches!(kind, Kind::ReminderDue(r) if r.reminder_kind() == spb::ReminderKind::Task)
-                {
-                    self.turn_open = true;
-                    self.set_busy(Some(Busy::Model));
-                }
-            }
-            Kind::Error(_) => self.note(formatted, NoteKind::Error),
-            Kind::ContextCompacted(c) => {
-                if c.tokens_after > 0 {
-                    self.context_used = c.tokens_after;
-                }
-                self.note(formatted, NoteKind::Info);
-            }
-            Kind::CancelRequested(_) => self.note("(cancelling…)", NoteKind::Info),
-            Kind::SkillsetChosen(_)
-            | Kind::PlanSubmitted(_)
-            | Kind::PlanStepUpdated(_)
-            | Kind::LoopDetected(_)
-            | Kind::WorkspaceSnapshot(_)
-            | Kind::SessionRewound(_)
-            | Kind::BudgetExceeded(_)
-            | Kind::HookRan(_)
-            | Kind::InstructionsLoaded(_)
-            | Kind::ToolsOffered(_) => self.note(formatted, NoteKind::Info),
-            Kind::ModelChanged(m) => {
-                if !m.model.is_empty() {
-                    self.model = m.model.clone();
-                }
-                self.note(formatted, NoteKind::Info);
-            }
+        }
+        for id in &applied.resolved {
+            self.resolved(id);
+        }
+        if applied.cleared {
+            self.approvals.clear();
+            self.deny_reason = None;
+        }
+        // A sub-agent's other events change nothing shown here.
+        if !relayed {
+            self.set_busy(self.view.activity.clone());
+            self.dirty = true;
         }
         actions
     }
@@ -963,7 +507,7 @@ impl App {
         // Keys that work everywhere.
         match key.code {
             KeyCode::Char('c') if ctrl => {
-                if self.turn_open {
+                if self.view.turn_open {
                     self.approvals.clear();
                     self.deny_reason = None;
                     return vec![Action::Cancel];
@@ -1132,7 +676,7 @@ impl App {
         if text.starts_with('/') {
             return self.command(&text);
         }
-        if self.turn_open {
+        if self.view.turn_open {
             self.note(
                 "a turn is running: wait for it, or Ctrl+C to cancel it",
                 NoteKind::Error,
@@ -1186,7 +730,7 @@ impl App {
                 self.note(format!("plan mode {state}"), NoteKind::Info);
             }
             "/plan" => {
-                if self.turn_open {
+                if self.view.turn_open {
                     self.note("a turn is running: wait for it, or Ctrl+C to cancel it", NoteKind::Error);
                     return Vec::new();
                 }
@@ -1206,7 +750,7 @@ impl App {
                 self.note(format!("session {id}"), NoteKind::Info);
             }
             "/new" => {
-                if self.turn_open {
+                if self.view.turn_open {
                     self.note(
                         "a turn is running here: cancel it (Ctrl+C) or wait, then /new",
                         NoteKind::Error,
@@ -1220,7 +764,7 @@ impl App {
                 return vec![Action::ListSessions];
             }
             "/model" if !rest.is_empty() => {
-                if self.turn_open {
+                if self.view.turn_open {
                     self.note(
                         "a turn is running: switch the model when it ends",
                         NoteKind::Error,
@@ -1230,16 +774,16 @@ impl App {
                 return vec![Action::SetModel(rest.to_string())];
             }
             "/model" => {
-                let window = if self.context_window > 0 {
-                    format!("{}-token context window", self.context_window)
+                let window = if self.view.context_window > 0 {
+                    format!("{}-token context window", self.view.context_window)
                 } else {
                     "context window unknown".to_string()
                 };
-                let model = self.model.clone();
+                let model = self.view.model.clone();
                 self.note(format!("model {model}, {window}"), NoteKind::Info);
             }
             "/compact" => {
-                if self.turn_open {
+                if self.view.turn_open {
                     self.note("a turn is running: wait for it, or Ctrl+C to cancel it", NoteKind::Error);
                     return Vec::new();
                 }
@@ -1342,7 +886,7 @@ impl App {
         let Some(text) = self.resend.take() else {
             return Vec::new();
         };
-        if self.turn_open || self.input.text != text {
+        if self.view.turn_open || self.input.text != text {
             return Vec::new();
         }
         self.input.take();
@@ -1529,13 +1073,5 @@ impl App {
 /// terminal) shown as a visible escape, by the CLI's one sanitizer; tabs
 /// become spaces.
 pub fn clean(text: &str) -> String {
-    crate::terminal::visible(text).replace('\t', "    ")
-}
-
-/// The largest char boundary at or below `at`.
-fn floor_boundary(text: &str, mut at: usize) -> usize {
-    while at > 0 && !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    at
+    agentry_client::terminal::visible(text).replace('\t', "    ")
 }

@@ -457,7 +457,7 @@ async fn perform(
             if !app.approvals.is_empty() {
                 return Ok(Some(End::Leave(app.approvals.len())));
             }
-            if app.turn_open {
+            if app.view.turn_open {
                 let input = pb::Input {
                     kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
                         reason: "the person left the chat".into(),

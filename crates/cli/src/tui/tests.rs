@@ -387,8 +387,8 @@ fn a_streamed_answer_renders_as_markdown_with_the_status_line() {
     // The status line is one style across the width.
     assert_eq!(buffer[(0, 23)].bg, Color::DarkGray);
     assert_eq!(buffer[(79, 23)].bg, Color::DarkGray);
-    assert_eq!(app.model, "qwen3-coder");
-    assert!(!app.turn_open);
+    assert_eq!(app.view.model, "qwen3-coder");
+    assert!(!app.view.turn_open);
 }
 
 #[test]
@@ -418,13 +418,14 @@ fn an_answer_logged_without_streaming_shows_once() {
     app.on_event(&live(delta("*there*.")));
     app.on_event(&logged(message("Hello *there*.", "", None)));
     let answers = app
+        .view
         .entries
         .iter()
         .filter(|e| matches!(e, Entry::Answer { .. }))
         .count();
     assert_eq!(answers, 1);
     assert_eq!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(&Entry::Answer {
             text: "Hello *there*.".to_string(),
             streaming: false
@@ -545,7 +546,7 @@ fn a_tool_block_shows_live_output_then_folds_its_result() {
     assert_eq!(buffer[(0, at as u16)].fg, Color::Red);
     assert_eq!(buffer[(4, at as u16 + 1)].fg, Color::Red);
     assert!(matches!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(Entry::Tool(b)) if b.is_error && b.state == CallState::Done
     ));
 }
@@ -792,7 +793,7 @@ fn typing_a_message_first_does_not_answer_the_question() {
     assert!(press(&mut app, KeyCode::Enter).is_empty());
     assert_eq!(app.input.text, "dda");
     assert!(matches!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(Entry::Note(text, NoteKind::Error)) if text.contains("a turn is running")
     ));
 }
@@ -1141,7 +1142,7 @@ fn commands_change_the_chat_or_say_they_are_unknown() {
     type_text(&mut app, "/foo bar");
     assert!(press(&mut app, KeyCode::Enter).is_empty());
     assert_eq!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(&Entry::Note(
             "unknown command /foo; /help lists them".to_string(),
             NoteKind::Error
@@ -1195,7 +1196,7 @@ fn commands_change_the_chat_or_say_they_are_unknown() {
     type_text(&mut app, "/budget tokens lots");
     press(&mut app, KeyCode::Enter);
     assert!(matches!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(Entry::Note(text, NoteKind::Error)) if text.contains("not a positive number")
     ));
     type_text(&mut app, "/plan just this");
@@ -1211,13 +1212,13 @@ fn commands_change_the_chat_or_say_they_are_unknown() {
     type_text(&mut app, "/session");
     press(&mut app, KeyCode::Enter);
     assert_eq!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(&Entry::Note(format!("session {SESSION}"), NoteKind::Info))
     );
     type_text(&mut app, "/model");
     press(&mut app, KeyCode::Enter);
     assert_eq!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(&Entry::Note(
             "model configured-model, 32768-token context window".to_string(),
             NoteKind::Info
@@ -1244,7 +1245,7 @@ fn ctrl_c_cancels_a_turn_and_ctrl_d_leaves() {
     assert!(app.on_key(ctrl('c')).is_empty());
     assert!(app.input.is_empty());
     feed(&mut app, vec![user("run the tests")]);
-    assert!(app.turn_open);
+    assert!(app.view.turn_open);
     let rows = screen(&mut app, 80, 24);
     assert_eq!(rows[22], pad("› working… Ctrl+C cancels", 80));
     assert_eq!(app.on_key(ctrl('c')), vec![Action::Cancel]);
@@ -1264,7 +1265,7 @@ fn ctrl_c_cancels_a_turn_and_ctrl_d_leaves() {
             }),
         ],
     );
-    assert!(!app.turn_open);
+    assert!(!app.view.turn_open);
     let rows = screen(&mut app, 80, 24);
     assert!(shows(&rows, "(cancelling…)"), "{}", dump(&rows));
     assert!(shows(&rows, "(turn cancelled)"), "{}", dump(&rows));
@@ -1550,7 +1551,7 @@ fn reminders_and_costs_show_as_notes_and_in_the_status_line() {
         vec![reminder("stand up", spb::ReminderKind::Notify)],
     );
     assert!(actions.is_empty());
-    assert!(!app.turn_open);
+    assert!(!app.view.turn_open);
     let buffer = screen.buffer(&mut app);
     let rows = text_rows(&buffer);
     assert!(rows[0].starts_with("⏰"), "{}", dump(&rows));
@@ -1600,15 +1601,15 @@ fn reminders_and_costs_show_as_notes_and_in_the_status_line() {
         "{}",
         dump(&rows)
     );
-    assert!((app.session_cost - 0.0042).abs() < 1e-12);
-    assert_eq!(app.currency, "USD");
+    assert!((app.view.session_cost - 0.0042).abs() < 1e-12);
+    assert_eq!(app.view.currency, "USD");
 
     // A task reminder starts a turn.
     feed(
         &mut app,
         vec![reminder("check the build", spb::ReminderKind::Task)],
     );
-    assert!(app.turn_open);
+    assert!(app.view.turn_open);
     let rows = screen.draw(&mut app);
     assert!(shows(&rows, "reminder: check the build"), "{}", dump(&rows));
     assert!(rows[23].contains("thinking"), "{}", dump(&rows));
@@ -1621,7 +1622,7 @@ fn reminders_and_costs_show_as_notes_and_in_the_status_line() {
         })],
     );
     assert_eq!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(&Entry::Note(
             "error: model unreachable".to_string(),
             NoteKind::Error
@@ -1738,7 +1739,7 @@ fn control_characters_never_reach_the_screen() {
         assert!(shows(&rows, needle), "{needle:?}\n{}", dump(&rows));
     }
     // What the app keeps is clean as well, not only what ratatui draws.
-    for entry in &app.entries {
+    for entry in &app.view.entries {
         let text = match entry {
             Entry::User(t) | Entry::Note(t, _) | Entry::Answer { text: t, .. } => t.clone(),
             Entry::Tool(b) => format!("{}{}{}", b.tool, b.summary, b.output),
@@ -1794,7 +1795,7 @@ fn a_sub_agents_question_is_kept_apart_from_the_parents_and_answered_to_its_sess
         r#"{"path":"a.txt","content":"x"}"#,
         "sub-agent builder: default for write_file: confirm",
     )));
-    let child_id = crate::approval::question_id(SESSION, "sub-0011", "call_1");
+    let child_id = agentry_client::relay::question_id(SESSION, "sub-0011", "call_1");
     assert_eq!(actions, vec![Action::Preview(child_id.clone())]);
     app.on_event(&logged(ask(
         "bash",
@@ -1851,7 +1852,7 @@ fn slash_new_starts_a_fresh_session_unless_a_turn_runs() {
     let mut app = new_app(true);
     type_text(&mut app, "/new");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![Action::NewSession]);
-    app.turn_open = true;
+    app.view.turn_open = true;
     type_text(&mut app, "/new");
     assert!(press(&mut app, KeyCode::Enter).is_empty());
     let rows = screen(&mut app, 80, 24);
@@ -1886,8 +1887,8 @@ fn a_cancelled_call_keeps_its_output_and_shows_how_long_it_ran() {
     ] {
         app.on_event(&event);
     }
-    let Some(Entry::Tool(block)) = app.entries.last() else {
-        panic!("{:?}", app.entries)
+    let Some(Entry::Tool(block)) = app.view.entries.last() else {
+        panic!("{:?}", app.view.entries)
     };
     assert_eq!(block.duration_ms, 2_500);
     assert_eq!(
@@ -1992,7 +1993,7 @@ fn tab_completes_an_at_path_from_the_session_s_directory() {
     // Two names and nothing in common: they are shown, nothing is added.
     assert_eq!(app.input.text, "explain @src/parser/");
     assert!(matches!(
-        app.entries.last(),
+        app.view.entries.last(),
         Some(Entry::Note(text, NoteKind::Info)) if text.contains("lexer.rs") && text.contains("mod.rs")
     ));
     type_text(&mut app, "l");
@@ -2029,9 +2030,9 @@ fn a_message_not_sent_goes_back_to_the_input_and_the_status_says_disconnected() 
     let again = app.resend_now();
     assert!(matches!(&again[..], [Action::Submit { text, .. }] if text == "hello there"));
     assert!(app.input.is_empty());
-    let notes = app.entries.len();
+    let notes = app.view.entries.len();
     app.not_sent("hello there".into(), "connection refused", true);
-    assert_eq!(app.entries.len(), notes, "a failed retry is quiet");
+    assert_eq!(app.view.entries.len(), notes, "a failed retry is quiet");
     assert_eq!(app.input.text, "hello there");
     // A message the person changed is theirs to send.
     type_text(&mut app, "!");
@@ -2118,9 +2119,10 @@ fn turns_carry_their_numbers_and_a_rewound_turn_shows_as_history() {
     assert!(at("› second") < at("── turn 2 ──"));
     assert!(at("── turn 2 ──") < at("› third"));
     let rewound: Vec<String> = app
+        .view
         .entries
         .iter()
-        .zip(&app.rewound)
+        .zip(&app.view.rewound)
         .filter(|(_, r)| **r)
         .map(|(e, _)| format!("{e:?}"))
         .collect();
@@ -2129,7 +2131,10 @@ fn turns_carry_their_numbers_and_a_rewound_turn_shows_as_history() {
         rewound[1].contains("second") && rewound[2].contains("two"),
         "{rewound:?}"
     );
-    assert!(!app.rewound[app.entries.len() - 1], "the new turn is live");
+    assert!(
+        !app.view.rewound[app.view.entries.len() - 1],
+        "the new turn is live"
+    );
 }
 
 #[test]
@@ -2151,7 +2156,7 @@ fn a_sub_agents_steps_stay_folded_under_its_call_and_its_tokens_count() {
             chunk("d1", "[researcher] ← hello\n"),
         ],
     );
-    let tokens_before = app.session_tokens;
+    let tokens_before = app.view.session_tokens;
     let Kind::ToolResult(mut done) = result("d1", "delegate", "notes say hello", false, 900) else {
         unreachable!()
     };
@@ -2162,7 +2167,7 @@ fn a_sub_agents_steps_stay_folded_under_its_call_and_its_tokens_count() {
         ..Default::default()
     });
     feed(&mut app, vec![Kind::ToolResult(done)]);
-    assert_eq!(app.session_tokens, tokens_before + 1234);
+    assert_eq!(app.view.session_tokens, tokens_before + 1234);
     let rows = screen.draw(&mut app);
     assert!(shows(&rows, "sub-agent 1.2k tok"), "{}", dump(&rows));
     // Folded: the first steps show, the rest is a Ctrl+O away; the answer

@@ -81,17 +81,17 @@ pub fn draw(frame: &mut Frame<'_>, app: &mut App, cache: &mut Cache) {
 
 fn draw_transcript(frame: &mut Frame<'_>, app: &mut App, cache: &mut Cache, area: Rect) {
     let width = area.width.saturating_sub(1).max(10);
-    cache.entries.truncate(app.entries.len());
+    cache.entries.truncate(app.view.entries.len());
     let mut lines: Vec<Line<'static>> = Vec::new();
-    for (i, entry) in app.entries.iter().enumerate() {
-        let revision = app.revisions.get(i).copied().unwrap_or_default();
+    for (i, entry) in app.view.entries.iter().enumerate() {
+        let revision = app.view.revisions.get(i).copied().unwrap_or_default();
         let fresh = cache
             .entries
             .get(i)
             .is_some_and(|(r, w, e, _)| *r == revision && *w == width && *e == app.expanded);
         if !fresh {
             let mut rendered = entry_lines(entry, &app.theme, width, app.expanded, app.spinner);
-            if app.rewound.get(i).copied().unwrap_or(false) {
+            if app.view.rewound.get(i).copied().unwrap_or(false) {
                 as_history(&mut rendered, &app.theme);
             }
             let item = (revision, width, app.expanded, rendered);
@@ -106,7 +106,7 @@ fn draw_transcript(frame: &mut Frame<'_>, app: &mut App, cache: &mut Cache, area
             && b.state == CallState::Running
         {
             cache.entries[i].3 = entry_lines(entry, &app.theme, width, app.expanded, app.spinner);
-            if app.rewound.get(i).copied().unwrap_or(false) {
+            if app.view.rewound.get(i).copied().unwrap_or(false) {
                 as_history(&mut cache.entries[i].3, &app.theme);
             }
         }
@@ -497,7 +497,7 @@ fn draw_input(frame: &mut Frame<'_>, app: &App, area: Rect) {
     if text.is_empty() && app.deny_reason.is_none() {
         let hint = if app.question().is_some() {
             "answer the question above, or type to write a message first"
-        } else if app.turn_open {
+        } else if app.view.turn_open {
             "working… Ctrl+C cancels"
         } else {
             "message the agent · /help · Alt+Enter new line · Ctrl+D leaves"
@@ -524,20 +524,23 @@ fn draw_input(frame: &mut Frame<'_>, app: &App, area: Rect) {
 pub fn status_line(app: &App, width: u16) -> Line<'static> {
     let theme = app.theme;
     let style: Style = theme.status();
-    let mut left = vec![format!(" {}", app.model)];
-    if app.context_window > 0 {
-        let percent = app.context_used as f64 * 100.0 / f64::from(app.context_window);
+    let mut left = vec![format!(" {}", app.view.model)];
+    if app.view.context_window > 0 {
+        let percent = app.view.context_used as f64 * 100.0 / f64::from(app.view.context_window);
         left.push(format!(
             "ctx {}/{} ({percent:.0}%)",
-            tokens(app.context_used),
-            tokens(u64::from(app.context_window))
+            tokens(app.view.context_used),
+            tokens(u64::from(app.view.context_window))
         ));
     } else {
-        left.push(format!("ctx {}", tokens(app.context_used)));
+        left.push(format!("ctx {}", tokens(app.view.context_used)));
     }
-    left.push(format!("{} tok", tokens(app.session_tokens)));
-    if !app.currency.is_empty() || app.session_cost > 0.0 {
-        left.push(crate::render::money(app.session_cost, &app.currency));
+    left.push(format!("{} tok", tokens(app.view.session_tokens)));
+    if !app.view.currency.is_empty() || app.view.session_cost > 0.0 {
+        left.push(agentry_client::text::money(
+            app.view.session_cost,
+            &app.view.currency,
+        ));
     }
     // Ids of sessions made in the same minute share their first eight
     // characters; thirteen tell them apart (and are a prefix to type).

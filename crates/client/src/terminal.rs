@@ -11,7 +11,7 @@
 //! what is on screen is exactly what was sent. Line feeds and tabs stay
 //! (and a carriage return just before a line feed is dropped).
 //!
-//! Every command prints untrusted text through [`visible`] or a
+//! Every client prints untrusted text through [`visible`] or a
 //! [`Visible`] writer; the full-screen chat cleans its own cells with the
 //! same rules.
 
