@@ -247,7 +247,7 @@ pub fn task_usage(log: &[pb::Event]) -> Option<pb::TokenUsage> {
 /// are approved as `approval_mode`): the child's final answer, or why
 /// there is none.
 pub async fn delegate(
-    deps: Arc<Deps>,
+    service: &crate::service::Sessions,
     parent: &str,
     turn_id: &str,
     step: u32,
@@ -255,6 +255,7 @@ pub async fn delegate(
     call: &ToolCall,
     progress: Progress,
 ) -> Result<String, String> {
+    let deps = service.deps().clone();
     let args: DelegateArgs = serde_json::from_str(&call.arguments)
         .map_err(|e| format!("invalid arguments for delegate: {e}"))?;
     let Some(agent) = deps.agents.get(&args.agent) else {
@@ -273,8 +274,6 @@ pub async fn delegate(
     if args.task.trim().is_empty() {
         return Err("the task is empty: say what the agent should do".into());
     }
-    let service = crate::service::OrchestratorService::attached(deps.clone())
-        .ok_or("the orchestrator is stopping")?;
     let child = child_id(parent, turn_id, step, &call.id);
     // The session, made once.
     let link = pb::SessionParent {
@@ -475,10 +474,8 @@ fn one_line(text: &str, max: usize) -> String {
 }
 
 /// Cancels the task `child` if it exists and runs (in the background).
-pub fn cancel_task(deps: Arc<Deps>, child: String) {
-    let Some(service) = crate::service::OrchestratorService::attached(deps.clone()) else {
-        return;
-    };
+pub fn cancel_task(service: crate::service::Sessions, child: String) {
+    let deps = service.deps().clone();
     tokio::spawn(async move {
         // Only an existing task: no session is made for a cancel.
         let exists = deps
@@ -495,7 +492,7 @@ pub fn cancel_task(deps: Arc<Deps>, child: String) {
     });
 }
 
-async fn submit_cancel(service: &crate::service::OrchestratorService, child: String) {
+async fn submit_cancel(service: &crate::service::Sessions, child: String) {
     let _ = service
         .submit(tonic::Request::new(opb::SubmitRequest {
             session_id: child,

@@ -52,9 +52,6 @@ pub struct Deps {
     pub live: Arc<crate::live::LiveHub>,
     /// The agents tasks can be delegated to.
     pub agents: Arc<crate::agents::Agents>,
-    /// The sessions this replica drives (for the delegate tool, which
-    /// drives a child session like a client would).
-    pub(crate) registry: std::sync::OnceLock<std::sync::Weak<crate::service::Registry>>,
 }
 
 impl Deps {
@@ -89,7 +86,6 @@ impl Deps {
             cluster: None,
             live: Arc::default(),
             agents: Arc::default(),
-            registry: std::sync::OnceLock::new(),
         }
     }
 

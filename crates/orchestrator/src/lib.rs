@@ -30,7 +30,9 @@ pub use agentry_agent::{
     hooks, inbox, plan, prompt, reducer, rewind, skillsets, textcalls, tokens,
 };
 pub use deps::Deps;
-pub use service::OrchestratorService;
+pub use service::Sessions;
+/// The gRPC service is the sessions handle itself.
+pub use service::Sessions as OrchestratorService;
 
 use agentry_llm::{ChatClient, ProviderConfig};
 use agentry_proto::orchestrator::v1::orchestrator_server::OrchestratorServer;
@@ -430,6 +432,7 @@ pub async fn run(
     let consumer = tokio::spawn(reminders::consume(orchestrator.clone()));
     // Updates of subscribed MCP resources arrive from the tool runners.
     let mcp_consumer = tokio::spawn(mcp_updates::consume(orchestrator.clone()));
+    let sessions = orchestrator.clone();
     let service = OrchestratorServer::new(orchestrator);
     let served = agentry_runtime::serve(
         listener,
@@ -442,6 +445,9 @@ pub async fn run(
     consumer.abort();
     mcp_consumer.abort();
     recovery.abort();
+    // The actors hold the sessions handle (for the tasks they start): they
+    // end when their handles go.
+    sessions.drop_sessions();
     let _ = stop_heartbeat.send(true);
     if let Some(task) = heartbeat {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task).await;

@@ -7,7 +7,7 @@
 
 use crate::reducer::Input;
 use crate::runners::Replica;
-use crate::service::OrchestratorService;
+use crate::service::Sessions;
 use agentry_proto::sessions::v1 as pb;
 use agentry_proto::tools::v1 as tpb;
 use std::collections::HashMap;
@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 /// Watches every tool runner replica for as long as the orchestrator runs.
-pub async fn consume(service: OrchestratorService) {
+pub async fn consume(service: Sessions) {
     // Dropped (the orchestrator stops) with this task: every watch ends.
     let mut tasks = tokio::task::JoinSet::new();
     let mut watching: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
@@ -38,7 +38,7 @@ pub async fn consume(service: OrchestratorService) {
 }
 
 /// Watches one replica until it leaves the pool, reconnecting with backoff.
-async fn watch_replica(service: OrchestratorService, replica: Arc<Replica>) {
+async fn watch_replica(service: Sessions, replica: Arc<Replica>) {
     let mut delay = Duration::from_millis(200);
     loop {
         match watch_once(&service, &replica).await {
@@ -66,7 +66,7 @@ async fn watch_replica(service: OrchestratorService, replica: Arc<Replica>) {
     }
 }
 
-async fn watch_once(service: &OrchestratorService, replica: &Replica) -> Result<(), tonic::Status> {
+async fn watch_once(service: &Sessions, replica: &Replica) -> Result<(), tonic::Status> {
     let (tx, rx) = mpsc::channel(64);
     let _ = tx
         .send(tpb::McpWatchRequest {

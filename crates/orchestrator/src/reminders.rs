@@ -5,7 +5,7 @@
 //! ids makes it exactly-once in the log.
 
 use crate::reducer::Input;
-use crate::service::OrchestratorService;
+use crate::service::Sessions;
 use agentry_proto::scheduler::v1 as spb;
 use agentry_proto::sessions::v1 as pb;
 use std::time::Duration;
@@ -31,7 +31,7 @@ pub fn event_of(due: &spb::DueReminder) -> Option<(String, pb::ReminderDue)> {
 
 /// Receives due reminders for as long as the orchestrator runs,
 /// reconnecting with backoff whenever the scheduler goes away.
-pub async fn consume(service: OrchestratorService) {
+pub async fn consume(service: Sessions) {
     let mut delay = Duration::from_millis(200);
     loop {
         match consume_once(&service).await {
@@ -45,7 +45,7 @@ pub async fn consume(service: OrchestratorService) {
     }
 }
 
-async fn consume_once(service: &OrchestratorService) -> Result<(), tonic::Status> {
+async fn consume_once(service: &Sessions) -> Result<(), tonic::Status> {
     let (tx, rx) = mpsc::channel(256);
     let subscribe = spb::StreamDueRequest {
         kind: Some(spb::stream_due_request::Kind::Subscribe(spb::Subscribe {

@@ -69,6 +69,9 @@ pub(crate) struct Actor {
     /// The session's lease epoch this replica holds (0: no lease).
     lease_epoch: u64,
     deps: Arc<Deps>,
+    /// The sessions of this replica, for the tasks this session starts
+    /// and ends.
+    sessions: crate::service::Sessions,
     outcomes_tx: mpsc::Sender<Outcome>,
     outcomes: mpsc::Receiver<Outcome>,
     /// Model and tool calls running now, by task id.
@@ -131,9 +134,10 @@ impl Actor {
         state: SessionState,
         event_count: u64,
         lease_epoch: u64,
-        deps: Arc<Deps>,
+        sessions: crate::service::Sessions,
         child: Option<Child>,
     ) -> SessionHandle {
+        let deps = sessions.deps().clone();
         let (commands_tx, commands) = mpsc::channel(64);
         let (outcomes_tx, outcomes) = mpsc::channel(1024);
         let files_changed = state.turn_changes_files();
@@ -146,6 +150,7 @@ impl Actor {
             next_seq: event_count + 1,
             lease_epoch,
             deps,
+            sessions,
             outcomes_tx,
             outcomes,
             in_flight: HashMap::new(),
@@ -571,7 +576,7 @@ impl Actor {
                     crate::agents::child_id(&self.session_id, &turn_id, step, &call_id)
                 });
                 if cancel {
-                    crate::agents::cancel_task(self.deps.clone(), task);
+                    crate::agents::cancel_task(self.sessions.clone(), task);
                 }
             }
         }
@@ -808,6 +813,7 @@ impl Actor {
     fn start_tool_call(&mut self, call: ToolCall, read_only: bool, network: bool) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
+        let sessions = self.sessions.clone();
         let session_id = self.session_id.clone();
         let step = self.state.turn.as_ref().map_or(0, |t| t.steps);
         let turn_id = self.state.turn_id().unwrap_or_default().to_string();
@@ -837,7 +843,7 @@ impl Actor {
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "tool");
                 let result = tool_call::tool_call(
-                    &deps,
+                    &sessions,
                     &session_id,
                     &place,
                     call,

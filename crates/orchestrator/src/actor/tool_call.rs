@@ -31,7 +31,7 @@ pub(super) struct Place {
 
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn tool_call(
-    deps: &Arc<Deps>,
+    sessions: &crate::service::Sessions,
     session_id: &str,
     place: &Place,
     call: ToolCall,
@@ -41,6 +41,7 @@ pub(super) async fn tool_call(
     tx: &mpsc::Sender<Outcome>,
 ) -> pb::ToolResult {
     let started = Instant::now();
+    let deps = sessions.deps();
     let request = ExecuteRequest {
         call_id: call.id.clone(),
         session_id: place.workspace.clone(),
@@ -50,7 +51,7 @@ pub(super) async fn tool_call(
         network,
     };
     if call.name == crate::agents::DELEGATE {
-        return delegate_call(deps, session_id, place, call, task, tx, started).await;
+        return delegate_call(sessions, session_id, place, call, task, tx, started).await;
     }
     if crate::builtin::is_builtin(&call.name) {
         return crate::builtin::run(deps, session_id, &call).await;
@@ -101,7 +102,7 @@ pub(super) async fn tool_call(
 /// A delegate call: the task's progress as the call's output, its answer
 /// as the result.
 async fn delegate_call(
-    deps: &Arc<Deps>,
+    sessions: &crate::service::Sessions,
     session_id: &str,
     place: &Place,
     call: ToolCall,
@@ -126,8 +127,9 @@ async fn delegate_call(
             }
         })
     };
+    let deps = sessions.deps();
     let outcome = crate::agents::delegate(
-        deps.clone(),
+        sessions,
         session_id,
         &place.turn_id,
         place.step,

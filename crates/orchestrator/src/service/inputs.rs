@@ -5,7 +5,7 @@
 
 use super::*;
 
-impl OrchestratorService {
+impl Sessions {
     /// A user message with the MCP resources it mentions (`@server:uri`,
     /// for configured servers) read and attached. A mention of a server
     /// that is not configured is left as written (it may be an address);
@@ -120,7 +120,7 @@ impl OrchestratorService {
     }
 }
 
-impl OrchestratorService {
+impl Sessions {
     /// Refuses a model the model server does not list (when it lists its
     /// models); the configured one (empty) is always fine.
     pub(super) async fn check_model(&self, name: &str) -> Result<(), Status> {

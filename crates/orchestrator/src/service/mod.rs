@@ -1,4 +1,5 @@
-//! The gRPC face of the orchestrator and the registry of session actors.
+//! The sessions a replica drives ([`Sessions`]: the registry of session
+//! actors) and the gRPC face of the orchestrator, which is that handle.
 
 use crate::actor::{Actor, Command, SessionHandle, Submitted};
 use crate::cluster::Driver;
@@ -39,9 +40,13 @@ enum Route {
     Elsewhere(String),
 }
 
-/// The Orchestrator gRPC service.
+/// The sessions this replica drives: one handle that the gRPC service is
+/// and that the delegate tool drives sub-agents' sessions through (submit,
+/// follow), as any client would. Each session's actor holds a clone (so a
+/// task can start its own tasks); [`Sessions::drop_sessions`] ends them all
+/// when the service stops.
 #[derive(Clone)]
-pub struct OrchestratorService {
+pub struct Sessions {
     deps: Arc<Deps>,
     /// One slot per session, each locked on its own while the session loads.
     sessions: Arc<Registry>,
@@ -57,25 +62,19 @@ pub(crate) fn store_status(url: &str, status: Status) -> Status {
     }
 }
 
-impl OrchestratorService {
+impl Sessions {
     /// A service over `deps`.
     pub fn new(deps: Arc<Deps>) -> Self {
-        let sessions: Arc<Registry> = Arc::default();
-        let _ = deps.registry.set(Arc::downgrade(&sessions));
-        Self { deps, sessions }
+        Self {
+            deps,
+            sessions: Arc::default(),
+        }
     }
 
     /// Loads a session's actor here (recovering an interrupted turn) unless
     /// another replica drives it.
     pub(crate) async fn wake(&self, session_id: &str) -> Result<(), Status> {
         self.route(session_id).await.map(|_| ())
-    }
-
-    /// The service whose sessions `deps` serve (for the delegate tool), if
-    /// it still runs.
-    pub fn attached(deps: Arc<Deps>) -> Option<Self> {
-        let sessions = deps.registry.get()?.upgrade()?;
-        Some(Self { deps, sessions })
     }
 
     /// Creates a session; with a project directory, the runners check it
@@ -173,7 +172,7 @@ pub(crate) fn check_client_session_id(session_id: &str) -> Result<(), Status> {
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl Orchestrator for OrchestratorService {
+impl Orchestrator for Sessions {
     async fn create_session(
         &self,
         request: Request<pb::CreateSessionRequest>,

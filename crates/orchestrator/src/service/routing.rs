@@ -5,7 +5,7 @@
 
 use super::*;
 
-impl OrchestratorService {
+impl Sessions {
     /// The actor of a session, loading the session from its log if needed;
     /// with several replicas, the replica that drives the session when it
     /// is not this one.
@@ -189,7 +189,7 @@ impl OrchestratorService {
             state,
             events.len() as u64,
             lease_epoch,
-            self.deps.clone(),
+            self.clone(),
             child,
         );
         Ok(handle)
