@@ -16,6 +16,7 @@
 //! Dropping the delegate call (a cancel, the turn ending) cancels the task.
 
 use crate::deps::Deps;
+use crate::errors::ToolFailure;
 use crate::prompt::View;
 use crate::reducer::{Catalog, ToolFlags};
 use agentry_llm::{ToolCall, ToolDefinition};
@@ -254,7 +255,7 @@ pub async fn delegate(
     approval_mode: pb::ApprovalMode,
     call: &ToolCall,
     progress: Progress,
-) -> Result<String, String> {
+) -> Result<String, ToolFailure> {
     let deps = service.deps().clone();
     let args: DelegateArgs = serde_json::from_str(&call.arguments)
         .map_err(|e| format!("invalid arguments for delegate: {e}"))?;
@@ -265,11 +266,11 @@ pub async fn delegate(
             .iter()
             .map(|a| a.def.name.clone())
             .collect();
-        return Err(format!(
+        return Err(ToolFailure(format!(
             "no agent {:?}; the agents are: {}",
             args.agent,
             names.join(", ")
-        ));
+        )));
     };
     if args.task.trim().is_empty() {
         return Err("the task is empty: say what the agent should do".into());
@@ -305,12 +306,17 @@ pub async fn delegate(
                 .map_err(|s| format!("cannot read the task's session: {}", s.message()))?
                 .into_inner();
             if existing.parent.as_ref() != Some(&link) {
-                return Err(format!(
+                return Err(ToolFailure(format!(
                     "session {child} exists and is not this call's task; not using it"
-                ));
+                )));
             }
         }
-        Err(status) => return Err(format!("cannot start the task: {}", status.message())),
+        Err(status) => {
+            return Err(ToolFailure(format!(
+                "cannot start the task: {}",
+                status.message()
+            )));
+        }
     }
     // A call that ends without the answer (cancelled, refused) cancels its
     // task when its result is recorded (the actor's `cancel_task`).
@@ -432,8 +438,9 @@ pub async fn delegate(
                 open.retain(|q| !same_call(q, &s.call_id));
             }
             Kind::TurnFinished(_) => {
-                return finished(std::slice::from_ref(&event))
-                    .unwrap_or_else(|| Err("the task ended without an answer".to_string()));
+                return finished(std::slice::from_ref(&event)).unwrap_or_else(|| {
+                    Err(ToolFailure("the task ended without an answer".to_string()))
+                });
             }
             _ => {}
         }
@@ -442,12 +449,12 @@ pub async fn delegate(
 }
 
 /// The task's answer once its turn has finished.
-fn finished(log: &[pb::Event]) -> Option<Result<String, String>> {
+fn finished(log: &[pb::Event]) -> Option<Result<String, ToolFailure>> {
     log.iter().rev().find_map(|e| match &e.kind {
         Some(Kind::TurnFinished(f)) => Some(match pb::TurnOutcome::try_from(f.outcome) {
             Ok(pb::TurnOutcome::Completed) => Ok(f.message.clone()),
-            Ok(pb::TurnOutcome::Cancelled) => Err("the task was cancelled".to_string()),
-            _ => Err(format!("the task stopped: {}", f.message)),
+            Ok(pb::TurnOutcome::Cancelled) => Err("the task was cancelled".into()),
+            _ => Err(ToolFailure(format!("the task stopped: {}", f.message))),
         }),
         _ => None,
     })

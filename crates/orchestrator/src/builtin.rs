@@ -3,6 +3,7 @@
 //! reads the session's own log (the originals of compacted messages).
 
 use crate::deps::Deps;
+use crate::errors::ToolFailure;
 use crate::reducer::ToolFlags;
 use agentry_llm::{ToolCall, ToolDefinition};
 use agentry_proto::scheduler::v1 as spb;
@@ -188,9 +189,10 @@ struct CancelArgs {
     reminder_id: String,
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(tool: &str, json: &str) -> Result<T, String> {
+fn parse<T: for<'de> Deserialize<'de>>(tool: &str, json: &str) -> Result<T, ToolFailure> {
     let json = if json.trim().is_empty() { "{}" } else { json };
-    serde_json::from_str(json).map_err(|e| format!("invalid arguments for {tool}: {e}"))
+    serde_json::from_str(json)
+        .map_err(|e| ToolFailure(format!("invalid arguments for {tool}: {e}")))
 }
 
 fn format_time(t: Option<&prost_types::Timestamp>) -> String {
@@ -232,7 +234,7 @@ pub async fn run(deps: &Deps, session_id: &str, call: &ToolCall) -> pb::ToolResu
         "cancel_reminder" => cancel(deps, session_id, &call.arguments).await,
         "recall" => recall(deps, session_id, &call.arguments).await,
         MCP_SUBSCRIBE => mcp_subscribe(deps, session_id, &call.arguments).await,
-        other => Err(format!("{other} is not a built-in tool")),
+        other => Err(ToolFailure(format!("{other} is not a built-in tool"))),
     };
     result_of(call, outcome, started)
 }
@@ -241,7 +243,7 @@ pub async fn run(deps: &Deps, session_id: &str, call: &ToolCall) -> pb::ToolResu
 /// error the model is told.
 pub(crate) fn result_of(
     call: &ToolCall,
-    outcome: Result<String, String>,
+    outcome: Result<String, ToolFailure>,
     started: Instant,
 ) -> pb::ToolResult {
     let (output, is_error) = match outcome {
@@ -271,7 +273,11 @@ struct SubscribeArgs {
     unsubscribe: bool,
 }
 
-async fn mcp_subscribe(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, String> {
+async fn mcp_subscribe(
+    deps: &Deps,
+    session_id: &str,
+    arguments: &str,
+) -> Result<String, ToolFailure> {
     let args: SubscribeArgs = parse(MCP_SUBSCRIBE, arguments)?;
     let request = agentry_proto::tools::v1::McpSubscribeRequest {
         session_id: session_id.to_string(),
@@ -334,15 +340,15 @@ fn scheduler_error(deps: &Deps, status: tonic::Status) -> String {
     }
 }
 
-async fn schedule(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, String> {
+async fn schedule(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, ToolFailure> {
     let args: ScheduleArgs = parse("schedule_reminder", arguments)?;
     let kind = match args.kind.as_deref().unwrap_or("notify") {
         "notify" => pb::ReminderKind::Notify,
         "task" => pb::ReminderKind::Task,
         other => {
-            return Err(format!(
+            return Err(ToolFailure(format!(
                 "kind must be \"notify\" or \"task\", not {other:?}"
-            ));
+            )));
         }
     };
     if args.due.is_none() && args.cron.is_none() {
@@ -369,7 +375,7 @@ async fn schedule(deps: &Deps, session_id: &str, arguments: &str) -> Result<Stri
     Ok(format!("scheduled reminder {}", describe(&reminder)))
 }
 
-async fn list(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, String> {
+async fn list(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, ToolFailure> {
     let args: ListArgs = parse("list_reminders", arguments)?;
     let status = match args.status.as_deref().unwrap_or("pending") {
         "pending" => spb::ReminderStatus::Pending,
@@ -377,9 +383,9 @@ async fn list(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, 
         "cancelled" => spb::ReminderStatus::Cancelled,
         "all" => spb::ReminderStatus::Unspecified,
         other => {
-            return Err(format!(
+            return Err(ToolFailure(format!(
                 "status must be pending, completed, cancelled or all, not {other:?}"
-            ));
+            )));
         }
     };
     let reminders = deps
@@ -403,7 +409,7 @@ async fn list(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, 
         .join("\n"))
 }
 
-async fn cancel(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, String> {
+async fn cancel(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, ToolFailure> {
     let args: CancelArgs = parse("cancel_reminder", arguments)?;
     let reminder = deps
         .scheduler
@@ -418,13 +424,13 @@ async fn cancel(deps: &Deps, session_id: &str, arguments: &str) -> Result<String
     Ok(format!("cancelled reminder {}", describe(&reminder)))
 }
 
-async fn recall(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, String> {
+async fn recall(deps: &Deps, session_id: &str, arguments: &str) -> Result<String, ToolFailure> {
     let args: RecallArgs = parse("recall", arguments)?;
     if args.from_seq == 0 || args.to_seq < args.from_seq {
-        return Err(format!(
+        return Err(ToolFailure(format!(
             "from_seq must be at least 1 and to_seq at least from_seq (got {} and {})",
             args.from_seq, args.to_seq
-        ));
+        )));
     }
     // Streamed deltas and state changes are skipped, so pages are read
     // until enough events worth showing are found.
@@ -481,10 +487,10 @@ async fn recall(deps: &Deps, session_id: &str, arguments: &str) -> Result<String
         from = last.saturating_add(1);
     }
     match last_read {
-        None => Err(format!(
+        None => Err(ToolFailure(format!(
             "the conversation has no events from seq {}",
             args.from_seq
-        )),
+        ))),
         Some(last) if out.is_empty() => Ok(format!(
             "events {}–{last} hold no messages or tool results",
             args.from_seq

@@ -57,20 +57,24 @@ impl Cluster {
     /// A replica reached at `url`; `auto`: at this host's own address
     /// (its first non-loopback IPv4 address, as a container or a pod has)
     /// on the port of `listen`.
-    pub fn new(url: &str, listen: std::net::SocketAddr, auth: &Auth) -> Result<Cluster, String> {
+    pub fn new(
+        url: &str,
+        listen: std::net::SocketAddr,
+        auth: &Auth,
+    ) -> Result<Cluster, crate::errors::SettingError> {
         let url = if url == "auto" {
-            let ip = own_address().ok_or_else(|| {
+            let ip = own_address().ok_or(
                 "orchestrator.advertise_url = \"auto\": this host has no address other \
-                 replicas could reach; set the URL"
-                    .to_string()
-            })?;
+                 replicas could reach; set the URL",
+            )?;
             format!("http://{ip}:{}", listen.port())
         } else if url.starts_with("http://") || url.starts_with("https://") {
             url.trim_end_matches('/').to_string()
         } else {
             return Err(format!(
                 "orchestrator.advertise_url {url:?} is not an http(s) URL (or \"auto\")"
-            ));
+            )
+            .into());
         };
         Ok(Cluster {
             instance_id: uuid::Uuid::now_v7().to_string(),
@@ -275,7 +279,7 @@ mod tests {
         let error = Cluster::new("orchestrator-1:7741", listen, &auth)
             .err()
             .unwrap();
-        assert!(error.contains("not an http(s) URL"), "{error}");
+        assert!(error.0.contains("not an http(s) URL"), "{error}");
         // Each replica is its own instance.
         let other = Cluster::new("http://orchestrator-1:7741", listen, &auth).unwrap();
         assert_ne!(given.instance_id, other.instance_id);
@@ -286,7 +290,7 @@ mod tests {
                 assert!(!auto.url.contains("127.0.0.1"), "{}", auto.url);
             }
             // A machine with no route anywhere has no such address.
-            Err(e) => assert!(e.contains("set the URL"), "{e}"),
+            Err(e) => assert!(e.0.contains("set the URL"), "{e}"),
         }
     }
 

@@ -59,7 +59,7 @@ pub enum RunError {
     },
     /// The tool runners' addresses are unusable.
     #[error("tool_runner.url: {0}")]
-    Runners(String),
+    Runners(errors::SettingError),
     /// The model client cannot be set up.
     #[error(transparent)]
     Model(#[from] agentry_llm::LlmError),
@@ -77,8 +77,8 @@ pub enum RunError {
     #[error("{0}")]
     Metrics(String),
     /// A setting is unusable.
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] errors::SettingError),
     /// Serving failed.
     #[error(transparent)]
     Serve(#[from] agentry_runtime::ServeError),
@@ -247,12 +247,12 @@ async fn check_agent_tools(config: &Config, deps: &Deps) -> Result<(), RunError>
                 .file
                 .as_ref()
                 .map_or("[[agents]]".to_string(), |f| f.display().to_string());
-            return Err(RunError::Config(format!(
+            return Err(RunError::Config(errors::SettingError(format!(
                 "{source}: agent {:?} names the tool {tool:?}, which no tool runner or the \
                  orchestrator offers (did you mean {nearest:?}?). The tools: {}",
                 agent.name,
                 known.join(", ")
-            )));
+            ))));
         }
     }
     Ok(())

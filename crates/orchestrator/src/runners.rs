@@ -17,6 +17,7 @@
 //! - any other call is reported lost, with a clear error for the model: it
 //!   may or may not have run, so it is never repeated behind its back.
 
+use crate::errors::SettingError;
 use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
 use agentry_proto::tools::v1::{
     ExecuteRequest, ExecuteResult, ListToolsRequest, ListToolsResponse, OutputChunk,
@@ -58,16 +59,16 @@ struct Target {
 }
 
 impl Target {
-    fn parse(url: &str) -> Result<Target, String> {
+    fn parse(url: &str) -> Result<Target, SettingError> {
         let url = url.trim().trim_end_matches('/');
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| format!("{url:?} is not an http(s) URL"))?;
         if scheme != "http" && scheme != "https" {
-            return Err(format!("{url:?} is not an http(s) URL"));
+            return Err(format!("{url:?} is not an http(s) URL").into());
         }
         if rest.contains('/') {
-            return Err(format!("{url:?} must not have a path"));
+            return Err(format!("{url:?} must not have a path").into());
         }
         let (host, port) = match rest.rsplit_once(':') {
             Some((host, port)) if !port.contains(']') => {
@@ -79,7 +80,7 @@ impl Target {
             _ => (rest, if scheme == "https" { 443 } else { 80 }),
         };
         if host.is_empty() {
-            return Err(format!("{url:?} has no host"));
+            return Err(format!("{url:?} has no host").into());
         }
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let dynamic = scheme == "http" && bare.parse::<IpAddr>().is_err() && bare != "localhost";
@@ -94,7 +95,7 @@ impl Target {
 }
 
 /// Parses `tool_runner.url`: one URL or several separated by commas.
-fn parse_targets(urls: &str) -> Result<Vec<Target>, String> {
+fn parse_targets(urls: &str) -> Result<Vec<Target>, SettingError> {
     let targets = urls
         .split(',')
         .filter(|u| !u.trim().is_empty())
@@ -124,7 +125,7 @@ pub struct Replica {
 }
 
 impl Replica {
-    fn new(url: String, source: &str, auth: &Auth) -> Result<Replica, String> {
+    fn new(url: String, source: &str, auth: &Auth) -> Result<Replica, SettingError> {
         let channel = auth
             .endpoint(&url)
             .map_err(|e| format!("tool runner: {e}"))?
@@ -239,7 +240,7 @@ impl Drop for RunnerPool {
 impl RunnerPool {
     /// A pool for `tool_runner.url`. Static addresses become replicas now;
     /// names are resolved on first use.
-    pub fn new(urls: &str, auth: &Auth) -> Result<Arc<RunnerPool>, String> {
+    pub fn new(urls: &str, auth: &Auth) -> Result<Arc<RunnerPool>, SettingError> {
         let targets = parse_targets(urls)?;
         let mut replicas = Vec::new();
         for target in targets.iter().filter(|t| !t.dynamic) {

@@ -46,7 +46,7 @@ pub fn planned_source(configured: u32) -> String {
 pub fn decide(
     model: &str,
     configured: u32,
-    server: Result<Option<ServerWindow>, String>,
+    server: Result<Option<ServerWindow>, &LlmError>,
 ) -> Decision {
     let planned = context_window(model, configured);
     let planned_source = planned_source(configured);
@@ -121,15 +121,15 @@ pub fn decide(
 /// `deps` and logs the outcome. `Err` with the reason when the server
 /// cannot be asked yet: it does not listen, does not answer in time, or is
 /// still loading.
-pub async fn settle(deps: &Deps, configured: u32) -> Result<(), String> {
+pub async fn settle(deps: &Deps, configured: u32) -> Result<(), LlmError> {
     let llm = deps.llm();
     let server = match llm.server_context_window(PROBE_TIMEOUT).await {
         Err(e) if not_ready(&e) => {
             tracing::debug!(error = %e, "the model server cannot say its context window yet");
             deps.set_model_problem(Some(format!("model unreachable at {}: {e}", llm.url())));
-            return Err(e.to_string());
+            return Err(e);
         }
-        other => other.map_err(|e| e.to_string()),
+        other => other,
     };
     // A model the server does not have fails every turn: said at once.
     deps.set_model_problem(None);
@@ -150,7 +150,10 @@ pub async fn settle(deps: &Deps, configured: u32) -> Result<(), String> {
              says how to fix it)"
         );
     }
-    apply(deps, decide(llm.model(), configured, server));
+    apply(
+        deps,
+        decide(llm.model(), configured, server.as_ref().map(Clone::clone)),
+    );
     Ok(())
 }
 
@@ -171,15 +174,17 @@ pub async fn keep_trying(deps: Arc<Deps>, configured: u32) {
         "model unreachable: turns fail until the model server answers (asking again in the \
          background; `agentry doctor` says how to fix it)"
     );
-    let mut last = String::new();
+    let mut last = None;
     for _ in 0..RETRIES {
         tokio::time::sleep(RETRY_EVERY).await;
         match settle(&deps, configured).await {
             Ok(()) => return,
-            Err(why) => last = why,
+            Err(why) => last = Some(why),
         }
     }
-    apply(&deps, decide(deps.llm().model(), configured, Err(last)));
+    if let Some(last) = last {
+        apply(&deps, decide(deps.llm().model(), configured, Err(&last)));
+    }
 }
 
 /// The server may answer later: it does not listen yet, is slow, or says
@@ -211,7 +216,10 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
-    fn stated(tokens: Option<u32>, kind: WindowKind) -> Result<Option<ServerWindow>, String> {
+    fn stated(
+        tokens: Option<u32>,
+        kind: WindowKind,
+    ) -> Result<Option<ServerWindow>, &'static LlmError> {
         Ok(Some(ServerWindow {
             tokens,
             kind,
@@ -258,7 +266,11 @@ mod tests {
     fn silence_and_failure_keep_the_plan() {
         let d = decide("gpt-4o", 0, Ok(None));
         assert_eq!((d.tokens, d.warning), (128_000, None));
-        let d = decide("x", 4096, Err("connection refused".into()));
+        let refused = LlmError::Connect {
+            url: "http://127.0.0.1:1/v1/models".into(),
+            reason: "connection refused".into(),
+        };
+        let d = decide("x", 4096, Err(&refused));
         assert_eq!(d.tokens, 4096);
         assert!(d.warning.unwrap().contains("connection refused"));
         let d = decide("x", 0, stated(None, WindowKind::Serving));

@@ -60,3 +60,52 @@ fn no_production_code_decides_by_a_status_message() {
         found.join("\n")
     );
 }
+
+/// The crates of the four services: their errors are typed (a thiserror
+/// type per kind of failure), never a bare `String`.
+const SERVICE_CRATES: &[&str] = &["orchestrator", "tool-runner", "scheduler", "session-store"];
+
+#[test]
+fn the_services_fail_with_typed_errors_not_strings() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for name in SERVICE_CRATES {
+        sources(&crates.join(name).join("src"), &mut files);
+    }
+    assert!(files.len() > 50, "found only {} sources", files.len());
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let production = text.split("#[cfg(test)]").next().unwrap_or_default();
+        // `Result<T, String>`, with any T (a nested generic included).
+        let flat: String = production.split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut rest = flat.as_str();
+        while let Some(at) = rest.find("Result<") {
+            rest = &rest[at + "Result<".len()..];
+            let mut depth = 1;
+            let mut last_comma = None;
+            for (i, c) in rest.char_indices() {
+                match c {
+                    '<' | '(' => depth += 1,
+                    '>' | ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            let error = last_comma.map(|c: usize| rest[c + 1..i].trim());
+                            if error == Some("String") {
+                                found.push(format!("{}: Result<{}>", file.display(), &rest[..i]));
+                            }
+                            break;
+                        }
+                    }
+                    ',' if depth == 1 => last_comma = Some(i),
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "give these failures a type of their own (see `agentry_tool_runner::errors`):\n{}",
+        found.join("\n")
+    );
+}

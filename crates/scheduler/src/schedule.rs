@@ -70,6 +70,17 @@ pub enum ScheduleError {
     TooFar(String),
 }
 
+/// What is wrong with one field of a cron expression (the expression's
+/// [`ScheduleError::InvalidCron`] gives its reason).
+#[derive(Debug)]
+struct FieldError(String);
+
+impl From<String> for FieldError {
+    fn from(reason: String) -> Self {
+        FieldError(reason)
+    }
+}
+
 fn invalid_due(input: &str, reason: impl Into<String>) -> ScheduleError {
     ScheduleError::InvalidDue {
         input: input.to_string(),
@@ -296,7 +307,7 @@ impl Recurrence {
                     "it is empty; {CRON_FORM}, for example \"0 9 * * 1\""
                 )));
             }
-            [word] if word.starts_with('@') => expand_macro(word).map_err(invalid)?,
+            [word] if word.starts_with('@') => expand_macro(word).map_err(|e| invalid(e.0))?,
             [minute, hour, day_of_month, month, day_of_week] => {
                 [minute, hour, day_of_month, month, day_of_week]
             }
@@ -327,11 +338,11 @@ impl Recurrence {
                 )));
             }
         }
-        let minutes = parse_field(&MINUTE, minute).map_err(invalid)?;
-        let hours = parse_field(&HOUR, hour).map_err(invalid)?;
-        let days_of_month = parse_field(&DAY_OF_MONTH, day_of_month).map_err(invalid)?;
-        let months = parse_field(&MONTH, month).map_err(invalid)?;
-        let mut days_of_week = parse_field(&DAY_OF_WEEK, day_of_week).map_err(invalid)?;
+        let minutes = parse_field(&MINUTE, minute).map_err(|e| invalid(e.0))?;
+        let hours = parse_field(&HOUR, hour).map_err(|e| invalid(e.0))?;
+        let days_of_month = parse_field(&DAY_OF_MONTH, day_of_month).map_err(|e| invalid(e.0))?;
+        let months = parse_field(&MONTH, month).map_err(|e| invalid(e.0))?;
+        let mut days_of_week = parse_field(&DAY_OF_WEEK, day_of_week).map_err(|e| invalid(e.0))?;
         // 7 is Sunday too.
         if days_of_week.get(7).copied().unwrap_or(false)
             && let Some(sunday) = days_of_week.get_mut(0)
@@ -503,18 +514,20 @@ impl Recurrence {
 }
 
 /// Expands a crontab macro into its 5 fields.
-fn expand_macro(word: &str) -> Result<[&'static str; 5], String> {
+fn expand_macro(word: &str) -> Result<[&'static str; 5], FieldError> {
     match word.to_ascii_lowercase().as_str() {
         "@yearly" | "@annually" => Ok(["0", "0", "1", "1", "*"]),
         "@monthly" => Ok(["0", "0", "1", "*", "*"]),
         "@weekly" => Ok(["0", "0", "*", "*", "0"]),
         "@daily" | "@midnight" => Ok(["0", "0", "*", "*", "*"]),
         "@hourly" => Ok(["0", "*", "*", "*", "*"]),
-        "@reboot" => Err(format!("@reboot is not a schedule; {CRON_FORM}")),
-        _ => Err(format!(
+        "@reboot" => Err(FieldError(format!(
+            "@reboot is not a schedule; {CRON_FORM}"
+        ))),
+        _ => Err(FieldError(format!(
             "unknown macro {word}; use @yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly, \
              or {CRON_FORM}"
-        )),
+        ))),
     }
 }
 
@@ -612,20 +625,22 @@ const DAY_OF_WEEK: FieldSpec = FieldSpec {
 /// Parses one crontab field (`*`, values, ranges `a-b`, lists `a,b`, steps
 /// `*/n`, `a-b/n` and `a/n`, which runs to the end of the range) into the
 /// values it selects: `result[v]` says whether value `v` is selected.
-fn parse_field(spec: &FieldSpec, text: &str) -> Result<Vec<bool>, String> {
+fn parse_field(spec: &FieldSpec, text: &str) -> Result<Vec<bool>, FieldError> {
     let name = spec.name;
     let mut selected = vec![false; spec.max + 1];
     for item in text.split(',') {
         if item.is_empty() {
-            return Err(format!("the {name} field {text:?} has an empty list item"));
+            return Err(FieldError(format!(
+                "the {name} field {text:?} has an empty list item"
+            )));
         }
         let (range, step) = match item.split_once('/') {
             Some((range, step)) => match step.parse::<usize>() {
                 Ok(step) if step > 0 => (range, Some(step)),
                 Ok(_) | Err(_) => {
-                    return Err(format!(
+                    return Err(FieldError(format!(
                         "the step in the {name} field {item:?} must be a whole number of at least 1"
-                    ));
+                    )));
                 }
             },
             None => (item, None),
@@ -639,9 +654,9 @@ fn parse_field(spec: &FieldSpec, text: &str) -> Result<Vec<bool>, String> {
                 0 if spec.max == 7 && start > 0 => (start, 7),
                 end if end >= start => (start, end),
                 _ => {
-                    return Err(format!(
+                    return Err(FieldError(format!(
                         "the {name} range {range:?} runs backwards; split it into two ranges"
-                    ));
+                    )));
                 }
             }
         } else {
@@ -661,25 +676,25 @@ fn parse_field(spec: &FieldSpec, text: &str) -> Result<Vec<bool>, String> {
 }
 
 /// One value of a field, as a number or a name.
-fn field_value(spec: &FieldSpec, text: &str) -> Result<usize, String> {
+fn field_value(spec: &FieldSpec, text: &str) -> Result<usize, FieldError> {
     let (name, accepts) = (spec.name, spec.accepts);
     if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit()) {
         return match text.parse::<usize>() {
             Ok(value) if (spec.min..=spec.max).contains(&value) => Ok(value),
-            Ok(_) | Err(_) => Err(format!(
+            Ok(_) | Err(_) => Err(FieldError(format!(
                 "{text} is out of range for the {name} field; use {accepts}"
-            )),
+            ))),
         };
     }
     let lower = text.to_ascii_lowercase();
     match spec.names.iter().find(|(known, _)| *known == lower) {
         Some(&(_, value)) => Ok(value),
-        None if spec.names.is_empty() => Err(format!(
+        None if spec.names.is_empty() => Err(FieldError(format!(
             "the {name} field takes numbers ({accepts}), not {text:?}"
-        )),
-        None => Err(format!(
+        ))),
+        None => Err(FieldError(format!(
             "{text:?} is not valid in the {name} field; use {accepts}"
-        )),
+        ))),
     }
 }
 

@@ -18,6 +18,7 @@
 //! through its loopback TCP port, the only port Landlock lets them connect
 //! to.
 
+use crate::errors::NoNetwork;
 use crate::web::FetchError;
 use crate::web::ssrf::Guard;
 use agentry_sandbox::ProxyRoute;
@@ -56,7 +57,7 @@ const PASS_USER: &str = "agentry";
 pub struct Egress {
     guard: Guard,
     passes: Mutex<HashMap<String, Arc<Usage>>>,
-    route: Result<ProxyRoute, String>,
+    route: Result<ProxyRoute, NoNetwork>,
 }
 
 impl std::fmt::Debug for Egress {
@@ -202,15 +203,20 @@ impl Egress {
                         Ok(ProxyRoute::Host { port: addr.port() }),
                         Some(Listener::Tcp(listener)),
                     ),
-                    Err(e) => (Err(format!("the network proxy has no address: {e}")), None),
+                    Err(e) => (
+                        Err(NoNetwork(format!("the network proxy has no address: {e}"))),
+                        None,
+                    ),
                 },
                 Err(e) => (
-                    Err(format!("the network proxy cannot listen on loopback: {e}")),
+                    Err(NoNetwork(format!(
+                        "the network proxy cannot listen on loopback: {e}"
+                    ))),
                     None,
                 ),
             }
         } else {
-            (Err(why_not.to_string()), None)
+            (Err(NoNetwork(why_not.to_string())), None)
         };
         let egress = Arc::new(Egress {
             guard,
@@ -231,12 +237,12 @@ impl Egress {
     }
 
     /// Whether calls can be granted network, or why not.
-    pub fn available(&self) -> Result<(), String> {
+    pub fn available(&self) -> Result<(), NoNetwork> {
         self.route.as_ref().map(|_| ()).map_err(Clone::clone)
     }
 
     /// Network for one call.
-    pub fn grant(self: &Arc<Self>) -> Result<Pass, String> {
+    pub fn grant(self: &Arc<Self>) -> Result<Pass, NoNetwork> {
         let route = self.route.clone()?;
         let token = new_token().map_err(|e| format!("cannot make a network credential: {e}"))?;
         let usage = Arc::new(Usage::default());
@@ -272,23 +278,23 @@ enum Listener {
     Tcp(tokio::net::TcpListener),
 }
 
-fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, String> {
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, NoNetwork> {
     use std::os::unix::fs::PermissionsExt;
     if path.as_os_str().len() > MAX_SOCKET_PATH {
-        return Err(format!(
+        return Err(NoNetwork(format!(
             "the network proxy's socket path {} is too long for a Unix socket; use a shorter \
              workspace root",
             path.display()
-        ));
+        )));
     }
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
-            return Err(format!(
+            return Err(NoNetwork(format!(
                 "cannot replace the network proxy's socket {}: {e}",
                 path.display()
-            ));
+            )));
         }
     }
     let listener = tokio::net::UnixListener::bind(path)

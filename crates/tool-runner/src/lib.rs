@@ -8,6 +8,7 @@
 //! orchestrator, the session store or the scheduler.
 
 pub mod egress;
+pub mod errors;
 pub mod files;
 pub mod hooks;
 pub mod instructions;
@@ -279,7 +280,9 @@ pub async fn serve(
             ))
         })?;
     }
-    sandbox.check_reachable(&workspace_root).map_err(refuse)?;
+    sandbox
+        .check_reachable(&workspace_root)
+        .map_err(|e| refuse(e.0))?;
     tracing::info!(runner_id, workspace_root = %workspace_root.display(), "tool runner ready");
     for line in sandbox.describe() {
         if line.contains("OFF") {
@@ -384,7 +387,11 @@ pub async fn start_egress(
         &socket,
         route == Ok(sandbox::NetworkRoute::Bridge),
         route == Ok(sandbox::NetworkRoute::HostPort),
-        route.as_ref().err().map(String::as_str).unwrap_or_default(),
+        route
+            .as_ref()
+            .err()
+            .map(|e| e.0.as_str())
+            .unwrap_or_default(),
     )
     .await
 }

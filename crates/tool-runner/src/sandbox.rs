@@ -9,6 +9,7 @@
 //!   same layers the start-up probe found; a layer that fails later makes
 //!   the call fail, never run with less.
 
+use crate::errors::SandboxCheckError;
 use agentry_runtime::Config;
 use agentry_sandbox::{Ids, Layers, Report, Spec};
 use std::path::{Path, PathBuf};
@@ -269,7 +270,7 @@ impl Sandbox {
     /// Checks that commands, when they run as another user, can reach the
     /// workspace root by its path (HOME and PWD are absolute): every
     /// directory above it must let others pass (mode o+x).
-    pub fn check_reachable(&self, workspace_root: &Path) -> Result<(), String> {
+    pub fn check_reachable(&self, workspace_root: &Path) -> Result<(), SandboxCheckError> {
         use std::os::unix::fs::PermissionsExt;
         if self.ids_for("check").is_none() {
             return Ok(());
@@ -282,7 +283,7 @@ impl Sandbox {
                 .map(|m| m.permissions().mode())
                 .map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
             if mode & 0o001 == 0 {
-                return Err(format!(
+                return Err(SandboxCheckError(format!(
                     "commands run as unprivileged users but cannot reach the workspace root {}: \
                      {} is mode {:o}. Put the data directory elsewhere (AGENTRY_DATA_DIR, e.g. \
                      /var/lib/agentry, the default for root) or set tool_runner.workspace_root \
@@ -290,7 +291,7 @@ impl Sandbox {
                     root.display(),
                     dir.display(),
                     mode & 0o7777
-                ));
+                )));
             }
         }
         Ok(())
@@ -353,7 +354,7 @@ impl Sandbox {
     /// How calls granted network reach the proxy: through a bridge into
     /// their network namespace, or the host's loopback when Landlock can
     /// hold them to the proxy's port; `Err` says why neither works.
-    pub fn network_route(&self) -> Result<NetworkRoute, String> {
+    pub fn network_route(&self) -> Result<NetworkRoute, SandboxCheckError> {
         if self.helper.is_none() {
             // No OS sandbox: commands have the host's network anyway; the
             // proxy variables only steer HTTP clients through the checks.
@@ -369,11 +370,11 @@ impl Sandbox {
             .filter(|_| self.layers.landlock);
         match abi {
             Some(abi) if abi >= LANDLOCK_NET_ABI => Ok(NetworkRoute::HostPort),
-            _ => Err(
+            _ => Err(SandboxCheckError(
                 "network can be confined to the proxy only with the namespaces layer or with \
                  Landlock ABI 4 or newer (TCP rules), and this machine has neither"
                     .to_string(),
-            ),
+            )),
         }
     }
 

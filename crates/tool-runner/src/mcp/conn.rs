@@ -3,6 +3,7 @@
 //! HTTP session; the `initialize` handshake under a deadline; calls with a
 //! deadline whose progress and log notifications stream as live output.
 
+use crate::errors::McpError;
 use crate::sandbox::Sandbox;
 use crate::tools::OutputSink;
 use agentry_proto::sessions::v1::OutputStream;
@@ -171,7 +172,7 @@ impl Conn {
         network: Option<crate::egress::Pass>,
         init_timeout: Duration,
         events: mpsc::UnboundedSender<ConnEvent>,
-    ) -> Result<Conn, String> {
+    ) -> Result<Conn, McpError> {
         let handler = Handler {
             progress: ProgressDispatcher::new(),
             logs: broadcast::channel(64).0,
@@ -194,13 +195,18 @@ impl Conn {
                 Ok(Err(e)) => {
                     let status = process.exit_status().await;
                     let setup = process.reports.as_ref().and_then(|r| r.setup_failure());
-                    return Err(explain_start(&e.to_string(), status, setup, &stderr_tail));
+                    return Err(McpError(explain_start(
+                        &e.to_string(),
+                        status,
+                        setup,
+                        &stderr_tail,
+                    )));
                 }
                 Err(_) => {
-                    return Err(format!(
+                    return Err(McpError(format!(
                         "it did not answer initialize within {}s",
                         init_timeout.as_secs_f64()
-                    ));
+                    )));
                 }
             }
         } else {
@@ -208,18 +214,18 @@ impl Conn {
             match tokio::time::timeout(init_timeout, handler.serve(transport)).await {
                 Ok(Ok(service)) => (service, None),
                 Ok(Err(e)) => {
-                    return Err(format!(
+                    return Err(McpError(format!(
                         "{} did not start a session: {}",
                         shown_url(&config.url),
                         scrub_url(&e.to_string(), &config.url)
-                    ));
+                    )));
                 }
                 Err(_) => {
-                    return Err(format!(
+                    return Err(McpError(format!(
                         "{} did not answer initialize within {}s",
                         shown_url(&config.url),
                         init_timeout.as_secs_f64()
-                    ));
+                    )));
                 }
             }
         };
@@ -295,15 +301,15 @@ impl Conn {
     }
 
     /// The server's tools.
-    pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<Tool>, String> {
+    pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<Tool>, McpError> {
         self.touch();
         match tokio::time::timeout(timeout, self.service.peer().list_all_tools()).await {
             Ok(Ok(tools)) => Ok(tools),
-            Ok(Err(e)) => Err(format!("tools/list failed: {}", self.explain(&e))),
-            Err(_) => Err(format!(
+            Ok(Err(e)) => Err(McpError(format!("tools/list failed: {}", self.explain(&e)))),
+            Err(_) => Err(McpError(format!(
                 "tools/list got no answer within {}s",
                 timeout.as_secs_f64()
-            )),
+            ))),
         }
     }
 
@@ -418,7 +424,7 @@ impl Conn {
         &self,
         uri: &str,
         timeout: Duration,
-    ) -> Result<(String, String), String> {
+    ) -> Result<(String, String), McpError> {
         self.touch();
         let read = self
             .service
@@ -468,7 +474,7 @@ impl Conn {
 
     /// Subscribes to updates of `uri` (legacy `resources/subscribe`, or a
     /// `subscriptions/listen` stream on 2026-07-28), once per connection.
-    pub async fn subscribe(&self, uri: &str, timeout: Duration) -> Result<(), String> {
+    pub async fn subscribe(&self, uri: &str, timeout: Duration) -> Result<(), McpError> {
         if self.subscribed().contains(uri) {
             return Ok(());
         }
@@ -480,7 +486,7 @@ impl Conn {
         Ok(())
     }
 
-    async fn subscribe_once(&self, uri: &str, timeout: Duration) -> Result<(), String> {
+    async fn subscribe_once(&self, uri: &str, timeout: Duration) -> Result<(), McpError> {
         self.touch();
         if self.protocol >= ProtocolVersion::V_2026_07_28 {
             let peer = self.service.peer().clone();
@@ -513,8 +519,8 @@ impl Conn {
             .subscribe(rmcp::model::SubscribeRequestParams::new(uri));
         tokio::time::timeout(timeout, subscribed)
             .await
-            .map_err(|_| "the server did not answer resources/subscribe in time".to_string())?
-            .map_err(|e| format!("the server refused the subscription: {e}"))
+            .map_err(|_| McpError::from("the server did not answer resources/subscribe in time"))?
+            .map_err(|e| McpError(format!("the server refused the subscription: {e}")))
     }
 }
 
@@ -657,7 +663,7 @@ async fn keep_stderr(
 
 fn http_transport(
     config: &McpServerConfig,
-) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, String> {
+) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, McpError> {
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     let mut headers = std::collections::HashMap::new();
     for (name, value) in &config.headers {
@@ -935,7 +941,7 @@ pub fn own_files(config: &McpServerConfig, env: &[(String, String)]) -> Vec<Path
 
 /// Writes `spec` to a private file in `dir`, for the helper to read and
 /// remove.
-fn write_spec(dir: &Path, spec: &agentry_sandbox::Spec) -> Result<PathBuf, String> {
+fn write_spec(dir: &Path, spec: &agentry_sandbox::Spec) -> Result<PathBuf, McpError> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -24,6 +24,7 @@
 pub mod conn;
 pub mod content;
 
+use crate::errors::McpError;
 use crate::sandbox::Sandbox;
 use crate::tools::{OutputSink, ToolOutcome};
 use crate::web::breaker::{Breaker, BreakerSettings, BreakerState, SystemClock};
@@ -433,7 +434,7 @@ impl Mcp {
             Err(why) => {
                 permit.failure();
                 server.failures.fetch_add(1, Ordering::Relaxed);
-                *lock(&server.last_error) = Some(why.clone());
+                *lock(&server.last_error) = Some(why.0.clone());
                 return Err(ToolError::Io(format!(
                     "cannot start the MCP server {name}: {why}"
                 )));
@@ -525,9 +526,9 @@ impl Mcp {
         server: &str,
         uri: &str,
         unsubscribe: bool,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, McpError> {
         let Some(s) = self.shared.servers.get(server).cloned() else {
-            return Err(format!(
+            return Err(McpError(format!(
                 "no MCP server is named {server:?}; configured: {}",
                 self.shared
                     .servers
@@ -535,7 +536,7 @@ impl Mcp {
                     .cloned()
                     .collect::<Vec<_>>()
                     .join(", ")
-            ));
+            )));
         };
         if uri.trim().is_empty() {
             return Err("the resource URI is empty".into());
@@ -555,18 +556,18 @@ impl Mcp {
                 .filter(|s| s.session_id == session_id)
                 .count();
             if held >= MAX_SUBSCRIPTIONS_PER_SESSION && !lock(&self.shared.subs).contains(&sub) {
-                return Err(format!(
+                return Err(McpError(format!(
                     "this session already holds {held} subscriptions, the most it may; \
                      unsubscribe from one first"
-                ));
+                )));
             }
             let place = self.session_place(session_id)?;
             let conn = self.connection(&s, &place).await?;
             let supports = conn.supports_subscriptions();
             if !supports {
-                return Err(format!(
+                return Err(McpError(format!(
                     "the MCP server {server} does not offer resource subscriptions"
-                ));
+                )));
             }
             conn.subscribe(uri, self.shared.settings.init_timeout)
                 .await?;
@@ -588,9 +589,9 @@ impl Mcp {
         server: &str,
         uri: &str,
         max_bytes: usize,
-    ) -> Result<(String, String, bool), String> {
+    ) -> Result<(String, String, bool), McpError> {
         let Some(s) = self.shared.servers.get(server).cloned() else {
-            return Err(format!("no MCP server is named {server:?}"));
+            return Err(McpError(format!("no MCP server is named {server:?}")));
         };
         let place = self.session_place(session_id)?;
         let conn = self.connection(&s, &place).await?;
@@ -709,7 +710,7 @@ impl Mcp {
     }
 
     /// The session's workspace, prepared for its identity.
-    fn session_place(&self, session_id: &str) -> Result<Place, String> {
+    fn session_place(&self, session_id: &str) -> Result<Place, McpError> {
         let ws = self
             .shared
             .places
@@ -840,7 +841,7 @@ impl Mcp {
 
     /// The session's open connection to `server`, started when there is
     /// none (or it ended).
-    async fn connection(&self, server: &Arc<Server>, place: &Place) -> Result<Arc<Conn>, String> {
+    async fn connection(&self, server: &Arc<Server>, place: &Place) -> Result<Arc<Conn>, McpError> {
         let key = key_of(server, place);
         let slot = lock(&self.shared.conns).entry(key).or_default().clone();
         let mut held = slot.lock().await;
@@ -972,7 +973,7 @@ async fn idle_loop(shared: std::sync::Weak<Shared>) {
 /// Opens a connection for `place`; what the server announces is handled
 /// as it arrives: a tool list change relists the catalog, a subscribed
 /// resource's change becomes an update.
-async fn open(shared: &Arc<Shared>, server: &Arc<Server>, place: &Place) -> Result<Conn, String> {
+async fn open(shared: &Arc<Shared>, server: &Arc<Server>, place: &Place) -> Result<Conn, McpError> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let conn = open_with(shared, server, place, tx).await?;
     // Weak: the connection (held by `shared`) owns the sender this task
@@ -1005,7 +1006,7 @@ async fn open_with(
     server: &Server,
     place: &Place,
     events: tokio::sync::mpsc::UnboundedSender<ConnEvent>,
-) -> Result<Conn, String> {
+) -> Result<Conn, McpError> {
     let network = if server.config.network && server.config.url.is_empty() {
         let egress = shared
             .egress
@@ -1040,7 +1041,7 @@ fn spec_dir(shared: &Shared) -> PathBuf {
 }
 
 /// The place of the connection that lists a server's tools.
-fn catalog_place(shared: &Shared, server: &str) -> Result<Place, String> {
+fn catalog_place(shared: &Shared, server: &str) -> Result<Place, McpError> {
     let base = shared
         .places
         .root()
@@ -1076,7 +1077,7 @@ async fn catalog_loop(shared: Arc<Shared>, server: Arc<Server>) {
     let name = server.config.name.clone();
     let mut backoff = Duration::from_millis(500);
     loop {
-        let result: Result<std::convert::Infallible, String> = async {
+        let result: Result<std::convert::Infallible, McpError> = async {
             let place = catalog_place(&shared, &name)?;
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
             let conn = open_with(&shared, &server, &place, tx).await?;
@@ -1088,12 +1089,12 @@ async fn catalog_loop(shared: Arc<Shared>, server: Arc<Server>) {
                     event = rx.recv() => match event {
                         Some(ConnEvent::ToolsChanged) => relist(&server, &conn, timeout).await?,
                         Some(_) => {}
-                        None => return Err("the connection ended".to_string()),
+                        None => return Err(McpError::from("the connection ended")),
                     },
                     () = server.relist.notified() => relist(&server, &conn, timeout).await?,
                     _ = check.tick() => {
                         if !conn.is_open() {
-                            return Err("the server went away".to_string());
+                            return Err(McpError::from("the server went away"));
                         }
                     }
                 }
@@ -1102,14 +1103,14 @@ async fn catalog_loop(shared: Arc<Shared>, server: Arc<Server>) {
         .await;
         let Err(why) = result;
         tracing::warn!(server = %name, error = %why, retry_in = ?backoff, "MCP server unavailable");
-        *lock(&server.state) = State::Failed(why);
+        *lock(&server.state) = State::Failed(why.0);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(60));
     }
 }
 
 /// Lists the tools of `server` through `conn` and marks it ready.
-async fn relist(server: &Server, conn: &Conn, timeout: Duration) -> Result<(), String> {
+async fn relist(server: &Server, conn: &Conn, timeout: Duration) -> Result<(), McpError> {
     let name = &server.config.name;
     let tools = conn.list_tools(timeout).await?;
     let offered = offered_tools(name, &tools);

@@ -5,6 +5,7 @@
 use super::walk::{self, Found, FoundKind, Known, WalkOptions};
 use super::{EntryKind, Name, Snapshots, hex};
 use crate::ToolError;
+use crate::errors::SnapshotError;
 use crate::workspace::Workspace;
 use agentry_sandbox::ThreadConfinement;
 use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
@@ -112,7 +113,7 @@ fn apply(
     known: &HashMap<Name, Known>,
     skip_ignored: bool,
     requests: &SyncSender<Request>,
-) -> Result<Restored, String> {
+) -> Result<Restored, SnapshotError> {
     let mut done = Restored::default();
     let mut current: BTreeMap<Name, Found> = BTreeMap::new();
     let options = WalkOptions {
@@ -158,7 +159,12 @@ fn apply(
         }
         match removed {
             Ok(()) | Err(rustix::io::Errno::NOENT) => done.deleted += 1,
-            Err(e) => return Err(format!("cannot remove {}: {e}", path.shown())),
+            Err(e) => {
+                return Err(SnapshotError(format!(
+                    "cannot remove {}: {e}",
+                    path.shown()
+                )));
+            }
         }
     }
     // Directories are made writable while they are filled, and get their
@@ -262,7 +268,7 @@ fn content_hash(
     name: &[u8],
     found: &Found,
     known: &HashMap<Name, Known>,
-) -> Result<String, String> {
+) -> Result<String, SnapshotError> {
     let path = &found.path;
     if let Some(k) = known.get(path).filter(|k| k.matches(found)) {
         return Ok(k.hash.clone());
@@ -282,7 +288,7 @@ fn content_hash(
             Ok(0) => break,
             Ok(n) => hasher.update(&buffer[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("cannot read {}: {e}", path.shown())),
+            Err(e) => return Err(SnapshotError(format!("cannot read {}: {e}", path.shown()))),
         }
     }
     Ok(hex(&hasher.finalize()))
@@ -374,7 +380,7 @@ struct Parents {
 }
 
 impl Parents {
-    fn open(&mut self, root: &OwnedFd, parent: &[u8]) -> Result<&OwnedFd, String> {
+    fn open(&mut self, root: &OwnedFd, parent: &[u8]) -> Result<&OwnedFd, SnapshotError> {
         if let Some((path, _)) = &self.last
             && path != parent
         {

@@ -4,6 +4,7 @@
 //! (the session's identity and Landlock domain).
 
 use super::Name;
+use crate::errors::SnapshotError;
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -146,13 +147,13 @@ pub fn open_beneath(root: &impl AsFd, rel: &[u8], flags: OFlags) -> std::io::Res
 }
 
 /// Opens the workspace directory itself (not through a link).
-pub fn open_beneath_root(root: &Path) -> Result<OwnedFd, String> {
+pub fn open_beneath_root(root: &Path) -> Result<OwnedFd, SnapshotError> {
     rustix::fs::open(
         root,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("cannot open the workspace {}: {e}", root.display()))
+    .map_err(|e| SnapshotError(format!("cannot open the workspace {}: {e}", root.display())))
 }
 
 /// `OsStr` from bytes (Unix paths are bytes).
@@ -187,7 +188,7 @@ pub fn walk(
     root: &OwnedFd,
     options: &WalkOptions<'_>,
     mut found: impl FnMut(Found) -> bool,
-) -> Result<(), String> {
+) -> Result<(), SnapshotError> {
     let mut top: Rules = Rules::default();
     if options.skip_ignored {
         top = with_rules(root, b"", b".git/info/exclude", &top);
@@ -218,10 +219,10 @@ pub fn walk(
         for name in names {
             entries += 1;
             if entries > options.max_entries {
-                return Err(format!(
+                return Err(SnapshotError(format!(
                     "the workspace holds more than {} entries (tool_runner.snapshots.max_entries)",
                     options.max_entries
-                ));
+                )));
             }
             let path = join(&dir_path, &name);
             let stat = match rustix::fs::statat(
@@ -233,10 +234,10 @@ pub fn walk(
                 // Removed while we walk: it is simply not there.
                 Err(rustix::io::Errno::NOENT) => continue,
                 Err(e) => {
-                    return Err(format!(
+                    return Err(SnapshotError(format!(
                         "cannot look at {:?}: {e}",
                         String::from_utf8_lossy(&path)
-                    ));
+                    )));
                 }
             };
             let mut item = Found {
@@ -264,10 +265,10 @@ pub fn walk(
                         Ok(target) => item.kind = FoundKind::Link(Name(target.into_bytes())),
                         Err(rustix::io::Errno::NOENT) => continue,
                         Err(e) => {
-                            return Err(format!(
+                            return Err(SnapshotError(format!(
                                 "cannot read link {:?}: {e}",
                                 String::from_utf8_lossy(&path)
-                            ));
+                            )));
                         }
                     }
                 }
@@ -292,10 +293,10 @@ pub fn walk(
                             // Replaced or removed meanwhile: gone.
                             Ok(None) => continue,
                             Err(e) => {
-                                return Err(format!(
+                                return Err(SnapshotError(format!(
                                     "cannot read {:?}: {e}",
                                     String::from_utf8_lossy(&path)
-                                ));
+                                )));
                             }
                         }
                     }

@@ -18,6 +18,7 @@
 
 use super::breaker::{Breaker, BreakerSettings, BreakerState, BreakerStats, Clock, SystemClock};
 use super::{Backend, BackendName, FetchError, FetchFuture, Page, error_chain, human_duration};
+use crate::errors::WebError;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde::Deserialize;
@@ -85,7 +86,7 @@ impl Crawl4aiSettings {
     /// empty, an error when it is not a URL.
     pub fn from_config(
         cfg: &agentry_runtime::config::WebConfig,
-    ) -> Result<Option<Crawl4aiSettings>, String> {
+    ) -> Result<Option<Crawl4aiSettings>, WebError> {
         let raw = cfg.crawl4ai_url.trim();
         if raw.is_empty() {
             return Ok(None);
@@ -205,10 +206,14 @@ struct HealthResponse {
 
 impl Crawl4ai {
     /// A backend for the service in `settings`.
-    pub fn new(settings: Crawl4aiSettings) -> Result<Crawl4ai, String> {
+    pub fn new(settings: Crawl4aiSettings) -> Result<Crawl4ai, WebError> {
         match settings.base_url.scheme() {
             "http" | "https" => {}
-            other => return Err(format!("crawl4ai_url must be http or https, not {other}")),
+            other => {
+                return Err(WebError(format!(
+                    "crawl4ai_url must be http or https, not {other}"
+                )));
+            }
         }
         let auth = match &settings.token {
             None => None,

@@ -17,6 +17,7 @@
 //! addresses it hands to the connector.
 
 use super::FetchError;
+use crate::errors::WebError;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -138,7 +139,9 @@ impl Guard {
         if !allowed && let Some(reason) = name_reason(name) {
             return Err(FetchError::Blocked(format!("refusing {name}: {reason}")));
         }
-        let addrs = resolve(name, port).await.map_err(FetchError::Failed)?;
+        let addrs = resolve(name, port)
+            .await
+            .map_err(|e| FetchError::Failed(e.0))?;
         if !allowed {
             for addr in &addrs {
                 if let Some(reason) = ip_reason(addr.ip()) {
@@ -153,7 +156,7 @@ impl Guard {
     }
 }
 
-async fn resolve(name: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+async fn resolve(name: &str, port: u16) -> Result<Vec<SocketAddr>, WebError> {
     let host = normalize_host(name);
     let mut addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
         .await
@@ -163,7 +166,7 @@ async fn resolve(name: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
     addrs.sort();
     addrs.dedup();
     if addrs.is_empty() {
-        return Err(format!("cannot resolve {host}: no addresses"));
+        return Err(WebError(format!("cannot resolve {host}: no addresses")));
     }
     Ok(addrs)
 }

@@ -1,0 +1,58 @@
+//! The runner's own failures that are told to a person or to the model as
+//! a sentence (why calls cannot have network, why a snapshot or an MCP
+//! server failed): each is its own type, so a function says which kind it
+//! can fail with, and nothing decides by the text. Failures of a tool call
+//! itself are [`crate::ToolError`]; the sandbox's set-up,
+//! [`crate::sandbox::SandboxSetupError`].
+
+/// Defines a failure that carries its sentence.
+macro_rules! sentence_error {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+        #[error("{0}")]
+        pub struct $name(pub String);
+
+        impl From<String> for $name {
+            fn from(text: String) -> Self {
+                $name(text)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(text: &str) -> Self {
+                $name(text.to_string())
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(error: $name) -> String {
+                error.0
+            }
+        }
+    };
+}
+
+sentence_error!(
+    /// Why calls cannot be granted network (no route to the proxy, no
+    /// credential), or why the proxy cannot start.
+    NoNetwork
+);
+sentence_error!(
+    /// Why a workspace snapshot could not be taken, read or restored.
+    SnapshotError
+);
+sentence_error!(
+    /// Why an MCP server could not be reached, started or used.
+    McpError
+);
+sentence_error!(
+    /// Why a web setting or lookup cannot be used (a backend's URL, a name
+    /// that does not resolve).
+    WebError
+);
+sentence_error!(
+    /// Why the sandbox cannot serve the workspace or the network as
+    /// configured.
+    SandboxCheckError
+);
