@@ -1,6 +1,5 @@
 //! Asking a person about a tool call that needs approval.
 
-pub use agentry_client::relay::{Relayed, answer_to, is_relayed, relayed};
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1::{self as spb, ApprovalDecision};
 use serde_json::Value;

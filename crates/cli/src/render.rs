@@ -3,7 +3,7 @@
 //! the events mean is the shared view's ([`agentry_client::SessionView`]);
 //! this is only how the plain CLI prints it.
 
-use agentry_client::view::SessionView;
+use agentry_client::view::{Applied, SessionView};
 use agentry_proto::sessions::v1::{self as pb, event::Kind};
 use std::io::Write;
 
@@ -65,17 +65,40 @@ impl<A: Write, B: Write> Renderer<A, B> {
         }
     }
 
+    /// A renderer of session `session_id`'s events: its sub-agents'
+    /// questions, relayed, are folded (see [`Self::event`]), not printed.
+    pub fn of_session(mut self, session_id: &str) -> Self {
+        self.view = SessionView::new(session_id, str::to_string);
+        self
+    }
+
+    /// Folds a past event into what the renderer knows (questions still
+    /// waiting, the plan, costs) without printing it.
+    pub fn fold(&mut self, event: &pb::Event) -> Applied {
+        self.view.verbose = self.verbose;
+        self.view.apply(event)
+    }
+
+    /// The questions waiting, as the events so far leave them.
+    pub fn questions(&self) -> Vec<pb::ApprovalRequested> {
+        self.view.questions.clone()
+    }
+
     /// Marks the start of turn `number` (as `/rewind N` takes it).
     pub fn turn_header(&mut self, number: u32) {
         self.end_line();
         let _ = writeln!(self.activity, "── turn {number} ──");
     }
 
-    /// Shows one event.
-    pub fn event(&mut self, event: &pb::Event) {
-        let Some(kind) = &event.kind else { return };
-        self.view.verbose = self.verbose;
-        let applied = self.view.apply(event);
+    /// Shows one event; what it changed for the person (a question asked
+    /// or answered, the session's or a sub-agent's).
+    pub fn event(&mut self, event: &pb::Event) -> Applied {
+        let relayed = agentry_client::relay::is_relayed(&self.view.session_id, event)
+            && !self.view.session_id.is_empty();
+        let applied = self.fold(event);
+        let Some(kind) = event.kind.as_ref().filter(|_| !relayed) else {
+            return applied;
+        };
         match kind {
             Kind::UserMessage(m) if self.show_user => {
                 self.end_line();
@@ -135,7 +158,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
         }
         // Everything else is the view's note. A cancel is said by whoever
         // asked for it.
-        if let Some((text, _)) = applied.note
+        if let Some((text, _)) = &applied.note
             && !matches!(kind, Kind::CancelRequested(_))
         {
             self.end_line();
@@ -148,6 +171,7 @@ impl<A: Write, B: Write> Renderer<A, B> {
             self.end_line();
             let _ = self.activity.flush();
         }
+        applied
     }
 
     fn model_message(&mut self, m: &pb::ModelMessage) {

@@ -346,7 +346,7 @@ async fn perform(
             }
         }
         Action::Decide(mut decision) => {
-            let (to, call) = crate::approval::answer_to(session_id, &decision.call_id);
+            let (to, call) = agentry_client::relay::answer_to(session_id, &decision.call_id);
             decision.call_id = call;
             let input = pb::Input {
                 kind: Some(pb::input::Kind::Approval(decision)),
@@ -390,7 +390,7 @@ async fn perform(
             let mut client = client.clone();
             let reports = reports.clone();
             // A sub-agent's question is previewed in its session.
-            let (session_id, call) = crate::approval::answer_to(session_id, &call_id);
+            let (session_id, call) = agentry_client::relay::answer_to(session_id, &call_id);
             tokio::spawn(async move {
                 let preview = match client
                     .preview_call(pb::PreviewCallRequest {

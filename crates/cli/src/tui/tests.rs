@@ -1804,7 +1804,7 @@ fn a_sub_agents_question_is_kept_apart_from_the_parents_and_answered_to_its_sess
     )));
     assert_eq!(app.approvals.len(), 2, "both questions wait");
     assert_eq!(
-        crate::approval::answer_to(SESSION, &child_id),
+        agentry_client::relay::answer_to(SESSION, &child_id),
         ("sub-0011".to_string(), "call_1".to_string())
     );
     // The first is the child's: it names the sub-agent, and `y` answers it.

@@ -1,0 +1,425 @@
+//! The measurements. Each prints its table and returns its figures as JSON.
+
+use crate::stack::Stack;
+use crate::stats::summary;
+use agentry_proto::orchestrator::v1 as opb;
+use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
+use agentry_proto::sessions::v1 as spb;
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
+use agentry_proto::tools::v1::{ExecuteRequest, execute_response};
+use agentry_testkit::cluster::Channel;
+use agentry_testkit::fake_model::{self, FakeModel, Fallback, Reply};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio_stream::StreamExt;
+
+const ANSWER: &str = "done";
+/// Sessions sharing one HTTP/2 connection.
+const SESSIONS_PER_CONNECTION: usize = 100;
+
+fn react_model() -> Fallback {
+    Fallback::ToolThenText {
+        tool: "read_file".into(),
+        arguments: json!({"path": "small.txt"}),
+        text: ANSWER.into(),
+    }
+}
+
+/// Follows a session's events from its start.
+async fn follow(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+) -> anyhow::Result<tonic::Streaming<spb::Event>> {
+    Ok(client
+        .subscribe(opb::SubscribeRequest {
+            session_id: session_id.to_string(),
+            from_seq: 0,
+            live_only: false,
+        })
+        .await?
+        .into_inner())
+}
+
+/// Sends a user message (tool calls under the configured policy).
+async fn submit(
+    client: &mut OrchestratorClient<Channel>,
+    session_id: &str,
+    text: &str,
+) -> Result<tonic::Response<opb::SubmitResponse>, tonic::Status> {
+    client
+        .submit(opb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(opb::Input {
+                kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                    images: Vec::new(),
+                    text: text.into(),
+                    approval_mode: spb::ApprovalMode::Policy as i32,
+                    plan: false,
+                    network: false,
+                    budget: None,
+                    compact: false,
+                })),
+            }),
+        })
+        .await
+}
+
+/// One session's sequence of turns; returns each turn's latency in ms, and
+/// the number of turns that did not complete with the expected answer.
+async fn session_turns(
+    client: OrchestratorClient<Channel>,
+    stack: &Stack,
+    turns: usize,
+) -> anyhow::Result<(Vec<f64>, usize)> {
+    session_turns_via(client, None, stack, turns).await
+}
+
+/// A session ready for turns: created, its workspace holding the file
+/// the turn reads, its events followed.
+struct Prepared {
+    session_id: String,
+    events: tonic::Streaming<spb::Event>,
+}
+
+async fn prepare(
+    client: &mut OrchestratorClient<Channel>,
+    stack: &Stack,
+) -> anyhow::Result<Prepared> {
+    let session = client
+        .create_session(opb::CreateSessionRequest::default())
+        .await?
+        .into_inner();
+    let workspace = stack.workspace(&session.id);
+    std::fs::create_dir_all(&workspace)?;
+    std::fs::write(workspace.join("small.txt"), "a small file\n")?;
+    let events = follow(client, &session.id).await?;
+    Ok(Prepared {
+        session_id: session.id,
+        events,
+    })
+}
+
+/// [`session_turns`], the inputs sent through `submit_via` when given
+/// (after one unmeasured turn through `client`, so that the session is
+/// driven by `client`'s orchestrator and every input is forwarded).
+async fn session_turns_via(
+    mut client: OrchestratorClient<Channel>,
+    submit_via: Option<OrchestratorClient<Channel>>,
+    stack: &Stack,
+    turns: usize,
+) -> anyhow::Result<(Vec<f64>, usize)> {
+    let prepared = prepare(&mut client, stack).await?;
+    prepared_turns(client, submit_via, prepared, turns).await
+}
+
+/// Runs `turns` turns in a prepared session.
+async fn prepared_turns(
+    mut client: OrchestratorClient<Channel>,
+    submit_via: Option<OrchestratorClient<Channel>>,
+    prepared: Prepared,
+    turns: usize,
+) -> anyhow::Result<(Vec<f64>, usize)> {
+    let Prepared {
+        session_id,
+        mut events,
+    } = prepared;
+    let mut latencies = Vec::with_capacity(turns);
+    let mut errors = 0;
+    let forwarding = submit_via.is_some();
+    let mut sender = submit_via.unwrap_or_else(|| client.clone());
+    for turn in 0..turns + usize::from(forwarding) {
+        let warm_up = forwarding && turn == 0;
+        let started = Instant::now();
+        let via = if warm_up { &mut client } else { &mut sender };
+        let submitted = submit(via, &session_id, "read small.txt").await;
+        if submitted.is_err() {
+            errors += 1;
+            continue;
+        }
+        let mut read_file_ok = false;
+        loop {
+            let Some(event) = events.next().await else {
+                anyhow::bail!("the event stream of session {session_id} ended");
+            };
+            match event?.kind {
+                Some(spb::event::Kind::ToolResult(r)) => {
+                    read_file_ok = !r.is_error && r.output.contains("a small file");
+                }
+                Some(spb::event::Kind::TurnFinished(f)) => {
+                    let completed = f.outcome == spb::TurnOutcome::Completed as i32;
+                    if !(completed && f.message == ANSWER && read_file_ok) {
+                        errors += 1;
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if !warm_up {
+            latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    Ok((latencies, errors))
+}
+
+async fn turn_run(stack: &Stack, sessions: usize, turns_each: usize) -> anyhow::Result<Value> {
+    let mut clients = Vec::new();
+    for _ in 0..sessions.div_ceil(SESSIONS_PER_CONNECTION) {
+        clients.push(stack.orchestrator().await?);
+    }
+    // The sessions are created, their workspaces written and their events
+    // followed before the clock starts: the figure is turns, not set-up.
+    let mut prepared = Vec::with_capacity(sessions);
+    for i in 0..sessions {
+        let mut client = clients[i / SESSIONS_PER_CONNECTION].clone();
+        prepared.push((client.clone(), prepare(&mut client, stack).await?));
+    }
+    let started = Instant::now();
+    // Each session on a task of its own: the client's work spreads over
+    // the runtime's threads like the services' does.
+    let runs: Vec<_> = prepared
+        .into_iter()
+        .map(|(client, session)| tokio::spawn(prepared_turns(client, None, session, turns_each)))
+        .collect();
+    let results = futures::future::join_all(runs).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for result in results {
+        match result {
+            Ok(Ok((l, e))) => {
+                latencies.extend(l);
+                errors += e;
+            }
+            Ok(Err(e)) => {
+                eprintln!("  a session failed: {e:#}");
+                errors += turns_each;
+            }
+            Err(e) => {
+                eprintln!("  a session's task failed: {e}");
+                errors += turns_each;
+            }
+        }
+    }
+    let turns = latencies.len();
+    let (p50, p99, max) = summary(&mut latencies);
+    let rate = turns as f64 / elapsed;
+    let label = if sessions == 1 {
+        "1 (growing)".to_string()
+    } else {
+        sessions.to_string()
+    };
+    println!("{label:>12} {turns:>7} {rate:>10.1} {p50:>9.2} {p99:>9.2} {max:>9.2} {errors:>7}");
+    Ok(json!({
+        "mode": if sessions == 1 { "one session, history growing" } else { "concurrent sessions" },
+        "sessions": sessions, "turns": turns, "turns_per_sec": rate,
+        "p50_ms": p50, "p99_ms": p99, "max_ms": max, "errors": errors,
+    }))
+}
+
+/// Turn overhead: one session sequentially, then N at once.
+pub async fn turns(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::Result<Value> {
+    let model = FakeModel::start().await?;
+    model.forget_requests();
+    model.set_fallback(react_model());
+    println!("\n== turns: user message → read_file → result → answer (every event durable)");
+    println!(
+        "{:>12} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "sessions", "turns", "turns/s", "p50 ms", "p99 ms", "max ms", "errors"
+    );
+    let mut runs = Vec::new();
+    let mut peak = serde_json::Map::new();
+    {
+        let stack = Stack::start(bin, &model.base_url()).await?;
+        turn_run_quiet(&stack).await?;
+        runs.push(sequential_fresh(&stack, turns).await?);
+        runs.push(turn_run(&stack, 1, turns).await?);
+        for (service, mib) in stack.peak_rss_mib() {
+            peak.insert(format!("{service}@sequential"), json!(mib));
+        }
+    }
+    for &n in sessions.iter().filter(|&&n| n > 1) {
+        // A fresh stack per run: memory and store size start from zero.
+        let stack = Stack::start(bin, &model.base_url()).await?;
+        let turns_each = (turns / n).max(2);
+        // Warm-up: connections, the tool list, SQLite's caches.
+        turn_run_quiet(&stack).await?;
+        runs.push(turn_run(&stack, n, turns_each).await?);
+        for (service, mib) in stack.peak_rss_mib() {
+            peak.insert(format!("{service}@{n}"), json!(mib));
+        }
+    }
+    println!(
+        "peak RSS (MiB) by service@sessions: {}",
+        Value::Object(peak.clone())
+    );
+    Ok(json!({"runs": runs, "peak_rss_mib": peak}))
+}
+
+/// One turn at a time, each the first of a fresh session (so the history
+/// does not grow; session creation is not timed): the per-turn overhead.
+async fn sequential_fresh(stack: &Stack, turns: usize) -> anyhow::Result<Value> {
+    let client = stack.orchestrator().await?;
+    let mut latencies = Vec::with_capacity(turns);
+    let mut errors = 0;
+    for _ in 0..turns {
+        let (l, e) = session_turns(client.clone(), stack, 1).await?;
+        latencies.extend(l);
+        errors += e;
+    }
+    let busy_secs = latencies.iter().sum::<f64>() / 1000.0;
+    let count = latencies.len();
+    let rate = count as f64 / busy_secs;
+    let (p50, p99, max) = summary(&mut latencies);
+    println!(
+        "{:>12} {count:>7} {rate:>10.1} {p50:>9.2} {p99:>9.2} {max:>9.2} {errors:>7}",
+        "1 (fresh)"
+    );
+    Ok(json!({
+        "mode": "sequential, a fresh session per turn",
+        "sessions": 1, "turns": count, "turns_per_sec": rate,
+        "p50_ms": p50, "p99_ms": p99, "max_ms": max, "errors": errors,
+    }))
+}
+
+async fn turn_run_quiet(stack: &Stack) -> anyhow::Result<()> {
+    let client = stack.orchestrator().await?;
+    let (_, errors) = session_turns(client, stack, 5).await?;
+    anyhow::ensure!(errors == 0, "warm-up turns failed: is the stack healthy?");
+    Ok(())
+}
+
+/// The paced reply: `n` one-word tokens, `pace` apart.
+fn paced_reply(n: usize, pace: Duration) -> Reply {
+    let mut chunks = Vec::with_capacity(2 * n + 1);
+    for i in 0..n {
+        chunks.push(fake_model::text(&format!("t{i} ")));
+        chunks.push(fake_model::pause(pace));
+    }
+    chunks.push(fake_model::finish("stop"));
+    Reply::stream(chunks)
+}
+
+/// Token arrival instants, read straight from the model.
+async fn direct_arrivals(model: &FakeModel) -> anyhow::Result<Vec<Instant>> {
+    let http = reqwest::Client::new();
+    let response = http
+        .post(format!("{}/chat/completions", model.base_url()))
+        .json(&json!({"model": "fake-model", "stream": true,
+                      "messages": [{"role": "user", "content": "stream"}]}))
+        .send()
+        .await?;
+    let mut body = response.bytes_stream();
+    let mut arrivals = Vec::new();
+    let mut pending = String::new();
+    while let Some(chunk) = body.next().await {
+        let at = Instant::now();
+        pending.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(end) = pending.find('\n') {
+            let line: String = pending.drain(..=end).collect();
+            if let Some(data) = line.trim().strip_prefix("data: ")
+                && let Ok(v) = serde_json::from_str::<Value>(data)
+                && let Some(text) = v["choices"][0]["delta"]["content"].as_str()
+            {
+                arrivals.extend(text.split_whitespace().map(|_| at));
+            }
+        }
+    }
+    Ok(arrivals)
+}
+
+/// Token arrival instants as a client of Agentry sees them, and the time
+/// to the first token from the submit.
+async fn agentry_arrivals(stack: &Stack) -> anyhow::Result<(Vec<Instant>, f64)> {
+    let mut client = stack.orchestrator().await?;
+    let session = client
+        .create_session(opb::CreateSessionRequest::default())
+        .await?
+        .into_inner();
+    let mut events = follow(&mut client, &session.id).await?;
+    let started = Instant::now();
+    submit(&mut client, &session.id, "stream").await?;
+    let mut arrivals = Vec::new();
+    while let Some(event) = events.next().await {
+        let at = Instant::now();
+        match event?.kind {
+            Some(spb::event::Kind::ModelTextDelta(d)) => {
+                arrivals.extend(d.text.split_whitespace().map(|_| at));
+            }
+            Some(spb::event::Kind::TurnFinished(_)) => break,
+            _ => {}
+        }
+    }
+    let ttft = arrivals
+        .first()
+        .map(|a| a.duration_since(started).as_secs_f64() * 1000.0)
+        .unwrap_or(f64::NAN);
+    Ok((arrivals, ttft))
+}
+
+/// How long after the fake model handed each token to its HTTP server the
+/// reader had it, in ms.
+fn lags(arrivals: &[Instant], sent: &[Instant]) -> Vec<f64> {
+    arrivals
+        .iter()
+        .zip(sent)
+        .map(|(a, s)| a.saturating_duration_since(*s).as_secs_f64() * 1000.0)
+        .collect()
+}
+
+/// Streaming overhead: each token's delay from the model's send to the
+/// reader, straight from the model and through Agentry (durable deltas).
+pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
+    const TOKENS: usize = 2000;
+    let pace = Duration::from_millis(1);
+    let model = FakeModel::start().await?;
+    model.forget_requests();
+    let stack = Stack::start(bin, &model.base_url()).await?;
+    println!(
+        "\n== streaming: {TOKENS} tokens, one every {} ms",
+        pace.as_millis()
+    );
+    model.push(paced_reply(TOKENS, pace));
+    let _ = model.take_text_sent();
+    let direct = direct_arrivals(&model).await?;
+    let mut direct_lag = lags(&direct, &model.take_text_sent());
+    model.push(paced_reply(TOKENS, pace));
+    let (via, ttft) = agentry_arrivals(&stack).await?;
+    let mut via_lag = lags(&via, &model.take_text_sent());
+    anyhow::ensure!(
+        direct.len() == TOKENS && via.len() == TOKENS,
+        "expected {TOKENS} tokens, got {} directly and {} through Agentry",
+        direct.len(),
+        via.len()
+    );
+    let (d50, d99, dmax) = summary(&mut direct_lag);
+    let (v50, v99, vmax) = summary(&mut via_lag);
+    println!("time to first token through Agentry (submit → first delta): {ttft:.2} ms");
+    println!("token delay, model send → reader (p50 / p99 / max ms):");
+    println!("  straight from the model {d50:8.3} {d99:8.3} {dmax:8.3}");
+    println!("  through Agentry         {v50:8.3} {v99:8.3} {vmax:8.3}");
+    println!(
+        "  added by Agentry        {:8.3} {:8.3}",
+        v50 - d50,
+        v99 - d99
+    );
+    Ok(json!({
+        "tokens": TOKENS, "pace_ms": pace.as_secs_f64() * 1000.0,
+        "ttft_agentry_ms": ttft,
+        "direct_p50_ms": d50, "direct_p99_ms": d99, "direct_max_ms": dmax,
+        "agentry_p50_ms": v50, "agentry_p99_ms": v99, "agentry_max_ms": vmax,
+        "added_p50_ms": v50 - d50, "added_p99_ms": v99 - d99,
+    }))
+}
+
+mod scale;
+mod state;
+mod tools;
+mod workspace;
+
+pub use scale::scale_out;
+pub use state::{idle, lateness, reminders, store};
+pub use tools::shell;
+pub use workspace::{project, snapshots};

@@ -1,0 +1,142 @@
+//! The shell tool's cost, through the runner and bare.
+
+use super::*;
+
+/// Runs one tool call of the shell scenario's session to its result;
+/// fails unless it succeeded.
+pub(super) async fn execute_ok(
+    runner: &mut ToolRunnerClient<agentry_testkit::cluster::Channel>,
+    i: usize,
+    tool: &str,
+    args: Value,
+) -> anyhow::Result<()> {
+    let mut stream = runner
+        .execute(ExecuteRequest {
+            call_id: format!("{tool}-{i}"),
+            session_id: "bench-shell".into(),
+            tool: tool.into(),
+            arguments_json: args.to_string(),
+            timeout_ms: 0,
+            network: false,
+        })
+        .await?
+        .into_inner();
+    let mut failure = Some("no result".to_string());
+    while let Some(message) = stream.message().await? {
+        if let Some(execute_response::Kind::Result(r)) = message.kind {
+            failure = r.is_error.then(|| r.output.chars().take(500).collect());
+        }
+    }
+    if let Some(why) = failure {
+        anyhow::bail!("{tool} failed through the tool runner: {why}");
+    }
+    Ok(())
+}
+
+/// `bash` running `true` through the tool runner's `Execute`, `runs` times
+/// after a warm-up, in ms each.
+async fn shell_through(bin: &Path, sandbox: bool, runs: usize) -> anyhow::Result<Vec<f64>> {
+    let extra = if sandbox {
+        Vec::new()
+    } else {
+        vec![("AGENTRY_SANDBOX".to_string(), "off".to_string())]
+    };
+    let stack = Stack::start_with(bin, "http://127.0.0.1:9/v1", &["tool-runner"], &extra).await?;
+    let mut runner = ToolRunnerClient::new(stack.as_service("tool-runner").await?);
+    let mut through = Vec::with_capacity(runs);
+    for i in 0..runs + 10 {
+        let started = Instant::now();
+        execute_ok(&mut runner, i, "bash", json!({"command": "true"})).await?;
+        if i >= 10 {
+            through.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    Ok(through)
+}
+
+/// A bare fork/exec of `program args`, `runs` times, in ms each.
+async fn fork_exec(program: &str, args: &[&str], runs: usize) -> anyhow::Result<Vec<f64>> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let started = Instant::now();
+        let status = tokio::process::Command::new(program)
+            .args(args)
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "`{program}` failed");
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(times)
+}
+
+/// The shell tool running `true`, with the OS sandbox and without, versus
+/// a bare fork/exec of `true` (and of `bash -c true`, what the tool runs);
+/// `read_file` through the same runner for comparison.
+pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
+    const RUNS: usize = 300;
+    println!("\n== shell: `true`, {RUNS} runs each");
+    let mut sandboxed = shell_through(bin, true, RUNS).await?;
+    let mut plain = shell_through(bin, false, RUNS).await?;
+    // A file tool: no process, but a thread of its own with the session's
+    // identity and a Landlock domain.
+    let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["tool-runner"]).await?;
+    let mut runner = ToolRunnerClient::new(stack.as_service("tool-runner").await?);
+    execute_ok(
+        &mut runner,
+        0,
+        "write_file",
+        json!({"path": "bench.txt", "content": "hello\n"}),
+    )
+    .await?;
+    let mut read = Vec::with_capacity(RUNS);
+    for i in 0..RUNS + 10 {
+        let started = Instant::now();
+        execute_ok(&mut runner, i, "read_file", json!({"path": "bench.txt"})).await?;
+        if i >= 10 {
+            read.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    let mut bare = fork_exec("true", &[], RUNS).await?;
+    let mut bash = fork_exec("bash", &["-c", "true"], RUNS).await?;
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let mut figures = serde_json::Map::new();
+    let mut line = |name: &str, label: &str, v: &mut Vec<f64>| {
+        let m = mean(v);
+        let (p50, p99, _) = summary(v);
+        println!("{label:<34} mean {m:6.2} ms, p50 {p50:6.2}, p99 {p99:6.2}");
+        figures.insert(format!("{name}_mean_ms"), json!(m));
+        figures.insert(format!("{name}_p50_ms"), json!(p50));
+        figures.insert(format!("{name}_p99_ms"), json!(p99));
+        m
+    };
+    let on = line(
+        "sandbox_on",
+        "bash through the runner, sandbox on",
+        &mut sandboxed,
+    );
+    let off = line(
+        "sandbox_off",
+        "bash through the runner, sandbox off",
+        &mut plain,
+    );
+    line("read_file", "read_file through the runner", &mut read);
+    let exec = line("fork_exec", "fork/exec of `true`", &mut bare);
+    let bash_exec = line("bash_exec", "fork/exec of `bash -c true`", &mut bash);
+    println!(
+        "ratio to fork/exec (mean): {:.2}x with the sandbox, {:.2}x without",
+        on / exec,
+        off / exec
+    );
+    println!(
+        "  of which: bash itself {:.2} ms, the runner (gRPC, limits, capture, quota) {:.2} ms, \
+         the sandbox's set-up {:.2} ms",
+        bash_exec - exec,
+        off - bash_exec,
+        on - off
+    );
+    figures.insert("runs".into(), json!(RUNS));
+    figures.insert("ratio_sandbox_on".into(), json!(on / exec));
+    figures.insert("ratio_sandbox_off".into(), json!(off / exec));
+    figures.insert("ratio".into(), json!(on / exec));
+    Ok(Value::Object(figures))
+}
