@@ -16,6 +16,8 @@ use agentry_proto::sessions::v1::{self as spb, ApprovalDecision};
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use std::time::Instant;
 
+pub use super::input::Editor;
+pub use super::picker::{Picker, PickerRow, distinct_prefixes};
 use super::theme::Theme;
 
 /// The slash commands, with what each does (for /help and completion).
@@ -123,143 +125,6 @@ pub struct Pending {
     pub edited: bool,
 }
 
-/// A session in the picker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PickerRow {
-    /// Its id.
-    pub id: String,
-    /// Its title (or first message).
-    pub title: String,
-    /// How long ago it changed, readable.
-    pub age: String,
-    /// Its events.
-    pub events: u64,
-    /// Its name, if it has one.
-    pub name: String,
-    /// Where it works (its project directory, short), or "scratch".
-    pub place: String,
-}
-
-/// The session picker.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Picker {
-    /// The sessions, most recent first (`None` while loading).
-    pub rows: Option<Vec<PickerRow>>,
-    /// The selected row, among those the filter lets through.
-    pub selected: usize,
-    /// What was typed: rows whose id, name, title or place hold it (in
-    /// any case) are shown.
-    pub filter: String,
-}
-
-impl Picker {
-    /// The rows the filter lets through.
-    pub fn visible(&self) -> Vec<&PickerRow> {
-        let wanted = self.filter.to_lowercase();
-        self.rows
-            .iter()
-            .flatten()
-            .filter(|row| {
-                wanted.is_empty()
-                    || [&row.id, &row.name, &row.title, &row.place]
-                        .iter()
-                        .any(|field| field.to_lowercase().contains(&wanted))
-            })
-            .collect()
-    }
-}
-
-/// How much of each id tells it apart from the others: the shortest
-/// prefix (8 characters at least) no other id shares.
-pub fn distinct_prefixes<'a>(ids: &[&'a str]) -> Vec<&'a str> {
-    ids.iter()
-        .map(|id| {
-            let shared = ids
-                .iter()
-                .filter(|other| *other != id)
-                .map(|other| {
-                    id.chars()
-                        .zip(other.chars())
-                        .take_while(|(a, b)| a == b)
-                        .count()
-                })
-                .max()
-                .unwrap_or(0);
-            let keep = (shared + 1).max(8).min(id.chars().count());
-            let end = id.char_indices().nth(keep).map_or(id.len(), |(i, _)| i);
-            &id[..end]
-        })
-        .collect()
-}
-
-/// The line editor.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Editor {
-    /// The text (may hold newlines).
-    pub text: String,
-    /// The cursor, a byte offset at a character boundary.
-    pub cursor: usize,
-}
-
-impl Editor {
-    fn insert(&mut self, s: &str) {
-        self.text.insert_str(self.cursor, s);
-        self.cursor += s.len();
-    }
-    fn backspace(&mut self) {
-        if let Some(c) = self.text[..self.cursor].chars().next_back() {
-            self.cursor -= c.len_utf8();
-            self.text.remove(self.cursor);
-        }
-    }
-    fn delete(&mut self) {
-        if self.cursor < self.text.len() {
-            self.text.remove(self.cursor);
-        }
-    }
-    fn left(&mut self) {
-        if let Some(c) = self.text[..self.cursor].chars().next_back() {
-            self.cursor -= c.len_utf8();
-        }
-    }
-    fn right(&mut self) {
-        if let Some(c) = self.text[self.cursor..].chars().next() {
-            self.cursor += c.len_utf8();
-        }
-    }
-    fn home(&mut self) {
-        self.cursor = self.text[..self.cursor].rfind('\n').map_or(0, |i| i + 1);
-    }
-    fn end(&mut self) {
-        self.cursor = self.text[self.cursor..]
-            .find('\n')
-            .map_or(self.text.len(), |i| self.cursor + i);
-    }
-    fn delete_word(&mut self) {
-        let before = &self.text[..self.cursor];
-        let trimmed = before.trim_end();
-        let start = trimmed
-            .char_indices()
-            .rev()
-            .find(|(_, c)| c.is_whitespace())
-            .map_or(0, |(i, c)| i + c.len_utf8());
-        self.text.replace_range(start..self.cursor, "");
-        self.cursor = start;
-    }
-    fn set(&mut self, text: String) {
-        self.cursor = text.len();
-        self.text = text;
-    }
-    fn take(&mut self) -> String {
-        self.cursor = 0;
-        std::mem::take(&mut self.text)
-    }
-    /// Whether nothing is typed.
-    pub fn is_empty(&self) -> bool {
-        self.text.is_empty()
-    }
-}
-
 /// The chat's state.
 pub struct App {
     /// The styles.
@@ -268,7 +133,7 @@ pub struct App {
     pub session_id: String,
     /// Where `@path` completes from (the session's directory, when it is
     /// on this machine).
-    files_root: Option<std::path::PathBuf>,
+    pub(super) files_root: Option<std::path::PathBuf>,
     /// The last message could not be sent because the orchestrator did
     /// not answer (the status line says so until something arrives).
     pub disconnected: bool,
@@ -282,9 +147,9 @@ pub struct App {
     pub busy_since: Option<Instant>,
     /// What the person types.
     pub input: Editor,
-    history: Vec<String>,
-    history_at: Option<usize>,
-    draft: String,
+    pub(super) history: Vec<String>,
+    pub(super) history_at: Option<usize>,
+    pub(super) draft: String,
     /// Questions waiting, the first one shown.
     pub approvals: Vec<Pending>,
     /// A question takes single keys only once it has been on screen this
@@ -292,7 +157,7 @@ pub struct App {
     /// never answers a question that just appeared).
     pub answer_guard: std::time::Duration,
     /// When a key was last typed into the input.
-    typed_at: Option<Instant>,
+    pub(super) typed_at: Option<Instant>,
     /// The question was put aside (Esc); Ctrl+A brings it back.
     pub approval_hidden: bool,
     /// Lines the question is scrolled by.
@@ -891,180 +756,6 @@ impl App {
         }
         self.input.take();
         vec![self.submit(text, self.plan_mode, false)]
-    }
-
-    /// Where `@path` completes from: the session's directory when it is on
-    /// this machine.
-    pub fn set_files_root(&mut self, root: Option<std::path::PathBuf>) {
-        self.files_root = root.filter(|r| r.is_dir());
-    }
-
-    /// Tab after `@` and part of a path: the path completed from the
-    /// session's directory (as far as the names that fit agree; a
-    /// directory gets its `/`, a file a space). `false` when the word at
-    /// the cursor is no `@path` or there is nowhere to complete from.
-    fn complete_path(&mut self) -> bool {
-        let Some(root) = self.files_root.clone() else {
-            return false;
-        };
-        let before = &self.input.text[..self.input.cursor];
-        let word = before
-            .rsplit(char::is_whitespace)
-            .next()
-            .unwrap_or_default();
-        let Some(partial) = word.strip_prefix('@') else {
-            return false;
-        };
-        if partial.contains(':') {
-            return false;
-        }
-        let (dir, base) = match partial.rfind('/') {
-            Some(at) => (&partial[..=at], &partial[at + 1..]),
-            None => ("", partial),
-        };
-        let rel = std::path::Path::new(dir);
-        if rel.is_absolute()
-            || rel
-                .components()
-                .any(|c| matches!(c, std::path::Component::ParentDir))
-        {
-            return true;
-        }
-        let Ok(entries) = std::fs::read_dir(root.join(rel)) else {
-            return true;
-        };
-        let mut names: Vec<(String, bool)> = entries
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                let fits =
-                    name.starts_with(base) && (base.starts_with('.') || !name.starts_with('.'));
-                fits.then(|| (name, e.file_type().is_ok_and(|t| t.is_dir())))
-            })
-            .collect();
-        names.sort();
-        let Some((first, first_dir)) = names.first().cloned() else {
-            return true;
-        };
-        let mut common = first.clone();
-        for (name, _) in &names[1..] {
-            while !name.starts_with(&common) {
-                common.pop();
-            }
-        }
-        if names.len() == 1 {
-            common.push(if first_dir { '/' } else { ' ' });
-        }
-        if common.len() > base.len() {
-            self.input.insert(&clean(&common[base.len()..]));
-        } else if names.len() > 1 {
-            let shown: Vec<String> = names
-                .iter()
-                .take(12)
-                .map(|(n, d)| format!("{n}{}", if *d { "/" } else { "" }))
-                .collect();
-            self.note(
-                format!(
-                    "@{dir}: {}{}",
-                    shown.join("  "),
-                    if names.len() > 12 { "  …" } else { "" }
-                ),
-                NoteKind::Info,
-            );
-        }
-        true
-    }
-
-    fn complete(&mut self) {
-        if self.complete_path() {
-            return;
-        }
-        let options = self.suggestions();
-        let Some(first) = options.first() else {
-            return;
-        };
-        // The longest prefix the options share.
-        let mut common = first.0.to_string();
-        for (c, _) in &options[1..] {
-            while !c.starts_with(&common) {
-                common.pop();
-            }
-        }
-        if options.len() == 1 {
-            common.push(' ');
-        }
-        if common.len() > self.input.text.len() {
-            self.input.set(common);
-        }
-    }
-
-    fn history_back(&mut self) {
-        if self.history.is_empty() || self.input.text.contains('\n') {
-            return;
-        }
-        let at = match self.history_at {
-            None => {
-                self.draft = self.input.text.clone();
-                self.history.len() - 1
-            }
-            Some(0) => 0,
-            Some(i) => i - 1,
-        };
-        self.history_at = Some(at);
-        self.input.set(self.history[at].clone());
-    }
-
-    fn history_forward(&mut self) {
-        let Some(at) = self.history_at else { return };
-        if at + 1 < self.history.len() {
-            self.history_at = Some(at + 1);
-            self.input.set(self.history[at + 1].clone());
-        } else {
-            self.history_at = None;
-            let draft = std::mem::take(&mut self.draft);
-            self.input.set(draft);
-        }
-    }
-
-    fn picker_key(&mut self, key: KeyEvent) -> Vec<Action> {
-        let Some(picker) = &mut self.picker else {
-            return Vec::new();
-        };
-        let count = picker.visible().len();
-        match key.code {
-            KeyCode::Esc => self.picker = None,
-            KeyCode::Char('c') | KeyCode::Char('d')
-                if key.modifiers.contains(KeyModifiers::CONTROL) =>
-            {
-                self.picker = None;
-                return vec![Action::Quit];
-            }
-            KeyCode::Up => picker.selected = picker.selected.saturating_sub(1),
-            KeyCode::Down => picker.selected = (picker.selected + 1).min(count.saturating_sub(1)),
-            // Typing filters.
-            KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::CONTROL) => {
-                picker.filter.push(c);
-                picker.selected = 0;
-            }
-            KeyCode::Backspace => {
-                picker.filter.pop();
-                picker.selected = 0;
-            }
-            KeyCode::Enter => {
-                let chosen = picker
-                    .visible()
-                    .get(picker.selected)
-                    .map(|row| row.id.clone());
-                self.picker = None;
-                if let Some(id) = chosen
-                    && id != self.session_id
-                {
-                    return vec![Action::OpenSession(id)];
-                }
-            }
-            _ => {}
-        }
-        Vec::new()
     }
 }
 

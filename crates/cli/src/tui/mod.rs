@@ -10,7 +10,9 @@
 
 pub mod app;
 pub mod highlight;
+pub mod input;
 pub mod markdown;
+pub mod picker;
 pub mod theme;
 pub mod view;
 
