@@ -1,0 +1,222 @@
+//! What a tool call needs around it: live output capped for the
+//! subscribers, the workspace's disk quota watched while it runs, the
+//! project locked while a changing call runs in it, instruction files it
+//! touched.
+
+use super::*;
+
+/// Caps the live output of one call.
+pub(super) struct LiveCap {
+    left: usize,
+    dropped: u64,
+}
+
+impl LiveCap {
+    pub(super) fn new(limit: usize) -> Self {
+        LiveCap {
+            left: limit,
+            dropped: 0,
+        }
+    }
+
+    /// The part of `text` still within the cap, if any.
+    pub(super) fn admit(&mut self, mut text: String) -> Option<String> {
+        if text.len() <= self.left {
+            self.left -= text.len();
+            return Some(text);
+        }
+        let mut keep = self.left;
+        while !text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        self.dropped += (text.len() - keep) as u64;
+        self.left = 0;
+        text.truncate(keep);
+        (!text.is_empty()).then_some(text)
+    }
+
+    /// The closing note when output was held back.
+    pub(super) fn note(&self) -> Option<String> {
+        (self.dropped > 0).then(|| {
+            format!(
+                "\n[{} more bytes of live output not shown; the result keeps the head and tail]\n",
+                self.dropped
+            )
+        })
+    }
+}
+
+pub(super) fn chunk_message(
+    stream: agentry_proto::sessions::v1::OutputStream,
+    text: String,
+) -> pb::ExecuteResponse {
+    pb::ExecuteResponse {
+        kind: Some(pb::execute_response::Kind::Chunk(pb::OutputChunk {
+            stream: stream as i32,
+            text,
+        })),
+    }
+}
+
+/// The workspace quota during a bash call: a command may not grow the
+/// workspace past it (nor one already past it). The workspace is measured
+/// at the start, every half second while the command runs, and at the end,
+/// each time on a thread confined like the file tools.
+pub(super) struct QuotaWatch {
+    confinement: agentry_sandbox::ThreadConfinement,
+    workspace: Workspace,
+    quota: u64,
+    /// The most the workspace may take: the quota, or more when it already
+    /// took more at the start.
+    allowed: u64,
+}
+
+impl QuotaWatch {
+    /// A watch for `tool`'s call, when it is bash and there is a quota.
+    pub(super) async fn start(
+        inner: &Inner,
+        tool: &str,
+        workspace: &Workspace,
+    ) -> Option<QuotaWatch> {
+        let quota = inner.limits.workspace_bytes;
+        // Bash and MCP servers (which run in the workspace) may grow it; a
+        // project directory has no quota.
+        let watched = tool == "bash" || inner.mcp.as_ref().is_some_and(|m| m.owns(tool));
+        if quota == 0 || !watched || workspace.is_project() {
+            return None;
+        }
+        let mut watch = QuotaWatch {
+            confinement: inner.sandbox.file_confinement(workspace),
+            workspace: workspace.clone(),
+            quota,
+            allowed: quota,
+        };
+        watch.allowed = watch.usage().await.unwrap_or(0).max(quota);
+        Some(watch)
+    }
+
+    pub(super) async fn usage(&self) -> Option<u64> {
+        let (confinement, workspace) = (self.confinement.clone(), self.workspace.clone());
+        tokio::task::spawn_blocking(move || {
+            agentry_sandbox::run_confined(&confinement, move || workspace.usage())
+        })
+        .await
+        .ok()
+        .and_then(Result::ok)
+    }
+
+    /// The outcome of a call stopped for outgrowing the quota, if it did.
+    pub(super) async fn stopped(&self) -> Option<ToolOutcome> {
+        let used = self.usage().await.filter(|used| *used > self.allowed)?;
+        Some(ToolOutcome {
+            output: format!(
+                "[stopped: the workspace grew to {} MiB, past its quota of {} MiB \
+                 (tool_runner.limits.workspace_mib); delete files to make room]",
+                used / MIB,
+                self.quota / MIB
+            ),
+            is_error: true,
+            ..ToolOutcome::default()
+        })
+    }
+
+    /// `done`, told when the call ended with the workspace past the quota.
+    pub(super) async fn finished(&self, mut done: ToolOutcome) -> ToolOutcome {
+        if let Some(used) = self.usage().await.filter(|used| *used > self.allowed) {
+            done.output.push_str(&format!(
+                "\n[the workspace is now {} MiB, past its quota of {} MiB \
+                 (tool_runner.limits.workspace_mib): writes are refused until files are deleted]",
+                used / MIB,
+                self.quota / MIB
+            ));
+            done.is_error = true;
+        }
+        done
+    }
+}
+
+pub(super) const MIB: u64 = 1024 * 1024;
+
+/// The instruction files of the directories a file tool's call touched
+/// below the project's root (read confined like the file tools).
+pub(super) async fn touched_instructions(
+    inner: &Inner,
+    workspace: &Workspace,
+    tool: &str,
+    arguments_json: &str,
+) -> Vec<agentry_proto::sessions::v1::InstructionFile> {
+    let is_dir = match tool {
+        "read_file" | "write_file" | "edit_file" => false,
+        "list_dir" | "glob" | "grep" => true,
+        _ => return Vec::new(),
+    };
+    let Some(path) = serde_json::from_str::<serde_json::Value>(arguments_json)
+        .ok()
+        .and_then(|args| args.get("path")?.as_str().map(str::to_string))
+    else {
+        return Vec::new();
+    };
+    let dirs = crate::instructions::touched_dirs(&path, is_dir);
+    if dirs.is_empty() {
+        return Vec::new();
+    }
+    let confinement = inner.sandbox.file_confinement(workspace);
+    let root = workspace.root().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        agentry_sandbox::run_confined(&confinement, move || {
+            dirs.iter()
+                .filter_map(|rel| crate::instructions::read_below(&root, rel))
+                .collect()
+        })
+    })
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .unwrap_or_default()
+}
+
+/// Whether calls of `tool` may change files (all but the built-in
+/// read-only tools): in a project directory, such calls of two sessions
+/// take turns.
+pub(super) fn changes_files(tool: &str) -> bool {
+    !tools::specs()
+        .iter()
+        .any(|spec| spec.name == tool && spec.read_only)
+}
+
+/// Takes the lock of a project directory's changing calls, saying once on
+/// the call's output which session it waits for. `None` when the caller
+/// went away meanwhile, or the lock cannot be used (logged; the call then
+/// runs unlocked rather than not at all).
+pub(super) async fn lock_project(
+    inner: &Inner,
+    workspace: &Workspace,
+    tx: &mpsc::Sender<Result<pb::ExecuteResponse, Status>>,
+) -> Option<Option<crate::projects::DirectoryLock>> {
+    let path = inner.places.lock_path(workspace.root());
+    let mut told = false;
+    loop {
+        match crate::projects::DirectoryLock::try_take(&path, workspace.session_id()) {
+            Ok(lock) => return Some(Some(lock)),
+            Err(None) => return Some(None),
+            Err(Some(holder)) => {
+                if !told {
+                    told = true;
+                    let note = format!(
+                        "[waiting for session {holder}: it is changing files in {}]\n",
+                        workspace.root().display()
+                    );
+                    let chunk =
+                        chunk_message(agentry_proto::sessions::v1::OutputStream::Stderr, note);
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return None;
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    () = tx.closed() => return None,
+                }
+            }
+        }
+    }
+}
