@@ -235,6 +235,7 @@ impl Follower {
 
 /// A session driven from the command line: the connection, the session,
 /// and the inputs both front ends send.
+#[derive(Clone)]
 pub(crate) struct Driver {
     /// The orchestrator.
     pub client: OrchestratorClient<TracedChannel>,
