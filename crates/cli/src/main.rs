@@ -514,6 +514,55 @@ fn prompt_text(given: Option<String>) -> anyhow::Result<String> {
     Ok(text)
 }
 
+/// `agentry sessions …`.
+async fn sessions(
+    config: &agentry_runtime::Config,
+    command: SessionsCommand,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        SessionsCommand::List { limit } => session_cmds::list(config, limit).await,
+        SessionsCommand::Show { id, json } => {
+            let id = client::resolve_session(config, &id).await?;
+            session_cmds::show(config, &id, json).await
+        }
+        SessionsCommand::Fork {
+            id,
+            at,
+            new_id,
+            conversation_only,
+            dir,
+        } => {
+            let id = client::resolve_session(config, &id).await?;
+            let dir = match dir {
+                Some(dir) => match turn::Place::from_args(Some(dir), false)? {
+                    turn::Place::Dir(full) => Some(full),
+                    _ => None,
+                },
+                None => None,
+            };
+            session_cmds::fork(config, &id, at, new_id, conversation_only, dir).await
+        }
+        SessionsCommand::Rewind {
+            id,
+            to,
+            conversation_only,
+        } => {
+            let id = client::resolve_session(config, &id).await?;
+            session_cmds::rewind(config, &id, to, conversation_only).await
+        }
+        SessionsCommand::Prune { dry_run } => session_cmds::prune(config, dry_run).await,
+        SessionsCommand::Rename { id, name } => {
+            let id = client::resolve_session(config, &id).await?;
+            session_cmds::rename(config, &id, &name).await
+        }
+        SessionsCommand::Delete { id, yes } => {
+            let id = client::resolve_session(config, &id).await?;
+            session_cmds::delete(config, &id, yes).await
+        }
+    }
+    .map(|()| ExitCode::SUCCESS)
+}
+
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = load_config(&cli)?;
     // Bare `agentry` is `agentry chat`.
@@ -582,48 +631,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             turn::run(&config, session, &place, mode, json, prompt).await
         }
-        Command::Sessions { command } => match command {
-            SessionsCommand::List { limit } => session_cmds::list(&config, limit).await,
-            SessionsCommand::Show { id, json } => {
-                let id = client::resolve_session(&config, &id).await?;
-                session_cmds::show(&config, &id, json).await
-            }
-            SessionsCommand::Fork {
-                id,
-                at,
-                new_id,
-                conversation_only,
-                dir,
-            } => {
-                let id = client::resolve_session(&config, &id).await?;
-                let dir = match dir {
-                    Some(dir) => match turn::Place::from_args(Some(dir), false)? {
-                        turn::Place::Dir(full) => Some(full),
-                        _ => None,
-                    },
-                    None => None,
-                };
-                session_cmds::fork(&config, &id, at, new_id, conversation_only, dir).await
-            }
-            SessionsCommand::Rewind {
-                id,
-                to,
-                conversation_only,
-            } => {
-                let id = client::resolve_session(&config, &id).await?;
-                session_cmds::rewind(&config, &id, to, conversation_only).await
-            }
-            SessionsCommand::Prune { dry_run } => session_cmds::prune(&config, dry_run).await,
-            SessionsCommand::Rename { id, name } => {
-                let id = client::resolve_session(&config, &id).await?;
-                session_cmds::rename(&config, &id, &name).await
-            }
-            SessionsCommand::Delete { id, yes } => {
-                let id = client::resolve_session(&config, &id).await?;
-                session_cmds::delete(&config, &id, yes).await
-            }
-        }
-        .map(|()| ExitCode::SUCCESS),
+        Command::Sessions { command } => sessions(&config, command).await,
         Command::Doctor => doctor::run(&config).await,
         Command::Init { url, force } => init::run(&config, &url, force).await,
         Command::Health {

@@ -257,67 +257,14 @@ pub async fn delegate(
     progress: Progress,
 ) -> Result<String, ToolFailure> {
     let deps = service.deps().clone();
-    let args: DelegateArgs = serde_json::from_str(&call.arguments)
-        .map_err(|e| format!("invalid arguments for delegate: {e}"))?;
-    let Some(agent) = deps.agents.get(&args.agent) else {
-        let names: Vec<String> = deps
-            .agents
-            .list
-            .iter()
-            .map(|a| a.def.name.clone())
-            .collect();
-        return Err(ToolFailure(format!(
-            "no agent {:?}; the agents are: {}",
-            args.agent,
-            names.join(", ")
-        )));
-    };
-    if args.task.trim().is_empty() {
-        return Err("the task is empty: say what the agent should do".into());
-    }
+    let (agent, args) = agent_and_task(&deps, call)?;
     let child = child_id(parent, turn_id, step, &call.id);
-    // The session, made once.
     let link = pb::SessionParent {
         session_id: parent.to_string(),
         call_id: call.id.clone(),
         agent: agent.def.name.clone(),
     };
-    let created = deps
-        .store
-        .clone()
-        .create_session(pb::CreateSessionRequest {
-            project_dir: String::new(),
-            session_id: child.clone(),
-            title: args.task.chars().take(80).collect(),
-            parent: Some(link.clone()),
-        })
-        .await;
-    match created {
-        Ok(_) => {}
-        Err(status) if status.code() == tonic::Code::AlreadyExists => {
-            // Only this call's own task is taken up again.
-            let existing = deps
-                .store
-                .clone()
-                .get_session(pb::GetSessionRequest {
-                    session_id: child.clone(),
-                })
-                .await
-                .map_err(|s| format!("cannot read the task's session: {}", s.message()))?
-                .into_inner();
-            if existing.parent.as_ref() != Some(&link) {
-                return Err(ToolFailure(format!(
-                    "session {child} exists and is not this call's task; not using it"
-                )));
-            }
-        }
-        Err(status) => {
-            return Err(ToolFailure(format!(
-                "cannot start the task: {}",
-                status.message()
-            )));
-        }
-    }
+    make_task_session(&deps, &child, &link, &args.task).await?;
     // A call that ends without the answer (cancelled, refused) cancels its
     // task when its result is recorded (the actor's `cancel_task`).
     let log = deps
@@ -334,31 +281,11 @@ pub async fn delegate(
         .acquire_owned()
         .await
         .map_err(|_| "the orchestrator is stopping".to_string())?;
-    // Questions the task asked before this call followed it (a restart).
-    let session = pb::Session {
-        id: child.clone(),
-        ..Default::default()
-    };
-    let mut open: Vec<pb::Event> = crate::inbox::pending(&session, &log)
-        .into_iter()
-        .map(|p| pb::Event {
-            session_id: child.clone(),
-            turn_id: p.turn_id,
-            kind: Some(Kind::ApprovalRequested(pb::ApprovalRequested {
-                call_id: p.call_id,
-                tool: p.tool,
-                arguments_json: p.arguments_json,
-                matched_rule: p.matched_rule,
-                network: p.network,
-                outcome_unknown: false,
-            })),
-            ..Default::default()
-        })
-        .collect();
+    let open = questions_left(&child, &log);
     let started = log
         .iter()
         .any(|e| matches!(e.kind, Some(Kind::UserMessage(_))));
-    let mut events = service
+    let events = service
         .subscribe(tonic::Request::new(opb::SubscribeRequest {
             session_id: child.clone(),
             from_seq: (log.len() as u64) + 1,
@@ -393,59 +320,184 @@ pub async fn delegate(
             .await
             .map_err(|s| format!("cannot start the task: {}", s.message()))?;
     }
-    let name = agent.def.name.clone();
-    let mut again = tokio::time::interval(RELAY_AGAIN);
-    again.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        let event = tokio::select! {
-            event = events.next() => event,
-            _ = again.tick() => {
-                for question in &open {
-                    relay(&deps, parent, question, &name);
+    let task = Task {
+        deps: &deps,
+        parent,
+        child: &child,
+        name: &agent.def.name,
+        progress,
+    };
+    task.follow(events, open).await
+}
+
+/// The agent a delegate call names and its task, or why the call cannot
+/// run.
+fn agent_and_task(deps: &Deps, call: &ToolCall) -> Result<(Arc<Agent>, DelegateArgs), ToolFailure> {
+    let args: DelegateArgs = serde_json::from_str(&call.arguments)
+        .map_err(|e| format!("invalid arguments for delegate: {e}"))?;
+    let Some(agent) = deps.agents.get(&args.agent) else {
+        let names: Vec<String> = deps
+            .agents
+            .list
+            .iter()
+            .map(|a| a.def.name.clone())
+            .collect();
+        return Err(ToolFailure(format!(
+            "no agent {:?}; the agents are: {}",
+            args.agent,
+            names.join(", ")
+        )));
+    };
+    if args.task.trim().is_empty() {
+        return Err("the task is empty: say what the agent should do".into());
+    }
+    Ok((agent, args))
+}
+
+/// Makes the task's session, once: an existing one is taken up again only
+/// when it is this call's own task.
+async fn make_task_session(
+    deps: &Deps,
+    child: &str,
+    link: &pb::SessionParent,
+    task: &str,
+) -> Result<(), ToolFailure> {
+    let created = deps
+        .store
+        .clone()
+        .create_session(pb::CreateSessionRequest {
+            project_dir: String::new(),
+            session_id: child.to_string(),
+            title: task.chars().take(80).collect(),
+            parent: Some(link.clone()),
+        })
+        .await;
+    match created {
+        Ok(_) => Ok(()),
+        Err(status) if status.code() == tonic::Code::AlreadyExists => {
+            let existing = deps
+                .store
+                .clone()
+                .get_session(pb::GetSessionRequest {
+                    session_id: child.to_string(),
+                })
+                .await
+                .map_err(|s| format!("cannot read the task's session: {}", s.message()))?
+                .into_inner();
+            if existing.parent.as_ref() == Some(link) {
+                Ok(())
+            } else {
+                Err(ToolFailure(format!(
+                    "session {child} exists and is not this call's task; not using it"
+                )))
+            }
+        }
+        Err(status) => Err(ToolFailure(format!(
+            "cannot start the task: {}",
+            status.message()
+        ))),
+    }
+}
+
+/// The questions the task asked before this call followed it (a restart),
+/// as the events that asked them.
+fn questions_left(child: &str, log: &[pb::Event]) -> Vec<pb::Event> {
+    let session = pb::Session {
+        id: child.to_string(),
+        ..Default::default()
+    };
+    crate::inbox::pending(&session, log)
+        .into_iter()
+        .map(|p| pb::Event {
+            session_id: child.to_string(),
+            turn_id: p.turn_id,
+            kind: Some(Kind::ApprovalRequested(pb::ApprovalRequested {
+                call_id: p.call_id,
+                tool: p.tool,
+                arguments_json: p.arguments_json,
+                matched_rule: p.matched_rule,
+                network: p.network,
+                outcome_unknown: false,
+            })),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// A task being followed by its delegate call.
+struct Task<'a> {
+    deps: &'a Arc<Deps>,
+    parent: &'a str,
+    child: &'a str,
+    name: &'a str,
+    progress: Progress,
+}
+
+impl Task<'_> {
+    /// Follows the task's events until its turn ends: its calls and results
+    /// as the call's progress, its questions relayed to the parent (again
+    /// every while, for clients that joined later); its answer.
+    async fn follow(
+        &self,
+        mut events: crate::service::BoxStream<pb::Event>,
+        mut open: Vec<pb::Event>,
+    ) -> Result<String, ToolFailure> {
+        let (deps, parent, child, name) = (self.deps, self.parent, self.child, self.name);
+        let mut again = tokio::time::interval(RELAY_AGAIN);
+        again.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            let event = tokio::select! {
+                event = events.next() => event,
+                _ = again.tick() => {
+                    for question in &open {
+                        relay(deps, parent, question, name);
+                    }
+                    continue;
                 }
+            };
+            let Some(event) = event else { break };
+            let event = event.map_err(|s| format!("lost the task's events: {}", s.message()))?;
+            if event.live {
                 continue;
             }
-        };
-        let Some(event) = event else { break };
-        let event = event.map_err(|s| format!("lost the task's events: {}", s.message()))?;
-        if event.live {
-            continue;
+            let Some(kind) = &event.kind else { continue };
+            match kind {
+                Kind::ToolCallRequested(c) => {
+                    let _ = self.progress.send(format!(
+                        "[{name}] {} {}\n",
+                        c.tool,
+                        one_line(&c.arguments_json, 160)
+                    ));
+                }
+                Kind::ToolResult(r) => {
+                    let mark = if r.is_error { "✗" } else { "←" };
+                    let _ = self
+                        .progress
+                        .send(format!("[{name}] {mark} {}\n", one_line(&r.output, 160)));
+                }
+                Kind::ApprovalRequested(a) => {
+                    let _ = self.progress.send(format!(
+                        "[{name}] waits for a person to approve {} (session {child}, call {})\n",
+                        a.tool, a.call_id
+                    ));
+                    relay(deps, parent, &event, name);
+                    open.retain(|q| !same_call(q, &a.call_id));
+                    open.push(event.clone());
+                }
+                Kind::ToolCallState(s) if s.phase != pb::ToolCallPhase::AwaitingApproval as i32 => {
+                    relay(deps, parent, &event, name);
+                    open.retain(|q| !same_call(q, &s.call_id));
+                }
+                Kind::TurnFinished(_) => {
+                    return finished(std::slice::from_ref(&event)).unwrap_or_else(|| {
+                        Err(ToolFailure("the task ended without an answer".to_string()))
+                    });
+                }
+                _ => {}
+            }
         }
-        let Some(kind) = &event.kind else { continue };
-        match kind {
-            Kind::ToolCallRequested(c) => {
-                let _ = progress.send(format!(
-                    "[{name}] {} {}\n",
-                    c.tool,
-                    one_line(&c.arguments_json, 160)
-                ));
-            }
-            Kind::ToolResult(r) => {
-                let mark = if r.is_error { "✗" } else { "←" };
-                let _ = progress.send(format!("[{name}] {mark} {}\n", one_line(&r.output, 160)));
-            }
-            Kind::ApprovalRequested(a) => {
-                let _ = progress.send(format!(
-                    "[{name}] waits for a person to approve {} (session {child}, call {})\n",
-                    a.tool, a.call_id
-                ));
-                relay(&deps, parent, &event, &name);
-                open.retain(|q| !same_call(q, &a.call_id));
-                open.push(event.clone());
-            }
-            Kind::ToolCallState(s) if s.phase != pb::ToolCallPhase::AwaitingApproval as i32 => {
-                relay(&deps, parent, &event, &name);
-                open.retain(|q| !same_call(q, &s.call_id));
-            }
-            Kind::TurnFinished(_) => {
-                return finished(std::slice::from_ref(&event)).unwrap_or_else(|| {
-                    Err(ToolFailure("the task ended without an answer".to_string()))
-                });
-            }
-            _ => {}
-        }
+        Err("the task's events ended before it finished".into())
     }
-    Err("the task's events ended before it finished".into())
 }
 
 /// The task's answer once its turn has finished.

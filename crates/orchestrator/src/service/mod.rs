@@ -169,7 +169,7 @@ pub(crate) fn check_client_session_id(session_id: &str) -> Result<(), Status> {
     Ok(())
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Orchestrator for Sessions {

@@ -234,6 +234,14 @@ impl Config {
     }
 
     fn validate(&self, label: &str) -> Result<(), ConfigError> {
+        self.check_model(label)?;
+        self.check_services(label)?;
+        self.check_agent(label)?;
+        self.check_addresses(label)
+    }
+
+    /// Checks `[llm]` and the policy's rules.
+    fn check_model(&self, label: &str) -> Result<(), ConfigError> {
         let invalid = |key: &str, reason: &str| ConfigError::Invalid {
             source_name: label.to_string(),
             reason: format!("{key}: {reason}"),
@@ -279,6 +287,15 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Checks TLS, the sandbox's identities, MCP, hooks and agents.
+    fn check_services(&self, label: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+            source_name: label.to_string(),
+            reason: format!("{key}: {reason}"),
+        };
         let tls = &self.auth.tls;
         if tls.enabled() && (tls.cert.is_empty() || tls.key.is_empty() || tls.ca.is_empty()) {
             return Err(invalid(
@@ -328,6 +345,15 @@ impl Config {
         self.mcp_servers()?;
         self.check_hooks(label)?;
         self.agents()?;
+        Ok(())
+    }
+
+    /// Checks `[agent]`, the model prices and profiles.
+    fn check_agent(&self, label: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+            source_name: label.to_string(),
+            reason: format!("{key}: {reason}"),
+        };
         if self.agent.max_parallel_agents == 0 {
             return Err(invalid("agent.max_parallel_agents", "must be at least 1"));
         }
@@ -430,6 +456,15 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Checks the runner's timeouts and the services' URLs.
+    fn check_addresses(&self, label: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+            source_name: label.to_string(),
+            reason: format!("{key}: {reason}"),
+        };
         if self.tool_runner.default_timeout_secs == 0
             || self.tool_runner.default_timeout_secs > self.tool_runner.max_timeout_secs
         {

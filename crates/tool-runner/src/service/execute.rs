@@ -220,3 +220,190 @@ pub(super) async fn lock_project(
         }
     }
 }
+
+/// Runs one call and streams its output, then its result, to `tx`;
+/// dropping the call (the caller went away) kills it and what it started.
+pub(super) async fn run_call(
+    inner: Arc<Inner>,
+    req: pb::ExecuteRequest,
+    workspace: Workspace,
+    pass: Option<crate::egress::Pass>,
+    tx: mpsc::Sender<Result<pb::ExecuteResponse, Status>>,
+) {
+    let call_id = req.call_id.clone();
+    let tool = req.tool.clone();
+    let started = Instant::now();
+    tracing::debug!(call_id, tool, "tool call started");
+    let _project_lock = if workspace.is_project() && changes_files(&req.tool) {
+        match lock_project(&inner, &workspace, &tx).await {
+            Some(lock) => lock,
+            None => {
+                inner.calls.record(&tool, "cancelled");
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let (sink, mut chunks) = mpsc::channel(64);
+    let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
+    let mut run = call_future(&inner, &req, &workspace, pass.as_ref(), timeout, sink);
+    let watch = QuotaWatch::start(&inner, &req.tool, &workspace).await;
+    // Measured at the start: the first tick is due later.
+    let period = Duration::from_millis(500);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Live output is stored in the session log: like the result the
+    // model sees, it is capped per call. Past the cap it is counted,
+    // not sent; the result keeps the head and tail.
+    let mut live = LiveCap::new(inner.limits.max_output_bytes);
+    let outcome = loop {
+        tokio::select! {
+            Some((stream, text)) = chunks.recv() => {
+                let Some(text) = live.admit(text) else { continue };
+                if tx.send(Ok(chunk_message(stream, text))).await.is_err() {
+                    // The caller went away: dropping `run` kills the call.
+                    tracing::info!(call_id, tool, "tool call cancelled by the caller");
+                    inner.calls.record(&tool, "cancelled");
+                    return;
+                }
+            }
+            outcome = &mut run => break outcome,
+            _ = tick.tick(), if watch.is_some() => {
+                if let Some(watch) = &watch
+                    && let Some(stopped) = watch.stopped().await
+                {
+                    tracing::info!(call_id, "a command outgrew the workspace quota");
+                    break Ok(stopped);
+                }
+            }
+            () = tx.closed() => {
+                tracing::info!(call_id, tool, "tool call cancelled by the caller");
+                inner.calls.record(&tool, "cancelled");
+                return;
+            }
+        }
+    };
+    // Dropping the call kills it and everything it started.
+    drop(run);
+    // A command that finished between two measures.
+    let outcome = match (&watch, outcome) {
+        (Some(watch), Ok(done)) => Ok(watch.finished(done).await),
+        (_, outcome) => outcome,
+    };
+    // Forward output produced just before the end.
+    while let Ok((stream, text)) = chunks.try_recv() {
+        let Some(text) = live.admit(text) else {
+            continue;
+        };
+        if tx.send(Ok(chunk_message(stream, text))).await.is_err() {
+            return;
+        }
+    }
+    let network_note = pass.as_ref().and_then(crate::egress::Pass::note);
+    drop(pass);
+    if let Some(note) = live.note() {
+        let _ = tx
+            .send(Ok(chunk_message(
+                agentry_proto::sessions::v1::OutputStream::Stderr,
+                note,
+            )))
+            .await;
+    }
+    let mut outcome = outcome.unwrap_or_else(|e| ToolOutcome {
+        output: e.to_string(),
+        is_error: true,
+        ..ToolOutcome::default()
+    });
+    if let Some(note) = network_note {
+        if !outcome.output.is_empty() && !outcome.output.ends_with('\n') {
+            outcome.output.push('\n');
+        }
+        outcome.output.push_str(&note);
+    }
+    let instructions = if workspace.is_project() && !outcome.is_error {
+        touched_instructions(&inner, &workspace, &req.tool, &req.arguments_json).await
+    } else {
+        Vec::new()
+    };
+    let result = finished(&inner, &call_id, &tool, started, outcome, instructions);
+    let _ = tx.send(Ok(result)).await;
+}
+
+/// The call as a future: an MCP server's tool, or one of the runner's own.
+fn call_future<'a>(
+    inner: &'a Inner,
+    req: &'a pb::ExecuteRequest,
+    workspace: &'a Workspace,
+    pass: Option<&'a crate::egress::Pass>,
+    timeout: Option<Duration>,
+    sink: tools::OutputSink,
+) -> Pin<Box<dyn Future<Output = Result<ToolOutcome, ToolError>> + Send + 'a>> {
+    let mcp = inner.mcp.as_ref().filter(|m| m.owns(&req.tool));
+    match mcp {
+        Some(mcp) => {
+            let place = mcp.place_of(workspace);
+            let max_output = inner.limits.max_output_bytes;
+            let arguments = req.arguments_json.clone();
+            let tool = req.tool.clone();
+            let refuse_network = pass.is_some();
+            Box::pin(async move {
+                if refuse_network {
+                    return Err(ToolError::InvalidRequest(format!(
+                        "network is given to bash calls only, not to {tool}"
+                    )));
+                }
+                mcp.call(&tool, &arguments, &place, timeout, max_output, sink)
+                    .await
+            })
+        }
+        None => Box::pin(tools::execute(
+            &req.tool,
+            &req.arguments_json,
+            workspace,
+            &inner.limits,
+            timeout,
+            &inner.sandbox,
+            inner.web.as_deref(),
+            pass,
+            sink,
+        )),
+    }
+}
+
+/// The call's result message, counted in the metrics.
+fn finished(
+    inner: &Inner,
+    call_id: &str,
+    tool: &str,
+    started: Instant,
+    outcome: ToolOutcome,
+    instructions: Vec<agentry_proto::sessions::v1::InstructionFile>,
+) -> pb::ExecuteResponse {
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let outcome_name = match (outcome.timed_out, outcome.is_error) {
+        (true, _) => "timeout",
+        (false, true) => "error",
+        (false, false) => "ok",
+    };
+    inner.calls.record(tool, outcome_name);
+    tracing::debug!(
+        call_id,
+        tool,
+        is_error = outcome.is_error,
+        duration_ms,
+        "tool call finished"
+    );
+    pb::ExecuteResponse {
+        kind: Some(pb::execute_response::Kind::Result(pb::ExecuteResult {
+            output: outcome.output,
+            is_error: outcome.is_error,
+            exit_code: outcome.exit_code,
+            duration_ms,
+            runner_id: inner.runner_id.clone(),
+            truncated: outcome.truncated,
+            timed_out: outcome.timed_out,
+            instructions,
+        })),
+    }
+}
