@@ -539,11 +539,24 @@ async fn bash(
             timed_out: false,
         });
     }
+    bash_outcome(waited, text, truncated, reports.as_ref(), timeout)
+}
+
+/// What a finished (or stopped) bash command gives the model: its output
+/// and exit code, the sandbox's reason when it could not start, or the
+/// timeout.
+fn bash_outcome(
+    waited: Option<std::io::Result<std::process::ExitStatus>>,
+    mut text: String,
+    truncated: bool,
+    reports: Option<&agentry_sandbox::Reports>,
+    timeout: Duration,
+) -> Result<ToolOutcome, ToolError> {
     match waited {
         Some(Ok(status)) => {
             let code = status.code();
             if code == Some(agentry_sandbox::SETUP_FAILED)
-                && let Some(why) = reports.as_ref().and_then(|r| r.setup_failure())
+                && let Some(why) = reports.and_then(|r| r.setup_failure())
             {
                 return Err(ToolError::Io(format!(
                     "the sandbox could not start the command: {why}"

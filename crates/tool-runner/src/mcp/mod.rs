@@ -375,41 +375,7 @@ impl Mcp {
             });
         };
         let name = server.config.name.clone();
-        let original = {
-            let tools = server.tools.read().unwrap_or_else(|e| e.into_inner());
-            tools
-                .iter()
-                .find(|t| t.exposed == tool)
-                .map(|t| t.original.clone())
-        };
-        let original = match original {
-            Some(o) => o,
-            None => {
-                let known = server
-                    .tools
-                    .read()
-                    .map(|t| {
-                        t.iter()
-                            .map(|t| t.exposed.clone())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    })
-                    .unwrap_or_default();
-                let state = match &*lock(&server.state) {
-                    State::Starting => "it is starting".to_string(),
-                    State::Ready => "it is ready".to_string(),
-                    State::Failed(why) => format!("it is failing: {why}"),
-                };
-                return Err(ToolError::UnknownTool {
-                    name: tool.to_string(),
-                    available: if known.is_empty() {
-                        format!("the MCP server {name} offers no tools now ({state})")
-                    } else {
-                        known
-                    },
-                });
-            }
-        };
+        let original = original_name(&server, tool)?;
         let arguments = match serde_json::from_str::<serde_json::Value>(arguments_json) {
             Ok(serde_json::Value::Object(map)) => map,
             Ok(_) | Err(_) => {
@@ -520,6 +486,47 @@ impl Mcp {
             }
         };
         Ok(outcome)
+    }
+}
+
+/// The name the server knows a tool by, from the name it is offered under
+/// (`<server>__<tool>`).
+fn original_name(server: &Server, tool: &str) -> Result<String, ToolError> {
+    let name = &server.config.name;
+    let original = {
+        let tools = server.tools.read().unwrap_or_else(|e| e.into_inner());
+        tools
+            .iter()
+            .find(|t| t.exposed == tool)
+            .map(|t| t.original.clone())
+    };
+    match original {
+        Some(o) => Ok(o),
+        None => {
+            let known = server
+                .tools
+                .read()
+                .map(|t| {
+                    t.iter()
+                        .map(|t| t.exposed.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default();
+            let state = match &*lock(&server.state) {
+                State::Starting => "it is starting".to_string(),
+                State::Ready => "it is ready".to_string(),
+                State::Failed(why) => format!("it is failing: {why}"),
+            };
+            Err(ToolError::UnknownTool {
+                name: tool.to_string(),
+                available: if known.is_empty() {
+                    format!("the MCP server {name} offers no tools now ({state})")
+                } else {
+                    known
+                },
+            })
+        }
     }
 }
 

@@ -65,43 +65,7 @@ impl Snapshots {
             }
         };
         // The references, by session; sessions that no longer exist go.
-        let mut refs: Vec<Ref> = Vec::new();
-        for session in entries(&self.dir.join("refs")) {
-            let name = name_of(&session);
-            // A session made after the list was taken is not left out.
-            let young = session
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() < STALE_TEMP);
-            let listed = young || options.sessions.as_ref().is_none_or(|s| s.contains(&name));
-            let mut mine: Vec<Ref> = entries(&session.path())
-                .into_iter()
-                .filter(|e| is_hash(&name_of(e)))
-                .map(|e| Ref {
-                    session: name.clone(),
-                    id: name_of(&e),
-                    time: e
-                        .metadata()
-                        .and_then(|m| m.modified())
-                        .unwrap_or(SystemTime::UNIX_EPOCH),
-                    latest: false,
-                })
-                .collect();
-            if !listed {
-                pruned.sessions_removed += 1;
-                pruned.unlisted_sessions.push(name.clone());
-                pruned.snapshots_removed += mine.len() as u64;
-                if !options.dry_run {
-                    let _ = std::fs::remove_dir_all(session.path());
-                    let _ = std::fs::remove_file(self.index_path(&name));
-                }
-                continue;
-            }
-            if let Some(latest) = mine.iter_mut().max_by_key(|r| r.time) {
-                latest.latest = true;
-            }
-            refs.extend(mine);
-        }
+        let refs = self.references(options, now, &mut pruned);
         // Past their age (each session keeps its latest).
         let keep = self.limits.keep;
         let old = |r: &Ref| !r.latest && now.duration_since(r.time).unwrap_or_default() > keep;
@@ -111,29 +75,7 @@ impl Snapshots {
         }
         pruned.snapshots_removed += expired.len() as u64;
         // What the rest hold: object -> (size, how many kept refs hold it).
-        let mut manifests: HashMap<String, Vec<(String, u64)>> = HashMap::new();
-        for r in &kept {
-            if manifests.contains_key(&r.id) {
-                continue;
-            }
-            let objects = match self.manifest(&r.id) {
-                Ok(m) => m
-                    .entries
-                    .into_iter()
-                    .filter_map(|e| match e.kind {
-                        EntryKind::File { hash, size, .. } => Some((hash, size)),
-                        _ => None,
-                    })
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
-                Err(e) => {
-                    tracing::warn!(snapshot = %r.id, error = %e, "a snapshot cannot be read; its files are not kept for it");
-                    Vec::new()
-                }
-            };
-            manifests.insert(r.id.clone(), objects);
-        }
+        let manifests = self.held_objects(&kept);
         let mut holders: HashMap<String, usize> = HashMap::new();
         for r in &kept {
             *holders.entry(r.id.clone()).or_default() += 1;
@@ -220,5 +162,76 @@ impl Snapshots {
             self.counted(super::objects_size(&self.dir.join("objects")));
         }
         Ok(pruned)
+    }
+
+    /// Every session's snapshot references, its latest marked; a session
+    /// not in `options.sessions` (and not made just now) goes, with them.
+    fn references(&self, options: &PruneOptions, now: SystemTime, pruned: &mut Pruned) -> Vec<Ref> {
+        let mut refs: Vec<Ref> = Vec::new();
+        for session in entries(&self.dir.join("refs")) {
+            let name = name_of(&session);
+            // A session made after the list was taken is not left out.
+            let young = session
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() < STALE_TEMP);
+            let listed = young || options.sessions.as_ref().is_none_or(|s| s.contains(&name));
+            let mut mine: Vec<Ref> = entries(&session.path())
+                .into_iter()
+                .filter(|e| is_hash(&name_of(e)))
+                .map(|e| Ref {
+                    session: name.clone(),
+                    id: name_of(&e),
+                    time: e
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .unwrap_or(SystemTime::UNIX_EPOCH),
+                    latest: false,
+                })
+                .collect();
+            if !listed {
+                pruned.sessions_removed += 1;
+                pruned.unlisted_sessions.push(name.clone());
+                pruned.snapshots_removed += mine.len() as u64;
+                if !options.dry_run {
+                    let _ = std::fs::remove_dir_all(session.path());
+                    let _ = std::fs::remove_file(self.index_path(&name));
+                }
+                continue;
+            }
+            if let Some(latest) = mine.iter_mut().max_by_key(|r| r.time) {
+                latest.latest = true;
+            }
+            refs.extend(mine);
+        }
+        refs
+    }
+
+    /// The files (hash and size) each kept snapshot holds, by snapshot.
+    fn held_objects(&self, kept: &[Ref]) -> HashMap<String, Vec<(String, u64)>> {
+        let mut manifests: HashMap<String, Vec<(String, u64)>> = HashMap::new();
+        for r in kept {
+            if manifests.contains_key(&r.id) {
+                continue;
+            }
+            let objects = match self.manifest(&r.id) {
+                Ok(m) => m
+                    .entries
+                    .into_iter()
+                    .filter_map(|e| match e.kind {
+                        EntryKind::File { hash, size, .. } => Some((hash, size)),
+                        _ => None,
+                    })
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(snapshot = %r.id, error = %e, "a snapshot cannot be read; its files are not kept for it");
+                    Vec::new()
+                }
+            };
+            manifests.insert(r.id.clone(), objects);
+        }
+        manifests
     }
 }

@@ -105,16 +105,12 @@ fn same_kind(found: &Found, entry: &EntryKind) -> bool {
     )
 }
 
-/// The workspace's side: removes what the snapshot does not hold, then
-/// writes what differs.
-fn apply(
+/// What the workspace holds now, by path.
+fn present(
     root: &OwnedFd,
-    target: &BTreeMap<Name, EntryKind>,
     known: &HashMap<Name, Known>,
     skip_ignored: bool,
-    requests: &SyncSender<Request>,
-) -> Result<Restored, SnapshotError> {
-    let mut done = Restored::default();
+) -> Result<BTreeMap<Name, Found>, SnapshotError> {
     let mut current: BTreeMap<Name, Found> = BTreeMap::new();
     let options = WalkOptions {
         open_files: false,
@@ -127,6 +123,20 @@ fn apply(
         current.insert(found.path.clone(), found);
         true
     })?;
+    Ok(current)
+}
+
+/// The workspace's side: removes what the snapshot does not hold, then
+/// writes what differs.
+fn apply(
+    root: &OwnedFd,
+    target: &BTreeMap<Name, EntryKind>,
+    known: &HashMap<Name, Known>,
+    skip_ignored: bool,
+    requests: &SyncSender<Request>,
+) -> Result<Restored, SnapshotError> {
+    let mut done = Restored::default();
+    let current = present(root, known, skip_ignored)?;
     let mut parents = Parents::default();
     // Directories made writable to empty them, and the mode they had.
     let mut opened: Vec<(Vec<u8>, u32)> = Vec::new();
