@@ -12,6 +12,13 @@
 //! turn) has been sent, so a reader sees text in place and never after the
 //! answer it belongs to.
 //!
+//! Events the actor appended reach the subscribers of this replica the same
+//! way, straight after the store acknowledged them ([`LiveHub::logged`]),
+//! instead of after a round trip through the store's watch; the watch stays
+//! for the history before a subscription and for what another replica
+//! appends. A subscription sends each logged event once, in seq order,
+//! whichever way it came first.
+//!
 //! With several orchestrators, the replica that drives a session has its
 //! live events; another replica following the session asks the driver for
 //! them (`Subscribe` with `live_only`).
@@ -22,7 +29,7 @@ use agentry_proto::sessions::v1 as spb;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_runtime::telemetry::TracedChannel;
 use agentry_runtime::topics::{Subscription, Topics};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
@@ -55,6 +62,21 @@ impl LiveHub {
     pub fn publish(&self, event: spb::Event) {
         let session_id = event.session_id.clone();
         self.0.publish(&session_id, Arc::new(event));
+    }
+
+    /// Shows the events just appended to `session_id`'s log, from seq
+    /// `first` on, to its subscribers here (nobody: nothing is copied).
+    pub fn logged(&self, session_id: &str, first: u64, events: &[spb::Event]) {
+        if !self.0.has(session_id) {
+            return;
+        }
+        for (seq, event) in (first..).zip(events) {
+            let mut event = event.clone();
+            event.session_id = session_id.to_string();
+            event.seq = seq;
+            event.live = false;
+            self.0.publish(session_id, Arc::new(event));
+        }
     }
 
     /// Shows `event` (another session's: a sub-agent's question) to the
@@ -134,6 +156,9 @@ struct Merge {
     closed_at: u64,
     /// Live events waiting for the logged event they follow.
     held: VecDeque<Live>,
+    /// Logged events that came straight from this replica's actor ahead of
+    /// those before them (the watch is still replaying), by seq.
+    ahead: BTreeMap<u64, spb::Event>,
 }
 
 impl Merge {
@@ -174,6 +199,7 @@ pub fn merge(
             sent: from_seq.saturating_sub(1),
             closed_at: 0,
             held: VecDeque::new(),
+            ahead: BTreeMap::new(),
         };
         loop {
             let live = tokio::select! {
@@ -187,25 +213,8 @@ pub fn merge(
                         }
                         None => return,
                     };
-                    at.sent = event.seq;
-                    if ends_model_output(&event) {
-                        at.closed_at = event.seq;
-                    }
-                    // A turn may start on another replica: look for it.
-                    if let Some(nudge) = &nudge
-                        && starts_turn(&event)
-                    {
-                        nudge.notify_one();
-                    }
-                    if tx.send(Ok(event)).await.is_err() {
+                    if at.send_logged(event, true, &tx, nudge.as_deref()).await.is_err() {
                         return;
-                    }
-                    // Held events whose logged event has come.
-                    while let Some(show) = at.held.front().and_then(|e| at.place(e)) {
-                        let Some(event) = at.held.pop_front() else { break };
-                        if show && tx.send(Ok(Live::unwrap_or_clone(event))).await.is_err() {
-                            return;
-                        }
                     }
                     continue;
                 }
@@ -219,6 +228,19 @@ pub fn merge(
                 _ = tx.closed() => return,
             };
             let Some(event) = live else { continue };
+            // An event this replica's actor appended, straight after the
+            // store acknowledged it.
+            if !event.live {
+                let event = Live::unwrap_or_clone(event);
+                if at
+                    .send_logged(event, false, &tx, nudge.as_deref())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
             match at.place(&event) {
                 Some(true) => {
                     if tx.send(Ok(Live::unwrap_or_clone(event))).await.is_err() {
@@ -236,6 +258,65 @@ pub fn merge(
         }
     });
     rx
+}
+
+/// Logged events a subscription keeps ahead of the watch at most (past
+/// that, the watch brings them).
+const MAX_AHEAD: usize = 4096;
+
+type Sent = Result<(), ()>;
+
+impl Merge {
+    /// Sends a logged event, from the watch (`from_store`, which is the
+    /// log's order) or from this replica's actor, once and in seq order:
+    /// one already sent is dropped, one of the actor's ahead of those
+    /// before it waits for them; then the logged events and the live text
+    /// that were waiting for it.
+    async fn send_logged(
+        &mut self,
+        event: spb::Event,
+        from_store: bool,
+        tx: &mpsc::Sender<Result<spb::Event, Status>>,
+        nudge: Option<&Notify>,
+    ) -> Sent {
+        if event.seq <= self.sent {
+            return Ok(());
+        }
+        if event.seq > self.sent + 1 && !from_store {
+            if self.ahead.len() < MAX_AHEAD {
+                self.ahead.insert(event.seq, event);
+            }
+            return Ok(());
+        }
+        let mut next = Some(event);
+        while let Some(event) = next {
+            self.sent = event.seq;
+            if ends_model_output(&event) {
+                self.closed_at = event.seq;
+            }
+            // A turn may start on another replica: look for it.
+            if let Some(nudge) = nudge
+                && starts_turn(&event)
+            {
+                nudge.notify_one();
+            }
+            tx.send(Ok(event)).await.map_err(|_| ())?;
+            // Held live text whose logged event has come.
+            while let Some(show) = self.held.front().and_then(|e| self.place(e)) {
+                let Some(live) = self.held.pop_front() else {
+                    break;
+                };
+                if show {
+                    tx.send(Ok(Live::unwrap_or_clone(live)))
+                        .await
+                        .map_err(|_| ())?;
+                }
+            }
+            self.ahead.retain(|seq, _| *seq > self.sent);
+            next = self.ahead.remove(&(self.sent + 1));
+        }
+        Ok(())
+    }
 }
 
 /// The live events of a session another replica drives, for as long as
@@ -308,6 +389,8 @@ pub fn live_only(mut feed: LiveFeed) -> mpsc::Receiver<Result<spb::Event, Status
         loop {
             tokio::select! {
                 event = feed.next() => match event {
+                    // Logged events reach other replicas through the store.
+                    Some(event) if !event.live => {}
                     Some(event) => {
                         if tx.send(Ok(Live::unwrap_or_clone(event))).await.is_err() {
                             return;
@@ -341,6 +424,7 @@ mod tests {
             sent: 4,
             closed_at: 0,
             held: VecDeque::new(),
+            ahead: BTreeMap::new(),
         };
         // After an event already sent: now.
         assert_eq!(at.place(&text_delta("s", "t", 4, "a".into())), Some(true));
@@ -360,6 +444,55 @@ mod tests {
         assert_eq!(at.place(&text_delta("s", "t", 9, "d".into())), Some(true));
         let tool = logged(10, spb::event::Kind::ToolResult(spb::ToolResult::default()));
         assert!(!ends_model_output(&tool));
+    }
+
+    #[tokio::test]
+    async fn logged_events_go_out_once_in_order_whichever_way_they_came() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut at = Merge {
+            sent: 2,
+            closed_at: 0,
+            held: VecDeque::new(),
+            ahead: BTreeMap::new(),
+        };
+        let result = |seq| {
+            logged(
+                seq,
+                spb::event::Kind::ToolResult(spb::ToolResult::default()),
+            )
+        };
+        // The actor's 4 and 5 come before the watch has replayed 3: they
+        // wait, and so does text streamed after 4.
+        at.send_logged(result(4), false, &tx, None)
+            .await
+            .expect("sent");
+        at.send_logged(result(5), false, &tx, None)
+            .await
+            .expect("sent");
+        at.held
+            .push_back(Arc::new(text_delta("s", "t", 4, "after four".into())));
+        assert!(rx.try_recv().is_err(), "nothing before 3");
+        at.send_logged(result(3), true, &tx, None)
+            .await
+            .expect("sent");
+        // Again from the watch, and the actor's 3 late: dropped.
+        for (seq, from_store) in [(4, true), (5, true), (3, false)] {
+            at.send_logged(result(seq), from_store, &tx, None)
+                .await
+                .expect("sent");
+        }
+        let mut out = Vec::new();
+        while let Ok(event) = rx.try_recv() {
+            let event = event.expect("an event");
+            out.push((event.seq, event.live));
+        }
+        assert_eq!(out, [(3, false), (4, false), (4, true), (5, false)]);
+        // The store's order is the log's: an event of the watch past a gap
+        // goes out at once.
+        at.send_logged(result(8), true, &tx, None)
+            .await
+            .expect("sent");
+        assert_eq!(rx.try_recv().expect("sent").expect("an event").seq, 8);
     }
 
     #[tokio::test]

@@ -56,6 +56,11 @@ impl<T: Clone> Topics<T> {
         }
     }
 
+    /// Whether `key` has a subscriber now.
+    pub fn has(&self, key: &str) -> bool {
+        self.keys().contains_key(key)
+    }
+
     /// Keys with a subscriber now.
     pub fn len(&self) -> usize {
         self.keys().len()

@@ -602,6 +602,9 @@ impl Actor {
             match attempt.instrument(span.clone()).await {
                 Ok(_) => {
                     self.next_seq += count;
+                    self.deps
+                        .live
+                        .logged(&self.session_id, first, &request.events);
                     return Ok(first);
                 }
                 Err(status)
@@ -621,6 +624,9 @@ impl Actor {
                 {
                     tracing::info!(session_id = %self.session_id, first_seq = first, "an append whose answer was lost had been stored");
                     self.next_seq += count;
+                    self.deps
+                        .live
+                        .logged(&self.session_id, first, &request.events);
                     return Ok(first);
                 }
                 Err(status) => {
