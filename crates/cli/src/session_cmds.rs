@@ -3,6 +3,7 @@
 use crate::client::{connect, print_line, status_error};
 use crate::render::{Renderer, event_json};
 use crate::terminal::Visible;
+use agentry_client::text::size;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1 as spb;
 use agentry_runtime::Config;
@@ -415,16 +416,6 @@ pub async fn prune(config: &Config, dry_run: bool) -> anyhow::Result<()> {
         pruned.snapshots_kept,
     ))?;
     Ok(())
-}
-
-/// A size for people.
-pub fn size(bytes: u64) -> String {
-    match bytes {
-        0..1024 => format!("{bytes} B"),
-        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
-        1_048_576..1_073_741_824 => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
-        _ => format!("{:.2} GiB", bytes as f64 / 1_073_741_824.0),
-    }
 }
 
 /// `agentry tools`.

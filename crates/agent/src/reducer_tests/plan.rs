@@ -90,10 +90,7 @@ fn a_plan_turn_plans_executes_repairs_and_finishes() {
     );
     assert!(tool_output(&effects, "p1").starts_with("plan recorded: 2 steps"));
     assert!(calls_model(&effects));
-    assert_eq!(
-        step_statuses(&session.state),
-        ["IN_PROGRESS", "UNSPECIFIED"]
-    );
+    assert_eq!(step_statuses(&session.state), ["IN_PROGRESS", "PENDING"]);
     assert_eq!(plan_of(&session.state).started, 1);
 
     // The executor runs a tool, then ends the step.
@@ -134,7 +131,7 @@ fn a_plan_turn_plans_executes_repairs_and_finishes() {
     assert_eq!(revised.reason, "disk is read-only");
     assert_eq!(
         step_statuses(&session.state),
-        ["COMPLETED", "IN_PROGRESS", "UNSPECIFIED"]
+        ["COMPLETED", "IN_PROGRESS", "PENDING"]
     );
     assert_eq!(plan_of(&session.state).current, Some(1));
 
