@@ -17,52 +17,12 @@ pub fn credentials(config: &Config) -> anyhow::Result<Auth> {
     Ok(auth)
 }
 
-/// Connects to `url` with the CLI's credential, or fails with one line
-/// naming the service, the address, the innermost cause ("Connection
-/// refused") and how to fix it.
-pub async fn dial(
-    auth: &Auth,
-    url: &str,
-    service: &str,
-    variable: &str,
-) -> anyhow::Result<TracedChannel> {
-    let endpoint = auth
-        .endpoint(url)
-        .map_err(|e| anyhow::anyhow!("{service} ({variable}): {e}"))?;
-    let channel = endpoint.connect().await.map_err(|e| {
-        let reason = innermost_cause(&e);
-        anyhow::anyhow!(
-            "cannot reach the {service} at {url} ({reason}). Start Agentry with `agentry up`, \
-             or set {variable} to a running {service}."
-        )
-    })?;
-    Ok(auth.wrap(channel))
-}
-
-/// The innermost cause of an error ("Connection refused"), the part a
-/// person can act on.
-pub fn innermost_cause(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut reason = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        reason = cause.to_string();
-        source = cause.source();
-    }
-    reason
-}
+pub use agentry_client::connect::{dial, innermost_cause};
 
 /// Connects to the orchestrator named by the configuration.
 pub async fn connect(config: &Config) -> anyhow::Result<OrchestratorClient<TracedChannel>> {
     let auth = credentials(config)?;
-    let channel = dial(
-        &auth,
-        &config.orchestrator.url,
-        "orchestrator",
-        "AGENTRY_ORCHESTRATOR_URL",
-    )
-    .await?;
-    Ok(OrchestratorClient::new(channel)
-        .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES))
+    Ok(agentry_client::connect::orchestrator(&auth, &config.orchestrator.url).await?)
 }
 
 /// Turns a gRPC status into a one-line error.
