@@ -347,17 +347,8 @@ async fn perform(
                 app.not_sent(sent_text, status.message(), unreachable);
             }
         }
-        Action::Decide(mut decision) => {
-            let (to, call) = agentry_client::relay::answer_to(session_id, &decision.call_id);
-            decision.call_id = call;
-            let input = pb::Input {
-                kind: Some(pb::input::Kind::Approval(decision)),
-            };
-            let request = pb::SubmitRequest {
-                session_id: to,
-                input: Some(input),
-            };
-            if let Err(status) = client.submit(request).await {
+        Action::Decide(decision) => {
+            if let Err(status) = crate::turn::decide(client, session_id, decision).await {
                 app.note(format!("agentry: {}", status.message()), NoteKind::Error);
             }
         }

@@ -280,22 +280,30 @@ impl Driver {
 
     /// Answers the question kept as `input.call_id`: this session's, or a
     /// sub-agent's, relayed (the answer goes to the sub-agent's session).
-    pub(crate) async fn decide(
-        &mut self,
-        mut input: pb::ApprovalInput,
-    ) -> Result<(), tonic::Status> {
-        let (session_id, call_id) = answer_to(&self.session.id, &input.call_id);
-        input.call_id = call_id;
-        self.client
-            .submit(pb::SubmitRequest {
-                session_id,
-                input: Some(pb::Input {
-                    kind: Some(pb::input::Kind::Approval(input)),
-                }),
-            })
-            .await
-            .map(|_| ())
+    pub(crate) async fn decide(&mut self, input: pb::ApprovalInput) -> Result<(), tonic::Status> {
+        decide(&mut self.client, &self.session.id, input).await
     }
+}
+
+/// Answers the question session `own`'s client keeps as `input.call_id`:
+/// the session's own, or a sub-agent's, relayed (the answer goes to the
+/// sub-agent's session). Both chats answer through it.
+pub(crate) async fn decide(
+    client: &mut OrchestratorClient<TracedChannel>,
+    own: &str,
+    mut input: pb::ApprovalInput,
+) -> Result<(), tonic::Status> {
+    let (session_id, call_id) = answer_to(own, &input.call_id);
+    input.call_id = call_id;
+    client
+        .submit(pb::SubmitRequest {
+            session_id,
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::Approval(input)),
+            }),
+        })
+        .await
+        .map(|_| ())
 }
 
 /// What an event of the session asks of a front end.
