@@ -496,6 +496,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn appended_events_reach_this_replicas_subscribers_but_not_other_replicas() {
+        let hub = LiveHub::default();
+        let mut here = hub.follow("s1");
+        let elsewhere = live_only(hub.follow("s1"));
+        let appended = [
+            logged(0, spb::event::Kind::ToolResult(spb::ToolResult::default())),
+            logged(
+                0,
+                spb::event::Kind::TurnFinished(spb::TurnFinished::default()),
+            ),
+        ];
+        hub.logged("s1", 7, &appended);
+        hub.publish(text_delta("s1", "t", 8, "after".into()));
+        // This replica's subscribers get them as stored: the session, the
+        // seqs the store gave them, not live.
+        for seq in [7, 8] {
+            let event = here.next().await.expect("an event");
+            assert_eq!(
+                (event.session_id.as_str(), event.seq, event.live),
+                ("s1", seq, false)
+            );
+        }
+        assert!(here.next().await.expect("the text").live);
+        // Another replica asking for the live events gets the text alone
+        // (the logged ones reach it through the store).
+        let mut elsewhere = elsewhere;
+        let first = elsewhere.recv().await.expect("an event").expect("ok");
+        assert!(first.live, "{first:?}");
+        assert_eq!(first.seq, 8);
+    }
+
+    #[tokio::test]
     async fn a_session_leaves_the_hub_with_its_last_subscriber() {
         let hub = LiveHub::default();
         let mut first = hub.follow("s1");
