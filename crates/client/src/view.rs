@@ -472,7 +472,7 @@ impl SessionView {
                 }
                 if !self.tool_result(event, r) && is_plan_tool(&r.tool) && r.is_error {
                     // A plan call has no block: what went wrong is a note.
-                    self.add_note(format!("  ✗ {}", shorten(&r.output, 120)), NoteKind::Error);
+                    self.note(&format!("  ✗ {}", shorten(&r.output, 120)), NoteKind::Error);
                     applied.note = self.last_note();
                 }
                 self.resolve(&r.call_id, &mut applied);
@@ -512,7 +512,7 @@ impl SessionView {
             _ => {}
         }
         if let Some((text, kind)) = note_for(self, kind) {
-            self.add_note(text, kind);
+            self.note(&text, kind);
             applied.note = self.last_note();
         }
         applied
@@ -567,10 +567,6 @@ impl SessionView {
         true
     }
 
-    fn add_note(&mut self, text: String, kind: NoteKind) {
-        self.note(&text, kind);
-    }
-
     fn last_note(&self) -> Option<(String, NoteKind)> {
         match self.entries.last() {
             Some(Entry::Note(text, kind)) => Some((text.clone(), *kind)),
@@ -605,12 +601,12 @@ fn event_ms(event: &pb::Event) -> Option<i64> {
         .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
 }
 
-/// A token count, short: `950`, `12.3k`, `1.2M`.
+/// A token count, short: `950`, `12.3k`.
 pub fn tokens(n: u64) -> String {
-    match n {
-        0..1_000 => n.to_string(),
-        1_000..1_000_000 => format!("{:.1}k", n as f64 / 1_000.0),
-        _ => format!("{:.1}M", n as f64 / 1_000_000.0),
+    if n >= 1000 {
+        format!("{:.1}k", n as f64 / 1000.0)
+    } else {
+        n.to_string()
     }
 }
 

@@ -6,6 +6,7 @@
 use super::app::{App, Busy, CallState, Entry, LIVE_LINES, NoteKind, Pending, Preview, ToolBlock};
 use super::markdown;
 use super::theme::Theme;
+use agentry_client::view::tokens;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Position, Rect};
 use ratatui::style::Style;
@@ -573,14 +574,6 @@ pub fn status_line(app: &App, width: u16) -> Line<'static> {
     let gap = room.saturating_sub(left.width() + right.width()).max(1);
     let text = format!("{left}{}{right}", " ".repeat(gap));
     Line::from(Span::styled(text, style))
-}
-
-pub fn tokens(n: u64) -> String {
-    if n >= 1000 {
-        format!("{:.1}k", n as f64 / 1000.0)
-    } else {
-        n.to_string()
-    }
 }
 
 fn draw_picker(frame: &mut Frame<'_>, app: &App, area: Rect) {
