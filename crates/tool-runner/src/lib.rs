@@ -36,60 +36,7 @@ use tonic::service::Routes;
 
 /// Why a tool call failed. Each of these goes back to the model as the
 /// tool's error output, so it can correct the call.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ToolError {
-    /// No tool has that name.
-    #[error("unknown tool {name:?}; available tools: {available}")]
-    UnknownTool {
-        /// The name asked for.
-        name: String,
-        /// The names that exist.
-        available: String,
-    },
-    /// The arguments do not fit the tool's schema.
-    #[error("{0}")]
-    InvalidArguments(String),
-    /// The request itself is malformed (not the model's fault).
-    #[error("{0}")]
-    InvalidRequest(String),
-    /// A path leads outside the session's workspace.
-    #[error("path {path:?} is outside the workspace: {reason}")]
-    PathOutsideWorkspace {
-        /// The path as given.
-        path: String,
-        /// Why it was refused.
-        reason: String,
-    },
-    /// The file is not text.
-    #[error("{0} is a binary file; read_file only returns text")]
-    Binary(String),
-    /// The file is too large.
-    #[error("{0}")]
-    TooLarge(String),
-    /// An I/O failure.
-    #[error("{0}")]
-    Io(String),
-    /// The runner's settings do not allow it (a project directory outside
-    /// `tool_runner.project_roots`…).
-    #[error("{0}")]
-    NotAllowed(String),
-}
-
-impl ToolError {
-    /// Whether the same call may succeed when retried unchanged.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            ToolError::Io(_) => true,
-            ToolError::UnknownTool { .. }
-            | ToolError::InvalidArguments(_)
-            | ToolError::InvalidRequest(_)
-            | ToolError::PathOutsideWorkspace { .. }
-            | ToolError::Binary(_)
-            | ToolError::TooLarge(_)
-            | ToolError::NotAllowed(_) => false,
-        }
-    }
-}
+pub use agentry_tool::ToolError;
 
 /// Bounds on tool calls.
 #[derive(Debug, Clone)]

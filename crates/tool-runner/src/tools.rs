@@ -5,112 +5,131 @@ use crate::sandbox::Sandbox;
 use crate::workspace::Workspace;
 use crate::{Limits, ToolError};
 use agentry_proto::sessions::v1::OutputStream;
+pub use agentry_tool::{Registry, Running, Source, Target, Tool, ToolOutcome, ToolSpec};
 use serde::Deserialize;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
-/// A tool's description and flags.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolSpec {
-    /// The tool's name.
-    pub name: &'static str,
-    /// What it does, for the model.
-    pub description: &'static str,
-    /// JSON Schema of its arguments.
-    pub schema: serde_json::Value,
-    /// It changes nothing.
-    pub read_only: bool,
-    /// It may run concurrently with other parallel-safe calls.
-    pub parallel_safe: bool,
-    /// It is sensitive.
-    pub sensitive: bool,
-}
-
-/// What a finished call reports.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ToolOutcome {
-    /// The text for the model.
-    pub output: String,
-    /// The call failed.
-    pub is_error: bool,
-    /// The process exit code, when a process exited.
-    pub exit_code: Option<i32>,
-    /// The output was cut.
-    pub truncated: bool,
-    /// The call hit its deadline.
-    pub timed_out: bool,
-}
-
 /// Live output of a running call.
 pub type OutputSink = mpsc::Sender<(OutputStream, String)>;
 
-/// The tools this runner offers, sorted by name.
-pub fn specs() -> Vec<ToolSpec> {
-    let mut all = own_specs();
-    all.extend(crate::files::specs());
-    all.extend(crate::web::Web::specs());
-    all.sort_by_key(|s| s.name);
-    all
+/// What the runner gives one call: the session's workspace, the caller's
+/// deadline, the network pass when the call was given network, and where
+/// its live output goes.
+pub struct Call {
+    /// The session's workspace (or project directory).
+    pub workspace: Workspace,
+    /// The caller's deadline, if it set one.
+    pub timeout: Option<Duration>,
+    /// Network access for this call (tools whose spec says `network`).
+    pub network: Option<crate::egress::Pass>,
+    /// Live output.
+    pub sink: OutputSink,
 }
 
-fn own_specs() -> Vec<ToolSpec> {
-    vec![
-        ToolSpec {
-            name: "bash",
-            description: "Run a bash command in the session's workspace directory and return its \
-                combined stdout and stderr. Standard input is closed. The command is killed \
-                (with every process it started) when it exceeds its timeout.",
-            schema: serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "description": "The bash command line to run."},
-                    "timeout_secs": {"type": "integer", "minimum": 1, "description": "Optional timeout in seconds."}
-                },
-                "required": ["command"],
-                "additionalProperties": false
-            }),
-            read_only: false,
-            parallel_safe: false,
-            sensitive: true,
-        },
-        ToolSpec {
-            name: "read_file",
-            description: "Read a text file in the workspace. Paths are relative to the workspace. \
-                Optionally read only `limit` lines starting at line `offset` (1-based).",
-            schema: serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "File path relative to the workspace."},
-                    "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)."},
-                    "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read."}
-                },
-                "required": ["path"],
-                "additionalProperties": false
-            }),
-            read_only: true,
-            parallel_safe: true,
-            sensitive: false,
-        },
-        ToolSpec {
-            name: "write_file",
-            description: "Create or replace a text file in the workspace with the given content, \
-                creating parent directories. The write is atomic.",
-            schema: serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "File path relative to the workspace."},
-                    "content": {"type": "string", "description": "The full new content of the file."}
-                },
-                "required": ["path", "content"],
-                "additionalProperties": false
-            }),
-            read_only: false,
-            parallel_safe: false,
-            sensitive: true,
-        },
-    ]
+impl Call {
+    /// A call in `workspace` with no deadline or network, whose live
+    /// output nobody reads.
+    pub fn in_workspace(workspace: &Workspace) -> Call {
+        let (sink, _) = mpsc::channel(1);
+        Call {
+            workspace: workspace.clone(),
+            timeout: None,
+            network: None,
+            sink,
+        }
+    }
+}
+
+impl agentry_tool::Context for Call {
+    type Output = Result<ToolOutcome, ToolError>;
+}
+
+/// The runner's own tools: bash, the file tools and (when set up) the web
+/// tools; MCP servers' tools come in as a toolbox.
+pub fn registry(
+    limits: &Limits,
+    sandbox: &Sandbox,
+    web: Option<&Arc<crate::web::Web>>,
+    mcp: Option<&crate::mcp::Mcp>,
+) -> Registry<Call> {
+    let mut registry = Registry::new();
+    let mut own: Vec<Arc<dyn Tool<Call>>> = vec![Arc::new(Bash {
+        spec: bash_spec(),
+        limits: limits.clone(),
+        sandbox: sandbox.clone(),
+    })];
+    own.extend(crate::files::tools(limits, sandbox));
+    if let Some(web) = web {
+        own.extend(crate::web::tools::<Call>(web));
+    }
+    for tool in own {
+        // The names above are distinct constants.
+        if let Err(taken) = registry.register(tool) {
+            tracing::error!(error = %taken, "a tool is left out");
+        }
+    }
+    if let Some(mcp) = mcp {
+        registry.add_toolbox(Arc::new(crate::mcp::Toolbox::new(
+            mcp.clone(),
+            limits.max_output_bytes,
+        )));
+    }
+    registry
+}
+
+/// Runs one call of `registry`'s tool `name`.
+pub async fn run(
+    registry: &Registry<Call>,
+    name: &str,
+    arguments: &str,
+    call: &Call,
+) -> Result<ToolOutcome, ToolError> {
+    let tool = registry.get(name);
+    start(registry, tool.as_deref(), name, arguments, call).await
+}
+
+/// A call of `tool` (found in `registry` under `name`) as a future: its
+/// run, or why it cannot run (no such tool; network for a tool that takes
+/// none).
+pub fn start<'a>(
+    registry: &Registry<Call>,
+    tool: Option<&'a dyn Tool<Call>>,
+    name: &str,
+    arguments: &'a str,
+    call: &'a Call,
+) -> Running<'a, Result<ToolOutcome, ToolError>> {
+    let refused = match tool {
+        None => registry.unknown(name),
+        Some(tool) if call.network.is_some() && !tool.spec().network => ToolError::InvalidRequest(
+            format!("network is given to bash calls only, not to {name}"),
+        ),
+        Some(tool) => return tool.run(call, arguments),
+    };
+    Box::pin(async move { Err(refused) })
+}
+
+fn bash_spec() -> ToolSpec {
+    ToolSpec::changing(
+        "bash",
+        "Run a bash command in the session's workspace directory and return its \
+            combined stdout and stderr. Standard input is closed. The command is killed \
+            (with every process it started) when it exceeds its timeout.",
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The bash command line to run."},
+                "timeout_secs": {"type": "integer", "minimum": 1, "description": "Optional timeout in seconds."}
+            },
+            "required": ["command"],
+            "additionalProperties": false
+        }),
+    )
+    .with_network()
+    .growing_workspace()
 }
 
 /// Parses a tool's JSON arguments (empty means `{}`) with clear errors.
@@ -118,55 +137,28 @@ pub(crate) fn parse_args<T: for<'de> Deserialize<'de>>(
     tool: &str,
     json: &str,
 ) -> Result<T, ToolError> {
-    let json = if json.trim().is_empty() { "{}" } else { json };
-    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
-        ToolError::InvalidArguments(format!("arguments of {tool} are not valid JSON: {e}"))
-    })?;
-    if !value.is_object() {
-        return Err(ToolError::InvalidArguments(format!(
-            "arguments of {tool} must be a JSON object, got {value}"
-        )));
-    }
-    serde_json::from_value(value)
-        .map_err(|e| ToolError::InvalidArguments(format!("invalid arguments for {tool}: {e}")))
+    agentry_tool::arguments(tool, json)
 }
 
-/// Runs `tool` with `arguments_json` in `workspace`.
-#[allow(clippy::too_many_arguments)] // one call site; each argument is distinct context
-pub async fn execute(
-    tool: &str,
-    arguments_json: &str,
-    workspace: &Workspace,
-    limits: &Limits,
-    timeout: Option<Duration>,
-    sandbox: &Sandbox,
-    web: Option<&crate::web::Web>,
-    network: Option<&crate::egress::Pass>,
-    sink: OutputSink,
-) -> Result<ToolOutcome, ToolError> {
-    if network.is_some() && tool != "bash" {
-        return Err(ToolError::InvalidRequest(format!(
-            "network is given to bash calls only, not to {tool}"
-        )));
+/// The shell: `bash -c` in the workspace, confined by the sandbox.
+struct Bash {
+    spec: ToolSpec,
+    limits: Limits,
+    sandbox: Sandbox,
+}
+
+impl Tool<Call> for Bash {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
     }
-    if let Some(result) =
-        crate::files::execute(tool, arguments_json, workspace, limits, sandbox).await
-    {
-        return result;
-    }
-    if let Some(web) = web
-        && let Some(result) = web.execute(tool, arguments_json).await
-    {
-        return result;
-    }
-    if web.is_none() && matches!(tool, "web_fetch" | "web_crawl") {
-        return Err(ToolError::Io(
-            "the web tools are not set up on this tool runner".into(),
-        ));
-    }
-    match tool {
-        "bash" => {
-            let args: BashArgs = parse_args(tool, arguments_json)?;
+
+    fn run<'a>(
+        &'a self,
+        call: &'a Call,
+        arguments: &'a str,
+    ) -> Running<'a, Result<ToolOutcome, ToolError>> {
+        Box::pin(async move {
+            let args: BashArgs = parse_args(&self.spec.name, arguments)?;
             if args.timeout_secs == Some(0) {
                 return Err(ToolError::InvalidArguments(
                     "timeout_secs must be at least 1".into(),
@@ -175,28 +167,20 @@ pub async fn execute(
             let timeout = args
                 .timeout_secs
                 .map(Duration::from_secs)
-                .or(timeout)
-                .unwrap_or(limits.default_timeout)
-                .min(limits.max_timeout);
+                .or(call.timeout)
+                .unwrap_or(self.limits.default_timeout)
+                .min(self.limits.max_timeout);
             bash(
                 &args.command,
-                workspace,
+                &call.workspace,
                 timeout,
-                limits,
-                sandbox,
-                network,
-                sink,
+                &self.limits,
+                &self.sandbox,
+                call.network.as_ref(),
+                call.sink.clone(),
             )
             .await
-        }
-        other => Err(ToolError::UnknownTool {
-            name: other.to_string(),
-            available: specs()
-                .iter()
-                .map(|s| s.name)
-                .collect::<Vec<_>>()
-                .join(", "),
-        }),
+        })
     }
 }
 

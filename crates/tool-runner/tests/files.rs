@@ -4,7 +4,7 @@
 
 use agentry_tool_runner::files;
 use agentry_tool_runner::sandbox::Sandbox;
-use agentry_tool_runner::tools::ToolOutcome;
+use agentry_tool_runner::tools::{self, Call, ToolOutcome};
 use agentry_tool_runner::workspace::Workspace;
 use agentry_tool_runner::{Limits, ToolError};
 use serde_json::{Value, json};
@@ -38,16 +38,14 @@ fn read(ws: &Workspace, rel: &str) -> String {
     std::fs::read_to_string(ws.root().join(rel)).unwrap()
 }
 
+/// One call through the runner's registry (no web, no MCP servers).
+async fn raw(ws: &Workspace, tool: &str, arguments: &str) -> Result<ToolOutcome, ToolError> {
+    let registry = tools::registry(&limits(), &Sandbox::unconfined(), None, None);
+    tools::run(&registry, tool, arguments, &Call::in_workspace(ws)).await
+}
+
 async fn call(ws: &Workspace, tool: &str, args: Value) -> Result<ToolOutcome, ToolError> {
-    files::execute(
-        tool,
-        &args.to_string(),
-        ws,
-        &limits(),
-        &Sandbox::unconfined(),
-    )
-    .await
-    .expect("a file tool")
+    raw(ws, tool, &args.to_string()).await
 }
 
 async fn ok(ws: &Workspace, tool: &str, args: Value) -> String {
@@ -72,18 +70,32 @@ fn outside(e: ToolError) -> bool {
 
 #[test]
 fn specs_have_the_right_flags() {
-    let specs = files::specs();
-    let flags: Vec<(&str, bool, bool, bool)> = specs
+    let specs: Vec<_> = files::tools(&limits(), &Sandbox::unconfined())
         .iter()
-        .map(|s| (s.name, s.read_only, s.parallel_safe, s.sensitive))
+        .map(|t| t.spec().clone())
+        .collect();
+    let flags: Vec<(&str, bool, bool, bool, bool, bool)> = specs
+        .iter()
+        .map(|s| {
+            (
+                s.name.as_str(),
+                s.read_only,
+                s.parallel_safe,
+                s.sensitive,
+                s.network,
+                s.grows_workspace,
+            )
+        })
         .collect();
     assert_eq!(
         flags,
         vec![
-            ("edit_file", false, false, true),
-            ("glob", true, true, false),
-            ("grep", true, true, false),
-            ("list_dir", true, true, false),
+            ("edit_file", false, false, true, false, false),
+            ("glob", true, true, false, false, false),
+            ("grep", true, true, false, false, false),
+            ("list_dir", true, true, false, false, false),
+            ("read_file", true, true, false, false, false),
+            ("write_file", false, false, true, false, false),
         ]
     );
     for spec in &specs {
@@ -97,32 +109,48 @@ fn specs_have_the_right_flags() {
 }
 
 #[tokio::test]
-async fn unknown_tools_are_not_ours() {
+async fn a_tool_the_runner_has_not_set_up_is_unknown_and_the_error_lists_those_it_has() {
     let (_d, ws) = setup();
-    let sandbox = Sandbox::unconfined();
-    for tool in ["bash", "web_fetch"] {
-        assert!(
-            files::execute(tool, "{}", &ws, &limits(), &sandbox)
-                .await
-                .is_none()
+    for tool in ["web_fetch", "srv__tool", ""] {
+        assert_eq!(
+            raw(&ws, tool, "{}").await,
+            Err(ToolError::UnknownTool {
+                name: tool.into(),
+                available: "bash, edit_file, glob, grep, list_dir, read_file, write_file".into(),
+            })
         );
     }
 }
 
 #[tokio::test]
+async fn only_a_tool_that_takes_network_may_be_given_it() {
+    let (_d, ws) = setup();
+    write(&ws, "a.txt", "x");
+    let registry = tools::registry(&limits(), &Sandbox::unconfined(), None, None);
+    let socket = ws.root().join("..").join("proxy.sock");
+    // A loopback proxy (no namespaces needed): the pass is real.
+    let egress =
+        agentry_tool_runner::egress::Egress::start(&[], &socket, false, true, "unused").await;
+    let call = Call {
+        network: Some(egress.grant().unwrap()),
+        ..Call::in_workspace(&ws)
+    };
+    assert_eq!(
+        tools::run(&registry, "read_file", r#"{"path": "a.txt"}"#, &call).await,
+        Err(ToolError::InvalidRequest(
+            "network is given to bash calls only, not to read_file".into()
+        ))
+    );
+}
+
+#[tokio::test]
 async fn bad_arguments_are_invalid() {
     let (_d, ws) = setup();
-    let err = files::execute("grep", "{not json", &ws, &limits(), &Sandbox::unconfined())
-        .await
-        .unwrap()
-        .unwrap_err();
+    let err = raw(&ws, "grep", "{not json").await.unwrap_err();
     assert!(
         matches!(&err, ToolError::InvalidArguments(m) if m.starts_with("arguments of grep are not valid JSON: "))
     );
-    let err = files::execute("glob", "[1]", &ws, &limits(), &Sandbox::unconfined())
-        .await
-        .unwrap()
-        .unwrap_err();
+    let err = raw(&ws, "glob", "[1]").await.unwrap_err();
     assert_eq!(
         err,
         ToolError::InvalidArguments("arguments of glob must be a JSON object, got [1]".into())
@@ -139,10 +167,7 @@ async fn bad_arguments_are_invalid() {
     );
     // No arguments at all: list_dir has defaults for everything.
     write(&ws, "a.txt", "x");
-    let out = files::execute("list_dir", "", &ws, &limits(), &Sandbox::unconfined())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = raw(&ws, "list_dir", "").await.unwrap();
     assert_eq!(out.output, "a.txt (1 byte)");
 }
 

@@ -277,24 +277,24 @@ async fn without_namespaces_a_granted_call_reaches_only_the_proxy_port() {
 
     let ws = open(root.path(), "s1", &sandbox);
     let curl = |args: String| json!({ "command": format!("curl -sS --max-time 10 -w ' status=%{{http_code}}' {args}") });
+    let registry = tools::registry(&limits(), &sandbox, None, None);
     let pass = egress.grant().unwrap();
     let agentry_sandbox::ProxyRoute::Host { port: proxy_port } = pass.route else {
         panic!("not the host route: {:?}", pass.route);
     };
-    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
-    let through = tools::execute(
+    let call = tools::Call {
+        network: Some(pass),
+        ..tools::Call::in_workspace(&ws)
+    };
+    let through = tools::run(
+        &registry,
         "bash",
         &curl(format!("http://127.0.0.1:{port}/")).to_string(),
-        &ws,
-        &limits(),
-        None,
-        &sandbox,
-        None,
-        Some(&pass),
-        sink,
+        &call,
     )
     .await
     .unwrap();
+    let pass = call.network.expect("the pass");
     assert!(
         through.output.contains("the-page") && through.output.contains("status=200"),
         "{}",
@@ -309,17 +309,15 @@ async fn without_namespaces_a_granted_call_reaches_only_the_proxy_port() {
     assert_eq!(connections.load(Ordering::SeqCst), 1);
 
     // Around the proxy, with the grant: the kernel refuses the connection.
-    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
-    let around = tools::execute(
+    let call = tools::Call {
+        network: Some(pass),
+        ..tools::Call::in_workspace(&ws)
+    };
+    let around = tools::run(
+        &registry,
         "bash",
         &curl(format!("--noproxy '*' http://127.0.0.1:{port}/")).to_string(),
-        &ws,
-        &limits(),
-        None,
-        &sandbox,
-        None,
-        Some(&pass),
-        sink,
+        &call,
     )
     .await
     .unwrap();

@@ -167,7 +167,7 @@ async fn while_open_the_chain_goes_straight_to_the_next_backend() {
     let web = Web::from_backends(vec![backend.clone(), Arc::new(http)], guard, 5000);
     let args = json!({ "url": url }).to_string();
     for _ in 0..5 {
-        let outcome = web.execute("web_fetch", &args).await.unwrap().unwrap();
+        let outcome = web.call("web_fetch", &args).await.unwrap();
         assert_eq!(
             outcome.output,
             format!(
@@ -176,7 +176,7 @@ async fn while_open_the_chain_goes_straight_to_the_next_backend() {
         );
     }
     assert_eq!(fake.crawl_requests(), 15);
-    let outcome = web.execute("web_fetch", &args).await.unwrap().unwrap();
+    let outcome = web.call("web_fetch", &args).await.unwrap();
     assert_eq!(
         outcome.output,
         format!("[fetched {url} with http; skipped: crawl4ai (circuit open)]\nplain http body")

@@ -49,9 +49,8 @@ fn chain(crawl4ai: &Arc<Crawl4ai>) -> Web {
 }
 
 async fn fetch(web: &Web, url: &str) -> ToolOutcome {
-    web.execute("web_fetch", &json!({ "url": url }).to_string())
+    web.call("web_fetch", &json!({ "url": url }).to_string())
         .await
-        .unwrap()
         .unwrap()
 }
 

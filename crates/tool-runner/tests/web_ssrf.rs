@@ -17,9 +17,8 @@ use std::time::Duration;
 use web_support::{PageServer, Reply, config};
 
 async fn fetch(web: &Web, url: &str) -> ToolOutcome {
-    web.execute("web_fetch", &json!({ "url": url }).to_string())
+    web.call("web_fetch", &json!({ "url": url }).to_string())
         .await
-        .unwrap()
         .unwrap()
 }
 

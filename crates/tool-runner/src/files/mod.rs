@@ -10,7 +10,7 @@
 
 use crate::output::CappedOutput;
 use crate::sandbox::Sandbox;
-use crate::tools::{ToolOutcome, ToolSpec};
+use crate::tools::{Call, Running, Target, Tool, ToolOutcome, ToolSpec};
 use crate::workspace::Workspace;
 use crate::{Limits, ToolError};
 use ignore::gitignore::Gitignore;
@@ -18,6 +18,7 @@ use ignore::{DirEntry, Match, WalkBuilder};
 use serde::Deserialize;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Most entries `list_dir` and `glob` show.
@@ -48,117 +49,209 @@ const MAX_EDIT_BYTES: u64 = 16 * 1024 * 1024;
 /// How long computing an `edit_file` diff may take before it gets coarser.
 const DIFF_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Descriptions of the file tools (`edit_file`, `glob`, `grep`, `list_dir`),
-/// sorted by name. All but `edit_file` are read-only, parallel-safe and not
-/// sensitive; `edit_file` changes files, runs alone and is sensitive.
-pub fn specs() -> Vec<ToolSpec> {
+/// The file tools (`edit_file`, `glob`, `grep`, `list_dir`, `read_file`,
+/// `write_file`). The readers are read-only, parallel-safe and not
+/// sensitive; the writers change files, run alone and are sensitive.
+pub fn tools(limits: &Limits, sandbox: &Sandbox) -> Vec<Arc<dyn Tool<Call>>> {
     vec![
-        ToolSpec {
-            name: "edit_file",
-            description: "Edit a text file in the workspace by exact string replacement: \
+        file_tool(
+            ToolSpec::changing(
+                "edit_file",
+                "Edit a text file in the workspace by exact string replacement: \
                 `old_string` is replaced by `new_string`. `old_string` must match the file \
                 exactly (including whitespace and indentation) and occur exactly once, unless \
                 `replace_all` is true; add surrounding lines to make it unique. Returns a \
                 unified diff of the change. Use write_file to create files.",
-            schema: serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "File path relative to the workspace."},
-                    "old_string": {"type": "string", "description": "The exact text to replace (not empty)."},
-                    "new_string": {"type": "string", "description": "The text to put in its place (must differ from old_string)."},
-                    "replace_all": {"type": "boolean", "description": "Replace every occurrence instead of exactly one (default false)."}
-                },
-                "required": ["path", "old_string", "new_string"],
-                "additionalProperties": false
-            }),
-            read_only: false,
-            parallel_safe: false,
-            sensitive: true,
-        },
-        ToolSpec {
-            name: "glob",
-            description: "Find files whose path (relative to `path`) matches a glob pattern, \
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "File path relative to the workspace."},
+                        "old_string": {"type": "string", "description": "The exact text to replace (not empty)."},
+                        "new_string": {"type": "string", "description": "The text to put in its place (must differ from old_string)."},
+                        "replace_all": {"type": "boolean", "description": "Replace every occurrence instead of exactly one (default false)."}
+                    },
+                    "required": ["path", "old_string", "new_string"],
+                    "additionalProperties": false
+                }),
+            ),
+            edit_file,
+            false,
+            limits,
+            sandbox,
+        ),
+        file_tool(
+            ToolSpec::reading(
+                "glob",
+                "Find files whose path (relative to `path`) matches a glob pattern, \
                 e.g. \"**/*.rs\" or \"src/*.toml\". `*` does not cross '/', `**` matches any \
                 number of directories. Files ignored by .gitignore are skipped, and so are \
                 hidden ones unless the pattern names them (\".*\", \"**/.github/**\"). Returns \
                 paths relative to the workspace, sorted.",
-            schema: serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string", "description": "Glob pattern, relative to `path`."},
-                    "path": {"type": "string", "description": "Directory to search, relative to the workspace (default \".\")."}
-                },
-                "required": ["pattern"],
-                "additionalProperties": false
-            }),
-            read_only: true,
-            parallel_safe: true,
-            sensitive: false,
-        },
-        ToolSpec {
-            name: "grep",
-            description: "Search file contents with a regular expression (Rust regex syntax), \
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "pattern": {"type": "string", "description": "Glob pattern, relative to `path`."},
+                        "path": {"type": "string", "description": "Directory to search, relative to the workspace (default \".\")."}
+                    },
+                    "required": ["pattern"],
+                    "additionalProperties": false
+                }),
+            ),
+            glob,
+            true,
+            limits,
+            sandbox,
+        ),
+        file_tool(
+            ToolSpec::reading(
+                "grep",
+                "Search file contents with a regular expression (Rust regex syntax), \
                 line by line. Returns matching lines as \"path:line_number:line\", sorted by \
                 path then line. Skips binary files, files over 10 MiB, hidden files and files \
                 ignored by .gitignore.",
-            schema: serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string", "description": "Regular expression to search for."},
-                    "path": {"type": "string", "description": "File or directory to search, relative to the workspace (default \".\")."},
-                    "include": {"type": "string", "description": "Only search files whose name matches this glob, e.g. \"*.rs\" (a glob containing '/' is matched against the path relative to `path`)."},
-                    "case_insensitive": {"type": "boolean", "description": "Ignore case (default false)."},
-                    "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_GREP_RESULTS, "description": "Most matching lines returned (default 200)."}
-                },
-                "required": ["pattern"],
-                "additionalProperties": false
-            }),
-            read_only: true,
-            parallel_safe: true,
-            sensitive: false,
-        },
-        ToolSpec {
-            name: "list_dir",
-            description: "List a directory of the workspace: directories end with '/', symbolic \
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "pattern": {"type": "string", "description": "Regular expression to search for."},
+                        "path": {"type": "string", "description": "File or directory to search, relative to the workspace (default \".\")."},
+                        "include": {"type": "string", "description": "Only search files whose name matches this glob, e.g. \"*.rs\" (a glob containing '/' is matched against the path relative to `path`)."},
+                        "case_insensitive": {"type": "boolean", "description": "Ignore case (default false)."},
+                        "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_GREP_RESULTS, "description": "Most matching lines returned (default 200)."}
+                    },
+                    "required": ["pattern"],
+                    "additionalProperties": false
+                }),
+            ),
+            grep,
+            true,
+            limits,
+            sandbox,
+        ),
+        file_tool(
+            ToolSpec::reading(
+                "list_dir",
+                "List a directory of the workspace: directories end with '/', symbolic \
                 links are shown as \"name -> target\", files with their size. Entries ignored \
                 by .gitignore are left out, and so are hidden ones unless `show_hidden`. Paths \
                 are relative to the workspace, sorted.",
-            schema: serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "Directory relative to the workspace (default \".\")."},
-                    "depth": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_DEPTH, "description": "How many levels to list (default 1)."},
-                    "show_hidden": {"type": "boolean", "description": "Include hidden entries (names starting with '.'; default false)."}
-                },
-                "additionalProperties": false
-            }),
-            read_only: true,
-            parallel_safe: true,
-            sensitive: false,
-        },
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "Directory relative to the workspace (default \".\")."},
+                        "depth": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_DEPTH, "description": "How many levels to list (default 1)."},
+                        "show_hidden": {"type": "boolean", "description": "Include hidden entries (names starting with '.'; default false)."}
+                    },
+                    "additionalProperties": false
+                }),
+            ),
+            list_dir,
+            true,
+            limits,
+            sandbox,
+        ),
+        file_tool(
+            ToolSpec::reading(
+                "read_file",
+                "Read a text file in the workspace. Paths are relative to the workspace. \
+                Optionally read only `limit` lines starting at line `offset` (1-based).",
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "File path relative to the workspace."},
+                        "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)."},
+                        "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to read."}
+                    },
+                    "required": ["path"],
+                    "additionalProperties": false
+                }),
+            ),
+            read_file,
+            false,
+            limits,
+            sandbox,
+        ),
+        file_tool(
+            ToolSpec::changing(
+                "write_file",
+                "Create or replace a text file in the workspace with the given content, \
+                creating parent directories. The write is atomic.",
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "File path relative to the workspace."},
+                        "content": {"type": "string", "description": "The full new content of the file."}
+                    },
+                    "required": ["path", "content"],
+                    "additionalProperties": false
+                }),
+            ),
+            write_file,
+            false,
+            limits,
+            sandbox,
+        ),
     ]
 }
 
-/// Runs `tool` if it is one of the file tools; `None` otherwise.
-pub async fn execute(
-    tool: &str,
-    arguments_json: &str,
-    workspace: &Workspace,
+/// A file tool: its arguments parsed, then `act` run on a confined thread.
+struct FileTool<A> {
+    spec: ToolSpec,
+    act: fn(&Workspace, A, &Limits) -> Result<ToolOutcome, ToolError>,
+    /// Its `path` names a directory to look in (else a file).
+    directory: bool,
+    limits: Limits,
+    sandbox: Sandbox,
+}
+
+fn file_tool<A>(
+    spec: ToolSpec,
+    act: fn(&Workspace, A, &Limits) -> Result<ToolOutcome, ToolError>,
+    directory: bool,
     limits: &Limits,
     sandbox: &Sandbox,
-) -> Option<Result<ToolOutcome, ToolError>> {
-    let result = match tool {
-        "read_file" => confined(tool, arguments_json, workspace, limits, sandbox, read_file).await,
-        "write_file" => {
-            confined(tool, arguments_json, workspace, limits, sandbox, write_file).await
-        }
-        "edit_file" => confined(tool, arguments_json, workspace, limits, sandbox, edit_file).await,
-        "list_dir" => confined(tool, arguments_json, workspace, limits, sandbox, list_dir).await,
-        "glob" => confined(tool, arguments_json, workspace, limits, sandbox, glob).await,
-        "grep" => confined(tool, arguments_json, workspace, limits, sandbox, grep).await,
-        _ => return None,
-    };
-    Some(result)
+) -> Arc<dyn Tool<Call>>
+where
+    A: for<'de> Deserialize<'de> + Send + 'static,
+{
+    Arc::new(FileTool {
+        spec,
+        act,
+        directory,
+        limits: limits.clone(),
+        sandbox: sandbox.clone(),
+    })
+}
+
+impl<A> Tool<Call> for FileTool<A>
+where
+    A: for<'de> Deserialize<'de> + Send + 'static,
+{
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn run<'a>(
+        &'a self,
+        call: &'a Call,
+        arguments: &'a str,
+    ) -> Running<'a, Result<ToolOutcome, ToolError>> {
+        Box::pin(confined(
+            &self.spec.name,
+            arguments,
+            &call.workspace,
+            &self.limits,
+            &self.sandbox,
+            self.act,
+        ))
+    }
+
+    fn target(&self, arguments: &str) -> Option<Target> {
+        let args: serde_json::Value = serde_json::from_str(arguments).ok()?;
+        Some(Target {
+            path: args.get("path")?.as_str()?.to_string(),
+            directory: self.directory,
+        })
+    }
 }
 
 /// Reads the image at `path` as the session, confined like a file tool:

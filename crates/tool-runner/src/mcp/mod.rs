@@ -26,6 +26,9 @@ pub mod content;
 mod pool;
 mod process;
 mod subscriptions;
+mod toolbox;
+
+pub use toolbox::Toolbox;
 
 use pool::{catalog_loop, idle_loop};
 

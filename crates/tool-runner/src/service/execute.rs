@@ -72,16 +72,16 @@ pub(super) struct QuotaWatch {
 }
 
 impl QuotaWatch {
-    /// A watch for `tool`'s call, when it is bash and there is a quota.
+    /// A watch for a call of `tool`, when its processes may grow the
+    /// workspace (bash, MCP servers) and there is a quota.
     pub(super) async fn start(
         inner: &Inner,
-        tool: &str,
+        tool: Option<&tools::ToolSpec>,
         workspace: &Workspace,
     ) -> Option<QuotaWatch> {
         let quota = inner.limits.workspace_bytes;
-        // Bash and MCP servers (which run in the workspace) may grow it; a
-        // project directory has no quota.
-        let watched = tool == "bash" || inner.mcp.as_ref().is_some_and(|m| m.owns(tool));
+        // A project directory has no quota.
+        let watched = tool.is_some_and(|spec| spec.grows_workspace);
         if quota == 0 || !watched || workspace.is_project() {
             return None;
         }
@@ -137,26 +137,18 @@ impl QuotaWatch {
 
 pub(super) const MIB: u64 = 1024 * 1024;
 
-/// The instruction files of the directories a file tool's call touched
-/// below the project's root (read confined like the file tools).
+/// The instruction files of the directories a call touched below the
+/// project's root (read confined like the file tools), for tools whose
+/// calls name a path.
 pub(super) async fn touched_instructions(
     inner: &Inner,
     workspace: &Workspace,
-    tool: &str,
-    arguments_json: &str,
+    target: Option<tools::Target>,
 ) -> Vec<agentry_proto::sessions::v1::InstructionFile> {
-    let is_dir = match tool {
-        "read_file" | "write_file" | "edit_file" => false,
-        "list_dir" | "glob" | "grep" => true,
-        _ => return Vec::new(),
-    };
-    let Some(path) = serde_json::from_str::<serde_json::Value>(arguments_json)
-        .ok()
-        .and_then(|args| args.get("path")?.as_str().map(str::to_string))
-    else {
+    let Some(target) = target else {
         return Vec::new();
     };
-    let dirs = crate::instructions::touched_dirs(&path, is_dir);
+    let dirs = crate::instructions::touched_dirs(&target.path, target.directory);
     if dirs.is_empty() {
         return Vec::new();
     }
@@ -175,13 +167,10 @@ pub(super) async fn touched_instructions(
     .unwrap_or_default()
 }
 
-/// Whether calls of `tool` may change files (all but the built-in
-/// read-only tools): in a project directory, such calls of two sessions
-/// take turns.
-pub(super) fn changes_files(tool: &str) -> bool {
-    !tools::specs()
-        .iter()
-        .any(|spec| spec.name == tool && spec.read_only)
+/// Whether calls of `tool` may change files (all but the read-only
+/// tools): in a project directory, such calls of two sessions take turns.
+pub(super) fn changes_files(tool: Option<&tools::ToolSpec>) -> bool {
+    !tool.is_some_and(|spec| spec.read_only)
 }
 
 /// Takes the lock of a project directory's changing calls, saying once on
@@ -234,7 +223,9 @@ pub(super) async fn run_call(
     let tool = req.tool.clone();
     let started = Instant::now();
     tracing::debug!(call_id, tool, "tool call started");
-    let _project_lock = if workspace.is_project() && changes_files(&req.tool) {
+    let found = inner.tools.get(&tool);
+    let spec = found.as_ref().map(|t| t.spec());
+    let _project_lock = if workspace.is_project() && changes_files(spec) {
         match lock_project(&inner, &workspace, &tx).await {
             Some(lock) => lock,
             None => {
@@ -246,9 +237,20 @@ pub(super) async fn run_call(
         None
     };
     let (sink, mut chunks) = mpsc::channel(64);
-    let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
-    let mut run = call_future(&inner, &req, &workspace, pass.as_ref(), timeout, sink);
-    let watch = QuotaWatch::start(&inner, &req.tool, &workspace).await;
+    let call = tools::Call {
+        workspace: workspace.clone(),
+        timeout: (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms)),
+        network: pass,
+        sink,
+    };
+    let mut run = tools::start(
+        &inner.tools,
+        found.as_deref(),
+        &req.tool,
+        &req.arguments_json,
+        &call,
+    );
+    let watch = QuotaWatch::start(&inner, spec, &workspace).await;
     // Measured at the start: the first tick is due later.
     let period = Duration::from_millis(500);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -300,8 +302,8 @@ pub(super) async fn run_call(
             return;
         }
     }
-    let network_note = pass.as_ref().and_then(crate::egress::Pass::note);
-    drop(pass);
+    let network_note = call.network.as_ref().and_then(crate::egress::Pass::note);
+    drop(call);
     if let Some(note) = live.note() {
         let _ = tx
             .send(Ok(chunk_message(
@@ -322,53 +324,13 @@ pub(super) async fn run_call(
         outcome.output.push_str(&note);
     }
     let instructions = if workspace.is_project() && !outcome.is_error {
-        touched_instructions(&inner, &workspace, &req.tool, &req.arguments_json).await
+        let target = found.as_ref().and_then(|t| t.target(&req.arguments_json));
+        touched_instructions(&inner, &workspace, target).await
     } else {
         Vec::new()
     };
     let result = finished(&inner, &call_id, &tool, started, outcome, instructions);
     let _ = tx.send(Ok(result)).await;
-}
-
-/// The call as a future: an MCP server's tool, or one of the runner's own.
-fn call_future<'a>(
-    inner: &'a Inner,
-    req: &'a pb::ExecuteRequest,
-    workspace: &'a Workspace,
-    pass: Option<&'a crate::egress::Pass>,
-    timeout: Option<Duration>,
-    sink: tools::OutputSink,
-) -> Pin<Box<dyn Future<Output = Result<ToolOutcome, ToolError>> + Send + 'a>> {
-    let mcp = inner.mcp.as_ref().filter(|m| m.owns(&req.tool));
-    match mcp {
-        Some(mcp) => {
-            let place = mcp.place_of(workspace);
-            let max_output = inner.limits.max_output_bytes;
-            let arguments = req.arguments_json.clone();
-            let tool = req.tool.clone();
-            let refuse_network = pass.is_some();
-            Box::pin(async move {
-                if refuse_network {
-                    return Err(ToolError::InvalidRequest(format!(
-                        "network is given to bash calls only, not to {tool}"
-                    )));
-                }
-                mcp.call(&tool, &arguments, &place, timeout, max_output, sink)
-                    .await
-            })
-        }
-        None => Box::pin(tools::execute(
-            &req.tool,
-            &req.arguments_json,
-            workspace,
-            &inner.limits,
-            timeout,
-            &inner.sandbox,
-            inner.web.as_deref(),
-            pass,
-            sink,
-        )),
-    }
 }
 
 /// The call's result message, counted in the metrics.

@@ -6,7 +6,6 @@ use crate::workspace::Workspace;
 use crate::{Limits, ToolError};
 use agentry_proto::tools::v1 as pb;
 use agentry_proto::tools::v1::tool_runner_server::ToolRunner;
-use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,29 +33,46 @@ struct Inner {
     mcp: Option<crate::mcp::Mcp>,
     snapshots: Option<crate::snapshots::Snapshots>,
     calls: Arc<crate::metrics::ToolCalls>,
+    /// The tools, made from the fields above.
+    tools: Arc<tools::Registry<tools::Call>>,
+}
+
+impl Inner {
+    fn registry(&self) -> tools::Registry<tools::Call> {
+        tools::registry(
+            &self.limits,
+            &self.sandbox,
+            self.web.as_ref(),
+            self.mcp.as_ref(),
+        )
+    }
 }
 
 impl ToolRunnerService {
     /// A runner working under `workspace_root`.
     pub fn new(workspace_root: PathBuf, limits: Limits, runner_id: String) -> Self {
+        let mut inner = Inner {
+            places: crate::projects::Places::scratch_only(workspace_root),
+            limits,
+            runner_id,
+            sandbox: Sandbox::unconfined(),
+            web: None,
+            egress: None,
+            mcp: None,
+            snapshots: None,
+            calls: Arc::default(),
+            tools: Arc::default(),
+        };
+        inner.tools = Arc::new(inner.registry());
         Self {
-            inner: Arc::new(Inner {
-                places: crate::projects::Places::scratch_only(workspace_root),
-                limits,
-                runner_id,
-                sandbox: Sandbox::unconfined(),
-                web: None,
-                egress: None,
-                mcp: None,
-                snapshots: None,
-                calls: Arc::default(),
-            }),
+            inner: Arc::new(inner),
         }
     }
 
     fn with(self, change: impl FnOnce(&mut Inner)) -> Self {
         let mut inner = (*self.inner).clone();
         change(&mut inner);
+        inner.tools = Arc::new(inner.registry());
         Self {
             inner: Arc::new(inner),
         }
@@ -152,35 +168,37 @@ impl ToolRunner for ToolRunnerService {
         &self,
         _request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
-        let mut tools: Vec<pb::ToolSpec> = tools::specs()
+        let tools = self
+            .inner
+            .tools
+            .specs()
             .into_iter()
-            .map(|s| pb::ToolSpec {
-                name: s.name.to_string(),
-                description: s.description.to_string(),
-                parameters_json_schema: s.schema.to_string(),
-                read_only: s.read_only,
-                parallel_safe: s.parallel_safe,
-                sensitive: s.sensitive,
-                mcp_server: String::new(),
-                read_only_hint: false,
+            .map(|s| {
+                let (mcp_server, read_only_hint) = match s.source {
+                    tools::Source::Own => (String::new(), false),
+                    tools::Source::Mcp {
+                        server,
+                        read_only_hint,
+                    } => (server, read_only_hint),
+                };
+                pb::ToolSpec {
+                    name: s.name,
+                    description: s.description,
+                    parameters_json_schema: s.schema.to_string(),
+                    read_only: s.read_only,
+                    parallel_safe: s.parallel_safe,
+                    sensitive: s.sensitive,
+                    mcp_server,
+                    read_only_hint,
+                }
             })
             .collect();
-        let mut mcp_servers = Vec::new();
-        if let Some(mcp) = &self.inner.mcp {
-            // A server's word never makes a call read-only: every MCP tool
-            // is confirmed by default, whatever its hints say.
-            tools.extend(mcp.tools().into_iter().map(|(server, t)| pb::ToolSpec {
-                name: t.exposed,
-                description: t.description,
-                parameters_json_schema: t.schema.to_string(),
-                read_only: false,
-                parallel_safe: false,
-                sensitive: true,
-                mcp_server: server,
-                read_only_hint: t.read_only_hint,
-            }));
-            mcp_servers = mcp.statuses();
-        }
+        let mcp_servers = self
+            .inner
+            .mcp
+            .as_ref()
+            .map(crate::mcp::Mcp::statuses)
+            .unwrap_or_default();
         Ok(Response::new(pb::ListToolsResponse {
             tools,
             runner_id: self.inner.runner_id.clone(),

@@ -21,7 +21,7 @@ pub mod http;
 pub mod ssrf;
 
 use crate::ToolError;
-use crate::tools::{ToolOutcome, ToolSpec};
+use agentry_tool::{Context, Running, Tool, ToolOutcome, ToolSpec};
 use serde::Deserialize;
 use std::future::Future;
 use std::pin::Pin;
@@ -250,7 +250,7 @@ impl Web {
         &self.guard
     }
 
-    /// The web tools, sorted by name.
+    /// The web tools' specs, sorted by name.
     ///
     /// `web_fetch` and `web_crawl` behave the same for now (both go through
     /// the whole chain); they differ only in what the model is told, so that
@@ -265,43 +265,27 @@ impl Web {
             "additionalProperties": false
         });
         vec![
-            ToolSpec {
-                name: "web_crawl",
-                description: "Load a web page the way a browser does (JavaScript runs when a \
+            ToolSpec::reading(
+                "web_crawl",
+                "Load a web page the way a browser does (JavaScript runs when a \
                     browser backend is available) and return its content as markdown, with its \
                     title. Use it for pages that build their content with scripts. Long pages \
                     are cut. Internal and private network addresses are refused.",
-                schema: schema.clone(),
-                read_only: true,
-                parallel_safe: true,
-                sensitive: false,
-            },
-            ToolSpec {
-                name: "web_fetch",
-                description: "Fetch one web page and return its content as markdown, with its \
+                schema.clone(),
+            ),
+            ToolSpec::reading(
+                "web_fetch",
+                "Fetch one web page and return its content as markdown, with its \
                     title; plain-text and JSON responses come back as they are. Long pages are \
                     cut. Internal and private network addresses are refused.",
                 schema,
-                read_only: true,
-                parallel_safe: true,
-                sensitive: false,
-            },
+            ),
         ]
     }
 
-    /// Runs `tool` if it is a web tool; `None` for any other tool name.
-    pub async fn execute(
-        &self,
-        tool: &str,
-        arguments_json: &str,
-    ) -> Option<Result<ToolOutcome, ToolError>> {
-        match tool {
-            "web_fetch" | "web_crawl" => Some(self.fetch_tool(tool, arguments_json).await),
-            _ => None,
-        }
-    }
-
-    async fn fetch_tool(&self, tool: &str, arguments_json: &str) -> Result<ToolOutcome, ToolError> {
+    /// One call of the web tool `tool` (its name is for errors: both
+    /// fetch through the chain).
+    pub async fn call(&self, tool: &str, arguments_json: &str) -> Result<ToolOutcome, ToolError> {
         let args: UrlArgs = crate::tools::parse_args(tool, arguments_json)?;
         let url = parse_url(&args.url)?;
         match self.fetch(&url).await {
@@ -449,6 +433,46 @@ impl Web {
                 }
             })),
         }
+    }
+}
+
+/// The web tools over `web`, for any host whose calls end in a
+/// [`ToolOutcome`].
+pub fn tools<C>(web: &Arc<Web>) -> Vec<Arc<dyn Tool<C>>>
+where
+    C: Context<Output = Result<ToolOutcome, ToolError>>,
+{
+    Web::specs()
+        .into_iter()
+        .map(|spec| {
+            Arc::new(WebTool {
+                spec,
+                web: web.clone(),
+            }) as Arc<dyn Tool<C>>
+        })
+        .collect()
+}
+
+/// One web tool: a fetch through the chain.
+struct WebTool {
+    spec: ToolSpec,
+    web: Arc<Web>,
+}
+
+impl<C> Tool<C> for WebTool
+where
+    C: Context<Output = Result<ToolOutcome, ToolError>>,
+{
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn run<'a>(
+        &'a self,
+        _call: &'a C,
+        arguments: &'a str,
+    ) -> Running<'a, Result<ToolOutcome, ToolError>> {
+        Box::pin(self.web.call(&self.spec.name, arguments))
     }
 }
 

@@ -42,17 +42,12 @@ pub async fn attempt(
     tool: &str,
     args: &serde_json::Value,
 ) -> Result<ToolOutcome, agentry_tool_runner::ToolError> {
-    let (sink, _rx) = tokio::sync::mpsc::channel(1024);
-    tools::execute(
+    let registry = tools::registry(&limits(), sandbox, None, None);
+    tools::run(
+        &registry,
         tool,
         &args.to_string(),
-        ws,
-        &limits(),
-        None,
-        sandbox,
-        None,
-        None,
-        sink,
+        &tools::Call::in_workspace(ws),
     )
     .await
 }
