@@ -15,6 +15,7 @@
 //! event keeps the child's session id, so an answer goes to the child).
 //! Dropping the delegate call (a cancel, the turn ending) cancels the task.
 
+use crate::builtin::TurnCall;
 use crate::deps::Deps;
 use crate::errors::ToolFailure;
 use crate::prompt::View;
@@ -24,6 +25,7 @@ use agentry_proto::orchestrator::v1 as opb;
 use agentry_proto::orchestrator::v1::orchestrator_server::Orchestrator;
 use agentry_proto::sessions::v1::{self as pb, event::Kind};
 use agentry_runtime::config::AgentDefinition;
+use agentry_tool::{Running, Tool, ToolSpec};
 use sha2::Digest;
 use std::sync::Arc;
 use tokio_stream::StreamExt;
@@ -204,6 +206,72 @@ struct DelegateArgs {
 
 /// Where a delegate call sends its progress.
 pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
+
+/// The `delegate` tool: a task for a sub-agent, its progress as the
+/// call's output, its answer as the result, its tokens as the result's
+/// sub-agent usage. Offered (with the configured agents listed) by
+/// [`Agents::delegate_tool`].
+pub struct Delegate {
+    spec: ToolSpec,
+}
+
+impl Default for Delegate {
+    /// The tool, described without the agents (they are listed where it
+    /// is offered).
+    fn default() -> Delegate {
+        Delegate {
+            spec: ToolSpec::changing(
+                DELEGATE,
+                "Hand a focused task to a sub-agent, which works on it in this workspace with \
+                 its own instructions and tools, and returns its final answer.",
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "agent": {"type": "string", "description": "Which agent."},
+                        "task": {"type": "string", "description": "The task, self-contained."}
+                    },
+                    "required": ["agent", "task"],
+                    "additionalProperties": false
+                }),
+            ),
+        }
+    }
+}
+
+impl Tool<TurnCall> for Delegate {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn run<'a>(&'a self, call: &'a TurnCall, _arguments: &'a str) -> Running<'a, pb::ToolResult> {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let outcome = delegate(
+                &call.sessions,
+                &call.session_id,
+                &call.turn_id,
+                call.step,
+                call.approval_mode,
+                &call.call,
+                call.progress.clone(),
+            )
+            .await;
+            let deps = call.sessions.deps();
+            let usage = task_usage_of(
+                deps,
+                &call.session_id,
+                &call.turn_id,
+                call.step,
+                &call.call.id,
+            )
+            .await;
+            pb::ToolResult {
+                sub_agent_usage: usage,
+                ..crate::builtin::result_of(&call.call, outcome, started)
+            }
+        })
+    }
+}
 
 /// The tokens the task of a delegate call used (read from its log, so a
 /// call run again after a restart counts the same); `None` for none or no

@@ -8,72 +8,62 @@ use crate::reducer::ToolFlags;
 use agentry_llm::{ToolCall, ToolDefinition};
 use agentry_proto::scheduler::v1 as spb;
 use agentry_proto::sessions::v1 as pb;
+use agentry_tool::{Context, Registry, Running, Tool, ToolSpec};
 use serde::Deserialize;
+use std::sync::Arc;
 use std::time::Instant;
 
-/// The names of the built-in tools.
-pub const NAMES: [&str; 5] = [
-    "schedule_reminder",
-    "list_reminders",
-    "cancel_reminder",
-    "recall",
-    MCP_SUBSCRIBE,
-];
-
-/// The built-in tool that subscribes a session to an MCP resource.
+/// The built-in tool that subscribes a session to an MCP resource (offered
+/// only when the runners have MCP servers).
 pub const MCP_SUBSCRIBE: &str = "mcp_subscribe";
 
-/// The built-in tools that exist when MCP servers are configured.
-pub fn mcp_definitions() -> Vec<(ToolDefinition, ToolFlags)> {
-    vec![(
-        ToolDefinition {
-            name: MCP_SUBSCRIBE.into(),
-            description: "Subscribe this conversation to a resource of an MCP server: when the \
-                resource changes, you are woken with its new content, even if nobody is \
-                chatting. Set unsubscribe to stop."
-                .into(),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "server": {"type": "string", "description": "The MCP server's name (the part before __ in its tools' names)."},
-                    "uri": {"type": "string", "description": "The resource's URI."},
-                    "unsubscribe": {"type": "boolean", "description": "Stop the subscription instead."}
-                },
-                "required": ["server", "uri"],
-                "additionalProperties": false
-            }),
-        },
-        ToolFlags {
-            read_only: false,
-            parallel_safe: false,
-            read_only_hint: false,
-        },
-    )]
+/// What the orchestrator gives a call of one of its own tools: the session
+/// and where the call acts, the call itself, and where its progress goes
+/// (it becomes the call's live output).
+pub struct TurnCall {
+    /// The sessions this replica drives (a delegate call drives its task
+    /// through them, as a client would).
+    pub sessions: crate::service::Sessions,
+    /// The calling session.
+    pub session_id: String,
+    /// The turn the call came in.
+    pub turn_id: String,
+    /// The model response of the turn the call came in.
+    pub step: u32,
+    /// How the turn's calls are approved.
+    pub approval_mode: pb::ApprovalMode,
+    /// The call.
+    pub call: ToolCall,
+    /// Lines of progress, shown as the call's output while it runs.
+    pub progress: crate::agents::Progress,
 }
 
-/// Events one `recall` call may return.
-const RECALL_MAX_EVENTS: u64 = 200;
-/// Characters one `recall` call may return.
-const RECALL_MAX_CHARS: usize = 16_000;
-
-/// Whether `name` is a built-in tool.
-pub fn is_builtin(name: &str) -> bool {
-    NAMES.contains(&name) || name == crate::agents::DELEGATE
+impl Context for TurnCall {
+    type Output = pb::ToolResult;
 }
 
-/// The built-in tools as offered to the model, with their flags.
-pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
-    vec![
-        (
-            ToolDefinition {
-                name: "schedule_reminder".into(),
-                description: "Schedule a reminder for this conversation. It arrives as a message \
+/// The orchestrator's own tools: reminders, `recall`, `mcp_subscribe` and
+/// `delegate`. What the model is offered of them is worked out per catalog
+/// ([`crate::deps::Deps::tools`]): `delegate` lists the configured agents
+/// and `mcp_subscribe` needs MCP servers.
+pub fn own() -> &'static Registry<TurnCall> {
+    static OWN: std::sync::LazyLock<Registry<TurnCall>> = std::sync::LazyLock::new(registry);
+    &OWN
+}
+
+fn registry() -> Registry<TurnCall> {
+    let mut registry = Registry::new();
+    add(
+        &mut registry,
+        Builtin {
+            spec: ToolSpec::changing(
+                "schedule_reminder",
+                "Schedule a reminder for this conversation. It arrives as a message \
                     when due, even if nobody is chatting. Give `due` as a duration (\"in 10m\", \
                     \"2h30m\", \"1d\") or an RFC 3339 time with offset; or a 5-field `cron` \
                     expression (with an IANA `time_zone`) for a recurring reminder. kind \"notify\" \
-                    just tells the person; \"task\" wakes you up to act on it."
-                    .into(),
-                parameters: serde_json::json!({
+                    just tells the person; \"task\" wakes you up to act on it.",
+                serde_json::json!({
                     "type": "object",
                     "properties": {
                         "message": {"type": "string", "description": "What the reminder says."},
@@ -85,36 +75,34 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
                     "required": ["message"],
                     "additionalProperties": false
                 }),
-            },
-            ToolFlags {
-                read_only: false,
-                parallel_safe: false,
-                read_only_hint: false,
-            },
-        ),
-        (
-            ToolDefinition {
-                name: "list_reminders".into(),
-                description: "List this conversation's reminders.".into(),
-                parameters: serde_json::json!({
+            ),
+            act: |deps, session, arguments| Box::pin(schedule(deps, session, arguments)),
+        },
+    );
+    add(
+        &mut registry,
+        Builtin {
+            spec: ToolSpec::reading(
+                "list_reminders",
+                "List this conversation's reminders.",
+                serde_json::json!({
                     "type": "object",
                     "properties": {
                         "status": {"type": "string", "enum": ["pending", "completed", "cancelled", "all"], "description": "Which reminders (default pending)."}
                     },
                     "additionalProperties": false
                 }),
-            },
-            ToolFlags {
-                read_only: true,
-                parallel_safe: true,
-                read_only_hint: false,
-            },
-        ),
-        (
-            ToolDefinition {
-                name: "cancel_reminder".into(),
-                description: "Cancel one of this conversation's pending reminders.".into(),
-                parameters: serde_json::json!({
+            ),
+            act: |deps, session, arguments| Box::pin(list(deps, session, arguments)),
+        },
+    );
+    add(
+        &mut registry,
+        Builtin {
+            spec: ToolSpec::changing(
+                "cancel_reminder",
+                "Cancel one of this conversation's pending reminders.",
+                serde_json::json!({
                     "type": "object",
                     "properties": {
                         "reminder_id": {"type": "string", "description": "The id schedule_reminder or list_reminders gave."}
@@ -122,21 +110,19 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
                     "required": ["reminder_id"],
                     "additionalProperties": false
                 }),
-            },
-            ToolFlags {
-                read_only: false,
-                parallel_safe: false,
-                read_only_hint: false,
-            },
-        ),
-        (
-            ToolDefinition {
-                name: "recall".into(),
-                description: "Read original events of this conversation by seq, e.g. the ones \
+            ),
+            act: |deps, session, arguments| Box::pin(cancel(deps, session, arguments)),
+        },
+    );
+    add(
+        &mut registry,
+        Builtin {
+            spec: ToolSpec::reading(
+                "recall",
+                "Read original events of this conversation by seq, e.g. the ones \
                     a summary replaced (it names their range). Returns messages, tool calls and \
-                    tool results."
-                    .into(),
-                parameters: serde_json::json!({
+                    tool results.",
+                serde_json::json!({
                     "type": "object",
                     "properties": {
                         "from_seq": {"type": "integer", "minimum": 1, "description": "First seq to read."},
@@ -145,15 +131,87 @@ pub fn definitions() -> Vec<(ToolDefinition, ToolFlags)> {
                     "required": ["from_seq", "to_seq"],
                     "additionalProperties": false
                 }),
-            },
-            ToolFlags {
-                read_only: true,
-                parallel_safe: true,
-                read_only_hint: false,
-            },
-        ),
-    ]
+            ),
+            act: |deps, session, arguments| Box::pin(recall(deps, session, arguments)),
+        },
+    );
+    add(
+        &mut registry,
+        Builtin {
+            spec: ToolSpec::changing(
+                MCP_SUBSCRIBE,
+                "Subscribe this conversation to a resource of an MCP server: when the \
+                resource changes, you are woken with its new content, even if nobody is \
+                chatting. Set unsubscribe to stop.",
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "server": {"type": "string", "description": "The MCP server's name (the part before __ in its tools' names)."},
+                        "uri": {"type": "string", "description": "The resource's URI."},
+                        "unsubscribe": {"type": "boolean", "description": "Stop the subscription instead."}
+                    },
+                    "required": ["server", "uri"],
+                    "additionalProperties": false
+                }),
+            ),
+            act: |deps, session, arguments| Box::pin(mcp_subscribe(deps, session, arguments)),
+        },
+    );
+    add(&mut registry, crate::agents::Delegate::default());
+    registry
 }
+
+fn add(registry: &mut Registry<TurnCall>, tool: impl Tool<TurnCall> + 'static) {
+    // The names are distinct constants; a clash is a bug the tests catch.
+    if let Err(taken) = registry.register(Arc::new(tool)) {
+        tracing::error!(error = %taken, "a built-in tool is left out");
+    }
+}
+
+/// The definition and flags a tool is offered to the model with.
+pub fn offered(spec: &ToolSpec) -> (ToolDefinition, ToolFlags) {
+    (
+        ToolDefinition {
+            name: spec.name.clone(),
+            description: spec.description.clone(),
+            parameters: spec.schema.clone(),
+        },
+        ToolFlags {
+            read_only: spec.read_only,
+            parallel_safe: spec.parallel_safe,
+            read_only_hint: false,
+        },
+    )
+}
+
+/// A built-in served by one async function of the session's id and the
+/// call's arguments.
+type Act = for<'a> fn(&'a Deps, &'a str, &'a str) -> Running<'a, Result<String, ToolFailure>>;
+
+struct Builtin {
+    spec: ToolSpec,
+    act: Act,
+}
+
+impl Tool<TurnCall> for Builtin {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn run<'a>(&'a self, call: &'a TurnCall, arguments: &'a str) -> Running<'a, pb::ToolResult> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let deps = call.sessions.deps();
+            let outcome = (self.act)(deps, &call.session_id, arguments).await;
+            result_of(&call.call, outcome, started)
+        })
+    }
+}
+
+/// Events one `recall` call may return.
+const RECALL_MAX_EVENTS: u64 = 200;
+/// Characters one `recall` call may return.
+const RECALL_MAX_CHARS: usize = 16_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -223,20 +281,6 @@ fn describe(r: &spb::Reminder) -> String {
         format_time(r.next_due.as_ref()),
         r.message
     )
-}
-
-/// Runs a built-in tool call for `session_id`.
-pub async fn run(deps: &Deps, session_id: &str, call: &ToolCall) -> pb::ToolResult {
-    let started = Instant::now();
-    let outcome = match call.name.as_str() {
-        "schedule_reminder" => schedule(deps, session_id, &call.arguments).await,
-        "list_reminders" => list(deps, session_id, &call.arguments).await,
-        "cancel_reminder" => cancel(deps, session_id, &call.arguments).await,
-        "recall" => recall(deps, session_id, &call.arguments).await,
-        MCP_SUBSCRIBE => mcp_subscribe(deps, session_id, &call.arguments).await,
-        other => Err(ToolFailure(format!("{other} is not a built-in tool"))),
-    };
-    result_of(call, outcome, started)
 }
 
 /// The result of a call the orchestrator ran itself: its output, or the
@@ -593,10 +637,26 @@ mod tests {
     }
 
     #[test]
-    fn every_builtin_has_a_definition() {
-        let all: Vec<_> = definitions().into_iter().chain(mcp_definitions()).collect();
-        let names: Vec<&str> = all.iter().map(|(d, _)| d.name.as_str()).collect();
-        assert_eq!(names, NAMES.to_vec());
-        assert!(all.iter().all(|(d, _)| d.parameters["type"] == "object"));
+    fn every_builtin_is_registered_once_with_an_object_schema() {
+        let specs = own().specs();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "schedule_reminder",
+                "list_reminders",
+                "cancel_reminder",
+                "recall",
+                MCP_SUBSCRIBE,
+                crate::agents::DELEGATE,
+            ]
+        );
+        assert!(specs.iter().all(|s| s.schema["type"] == "object"));
+        let read_only: Vec<&str> = specs
+            .iter()
+            .filter(|s| s.read_only)
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(read_only, ["list_reminders", "recall"]);
     }
 }

@@ -237,7 +237,7 @@ impl Deps {
         let response = self.runners.list_tools().await?;
         let mut set = Catalog::default();
         for t in response.tools {
-            if crate::builtin::is_builtin(&t.name) {
+            if crate::builtin::own().has_own(&t.name) {
                 tracing::warn!(
                     tool = %t.name,
                     "the tool runner offers a tool with the name of a built-in tool; the built-in one is used"
@@ -265,10 +265,11 @@ impl Deps {
             let (definition, flags) = self.agents.delegate_tool(&set);
             set.add(definition, flags);
         }
-        if !response.mcp_servers.is_empty() {
-            for (definition, flags) in crate::builtin::mcp_definitions() {
-                set.add(definition, flags);
-            }
+        if !response.mcp_servers.is_empty()
+            && let Some(subscribe) = crate::builtin::own().get(crate::builtin::MCP_SUBSCRIBE)
+        {
+            let (definition, flags) = crate::builtin::offered(subscribe.spec());
+            set.add(definition, flags);
         }
         Ok(set)
     }
@@ -278,10 +279,16 @@ impl Deps {
 /// again.
 pub const TOOL_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The orchestrator's own tools, offered after the runners'.
+/// The orchestrator's own tools offered whatever the runners have (after
+/// the runners' tools); `delegate` and `mcp_subscribe` are added when there
+/// are agents and MCP servers.
 fn add_builtins(catalog: &mut Catalog) {
-    for (definition, flags) in crate::builtin::definitions() {
-        catalog.add(definition, flags);
+    let conditional = [crate::agents::DELEGATE, crate::builtin::MCP_SUBSCRIBE];
+    for spec in crate::builtin::own().specs() {
+        if !conditional.contains(&spec.name.as_str()) {
+            let (definition, flags) = crate::builtin::offered(&spec);
+            catalog.add(definition, flags);
+        }
     }
 }
 

@@ -225,7 +225,13 @@ async fn check_agent_tools(config: &Config, deps: &Deps) -> Result<(), RunError>
         return Ok(());
     };
     let mut known: Vec<String> = listed.tools.into_iter().map(|t| t.name).collect();
-    known.extend(builtin::NAMES.iter().map(|n| n.to_string()));
+    known.extend(
+        builtin::own()
+            .specs()
+            .into_iter()
+            .map(|s| s.name)
+            .filter(|n| n != agents::DELEGATE),
+    );
     let servers: Vec<String> = config
         .mcp_servers()
         .map(|servers| servers.into_iter().map(|s| s.name).collect())

@@ -48,8 +48,8 @@ impl agentry_tool::Context for Call {
     type Output = Result<ToolOutcome, ToolError>;
 }
 
-/// The runner's own tools: bash, the file tools and (when set up) the web
-/// tools; MCP servers' tools come in as a toolbox.
+/// The runner's tools: bash, the file tools and (when set up) the web
+/// tools, sorted by name; then the MCP servers' tools, as a toolbox.
 pub fn registry(
     limits: &Limits,
     sandbox: &Sandbox,
@@ -66,6 +66,8 @@ pub fn registry(
     if let Some(web) = web {
         own.extend(crate::web::tools::<Call>(web));
     }
+    // Offered sorted by name, MCP servers' tools after.
+    own.sort_by(|a, b| a.spec().name.cmp(&b.spec().name));
     for tool in own {
         // The names above are distinct constants.
         if let Err(taken) = registry.register(tool) {

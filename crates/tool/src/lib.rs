@@ -232,7 +232,10 @@ pub fn arguments<T: for<'de> Deserialize<'de>>(tool: &str, json: &str) -> Result
 pub struct NameTaken(pub String);
 
 /// A host's tools by name, and the toolboxes whose tools come and go.
+/// Tools are listed in the order they were registered, then the
+/// toolboxes' in theirs: the order the model is offered them in.
 pub struct Registry<C: Context> {
+    order: Vec<Arc<dyn Tool<C>>>,
     named: BTreeMap<String, Arc<dyn Tool<C>>>,
     boxes: Vec<Arc<dyn Toolbox<C>>>,
 }
@@ -240,6 +243,7 @@ pub struct Registry<C: Context> {
 impl<C: Context> Default for Registry<C> {
     fn default() -> Self {
         Registry {
+            order: Vec::new(),
             named: BTreeMap::new(),
             boxes: Vec::new(),
         }
@@ -267,7 +271,8 @@ impl<C: Context> Registry<C> {
         if self.named.contains_key(&name) {
             return Err(NameTaken(name));
         }
-        self.named.insert(name, tool);
+        self.named.insert(name, tool.clone());
+        self.order.push(tool);
         Ok(())
     }
 
@@ -289,9 +294,10 @@ impl<C: Context> Registry<C> {
         self.named.contains_key(name)
     }
 
-    /// Every tool offered now, sorted by name.
+    /// Every tool offered now: the registered ones in their order, then
+    /// each toolbox's.
     pub fn tools(&self) -> Vec<Arc<dyn Tool<C>>> {
-        let mut all: Vec<Arc<dyn Tool<C>>> = self.named.values().cloned().collect();
+        let mut all = self.order.clone();
         for toolbox in &self.boxes {
             all.extend(
                 toolbox
@@ -300,11 +306,10 @@ impl<C: Context> Registry<C> {
                     .filter(|t| !self.named.contains_key(&t.spec().name)),
             );
         }
-        all.sort_by(|a, b| a.spec().name.cmp(&b.spec().name));
         all
     }
 
-    /// The specs of every tool offered now, sorted by name.
+    /// The specs of every tool offered now, in [`Registry::tools`]' order.
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.tools().iter().map(|t| t.spec().clone()).collect()
     }
@@ -379,7 +384,7 @@ mod tests {
     }
 
     #[test]
-    fn tools_are_found_by_name_and_listed_in_order() {
+    fn tools_are_found_by_name_and_listed_in_the_order_they_came() {
         let mut registry = Registry::new();
         registry.register(echo("zeta")).unwrap();
         registry.register(echo("alpha")).unwrap();
@@ -388,29 +393,30 @@ mod tests {
             Err(NameTaken("alpha".into()))
         );
         let names: Vec<_> = registry.specs().into_iter().map(|s| s.name).collect();
-        assert_eq!(names, ["alpha", "zeta"]);
+        assert_eq!(names, ["zeta", "alpha"]);
         let tool = registry.get("zeta").expect("registered");
         assert_eq!(block_on(tool.run(&Host, "{}")), "zeta:{}");
         assert!(registry.get("beta").is_none());
         assert_eq!(
             registry.unknown("beta").to_string(),
-            "unknown tool \"beta\"; available tools: alpha, zeta"
+            "unknown tool \"beta\"; available tools: zeta, alpha"
         );
     }
 
     #[test]
     fn a_toolbox_offers_what_it_has_now_and_never_hides_an_own_tool() {
-        let toolbox = Arc::new(Changing(Mutex::new(vec!["srv__a", "alpha"])));
+        let toolbox = Arc::new(Changing(Mutex::new(vec!["alpha", "srv__a"])));
         let mut registry = Registry::new();
+        registry.register(echo("zeta")).unwrap();
         registry.register(echo("alpha")).unwrap();
         registry.add_toolbox(toolbox.clone());
         let names: Vec<_> = registry.specs().into_iter().map(|s| s.name).collect();
-        assert_eq!(names, ["alpha", "srv__a"]);
+        assert_eq!(names, ["zeta", "alpha", "srv__a"]);
         assert!(registry.get("srv__a").is_some());
         assert!(registry.has_own("alpha") && !registry.has_own("srv__a"));
         toolbox.0.lock().unwrap().clear();
         assert!(registry.get("srv__a").is_none());
-        assert_eq!(registry.specs().len(), 1);
+        assert_eq!(registry.specs().len(), 2);
     }
 
     #[test]

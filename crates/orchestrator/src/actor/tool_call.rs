@@ -50,11 +50,8 @@ pub(super) async fn tool_call(
         timeout_ms: 0,
         network,
     };
-    if call.name == crate::agents::DELEGATE {
-        return delegate_call(sessions, session_id, place, call, task, tx, started).await;
-    }
-    if crate::builtin::is_builtin(&call.name) {
-        return crate::builtin::run(deps, session_id, &call).await;
+    if let Some(tool) = crate::builtin::own().get(&call.name) {
+        return own_call(sessions, session_id, place, call, tool.as_ref(), task, tx).await;
     }
     let call_id = call.id.clone();
     let outcome = deps
@@ -99,16 +96,16 @@ pub(super) async fn tool_call(
     }
 }
 
-/// A delegate call: the task's progress as the call's output, its answer
-/// as the result.
-async fn delegate_call(
+/// A call of one of the orchestrator's own tools; its progress lines (a
+/// delegated task's) are the call's output, all out before the result.
+async fn own_call(
     sessions: &crate::service::Sessions,
     session_id: &str,
     place: &Place,
     call: ToolCall,
+    tool: &dyn agentry_tool::Tool<crate::builtin::TurnCall>,
     task: u64,
     tx: &mpsc::Sender<Outcome>,
-    started: Instant,
 ) -> pb::ToolResult {
     let (progress, mut lines) = mpsc::unbounded_channel::<String>();
     let forward = {
@@ -127,23 +124,19 @@ async fn delegate_call(
             }
         })
     };
-    let deps = sessions.deps();
-    let outcome = crate::agents::delegate(
-        sessions,
-        session_id,
-        &place.turn_id,
-        place.step,
-        place.approval_mode,
-        &call,
+    let arguments = call.arguments.clone();
+    let turn_call = crate::builtin::TurnCall {
+        sessions: sessions.clone(),
+        session_id: session_id.to_string(),
+        turn_id: place.turn_id.clone(),
+        step: place.step,
+        approval_mode: place.approval_mode,
+        call,
         progress,
-    )
-    .await;
+    };
+    let result = tool.run(&turn_call, &arguments).await;
+    drop(turn_call);
     // The progress so far is out before the result.
     let _ = forward.await;
-    let usage =
-        crate::agents::task_usage_of(deps, session_id, &place.turn_id, place.step, &call.id).await;
-    pb::ToolResult {
-        sub_agent_usage: usage,
-        ..crate::builtin::result_of(&call, outcome, started)
-    }
+    result
 }
