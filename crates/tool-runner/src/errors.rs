@@ -47,11 +47,6 @@ sentence_error!(
     McpError
 );
 sentence_error!(
-    /// Why a web setting or lookup cannot be used (a backend's URL, a name
-    /// that does not resolve).
-    WebError
-);
-sentence_error!(
     /// Why the sandbox cannot serve the workspace or the network as
     /// configured.
     SandboxCheckError

@@ -21,9 +21,9 @@ pub mod service;
 pub mod snapshots;
 pub mod tools;
 pub mod watchdog;
-pub mod web;
 pub mod workspace;
 
+pub use agentry_web as web;
 pub use service::ToolRunnerService;
 
 use agentry_proto::tools::v1::tool_runner_server::ToolRunnerServer;

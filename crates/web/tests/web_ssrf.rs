@@ -6,10 +6,10 @@
 
 mod web_support;
 
-use agentry_tool_runner::tools::ToolOutcome;
-use agentry_tool_runner::web::http::{HttpBackend, HttpSettings};
-use agentry_tool_runner::web::ssrf::{Guard, GuardedResolver};
-use agentry_tool_runner::web::{Backend, FetchError, Web};
+use agentry_tool::ToolOutcome;
+use agentry_web::http::{HttpBackend, HttpSettings};
+use agentry_web::ssrf::{Guard, GuardedResolver};
+use agentry_web::{Backend, FetchError, Web};
 use reqwest::dns::Resolve;
 use serde_json::json;
 use std::sync::Arc;

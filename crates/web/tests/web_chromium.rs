@@ -4,8 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentry_tool_runner::web::Backend;
-use agentry_tool_runner::web::chromium::{Chromium, ChromiumSettings};
+use agentry_web::Backend;
+use agentry_web::chromium::{Chromium, ChromiumSettings};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -59,9 +59,7 @@ fn chromium_guarded(timeout: Duration, allow: &[String]) -> Option<Chromium> {
         executable: None,
         max_pages: 2,
         page_timeout: timeout,
-        guard: Some(std::sync::Arc::new(
-            agentry_tool_runner::web::ssrf::Guard::new(allow),
-        )),
+        guard: Some(std::sync::Arc::new(agentry_web::ssrf::Guard::new(allow))),
         sandbox: true,
     });
     if backend.executable().is_none() {
@@ -141,10 +139,7 @@ async fn every_request_of_the_page_goes_through_the_guard() {
     let addr = serve().await;
     let url = url::Url::parse(&format!("http://{addr}/")).unwrap();
     let err = backend.fetch(&url).await.unwrap_err();
-    assert!(
-        matches!(err, agentry_tool_runner::web::FetchError::Blocked(_)),
-        "{err}"
-    );
+    assert!(matches!(err, agentry_web::FetchError::Blocked(_)), "{err}");
     assert!(err.to_string().contains("127.0.0.1"), "{err}");
     // ...and so is a redirect from an allowed page to a refused one.
     let redirect = serve_redirect(addr).await;
@@ -154,10 +149,7 @@ async fn every_request_of_the_page_goes_through_the_guard() {
     };
     let start = url::Url::parse(&format!("http://localhost:{}/", redirect.port())).unwrap();
     let err = backend.fetch(&start).await.unwrap_err();
-    assert!(
-        matches!(err, agentry_tool_runner::web::FetchError::Blocked(_)),
-        "{err}"
-    );
+    assert!(matches!(err, agentry_web::FetchError::Blocked(_)), "{err}");
     backend.shutdown().await;
 }
 

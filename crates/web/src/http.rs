@@ -290,8 +290,8 @@ async fn decode(body: Bytes, content_type: Option<&HeaderValue>, html: bool) -> 
     };
     // reqwest decodes with the charset of the Content-Type header (through
     // its `charset` feature); give it the capped body in a response of its
-    // own. `tonic` re-exports the `http` crate reqwest is built on.
-    let mut builder = tonic::codegen::http::Response::builder();
+    // own, made with the `http` crate reqwest is built on.
+    let mut builder = http::Response::builder();
     if let Some(ct) = content_type {
         builder = builder.header(CONTENT_TYPE, ct.clone());
     }

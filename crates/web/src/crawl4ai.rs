@@ -18,7 +18,7 @@
 
 use super::breaker::{Breaker, BreakerSettings, BreakerState, BreakerStats, Clock, SystemClock};
 use super::{Backend, BackendName, FetchError, FetchFuture, Page, error_chain, human_duration};
-use crate::errors::WebError;
+use crate::WebError;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde::Deserialize;

@@ -9,12 +9,12 @@
 mod web_support;
 
 use agentry_fakes::fake_crawl4ai::{FakeCrawl4ai, FakePage};
-use agentry_tool_runner::tools::ToolOutcome;
-use agentry_tool_runner::web::breaker::{BreakerState, BreakerStats};
-use agentry_tool_runner::web::crawl4ai::{Crawl4ai, Crawl4aiSettings, Crawl4aiStats, Health};
-use agentry_tool_runner::web::http::{HttpBackend, HttpSettings};
-use agentry_tool_runner::web::ssrf::Guard;
-use agentry_tool_runner::web::{Backend, BackendName, FetchError, FetchFuture, Page, Web};
+use agentry_tool::ToolOutcome;
+use agentry_web::breaker::{BreakerState, BreakerStats};
+use agentry_web::crawl4ai::{Crawl4ai, Crawl4aiSettings, Crawl4aiStats, Health};
+use agentry_web::http::{HttpBackend, HttpSettings};
+use agentry_web::ssrf::Guard;
+use agentry_web::{Backend, BackendName, FetchError, FetchFuture, Page, Web};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,9 +7,9 @@
 
 mod web_support;
 
-use agentry_tool_runner::ToolError;
-use agentry_tool_runner::tools::ToolOutcome;
-use agentry_tool_runner::web::{BackendName, Web};
+use agentry_tool::ToolError;
+use agentry_tool::ToolOutcome;
+use agentry_web::{BackendName, Web};
 use serde_json::json;
 use std::time::Duration;
 use web_support::{PageServer, Reply, config};

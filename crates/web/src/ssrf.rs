@@ -17,7 +17,7 @@
 //! addresses it hands to the connector.
 
 use super::FetchError;
-use crate::errors::WebError;
+use crate::WebError;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 

@@ -20,8 +20,31 @@ pub mod crawl4ai;
 pub mod http;
 pub mod ssrf;
 
-use crate::ToolError;
-use agentry_tool::{Context, Running, Tool, ToolOutcome, ToolSpec};
+/// Why a web setting or lookup cannot be used (a backend's URL, a name
+/// that does not resolve), as a sentence for a person.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct WebError(pub String);
+
+impl From<String> for WebError {
+    fn from(text: String) -> Self {
+        WebError(text)
+    }
+}
+
+impl From<&str> for WebError {
+    fn from(text: &str) -> Self {
+        WebError(text.to_string())
+    }
+}
+
+impl From<WebError> for String {
+    fn from(error: WebError) -> String {
+        error.0
+    }
+}
+
+use agentry_tool::{Context, Running, Tool, ToolError, ToolOutcome, ToolSpec};
 use serde::Deserialize;
 use std::future::Future;
 use std::pin::Pin;
@@ -286,7 +309,7 @@ impl Web {
     /// One call of the web tool `tool` (its name is for errors: both
     /// fetch through the chain).
     pub async fn call(&self, tool: &str, arguments_json: &str) -> Result<ToolOutcome, ToolError> {
-        let args: UrlArgs = crate::tools::parse_args(tool, arguments_json)?;
+        let args: UrlArgs = agentry_tool::arguments(tool, arguments_json)?;
         let url = parse_url(&args.url)?;
         match self.fetch(&url).await {
             Ok(fetched) => Ok(self.render(&fetched)),

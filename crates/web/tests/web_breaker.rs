@@ -9,13 +9,13 @@
 mod web_support;
 
 use agentry_fakes::fake_crawl4ai::{FakeCrawl4ai, FakePage};
-use agentry_tool_runner::web::breaker::{
+use agentry_web::breaker::{
     Breaker, BreakerSettings, BreakerState, BreakerStats, ManualClock, Refused,
 };
-use agentry_tool_runner::web::crawl4ai::{Crawl4ai, Crawl4aiSettings};
-use agentry_tool_runner::web::http::{HttpBackend, HttpSettings};
-use agentry_tool_runner::web::ssrf::Guard;
-use agentry_tool_runner::web::{Backend, FetchError, Web};
+use agentry_web::crawl4ai::{Crawl4ai, Crawl4aiSettings};
+use agentry_web::http::{HttpBackend, HttpSettings};
+use agentry_web::ssrf::Guard;
+use agentry_web::{Backend, FetchError, Web};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
