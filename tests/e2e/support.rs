@@ -134,34 +134,7 @@ pub async fn until_finished(events: &mut Streaming<spb::Event>, turn_id: &str) -
 pub fn kinds(events: &[spb::Event]) -> Vec<&'static str> {
     events
         .iter()
-        .map(|e| match e.kind.as_ref().unwrap() {
-            Kind::UserMessage(_) => "user_message",
-            Kind::ModelTextDelta(_) => "model_text_delta",
-            Kind::ModelMessage(_) => "model_message",
-            Kind::ToolCallRequested(_) => "tool_call_requested",
-            Kind::ApprovalRequested(_) => "approval_requested",
-            Kind::ApprovalDecided(_) => "approval_decided",
-            Kind::ToolOutputChunk(_) => "tool_output_chunk",
-            Kind::ToolResult(_) => "tool_result",
-            Kind::ReminderDue(_) => "reminder_due",
-            Kind::Error(_) => "error",
-            Kind::TurnFinished(_) => "turn_finished",
-            Kind::CancelRequested(_) => "cancel_requested",
-            Kind::ToolCallState(_) => "tool_call_state",
-            Kind::SkillsetChosen(_) => "skillset_chosen",
-            Kind::ContextCompacted(_) => "context_compacted",
-            Kind::PlanSubmitted(_) => "plan_submitted",
-            Kind::PlanStepUpdated(_) => "plan_step_updated",
-            Kind::ToolsOffered(_) => "tools_offered",
-            Kind::LoopDetected(_) => "loop_detected",
-            Kind::BudgetExceeded(_) => "budget_exceeded",
-            Kind::McpResourceUpdated(_) => "mcp_resource_updated",
-            Kind::WorkspaceSnapshot(_) => "workspace_snapshot",
-            Kind::SessionRewound(_) => "session_rewound",
-            Kind::HookRan(_) => "hook_ran",
-            Kind::InstructionsLoaded(_) => "instructions_loaded",
-            Kind::ModelChanged(_) => "model_changed",
-        })
+        .map(|e| e.kind.as_ref().map_or("(none)", Kind::name))
         .collect()
 }
 

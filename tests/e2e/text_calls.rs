@@ -112,7 +112,21 @@ async fn a_malformed_call_gets_one_correction() {
             .contains("could not be read"),
         "{correction}"
     );
-    // The unreadable answer's tokens count too (10 + 2, then 10 + 3).
+    // The unreadable answer is in the log with its reason and tokens, and
+    // they count with the turn's (10 + 2, then 10 + 3, then the answer).
+    let unreadable: Vec<_> = received
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(agentry_proto::sessions::v1::event::Kind::ToolCallUnreadable(u)) => Some(u),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(unreadable.len(), 1, "{received:?}");
+    assert_eq!(unreadable[0].text, "TOOL:list_dir {\"path\": ");
+    assert_eq!(unreadable[0].attempt, 1);
+    assert!(!unreadable[0].error.is_empty());
+    let spent = unreadable[0].usage.unwrap();
+    assert_eq!((spent.prompt_tokens, spent.completion_tokens), (10, 2));
     let first = received
         .iter()
         .find_map(|e| match &e.kind {
@@ -120,7 +134,17 @@ async fn a_malformed_call_gets_one_correction() {
             _ => None,
         })
         .unwrap();
-    assert_eq!((first.prompt_tokens, first.completion_tokens), (20, 5));
+    assert_eq!((first.prompt_tokens, first.completion_tokens), (10, 3));
+    let answered: u64 = received
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(agentry_proto::sessions::v1::event::Kind::ModelMessage(m)) => m.usage,
+            _ => None,
+        })
+        .map(|u| u.completion_tokens)
+        .sum();
+    let total = finished(&received).usage.unwrap();
+    assert_eq!(total.completion_tokens, 2 + answered);
 }
 
 #[tokio::test(flavor = "multi_thread")]

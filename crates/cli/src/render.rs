@@ -366,6 +366,36 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_call_ends_its_line_and_says_why_before_the_rewrite() {
+        let delta = |text: &str| {
+            event(Kind::ModelTextDelta(pb::ModelTextDelta {
+                text: text.into(),
+            }))
+        };
+        let events = [
+            delta("TOOL:list_dir {"),
+            event(Kind::ToolCallUnreadable(pb::ToolCallUnreadable {
+                text: "TOOL:list_dir {".into(),
+                error: "the arguments are not valid JSON".into(),
+                usage: None,
+                attempt: 1,
+            })),
+            delta("Listed."),
+            event(Kind::ModelMessage(pb::ModelMessage {
+                text: "Listed.".into(),
+                ..Default::default()
+            })),
+        ];
+        let (answer, activity) = both(&events);
+        assert_eq!(answer, "TOOL:list_dir {\nListed.\n");
+        assert_eq!(
+            activity,
+            "  (the model's tool call could not be read: the arguments are not valid JSON; it \
+             is shown the format and asked again)\n"
+        );
+    }
+
+    #[test]
     fn a_detected_loop_is_one_line() {
         let mut answer = Vec::new();
         let mut activity = Vec::new();

@@ -255,6 +255,25 @@ impl SessionView {
         }
     }
 
+    /// The logged answer replaces what streamed of it (or is added, when
+    /// nothing streamed).
+    fn settle_answer(&mut self, text: String) {
+        match self.streaming_at.take() {
+            Some(at) => {
+                if let Some(Entry::Answer { text: t, streaming }) = self.entries.get_mut(at) {
+                    *t = text;
+                    *streaming = false;
+                }
+                self.touch(at);
+            }
+            None if !text.trim().is_empty() => self.push(Entry::Answer {
+                text,
+                streaming: false,
+            }),
+            None => {}
+        }
+    }
+
     /// Adds a note the front end made (not from the log), after what is
     /// shown so far; blank notes are dropped.
     pub fn note(&mut self, text: &str, kind: NoteKind) {
@@ -373,23 +392,14 @@ impl SessionView {
                 if !m.model.is_empty() {
                     self.model = filter(&m.model);
                 }
-                let text = filter(&m.text);
-                // The logged answer replaces what streamed of it.
-                match self.streaming_at.take() {
-                    Some(at) => {
-                        if let Some(Entry::Answer { text: t, streaming }) = self.entries.get_mut(at)
-                        {
-                            *t = text;
-                            *streaming = false;
-                        }
-                        self.touch(at);
-                    }
-                    None if !text.trim().is_empty() => self.push(Entry::Answer {
-                        text,
-                        streaming: false,
-                    }),
-                    None => {}
+                self.settle_answer(filter(&m.text));
+            }
+            Kind::ToolCallUnreadable(u) => {
+                if let Some(usage) = &u.usage {
+                    self.session_tokens += usage.total_tokens;
                 }
+                // Shown as written; the note says why it did nothing.
+                self.settle_answer(filter(&u.text));
             }
             // The plan's own calls show as the plan, not as blocks of JSON.
             Kind::ToolCallRequested(c) if is_plan_tool(&c.tool) => {}
@@ -748,6 +758,20 @@ pub fn note_for(view: &mut SessionView, kind: &Kind) -> Option<(String, NoteKind
                 Info,
             )
         }
+        Kind::ToolCallUnreadable(u) if u.attempt < 2 => (
+            format!(
+                "  (the model's tool call could not be read: {}; it is shown the format and asked again)",
+                shorten(&u.error, 200)
+            ),
+            Info,
+        ),
+        Kind::ToolCallUnreadable(u) => (
+            format!(
+                "  (the model's tool call still could not be read: {})",
+                shorten(&u.error, 200)
+            ),
+            Info,
+        ),
         Kind::ModelChanged(m) => {
             let model = if m.model.is_empty() {
                 "the configured model"

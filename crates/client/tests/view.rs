@@ -218,3 +218,79 @@ fn a_rewind_marks_what_it_took_out_as_history() {
         Some(Entry::Note(text, _)) if text.starts_with("── rewound to the end of turn 1")
     ));
 }
+
+/// An unreadable tool call: shown as the model wrote it (what streamed of
+/// it settles), told in a note, its tokens counted, and named in JSON by
+/// its contract field.
+#[test]
+fn an_unreadable_tool_call_is_shown_as_written_with_a_note_and_counted() {
+    let mut view = view();
+    view.apply(&logged(
+        1,
+        Kind::UserMessage(pb::UserMessage {
+            text: "list".into(),
+            ..Default::default()
+        }),
+    ));
+    view.apply(&pb::Event {
+        seq: 0,
+        ..logged(
+            1,
+            Kind::ModelTextDelta(pb::ModelTextDelta {
+                text: "TOOL:list_dir {".into(),
+            }),
+        )
+    });
+    let event = logged(
+        2,
+        Kind::ToolCallUnreadable(pb::ToolCallUnreadable {
+            text: "TOOL:list_dir {\"path\": ".into(),
+            error: "the arguments are not valid JSON".into(),
+            usage: Some(pb::TokenUsage {
+                prompt_tokens: 10,
+                completion_tokens: 2,
+                total_tokens: 12,
+                ..Default::default()
+            }),
+            attempt: 1,
+        }),
+    );
+    let applied = view.apply(&event);
+    assert_eq!(view.session_tokens, 12);
+    let answers: Vec<_> = view
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Answer { text, streaming } => Some((text.as_str(), *streaming)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers, [("TOOL:list_dir {\"path\": ", false)]);
+    let (note, kind) = applied.note.expect("a note");
+    assert_eq!(kind, NoteKind::Info);
+    assert_eq!(
+        note,
+        "  (the model's tool call could not be read: the arguments are not valid JSON; it is \
+         shown the format and asked again)"
+    );
+    let json = agentry_client::json::event_json(&event);
+    assert_eq!(json["type"], "tool_call_unreadable");
+    assert_eq!(json["attempt"], 1);
+    assert_eq!(json["error"], "the arguments are not valid JSON");
+    assert_eq!(json["usage"]["completion_tokens"], 2);
+    // The second, which fails the turn, says so.
+    let again = logged(
+        3,
+        Kind::ToolCallUnreadable(pb::ToolCallUnreadable {
+            text: "TOOL:nope {}".into(),
+            error: "no tool named \"nope\"".into(),
+            usage: None,
+            attempt: 2,
+        }),
+    );
+    let (note, _) = view.apply(&again).note.expect("a note");
+    assert_eq!(
+        note,
+        "  (the model's tool call still could not be read: no tool named \"nope\")"
+    );
+}

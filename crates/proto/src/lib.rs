@@ -19,6 +19,7 @@ pub mod sessions {
     /// Version 1.
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/agentry.sessions.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/event_kinds.rs"));
     }
 }
 

@@ -314,14 +314,14 @@ impl ModelRequest {
     }
 }
 
-/// The request again, showing the model the answer whose tool call could
-/// not be read (`text`), why, and the format to write it in.
-pub fn ask_to_rewrite(request: &mut ChatRequest, text: String, error: &str) {
-    request.messages.push(Message::Assistant {
+/// The conversation of a request again, showing the model the answer whose
+/// tool call could not be read (`text`), why, and the format to write it in.
+pub fn ask_to_rewrite(history: &mut Vec<Message>, text: String, error: &str) {
+    history.push(Message::Assistant {
         content: text,
         tool_calls: Vec::new(),
     });
-    request.messages.push(Message::User {
+    history.push(Message::User {
         content: crate::textcalls::correction(error),
         images: Vec::new(),
     });
@@ -518,10 +518,14 @@ mod tests {
     fn an_unreadable_call_is_shown_back_with_the_reason() {
         let tools = [bash_tool()];
         let prompt = build(parts(&tools, &[], false), &Tokenizer::Estimate);
-        let mut request = prompt.into_request(history(), 0, None).into_chat();
-        let sent = request.messages.len();
-        ask_to_rewrite(&mut request, "TOOL:bash {oops".into(), "not valid JSON");
-        assert_eq!(request.messages.len(), sent + 2);
+        let mut request = prompt.into_request(history(), 0, None);
+        ask_to_rewrite(
+            &mut request.history,
+            "TOOL:bash {oops".into(),
+            "not valid JSON",
+        );
+        let request = request.into_chat();
+        let sent = request.messages.len() - 2;
         assert_eq!(
             request.messages[sent],
             Message::Assistant {

@@ -22,8 +22,21 @@ impl SessionState {
             network: false,
             cost: 0.0,
             compact: false,
+            unreadable: None,
         });
         self.phase = Phase::Generate;
+    }
+
+    /// Counts what a model answer cost, in the turn and the session.
+    fn spend(&mut self, u: &TokenUsage) {
+        let price = self.view.0.price.as_ref();
+        self.spent_tokens += u.total_tokens;
+        let cost = price.map_or(0.0, |p| p.cost(u));
+        self.spent_cost += cost;
+        if let Some(turn) = &mut self.turn {
+            add_usage(&mut turn.usage, u);
+            turn.cost += cost;
+        }
     }
 
     /// Folds one event into the state. The only place the state changes.
@@ -55,6 +68,7 @@ impl SessionState {
                     network: m.network,
                     cost: 0.0,
                     compact: m.compact,
+                    unreadable: None,
                 });
                 self.phase = Phase::Generate;
             }
@@ -64,21 +78,23 @@ impl SessionState {
                     tool_calls: Vec::new(),
                 });
                 let index = self.history.len() - 1;
-                let price = self.view.0.price.as_ref();
+                if let Some(u) = &m.usage {
+                    self.spend(u);
+                }
                 if let Some(turn) = &mut self.turn {
                     turn.steps += 1;
-                    if let Some(u) = &m.usage {
-                        add_usage(&mut turn.usage, u);
-                        self.spent_tokens += u.total_tokens;
-                        if let Some(price) = price {
-                            let cost = price.cost(u);
-                            turn.cost += cost;
-                            self.spent_cost += cost;
-                        }
-                    }
                     turn.last_text = m.text.clone();
                     turn.calls.clear();
                     turn.assistant_index = index;
+                    turn.unreadable = None;
+                }
+            }
+            Kind::ToolCallUnreadable(u) => {
+                if let Some(usage) = &u.usage {
+                    self.spend(usage);
+                }
+                if let Some(turn) = &mut self.turn {
+                    turn.unreadable = Some((u.text.clone(), u.error.clone()));
                 }
             }
             Kind::ToolCallRequested(c) => {

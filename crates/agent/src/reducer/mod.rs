@@ -183,6 +183,10 @@ pub struct Turn {
     /// The person asked for the conversation to be summarised: the turn
     /// compacts it and ends without a model answer.
     pub compact: bool,
+    /// The latest answer tried to call a tool in its text and could not be
+    /// read: (its text, why). The next request shows it to the model with
+    /// the reason; a second one in the same step fails the turn.
+    pub unreadable: Option<(String, String)>,
 }
 
 impl Turn {
@@ -374,6 +378,16 @@ pub enum Input {
     SetModel(String),
     /// The model finished its response.
     ModelDone(Completion),
+    /// The model answered with a tool call written in its text that
+    /// could not be read.
+    ModelUnreadable {
+        /// The answer as written.
+        text: String,
+        /// Why it could not be read.
+        error: String,
+        /// What the answer cost.
+        usage: Option<agentry_llm::Usage>,
+    },
     /// The model call failed.
     ModelFailed {
         /// What went wrong, for people.

@@ -87,7 +87,10 @@ impl SessionState {
                     self.emit(out, turn_id, finished);
                     return;
                 }
-                let request = prompt.into_request(history, truncated, view.temperature);
+                let mut request = prompt.into_request(history, truncated, view.temperature);
+                if let Some((text, error)) = self.turn.as_ref().and_then(|t| t.unreadable.clone()) {
+                    crate::prompt::ask_to_rewrite(&mut request.history, text, &error);
+                }
                 out.after.push(Effect::CallModel { request });
             }
             Fit::Summarise(job) => {

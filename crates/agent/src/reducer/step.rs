@@ -186,6 +186,9 @@ impl SessionState {
                 self.take_instructions(&mut out, &turn_id, files);
             }
             (Phase::Generate, Input::ModelDone(c)) => self.model_done(&mut out, &turn_id, c),
+            (Phase::Generate, Input::ModelUnreadable { text, error, usage }) => {
+                self.unreadable(&mut out, &turn_id, text, error, usage);
+            }
             (Phase::Generate, Input::ModelFailed { message, retryable }) => {
                 let error = error_event(ErrorSource::Model, message.clone(), retryable);
                 self.emit(&mut out, &turn_id, error);
@@ -366,7 +369,10 @@ impl SessionState {
             }
             (Phase::Idle, Input::Interrupted) => {}
             (_, Input::Noted(kind)) => self.emit(&mut out, &turn_id, kind),
-            (Phase::Idle | Phase::UseTools, Input::ModelDone(_) | Input::ModelFailed { .. }) => {
+            (
+                Phase::Idle | Phase::UseTools,
+                Input::ModelDone(_) | Input::ModelUnreadable { .. } | Input::ModelFailed { .. },
+            ) => {
                 return Err(Refusal::Unexpected {
                     input: "model output",
                     phase,
@@ -386,6 +392,39 @@ impl SessionState {
             }
         }
         Ok(Self::into_effects(&turn_id, out))
+    }
+
+    /// An answer whose tool call could not be read: recorded, then the
+    /// model is shown it with the reason and the format, once per step; a
+    /// second one fails the turn.
+    fn unreadable(
+        &mut self,
+        out: &mut Out,
+        turn_id: &str,
+        text: String,
+        error: String,
+        usage: Option<agentry_llm::Usage>,
+    ) {
+        let again = self.turn.as_ref().is_some_and(|t| t.unreadable.is_some());
+        let event = pb::ToolCallUnreadable {
+            text,
+            error: error.clone(),
+            usage: usage.map(recorded_usage),
+            attempt: if again { 2 } else { 1 },
+        };
+        self.emit(out, turn_id, Kind::ToolCallUnreadable(event));
+        if again {
+            let message = format!(
+                "the model wrote a tool call that could not be read, even after being shown \
+                 the format: {error}"
+            );
+            let failed = error_event(ErrorSource::Model, message.clone(), false);
+            self.emit(out, turn_id, failed);
+            let finished = self.finish(TurnOutcome::Failed, message);
+            self.emit(out, turn_id, finished);
+        } else {
+            self.call_model(out, turn_id, false);
+        }
     }
 
     pub(super) fn model_done(&mut self, out: &mut Out, turn_id: &str, c: Completion) {
@@ -409,13 +448,7 @@ impl SessionState {
         let message = Kind::ModelMessage(pb::ModelMessage {
             text: c.text.clone(),
             finish_reason: c.finish_reason.clone(),
-            usage: c.usage.map(|u| TokenUsage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-                total_tokens: u.total_tokens,
-                cached_prompt_tokens: u.cached_prompt_tokens,
-                cache_write_prompt_tokens: u.cache_write_tokens,
-            }),
+            usage: c.usage.map(recorded_usage),
             model: c.model.clone(),
             step,
             fixed_tokens,
@@ -572,5 +605,16 @@ impl SessionState {
         replaced[0].0 == c.first_seq
             && replaced.iter().map(|s| s.1).max() == Some(c.last_seq)
             && !matches!(self.history[count], Message::Tool { .. })
+    }
+}
+
+/// A model server's token counts as the log records them.
+fn recorded_usage(u: agentry_llm::Usage) -> TokenUsage {
+    TokenUsage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        total_tokens: u.total_tokens,
+        cached_prompt_tokens: u.cached_prompt_tokens,
+        cache_write_prompt_tokens: u.cache_write_tokens,
     }
 }

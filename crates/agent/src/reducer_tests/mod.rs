@@ -514,6 +514,7 @@ fn turn(
         network: false,
         cost: 0.0,
         compact: false,
+        unreadable: None,
     }
 }
 
@@ -917,4 +918,5 @@ mod randomized;
 mod recovery;
 mod regressions;
 mod replay;
+mod unreadable;
 mod use_tools;

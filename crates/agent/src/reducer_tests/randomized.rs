@@ -169,6 +169,11 @@ impl Generator {
                     (self.rng.below(3) > 0).then(|| usage(self.rng.below(50), self.rng.below(50)));
                 Input::ModelDone(completion_with_usage("text", calls, used))
             }
+            6 if self.rng.below(2) == 0 => Input::ModelUnreadable {
+                text: "TOOL:bash {".into(),
+                error: "not valid JSON".into(),
+                usage: (self.rng.below(2) == 0).then(|| usage(3, 1)),
+            },
             6 => model_failed("x", self.rng.below(2) == 0),
             7 => chunk(&self.pick_id(&executing, &all), OutputStream::Stdout, "o"),
             8..=12 | 22 => {
@@ -504,7 +509,13 @@ fn check_step(
     assert!(model_calls.len() <= 1, "{effects:?}");
     if let Some(history) = model_calls.first() {
         assert_eq!(after.phase, Phase::Generate);
-        assert_eq!(*history, &after.history);
+        // The conversation, and an unreadable answer shown back to the
+        // model with the correction.
+        let mut expected = after.history.clone();
+        if let Some((text, error)) = after.turn.as_ref().and_then(|t| t.unreadable.clone()) {
+            crate::prompt::ask_to_rewrite(&mut expected, text, &error);
+        }
+        assert_eq!(*history, &expected);
         assert!(runs.is_empty(), "{effects:?}");
     }
     assert_eq!(

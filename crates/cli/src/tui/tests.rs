@@ -434,6 +434,41 @@ fn an_answer_logged_without_streaming_shows_once() {
 }
 
 #[test]
+fn an_unreadable_tool_call_shows_as_written_then_its_note_then_the_rewrite() {
+    let mut app = new_app(false);
+    app.on_event(&logged(user("list")));
+    app.on_event(&live(delta("TOOL:list_dir {")));
+    app.on_event(&logged(Kind::ToolCallUnreadable(spb::ToolCallUnreadable {
+        text: "TOOL:list_dir {".into(),
+        error: "the arguments are not valid JSON".into(),
+        usage: Some(spb::TokenUsage {
+            prompt_tokens: 10,
+            completion_tokens: 2,
+            total_tokens: 12,
+            ..Default::default()
+        }),
+        attempt: 1,
+    })));
+    app.on_event(&live(delta("Listed.")));
+    app.on_event(&logged(message("Listed.", "", Some((10, 3)))));
+    let rows = screen(&mut app, 100, 12);
+    let at = |needle: &str| {
+        find_row(&rows, needle).unwrap_or_else(|| panic!("{needle}:\n{}", dump(&rows)))
+    };
+    let written = at("TOOL:list_dir {");
+    let note =
+        at("  (the model's tool call could not be read: the arguments are not valid JSON; it is");
+    let answer = at("Listed.");
+    assert!(written < note && note < answer, "{}", dump(&rows));
+    // Both answers' tokens count.
+    assert!(
+        status_text(&app, 100).contains("25 tok"),
+        "{}",
+        status_text(&app, 100)
+    );
+}
+
+#[test]
 fn a_tool_block_shows_live_output_then_folds_its_result() {
     let mut app = new_app(true);
     let mut screen = Screen::new(80, 24);

@@ -1,5 +1,5 @@
 //! One model call: the reducer's request streamed, calls written as text
-//! read back (with one correction), and its answer (or failure) handed back
+//! read back, and its answer (an unreadable call, or a failure) handed back
 //! to the actor; and the summarising call a compaction asks for.
 
 use super::*;
@@ -33,7 +33,7 @@ pub(super) async fn model_call(
     }
     let names = request.names();
     let native = request.native;
-    let mut request = request.into_chat();
+    let request = request.into_chat();
     let started = Instant::now();
     let failed = |message: String, retryable: bool| {
         let span = Span::current();
@@ -48,69 +48,49 @@ pub(super) async fn model_call(
             },
         ))
     };
-    // A tool call written as text that cannot be read gets one correction;
-    // what the unreadable answer cost counts with the answer that follows.
-    let mut corrected = false;
-    let mut spent_before: Option<agentry_llm::Usage> = None;
-    loop {
-        let completion = match stream_once(&deps, &request, &live, &tx).await {
-            Ok(Some(completion)) => completion,
-            Ok(None) => return, // Nobody listens any more.
-            Err(error) => {
-                let _ = tx
-                    .send(failed(error.to_string(), error.is_retryable()))
-                    .await;
-                return;
-            }
-        };
-        let usage = completion.usage;
-        let mut completion = if completion.tool_calls.is_empty() {
-            let new_id = || format!("text-{}", uuid::Uuid::now_v7().simple());
-            match crate::prompt::read_text_calls(completion, &names, native, new_id) {
-                Ok(completion) => completion,
-                Err((text, error)) if !corrected => {
-                    tracing::info!(%error, "asking the model to rewrite a malformed tool call");
-                    corrected = true;
-                    spent_before = usage;
-                    crate::prompt::ask_to_rewrite(&mut request, text, &error);
-                    continue;
-                }
-                Err((_, error)) => {
-                    let message = format!(
-                        "the model wrote a tool call that could not be read, even after being shown the format: {error}"
-                    );
-                    let _ = tx.send(failed(message, false)).await;
-                    return;
-                }
-            }
-        } else {
-            completion
-        };
-        if let Some(before) = spent_before {
-            completion.usage = Some(completion.usage.map_or(before, |u| u.plus(before)));
+    let completion = match stream_once(&deps, &request, &live, &tx).await {
+        Ok(Some(completion)) => completion,
+        Ok(None) => return, // Nobody listens any more.
+        Err(error) => {
+            let _ = tx
+                .send(failed(error.to_string(), error.is_retryable()))
+                .await;
+            return;
         }
-        let elapsed = started.elapsed();
-        let span = Span::current();
-        span.record("outcome", "ok");
-        span.record("latency_ms", elapsed.as_millis() as u64);
-        if let Some(usage) = completion.usage {
-            span.record("prompt_tokens", usage.prompt_tokens);
-            span.record("completion_tokens", usage.completion_tokens);
-        }
-        crate::metrics::model_call_finished(&deps.metrics, "ok", elapsed, completion.usage);
-        // The model answers: whatever was found wrong at start is past.
-        if deps.model_problem().is_some() {
-            deps.set_model_problem(None);
-        }
-        tracing::debug!(
-            elapsed_ms = elapsed.as_millis() as u64,
-            "model call finished"
-        );
-        let _ = tx
-            .send(Box::new((task, Input::ModelDone(completion))))
-            .await;
-        return;
+    };
+    let elapsed = started.elapsed();
+    let span = Span::current();
+    span.record("outcome", "ok");
+    span.record("latency_ms", elapsed.as_millis() as u64);
+    if let Some(usage) = completion.usage {
+        span.record("prompt_tokens", usage.prompt_tokens);
+        span.record("completion_tokens", usage.completion_tokens);
     }
+    crate::metrics::model_call_finished(&deps.metrics, "ok", elapsed, completion.usage);
+    // The model answers: whatever was found wrong at start is past.
+    if deps.model_problem().is_some() {
+        deps.set_model_problem(None);
+    }
+    tracing::debug!(
+        elapsed_ms = elapsed.as_millis() as u64,
+        "model call finished"
+    );
+    // A tool call written as text that cannot be read goes back to the
+    // reducer, which records it and decides the correction.
+    let input = if completion.tool_calls.is_empty() {
+        let usage = completion.usage;
+        let new_id = || format!("text-{}", uuid::Uuid::now_v7().simple());
+        match crate::prompt::read_text_calls(completion, &names, native, new_id) {
+            Ok(completion) => Input::ModelDone(completion),
+            Err((text, error)) => {
+                tracing::info!(%error, "the model wrote a tool call that cannot be read");
+                Input::ModelUnreadable { text, error, usage }
+            }
+        }
+    } else {
+        Input::ModelDone(completion)
+    };
+    let _ = tx.send(Box::new((task, input))).await;
 }
 
 /// One streamed request: text goes to the session's subscribers as it

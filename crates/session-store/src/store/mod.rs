@@ -195,36 +195,10 @@ pub(crate) fn ms_from_timestamp(ts: &prost_types::Timestamp) -> i64 {
     ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000)
 }
 
-/// The stable name of an event's kind, kept in its own column.
+/// The stable name of an event's kind, kept in its own column: its field
+/// name in the contract.
 pub fn kind_name(kind: &event::Kind) -> &'static str {
-    match kind {
-        event::Kind::UserMessage(_) => "user_message",
-        event::Kind::ModelTextDelta(_) => "model_text_delta",
-        event::Kind::ModelMessage(_) => "model_message",
-        event::Kind::ToolCallRequested(_) => "tool_call_requested",
-        event::Kind::ApprovalRequested(_) => "approval_requested",
-        event::Kind::ApprovalDecided(_) => "approval_decided",
-        event::Kind::ToolOutputChunk(_) => "tool_output_chunk",
-        event::Kind::ToolResult(_) => "tool_result",
-        event::Kind::ReminderDue(_) => "reminder_due",
-        event::Kind::Error(_) => "error",
-        event::Kind::TurnFinished(_) => "turn_finished",
-        event::Kind::CancelRequested(_) => "cancel_requested",
-        event::Kind::SkillsetChosen(_) => "skillset_chosen",
-        event::Kind::ContextCompacted(_) => "context_compacted",
-        event::Kind::PlanSubmitted(_) => "plan_submitted",
-        event::Kind::PlanStepUpdated(_) => "plan_step_updated",
-        event::Kind::ToolCallState(_) => "tool_call_state",
-        event::Kind::ToolsOffered(_) => "tools_offered",
-        event::Kind::LoopDetected(_) => "loop_detected",
-        event::Kind::BudgetExceeded(_) => "budget_exceeded",
-        event::Kind::McpResourceUpdated(_) => "mcp_resource_updated",
-        event::Kind::WorkspaceSnapshot(_) => "workspace_snapshot",
-        event::Kind::SessionRewound(_) => "session_rewound",
-        event::Kind::HookRan(_) => "hook_ran",
-        event::Kind::InstructionsLoaded(_) => "instructions_loaded",
-        event::Kind::ModelChanged(_) => "model_changed",
-    }
+    kind.name()
 }
 
 /// What a batch of events changes in its session's row.
