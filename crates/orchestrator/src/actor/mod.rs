@@ -2,6 +2,7 @@
 //! (append to the store, call the model, run tools) and feeds their outcomes
 //! back as inputs.
 
+mod hook_run;
 mod model_call;
 mod rewind;
 mod tool_call;
@@ -733,79 +734,20 @@ impl Actor {
     /// their outcomes back.
     fn start_hooks(&mut self, job: crate::hooks::HookJob) {
         let (task, tx) = self.next_task();
-        let deps = self.deps.clone();
-        let session_id = self.session_id.clone();
-        // Hooks run where the session's tools act.
-        let workspace = self.workspace();
         let span = tracing::info_span!(
             "hooks",
             event = job.event.name(),
             call_id = %job.call_id,
             hooks = job.hooks.len(),
         );
-        let handle = tokio::spawn(
-            async move {
-                let mut input = job.input.clone();
-                if let Some(object) = input.as_object_mut() {
-                    object.insert("session_id".into(), session_id.clone().into());
-                }
-                let input = input.to_string();
-                let mut outcomes = Vec::new();
-                for hook in &job.hooks {
-                    let request = agentry_proto::tools::v1::RunHookRequest {
-                        session_id: workspace.clone(),
-                        command: hook.command.clone(),
-                        input: input.clone(),
-                        timeout_secs: u32::try_from(hook.timeout_secs).unwrap_or(u32::MAX),
-                    };
-                    // A runner that stops answering does not hold the call.
-                    let deadline = Duration::from_secs(hook.timeout_secs + HOOK_RPC_MARGIN_SECS);
-                    let ran = tokio::time::timeout(
-                        deadline,
-                        deps.runners.on_any(|mut client| {
-                            let request = request.clone();
-                            async move {
-                                client
-                                    .run_hook(request)
-                                    .await
-                                    .map(tonic::Response::into_inner)
-                            }
-                        }),
-                    )
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(tonic::Status::deadline_exceeded(format!(
-                            "the tool runner gave no outcome within {} s",
-                            deadline.as_secs()
-                        )))
-                    });
-                    outcomes.push(match ran {
-                        Ok(r) => crate::hooks::HookOutcome {
-                            exit_code: r.exit_code,
-                            stdout: r.stdout,
-                            stderr: r.stderr,
-                            timed_out: r.timed_out,
-                            duration_ms: r.duration_ms,
-                            error: r.error,
-                        },
-                        Err(status) => crate::hooks::HookOutcome {
-                            error: format!("no tool runner could run it: {}", status.message()),
-                            ..Default::default()
-                        },
-                    });
-                }
-                let _ = tx
-                    .send(Box::new((
-                        task,
-                        Input::HooksDone {
-                            job: Box::new(job),
-                            outcomes,
-                        },
-                    )))
-                    .await;
-            }
-            .instrument(span),
-        );
+        // Hooks run where the session's tools act.
+        let place = hook_run::Place {
+            session_id: self.session_id.clone(),
+            workspace: self.workspace(),
+        };
+        let deps = self.deps.clone();
+        let run = hook_run::run_hooks(deps, place, job, task, tx);
+        let handle = tokio::spawn(run.instrument(span));
         self.in_flight.insert(task, handle.abort_handle());
     }
 
