@@ -233,6 +233,26 @@ async fn two_orchestrators_share_sessions_and_survive_one_being_killed() {
     .await;
     assert_eq!(done.outcome, spb::TurnOutcome::Completed as i32);
 
+    // Any input is passed on as received, also one the receiving replica
+    // has no form of its own for (a switch of model).
+    to_b.submit(pb::SubmitRequest {
+        session_id: session.id.clone(),
+        input: Some(pb::Input {
+            kind: Some(pb::input::Kind::Model(pb::ModelInput {
+                name: String::new(),
+            })),
+        }),
+    })
+    .await
+    .expect("a switch of model through B");
+    assert!(
+        log_of(&cluster, &session.id)
+            .await
+            .iter()
+            .any(|e| matches!(e.kind, Some(Kind::ModelChanged(_)))),
+        "the switch reached the log"
+    );
+
     // Streamed text is live (never logged): a client following the
     // session through B gets it from A, which drives the session.
     let mut through_b = follow(&mut to_b, &session.id).await;
@@ -344,7 +364,7 @@ async fn two_orchestrators_share_sessions_and_survive_one_being_killed() {
     // B forwarded its inputs while A lived, then took the session over.
     let page = reqwest_metrics(b_metrics).await;
     assert!(
-        page.contains("agentry_session_routing_total{how=\"forwarded\"} 2"),
+        page.contains("agentry_session_routing_total{how=\"forwarded\"} 3"),
         "{page}"
     );
     assert!(

@@ -274,15 +274,10 @@ impl Orchestrator for Sessions {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let forwarded = crate::cluster::was_forwarded(&request);
         let req = request.into_inner();
-        let input = parse_input(req.input)?;
-        // A forwarded input had its attachments read where it arrived.
-        let input = if forwarded {
-            input
-        } else {
-            self.with_attachments(&req.session_id, input).await?
-        };
+        // Checked where it arrives, passed on as received.
+        let input = parse_input(req.input.clone())?;
         let submitted = self
-            .submit_routed(&req.session_id, input, forwarded)
+            .submit_routed(&req.session_id, input, req.input.as_ref(), forwarded)
             .await?;
         Ok(Response::new(pb::SubmitResponse {
             turn_id: submitted.turn_id,
@@ -370,13 +365,15 @@ impl Orchestrator for Sessions {
         tokio::spawn(async move {
             while let Ok(Some(message)) = inbound.message().await {
                 let outcome = match message.kind {
-                    Some(pb::chat_request::Kind::Input(input)) => match parse_input(Some(input)) {
-                        Ok(input) => match this.with_attachments(&session_id, input).await {
-                            Ok(input) => this.submit_input(&session_id, input).await.map(|_| ()),
+                    Some(pb::chat_request::Kind::Input(received)) => {
+                        match parse_input(Some(received.clone())) {
+                            Ok(input) => this
+                                .submit_routed(&session_id, input, Some(&received), false)
+                                .await
+                                .map(|_| ()),
                             Err(status) => Err(status),
-                        },
-                        Err(status) => Err(status),
-                    },
+                        }
+                    }
                     Some(pb::chat_request::Kind::Attach(_)) => Err(Status::invalid_argument(
                         "this chat stream is already attached",
                     )),

@@ -282,32 +282,52 @@ impl Sessions {
         })
     }
 
-    /// Submits one input to a session.
+    /// Submits one input made here (a reminder, a resource update) to a
+    /// session.
     pub async fn submit_input(&self, session_id: &str, input: Input) -> Result<Submitted, Status> {
-        self.submit_routed(session_id, input, false).await
+        self.submit_routed(session_id, input, None, false).await
     }
 
     /// Submits one input to a session here, or to the replica that drives
-    /// it (unless the input was forwarded here already).
+    /// it (unless the input was forwarded here already). `received` is the
+    /// input as a client sent it: it is passed on as received, and the
+    /// replica that drives the session reads the files and resources its
+    /// message attaches.
     pub(super) async fn submit_routed(
         &self,
         session_id: &str,
         input: Input,
+        received: Option<&pb::Input>,
         forwarded: bool,
     ) -> Result<Submitted, Status> {
+        let mut raw = Some(input);
+        let mut attached: Option<Input> = None;
         // One retry covers an actor that stopped (store trouble) just now.
         for _ in 0..2 {
             let handle = match self.route(session_id).await? {
                 Route::Here(handle) => handle,
                 Route::Elsewhere(url) => {
-                    return self.forward(session_id, &url, &input, forwarded).await;
+                    let passed = match received {
+                        Some(received) => Some(received.clone()),
+                        None => attached
+                            .as_ref()
+                            .or(raw.as_ref())
+                            .and_then(crate::cluster::forwardable),
+                    };
+                    return self.forward(session_id, &url, passed, forwarded).await;
                 }
             };
+            let input = match (attached.clone(), raw.take()) {
+                (Some(input), _) => input,
+                (None, Some(input)) if received.is_some() => {
+                    self.with_attachments(session_id, input).await?
+                }
+                (None, Some(input)) => input,
+                (None, None) => break,
+            };
+            attached = Some(input.clone());
             let (reply, answer) = oneshot::channel();
-            let command = Box::new(Command::Input {
-                input: input.clone(),
-                reply,
-            });
+            let command = Box::new(Command::Input { input, reply });
             if handle.commands.send(command).await.is_err() {
                 continue;
             }
@@ -330,10 +350,10 @@ impl Sessions {
         &self,
         session_id: &str,
         url: &str,
-        input: &Input,
+        input: Option<pb::Input>,
         forwarded: bool,
     ) -> Result<Submitted, Status> {
-        let Some(input) = crate::cluster::forwardable(input) else {
+        let Some(input) = input else {
             return Err(driven_elsewhere(session_id, url));
         };
         let response = self
