@@ -2,7 +2,9 @@
 //! crossterm). The session's events come from a task of their own (the
 //! whole log first, then live ones; a broken stream reconnects), keys from
 //! a reader thread, and both reach [`app::App`] through channels, so no
-//! request ever blocks the keys. Answers render as markdown, tool calls as
+//! request ever blocks the keys. What the person asks for goes to the
+//! session through [`crate::turn::Driver`], as from `agentry run` and the
+//! line chat. Answers render as markdown, tool calls as
 //! blocks, approvals as a focused question with the diff of a file change.
 //!
 //! The terminal is restored however the chat ends (an error, a panic,
@@ -120,7 +122,11 @@ pub async fn chat(
                 app::NoteKind::Error,
             );
         }
-        match run_session(&mut client, &mut screen, &keys, &mut app, &session).await {
+        let mut driver = crate::turn::Driver {
+            client: client.clone(),
+            session,
+        };
+        match run_session(&mut driver, &mut screen, &keys, &mut app).await {
             Ok(End::Leave(questions)) => {
                 waiting = questions;
                 break Ok(ExitCode::SUCCESS);
@@ -217,17 +223,16 @@ async fn list_sessions(
 }
 
 async fn run_session(
-    client: &mut OrchestratorClient<TracedChannel>,
+    driver: &mut crate::turn::Driver,
     screen: &mut Screen,
     keys: &KeyReader,
     app: &mut App,
-    session: &spb::Session,
 ) -> anyhow::Result<End> {
     let (reports_tx, mut reports) = mpsc::unbounded_channel::<Report>();
     // The whole log, then live events.
-    let mut start = session.clone();
+    let mut start = driver.session.clone();
     start.event_count = 0;
-    let mut follower = Follower::new(client, &start).await?;
+    let mut follower = Follower::new(&driver.client, &start).await?;
     follower.quiet = true;
     let events_tx = reports_tx.clone();
     let follow = tokio::spawn(async move {
@@ -293,9 +298,7 @@ async fn run_session(
             _ = resend.tick(), if app.resend.is_some() => actions = app.resend_now(),
         }
         for action in actions {
-            if let Some(end) =
-                perform(action, client, screen, keys, app, &session.id, &reports_tx).await?
-            {
+            if let Some(end) = perform(action, driver, screen, keys, app, &reports_tx).await? {
                 return Ok(end);
             }
         }
@@ -309,16 +312,14 @@ const RESEND_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// Carries out one action; `Some` when the chat of this session ends.
 async fn perform(
     action: Action,
-    client: &mut OrchestratorClient<TracedChannel>,
+    driver: &mut crate::turn::Driver,
     screen: &mut Screen,
     keys: &KeyReader,
     app: &mut App,
-    session_id: &str,
     reports: &mpsc::UnboundedSender<Report>,
 ) -> anyhow::Result<Option<End>> {
-    let submit = |input: pb::Input| pb::SubmitRequest {
-        session_id: session_id.to_string(),
-        input: Some(input),
+    let said = |app: &mut App, status: tonic::Status| {
+        app.note(format!("agentry: {}", status.message()), NoteKind::Error);
     };
     match action {
         Action::Submit {
@@ -342,14 +343,14 @@ async fn perform(
             if let Some(pb::input::Kind::UserMessage(m)) = &mut input.kind {
                 m.compact = compact;
             }
-            if let Err(status) = client.submit(submit(input)).await {
+            if let Err(status) = driver.submit(input).await {
                 let unreachable = status.code() == tonic::Code::Unavailable;
                 app.not_sent(sent_text, status.message(), unreachable);
             }
         }
         Action::Decide(decision) => {
-            if let Err(status) = crate::turn::decide(client, session_id, decision).await {
-                app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+            if let Err(status) = driver.decide(decision).await {
+                said(app, status);
             }
         }
         Action::EditArguments(request) => {
@@ -367,49 +368,30 @@ async fn perform(
             }
         }
         Action::Cancel => {
-            let input = pb::Input {
-                kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
-                    reason: "interrupted by the user".into(),
-                })),
-            };
-            if let Err(status) = client.submit(submit(input)).await {
-                app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+            if let Err(status) = driver.cancel().await {
+                said(app, status);
             }
         }
         // A question answered meanwhile (a log replayed) needs none.
         Action::Preview(call_id) if !app.approvals.iter().any(|p| p.request.call_id == call_id) => {
         }
         Action::Preview(call_id) => {
-            let mut client = client.clone();
+            let mut driver = driver.clone();
             let reports = reports.clone();
-            // A sub-agent's question is previewed in its session.
-            let (session_id, call) = agentry_client::relay::answer_to(session_id, &call_id);
             tokio::spawn(async move {
-                let preview = match client
-                    .preview_call(pb::PreviewCallRequest {
-                        session_id,
-                        call_id: call,
-                    })
-                    .await
-                {
-                    Ok(r) => {
-                        let r = r.into_inner();
-                        if r.error.is_empty() {
-                            Preview::Diff {
-                                diff: r.diff,
-                                creates: r.creates,
-                            }
-                        } else {
-                            Preview::Failed(r.error)
-                        }
-                    }
+                let preview = match driver.preview(&call_id).await {
+                    Ok(r) if r.error.is_empty() => Preview::Diff {
+                        diff: r.diff,
+                        creates: r.creates,
+                    },
+                    Ok(r) => Preview::Failed(r.error),
                     Err(status) => Preview::Failed(status.message().to_string()),
                 };
                 let _ = reports.send(Report::Preview(call_id, preview));
             });
         }
         Action::ListSessions => {
-            let mut client = client.clone();
+            let mut client = driver.client.clone();
             let reports = reports.clone();
             tokio::spawn(async move {
                 let rows = list_sessions(&mut client).await;
@@ -419,29 +401,13 @@ async fn perform(
         Action::OpenSession(id) => return Ok(Some(End::Switch(id))),
         Action::NewSession => return Ok(Some(End::New)),
         Action::Rewind(to_turn) => {
-            let rewound = client
-                .rewind_session(pb::RewindSessionRequest {
-                    session_id: session_id.to_string(),
-                    to_turn,
-                    conversation_only: false,
-                })
-                .await;
-            if let Err(status) = rewound {
-                app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+            if let Err(status) = driver.rewind(to_turn).await {
+                said(app, status);
             }
         }
         Action::SetModel(name) => {
-            let input = pb::Input {
-                kind: Some(pb::input::Kind::Model(pb::ModelInput { name })),
-            };
-            let sent = client
-                .submit(pb::SubmitRequest {
-                    session_id: session_id.to_string(),
-                    input: Some(input),
-                })
-                .await;
-            if let Err(status) = sent {
-                app.note(format!("agentry: {}", status.message()), NoteKind::Error);
+            if let Err(status) = driver.set_model(name).await {
+                said(app, status);
             }
         }
         Action::Quit => {
@@ -451,12 +417,7 @@ async fn perform(
                 return Ok(Some(End::Leave(app.approvals.len())));
             }
             if app.view.turn_open {
-                let input = pb::Input {
-                    kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
-                        reason: "the person left the chat".into(),
-                    })),
-                };
-                let _ = client.submit(submit(input)).await;
+                let _ = driver.cancel_because("the person left the chat").await;
             }
             return Ok(Some(End::Leave(0)));
         }

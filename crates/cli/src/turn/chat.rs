@@ -375,12 +375,7 @@ impl LineChat {
             _ => {}
         }
         if let Some(name) = text.strip_prefix("/model ") {
-            let input = pb::Input {
-                kind: Some(pb::input::Kind::Model(pb::ModelInput {
-                    name: name.trim().to_string(),
-                })),
-            };
-            if let Err(status) = self.driver.submit(input).await {
+            if let Err(status) = self.driver.set_model(name.trim().to_string()).await {
                 eprintln!("agentry: {}", visible(status.message()));
             }
             return Flow::Go;
@@ -462,17 +457,7 @@ impl LineChat {
             );
             return;
         };
-        let session_id = self.driver.id().to_string();
-        let rewound = self
-            .driver
-            .client
-            .rewind_session(pb::RewindSessionRequest {
-                session_id,
-                to_turn,
-                conversation_only: false,
-            })
-            .await;
-        if let Err(status) = rewound {
+        if let Err(status) = self.driver.rewind(to_turn).await {
             eprintln!("agentry: {}", visible(status.message()));
         }
     }

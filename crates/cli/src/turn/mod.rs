@@ -1,8 +1,9 @@
 //! `agentry run` and the line chat: one driver of a session ([`Driver`]:
 //! open it, submit, cancel, answer questions wherever they were asked;
 //! [`Follower`]: its events, across reconnections; [`notices`]: what each
-//! event asks of the person, from the shared view) with two front ends,
-//! `run.rs` (one turn, headless) and `chat.rs` (a message per line).
+//! event asks of the person, from the shared view) with three front ends,
+//! `run.rs` (one turn, headless), `chat.rs` (a message per line) and the
+//! full-screen chat (`crate::tui`).
 
 mod chat;
 mod run;
@@ -275,7 +276,54 @@ impl Driver {
 
     /// Cancels the turn running.
     pub(crate) async fn cancel(&mut self) -> Result<(), tonic::Status> {
-        self.submit(cancel_input()).await.map(|_| ())
+        self.cancel_because("interrupted by the user").await
+    }
+
+    /// Cancels the turn running, saying why.
+    pub(crate) async fn cancel_because(&mut self, reason: &str) -> Result<(), tonic::Status> {
+        let input = pb::Input {
+            kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
+                reason: reason.to_string(),
+            })),
+        };
+        self.submit(input).await.map(|_| ())
+    }
+
+    /// Switches the session's model from its next model call on (empty:
+    /// the configured one again).
+    pub(crate) async fn set_model(&mut self, name: String) -> Result<(), tonic::Status> {
+        let input = pb::Input {
+            kind: Some(pb::input::Kind::Model(pb::ModelInput { name })),
+        };
+        self.submit(input).await.map(|_| ())
+    }
+
+    /// Takes the session back to before turn `to_turn` (0: the start),
+    /// with its files.
+    pub(crate) async fn rewind(&mut self, to_turn: u32) -> Result<(), tonic::Status> {
+        let request = pb::RewindSessionRequest {
+            session_id: self.session.id.clone(),
+            to_turn,
+            conversation_only: false,
+        };
+        self.client.rewind_session(request).await.map(|_| ())
+    }
+
+    /// What the call waiting as `call_id` would change (a sub-agent's,
+    /// relayed, is previewed in its session).
+    pub(crate) async fn preview(
+        &mut self,
+        call_id: &str,
+    ) -> Result<agentry_proto::tools::v1::PreviewResponse, tonic::Status> {
+        let (session_id, call_id) = answer_to(&self.session.id, call_id);
+        let request = pb::PreviewCallRequest {
+            session_id,
+            call_id,
+        };
+        self.client
+            .preview_call(request)
+            .await
+            .map(tonic::Response::into_inner)
     }
 
     /// Answers the question kept as `input.call_id`: this session's, or a
@@ -415,14 +463,6 @@ pub(crate) fn user_input(text: String, mode: Mode) -> pb::Input {
             network: mode.network,
             budget: mode.limits.to_proto(),
             compact: false,
-        })),
-    }
-}
-
-fn cancel_input() -> pb::Input {
-    pb::Input {
-        kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
-            reason: "interrupted by the user".into(),
         })),
     }
 }
