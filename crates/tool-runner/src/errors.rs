@@ -43,11 +43,10 @@ sentence_error!(
     SnapshotError
 );
 sentence_error!(
-    /// Why an MCP server could not be reached, started or used.
-    McpError
-);
-sentence_error!(
     /// Why the sandbox cannot serve the workspace or the network as
     /// configured.
     SandboxCheckError
 );
+
+/// Why an MCP server could not be reached, started or used.
+pub use agentry_mcp::McpError;

@@ -12,9 +12,10 @@ pub mod errors;
 pub mod files;
 pub mod hooks;
 pub mod instructions;
-pub mod mcp;
+pub use agentry_mcp as mcp;
+pub mod mcp_host;
 pub mod metrics;
-pub mod output;
+pub use agentry_tool::output;
 pub mod projects;
 pub mod sandbox;
 pub mod service;
@@ -265,9 +266,11 @@ pub async fn serve(
     let mcp = mcp::Mcp::new(
         mcp_servers,
         mcp,
-        sandbox.clone(),
-        places.clone(),
-        Some(egress.clone()),
+        std::sync::Arc::new(mcp_host::RunnerHost {
+            sandbox: sandbox.clone(),
+            places: places.clone(),
+            egress: Some(egress.clone()),
+        }),
     );
     let mcp_task = (!mcp.is_empty()).then(|| mcp.start_background());
     let mut runner = ToolRunnerService::new(workspace_root, limits, runner_id)

@@ -75,7 +75,7 @@ pub fn registry(
         }
     }
     if let Some(mcp) = mcp {
-        registry.add_toolbox(Arc::new(crate::mcp::Toolbox::new(
+        registry.add_toolbox(Arc::new(crate::mcp_host::Toolbox::new(
             mcp.clone(),
             limits.max_output_bytes,
         )));

@@ -8,6 +8,9 @@
 //! whose tools come and go (an MCP server's). Dispatch is a lookup, never a
 //! match on names.
 
+pub mod breaker;
+pub mod output;
+
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -14,7 +14,7 @@
 //! backend also checks every redirect hop itself and connects only to
 //! addresses the guard accepted.
 
-pub mod breaker;
+pub use agentry_tool::breaker;
 pub mod chromium;
 pub mod crawl4ai;
 pub mod http;

@@ -3,9 +3,8 @@
 //! HTTP session; the `initialize` handshake under a deadline; calls with a
 //! deadline whose progress and log notifications stream as live output.
 
-use crate::errors::McpError;
-use crate::sandbox::Sandbox;
-use crate::tools::OutputSink;
+pub use crate::host::Place;
+use crate::{Host, McpError, OutputSink};
 use agentry_proto::sessions::v1::OutputStream;
 use agentry_runtime::config::McpServerConfig;
 use rmcp::handler::client::progress::ProgressDispatcher;
@@ -18,7 +17,6 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService, ServiceError};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc};
@@ -119,34 +117,6 @@ impl ClientHandler for Handler {
     }
 }
 
-/// Where a stdio server runs: the session's workspace and temp dir, as the
-/// identity of `session_id`.
-#[derive(Debug, Clone)]
-pub struct Place {
-    /// Whose identity the process takes.
-    pub session_id: String,
-    /// The owner of the session's project directory, whom the process then
-    /// runs as (when the runner switches identity).
-    pub owner: Option<agentry_sandbox::Ids>,
-    /// The writable working area.
-    pub workspace: PathBuf,
-    /// The private temp dir.
-    pub tmp: PathBuf,
-    /// Where the runner hands the sandbox helper its settings: beneath the
-    /// workspace root, which no sandbox can read.
-    pub spec_dir: PathBuf,
-}
-
-impl Place {
-    /// Whom the process runs for.
-    pub fn who(&self) -> crate::sandbox::Who<'_> {
-        crate::sandbox::Who {
-            session_id: &self.session_id,
-            owner: self.owner,
-        }
-    }
-}
-
 /// An open connection.
 pub struct Conn {
     service: RunningService<RoleClient, Handler>,
@@ -157,7 +127,6 @@ pub struct Conn {
     stderr_tail: Arc<Mutex<Vec<String>>>,
     /// Resources subscribed on this connection.
     subscribed: Mutex<std::collections::BTreeSet<String>>,
-    _network: Option<crate::egress::Pass>,
 }
 
 /// How much of a stdio server's stderr is kept to explain its failures.
@@ -169,8 +138,7 @@ impl Conn {
     pub async fn open(
         config: &McpServerConfig,
         place: &Place,
-        sandbox: &Sandbox,
-        network: Option<crate::egress::Pass>,
+        host: &dyn Host,
         init_timeout: Duration,
         events: mpsc::UnboundedSender<ConnEvent>,
     ) -> Result<Conn, McpError> {
@@ -181,8 +149,7 @@ impl Conn {
         };
         let stderr_tail = Arc::new(Mutex::new(Vec::new()));
         let (service, process) = if config.url.is_empty() {
-            let (mut process, stdout, stdin) =
-                ServerProcess::start(config, place, sandbox, network.as_ref())?;
+            let (mut process, stdout, stdin) = ServerProcess::start(config, place, host)?;
             if let Some(stderr) = process.child.as_mut().and_then(|c| c.stderr.take()) {
                 tokio::spawn(keep_stderr(
                     config.name.clone(),
@@ -241,7 +208,6 @@ impl Conn {
             last_used: Mutex::new(Instant::now()),
             stderr_tail,
             subscribed: Mutex::default(),
-            _network: network,
         };
         conn.listen_for_tool_changes();
         Ok(conn)

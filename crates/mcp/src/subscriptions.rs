@@ -2,7 +2,6 @@
 //! servers (kept in a file of the workspace volume, so a restart keeps
 //! them), and the updates waiting to be acknowledged.
 
-use super::pool::spec_dir;
 use super::*;
 
 impl Mcp {
@@ -126,11 +125,7 @@ impl Mcp {
     }
 
     pub(super) fn subs_file(&self) -> PathBuf {
-        self.shared
-            .places
-            .root()
-            .join(crate::workspace::TEMP_DIRS)
-            .join(".mcp-subscriptions.json")
+        self.shared.host.state_dir().join(".mcp-subscriptions.json")
     }
 
     pub(super) fn load_subscriptions(&self) {
@@ -200,27 +195,7 @@ impl Mcp {
 
     /// The session's workspace, prepared for its identity.
     pub(super) fn session_place(&self, session_id: &str) -> Result<Place, McpError> {
-        let ws = self
-            .shared
-            .places
-            .open(session_id)
-            .map_err(|e| e.to_string())?;
-        self.shared
-            .sandbox
-            .hand_over_workspace(&ws)
-            .map_err(|e| format!("cannot prepare the workspace: {e}"))?;
-        Ok(self.place_of(&ws))
-    }
-
-    /// Where a session's stdio servers run: its (prepared) workspace.
-    pub fn place_of(&self, ws: &crate::workspace::Workspace) -> Place {
-        Place {
-            session_id: ws.session_id().to_string(),
-            owner: ws.owner(),
-            workspace: ws.root().to_path_buf(),
-            tmp: ws.tmp().to_path_buf(),
-            spec_dir: spec_dir(&self.shared),
-        }
+        self.shared.host.session_place(session_id)
     }
 
     /// A subscribed resource changed: read it (one read at a time per

@@ -181,67 +181,19 @@ pub(super) async fn open_with(
     place: &Place,
     events: tokio::sync::mpsc::UnboundedSender<ConnEvent>,
 ) -> Result<Conn, McpError> {
-    let network = if server.config.network && server.config.url.is_empty() {
-        let egress = shared
-            .egress
-            .as_ref()
-            .ok_or("it asks for network, but this tool runner gives none")?;
-        Some(
-            egress
-                .grant()
-                .map_err(|why| format!("it asks for network, which cannot be given: {why}"))?,
-        )
-    } else {
-        None
-    };
     Conn::open(
         &server.config,
         place,
-        &shared.sandbox,
-        network,
+        shared.host.as_ref(),
         shared.settings.init_timeout,
         events,
     )
     .await
 }
 
-/// Where sandbox settings are handed to the helper (private to the runner).
-pub(super) fn spec_dir(shared: &Shared) -> PathBuf {
-    shared
-        .places
-        .root()
-        .join(crate::workspace::TEMP_DIRS)
-        .join(".mcp-specs")
-}
-
 /// The place of the connection that lists a server's tools.
 pub(super) fn catalog_place(shared: &Shared, server: &str) -> Result<Place, McpError> {
-    let base = shared
-        .places
-        .root()
-        .join(crate::workspace::TEMP_DIRS)
-        .join(CATALOG);
-    let place = Place {
-        session_id: CATALOG.to_string(),
-        owner: None,
-        workspace: base.join(server),
-        tmp: base.join(format!("{server}.tmp")),
-        spec_dir: spec_dir(shared),
-    };
-    for dir in [&base, &place.workspace, &place.tmp] {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    for dir in [&place.workspace, &place.tmp] {
-        shared
-            .sandbox
-            .hand_over(crate::sandbox::Who::session(CATALOG), dir)
-            .map_err(|e| format!("cannot hand {} over: {e}", dir.display()))?;
-    }
-    // The identity must be able to pass through the base directory.
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o711));
-    Ok(place)
+    shared.host.catalog_place(server)
 }
 
 /// Keeps one connection per server that lists its tools, relisting on

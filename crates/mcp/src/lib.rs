@@ -23,23 +23,49 @@
 
 pub mod conn;
 pub mod content;
+mod host;
 mod pool;
 mod process;
 mod subscriptions;
-mod toolbox;
 
-pub use toolbox::Toolbox;
+pub use host::{Host, Launch, Place};
+
+/// Live output of a running call: (stream, text).
+pub type OutputSink =
+    tokio::sync::mpsc::Sender<(agentry_proto::sessions::v1::OutputStream, String)>;
+
+/// Why an MCP server could not be reached, started or used, as a sentence
+/// for a person or the model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct McpError(pub String);
+
+impl From<String> for McpError {
+    fn from(text: String) -> Self {
+        McpError(text)
+    }
+}
+
+impl From<&str> for McpError {
+    fn from(text: &str) -> Self {
+        McpError(text.to_string())
+    }
+}
+
+impl From<McpError> for String {
+    fn from(error: McpError) -> String {
+        error.0
+    }
+}
 
 use pool::{catalog_loop, idle_loop};
 
-use crate::errors::McpError;
-use crate::sandbox::Sandbox;
-use crate::tools::{OutputSink, ToolOutcome};
-use crate::web::breaker::{Breaker, BreakerSettings, BreakerState, SystemClock};
-use crate::{ToolError, output::CappedOutput};
 use agentry_proto::sessions::v1 as spb;
 use agentry_runtime::config::{MCP_SEPARATOR, McpConfig, McpServerConfig};
-use conn::{CallError, Conn, ConnEvent, Place};
+use agentry_tool::breaker::{Breaker, BreakerSettings, BreakerState, SystemClock};
+use agentry_tool::output::CappedOutput;
+use agentry_tool::{ToolError, ToolOutcome};
+use conn::{CallError, Conn, ConnEvent};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,7 +74,7 @@ use std::time::{Duration, Instant};
 
 /// The identity (and scratch workspace name) of the connections that list
 /// servers' tools.
-const CATALOG: &str = ".mcp-catalog";
+pub const CATALOG: &str = ".mcp-catalog";
 
 /// Settings of the MCP client.
 #[derive(Debug, Clone)]
@@ -130,9 +156,7 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
 struct Shared {
     servers: BTreeMap<String, Arc<Server>>,
     settings: Settings,
-    sandbox: Sandbox,
-    places: crate::projects::Places,
-    egress: Option<Arc<crate::egress::Egress>>,
+    host: Arc<dyn Host>,
     /// Connections by (server, session).
     conns: Mutex<HashMap<(String, String), Slot>>,
     /// Subscriptions whose resource is being read for an update, and
@@ -202,13 +226,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Mcp {
     /// The enabled servers of `servers`; nothing is started yet.
-    pub fn new(
-        servers: Vec<McpServerConfig>,
-        settings: Settings,
-        sandbox: Sandbox,
-        places: crate::projects::Places,
-        egress: Option<Arc<crate::egress::Egress>>,
-    ) -> Mcp {
+    pub fn new(servers: Vec<McpServerConfig>, settings: Settings, host: Arc<dyn Host>) -> Mcp {
         let servers = servers
             .into_iter()
             .filter(|s| s.enabled)
@@ -243,9 +261,7 @@ impl Mcp {
             shared: Arc::new(Shared {
                 servers,
                 settings,
-                sandbox,
-                places,
-                egress,
+                host,
                 conns: Mutex::default(),
                 reading: Mutex::default(),
                 subs_file_lock: Mutex::default(),
@@ -356,6 +372,12 @@ impl Mcp {
         self.server_of(tool).is_some()
     }
 
+    /// The name of the configured server `tool` (`<server>__<tool>`)
+    /// belongs to.
+    pub fn server_name_of(&self, tool: &str) -> Option<String> {
+        self.server_of(tool).map(|s| s.config.name.clone())
+    }
+
     fn server_of(&self, tool: &str) -> Option<Arc<Server>> {
         let (server, _) = tool.split_once(MCP_SEPARATOR)?;
         self.shared.servers.get(server).cloned()
@@ -416,7 +438,7 @@ impl Mcp {
         };
         let timeout = timeout.unwrap_or(server.timeout);
         let answer = conn.call(&original, arguments, timeout, &sink).await;
-        let fail = |permit: crate::web::breaker::Permit<'_>| {
+        let fail = |permit: agentry_tool::breaker::Permit<'_>| {
             permit.failure();
             server.failures.fetch_add(1, Ordering::Relaxed);
         };
