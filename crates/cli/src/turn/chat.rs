@@ -20,6 +20,8 @@ use agentry_proto::sessions::v1 as spb;
 use agentry_runtime::Config;
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 
@@ -79,6 +81,11 @@ struct LineChat {
     /// A message the orchestrator did not answer for: sent again every few
     /// seconds until it is back.
     unsent: Option<pb::Input>,
+    /// The connection broke while `unsent` was being sent: it may have
+    /// arrived after this event, and is looked for before it is sent again.
+    maybe_arrived_after: Option<u64>,
+    /// The last logged event shown.
+    seen: Arc<AtomicU64>,
 }
 
 /// `agentry chat`: interactive, or one message per line from a pipe.
@@ -108,7 +115,13 @@ pub async fn chat(
         greet(&driver.session, network);
     }
     let (notices_tx, mut notices) = mpsc::unbounded_channel::<Notice>();
-    let printer = tokio::spawn(print_events(driver.clone(), interactive, notices_tx));
+    let seen = Arc::new(AtomicU64::new(driver.session.event_count));
+    let printer = tokio::spawn(print_events(
+        driver.clone(),
+        interactive,
+        notices_tx,
+        seen.clone(),
+    ));
     let mut chat = LineChat {
         open_turn: driver.session.turn_open.then(String::new),
         driver,
@@ -122,6 +135,8 @@ pub async fn chat(
         cancelled: false,
         prompt_shown: false,
         unsent: None,
+        maybe_arrived_after: None,
+        seen,
     };
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut resend = tokio::time::interval(RESEND_EVERY);
@@ -199,6 +214,7 @@ async fn print_events(
     driver: Driver,
     interactive: bool,
     notices: mpsc::UnboundedSender<Notice>,
+    seen: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
     let own = driver.id().to_string();
     let history_end = driver.session.event_count;
@@ -214,6 +230,9 @@ async fn print_events(
     let mut turns = crate::render::TurnCounter::default();
     loop {
         let event = events.next().await?;
+        if !event.live {
+            seen.store(event.seq, Ordering::Relaxed);
+        }
         if event.kind.is_none() {
             continue;
         }
@@ -414,16 +433,19 @@ impl LineChat {
         }
         let limits = std::mem::take(&mut self.limits);
         let input = user_input(text.to_string(), self.mode(plan, limits));
+        let seen = self.seen.load(Ordering::Relaxed);
         match self.driver.submit(input.clone()).await {
             Ok(r) => {
                 self.started(r.turn_id);
                 self.unsent = None;
             }
-            Err(status) if status.code() == tonic::Code::Unavailable => {
+            Err(status) if unanswered(&status) => {
                 eprintln!(
                     "agentry: disconnected: the orchestrator does not answer ({}); the message is kept and sent once it is back (Ctrl+D leaves)",
                     visible(status.message())
                 );
+                self.maybe_arrived_after =
+                    (status.code() != tonic::Code::Unavailable).then_some(seen);
                 self.unsent = Some(input);
                 resend.reset();
             }
@@ -500,18 +522,44 @@ impl LineChat {
         }
     }
 
-    /// Sends again the message kept while the orchestrator did not answer.
+    /// Sends again the message kept while the orchestrator did not answer
+    /// (unless it had arrived after all).
     async fn resend(&mut self) {
         let Some(input) = self.unsent.take() else {
             return;
         };
+        if let (Some(after), Some(pb::input::Kind::UserMessage(m))) =
+            (self.maybe_arrived_after, &input.kind)
+        {
+            match self.driver.arrived(&m.text, after).await {
+                Ok(true) => {
+                    eprintln!("(the orchestrator answers again: the message had arrived)");
+                    self.maybe_arrived_after = None;
+                    self.open_turn = Some(String::new());
+                    self.cancelled = false;
+                    self.prompt_shown = false;
+                    return;
+                }
+                Ok(false) => self.maybe_arrived_after = None,
+                // Not back yet.
+                Err(_) => {
+                    self.unsent = Some(input);
+                    return;
+                }
+            }
+        }
         match self.driver.submit(input.clone()).await {
             Ok(r) => {
                 eprintln!("(the orchestrator answers again: the message was sent)");
                 self.started(r.turn_id);
                 self.prompt_shown = false;
             }
-            Err(status) if status.code() == tonic::Code::Unavailable => self.unsent = Some(input),
+            Err(status) if unanswered(&status) => {
+                if status.code() != tonic::Code::Unavailable {
+                    self.maybe_arrived_after = Some(self.seen.load(Ordering::Relaxed));
+                }
+                self.unsent = Some(input);
+            }
             Err(status) => eprintln!(
                 "agentry: the message kept while disconnected was not sent: {}",
                 visible(status.message())
@@ -536,5 +584,49 @@ impl LineChat {
         } else {
             Flow::Go
         }
+    }
+}
+
+/// A call the orchestrator gave no answer to: it could not be reached
+/// (`UNAVAILABLE`: nothing arrived), or the connection broke while the call
+/// was under way (`CANCELLED`, `UNKNOWN` from the transport: it may have
+/// arrived).
+fn unanswered(status: &tonic::Status) -> bool {
+    match status.code() {
+        tonic::Code::Unavailable => true,
+        // Made by the transport (it carries the connection's error), not
+        // an answer of the orchestrator's.
+        tonic::Code::Cancelled | tonic::Code::Unknown => {
+            std::error::Error::source(status).is_some()
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_call_without_an_answer_keeps_the_message() {
+        let broken = |code| {
+            let mut status = tonic::Status::new(code, "operation was canceled");
+            status.set_source(Arc::new(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset,
+            )));
+            status
+        };
+        // Nothing arrived, or the connection broke under the call.
+        assert!(unanswered(&tonic::Status::unavailable(
+            "connection refused"
+        )));
+        assert!(unanswered(&broken(tonic::Code::Cancelled)));
+        assert!(unanswered(&broken(tonic::Code::Unknown)));
+        // The orchestrator's own answers: said, not kept.
+        assert!(!unanswered(&tonic::Status::cancelled(
+            "cancelled by the caller"
+        )));
+        assert!(!unanswered(&tonic::Status::failed_precondition("busy")));
+        assert!(!unanswered(&broken(tonic::Code::InvalidArgument)));
     }
 }

@@ -326,6 +326,39 @@ impl Driver {
             .map(tonic::Response::into_inner)
     }
 
+    /// Whether the session's log holds a message of the person with this
+    /// text after event `after_seq`: for a message whose sending was cut
+    /// off (it may have arrived), asked before it is sent again. Reads what
+    /// the log has now (until it is quiet for a moment).
+    pub(crate) async fn arrived(
+        &mut self,
+        text: &str,
+        after_seq: u64,
+    ) -> Result<bool, tonic::Status> {
+        let mut events = self
+            .client
+            .subscribe(pb::SubscribeRequest {
+                session_id: self.session.id.clone(),
+                from_seq: after_seq + 1,
+                live_only: false,
+            })
+            .await?
+            .into_inner();
+        let quiet = Duration::from_millis(300);
+        while let Ok(next) = tokio::time::timeout(quiet, events.message()).await {
+            match next? {
+                Some(spb::Event {
+                    kind: Some(Kind::UserMessage(m)),
+                    live: false,
+                    ..
+                }) if m.text == text => return Ok(true),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        Ok(false)
+    }
+
     /// Answers the question kept as `input.call_id`: this session's, or a
     /// sub-agent's, relayed (the answer goes to the sub-agent's session).
     pub(crate) async fn decide(&mut self, input: pb::ApprovalInput) -> Result<(), tonic::Status> {
