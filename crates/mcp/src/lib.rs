@@ -34,29 +34,11 @@ pub use host::{Host, Launch, Place};
 pub type OutputSink =
     tokio::sync::mpsc::Sender<(agentry_proto::sessions::v1::OutputStream, String)>;
 
-/// Why an MCP server could not be reached, started or used, as a sentence
-/// for a person or the model.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct McpError(pub String);
-
-impl From<String> for McpError {
-    fn from(text: String) -> Self {
-        McpError(text)
-    }
-}
-
-impl From<&str> for McpError {
-    fn from(text: &str) -> Self {
-        McpError(text.to_string())
-    }
-}
-
-impl From<McpError> for String {
-    fn from(error: McpError) -> String {
-        error.0
-    }
-}
+agentry_tool::sentence_error!(
+    /// Why an MCP server could not be reached, started or used, as a sentence
+    /// for a person or the model.
+    McpError
+);
 
 use pool::{catalog_loop, idle_loop};
 

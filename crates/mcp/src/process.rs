@@ -131,7 +131,7 @@ impl ServerProcess {
             tokio::process::ChildStdout,
             tokio::process::ChildStdin,
         ),
-        String,
+        McpError,
     > {
         let cwd = match config.cwd.trim() {
             "" => place.workspace.clone(),
@@ -151,7 +151,7 @@ impl ServerProcess {
             .kill_on_drop(true);
         let mut child = command
             .spawn()
-            .map_err(|e| format!("cannot start {:?}: {e}", config.command))?;
+            .map_err(|e| McpError(format!("cannot start {:?}: {e}", config.command)))?;
         if let Some(reports) = &mut reports {
             reports.started();
         }
@@ -160,7 +160,7 @@ impl ServerProcess {
             .and_then(|id| i32::try_from(id).ok())
             .map(nix::unistd::Pid::from_raw);
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-            return Err("the server's pipes could not be opened".into());
+            return Err(McpError::from("the server's pipes could not be opened"));
         };
         Ok((
             ServerProcess {

@@ -29,42 +29,18 @@ impl ModelCallError {
     }
 }
 
-/// What the model is told when a call the orchestrator runs itself (a
-/// built-in tool, `delegate`) fails: a sentence for the model, who may act
-/// on it; programs decide by the result's `is_error`, never by this text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ToolFailure(pub String);
+agentry_tool::sentence_error!(
+    /// What the model is told when a call the orchestrator runs itself (a
+    /// built-in tool, `delegate`) fails: a sentence for the model, who may act
+    /// on it; programs decide by the result's `is_error`, never by this text.
+    ToolFailure
+);
 
-impl From<String> for ToolFailure {
-    fn from(text: String) -> Self {
-        ToolFailure(text)
-    }
-}
-
-impl From<&str> for ToolFailure {
-    fn from(text: &str) -> Self {
-        ToolFailure(text.to_string())
-    }
-}
-
-/// A setting the orchestrator cannot use (an address, a URL): the message
-/// names the setting and says what is wrong, for the person who set it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct SettingError(pub String);
-
-impl From<String> for SettingError {
-    fn from(text: String) -> Self {
-        SettingError(text)
-    }
-}
-
-impl From<&str> for SettingError {
-    fn from(text: &str) -> Self {
-        SettingError(text.to_string())
-    }
-}
+agentry_tool::sentence_error!(
+    /// A setting the orchestrator cannot use (an address, a URL): the message
+    /// names the setting and says what is wrong, for the person who set it.
+    SettingError
+);
 
 /// How a refused input is told to the client: its code and reason.
 pub(crate) fn refusal_status(refusal: &crate::reducer::Refusal) -> tonic::Status {

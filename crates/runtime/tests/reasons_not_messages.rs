@@ -63,7 +63,15 @@ fn no_production_code_decides_by_a_status_message() {
 
 /// The crates of the four services: their errors are typed (a thiserror
 /// type per kind of failure), never a bare `String`.
-const SERVICE_CRATES: &[&str] = &["orchestrator", "tool-runner", "scheduler", "session-store"];
+const SERVICE_CRATES: &[&str] = &[
+    "orchestrator",
+    "tool-runner",
+    "scheduler",
+    "session-store",
+    "tool",
+    "web",
+    "mcp",
+];
 
 #[test]
 fn the_services_fail_with_typed_errors_not_strings() {
@@ -90,13 +98,20 @@ fn the_services_fail_with_typed_errors_not_strings() {
                     '>' | ')' => {
                         depth -= 1;
                         if depth == 0 {
-                            let error = last_comma.map(|c: usize| rest[c + 1..i].trim());
+                            // The error type: after the last top-level comma
+                            // but a trailing one (`…, String,>` as rustfmt
+                            // writes a long one).
+                            let inner = rest[..i].trim().trim_end_matches(',');
+                            let error = last_comma
+                                .filter(|c: &usize| *c < inner.len())
+                                .map(|c: usize| inner[c + 1..].trim());
                             if error == Some("String") {
                                 found.push(format!("{}: Result<{}>", file.display(), &rest[..i]));
                             }
                             break;
                         }
                     }
+                    ',' if depth == 1 && rest[i + 1..].trim_start().starts_with(['>', ',']) => {}
                     ',' if depth == 1 => last_comma = Some(i),
                     _ => {}
                 }

@@ -5,33 +5,7 @@
 //! itself are [`crate::ToolError`]; the sandbox's set-up,
 //! [`crate::sandbox::SandboxSetupError`].
 
-/// Defines a failure that carries its sentence.
-macro_rules! sentence_error {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-        #[error("{0}")]
-        pub struct $name(pub String);
-
-        impl From<String> for $name {
-            fn from(text: String) -> Self {
-                $name(text)
-            }
-        }
-
-        impl From<&str> for $name {
-            fn from(text: &str) -> Self {
-                $name(text.to_string())
-            }
-        }
-
-        impl From<$name> for String {
-            fn from(error: $name) -> String {
-                error.0
-            }
-        }
-    };
-}
+use agentry_tool::sentence_error;
 
 sentence_error!(
     /// Why calls cannot be granted network (no route to the proxy, no

@@ -11,6 +11,37 @@
 pub mod breaker;
 pub mod output;
 
+/// Defines a failure told as a sentence (to a person, or to the model):
+/// its own type, so a function says which kind it can fail with, and
+/// nothing decides by its text. Needs `thiserror` where it is used.
+#[macro_export]
+macro_rules! sentence_error {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+        #[error("{0}")]
+        pub struct $name(pub String);
+
+        impl From<String> for $name {
+            fn from(text: String) -> Self {
+                $name(text)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(text: &str) -> Self {
+                $name(text.to_string())
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(error: $name) -> String {
+                error.0
+            }
+        }
+    };
+}
+
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::future::Future;

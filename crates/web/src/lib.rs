@@ -20,29 +20,11 @@ pub mod crawl4ai;
 pub mod http;
 pub mod ssrf;
 
-/// Why a web setting or lookup cannot be used (a backend's URL, a name
-/// that does not resolve), as a sentence for a person.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct WebError(pub String);
-
-impl From<String> for WebError {
-    fn from(text: String) -> Self {
-        WebError(text)
-    }
-}
-
-impl From<&str> for WebError {
-    fn from(text: &str) -> Self {
-        WebError(text.to_string())
-    }
-}
-
-impl From<WebError> for String {
-    fn from(error: WebError) -> String {
-        error.0
-    }
-}
+agentry_tool::sentence_error!(
+    /// Why a web setting or lookup cannot be used (a backend's URL, a name
+    /// that does not resolve), as a sentence for a person.
+    WebError
+);
 
 use agentry_tool::{Context, Running, Tool, ToolError, ToolOutcome, ToolSpec};
 use serde::Deserialize;
