@@ -139,6 +139,10 @@ pub struct App {
     pub disconnected: bool,
     /// That message, sent again by itself while it stays in the input.
     pub resend: Option<String>,
+    /// The connection broke while `resend` was being sent: it may have
+    /// arrived after this event, and is looked for in the log before it is
+    /// sent again.
+    pub maybe_arrived_after: Option<u64>,
     /// The session as its events make it: transcript, figures, questions.
     pub view: SessionView,
     /// What runs.
@@ -199,6 +203,7 @@ impl App {
             files_root: None,
             disconnected: false,
             resend: None,
+            maybe_arrived_after: None,
             view,
             busy: None,
             busy_since: None,
@@ -741,6 +746,21 @@ impl App {
                 }
             ),
             NoteKind::Error,
+        );
+    }
+
+    /// The kept message had arrived after all (found in the log): it is
+    /// not sent again.
+    pub fn arrived(&mut self, text: &str) {
+        self.maybe_arrived_after = None;
+        self.resend = None;
+        self.disconnected = false;
+        if self.input.text == text {
+            self.input.take();
+        }
+        self.note(
+            "the orchestrator answers again: the message had arrived".to_string(),
+            NoteKind::Info,
         );
     }
 

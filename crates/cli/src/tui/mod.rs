@@ -329,6 +329,21 @@ async fn perform(
             limits,
             compact,
         } => {
+            // A message whose sending was cut off may have arrived.
+            if let Some(after) = app.maybe_arrived_after {
+                match driver.arrived(&text, after).await {
+                    Ok(true) => {
+                        app.arrived(&text);
+                        return Ok(None);
+                    }
+                    Ok(false) => app.maybe_arrived_after = None,
+                    Err(status) => {
+                        app.not_sent(text, status.message(), true);
+                        return Ok(None);
+                    }
+                }
+            }
+            let seen = app.view.last_seq;
             let sent_text = text.clone();
             let mut input = user_input(
                 text,
@@ -344,7 +359,10 @@ async fn perform(
                 m.compact = compact;
             }
             if let Err(status) = driver.submit(input).await {
-                let unreachable = status.code() == tonic::Code::Unavailable;
+                let unreachable = crate::turn::unanswered(&status);
+                if unreachable && status.code() != tonic::Code::Unavailable {
+                    app.maybe_arrived_after = Some(seen);
+                }
                 app.not_sent(sent_text, status.message(), unreachable);
             }
         }

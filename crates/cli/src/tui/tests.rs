@@ -2080,6 +2080,29 @@ fn a_message_not_sent_goes_back_to_the_input_and_the_status_says_disconnected() 
 }
 
 #[test]
+fn a_kept_message_found_in_the_log_is_not_sent_again() {
+    let mut app = new_app(false);
+    app.not_sent("hello there".into(), "operation was canceled", true);
+    app.maybe_arrived_after = Some(7);
+    assert_eq!(app.resend.as_deref(), Some("hello there"));
+    app.arrived("hello there");
+    assert!(app.input.is_empty());
+    assert_eq!(app.resend, None);
+    assert_eq!(app.maybe_arrived_after, None);
+    assert!(app.resend_now().is_empty());
+    let rows = screen(&mut app, 80, 24);
+    assert!(
+        shows(
+            &rows,
+            "the orchestrator answers again: the message had arrived"
+        ),
+        "{}",
+        dump(&rows)
+    );
+    assert!(!rows[23].contains("disconnected"), "{}", dump(&rows));
+}
+
+#[test]
 fn an_edited_call_is_shown_again_and_runs_only_once_confirmed() {
     let mut app = new_app(false);
     let ask = spb::ApprovalRequested {

@@ -8,8 +8,8 @@
 //! Ctrl+C, each handled by one method of [`LineChat`].
 
 use super::{
-    Driver, Follower, Limits, Mode, Notice, Place, RESEND_EVERY, exit_code, unknown_command,
-    user_input,
+    Driver, Follower, Limits, Mode, Notice, Place, RESEND_EVERY, exit_code, unanswered,
+    unknown_command, user_input,
 };
 use crate::Approve;
 use crate::approval;
@@ -584,22 +584,6 @@ impl LineChat {
         } else {
             Flow::Go
         }
-    }
-}
-
-/// A call the orchestrator gave no answer to: it could not be reached
-/// (`UNAVAILABLE`: nothing arrived), or the connection broke while the call
-/// was under way (`CANCELLED`, `UNKNOWN` from the transport: it may have
-/// arrived).
-fn unanswered(status: &tonic::Status) -> bool {
-    match status.code() {
-        tonic::Code::Unavailable => true,
-        // Made by the transport (it carries the connection's error), not
-        // an answer of the orchestrator's.
-        tonic::Code::Cancelled | tonic::Code::Unknown => {
-            std::error::Error::source(status).is_some()
-        }
-        _ => false,
     }
 }
 

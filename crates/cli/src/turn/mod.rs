@@ -520,6 +520,22 @@ fn unknown_command(text: &str) -> Option<String> {
     })
 }
 
+/// A call the orchestrator gave no answer to: it could not be reached
+/// (`UNAVAILABLE`: nothing arrived), or the connection broke while the call
+/// was under way (`CANCELLED`, `UNKNOWN` from the transport: it may have
+/// arrived).
+pub(crate) fn unanswered(status: &tonic::Status) -> bool {
+    match status.code() {
+        tonic::Code::Unavailable => true,
+        // Made by the transport (it carries the connection's error), not
+        // an answer of the orchestrator's.
+        tonic::Code::Cancelled | tonic::Code::Unknown => {
+            std::error::Error::source(status).is_some()
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
 
