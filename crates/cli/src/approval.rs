@@ -83,11 +83,12 @@ fn describe_raw(request: &spb::ApprovalRequested) -> String {
 /// for writes, pretty JSON otherwise.
 fn describe_arguments(request: &spb::ApprovalRequested, args: &Value) -> String {
     let mut out = String::new();
+    let shell = agentry_client::text::shell_command(&request.tool, &request.arguments_json);
     match (request.tool.as_str(), args) {
-        ("bash", Value::Object(map)) => {
+        (_, Value::Object(_)) if shell.is_some() => {
             // The whole command, every line of it, never cut; lines after
             // the first are marked, so none can pass for a line of ours.
-            let command = map.get("command").and_then(Value::as_str).unwrap_or("");
+            let command = shell.unwrap_or_default();
             for (i, line) in command.split('\n').enumerate() {
                 let mark = if i == 0 { '$' } else { '>' };
                 out.push_str(&format!("    {mark} {line}\n"));

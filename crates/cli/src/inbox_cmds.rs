@@ -9,11 +9,9 @@ use agentry_runtime::Config;
 
 /// What a call would do, in one line.
 fn what(tool: &str, arguments_json: &str) -> String {
-    let main = crate::render::short_args(tool, arguments_json);
-    if tool == "bash" {
-        format!("$ {main}")
-    } else {
-        main
+    match agentry_client::text::shell_command(tool, arguments_json) {
+        Some(command) => format!("$ {}", agentry_client::text::shorten(&command, 100)),
+        None => crate::render::short_args(tool, arguments_json),
     }
 }
 

@@ -20,6 +20,16 @@ pub fn shorten(text: &str, max: usize) -> String {
     }
 }
 
+/// The command line of a shell call (`bash`), whole, to show as
+/// `$ command`; `None` for any other tool, or a call without one.
+pub fn shell_command(tool: &str, arguments: &str) -> Option<String> {
+    if tool != "bash" {
+        return None;
+    }
+    let value: Value = serde_json::from_str(arguments).ok()?;
+    value.get("command")?.as_str().map(str::to_string)
+}
+
 /// The main argument of a call (bash's command, a file tool's path), or
 /// the arguments, in one short line.
 pub fn short_args(tool: &str, arguments: &str) -> String {
@@ -94,4 +104,20 @@ pub fn images_shown(message: &pb::UserMessage) -> String {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_shell_call_has_a_command_line() {
+        assert_eq!(
+            shell_command("bash", r#"{"command": "ls -la\necho done"}"#).as_deref(),
+            Some("ls -la\necho done")
+        );
+        assert_eq!(shell_command("bash", r#"{"timeout_secs": 3}"#), None);
+        assert_eq!(shell_command("bash", "not json"), None);
+        assert_eq!(shell_command("read_file", r#"{"command": "ls"}"#), None);
+    }
 }

@@ -345,10 +345,11 @@ pub fn question_lines(pending: &Pending, theme: &Theme, width: u16) -> Vec<Line<
     }
     let args: serde_json::Value =
         serde_json::from_str(&request.arguments_json).unwrap_or(serde_json::Value::Null);
+    let shell = agentry_client::text::shell_command(&request.tool, &request.arguments_json);
     match (request.tool.as_str(), &pending.preview) {
-        ("bash", _) => {
-            let command = args.get("command").and_then(|c| c.as_str()).unwrap_or("");
-            for (i, line) in super::app::clean(command).lines().enumerate() {
+        _ if shell.is_some() => {
+            let command = shell.unwrap_or_default();
+            for (i, line) in super::app::clean(&command).lines().enumerate() {
                 for (j, piece) in wrap_plain(line, room.saturating_sub(2))
                     .into_iter()
                     .enumerate()
