@@ -354,10 +354,19 @@ impl Mcp {
         self.server_of(tool).is_some()
     }
 
-    /// The name of the configured server `tool` (`<server>__<tool>`)
-    /// belongs to.
-    pub fn server_name_of(&self, tool: &str) -> Option<String> {
-        self.server_of(tool).map(|s| s.config.name.clone())
+    /// The configured server `tool` (`<server>__<tool>`) belongs to, and
+    /// the tool as that server lists it now (`None` while it is not
+    /// listed: the server starts, or dropped it).
+    pub fn lookup(&self, tool: &str) -> Option<(String, Option<McpTool>)> {
+        let server = self.server_of(tool)?;
+        let listed = server
+            .tools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|t| t.exposed == tool)
+            .cloned();
+        Some((server.config.name.clone(), listed))
     }
 
     fn server_of(&self, tool: &str) -> Option<Arc<Server>> {

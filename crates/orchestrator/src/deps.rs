@@ -97,6 +97,24 @@ impl Deps {
             .clone()
     }
 
+    /// Runs a hook's command on any tool runner.
+    pub async fn run_hook(
+        &self,
+        request: agentry_proto::tools::v1::RunHookRequest,
+    ) -> Result<agentry_proto::tools::v1::RunHookResponse, tonic::Status> {
+        self.runners
+            .on_any(|mut client| {
+                let request = request.clone();
+                async move {
+                    client
+                        .run_hook(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await
+    }
+
     /// Has a runner remove what it keeps for a session (its scratch
     /// workspace, temp dir and project record).
     pub async fn forget_session(&self, session_id: &str) -> Result<(), tonic::Status> {

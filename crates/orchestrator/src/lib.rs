@@ -330,19 +330,7 @@ async fn check_hooks_runnable(config: &Config, deps: &Deps) -> Result<(), RunErr
             input: String::new(),
             timeout_secs: 10,
         };
-        let ran = tokio::time::timeout(
-            Duration::from_secs(15),
-            deps.runners.on_any(|mut client| {
-                let request = request.clone();
-                async move {
-                    client
-                        .run_hook(request)
-                        .await
-                        .map(tonic::Response::into_inner)
-                }
-            }),
-        )
-        .await;
+        let ran = tokio::time::timeout(Duration::from_secs(15), deps.run_hook(request)).await;
         let Ok(Ok(ran)) = ran else {
             tracing::warn!("no tool runner answers yet: the hooks' commands are not checked");
             return Ok(());

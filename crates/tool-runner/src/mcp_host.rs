@@ -246,14 +246,10 @@ impl agentry_tool::Toolbox<Call> for Toolbox {
     /// A name under a configured server is the server's to answer, also
     /// while it starts or after it dropped the tool: its call then says why.
     fn find(&self, name: &str) -> Option<Arc<dyn Tool<Call>>> {
-        let server = self.mcp.server_name_of(name)?;
-        let listed = self
-            .mcp
-            .tools()
-            .into_iter()
-            .find(|(_, t)| t.exposed == name);
+        // Only that server's list is read: this runs for every call.
+        let (server, listed) = self.mcp.lookup(name)?;
         Some(match listed {
-            Some((server, listed)) => self.tool(server, listed),
+            Some(listed) => self.tool(server, listed),
             None => self.tool(
                 server,
                 McpTool {

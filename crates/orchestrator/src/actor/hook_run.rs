@@ -36,25 +36,14 @@ pub(super) async fn run_hooks(
         };
         // A runner that stops answering does not hold the call.
         let deadline = Duration::from_secs(hook.timeout_secs + HOOK_RPC_MARGIN_SECS);
-        let ran = tokio::time::timeout(
-            deadline,
-            deps.runners.on_any(|mut client| {
-                let request = request.clone();
-                async move {
-                    client
-                        .run_hook(request)
-                        .await
-                        .map(tonic::Response::into_inner)
-                }
-            }),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(tonic::Status::deadline_exceeded(format!(
-                "the tool runner gave no outcome within {} s",
-                deadline.as_secs()
-            )))
-        });
+        let ran = tokio::time::timeout(deadline, deps.run_hook(request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(tonic::Status::deadline_exceeded(format!(
+                    "the tool runner gave no outcome within {} s",
+                    deadline.as_secs()
+                )))
+            });
         outcomes.push(match ran {
             Ok(r) => crate::hooks::HookOutcome {
                 exit_code: r.exit_code,
