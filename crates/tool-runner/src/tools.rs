@@ -134,14 +134,6 @@ fn bash_spec() -> ToolSpec {
     .growing_workspace()
 }
 
-/// Parses a tool's JSON arguments (empty means `{}`) with clear errors.
-pub(crate) fn parse_args<T: for<'de> Deserialize<'de>>(
-    tool: &str,
-    json: &str,
-) -> Result<T, ToolError> {
-    agentry_tool::arguments(tool, json)
-}
-
 /// The shell: `bash -c` in the workspace, confined by the sandbox.
 struct Bash {
     spec: ToolSpec,
@@ -160,7 +152,7 @@ impl Tool<Call> for Bash {
         arguments: &'a str,
     ) -> Running<'a, Result<ToolOutcome, ToolError>> {
         Box::pin(async move {
-            let args: BashArgs = parse_args(&self.spec.name, arguments)?;
+            let args: BashArgs = agentry_tool::arguments(&self.spec.name, arguments)?;
             if args.timeout_secs == Some(0) {
                 return Err(ToolError::InvalidArguments(
                     "timeout_secs must be at least 1".into(),

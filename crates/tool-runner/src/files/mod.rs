@@ -364,7 +364,7 @@ where
     R: Send + 'static,
     F: FnOnce(&Workspace, A, &Limits) -> Result<R, ToolError> + Send + 'static,
 {
-    let args: A = crate::tools::parse_args(tool, arguments_json)?;
+    let args: A = agentry_tool::arguments(tool, arguments_json)?;
     let confinement = sandbox.file_confinement(workspace);
     let workspace = workspace.clone();
     let limits = limits.clone();
