@@ -122,6 +122,7 @@ impl Agents {
                 read_only,
                 parallel_safe: read_only,
                 read_only_hint: false,
+                network: false,
             },
         )
     }
@@ -325,7 +326,8 @@ pub async fn delegate(
     progress: Progress,
 ) -> Result<String, ToolFailure> {
     let deps = service.deps().clone();
-    let (agent, args) = agent_and_task(&deps, call)?;
+    let agents = &service.settings().agents;
+    let (agent, args) = agent_and_task(agents, call)?;
     let child = child_id(parent, turn_id, step, &call.id);
     let link = pb::SessionParent {
         session_id: parent.to_string(),
@@ -342,8 +344,7 @@ pub async fn delegate(
     if let Some(answer) = finished(&log) {
         return answer;
     }
-    let _slot = deps
-        .agents
+    let _slot = agents
         .slots
         .clone()
         .acquire_owned()
@@ -400,16 +401,14 @@ pub async fn delegate(
 
 /// The agent a delegate call names and its task, or why the call cannot
 /// run.
-fn agent_and_task(deps: &Deps, call: &ToolCall) -> Result<(Arc<Agent>, DelegateArgs), ToolFailure> {
+fn agent_and_task(
+    agents: &Agents,
+    call: &ToolCall,
+) -> Result<(Arc<Agent>, DelegateArgs), ToolFailure> {
     let args: DelegateArgs = serde_json::from_str(&call.arguments)
         .map_err(|e| format!("invalid arguments for delegate: {e}"))?;
-    let Some(agent) = deps.agents.get(&args.agent) else {
-        let names: Vec<String> = deps
-            .agents
-            .list
-            .iter()
-            .map(|a| a.def.name.clone())
-            .collect();
+    let Some(agent) = agents.get(&args.agent) else {
+        let names: Vec<String> = agents.list.iter().map(|a| a.def.name.clone()).collect();
         return Err(ToolFailure(format!(
             "no agent {:?}; the agents are: {}",
             args.agent,

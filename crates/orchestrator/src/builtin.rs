@@ -180,6 +180,7 @@ pub fn offered(spec: &ToolSpec) -> (ToolDefinition, ToolFlags) {
             read_only: spec.read_only,
             parallel_safe: spec.parallel_safe,
             read_only_hint: false,
+            network: spec.network,
         },
     )
 }

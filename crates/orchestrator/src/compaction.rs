@@ -18,16 +18,18 @@ const SUMMARY_INSTRUCTIONS: &str = "You condense conversations between a person 
     and commands involved, tool results that still matter, and what remains to be done. Be \
     specific (names, paths, numbers); leave out pleasantries. Write plain text, no preamble.";
 
-/// Asks the model for a summary of `messages`, of at most `max_tokens`.
+/// Asks the model for a summary of `messages`, of at most `max_tokens`
+/// (counted, and the transcript fitted to the window, as `view` says).
 pub async fn summarise(
     deps: &Deps,
+    view: &crate::prompt::View,
     messages: &[Message],
     max_tokens: usize,
 ) -> Result<String, ModelCallError> {
     // The transcript must leave room in the window for the instructions
     // and the answer.
-    let limit = (deps.view().compaction.context_window / 2).max(256);
-    let transcript = transcript(messages, &deps.view().tokenizer, limit);
+    let limit = (view.compaction.context_window / 2).max(256);
+    let transcript = transcript(messages, &view.tokenizer, limit);
     let request = ChatRequest {
         messages: vec![
             Message::System {
@@ -42,7 +44,7 @@ pub async fn summarise(
             },
         ],
         tools: Vec::new(),
-        temperature: deps.view().temperature,
+        temperature: view.temperature,
         require_tool: false,
     };
     // Counted with the other model calls (latency, tokens).
@@ -55,7 +57,7 @@ pub async fn summarise(
     if text.is_empty() {
         return Err(ModelCallError::EmptySummary);
     }
-    Ok(clip_tokens(&text, &deps.view().tokenizer, max_tokens))
+    Ok(clip_tokens(&text, &view.tokenizer, max_tokens))
 }
 
 async fn stream_summary(

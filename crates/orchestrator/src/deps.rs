@@ -1,16 +1,17 @@
 //! What every session actor shares: clients of the other services and of
-//! the model, and the agent's settings.
+//! the model, and what is last known of them (the runners' tools, the
+//! model server's trouble). The agent's settings are apart, in
+//! [`crate::settings::Settings`].
 
-use crate::reducer::{Catalog, SessionState, ToolFlags};
+use crate::agents::Agents;
+use crate::reducer::{Catalog, ToolFlags};
 use crate::runners::RunnerPool;
 use agentry_llm::{ChatClient, ToolDefinition};
-use agentry_policy::Policy;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_proto::sessions::v1 as spb;
 use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_runtime::telemetry::TracedChannel;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::RwLock;
 use tonic::Status;
 
@@ -28,20 +29,8 @@ pub struct Deps {
     pub scheduler_url: String,
     /// The model (replaced when the context window becomes known).
     llm: std::sync::RwLock<ChatClient>,
-    /// What shapes every model request (system prompt, skillsets, tool
-    /// calling, token counting, compaction, temperature); replaced when the
-    /// context window becomes known, for the sessions loaded after.
-    view: std::sync::RwLock<Arc<crate::prompt::View>>,
-    /// Model calls allowed per turn.
-    pub max_steps: u32,
-    /// How long an append keeps retrying while the store is unavailable.
-    pub store_retry_window: Duration,
-    /// The tool-call policy.
-    pub policy: Arc<Policy>,
     /// The orchestrator's metrics.
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
-    /// Plan steps a plan-mode turn may start.
-    pub plan_max_steps: u32,
     tool_cache: RwLock<Option<(std::time::Instant, Arc<Catalog>)>>,
     /// What is wrong with the model server, as last found ("unreachable",
     /// a model it does not list); `None` when nothing is known wrong.
@@ -50,13 +39,10 @@ pub struct Deps {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// The streamed text of the sessions driven here, for their subscribers.
     pub live: Arc<crate::live::LiveHub>,
-    /// The agents tasks can be delegated to.
-    pub agents: Arc<crate::agents::Agents>,
 }
 
 impl Deps {
-    /// Bundles the dependencies.
-    #[allow(clippy::too_many_arguments)]
+    /// Bundles the clients.
     pub fn new(
         store: SessionStoreClient<TracedChannel>,
         store_url: String,
@@ -64,9 +50,6 @@ impl Deps {
         scheduler: SchedulerClient<TracedChannel>,
         scheduler_url: String,
         llm: ChatClient,
-        view: crate::prompt::View,
-        max_steps: u32,
-        policy: Arc<Policy>,
     ) -> Self {
         Deps {
             store,
@@ -75,17 +58,11 @@ impl Deps {
             scheduler,
             scheduler_url,
             llm: std::sync::RwLock::new(llm),
-            view: std::sync::RwLock::new(Arc::new(view)),
-            max_steps,
-            store_retry_window: Duration::from_secs(10),
-            policy,
             metrics: Arc::default(),
-            plan_max_steps: crate::plan::default_max_steps(),
             tool_cache: RwLock::new(None),
             model_problem: std::sync::RwLock::new(None),
             cluster: None,
             live: Arc::default(),
-            agents: Arc::default(),
         }
     }
 
@@ -129,20 +106,15 @@ impl Deps {
             .await
     }
 
-    /// The instruction files a session is given: the person's own, then
-    /// its project's as a tool runner reads them (`request` names the
-    /// session, or a directory for one not made yet).
+    /// The instruction files a session is given: the person's own (at
+    /// `own`), then its project's as a tool runner reads them (`request`
+    /// names the session, or a directory for one not made yet).
     pub async fn instructions(
         &self,
+        own: Option<&std::path::Path>,
         request: agentry_proto::tools::v1::ReadInstructionsRequest,
     ) -> Result<Vec<agentry_proto::sessions::v1::InstructionFile>, tonic::Status> {
-        let mut files: Vec<_> = self
-            .view()
-            .own_instructions
-            .as_deref()
-            .and_then(read_own_instructions)
-            .into_iter()
-            .collect();
+        let mut files: Vec<_> = own.and_then(read_own_instructions).into_iter().collect();
         let project = self
             .runners
             .on_any(|mut client| {
@@ -159,18 +131,6 @@ impl Deps {
         Ok(files)
     }
 
-    /// What shapes model requests now.
-    pub fn view(&self) -> Arc<crate::prompt::View> {
-        self.view
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Plans requests for a context window of `tokens` (`source` says
-    /// where that number comes from), and asks the model server for it
-    /// where the protocol can (Ollama's `num_ctx`). Sessions loaded from
-    /// now on use it.
     /// Records what is wrong with the model server (`None`: nothing known).
     pub fn set_model_problem(&self, problem: Option<String>) {
         *self
@@ -187,15 +147,9 @@ impl Deps {
             .clone()
     }
 
-    pub fn set_context_window(&self, tokens: usize, source: String) {
-        let mut view = (*self.view()).clone();
-        view.lean = tokens <= crate::prompt::lean::LEAN_WINDOW;
-        view.compaction.context_window = tokens;
-        view.compaction.window_source = source;
-        *self
-            .view
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(view);
+    /// Asks the model server for a context window of `tokens` where the
+    /// protocol can (Ollama's `num_ctx`).
+    pub fn set_context_window(&self, tokens: usize) {
         let llm = self
             .llm()
             .with_context_window(u32::try_from(tokens).unwrap_or(u32::MAX));
@@ -205,18 +159,18 @@ impl Deps {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = llm;
     }
 
-    /// The tools as the model sees them, from the runner, asked again when
-    /// the last answer is older than [`TOOL_CACHE_TTL`] (MCP servers come
-    /// and go, and change their tools); the same tools keep the same
-    /// catalog.
-    pub async fn tools(&self) -> Arc<Catalog> {
+    /// The tools as the model sees them (`delegate` when there are
+    /// `agents`), from the runner, asked again when the last answer is
+    /// older than [`TOOL_CACHE_TTL`] (MCP servers come and go, and change
+    /// their tools); the same tools keep the same catalog.
+    pub async fn tools(&self, agents: &Agents) -> Arc<Catalog> {
         let cached = self.tool_cache.read().await.clone();
         if let Some((at, catalog)) = &cached
             && at.elapsed() < TOOL_CACHE_TTL
         {
             return catalog.clone();
         }
-        match self.fetch_tools().await {
+        match self.fetch_tools(agents).await {
             Ok(tools) => {
                 let tools = match cached {
                     Some((_, old)) if *old == tools => old,
@@ -251,7 +205,7 @@ impl Deps {
     }
 
     /// Asks the tool runner for its tools.
-    pub async fn fetch_tools(&self) -> Result<Catalog, tonic::Status> {
+    pub async fn fetch_tools(&self, agents: &Agents) -> Result<Catalog, tonic::Status> {
         let response = self.runners.list_tools().await?;
         let mut set = Catalog::default();
         for t in response.tools {
@@ -275,12 +229,13 @@ impl Deps {
                     read_only: t.read_only,
                     parallel_safe: t.parallel_safe,
                     read_only_hint: t.read_only_hint,
+                    network: t.network,
                 },
             );
         }
         add_builtins(&mut set);
-        if !self.agents.is_empty() {
-            let (definition, flags) = self.agents.delegate_tool(&set);
+        if !agents.is_empty() {
+            let (definition, flags) = agents.delegate_tool(&set);
             set.add(definition, flags);
         }
         if !response.mcp_servers.is_empty()
@@ -333,25 +288,6 @@ impl Deps {
                 return Ok(events);
             }
         }
-    }
-
-    /// The state a session's log gives, with these settings.
-    pub fn replayed(&self, events: &[spb::Event]) -> SessionState {
-        SessionState::new(self.max_steps)
-            .with_policy(self.policy.clone())
-            .with_plan_max_steps(self.plan_max_steps)
-            .with_view(self.view())
-            .replayed(events)
-    }
-
-    /// A sub-agent's session rebuilt from its log: the agent's view and
-    /// step limit.
-    pub fn replayed_as(&self, agent: &crate::agents::Agent, events: &[spb::Event]) -> SessionState {
-        SessionState::new(agent.def.max_steps.unwrap_or(self.max_steps))
-            .with_policy(self.policy.clone())
-            .with_plan_max_steps(self.plan_max_steps)
-            .with_view(Arc::new(agent.view(&self.view())))
-            .replayed(events)
     }
 
     /// Every session (every one with an open turn, when asked), most

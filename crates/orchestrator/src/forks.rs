@@ -5,6 +5,7 @@
 use crate::deps::Deps;
 use crate::reducer::{Effect, Input};
 use crate::rewind;
+use crate::settings::Settings;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1 as spb;
 use agentry_proto::sessions::v1::event::Kind;
@@ -147,6 +148,7 @@ pub fn plan_rewind(
 /// there and no files are restored).
 pub async fn fork(
     deps: &Deps,
+    settings: &Settings,
     request: pb::ForkSessionRequest,
     project_dir: String,
 ) -> Result<pb::ForkSessionResponse, Status> {
@@ -212,7 +214,7 @@ pub async fn fork(
         })
         .await?
         .into_inner();
-    let made = finish_fork(deps, &session, kept, &snapshot_id).await;
+    let made = finish_fork(deps, settings, &session, kept, &snapshot_id).await;
     match made {
         Ok((files_written, closed_open_turn)) => Ok(pb::ForkSessionResponse {
             session: Some(session),
@@ -239,12 +241,13 @@ pub async fn fork(
 /// returns the entries written and whether a turn was closed.
 async fn finish_fork(
     deps: &Deps,
+    settings: &Settings,
     session: &spb::Session,
     kept: &[spb::Event],
     snapshot_id: &str,
 ) -> Result<(u64, bool), Status> {
     let mut files_written = 0;
-    let mut state = deps.replayed(kept);
+    let mut state = settings.replayed(kept);
     let mut effects = Vec::new();
     if !snapshot_id.is_empty() {
         let restored = deps.restore(&session.id, snapshot_id).await.map_err(|s| {

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod reminders;
 pub mod runners;
 pub mod service;
+pub mod settings;
 pub mod window;
 
 // The pure core, under the names the shell has always used for it.
@@ -33,6 +34,7 @@ pub use deps::Deps;
 pub use service::Sessions;
 /// The gRPC service is the sessions handle itself.
 pub use service::Sessions as OrchestratorService;
+pub use settings::Settings;
 
 use agentry_llm::{ChatClient, ProviderConfig};
 use agentry_proto::orchestrator::v1::orchestrator_server::OrchestratorServer;
@@ -110,8 +112,9 @@ pub fn llm_client(config: &Config) -> Result<ChatClient, agentry_llm::LlmError> 
     .with_extra_body(config.llm.extra_body_json()))
 }
 
-/// Builds the shared dependencies from the configuration; calls to the
-/// other services carry `auth`'s service credential.
+/// Builds the clients of the other services and of the model from the
+/// configuration; calls to the other services carry `auth`'s service
+/// credential.
 pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> {
     let channel = |url: &str, service: &'static str| {
         auth.lazy_channel(url)
@@ -125,60 +128,11 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         &config.scheduler.url,
         "scheduler.url",
     )?);
-    let llm = llm_client(config)?;
-    let system_prompt = config.system_prompt()?;
-    let policy = agentry_policy::Policy::from_config(&config.policy)?;
-    for notice in &config.notices {
-        tracing::warn!("{notice}");
-    }
     let profile = config.model_profile();
-    let tokenizer = compaction::Tokenizer::for_model(&config.llm.model, &profile.tokenizer);
     let context_window = compaction::context_window(&config.llm.model, profile.context_window);
-    tracing::info!(
-        model = %config.llm.model,
-        pattern = %profile.pattern,
-        native_tools = profile.native_tools,
-        context_window,
-        tokenizer = tokenizer.name(),
-        "model profile"
-    );
-    let temperature = profile.temperature.or(config.llm.temperature);
-    let user_dir = (!config.agent.skillsets_dir.is_empty())
-        .then(|| std::path::PathBuf::from(&config.agent.skillsets_dir));
-    let view = prompt::View {
-        system_prompt,
-        skillsets: skillsets::Skillsets::load(
-            config.agent.skillsets,
-            config.config_dir.as_deref(),
-            user_dir.as_deref(),
-        ),
-        native: profile.native_tools,
-        images: config.llm.images,
-        catalogs: std::sync::Arc::default(),
-        tokenizer,
-        compaction: prompt::Settings {
-            enabled: config.agent.compaction,
-            threshold: config.agent.compaction_threshold,
-            keep_last: config.agent.compaction_keep_messages as usize,
-            context_window,
-            window_source: String::new(),
-        },
-        temperature,
-        price: config.model_price(),
-        lean: false,
-        require_first_tool: config.llm.tool_choice == agentry_runtime::config::ToolChoice::Required,
-        loop_repeats: config.agent.loop_repeats,
-        no_progress_steps: config.agent.no_progress_steps,
-        budget: agentry_proto::sessions::v1::Budget {
-            turn_tokens: config.agent.turn_token_budget,
-            session_tokens: config.agent.session_token_budget,
-            turn_cost: config.agent.turn_cost_budget,
-            session_cost: config.agent.session_cost_budget,
-        },
-        hooks: Arc::new(hooks::Hooks::new(&config.hooks).map_err(RunError::Hooks)?),
-        only_offered: false,
-        own_instructions: config.config_dir.as_ref().map(|d| d.join("AGENTS.md")),
-    };
+    // Until the model server is asked (see `run`), the profile's window.
+    let llm =
+        llm_client(config)?.with_context_window(u32::try_from(context_window).unwrap_or(u32::MAX));
     let mut deps = Deps::new(
         store,
         config.session_store.url.clone(),
@@ -186,26 +140,13 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         scheduler,
         config.scheduler.url.clone(),
         llm,
-        view,
-        config.agent.max_steps,
-        Arc::new(policy),
     );
-    deps.plan_max_steps = config.agent.plan_max_steps;
-    deps.agents = Arc::new(agents::Agents::new(
-        config.agents()?,
-        config.agent.max_parallel_agents,
-    ));
     let advertise = config.orchestrator.advertise_url.trim();
     if !advertise.is_empty() {
         let cluster = cluster::Cluster::new(advertise, config.orchestrator.listen, auth)
             .map_err(RunError::Config)?;
         deps.cluster = Some(Arc::new(cluster));
     }
-    // Until the model server is asked (see `run`), the profile's window.
-    deps.set_context_window(
-        context_window,
-        window::planned_source(profile.context_window),
-    );
     Ok(deps)
 }
 
@@ -361,11 +302,19 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
+    for notice in &config.notices {
+        tracing::warn!("{notice}");
+    }
+    let settings = Arc::new(Settings::from_config(config)?);
     let deps = Arc::new(deps_from_config(config, auth)?);
     let configured = config.model_profile().context_window;
-    let asking = match window::settle(&deps, configured).await {
+    let asking = match window::settle(&deps, &settings, configured).await {
         Ok(()) => None,
-        Err(_) => Some(tokio::spawn(window::keep_trying(deps.clone(), configured))),
+        Err(_) => Some(tokio::spawn(window::keep_trying(
+            deps.clone(),
+            settings.clone(),
+            configured,
+        ))),
     };
     check_agent_tools(config, &deps).await?;
     check_hooks_runnable(config, &deps).await?;
@@ -391,7 +340,7 @@ pub async fn run(
         let store = deps.store.clone();
         tokio::spawn(async move { cluster.heartbeat(store, heartbeat_stop).await })
     });
-    let orchestrator = OrchestratorService::new(deps);
+    let orchestrator = OrchestratorService::new(deps, settings);
     // Sessions left mid-turn by an earlier process are recovered now; with
     // several replicas, those of a replica that died are taken over as
     // long as this one runs.

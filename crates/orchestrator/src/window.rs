@@ -7,6 +7,7 @@
 //! is logged once, as a warning that says what to change.
 
 use crate::deps::Deps;
+use crate::settings::Settings;
 use crate::tokens::context_window;
 use agentry_llm::{LlmError, ServerWindow, WindowKind};
 use std::sync::Arc;
@@ -117,11 +118,11 @@ pub fn decide(
 }
 
 /// Asks the model server and, when it answers (or cannot be the kind of
-/// server that says), decides (see [`decide`]), applies the window to
-/// `deps` and logs the outcome. `Err` with the reason when the server
-/// cannot be asked yet: it does not listen, does not answer in time, or is
-/// still loading.
-pub async fn settle(deps: &Deps, configured: u32) -> Result<(), LlmError> {
+/// server that says), decides (see [`decide`]), applies the window to the
+/// model client and the settings, and logs the outcome. `Err` with the
+/// reason when the server cannot be asked yet: it does not listen, does not
+/// answer in time, or is still loading.
+pub async fn settle(deps: &Deps, settings: &Settings, configured: u32) -> Result<(), LlmError> {
     let llm = deps.llm();
     let server = match llm.server_context_window(PROBE_TIMEOUT).await {
         Err(e) if not_ready(&e) => {
@@ -152,6 +153,7 @@ pub async fn settle(deps: &Deps, configured: u32) -> Result<(), LlmError> {
     }
     apply(
         deps,
+        settings,
         decide(llm.model(), configured, server.as_ref().map(Clone::clone)),
     );
     Ok(())
@@ -167,7 +169,7 @@ fn listed(models: &[String], model: &str) -> bool {
 
 /// Asks again every [`RETRY_EVERY`] until the server answers; after
 /// [`RETRIES`] tries the plan stays as configured, with a warning.
-pub async fn keep_trying(deps: Arc<Deps>, configured: u32) {
+pub async fn keep_trying(deps: Arc<Deps>, settings: Arc<Settings>, configured: u32) {
     tracing::warn!(
         url = %deps.llm().url(),
         every = ?RETRY_EVERY,
@@ -177,13 +179,17 @@ pub async fn keep_trying(deps: Arc<Deps>, configured: u32) {
     let mut last = None;
     for _ in 0..RETRIES {
         tokio::time::sleep(RETRY_EVERY).await;
-        match settle(&deps, configured).await {
+        match settle(&deps, &settings, configured).await {
             Ok(()) => return,
             Err(why) => last = Some(why),
         }
     }
     if let Some(last) = last {
-        apply(&deps, decide(deps.llm().model(), configured, Err(&last)));
+        apply(
+            &deps,
+            &settings,
+            decide(deps.llm().model(), configured, Err(&last)),
+        );
     }
 }
 
@@ -196,7 +202,7 @@ fn not_ready(e: &LlmError) -> bool {
     )
 }
 
-fn apply(deps: &Deps, decision: Decision) {
+fn apply(deps: &Deps, settings: &Settings, decision: Decision) {
     let model = deps.llm().model().to_string();
     if let Some(warning) = &decision.warning {
         tracing::warn!(%model, context_window = decision.tokens, "{warning}");
@@ -207,7 +213,8 @@ fn apply(deps: &Deps, decision: Decision) {
         source = %decision.source,
         "context window"
     );
-    deps.set_context_window(decision.tokens, decision.source);
+    deps.set_context_window(decision.tokens);
+    settings.set_context_window(decision.tokens, decision.source);
 }
 
 #[cfg(test)]

@@ -194,7 +194,8 @@ async fn orchestrator_on(store: Arc<GatedStore>) -> OrchestratorService {
     config.llm.base_url = "http://127.0.0.1:9/v1".into();
     config.llm.max_retries = 0;
     let deps = agentry_orchestrator::deps_from_config(&config, &Auth::off()).unwrap();
-    OrchestratorService::new(Arc::new(deps))
+    let settings = agentry_orchestrator::Settings::from_config(&config).unwrap();
+    OrchestratorService::new(Arc::new(deps), Arc::new(settings))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -9,6 +9,10 @@ use agentry_proto::sessions::v1 as pb;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
+/// The one tool whose calls a turn given network granted it to before the
+/// catalog said which tools take network (logs of then record no flag).
+const TOOK_NETWORK_BEFORE: &str = "bash";
+
 /// The tools offered to the model, with their flags. Two catalogs are equal
 /// when they offer the same tools.
 #[derive(Debug, Clone, Default)]
@@ -110,6 +114,7 @@ impl Catalog {
                         read_only: flags.read_only,
                         parallel_safe: flags.parallel_safe,
                         read_only_hint: flags.read_only_hint,
+                        network: Some(flags.network),
                     }
                 })
                 .collect(),
@@ -134,6 +139,7 @@ impl Catalog {
                     read_only: tool.read_only,
                     parallel_safe: tool.parallel_safe,
                     read_only_hint: tool.read_only_hint,
+                    network: tool.network.unwrap_or(tool.name == TOOK_NETWORK_BEFORE),
                 },
             );
         }
@@ -162,6 +168,7 @@ mod tests {
                 read_only: true,
                 parallel_safe: true,
                 read_only_hint: false,
+                network: false,
             },
         );
         catalog.add(
@@ -205,6 +212,7 @@ mod tests {
                 read_only: true,
                 parallel_safe: false,
                 read_only_hint: false,
+                network: false,
             },
         );
         assert!(!Arc::ptr_eq(&first, &catalogs.interned(Arc::new(other))));

@@ -48,6 +48,8 @@ pub struct ToolFlags {
     /// Its MCP server says it changes nothing (only policy rules that ask
     /// for this use it).
     pub read_only_hint: bool,
+    /// A call may be given outbound network.
+    pub network: bool,
 }
 
 /// The lifecycle state of one tool call.
@@ -685,11 +687,13 @@ impl SessionState {
     }
 
     /// Whether a call runs with outbound network: the policy grants it, or
-    /// the person gave the running turn network (bash calls only). The
-    /// runner's proxy rules hold either way.
+    /// the person gave the running turn network (calls of tools that take
+    /// network only, as the catalog says). The runner's proxy rules hold
+    /// either way.
     pub fn network_for(&self, tool: &str, arguments_json: &str) -> bool {
         self.policy.0.network(tool, arguments_json)
-            || (tool == "bash" && self.turn.as_ref().is_some_and(|t| t.network))
+            || (self.turn.as_ref().is_some_and(|t| t.network)
+                && self.catalog.flags.get(tool).is_some_and(|f| f.network))
     }
 
     /// The effect that runs `call`.

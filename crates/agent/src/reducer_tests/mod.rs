@@ -658,23 +658,31 @@ const MUTATING: ToolFlags = ToolFlags {
     read_only: false,
     parallel_safe: false,
     read_only_hint: false,
+    network: false,
+};
+const MUTATING_NETWORKED: ToolFlags = ToolFlags {
+    network: true,
+    ..MUTATING
 };
 const READ_ONLY_PARALLEL: ToolFlags = ToolFlags {
     read_only: true,
     parallel_safe: true,
     read_only_hint: false,
+    network: false,
 };
 const READ_ONLY_SERIAL: ToolFlags = ToolFlags {
     read_only: true,
     parallel_safe: false,
     read_only_hint: false,
+    network: false,
 };
 
 /// read_file and grep are read-only and parallel-safe, stat is read-only but
-/// must run alone, bash and write_file change things.
+/// must run alone, bash and write_file change things; bash's calls may be
+/// given network.
 fn catalog() -> Arc<Catalog> {
     catalog_of(&[
-        ("bash", MUTATING),
+        ("bash", MUTATING_NETWORKED),
         ("write_file", MUTATING),
         ("read_file", READ_ONLY_PARALLEL),
         ("grep", READ_ONLY_PARALLEL),

@@ -111,3 +111,58 @@ fn an_approval_request_says_when_the_call_would_get_network() {
             .network_for("write_file", r#"{"path":"a","content":""}"#)
     );
 }
+
+#[test]
+fn a_turn_given_network_grants_it_to_the_tools_the_catalog_says_take_it() {
+    // A tool of an MCP server that takes network, beside bash that does
+    // not (a runner may say so): the catalog decides, not the name.
+    let fetching = ToolFlags {
+        network: true,
+        ..MUTATING
+    };
+    let catalog = catalog_of(&[("web__get", fetching), ("bash", MUTATING)]);
+    let mut session = Session::with_policy(4, test_policy(), catalog);
+    session.ok(Input::UserMessage {
+        images: Vec::new(),
+        turn_id: TURN.into(),
+        text: "get it".into(),
+        approval_mode: ApprovalMode::Policy,
+        plan: false,
+        network: true,
+        budget: None,
+    });
+    assert!(session.state.network_for("web__get", "{}"));
+    assert!(
+        !session
+            .state
+            .network_for("bash", r#"{"command":"curl https://example.org"}"#)
+    );
+    assert!(!session.state.network_for("unknown", "{}"));
+}
+
+#[test]
+fn a_catalog_recorded_before_the_network_flag_gives_network_to_bash_alone() {
+    let offered = |name: &str, network: Option<bool>| pb::OfferedTool {
+        name: name.into(),
+        description: String::new(),
+        parameters_json_schema: r#"{"type":"object"}"#.into(),
+        read_only: false,
+        parallel_safe: false,
+        read_only_hint: false,
+        network,
+    };
+    let old = Catalog::from_event(&pb::ToolsOffered {
+        tools: vec![offered("bash", None), offered("fetch", None)],
+    });
+    assert!(old.flags["bash"].network);
+    assert!(!old.flags["fetch"].network);
+
+    // Recorded now, the flag says, whatever the name.
+    let new = Catalog::from_event(&pb::ToolsOffered {
+        tools: vec![offered("bash", Some(false)), offered("fetch", Some(true))],
+    });
+    assert!(!new.flags["bash"].network);
+    assert!(new.flags["fetch"].network);
+    // And survives being recorded again.
+    assert_eq!(Catalog::from_event(&new.to_event()), new);
+}

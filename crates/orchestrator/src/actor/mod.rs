@@ -13,6 +13,7 @@ use crate::deps::Deps;
 use crate::metrics::{CALLS_IN_FLIGHT, CALLS_IN_FLIGHT_HELP};
 use crate::prompt::{CompactionJob, ModelRequest};
 use crate::reducer::{Catalog, Effect, Input, SessionState};
+use crate::settings::Settings;
 use agentry_llm::{Message, ToolCall};
 use agentry_proto::sessions::v1 as pb;
 use std::collections::HashMap;
@@ -70,6 +71,7 @@ pub(crate) struct Actor {
     /// The session's lease epoch this replica holds (0: no lease).
     lease_epoch: u64,
     deps: Arc<Deps>,
+    settings: Arc<Settings>,
     /// The sessions of this replica, for the tasks this session starts
     /// and ends.
     sessions: crate::service::Sessions,
@@ -139,6 +141,7 @@ impl Actor {
         child: Option<Child>,
     ) -> SessionHandle {
         let deps = sessions.deps().clone();
+        let settings = sessions.settings().clone();
         let (commands_tx, commands) = mpsc::channel(64);
         let (outcomes_tx, outcomes) = mpsc::channel(1024);
         let files_changed = state.turn_changes_files();
@@ -151,6 +154,7 @@ impl Actor {
             next_seq: event_count + 1,
             lease_epoch,
             deps,
+            settings,
             sessions,
             outcomes_tx,
             outcomes,
@@ -501,7 +505,8 @@ impl Actor {
             session_id: self.workspace(),
             dir: String::new(),
         };
-        let files = match self.deps.instructions(request).await {
+        let own = self.settings.view().own_instructions.clone();
+        let files = match self.deps.instructions(own.as_deref(), request).await {
             Ok(files) => files,
             Err(status) => {
                 tracing::warn!(session_id = %self.session_id, error = %status.message(), "cannot read the session's instruction files; trying again at the next model call");
@@ -521,7 +526,7 @@ impl Actor {
     /// The effects that replace a model call about to start when the tools
     /// offered differ from the recorded catalog (`None` when they do not).
     async fn tools_changed(&mut self) -> Option<Vec<Effect>> {
-        let mut tools = self.deps.tools().await;
+        let mut tools = self.deps.tools(&self.settings.agents).await;
         if let Some(child) = &self.child {
             // Only the agent's tools.
             tools = Arc::new(child.agent.catalog(&tools));
@@ -594,7 +599,7 @@ impl Actor {
             lease_epoch: self.lease_epoch,
         };
         let mut delay = Duration::from_millis(50);
-        let deadline = Instant::now() + self.deps.store_retry_window;
+        let deadline = Instant::now() + self.settings.store_retry_window;
         let span = tracing::info_span!("store.append", events = count, first_seq = first);
         let mut retried = false;
         loop {
@@ -713,6 +718,7 @@ impl Actor {
     fn start_summary(&mut self, job: CompactionJob, messages: Vec<Message>) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
+        let view = self.state.view.0.clone();
         let span = tracing::info_span!(
             "compaction",
             first_seq = job.first_seq,
@@ -722,7 +728,7 @@ impl Actor {
         let handle = tokio::spawn(
             async move {
                 let gauge = InFlightGauge::new(&deps.metrics, "model");
-                model_call::summary_call(&deps, job, messages, task, tx).await;
+                model_call::summary_call(&deps, &view, job, messages, task, tx).await;
                 drop(gauge);
             }
             .instrument(span),

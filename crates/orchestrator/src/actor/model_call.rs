@@ -131,6 +131,7 @@ pub(super) async fn stream_once(
 /// there is none: the reducer then leaves the oldest messages out).
 pub(super) async fn summary_call(
     deps: &Deps,
+    view: &crate::prompt::View,
     job: CompactionJob,
     messages: Vec<Message>,
     task: u64,
@@ -138,11 +139,11 @@ pub(super) async fn summary_call(
 ) {
     tracing::info!(
         tokens = job.tokens_before,
-        budget = deps.view().compaction.budget(),
-        tokenizer = deps.view().tokenizer.name(),
+        budget = view.compaction.budget(),
+        tokenizer = view.tokenizer.name(),
         "the conversation nears the context window; summarising older messages"
     );
-    let summary = crate::compaction::summarise(deps, &messages, job.max_tokens)
+    let summary = crate::compaction::summarise(deps, view, &messages, job.max_tokens)
         .await
         .map_err(|e| {
             tracing::warn!(error = %e, "summarising failed; dropping the oldest messages instead");

@@ -111,7 +111,11 @@ impl Actor {
             .read_log(&self.session_id)
             .await
             .map_err(RewindError::Broken)?;
-        self.state = self.deps.replayed(&events);
+        // A sub-agent's session keeps its agent's view and step limit.
+        self.state = match &self.child {
+            Some(child) => self.settings.replayed_as(&child.agent, &events),
+            None => self.settings.replayed(&events),
+        };
         self.offered = None;
         self.snapshotted_turn = None;
         self.files_changed = false;

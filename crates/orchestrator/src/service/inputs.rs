@@ -92,7 +92,7 @@ impl Sessions {
                     .to_string();
             }
         }
-        if !images.is_empty() && !self.deps.view().images {
+        if !images.is_empty() && !self.settings.view().images {
             return Err(Status::failed_precondition(format!(
                 "the model {:?} is not set to take images, so the message's {} cannot be \
                  sent; if it takes images, set `llm.images = true` in the configuration, \
@@ -241,7 +241,7 @@ impl Sessions {
         session_id: &str,
         path: String,
     ) -> Result<spb::Image, Status> {
-        if !self.deps.view().images {
+        if !self.settings.view().images {
             return Err(Status::failed_precondition(format!(
                 "@{path} is an image, and the model {:?} is not set to take images; if it \
                  takes images, set `llm.images = true` in the configuration, else describe \

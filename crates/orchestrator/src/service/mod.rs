@@ -48,6 +48,7 @@ enum Route {
 #[derive(Clone)]
 pub struct Sessions {
     deps: Arc<Deps>,
+    settings: Arc<crate::settings::Settings>,
     /// One slot per session, each locked on its own while the session loads.
     sessions: Arc<Registry>,
 }
@@ -63,10 +64,12 @@ pub(crate) fn store_status(url: &str, status: Status) -> Status {
 }
 
 impl Sessions {
-    /// A service over `deps`.
-    pub fn new(deps: Arc<Deps>) -> Self {
+    /// A service calling the other services with `deps`, running sessions
+    /// with `settings`.
+    pub fn new(deps: Arc<Deps>, settings: Arc<crate::settings::Settings>) -> Self {
         Self {
             deps,
+            settings,
             sessions: Arc::default(),
         }
     }
@@ -424,7 +427,8 @@ impl Orchestrator for Sessions {
             "" => String::new(),
             dir => self.open_project("", dir, true).await?.dir,
         };
-        let forked = crate::forks::fork(&self.deps, request, project_dir.clone()).await?;
+        let forked =
+            crate::forks::fork(&self.deps, &self.settings, request, project_dir.clone()).await?;
         if !project_dir.is_empty() {
             let id = forked
                 .session
@@ -618,12 +622,13 @@ impl Orchestrator for Sessions {
                 sensitive: t.sensitive,
                 mcp_server: t.mcp_server,
                 read_only_hint: t.read_only_hint,
+                network: t.network,
             })
             .collect();
-        let view = self.deps.view();
+        let view = self.settings.view();
         // What the next model call is offered: asked again now.
         self.deps.forget_tools().await;
-        let catalog = self.deps.tools().await;
+        let catalog = self.deps.tools(&self.settings.agents).await;
         // The instruction files a session started in `project_dir` gets.
         let (instructions, instructions_note) = if project_dir.trim().is_empty() {
             (Vec::new(), String::new())
@@ -632,7 +637,11 @@ impl Orchestrator for Sessions {
                 session_id: String::new(),
                 dir: project_dir,
             };
-            match self.deps.instructions(request).await {
+            match self
+                .deps
+                .instructions(view.own_instructions.as_deref(), request)
+                .await
+            {
                 Ok(files) => (files, String::new()),
                 Err(status) => (Vec::new(), status.message().to_string()),
             }

@@ -152,7 +152,7 @@ impl Sessions {
             let session = self.get(session_id.to_string()).await?;
             match session.parent {
                 Some(parent) => {
-                    let agent = self.deps.agents.get(&parent.agent).ok_or_else(|| {
+                    let agent = self.settings.agents.get(&parent.agent).ok_or_else(|| {
                         Status::failed_precondition(format!(
                             "session {session_id} is a task of the agent {:?}, which is no \
                              longer configured",
@@ -172,8 +172,8 @@ impl Sessions {
             None
         };
         let state = match &child {
-            Some(child) => self.deps.replayed_as(&child.agent, &events),
-            None => self.deps.replayed(&events),
+            Some(child) => self.settings.replayed_as(&child.agent, &events),
+            None => self.settings.replayed(&events),
         };
         // A task whose delegate call has ended (answered, refused, skipped
         // after a restart) does not go on by itself: it is cancelled instead
@@ -221,9 +221,14 @@ impl Sessions {
         })
     }
 
-    /// The shared dependencies.
+    /// The clients of the other services.
     pub fn deps(&self) -> &Arc<Deps> {
         &self.deps
+    }
+
+    /// How sessions are run.
+    pub fn settings(&self) -> &Arc<crate::settings::Settings> {
+        &self.settings
     }
 
     /// Loads every session whose last turn never finished, so that each is

@@ -190,6 +190,7 @@ impl ToolRunner for ToolRunnerService {
                     sensitive: s.sensitive,
                     mcp_server,
                     read_only_hint,
+                    network: s.network,
                 }
             })
             .collect();
