@@ -101,6 +101,22 @@ if ((runners == 3)); then pass "3 tool runners are up"; else fail "expected 3 to
   pass "orchestrator and scheduler healthy from the host" ||
   fail "agentry health from the host"
 
+# People: added inside the orchestrator's container (where the people file
+# is), a viewer's token reads from the host and is refused a turn.
+viewer=$(dc exec -T orchestrator agentry users add vera --role viewer 2>/dev/null || true)
+[[ $viewer == agentry_user_* ]] && pass "agentry users add prints a person's token" ||
+  fail "agentry users add in the orchestrator printed '$viewer'"
+sleep 1.5 # the services read the people file again within a second
+AGENTRY_TOKEN=$viewer "$agentry" sessions list >/dev/null 2>&1 &&
+  pass "a viewer lists sessions from the host" || fail "a viewer could not list sessions"
+if refused=$(AGENTRY_TOKEN=$viewer "$agentry" run --scratch "hello" 2>&1); then
+  fail "a viewer ran a turn: $refused"
+elif grep -q "vera is a viewer" <<<"$refused"; then
+  pass "a viewer is refused a turn, by name and role"
+else
+  fail "a viewer's turn was refused for another reason: $refused"
+fi
+
 
 # --- 1. a turn spread over the runners ------------------------------------
 log "turn 1: six tool calls"

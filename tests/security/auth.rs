@@ -10,14 +10,14 @@ use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
 use agentry_proto::tools::v1 as tpb;
 use agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient;
 use agentry_runtime::Auth;
-use agentry_runtime::auth::{Role, Token};
+use agentry_runtime::auth::{Token, TokenKind};
 use agentry_testkit::Cluster;
 use agentry_testkit::cluster::{Channel, connect_as};
 use tonic::Code;
 
 /// Every kind of caller a service may see.
 async fn callers(cluster: &Cluster, url: &str) -> [(&'static str, Channel); 4] {
-    let wrong = Auth::client_with(Some(Token::generate(Role::Service).unwrap()));
+    let wrong = Auth::client_with(Some(Token::generate(TokenKind::Service).unwrap()));
     [
         (
             "no credential",

@@ -14,6 +14,7 @@ mod auth;
 mod flood;
 mod model_output;
 mod network;
+mod people;
 mod policy;
 mod race;
 mod shell;

@@ -16,6 +16,7 @@ mod session_cmds;
 mod tui;
 mod turn;
 mod up;
+mod user_cmds;
 
 use agentry_client::terminal;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -202,6 +203,13 @@ enum Command {
     /// other machines (`authorization: Bearer <token>` metadata, or
     /// AGENTRY_TOKEN)
     Token,
+    /// The people who may use Agentry, each with a role (viewer, operator,
+    /// approver, admin) and a token of their own: `agentry users add alice
+    /// --role approver` prints alice's token once
+    Users {
+        #[command(subcommand)]
+        command: user_cmds::UsersCommand,
+    },
     /// Write a starter configuration: find model servers on their usual
     /// local ports (Ollama 11434, llama.cpp 8080, LM Studio 1234, vLLM
     /// 8000), list their models and ask which to use; `[llm]` goes to
@@ -701,6 +709,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 .await
                 .map(|()| ExitCode::SUCCESS),
         },
+        Command::Users { command } => user_cmds::run(&config, command).map(|()| ExitCode::SUCCESS),
         Command::Reminders { command } => match command {
             RemindersCommand::List { session, status } => {
                 let session = client::resolve_optional(&config, session).await?;

@@ -251,12 +251,23 @@ pub fn forwardable(input: &Input) -> Option<pb::Input> {
     Some(pb::Input { kind: Some(kind) })
 }
 
-/// A request to another replica, marked as forwarded.
-pub fn forwarded<T>(message: T) -> tonic::Request<T> {
+/// A request to another replica, marked as forwarded, made for `by` (the
+/// replica checks that person's role again, and records them).
+pub fn forwarded<T>(
+    message: T,
+    by: Option<&agentry_runtime::auth::Principal>,
+) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request
         .metadata_mut()
         .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    if let Some(by) = by.filter(|p| p.role != agentry_runtime::auth::Role::Service)
+        && let Ok(name) = tonic::metadata::AsciiMetadataValue::try_from(by.name.as_str())
+    {
+        request
+            .metadata_mut()
+            .insert(agentry_runtime::auth::ON_BEHALF_OF, name);
+    }
     request
 }
 
@@ -269,6 +280,8 @@ pub fn was_forwarded<T>(request: &tonic::Request<T>) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    use agentry_runtime::auth::ON_BEHALF_OF;
 
     #[test]
     fn the_advertised_url_is_checked_and_auto_is_this_hosts_address() {
@@ -314,8 +327,23 @@ mod tests {
         assert_eq!((m.text.as_str(), m.plan), ("hi", true));
         assert_eq!(m.approval_mode, spb::ApprovalMode::Always as i32);
         assert!(forwardable(&Input::Interrupted).is_none());
-        let request = forwarded(());
+        let request = forwarded((), None);
         assert!(was_forwarded(&request));
         assert!(!was_forwarded(&tonic::Request::new(())));
+        assert!(request.metadata().get(ON_BEHALF_OF).is_none());
+        // A person's call passed on names them; a service's names nobody.
+        let alice = agentry_runtime::auth::Principal {
+            name: "alice".into(),
+            role: agentry_runtime::auth::Role::Approver,
+        };
+        let request = forwarded((), Some(&alice));
+        assert_eq!(request.metadata().get(ON_BEHALF_OF).unwrap(), "alice");
+        let service = agentry_runtime::auth::Principal::service();
+        assert!(
+            forwarded((), Some(&service))
+                .metadata()
+                .get(ON_BEHALF_OF)
+                .is_none()
+        );
     }
 }

@@ -346,11 +346,14 @@ pub async fn follow_driver(
                     && lease.owner_instance_id != cluster.instance_id =>
             {
                 if let Ok(mut peer) = cluster.peer(&lease.owner_url) {
-                    let request = crate::cluster::forwarded(opb::SubscribeRequest {
-                        session_id: session_id.clone(),
-                        from_seq: 0,
-                        live_only: true,
-                    });
+                    let request = crate::cluster::forwarded(
+                        opb::SubscribeRequest {
+                            session_id: session_id.clone(),
+                            from_seq: 0,
+                            live_only: true,
+                        },
+                        None,
+                    );
                     if let Ok(response) = peer.subscribe(request).await {
                         let mut events = response.into_inner();
                         loop {

@@ -1,19 +1,25 @@
 //! Who may call the services.
 //!
 //! Every RPC except `grpc.health.v1` needs a bearer token in the
-//! `authorization` metadata. There are two tokens, each a random secret in
-//! a file of mode 0600 that the services create at first start:
+//! `authorization` metadata, and each needs a role ([`crate::access`]).
+//! The tokens:
 //!
-//! - the **client token** (`<data_dir>/auth/client.token`), for people and
-//!   their tools: the CLI reads it, `agentry token` prints it;
+//! - the **client token** (`<data_dir>/auth/client.token`), created at
+//!   first start: the person `admin` (the CLI reads it, `agentry token`
+//!   prints it);
+//! - one token per **person** (`agentry users add NAME --role ROLE`), kept
+//!   as a hash in the people file ([`crate::people`]), with the person's
+//!   role;
 //! - the **service token** (`<data_dir>/auth/service.token`), which the
-//!   services send to each other and which never leaves them.
+//!   services send to each other and which never leaves them. A service
+//!   acting for a person (the web gateway, an orchestrator forwarding a
+//!   call to the replica that drives the session) names them in
+//!   [`ON_BEHALF_OF`]; the call then has that person's role.
 //!
-//! A few methods accept only the service token ([`SERVICE_ONLY`]): writing
-//! and deleting session logs, running a tool without the orchestrator's
-//! policy, and taking due reminders. TLS with client certificates can be
-//! added for services on several hosts ([`Auth::server_tls`],
-//! [`Auth::endpoint`]).
+//! The check puts the caller, a [`Principal`], in the request's
+//! extensions, where a service finds who asked. TLS with client
+//! certificates can be added for services on several hosts
+//! ([`Auth::server_tls`], [`Auth::endpoint`]).
 
 use crate::config::{AuthMode, Config};
 use crate::telemetry::{Propagate, TracedChannel};
@@ -30,50 +36,120 @@ use tonic::transport::{
     Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
 };
 
-/// What a credential may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// What a credential may do; each role may also do everything the roles
+/// before it may.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// A person or their tools: everything but [`SERVICE_ONLY`].
-    Client,
+    /// Reads sessions, approvals, tools and reminders.
+    Viewer,
+    /// Also chats, cancels, rewinds, forks and sets reminders.
+    Operator,
+    /// Also answers approval requests.
+    Approver,
+    /// Also deletes sessions and prunes snapshots (the client token).
+    Admin,
     /// One of Agentry's services: everything.
     Service,
 }
 
-/// Methods that accept only the service token.
-pub const SERVICE_ONLY: &[&str] = &[
-    "/agentry.sessions.v1.SessionStore/CreateSession",
-    "/agentry.sessions.v1.SessionStore/DeleteSession",
-    "/agentry.sessions.v1.SessionStore/ForkSession",
-    "/agentry.sessions.v1.SessionStore/RenameSession",
-    "/agentry.sessions.v1.SessionStore/Append",
-    "/agentry.sessions.v1.SessionStore/Heartbeat",
-    "/agentry.sessions.v1.SessionStore/AcquireSession",
-    "/agentry.sessions.v1.SessionStore/ReleaseSession",
-    "/agentry.tools.v1.ToolRunner/Execute",
-    "/agentry.tools.v1.ToolRunner/McpSubscribe",
-    "/agentry.tools.v1.ToolRunner/McpReadResource",
-    "/agentry.tools.v1.ToolRunner/McpWatch",
-    "/agentry.tools.v1.ToolRunner/Snapshot",
-    "/agentry.tools.v1.ToolRunner/RestoreSnapshot",
-    "/agentry.tools.v1.ToolRunner/PruneSnapshots",
-    "/agentry.tools.v1.ToolRunner/Preview",
-    "/agentry.tools.v1.ToolRunner/RunHook",
-    "/agentry.tools.v1.ToolRunner/OpenProject",
-    "/agentry.tools.v1.ToolRunner/ReadInstructions",
-    "/agentry.tools.v1.ToolRunner/ForgetSession",
-    "/agentry.tools.v1.ToolRunner/ReadImage",
-    "/agentry.scheduler.v1.Scheduler/StreamDue",
-];
+impl Role {
+    /// The roles a person can have, from the least allowed.
+    pub const FOR_PEOPLE: [Role; 4] = [Role::Viewer, Role::Operator, Role::Approver, Role::Admin];
 
-/// The role a call to `path` (`/package.Service/Method`) needs; `None` for
-/// calls open to anyone (health checks).
-pub fn required_role(path: &str) -> Option<Role> {
-    if path.starts_with("/grpc.health.v1.Health/") {
-        None
-    } else if SERVICE_ONLY.contains(&path) {
-        Some(Role::Service)
-    } else {
-        Some(Role::Client)
+    /// Its name, as configured and shown.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Approver => "approver",
+            Role::Admin => "admin",
+            Role::Service => "service",
+        }
+    }
+
+    /// The person's role named `text`.
+    pub fn parse(text: &str) -> Result<Role, String> {
+        Role::FOR_PEOPLE
+            .into_iter()
+            .find(|r| r.name() == text.trim())
+            .ok_or_else(|| {
+                format!("no role {text:?}: the roles are viewer, operator, approver and admin")
+            })
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+pub use crate::access::{SERVICE_ONLY, required_role};
+
+/// The metadata in which a service acting for a person names them (with
+/// the service token only).
+pub const ON_BEHALF_OF: &str = "x-agentry-person";
+
+/// The name calls of the services themselves are recorded under.
+pub const SERVICE_PERSON: &str = "agentry";
+
+/// Who made a call: a person, or one of the services.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The person's name ([`crate::people::ADMIN`] for the client token,
+    /// [`SERVICE_PERSON`] for a service acting for nobody, `local` when
+    /// credentials are off).
+    pub name: String,
+    /// What they may do.
+    pub role: Role,
+}
+
+impl Principal {
+    /// A service acting for nobody.
+    pub fn service() -> Principal {
+        Principal {
+            name: SERVICE_PERSON.to_string(),
+            role: Role::Service,
+        }
+    }
+
+    /// Who asked, as the credential check recorded it in `extensions`;
+    /// `None` for a call made in-process (not through a server).
+    pub fn of(extensions: &http::Extensions) -> Option<&Principal> {
+        extensions.get::<Principal>()
+    }
+
+    /// Refuses, naming the person and the role needed, unless they have
+    /// `needed`; `what` says what they tried.
+    pub fn require(&self, needed: Role, what: &str) -> Result<(), tonic::Status> {
+        if self.role >= needed {
+            return Ok(());
+        }
+        Err(crate::reasons::status(
+            tonic::Code::PermissionDenied,
+            crate::reasons::Reason::RoleTooLow,
+            format!(
+                "{} is {} {}; {what} needs {} (an admin can change it: `agentry users remove {}` \
+                 then `agentry users add {} --role {}`)",
+                self.name,
+                article(self.role),
+                self.role,
+                needed,
+                self.name,
+                self.name,
+                needed
+            ),
+        ))
+    }
+}
+
+fn article(role: Role) -> &'static str {
+    match role {
+        Role::Operator | Role::Approver | Role::Admin => "an",
+        Role::Viewer | Role::Service => "a",
     }
 }
 
@@ -87,15 +163,27 @@ impl std::fmt::Debug for Token {
     }
 }
 
+/// Whose a token is, which its prefix shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// The client token (`agentry_client_…`).
+    Client,
+    /// The service token (`agentry_service_…`).
+    Service,
+    /// A person's (`agentry_user_…`).
+    Person,
+}
+
 impl Token {
     /// A new random token (256 bits from the kernel's generator), prefixed
-    /// by its role so a leaked one is easy to recognise.
-    pub fn generate(role: Role) -> std::io::Result<Token> {
+    /// by its kind so a leaked one is easy to recognise.
+    pub fn generate(kind: TokenKind) -> std::io::Result<Token> {
         let mut bytes = [0u8; 32];
         std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
-        let prefix = match role {
-            Role::Client => "agentry_client_",
-            Role::Service => "agentry_service_",
+        let prefix = match kind {
+            TokenKind::Client => "agentry_client_",
+            TokenKind::Service => "agentry_service_",
+            TokenKind::Person => "agentry_user_",
         };
         let mut text = String::with_capacity(prefix.len() + 64);
         text.push_str(prefix);
@@ -128,14 +216,7 @@ impl Token {
     /// Whether `presented` is this token, in time independent of where
     /// they differ.
     fn matches(&self, presented: &[u8]) -> bool {
-        let mine = self.0.as_bytes();
-        if mine.len() != presented.len() {
-            return false;
-        }
-        mine.iter()
-            .zip(presented)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        crate::people::constant_time_eq(self.0.as_bytes(), presented)
     }
 
     fn bearer(&self) -> Option<AsciiMetadataValue> {
@@ -182,6 +263,9 @@ pub enum AuthError {
         /// The address.
         addr: std::net::SocketAddr,
     },
+    /// The people file cannot be used.
+    #[error(transparent)]
+    People(#[from] crate::people::PeopleError),
     /// A URL is unusable.
     #[error("invalid URL {url:?}: {reason}")]
     Url {
@@ -223,7 +307,7 @@ pub fn read_token(path: &Path) -> Result<Token, AuthError> {
 /// Reads the token in `path`, creating it first (mode 0600, its directory
 /// 0700) when it does not exist. Several processes starting at once end
 /// up with the same token: the file appears whole, by a hard link, once.
-pub fn load_or_create(path: &Path, role: Role) -> Result<Token, AuthError> {
+pub fn load_or_create(path: &Path, kind: TokenKind) -> Result<Token, AuthError> {
     match read_token(path) {
         Err(AuthError::Missing { .. }) => {}
         found => return found,
@@ -247,7 +331,7 @@ pub fn load_or_create(path: &Path, role: Role) -> Result<Token, AuthError> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| file_error(format!("cannot create {}: {e}", dir.display())))?;
-    let token = Token::generate(role).map_err(|e| file_error(e.to_string()))?;
+    let token = Token::generate(kind).map_err(|e| file_error(e.to_string()))?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -289,6 +373,7 @@ pub fn load_or_create(path: &Path, role: Role) -> Result<Token, AuthError> {
 }
 
 /// PEM material for TLS.
+#[derive(Clone)]
 struct TlsFiles {
     cert: Vec<u8>,
     key: Vec<u8>,
@@ -297,6 +382,8 @@ struct TlsFiles {
 
 struct Inner {
     mode: AuthMode,
+    /// The people, each with a token of their own.
+    people: Arc<crate::people::PeopleFile>,
     client: Option<Token>,
     service: Option<Token>,
     tls: Option<TlsFiles>,
@@ -325,6 +412,7 @@ impl Auth {
     pub fn off() -> Auth {
         Auth(Arc::new(Inner {
             mode: AuthMode::Off,
+            people: Arc::new(crate::people::PeopleFile::empty()),
             client: None,
             service: None,
             tls: None,
@@ -336,6 +424,7 @@ impl Auth {
     pub fn with_tokens(client: Token, service: Token) -> Auth {
         Auth(Arc::new(Inner {
             mode: AuthMode::Token,
+            people: Arc::new(crate::people::PeopleFile::empty()),
             client: Some(client),
             service: Some(service),
             tls: None,
@@ -347,6 +436,7 @@ impl Auth {
     pub fn client_with(token: Option<Token>) -> Auth {
         Auth(Arc::new(Inner {
             mode: AuthMode::Token,
+            people: Arc::new(crate::people::PeopleFile::empty()),
             client: token,
             service: None,
             tls: None,
@@ -354,19 +444,43 @@ impl Auth {
         }))
     }
 
+    /// The same credentials, also accepting the tokens of the people in
+    /// `people`.
+    pub fn with_people(&self, people: Arc<crate::people::PeopleFile>) -> Auth {
+        Auth(Arc::new(Inner {
+            mode: self.0.mode,
+            people,
+            client: self.0.client.clone(),
+            service: self.0.service.clone(),
+            tls: self.0.tls.clone(),
+            missing: self.0.missing.clone(),
+        }))
+    }
+
     /// The credentials of the services: both tokens, created at first
-    /// start, and the TLS files when configured.
+    /// start, the people file, and the TLS files when configured.
     pub fn for_services(config: &Config) -> Result<Auth, AuthError> {
         let tls = load_tls(config)?;
         let (client, service) = match config.auth.mode {
             AuthMode::Off => (None, None),
             AuthMode::Token => (
-                Some(load_or_create(&config.client_token_file(), Role::Client)?),
-                Some(load_or_create(&config.service_token_file(), Role::Service)?),
+                Some(load_or_create(
+                    &config.client_token_file(),
+                    TokenKind::Client,
+                )?),
+                Some(load_or_create(
+                    &config.service_token_file(),
+                    TokenKind::Service,
+                )?),
             ),
+        };
+        let people = match config.auth.mode {
+            AuthMode::Off => crate::people::PeopleFile::empty(),
+            AuthMode::Token => crate::people::PeopleFile::open(config.people_file())?,
         };
         Ok(Auth(Arc::new(Inner {
             mode: config.auth.mode,
+            people: Arc::new(people),
             client,
             service,
             tls,
@@ -396,6 +510,7 @@ impl Auth {
         };
         Ok(Auth(Arc::new(Inner {
             mode: config.auth.mode,
+            people: Arc::new(crate::people::PeopleFile::empty()),
             client,
             service: None,
             tls,
@@ -491,19 +606,39 @@ impl Auth {
         RequireCredentialLayer { auth: self.clone() }
     }
 
-    /// The role of a call to `path` with `authorization` metadata, or the
-    /// status it is refused with.
-    pub fn check(&self, path: &str, authorization: Option<&[u8]>) -> Result<Role, tonic::Status> {
-        let Some(required) = required_role(path) else {
-            return Ok(Role::Client);
-        };
+    /// Who makes a call to `path` with `authorization` metadata (and, from
+    /// a service, the person it acts for in `on_behalf_of`), or the status
+    /// it is refused with.
+    pub fn check(
+        &self,
+        path: &str,
+        authorization: Option<&[u8]>,
+        on_behalf_of: Option<&[u8]>,
+    ) -> Result<Principal, tonic::Status> {
+        let required = required_role(path);
         if self.0.mode == AuthMode::Off {
-            return Ok(Role::Service);
+            // Loopback only, and everyone trusted: still, who asked is
+            // recorded when a service says.
+            let name = on_behalf_of
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .filter(|n| crate::people::check_name(n).is_ok() || *n == crate::people::ADMIN)
+                .unwrap_or("local");
+            return Ok(Principal {
+                name: name.to_string(),
+                role: Role::Service,
+            });
         }
+        let Some(required) = required else {
+            return Ok(Principal {
+                name: "anyone".into(),
+                role: Role::Viewer,
+            });
+        };
         let Some(value) = authorization else {
             return Err(tonic::Status::unauthenticated(
                 "this call needs a credential: send `authorization: Bearer <token>` metadata \
-                 (`agentry token` prints the client token)",
+                 (`agentry token` prints the client token; `agentry users add` makes one per \
+                 person)",
             ));
         };
         let Some(presented) = value
@@ -514,27 +649,68 @@ impl Auth {
                 "the authorization metadata must be `Bearer <token>`",
             ));
         };
-        let role = if self
+        let principal = self.principal(presented, on_behalf_of)?;
+        if principal.role < required {
+            if required == Role::Service {
+                return Err(tonic::Status::permission_denied(format!(
+                    "{} is only for Agentry's own services; a person's token cannot call it",
+                    path.trim_start_matches('/')
+                )));
+            }
+            principal.require(required, path.trim_start_matches('/'))?;
+        }
+        Ok(principal)
+    }
+
+    /// Who holds the token `presented`.
+    fn principal(
+        &self,
+        presented: &[u8],
+        on_behalf_of: Option<&[u8]>,
+    ) -> Result<Principal, tonic::Status> {
+        let people = self.0.people.current();
+        if self
             .0
             .service
             .as_ref()
             .is_some_and(|t| t.matches(presented))
         {
-            Role::Service
-        } else if self.0.client.as_ref().is_some_and(|t| t.matches(presented)) {
-            Role::Client
-        } else {
-            return Err(tonic::Status::unauthenticated(
-                "the token is not valid here (`agentry token` prints the current client token)",
-            ));
-        };
-        if role < required {
-            return Err(tonic::Status::permission_denied(format!(
-                "{} is only for Agentry's own services; a client token cannot call it",
-                path.trim_start_matches('/')
-            )));
+            let Some(name) = on_behalf_of else {
+                return Ok(Principal::service());
+            };
+            let name = std::str::from_utf8(name).unwrap_or_default();
+            if name == crate::people::ADMIN {
+                return Ok(Principal {
+                    name: name.to_string(),
+                    role: Role::Admin,
+                });
+            }
+            return match people.by_name(name) {
+                Some(person) => Ok(Principal {
+                    name: person.name.clone(),
+                    role: person.role,
+                }),
+                None => Err(tonic::Status::unauthenticated(format!(
+                    "the call is made for {name:?}, who is not a person here (any more)"
+                ))),
+            };
         }
-        Ok(role)
+        if self.0.client.as_ref().is_some_and(|t| t.matches(presented)) {
+            return Ok(Principal {
+                name: crate::people::ADMIN.to_string(),
+                role: Role::Admin,
+            });
+        }
+        match people.by_token_hash(&crate::people::sha256_hex(presented)) {
+            Some(person) => Ok(Principal {
+                name: person.name.clone(),
+                role: person.role,
+            }),
+            None => Err(tonic::Status::unauthenticated(
+                "the token is not valid here (`agentry token` prints the current client token; \
+                 a person's token stops working when they are removed)",
+            )),
+        }
     }
 }
 
@@ -597,16 +773,20 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let verdict = self.auth.check(
             request.uri().path(),
             request
                 .headers()
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes()),
+            request.headers().get(ON_BEHALF_OF).map(|v| v.as_bytes()),
         );
         match verdict {
-            Ok(_) => Box::pin(self.inner.call(request)),
+            Ok(principal) => {
+                request.extensions_mut().insert(principal);
+                Box::pin(self.inner.call(request))
+            }
             Err(status) => {
                 tracing::warn!(
                     method = request.uri().path(),
@@ -627,8 +807,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn tokens() -> (Token, Token, Auth) {
-        let client = Token::generate(Role::Client).unwrap();
-        let service = Token::generate(Role::Service).unwrap();
+        let client = Token::generate(TokenKind::Client).unwrap();
+        let service = Token::generate(TokenKind::Service).unwrap();
         let auth = Auth::with_tokens(client.clone(), service.clone());
         (client, service, auth)
     }
@@ -641,17 +821,19 @@ mod tests {
     fn calls_without_or_with_a_wrong_credential_are_unauthenticated() {
         let (_, _, auth) = tokens();
         let path = "/agentry.orchestrator.v1.Orchestrator/ListSessions";
-        let missing = auth.check(path, None).unwrap_err();
+        let missing = auth.check(path, None, None).unwrap_err();
         assert_eq!(missing.code(), tonic::Code::Unauthenticated);
         assert!(
             missing.message().contains("Bearer"),
             "{}",
             missing.message()
         );
-        let wrong = Token::generate(Role::Client).unwrap();
-        let e = auth.check(path, Some(&bearer(&wrong))).unwrap_err();
+        let wrong = Token::generate(TokenKind::Client).unwrap();
+        let e = auth.check(path, Some(&bearer(&wrong)), None).unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
-        let e = auth.check(path, Some(b"Basic dXNlcjpwYXNz")).unwrap_err();
+        let e = auth
+            .check(path, Some(b"Basic dXNlcjpwYXNz"), None)
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         // One line each.
         for status in [missing, e] {
@@ -665,34 +847,88 @@ mod tests {
         let read = "/agentry.sessions.v1.SessionStore/Read";
         let append = "/agentry.sessions.v1.SessionStore/Append";
         let execute = "/agentry.tools.v1.ToolRunner/Execute";
-        assert_eq!(
-            auth.check(read, Some(&bearer(&client))).unwrap(),
-            Role::Client
-        );
+        let admin = auth.check(read, Some(&bearer(&client)), None).unwrap();
+        assert_eq!((admin.name.as_str(), admin.role), ("admin", Role::Admin));
         for path in [append, execute] {
-            let e = auth.check(path, Some(&bearer(&client))).unwrap_err();
+            let e = auth.check(path, Some(&bearer(&client)), None).unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{path}");
             assert_eq!(
-                auth.check(path, Some(&bearer(&service))).unwrap(),
-                Role::Service
+                auth.check(path, Some(&bearer(&service)), None).unwrap(),
+                Principal::service()
             );
         }
     }
 
     #[test]
+    fn a_persons_token_has_their_role_and_a_service_may_act_for_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("people.toml");
+        let viewer = crate::people::People::add(&file, "vera", Role::Viewer, "admin").unwrap();
+        let approver = crate::people::People::add(&file, "abe", Role::Approver, "admin").unwrap();
+        let (_, service, auth) = tokens();
+        let auth = auth.with_people(Arc::new(crate::people::PeopleFile::open(file).unwrap()));
+        let list = "/agentry.orchestrator.v1.Orchestrator/ListSessions";
+        let submit = "/agentry.orchestrator.v1.Orchestrator/Submit";
+        let delete = "/agentry.orchestrator.v1.Orchestrator/DeleteSession";
+
+        let vera = auth.check(list, Some(&bearer(&viewer)), None).unwrap();
+        assert_eq!((vera.name.as_str(), vera.role), ("vera", Role::Viewer));
+        let refused = auth
+            .check(submit, Some(&bearer(&viewer)), None)
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(
+            refused.message().contains("vera is a viewer")
+                && refused.message().contains("needs operator"),
+            "{}",
+            refused.message()
+        );
+        assert_eq!(
+            crate::reasons::reason_of(&refused),
+            crate::reasons::Reason::RoleTooLow
+        );
+        let abe = auth.check(submit, Some(&bearer(&approver)), None).unwrap();
+        assert_eq!(abe.role, Role::Approver);
+        assert!(auth.check(delete, Some(&bearer(&approver)), None).is_err());
+
+        // A service acting for a person has that person's role, not its own.
+        let for_vera = auth
+            .check(submit, Some(&bearer(&service)), Some(b"vera"))
+            .unwrap_err();
+        assert_eq!(for_vera.code(), tonic::Code::PermissionDenied);
+        let for_abe = auth
+            .check(submit, Some(&bearer(&service)), Some(b"abe"))
+            .unwrap();
+        assert_eq!(for_abe.name, "abe");
+        let nobody = auth
+            .check(list, Some(&bearer(&service)), Some(b"mallory"))
+            .unwrap_err();
+        assert_eq!(nobody.code(), tonic::Code::Unauthenticated);
+        // A person cannot claim to act for another.
+        let claimed = auth
+            .check(list, Some(&bearer(&viewer)), Some(b"abe"))
+            .unwrap();
+        assert_eq!(claimed.name, "vera");
+    }
+
+    #[test]
     fn health_checks_need_no_credential_and_off_needs_none_at_all() {
         let (_, _, auth) = tokens();
-        assert!(auth.check("/grpc.health.v1.Health/Check", None).is_ok());
+        assert!(
+            auth.check("/grpc.health.v1.Health/Check", None, None)
+                .is_ok()
+        );
         assert!(
             auth.check(
                 "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                None,
                 None
             )
             .is_err()
         );
         let off = Auth::off();
         assert!(
-            off.check("/agentry.tools.v1.ToolRunner/Execute", None)
+            off.check("/agentry.tools.v1.ToolRunner/Execute", None, None)
                 .is_ok()
         );
     }
@@ -714,13 +950,13 @@ mod tests {
     fn tokens_are_created_once_private_and_reused() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("data/auth/client.token");
-        let first = load_or_create(&path, Role::Client).unwrap();
+        let first = load_or_create(&path, TokenKind::Client).unwrap();
         assert!(first.secret().starts_with("agentry_client_"));
         assert_eq!(first.secret().len(), "agentry_client_".len() + 64);
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(path.parent().unwrap()), 0o700);
-        assert_eq!(load_or_create(&path, Role::Client).unwrap(), first);
+        assert_eq!(load_or_create(&path, TokenKind::Client).unwrap(), first);
         assert_eq!(read_token(&path).unwrap(), first);
         // No temporary files left behind.
         let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
@@ -740,7 +976,7 @@ mod tests {
         let path = tmp.path().join("auth/service.token");
         let found: Vec<Token> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..8)
-                .map(|_| s.spawn(|| load_or_create(&path, Role::Service).unwrap()))
+                .map(|_| s.spawn(|| load_or_create(&path, TokenKind::Service).unwrap()))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });

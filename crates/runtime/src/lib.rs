@@ -6,11 +6,13 @@
 //! crate (only on `agentry-proto` and the pure `agentry-policy`, whose
 //! configuration types it loads).
 
+pub mod access;
 pub mod auth;
 pub mod config;
 pub mod datadir;
 pub mod images;
 pub mod metrics;
+pub mod people;
 pub mod reasons;
 pub mod serve;
 pub mod telemetry;

@@ -338,6 +338,21 @@ pub fn new_turn_id() -> String {
 
 /// Checks an input from a client and turns it into the reducer's input:
 /// the one type from the wire to the state machine.
+/// Refuses an input its sender's role does not allow: answering an
+/// approval request needs `approver`, any other input `operator` (which
+/// the method asks already). Inputs made in-process (`by` is `None`) are
+/// the orchestrator's own.
+pub(super) fn allowed(by: Option<&Principal>, input: Option<&pb::Input>) -> Result<(), Status> {
+    let Some(by) = by else { return Ok(()) };
+    match input.and_then(|i| i.kind.as_ref()) {
+        Some(pb::input::Kind::Approval(_)) => by.require(Role::Approver, "answering an approval"),
+        _ => by.require(
+            Role::Operator,
+            "sending a message, a cancel or a model switch",
+        ),
+    }
+}
+
 pub(super) fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
     let kind = input.and_then(|i| i.kind).ok_or_else(|| {
         Status::invalid_argument("the input is empty: set user_message, approval or cancel")

@@ -8,6 +8,7 @@ use crate::reducer::Input;
 use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::orchestrator::v1::orchestrator_server::Orchestrator;
 use agentry_proto::sessions::v1 as spb;
+use agentry_runtime::auth::{Principal, Role};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ mod inputs;
 mod routing;
 
 pub use inputs::new_turn_id;
-use inputs::parse_input;
+use inputs::{allowed, parse_input};
 use routing::driver_status;
 
 /// The longest user message accepted, in bytes.
@@ -276,11 +277,19 @@ impl Orchestrator for Sessions {
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let forwarded = crate::cluster::was_forwarded(&request);
+        let by = Principal::of(request.extensions()).cloned();
         let req = request.into_inner();
         // Checked where it arrives, passed on as received.
         let input = parse_input(req.input.clone())?;
+        allowed(by.as_ref(), req.input.as_ref())?;
         let submitted = self
-            .submit_routed(&req.session_id, input, req.input.as_ref(), forwarded)
+            .submit_routed(
+                &req.session_id,
+                input,
+                req.input.as_ref(),
+                forwarded,
+                by.as_ref(),
+            )
             .await?;
         Ok(Response::new(pb::SubmitResponse {
             turn_id: submitted.turn_id,
@@ -311,6 +320,7 @@ impl Orchestrator for Sessions {
         &self,
         request: Request<Streaming<pb::ChatRequest>>,
     ) -> Result<Response<Self::ChatStream>, Status> {
+        let by = Principal::of(request.extensions()).cloned();
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -369,9 +379,17 @@ impl Orchestrator for Sessions {
             while let Ok(Some(message)) = inbound.message().await {
                 let outcome = match message.kind {
                     Some(pb::chat_request::Kind::Input(received)) => {
-                        match parse_input(Some(received.clone())) {
+                        match parse_input(Some(received.clone()))
+                            .and_then(|input| allowed(by.as_ref(), Some(&received)).map(|()| input))
+                        {
                             Ok(input) => this
-                                .submit_routed(&session_id, input, Some(&received), false)
+                                .submit_routed(
+                                    &session_id,
+                                    input,
+                                    Some(&received),
+                                    false,
+                                    by.as_ref(),
+                                )
                                 .await
                                 .map(|_| ()),
                             Err(status) => Err(status),
@@ -453,6 +471,7 @@ impl Orchestrator for Sessions {
         request: Request<pb::RewindSessionRequest>,
     ) -> Result<Response<pb::RewindSessionResponse>, Status> {
         let forwarded = crate::cluster::was_forwarded(&request);
+        let by = Principal::of(request.extensions()).cloned();
         let req = request.into_inner();
         loop {
             let handle = match self.route(&req.session_id).await? {
@@ -460,7 +479,7 @@ impl Orchestrator for Sessions {
                 Route::Elsewhere(url) => {
                     return self
                         .driver(&req.session_id, &url, forwarded)?
-                        .rewind_session(crate::cluster::forwarded(req.clone()))
+                        .rewind_session(crate::cluster::forwarded(req.clone(), by.as_ref()))
                         .await
                         .map_err(|s| driver_status(&req.session_id, &url, s));
                 }

@@ -290,20 +290,22 @@ impl Sessions {
     /// Submits one input made here (a reminder, a resource update) to a
     /// session.
     pub async fn submit_input(&self, session_id: &str, input: Input) -> Result<Submitted, Status> {
-        self.submit_routed(session_id, input, None, false).await
+        self.submit_routed(session_id, input, None, false, None)
+            .await
     }
 
     /// Submits one input to a session here, or to the replica that drives
     /// it (unless the input was forwarded here already). `received` is the
     /// input as a client sent it: it is passed on as received, and the
     /// replica that drives the session reads the files and resources its
-    /// message attaches.
+    /// message attaches. `by` is who sent it (`None`: made here).
     pub(super) async fn submit_routed(
         &self,
         session_id: &str,
         input: Input,
         received: Option<&pb::Input>,
         forwarded: bool,
+        by: Option<&agentry_runtime::auth::Principal>,
     ) -> Result<Submitted, Status> {
         let mut raw = Some(input);
         let mut attached: Option<Input> = None;
@@ -319,7 +321,7 @@ impl Sessions {
                             .or(raw.as_ref())
                             .and_then(crate::cluster::forwardable),
                     };
-                    return self.forward(session_id, &url, passed, forwarded).await;
+                    return self.forward(session_id, &url, passed, forwarded, by).await;
                 }
             };
             let input = match (attached.clone(), raw.take()) {
@@ -350,23 +352,28 @@ impl Sessions {
         )))
     }
 
-    /// Sends an input to the replica at `url`, which drives the session.
+    /// Sends an input to the replica at `url`, which drives the session,
+    /// for `by`.
     pub(super) async fn forward(
         &self,
         session_id: &str,
         url: &str,
         input: Option<pb::Input>,
         forwarded: bool,
+        by: Option<&agentry_runtime::auth::Principal>,
     ) -> Result<Submitted, Status> {
         let Some(input) = input else {
             return Err(driven_elsewhere(session_id, url));
         };
         let response = self
             .driver(session_id, url, forwarded)?
-            .submit(crate::cluster::forwarded(pb::SubmitRequest {
-                session_id: session_id.to_string(),
-                input: Some(input),
-            }))
+            .submit(crate::cluster::forwarded(
+                pb::SubmitRequest {
+                    session_id: session_id.to_string(),
+                    input: Some(input),
+                },
+                by,
+            ))
             .await
             .map_err(|s| driver_status(session_id, url, s))?
             .into_inner();

@@ -137,6 +137,7 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_AUTH", &["auth", "mode"]),
     ("AGENTRY_TOKEN", &["auth", "token"]),
     ("AGENTRY_CLIENT_TOKEN_FILE", &["auth", "client_token_file"]),
+    ("AGENTRY_PEOPLE_FILE", &["auth", "people_file"]),
     (
         "AGENTRY_SERVICE_TOKEN_FILE",
         &["auth", "service_token_file"],
@@ -504,6 +505,18 @@ impl Config {
     pub fn service_token_file(&self) -> PathBuf {
         match self.auth.service_token_file.as_str() {
             "" => self.data_dir().join("auth").join("service.token"),
+            path => PathBuf::from(path),
+        }
+    }
+
+    /// The people file: `auth.people_file`, else `people.toml` beside the
+    /// service token (which every service can read, and clients cannot).
+    pub fn people_file(&self) -> PathBuf {
+        match self.auth.people_file.as_str() {
+            "" => self
+                .service_token_file()
+                .parent()
+                .map_or_else(|| PathBuf::from("people.toml"), |d| d.join("people.toml")),
             path => PathBuf::from(path),
         }
     }

@@ -382,6 +382,9 @@ pub struct AuthConfig {
     pub client_token_file: String,
     /// The service token's file; empty: `<data_dir>/auth/service.token`.
     pub service_token_file: String,
+    /// The people file (each person's name, role and token hash, written
+    /// by `agentry users`); empty: `people.toml` beside the service token.
+    pub people_file: String,
     /// The client token itself, for clients on another machine; empty: read
     /// from `client_token_file`.
     pub token: String,
@@ -395,6 +398,7 @@ impl std::fmt::Debug for AuthConfig {
             .field("mode", &self.mode)
             .field("client_token_file", &self.client_token_file)
             .field("service_token_file", &self.service_token_file)
+            .field("people_file", &self.people_file)
             .field(
                 "token",
                 &if self.token.is_empty() {
