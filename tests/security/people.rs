@@ -135,6 +135,33 @@ async fn each_person_may_do_what_their_role_allows_and_nothing_more() {
             .exists()
     );
 
+    // The log says who sent the message and who approved the call; the
+    // agent's own events name nobody.
+    let mut store = cluster.store().await.unwrap();
+    let log = read_log(&mut store, &session.id).await;
+    let by = |wanted: fn(&spb::event::Kind) -> bool| -> Vec<String> {
+        log.iter()
+            .filter(|e| e.kind.as_ref().is_some_and(wanted))
+            .map(|e| e.by.clone())
+            .collect()
+    };
+    assert_eq!(
+        by(|k| matches!(k, spb::event::Kind::UserMessage(_))),
+        ["otto"]
+    );
+    assert_eq!(
+        by(|k| matches!(k, spb::event::Kind::ApprovalDecided(_))),
+        ["abe"]
+    );
+    assert!(
+        by(|k| matches!(
+            k,
+            spb::event::Kind::ModelMessage(_) | spb::event::Kind::ToolResult(_)
+        ))
+        .iter()
+        .all(String::is_empty)
+    );
+
     // Deleting is for admins: not the approver, but the client token.
     let refused = abe
         .delete_session(spb::DeleteSessionRequest {

@@ -102,7 +102,8 @@ impl<A: Write, B: Write> Renderer<A, B> {
         match kind {
             Kind::UserMessage(m) if self.show_user => {
                 self.end_line();
-                let _ = writeln!(self.activity, "you> {}{}", m.text, images_shown(m));
+                let who = agentry_client::text::named(&event.by).unwrap_or("you");
+                let _ = writeln!(self.activity, "{who}> {}{}", m.text, images_shown(m));
             }
             Kind::ModelTextDelta(d) => {
                 self.streamed.push_str(&d.text);
@@ -140,7 +141,14 @@ impl<A: Write, B: Write> Renderer<A, B> {
             Kind::ApprovalDecided(a) => {
                 let what = decided(a);
                 self.end_line();
-                let _ = writeln!(self.activity, "  ✓ {what}");
+                match agentry_client::text::named(&event.by) {
+                    Some(by) => {
+                        let _ = writeln!(self.activity, "  ✓ {what} (by {by})");
+                    }
+                    None => {
+                        let _ = writeln!(self.activity, "  ✓ {what}");
+                    }
+                }
             }
             // A call of an MCP tool streams its server's progress and log
             // messages; other tools' output shows with the result.

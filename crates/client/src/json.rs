@@ -51,6 +51,9 @@ pub fn event_json(event: &pb::Event) -> Value {
     if event.live {
         out["live"] = json!(true);
     }
+    if !event.by.is_empty() {
+        out["by"] = json!(event.by);
+    }
     let kind = event.kind.as_ref().and_then(|_| {
         let descriptor = event_descriptor()?;
         let message =
@@ -264,6 +267,12 @@ mod tests {
         });
         assert_eq!(timed["time"], 10.5);
         assert_eq!(timed["live"], true);
+        assert!(timed.get("by").is_none());
+        let sent = event_json(&pb::Event {
+            by: "alice".into(),
+            ..Default::default()
+        });
+        assert_eq!(sent["by"], "alice");
     }
 
     #[test]

@@ -20,6 +20,18 @@ pub fn shorten(text: &str, max: usize) -> String {
     }
 }
 
+/// The name to show for who sent or decided something (an event's `by`):
+/// `None` for nobody (the agent, logs from before people had names) and for
+/// the install's own person (`admin`, the client token, or `local` with
+/// credentials off), so that one person alone with their agent sees no
+/// names, and a team sees who did what.
+pub fn named(by: &str) -> Option<&str> {
+    match by {
+        "" | "admin" | "local" => None,
+        name => Some(name),
+    }
+}
+
 /// The command line of a shell call (`bash`), whole, to show as
 /// `$ command`; `None` for any other tool, or a call without one.
 pub fn shell_command(tool: &str, arguments: &str) -> Option<String> {

@@ -79,8 +79,14 @@ pub struct ToolBlock {
 /// One item of the transcript.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry {
-    /// What the person sent.
-    User(String),
+    /// What a person sent.
+    User {
+        /// The message.
+        text: String,
+        /// Who sent it, when it was not this install's own person (see
+        /// [`crate::text::named`]); empty otherwise.
+        by: String,
+    },
     /// The model's answer (markdown), streaming until its message is logged.
     Answer {
         /// The text.
@@ -357,7 +363,12 @@ impl SessionView {
         match kind {
             Kind::UserMessage(m) => {
                 let text = format!("{}{}", m.text, images_shown(m));
-                self.push(Entry::User(filter(&text)));
+                self.push(Entry::User {
+                    text: filter(&text),
+                    by: crate::text::named(&event.by)
+                        .map(filter)
+                        .unwrap_or_default(),
+                });
                 self.turn_open = true;
                 self.activity = Some(Activity::Model);
             }
@@ -447,16 +458,19 @@ impl SessionView {
                 self.activity = Some(Activity::Waiting);
             }
             Kind::ApprovalDecided(d) => {
+                let who = crate::text::named(&event.by)
+                    .map(|by| format!(" by {}", filter(by)))
+                    .unwrap_or_default();
                 let decision = match pb::ApprovalDecision::try_from(d.decision).unwrap_or_default()
                 {
-                    pb::ApprovalDecision::Approve => "approved".to_string(),
+                    pb::ApprovalDecision::Approve => format!("approved{who}"),
                     pb::ApprovalDecision::ApproveForSession => {
-                        "approved for this session".to_string()
+                        format!("approved for this session{who}")
                     }
-                    pb::ApprovalDecision::Edit => "edited and approved".to_string(),
-                    pb::ApprovalDecision::Check => "to be checked".to_string(),
-                    pb::ApprovalDecision::Deny if d.reason.is_empty() => "denied".to_string(),
-                    pb::ApprovalDecision::Deny => format!("denied: {}", filter(&d.reason)),
+                    pb::ApprovalDecision::Edit => format!("edited and approved{who}"),
+                    pb::ApprovalDecision::Check => format!("to be checked{who}"),
+                    pb::ApprovalDecision::Deny if d.reason.is_empty() => format!("denied{who}"),
+                    pb::ApprovalDecision::Deny => format!("denied{who}: {}", filter(&d.reason)),
                     pb::ApprovalDecision::Unspecified => String::new(),
                 };
                 if let Some((i, block)) = self.block_mut(&d.call_id) {

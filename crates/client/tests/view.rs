@@ -94,7 +94,13 @@ fn a_turn_becomes_a_transcript_with_its_figures() {
     assert_eq!((view.context_used, view.session_tokens), (105, 105));
     assert_eq!(view.session_cost, 0.5);
     assert_eq!(view.entries[0], Entry::Turn(1));
-    assert_eq!(view.entries[1], Entry::User("list the files".into()));
+    assert_eq!(
+        view.entries[1],
+        Entry::User {
+            text: "list the files".into(),
+            by: String::new()
+        }
+    );
     assert_eq!(
         view.entries[2],
         Entry::Answer {
@@ -212,7 +218,16 @@ fn a_rewind_marks_what_it_took_out_as_history() {
         .filter(|(_, rewound)| **rewound)
         .map(|(entry, _)| entry)
         .collect();
-    assert_eq!(history, [&Entry::Turn(2), &Entry::User("second".into())]);
+    assert_eq!(
+        history,
+        [
+            &Entry::Turn(2),
+            &Entry::User {
+                text: "second".into(),
+                by: String::new()
+            }
+        ]
+    );
     assert!(matches!(
         view.entries.last(),
         Some(Entry::Note(text, _)) if text.starts_with("── rewound to the end of turn 1")
@@ -293,4 +308,59 @@ fn an_unreadable_tool_call_is_shown_as_written_with_a_note_and_counted() {
         note,
         "  (the model's tool call still could not be read: no tool named \"nope\")"
     );
+}
+
+#[test]
+fn another_persons_message_and_answer_say_who_the_installs_own_do_not() {
+    let by = |seq: u64, kind: Kind, by: &str| pb::Event {
+        by: by.into(),
+        ..logged(seq, kind)
+    };
+    let message = |text: &str| {
+        Kind::UserMessage(pb::UserMessage {
+            text: text.into(),
+            ..Default::default()
+        })
+    };
+    let mut view = view();
+    view.apply(&by(1, message("mine"), "admin"));
+    view.apply(&by(
+        2,
+        Kind::ToolCallRequested(pb::ToolCallRequested {
+            call_id: "c1".into(),
+            tool: "write_file".into(),
+            arguments_json: r#"{"path":"a","content":""}"#.into(),
+            ..Default::default()
+        }),
+        "",
+    ));
+    view.apply(&by(
+        3,
+        Kind::ApprovalDecided(pb::ApprovalDecided {
+            call_id: "c1".into(),
+            decision: pb::ApprovalDecision::Deny as i32,
+            reason: "not now".into(),
+            ..Default::default()
+        }),
+        "abe",
+    ));
+    view.apply(&by(4, message("theirs"), "otto"));
+    let users: Vec<(&str, &str)> = view
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::User { text, by } => Some((text.as_str(), by.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(users, [("mine", ""), ("theirs", "otto")]);
+    let decision = view
+        .entries
+        .iter()
+        .find_map(|e| match e {
+            Entry::Tool(b) if b.call_id == "c1" => Some(b.decision.clone()),
+            _ => None,
+        })
+        .expect("the call's block");
+    assert_eq!(decision, "denied by abe: not now");
 }

@@ -126,6 +126,7 @@ pub fn text_delta(session_id: &str, turn_id: &str, after_seq: u64, text: String)
             text,
         })),
         live: true,
+        by: String::new(),
     }
 }
 

@@ -91,6 +91,7 @@ fn write_session(conn: &Connection, id: &str, updated_ms: i64, kinds: &[(&str, e
             time: None,
             kind: Some(kind.clone()),
             live: false,
+            by: String::new(),
         };
         conn.execute(
             "INSERT INTO events (session_id, seq, kind, turn_id, time_ms, body)

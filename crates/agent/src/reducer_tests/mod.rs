@@ -871,6 +871,7 @@ impl Session {
                                 time: None,
                                 kind: Some(kind.clone()),
                                 live: false,
+                                by: String::new(),
                             });
                         }
                     }

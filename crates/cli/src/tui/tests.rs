@@ -38,6 +38,7 @@ fn logged(kind: Kind) -> spb::Event {
         kind: Some(kind),
         live: false,
         time: None,
+        by: String::new(),
     }
 }
 
@@ -1776,7 +1777,9 @@ fn control_characters_never_reach_the_screen() {
     // What the app keeps is clean as well, not only what ratatui draws.
     for entry in &app.view.entries {
         let text = match entry {
-            Entry::User(t) | Entry::Note(t, _) | Entry::Answer { text: t, .. } => t.clone(),
+            Entry::User { text: t, .. } | Entry::Note(t, _) | Entry::Answer { text: t, .. } => {
+                t.clone()
+            }
             Entry::Tool(b) => format!("{}{}{}", b.tool, b.summary, b.output),
             Entry::Turn(n) => n.to_string(),
         };
@@ -1823,6 +1826,7 @@ fn a_sub_agents_question_is_kept_apart_from_the_parents_and_answered_to_its_sess
         kind: Some(kind),
         live: true,
         time: None,
+        by: String::new(),
     };
     // The child's write (relayed) and the parent's own call, same call id.
     let actions = app.on_event(&relayed(ask(
@@ -2236,4 +2240,27 @@ fn a_sub_agents_steps_stay_folded_under_its_call_and_its_tokens_count() {
     let rows = screen.draw(&mut app);
     assert!(shows(&rows, "[researcher] ← hello"), "{}", dump(&rows));
     assert!(shows(&rows, "notes say hello"), "{}", dump(&rows));
+}
+
+#[test]
+fn another_persons_message_and_approval_show_their_name() {
+    let mut app = new_app(false);
+    let mut screen = Screen::new(80, 24);
+    app.on_event(&spb::Event {
+        by: "otto".into(),
+        ..logged(user("deploy it"))
+    });
+    app.on_event(&logged(requested(
+        "c1",
+        "write_file",
+        r#"{"path":"a.txt","content":"x"}"#,
+    )));
+    app.on_event(&spb::Event {
+        by: "abe".into(),
+        ..logged(decided("c1", ApprovalDecision::Approve))
+    });
+    let rows = screen.draw(&mut app);
+    let at = find_row(&rows, "otto:").unwrap_or_else(|| panic!("{}", dump(&rows)));
+    assert_eq!(rows[at + 1], pad("› deploy it", 80), "{}", dump(&rows));
+    assert!(shows(&rows, "approved by abe"), "{}", dump(&rows));
 }

@@ -152,7 +152,11 @@ pub fn entry_lines(
 ) -> Vec<Line<'static>> {
     let mut out = Vec::new();
     match entry {
-        Entry::User(text) => {
+        Entry::User { text, by } => {
+            // Another person's message says whose it is, on a line above.
+            if !by.is_empty() {
+                out.push(Line::from(Span::styled(format!("{by}:"), theme.dim())));
+            }
             // Each line of a message on lines of its own (blank ones kept).
             let room = usize::from(width).saturating_sub(2);
             let pieces = text.split('\n').flat_map(|line| {

@@ -41,12 +41,16 @@ pub(crate) enum Command {
     /// An input for the reducer.
     Input {
         input: Input,
+        /// The person who sent it (`None`: made by the services).
+        by: Option<String>,
         reply: oneshot::Sender<Result<Submitted, Status>>,
     },
     /// Put the session back to the end of turn `to_turn`.
     Rewind {
         to_turn: u32,
         with_files: bool,
+        /// The person who asked.
+        by: Option<String>,
         reply:
             oneshot::Sender<Result<agentry_proto::orchestrator::v1::RewindSessionResponse, Status>>,
     },
@@ -96,6 +100,9 @@ pub(crate) struct Actor {
     child: Option<Child>,
     /// The task of each delegate call started, by call id.
     tasks: HashMap<String, String>,
+    /// The person whose input is being handled: the events recording it
+    /// carry their name.
+    acting_for: Option<String>,
 }
 
 /// The store could not record an event: the actor stops, and the session is
@@ -122,6 +129,19 @@ pub(crate) struct Child {
     /// Its delegate call has ended: an unfinished turn is cancelled, not
     /// recovered.
     pub orphan: bool,
+}
+
+/// Whether an event records a person's input (and so carries who sent it).
+fn records_input(kind: &pb::event::Kind) -> bool {
+    use pb::event::Kind;
+    matches!(
+        kind,
+        Kind::UserMessage(_)
+            | Kind::ApprovalDecided(_)
+            | Kind::CancelRequested(_)
+            | Kind::ModelChanged(_)
+            | Kind::SessionRewound(_)
+    )
 }
 
 /// How long past its own timeout a hook's runner may take to answer.
@@ -164,6 +184,7 @@ impl Actor {
             offered: None,
             child,
             tasks: HashMap::new(),
+            acting_for: None,
         };
         tokio::spawn(actor.run(commands));
         SessionHandle {
@@ -194,9 +215,16 @@ impl Actor {
         loop {
             let result = tokio::select! {
                 command = commands.recv() => match command.map(|c| *c) {
-                    Some(Command::Input { input, reply }) => self.handle_command(input, reply).await,
-                    Some(Command::Rewind { to_turn, with_files, reply }) => {
+                    Some(Command::Input { input, by, reply }) => {
+                        self.acting_for = by;
+                        let result = self.handle_command(input, reply).await;
+                        self.acting_for = None;
+                        result
+                    }
+                    Some(Command::Rewind { to_turn, with_files, by, reply }) => {
+                        self.acting_for = by;
                         let result = self.rewind(to_turn, with_files).await;
+                        self.acting_for = None;
                         let broken = matches!(&result, Err(RewindError::Broken(_)));
                         let _ = reply.send(result.map_err(RewindError::into_status));
                         if broken {
@@ -242,6 +270,7 @@ impl Actor {
                 ..Default::default()
             })),
             live: true,
+            by: String::new(),
         });
     }
 
@@ -457,6 +486,10 @@ impl Actor {
                 batch.extend(events.into_iter().map(|kind| pb::Event {
                     turn_id: turn_id.clone(),
                     time: Some(time),
+                    by: match &self.acting_for {
+                        Some(by) if records_input(&kind) => by.clone(),
+                        _ => String::new(),
+                    },
                     kind: Some(kind),
                     ..Default::default()
                 }));

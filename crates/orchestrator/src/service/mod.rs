@@ -488,6 +488,7 @@ impl Orchestrator for Sessions {
             let command = Box::new(Command::Rewind {
                 to_turn: req.to_turn,
                 with_files: !req.conversation_only,
+                by: by.as_ref().map(|p| p.name.clone()),
                 reply,
             });
             if handle.commands.send(command).await.is_err() {

@@ -334,7 +334,11 @@ impl Sessions {
             };
             attached = Some(input.clone());
             let (reply, answer) = oneshot::channel();
-            let command = Box::new(Command::Input { input, reply });
+            let command = Box::new(Command::Input {
+                input,
+                by: by.map(|p| p.name.clone()),
+                reply,
+            });
             if handle.commands.send(command).await.is_err() {
                 continue;
             }
