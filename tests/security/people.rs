@@ -153,6 +153,19 @@ async fn each_person_may_do_what_their_role_allows_and_nothing_more() {
         by(|k| matches!(k, spb::event::Kind::ApprovalDecided(_))),
         ["abe"]
     );
+    // And that a person, not a rule, let the call run.
+    let allowed: Vec<spb::AllowedBy> = log
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(spb::event::Kind::ToolCallState(s))
+                if s.phase() == spb::ToolCallPhase::Scheduled =>
+            {
+                Some(s.allowed_by())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(allowed, [spb::AllowedBy::Person]);
     assert!(
         by(|k| matches!(
             k,

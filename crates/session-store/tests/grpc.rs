@@ -330,6 +330,7 @@ fn one_of_each_kind() -> Vec<Event> {
             call_id: "c1".into(),
             phase: pb::ToolCallPhase::Executing as i32,
             detail: "approved".into(),
+            allowed_by: 0,
         }),
         Kind::ToolOutputChunk(pb::ToolOutputChunk {
             call_id: "c1".into(),

@@ -186,22 +186,18 @@ impl SessionState {
                 self.refuse_call(out, turn_id, call_id, CallPhase::Error, output);
             }
             (Decision::Allow, _) => {
-                let detail = match by_hook {
-                    Some(_) => format!("allowed by {rule}"),
-                    None => rule,
+                let (detail, allowed_by) = match by_hook {
+                    Some(_) => (format!("allowed by {rule}"), pb::AllowedBy::Hook),
+                    None => (rule, self.allowed_by_policy(&tool, &args, read_only)),
                 };
-                self.emit(
-                    out,
-                    turn_id,
-                    state_event(call_id, CallPhase::Scheduled, detail),
-                );
+                self.emit(out, turn_id, scheduled(call_id, detail, allowed_by));
             }
             (Decision::Confirm, ApprovalMode::Always) => {
                 let detail = format!("approved for this turn ({rule})");
                 self.emit(
                     out,
                     turn_id,
-                    state_event(call_id, CallPhase::Scheduled, detail),
+                    scheduled(call_id, detail, pb::AllowedBy::Turn),
                 );
             }
             (Decision::Confirm, ApprovalMode::Policy | ApprovalMode::Unspecified) => {
@@ -444,7 +440,7 @@ impl SessionState {
                 self.emit(
                     out,
                     turn_id,
-                    state_event(&call_id, CallPhase::Scheduled, detail),
+                    scheduled(&call_id, detail, pb::AllowedBy::Person),
                 );
             }
             ApprovalDecision::ApproveForSession => {
@@ -461,7 +457,7 @@ impl SessionState {
                 self.emit(
                     out,
                     turn_id,
-                    state_event(&call_id, CallPhase::Scheduled, detail),
+                    scheduled(&call_id, detail, pb::AllowedBy::Person),
                 );
                 self.release_allowed(out, turn_id);
             }
@@ -507,7 +503,7 @@ impl SessionState {
                         self.emit(
                             out,
                             turn_id,
-                            state_event(&call_id, CallPhase::Scheduled, detail),
+                            scheduled(&call_id, detail, pb::AllowedBy::Person),
                         );
                     }
                 }
@@ -515,6 +511,24 @@ impl SessionState {
         }
         self.dispatch(out, turn_id);
         Ok(())
+    }
+
+    /// What let a call the policy allows run: the configured policy, or
+    /// (when that alone would have asked) a person's standing approval for
+    /// this session.
+    fn allowed_by_policy(&self, tool: &str, arguments: &str, read_only: bool) -> pb::AllowedBy {
+        if self.session_rules.is_empty() {
+            return pb::AllowedBy::Rule;
+        }
+        let alone =
+            self.policy
+                .0
+                .check_tool(tool, arguments, read_only, self.read_only_hint(tool), &[]);
+        if alone.decision == Decision::Allow {
+            pb::AllowedBy::Rule
+        } else {
+            pb::AllowedBy::Session
+        }
     }
 
     /// A person's choice about a call whose outcome is unknown after a
@@ -590,11 +604,9 @@ impl SessionState {
                 &self.session_rules,
             );
             if verdict.decision == Decision::Allow {
-                self.emit(
-                    out,
-                    turn_id,
-                    state_event(&call.id, CallPhase::Scheduled, verdict.rule),
-                );
+                let allowed_by =
+                    self.allowed_by_policy(&call.tool, &call.effective_arguments, call.read_only);
+                self.emit(out, turn_id, scheduled(&call.id, verdict.rule, allowed_by));
             }
         }
     }
@@ -679,12 +691,12 @@ impl SessionState {
                         &self.session_rules,
                     );
                     if verdict.decision == Decision::Allow {
-                        let id = call.id.clone();
-                        self.emit(
-                            out,
-                            turn_id,
-                            state_event(&id, CallPhase::Scheduled, verdict.rule),
+                        let allowed_by = self.allowed_by_policy(
+                            &call.tool,
+                            &call.effective_arguments,
+                            call.read_only,
                         );
+                        self.emit(out, turn_id, scheduled(&call.id, verdict.rule, allowed_by));
                         continue;
                     }
                     self.ask_again(out, turn_id, &call, verdict.rule, false);

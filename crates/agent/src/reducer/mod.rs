@@ -590,9 +590,19 @@ fn state_event(call_id: &str, phase: CallPhase, detail: impl Into<String>) -> Ki
         call_id: call_id.to_string(),
         phase: 0,
         detail: detail.into(),
+        allowed_by: 0,
     };
     state.set_phase(phase.to_proto());
     Kind::ToolCallState(state)
+}
+
+/// A call scheduled to run, with what allowed it.
+fn scheduled(call_id: &str, detail: impl Into<String>, allowed_by: pb::AllowedBy) -> Kind {
+    let mut kind = state_event(call_id, CallPhase::Scheduled, detail);
+    if let Kind::ToolCallState(state) = &mut kind {
+        state.set_allowed_by(allowed_by);
+    }
+    kind
 }
 
 mod apply;

@@ -118,6 +118,19 @@ fn a_hook_may_skip_a_confirmation_but_never_lift_a_policy_deny() {
             .any(|k| matches!(k, Kind::ApprovalRequested(_)))
     );
     assert_eq!(run_tools(&effects), vec![bash("b1", "make")]);
+    // The log says the hook let it run.
+    let allowed_by: Vec<pb::AllowedBy> = events_of(&effects)
+        .iter()
+        .filter_map(|k| match k {
+            Kind::ToolCallState(s)
+                if s.call_id == "b1" && s.phase() == pb::ToolCallPhase::Scheduled =>
+            {
+                Some(s.allowed_by())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(allowed_by, [pb::AllowedBy::Hook]);
     session.ok(done("b1", "built"));
 
     let job = {

@@ -32,6 +32,7 @@ fn backward_state_events_are_ignored_by_apply() {
         call_id: "c2".into(),
         phase: 0,
         detail: String::new(),
+        allowed_by: 0,
     };
     for unknown in [-1, 99] {
         raw.phase = unknown;

@@ -349,11 +349,30 @@ fn phase_event(call_id: &str, phase: ToolCallPhase, detail: &str) -> Kind {
         call_id: call_id.into(),
         phase: phase as i32,
         detail: detail.into(),
+        allowed_by: 0,
     })
 }
 
+/// A call scheduled, with what allowed it as the wording of `detail`
+/// says (the reducer decides it from the decision itself, not the words).
 fn scheduled(call_id: &str, detail: &str) -> Kind {
-    phase_event(call_id, ToolCallPhase::Scheduled, detail)
+    let allowed_by = if detail.contains("by a person") {
+        pb::AllowedBy::Person
+    } else if detail.starts_with("approved for this turn") {
+        pb::AllowedBy::Turn
+    } else if detail.starts_with("allowed by the hook") {
+        pb::AllowedBy::Hook
+    } else if detail.starts_with("session rule") {
+        pb::AllowedBy::Session
+    } else {
+        pb::AllowedBy::Rule
+    };
+    Kind::ToolCallState(pb::ToolCallState {
+        call_id: call_id.into(),
+        phase: ToolCallPhase::Scheduled as i32,
+        detail: detail.into(),
+        allowed_by: allowed_by as i32,
+    })
 }
 
 /// Scheduled by the default allow-all policy.

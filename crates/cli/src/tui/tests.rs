@@ -1863,6 +1863,7 @@ fn a_sub_agents_question_is_kept_apart_from_the_parents_and_answered_to_its_sess
         call_id: "call_1".into(),
         phase: spb::ToolCallPhase::Scheduled as i32,
         detail: String::new(),
+        allowed_by: 0,
     })));
     assert_eq!(app.approvals.len(), 1);
     assert_eq!(app.approvals[0].request.call_id, "call_1");
