@@ -2,6 +2,7 @@
 //! run every service in one process.
 
 mod approval;
+mod audit_cmds;
 mod autostart;
 mod client;
 mod doctor;
@@ -203,6 +204,22 @@ enum Command {
     /// other machines (`authorization: Bearer <token>` metadata, or
     /// AGENTRY_TOKEN)
     Token,
+    /// Who did what, and what let each tool call run (a policy rule, a hook,
+    /// a person's answer, a standing approval and who granted it, the turn's
+    /// approve-always and who asked), from the session logs: `agentry audit
+    /// --since 24h`, `agentry audit --session ID --json`
+    Audit {
+        /// Only this session (its id, or a prefix only it has)
+        #[arg(long)]
+        session: Option<String>,
+        /// Only since then: a time (2026-11-28T09:00:00+01:00) or a time ago
+        /// (30m, 24h, 7d)
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
+        /// One JSON object per line
+        #[arg(long)]
+        json: bool,
+    },
     /// The people who may use Agentry, each with a role (viewer, operator,
     /// approver, admin) and a token of their own: `agentry users add alice
     /// --role approver` prints alice's token once
@@ -709,6 +726,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 .await
                 .map(|()| ExitCode::SUCCESS),
         },
+        Command::Audit {
+            session,
+            since,
+            json,
+        } => audit_cmds::run(&config, session, since, json)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         Command::Users { command } => user_cmds::run(&config, command).map(|()| ExitCode::SUCCESS),
         Command::Reminders { command } => match command {
             RemindersCommand::List { session, status } => {

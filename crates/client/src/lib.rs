@@ -11,6 +11,7 @@
 //! The plain CLI (`agentry run`, the line chat, `sessions show`) and the
 //! full-screen chat use it; so do the bench and the tests.
 
+pub mod audit;
 pub mod connect;
 pub mod json;
 pub mod relay;
