@@ -282,26 +282,31 @@ pub fn read_token(path: &Path) -> Result<Token, AuthError> {
         path: path.to_path_buf(),
         reason,
     };
+    match read_private(path).map_err(file_error)? {
+        Some(text) => Token::parse(&text).map_err(file_error),
+        None => Err(AuthError::Missing {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+/// The text of a file only its owner may read or write (`None`: it does
+/// not exist); a file others may use is refused, saying how to fix it.
+pub(crate) fn read_private(path: &Path) -> Result<Option<String>, String> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(AuthError::Missing {
-                path: path.to_path_buf(),
-            });
-        }
-        Err(e) => return Err(file_error(e.to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
     };
-    let mode = std::fs::metadata(path)
-        .map_err(|e| file_error(e.to_string()))?
-        .mode();
+    let mode = std::fs::metadata(path).map_err(|e| e.to_string())?.mode();
     if mode & 0o077 != 0 {
-        return Err(file_error(format!(
-            "other users can read it (mode {:o}); run `chmod 600 {}`",
+        return Err(format!(
+            "other users can read or write it (mode {:o}); run `chmod 600 {}`",
             mode & 0o777,
             path.display()
-        )));
+        ));
     }
-    Token::parse(&text).map_err(file_error)
+    Ok(Some(text))
 }
 
 /// Reads the token in `path`, creating it first (mode 0600, its directory

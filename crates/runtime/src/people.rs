@@ -113,21 +113,9 @@ impl People {
             path: path.to_path_buf(),
             reason,
         };
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(People::default()),
-            Err(e) => return Err(file_error(e.to_string())),
+        let Some(text) = crate::auth::read_private(path).map_err(file_error)? else {
+            return Ok(People::default());
         };
-        let mode = std::fs::metadata(path)
-            .map_err(|e| file_error(e.to_string()))?
-            .mode();
-        if mode & 0o077 != 0 {
-            return Err(file_error(format!(
-                "other users can read or write it (mode {:o}); run `chmod 600 {}`",
-                mode & 0o777,
-                path.display()
-            )));
-        }
         let people: People = toml::from_str(&text).map_err(|e| file_error(e.to_string()))?;
         for person in &people.people {
             check_name(&person.name).map_err(|e| file_error(e.to_string()))?;
