@@ -211,14 +211,11 @@ pub fn records(log: &[pb::Event]) -> Vec<Record> {
                     }
                     pb::AllowedBy::Unspecified => Allowed::NotRecorded(s.detail.clone()),
                 };
-                out.push(Record {
-                    by: String::new(),
-                    ..record(
-                        "tool_call",
-                        format!("{tool} {}", short_args(tool, args)),
-                        Some(allowed),
-                    )
-                });
+                out.push(record(
+                    "tool_call",
+                    format!("{tool} {}", short_args(tool, args)),
+                    Some(allowed),
+                ));
             }
             Kind::CancelRequested(c) => out.push(record("cancel", shorten(&c.reason, 80), None)),
             Kind::ModelChanged(m) => out.push(record("model", m.model.clone(), None)),

@@ -26,10 +26,8 @@ pub fn shorten(text: &str, max: usize) -> String {
 /// credentials off), so that one person alone with their agent sees no
 /// names, and a team sees who did what.
 pub fn named(by: &str) -> Option<&str> {
-    match by {
-        "" | "admin" | "local" => None,
-        name => Some(name),
-    }
+    use agentry_runtime::people::{ADMIN, LOCAL};
+    (!by.is_empty() && by != ADMIN && by != LOCAL).then_some(by)
 }
 
 /// The command line of a shell call (`bash`), whole, to show as

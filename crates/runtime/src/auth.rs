@@ -290,6 +290,44 @@ pub fn read_token(path: &Path) -> Result<Token, AuthError> {
     }
 }
 
+/// The directory of the private file `path`, made (mode 0700) when it does
+/// not exist; directories above it (the data dir) get their usual modes.
+pub(crate) fn private_dir(path: &Path) -> Result<&Path, String> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if let Some(above) = dir.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(above)
+            .map_err(|e| format!("cannot create {}: {e}", above.display()))?;
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Writes `bytes` to the new file `file` in `dir` (mode 0600, synced). A
+/// process running as root (a container's service, `agentry users` run
+/// there) leaves it to whoever owns the directory, so the services can
+/// read it.
+pub(crate) fn write_private(file: &Path, dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)?;
+    out.write_all(bytes)?;
+    out.sync_all()?;
+    let owner = std::fs::metadata(dir)?;
+    if crate::config::running_as_root() && owner.uid() != 0 {
+        std::os::unix::fs::chown(file, Some(owner.uid()), Some(owner.gid()))?;
+    }
+    Ok(())
+}
+
 /// The text of a file only its owner may read or write (`None`: it does
 /// not exist); a file others may use is refused, saying how to fix it.
 pub(crate) fn read_private(path: &Path) -> Result<Option<String>, String> {
@@ -321,21 +359,7 @@ pub fn load_or_create(path: &Path, kind: TokenKind) -> Result<Token, AuthError> 
         path: path.to_path_buf(),
         reason,
     };
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    // The token's own directory is private; directories above it (the
-    // data dir) get their usual modes from whoever prepares them.
-    if let Some(above) = dir.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(above)
-            .map_err(|e| file_error(format!("cannot create {}: {e}", above.display())))?;
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| file_error(format!("cannot create {}: {e}", dir.display())))?;
+    let dir = private_dir(path).map_err(file_error)?;
     let token = Token::generate(kind).map_err(|e| file_error(e.to_string()))?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -348,20 +372,7 @@ pub fn load_or_create(path: &Path, kind: TokenKind) -> Result<Token, AuthError> 
         std::process::id()
     ));
     let written = (|| -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(token.secret().as_bytes())?;
-        file.write_all(b"\n")?;
-        file.sync_all()?;
-        // A service started as root (a container's tool runner) leaves the
-        // file to whoever owns the directory, so the others can read it.
-        let owner = std::fs::metadata(dir)?;
-        if crate::config::running_as_root() && owner.uid() != 0 {
-            std::os::unix::fs::chown(&tmp, Some(owner.uid()), Some(owner.gid()))?;
-        }
+        write_private(&tmp, dir, format!("{}\n", token.secret()).as_bytes())?;
         match std::fs::hard_link(&tmp, path) {
             Ok(()) => Ok(()),
             // Another process created it first: use theirs.
@@ -627,7 +638,7 @@ impl Auth {
             let name = on_behalf_of
                 .and_then(|n| std::str::from_utf8(n).ok())
                 .filter(|n| crate::people::check_name(n).is_ok() || *n == crate::people::ADMIN)
-                .unwrap_or("local");
+                .unwrap_or(crate::people::LOCAL);
             return Ok(Principal {
                 name: name.to_string(),
                 role: Role::Service,
@@ -673,7 +684,8 @@ impl Auth {
         presented: &[u8],
         on_behalf_of: Option<&[u8]>,
     ) -> Result<Principal, tonic::Status> {
-        let people = self.0.people.current();
+        // The people are looked at only for a call made for or by one
+        // (not for the services' own calls, the most frequent).
         if self
             .0
             .service
@@ -690,7 +702,7 @@ impl Auth {
                     role: Role::Admin,
                 });
             }
-            return match people.by_name(name) {
+            return match self.0.people.current().by_name(name) {
                 Some(person) => Ok(Principal {
                     name: person.name.clone(),
                     role: person.role,
@@ -706,6 +718,7 @@ impl Auth {
                 role: Role::Admin,
             });
         }
+        let people = self.0.people.current();
         match people.by_token_hash(&crate::people::sha256_hex(presented)) {
             Some(person) => Ok(Principal {
                 name: person.name.clone(),

@@ -10,7 +10,6 @@
 //! The client token (`agentry token`) stays valid: it is the person
 //! [`ADMIN`], the first admin.
 
-use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,9 +20,12 @@ pub use crate::auth::Role;
 /// The person the client token stands for.
 pub const ADMIN: &str = "admin";
 
-/// Names no one can be given: the client token's person, and the name the
-/// services act under.
-pub const RESERVED: &[&str] = &[ADMIN, crate::auth::SERVICE_PERSON];
+/// The person recorded when credentials are off (`auth.mode = "off"`).
+pub const LOCAL: &str = "local";
+
+/// Names no one can be given: the client token's person, the name the
+/// services act under, and the one recorded with credentials off.
+pub const RESERVED: &[&str] = &[ADMIN, crate::auth::SERVICE_PERSON, LOCAL];
 
 /// One person as the file lists them.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -211,13 +213,7 @@ fn change(
         path: path.to_path_buf(),
         reason,
     };
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
-        .create(dir)
-        .map_err(|e| file_error(format!("cannot create {}: {e}", dir.display())))?;
+    let dir = crate::auth::private_dir(path).map_err(file_error)?;
     let lock_path = dir.join(".people.lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -235,21 +231,10 @@ fn change(
         toml::to_string(&people).map_err(|e| file_error(e.to_string()))?
     );
     let tmp = dir.join(format!(".people.{}.tmp", std::process::id()));
+    // One a crashed run left (under the lock, nobody else writes it).
+    let _ = std::fs::remove_file(&tmp);
     let written = (|| -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        // Written by root (in a container), the file stays readable by the
-        // services that own the directory.
-        let owner = std::fs::metadata(dir)?;
-        if crate::config::running_as_root() && owner.uid() != 0 {
-            std::os::unix::fs::chown(&tmp, Some(owner.uid()), Some(owner.gid()))?;
-        }
+        crate::auth::write_private(&tmp, dir, text.as_bytes())?;
         std::fs::rename(&tmp, path)?;
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
