@@ -63,6 +63,8 @@ async fn cluster(allow: &[&str]) -> Cluster {
                 reason: Some("fetches from the network".into()),
                 check_arguments: true,
                 network: true,
+                approvers: Vec::new(),
+                approvals_required: None,
             },
         );
         config.tool_runner.sandbox.network_allow_hosts = allow;

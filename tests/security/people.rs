@@ -243,3 +243,167 @@ async fn each_person_may_do_what_their_role_allows_and_nothing_more() {
         .unwrap_err();
     assert_eq!(gone.code(), Code::Unauthenticated);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rule_naming_approvers_takes_those_people_and_as_many_as_it_says() {
+    let cluster = Cluster::start_with(|config| {
+        config.policy.rules.insert(
+            0,
+            agentry_runtime::config::PolicyRule {
+                approvers: vec!["role:admin".into(), "user:alice".into()],
+                approvals_required: Some(2),
+                tool: "bash".into(),
+                command: Some("touch *".into()),
+                path: None,
+                read_only_hint: None,
+                decision: agentry_runtime::config::PolicyDecision::Confirm,
+                reason: Some("two people".into()),
+                check_arguments: true,
+                network: false,
+            },
+        );
+    })
+    .await
+    .unwrap();
+    let file = cluster.config.people_file();
+    let alice = People::add(&file, "alice", Role::Approver, "test").unwrap();
+    let bob = People::add(&file, "bob", Role::Approver, "test").unwrap();
+    let otto = People::add(&file, "otto", Role::Operator, "test").unwrap();
+    tokio::time::sleep(NOTICED).await;
+    cluster.model.push(Reply::tool_call(
+        "t1",
+        "bash",
+        json!({"command": "touch twice.txt"}),
+    ));
+    cluster.model.push(Reply::text("done"));
+
+    // An operator may not approve a whole turn ahead.
+    let mut otto = orchestrator_as(&cluster, &otto).await;
+    let (session, _) = new_session(&mut otto).await;
+    let refused = otto
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::UserMessage(pb::UserInput {
+                    text: "make a file".into(),
+                    approval_mode: ApprovalMode::Always as i32,
+                    ..Default::default()
+                })),
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_role_too_low(
+        "an operator approving a turn ahead",
+        refused,
+        "otto",
+        "approver",
+    );
+
+    // Even a turn approved ahead by an approver asks for this call.
+    let mut alice = orchestrator_as(&cluster, &alice).await;
+    let (session, mut events) = new_session(&mut alice).await;
+    let turn = send_with(
+        &mut alice,
+        &session.id,
+        "make a file",
+        ApprovalMode::Always,
+        false,
+    )
+    .await;
+    let (request, _) = until_approval(&mut events).await;
+    assert_eq!(request.approvals_required, 2);
+
+    // Bob answers approvals, but this rule does not name him.
+    let mut bob = orchestrator_as(&cluster, &bob).await;
+    let refused = decide(
+        &mut bob,
+        &session.id,
+        &request.call_id,
+        ApprovalDecision::Approve,
+        "",
+        "",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(reason_of(&refused), Reason::NotAnApprover, "{refused:?}");
+    assert!(
+        refused.message().starts_with("bob may not approve"),
+        "{}",
+        refused.message()
+    );
+
+    // Alice's approval counts, and the inbox says so; the call waits.
+    decide(
+        &mut alice,
+        &session.id,
+        &request.call_id,
+        ApprovalDecision::Approve,
+        "",
+        "",
+    )
+    .await
+    .unwrap();
+    let inbox = alice
+        .list_approvals(pb::ListApprovalsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let waiting = inbox
+        .approvals
+        .iter()
+        .find(|p| p.call_id == request.call_id)
+        .expect("still in the inbox");
+    assert_eq!(waiting.approved_by, ["alice"]);
+    assert_eq!(
+        waiting.approvers,
+        "2 different people: role:admin or user:alice"
+    );
+    let twice = decide(
+        &mut alice,
+        &session.id,
+        &request.call_id,
+        ApprovalDecision::Approve,
+        "",
+        "",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(reason_of(&twice), Reason::NotAnApprover, "{twice:?}");
+
+    // The admin (the client token) is the second person: it runs.
+    let mut admin = cluster.orchestrator().await.unwrap();
+    decide(
+        &mut admin,
+        &session.id,
+        &request.call_id,
+        ApprovalDecision::Approve,
+        "",
+        "",
+    )
+    .await
+    .unwrap();
+    until_finished(&mut events, &turn).await;
+    assert!(
+        cluster
+            .workspace_root()
+            .join(&session.id)
+            .join("twice.txt")
+            .exists()
+    );
+    let mut store = cluster.store().await.unwrap();
+    let log = read_log(&mut store, &session.id).await;
+    let records = agentry_client::audit::records(&log);
+    let ran = records
+        .iter()
+        .find(|r| r.action == "tool_call")
+        .expect("the call is in the audit");
+    assert_eq!(
+        ran.allowed,
+        Some(agentry_client::audit::Allowed::Person(
+            "alice and admin".into()
+        )),
+        "{records:?}"
+    );
+}

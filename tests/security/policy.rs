@@ -132,6 +132,8 @@ fn a_rule_that_trusts_its_text_allows_as_written() {
             reason: None,
             check_arguments: true,
             network: false,
+            approvers: Vec::new(),
+            approvals_required: None,
         });
     let policy = Policy::from_config(&config.policy).unwrap();
     assert_eq!(

@@ -34,8 +34,30 @@ pub fn pending(session: &spb::Session, events: &[spb::Event]) -> Vec<pb::Pending
                         matched_rule: a.matched_rule.clone(),
                         network: a.network,
                         asked_at: event.time,
+                        approvers: {
+                            let need = crate::reducer::need_of(a);
+                            if need.is_restricted() {
+                                need.describe()
+                            } else {
+                                String::new()
+                            }
+                        },
+                        approved_by: waiting
+                            .get(&a.call_id)
+                            .filter(|p| p.arguments_json == a.arguments_json)
+                            .map(|p| p.approved_by.clone())
+                            .unwrap_or_default(),
                     },
                 );
+            }
+            // Approved by some of the people it needs: it still waits.
+            Kind::ApprovalDecided(d) if d.approvals_missing > 0 => {
+                if let Some(p) = waiting.get_mut(&d.call_id) {
+                    p.approved_by = d.approved_by.clone();
+                    if d.decision() == spb::ApprovalDecision::Edit {
+                        p.arguments_json = d.edited_arguments_json.clone();
+                    }
+                }
             }
             Kind::ApprovalDecided(d) => {
                 waiting.remove(&d.call_id);
@@ -63,6 +85,8 @@ pub fn decisions(session_id: &str, events: &[spb::Event]) -> Vec<pb::TakenDecisi
                     (a.tool.clone(), a.arguments_json.clone()),
                 );
             }
+            // One of several approvals: the last one decides.
+            Some(Kind::ApprovalDecided(d)) if d.approvals_missing > 0 => {}
             Some(Kind::ApprovalDecided(d)) => {
                 let Some((tool, arguments)) = asked.remove(&d.call_id) else {
                     continue;
@@ -120,6 +144,8 @@ mod tests {
             matched_rule: "default for bash: confirm".into(),
             network: false,
             outcome_unknown: false,
+            approvers: Vec::new(),
+            approvals_required: 0,
         })
     }
 

@@ -76,6 +76,10 @@ fn describe_raw(request: &spb::ApprovalRequested) -> String {
         out.push_str(&format!("  ({})", request.matched_rule));
     }
     out.push('\n');
+    if let Some(who) = agentry_client::text::approvers(request) {
+        // Only the people the rule names approve; "always" does not apply.
+        return out + &describe_arguments(request, &args) + &format!("    approved by: {who}\n");
+    }
     out + &describe_arguments(request, &args) + &format!("    {}\n", always_covers(request))
 }
 
@@ -256,6 +260,8 @@ mod tests {
             matched_rule: r#"rule 1 (bash "curl *")"#.into(),
             network: false,
             outcome_unknown: false,
+            approvers: Vec::new(),
+            approvals_required: 0,
         };
         let without = describe(&request);
         assert!(without.contains("$ curl https://example.org"), "{without}");
@@ -278,6 +284,8 @@ mod tests {
                 .into(),
             network: false,
             outcome_unknown: true,
+            approvers: Vec::new(),
+            approvals_required: 0,
         };
         let shown = describe(&request);
         assert!(
@@ -313,6 +321,21 @@ mod covers_tests {
             arguments_json: arguments.to_string(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_call_a_rule_names_approvers_for_says_who_and_offers_no_always() {
+        let mut deploy = request("bash", serde_json::json!({"command": "deploy prod"}));
+        deploy.approvers = vec![spb::Approvers {
+            any_of: vec!["role:admin".into(), "user:alice".into()],
+        }];
+        deploy.approvals_required = 2;
+        let shown = describe(&deploy);
+        assert!(
+            shown.contains("approved by: 2 different people: role:admin or user:alice"),
+            "{shown}"
+        );
+        assert!(!shown.contains("[a]lways"), "{shown}");
     }
 
     #[test]

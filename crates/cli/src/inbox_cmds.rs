@@ -31,6 +31,7 @@ pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
                 "turn_id": a.turn_id, "call_id": a.call_id, "tool": a.tool,
                 "arguments": a.arguments_json, "matched_rule": a.matched_rule,
                 "network": a.network, "asked_at": a.asked_at.map(|t| t.seconds),
+                "approvers": a.approvers, "approved_by": a.approved_by,
             }))?;
         }
         return Ok(());
@@ -55,6 +56,14 @@ pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
                 ""
             },
         ))?;
+        if !a.approvers.is_empty() {
+            let so_far = if a.approved_by.is_empty() {
+                String::new()
+            } else {
+                format!("; approved so far by {}", a.approved_by.join(", "))
+            };
+            print_line(format!("    approved by: {}{so_far}", a.approvers))?;
+        }
     }
     print_line(
         "answer with: agentry approvals answer SESSION CALL approve|deny|session [--reason TEXT] \

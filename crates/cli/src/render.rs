@@ -237,6 +237,15 @@ impl<A: Write, B: Write> Renderer<A, B> {
 
 /// What a person decided about a call, in words.
 fn decided(a: &pb::ApprovalDecided) -> String {
+    let said = said(a);
+    if a.approvals_missing > 0 {
+        format!("{said}; waits for {} more", a.approvals_missing)
+    } else {
+        said
+    }
+}
+
+fn said(a: &pb::ApprovalDecided) -> String {
     match pb::ApprovalDecision::try_from(a.decision) {
         Ok(pb::ApprovalDecision::Approve) => "approved".to_string(),
         Ok(pb::ApprovalDecision::ApproveForSession) => "approved for this session".to_string(),

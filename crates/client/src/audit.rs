@@ -122,7 +122,7 @@ pub fn records(log: &[pb::Event]) -> Vec<Record> {
     let mut out = Vec::new();
     // Per call: its tool and arguments, and who answered it last.
     let mut calls: HashMap<&str, (&str, &str)> = HashMap::new();
-    let mut answered: HashMap<&str, &str> = HashMap::new();
+    let mut answered: HashMap<&str, String> = HashMap::new();
     // Per turn: who started it.
     let mut turns: HashMap<&str, &str> = HashMap::new();
     let mut grants: Vec<Grant> = Vec::new();
@@ -150,7 +150,13 @@ pub fn records(log: &[pb::Event]) -> Vec<Record> {
                 calls.insert(&c.call_id, (&c.tool, &c.arguments_json));
             }
             Kind::ApprovalDecided(d) => {
-                answered.insert(&d.call_id, &event.by);
+                // Several people: all of them (the last event names the last).
+                let people = if d.approved_by.len() > 1 {
+                    d.approved_by.join(" and ")
+                } else {
+                    event.by.clone()
+                };
+                answered.insert(&d.call_id, people);
                 let decision = pb::ApprovalDecision::try_from(d.decision).unwrap_or_default();
                 if decision == pb::ApprovalDecision::ApproveForSession {
                     grants.extend(d.allowances.iter().map(|a| Grant {
@@ -174,11 +180,14 @@ pub fn records(log: &[pb::Event]) -> Vec<Record> {
                     .get(d.call_id.as_str())
                     .map(|(tool, args)| format!("{tool} {}", short_args(tool, args)))
                     .unwrap_or_else(|| d.call_id.clone());
-                let subject = if d.reason.is_empty() {
+                let mut subject = if d.reason.is_empty() {
                     call
                 } else {
                     format!("{call} ({})", shorten(&d.reason, 80))
                 };
+                if d.approvals_missing > 0 {
+                    subject.push_str(&format!(" (waits for {} more)", d.approvals_missing));
+                }
                 out.push(record(action, subject, None));
             }
             Kind::ToolCallState(s) if s.phase() == pb::ToolCallPhase::Scheduled => {

@@ -30,6 +30,14 @@ pub fn named(by: &str) -> Option<&str> {
     (!by.is_empty() && by != ADMIN && by != LOCAL).then_some(by)
 }
 
+/// Who may approve a call, when the rule that asked names people or asks
+/// for several ("2 different people: role:admin or user:alice"); `None`
+/// when anyone with the approver role may.
+pub fn approvers(request: &pb::ApprovalRequested) -> Option<String> {
+    let need = agentry_agent::reducer::need_of(request);
+    need.is_restricted().then(|| need.describe())
+}
+
 /// The command line of a shell call (`bash`), whole, to show as
 /// `$ command`; `None` for any other tool, or a call without one.
 pub fn shell_command(tool: &str, arguments: &str) -> Option<String> {

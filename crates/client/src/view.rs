@@ -451,9 +451,13 @@ impl SessionView {
                 }
             }
             Kind::ApprovalRequested(a) => {
-                if !self.questions.iter().any(|q| q.call_id == a.call_id) {
-                    self.questions.push(a.clone());
-                    applied.asked = Some(a.clone());
+                match self.questions.iter_mut().find(|q| q.call_id == a.call_id) {
+                    // Asked again (edited arguments waiting for more people).
+                    Some(q) => *q = a.clone(),
+                    None => {
+                        self.questions.push(a.clone());
+                        applied.asked = Some(a.clone());
+                    }
                 }
                 self.activity = Some(Activity::Waiting);
             }
@@ -473,6 +477,15 @@ impl SessionView {
                     pb::ApprovalDecision::Deny => format!("denied{who}: {}", filter(&d.reason)),
                     pb::ApprovalDecision::Unspecified => String::new(),
                 };
+                if d.approvals_missing > 0 {
+                    // One of the people it needs: it still waits.
+                    let decision = format!("{decision}; waits for {} more", d.approvals_missing);
+                    if let Some((i, block)) = self.block_mut(&d.call_id) {
+                        block.decision = decision;
+                        self.touch(i);
+                    }
+                    return applied;
+                }
                 if let Some((i, block)) = self.block_mut(&d.call_id) {
                     block.decision = decision;
                     self.touch(i);

@@ -485,6 +485,7 @@ fn questions_left(child: &str, log: &[pb::Event]) -> Vec<pb::Event> {
                 matched_rule: p.matched_rule,
                 network: p.network,
                 outcome_unknown: false,
+                ..Default::default()
             })),
             ..Default::default()
         })

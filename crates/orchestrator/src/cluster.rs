@@ -232,6 +232,7 @@ pub fn forwardable(input: &Input) -> Option<pb::Input> {
             decision,
             reason,
             edited_arguments_json,
+            by: _,
         } => pb::input::Kind::Approval(pb::ApprovalInput {
             call_id: call_id.clone(),
             decision: *decision as i32,

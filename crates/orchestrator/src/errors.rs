@@ -50,11 +50,14 @@ pub(crate) fn refusal_status(refusal: &crate::reducer::Refusal) -> tonic::Status
         Refusal::Busy => Reason::SessionBusy,
         Refusal::NothingToCancel => Reason::NoTurnRunning,
         Refusal::NoPendingApproval { .. } => Reason::NoPendingApproval,
+        Refusal::NotAnApprover(_) => Reason::NotAnApprover,
         Refusal::EmptyMessage | Refusal::InvalidDecision(_) | Refusal::Unexpected { .. } => {
             Reason::Unspecified
         }
     };
-    let code = if refusal.is_invalid_argument() {
+    let code = if let Refusal::NotAnApprover(_) = refusal {
+        tonic::Code::PermissionDenied
+    } else if refusal.is_invalid_argument() {
         tonic::Code::InvalidArgument
     } else {
         tonic::Code::FailedPrecondition

@@ -69,6 +69,15 @@ pub struct PolicyRule {
     /// the tool runner's proxy (when every command of the call does).
     #[serde(default)]
     pub network: bool,
+    /// For a confirm rule: who may approve the calls it asks about,
+    /// `role:approver`, `role:admin` or `user:NAME` (any of them). Empty:
+    /// anyone with the approver role.
+    #[serde(default)]
+    pub approvers: Vec<String>,
+    /// For a confirm rule: how many different people must approve (1 to
+    /// 5; default 1).
+    #[serde(default)]
+    pub approvals_required: Option<u32>,
 }
 
 fn yes() -> bool {

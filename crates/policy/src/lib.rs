@@ -23,12 +23,14 @@
 //! with confidence (the parser rejects it, the command name is computed, it
 //! nests too deeply) is at least confirmed.
 
+pub mod approvals;
 mod args;
 pub mod config;
 pub mod rules;
 mod shell;
 pub mod suggest;
 
+pub use approvals::{Approver, Need};
 pub use config::{PolicyConfig, PolicyDecision, PolicyRule};
 pub use rules::{Policy, PolicyError, SessionRule, Verdict, session_rules_for};
 

@@ -2,6 +2,7 @@
 //! allowances "approve for this session" records, and which calls get
 //! network.
 
+use crate::approvals::{Approver, MAX_APPROVALS, Need};
 use crate::config::{PolicyConfig, PolicyRule};
 use crate::shell::{Segment, SegmentKind, segments_of, text_tails};
 use crate::{BASH, Decision};
@@ -32,6 +33,8 @@ pub struct Verdict {
     /// For bash: the segment (simple command) that decided, the strictest
     /// one, if any.
     pub segment: Option<String>,
+    /// For a confirm: who must approve (what the confirming rules ask).
+    pub need: Need,
 }
 
 /// An "approve for this session" allowance.
@@ -77,6 +80,8 @@ struct CompiledRule {
     check_arguments: bool,
     /// Commands it decides (and does not deny) get network.
     network: bool,
+    /// For a confirm rule: who must approve.
+    need: Need,
 }
 
 /// What a rule matches besides the tool.
@@ -204,6 +209,7 @@ fn compile_rule(index: usize, rule: &PolicyRule) -> Result<CompiledRule, PolicyE
         }
         (None, None) => (Matcher::Any, tool.to_string()),
     };
+    let need = compile_need(rule).map_err(invalid)?;
     let label = match rule.reason.as_deref().map(str::trim) {
         Some(reason) if !reason.is_empty() => format!("rule {index} ({shown}): {reason}"),
         _ => format!("rule {index} ({shown})"),
@@ -217,6 +223,44 @@ fn compile_rule(index: usize, rule: &PolicyRule) -> Result<CompiledRule, PolicyE
         label,
         check_arguments: rule.check_arguments,
         network: rule.network,
+        need,
+    })
+}
+
+/// A rule's `approvers` and `approvals_required`, checked.
+fn compile_need(rule: &PolicyRule) -> Result<Need, String> {
+    let restricted = !rule.approvers.is_empty() || rule.approvals_required.is_some();
+    if restricted && rule.decision != Decision::Confirm {
+        return Err(format!(
+            "approvers and approvals_required apply to confirm rules, not to a {} rule",
+            decision_name(rule.decision)
+        ));
+    }
+    let required = rule.approvals_required.unwrap_or(1);
+    if !(1..=MAX_APPROVALS).contains(&required) {
+        return Err(format!(
+            "approvals_required is {required}; it is 1 to {MAX_APPROVALS}"
+        ));
+    }
+    let approvers = rule
+        .approvers
+        .iter()
+        .map(|a| Approver::parse(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let only_people = approvers.iter().all(|a| matches!(a, Approver::Person(_)));
+    if !approvers.is_empty() && only_people && approvers.len() < required as usize {
+        return Err(format!(
+            "approvals_required is {required} but only {} people are named",
+            approvers.len()
+        ));
+    }
+    Ok(Need {
+        approvers: if approvers.is_empty() {
+            Vec::new()
+        } else {
+            vec![approvers]
+        },
+        required,
     })
 }
 
@@ -333,6 +377,7 @@ impl Policy {
                 decision: Decision::Allow,
                 rule: "allow all".to_string(),
                 segment: None,
+                need: Need::default(),
             };
         }
         let default = self.default_for(tool, read_only);
@@ -354,6 +399,7 @@ impl Policy {
                         decision_name(default)
                     ),
                     segment: None,
+                    need: Need::default(),
                 },
             }
         } else {
@@ -386,18 +432,20 @@ impl Policy {
             }
             None => Vec::new(),
         };
-        let (decision, rule) = match strictest(self.rules.iter(), |r| {
+        let (decision, rule, need) = match strictest(self.rules.iter(), |r| {
             r.matches_call(tool, &paths, read_only_hint)
         }) {
-            Some(rule) => (rule.decision, rule.label.clone()),
+            Some(rule) => (rule.decision, rule.label.clone(), rule.need.clone()),
             None => (
                 default,
                 format!("default for {tool}: {}", decision_name(default)),
+                Need::default(),
             ),
         };
         // A person's standing approval answers what would ask them; it
-        // never lifts a deny.
+        // never lifts a deny, nor a rule naming who approves.
         if decision == Decision::Confirm
+            && !need.is_restricted()
             && let Some(session) = session_rules.iter().find(|s| {
                 s.tool == tool && s.command.is_none() && (s.path.is_none() || s.path == path)
             })
@@ -406,12 +454,14 @@ impl Policy {
                 decision: Decision::Allow,
                 rule: session_label(session),
                 segment: None,
+                need: Need::default(),
             };
         }
         Verdict {
             decision,
             rule,
             segment: None,
+            need,
         }
     }
 
@@ -442,6 +492,7 @@ impl Policy {
                                     decision: Decision::Deny,
                                     rule: rule.label.clone(),
                                     segment: Some(tail.to_string()),
+                                    need: Need::default(),
                                 };
                             }
                         }
@@ -454,11 +505,17 @@ impl Policy {
         // The strictest segment; of equally strict ones the first, except
         // that an explanation of doubt beats a plain default.
         let mut best: Option<(Decision, bool, String, String)> = None;
+        // Every confirmed segment's rule has its say on who approves.
+        let mut need = Need::default();
         for segment in &segments {
-            let Some((decision, rule)) = self.classify_segment(segment, default, session_rules)
+            let Some((decision, rule, asks)) =
+                self.classify_segment(segment, default, session_rules)
             else {
                 continue;
             };
+            if decision == Decision::Confirm {
+                need.join(&asks);
+            }
             let doubtful =
                 matches!(segment.kind, SegmentKind::Doubtful(_)) && decision == Decision::Confirm;
             if best.as_ref().is_none_or(|(d, was_doubtful, _, _)| {
@@ -472,10 +529,16 @@ impl Policy {
                 decision: Decision::Confirm,
                 rule: "the command is too long to search for denied commands".to_string(),
                 segment: None,
+                need: Need::default(),
             };
         }
         match best {
             Some((decision, _, rule, segment)) => Verdict {
+                need: if decision == Decision::Confirm {
+                    need
+                } else {
+                    Need::default()
+                },
                 decision,
                 rule,
                 segment: Some(segment),
@@ -490,11 +553,13 @@ impl Policy {
                     decision: Decision::Allow,
                     rule: session_label(session),
                     segment: None,
+                    need: Need::default(),
                 },
                 _ => Verdict {
                     decision: default,
                     rule: format!("default for bash: {}", decision_name(default)),
                     segment: None,
+                    need: Need::default(),
                 },
             },
         }
@@ -507,15 +572,18 @@ impl Policy {
         segment: &Segment,
         default: Decision,
         session_rules: &[SessionRule],
-    ) -> Option<(Decision, String)> {
+    ) -> Option<(Decision, String, Need)> {
         let rule = strictest(self.rules.iter(), |r| r.matches_segment(&segment.text));
+        let need = rule.map(|r| r.need.clone()).unwrap_or_default();
         match &segment.kind {
             SegmentKind::DenyProbe => rule
                 .filter(|r| r.decision == Decision::Deny)
-                .map(|r| (r.decision, r.label.clone())),
+                .map(|r| (r.decision, r.label.clone(), Need::default())),
             SegmentKind::Doubtful(why) => Some(match rule {
-                Some(r) if r.decision == Decision::Deny => (Decision::Deny, r.label.clone()),
-                _ => (Decision::Confirm, why.clone()),
+                Some(r) if r.decision == Decision::Deny => {
+                    (Decision::Deny, r.label.clone(), Need::default())
+                }
+                _ => (Decision::Confirm, why.clone(), need),
             }),
             SegmentKind::Command => {
                 let (decision, label) = match rule {
@@ -550,8 +618,10 @@ impl Policy {
                         && s.command.as_ref().is_none_or(|c| *c == segment.text)
                 });
                 Some(match session {
-                    Some(s) if decision == Decision::Confirm => (Decision::Allow, session_label(s)),
-                    _ => (decision, label),
+                    Some(s) if decision == Decision::Confirm && !need.is_restricted() => {
+                        (Decision::Allow, session_label(s), Need::default())
+                    }
+                    _ => (decision, label, need),
                 })
             }
         }

@@ -72,6 +72,8 @@ fn allow_rule(tool: &str, command: Option<String>, path: Option<String>) -> Poli
         reason: Some("suggested from past approvals".into()),
         check_arguments: true,
         network: false,
+        approvers: Vec::new(),
+        approvals_required: None,
     }
 }
 

@@ -30,6 +30,8 @@ fn rule(
         reason: reason.map(str::to_string),
         check_arguments: true,
         network: false,
+        approvers: Vec::new(),
+        approvals_required: None,
     }
 }
 
@@ -117,6 +119,7 @@ fn verdict(decision: Decision, rule: &str, segment: Option<&str>) -> Verdict {
         decision,
         rule: rule.to_string(),
         segment: segment.map(str::to_string),
+        need: Need::default(),
     }
 }
 
@@ -1226,4 +1229,119 @@ fn a_line_too_long_to_search_is_not_allowed() {
     let p = policy();
     let long = format!("echo {}", "word ".repeat(crate::shell::MAX_TEXT_TAILS));
     assert_eq!(bash(&p, &long).decision, Decision::Confirm);
+}
+
+fn restricted(tool: &str, command: Option<&str>, approvers: &[&str], n: Option<u32>) -> PolicyRule {
+    PolicyRule {
+        approvers: approvers.iter().map(|a| a.to_string()).collect(),
+        approvals_required: n,
+        ..rule(tool, command, None, Decision::Confirm, Some("production"))
+    }
+}
+
+fn policy_of(rules: Vec<PolicyRule>) -> Result<Policy, PolicyError> {
+    Policy::from_config(&PolicyConfig {
+        tools: BTreeMap::new(),
+        rules,
+        network: false,
+    })
+}
+
+#[test]
+fn a_confirm_rule_says_who_approves_and_how_many() {
+    let policy = policy_of(vec![
+        bash_rule("ls*", Decision::Allow),
+        restricted(
+            "bash",
+            Some("deploy *"),
+            &["role:admin", "user:alice"],
+            Some(2),
+        ),
+        restricted("bash", Some("kubectl *"), &["user:bob"], None),
+        restricted("write_file", None, &["role:admin"], None),
+    ])
+    .unwrap();
+    let deploy = bash(&policy, "deploy prod");
+    assert_eq!(deploy.decision, Decision::Confirm);
+    assert_eq!(deploy.need.count(), 2);
+    assert!(deploy.need.admits("alice", "approver"));
+    assert!(deploy.need.admits("carol", "admin"));
+    assert!(!deploy.need.admits("dave", "approver"));
+    // Every confirmed command of the line has its say, whichever decides.
+    let both = bash(&policy, "kubectl get pods; deploy prod");
+    assert_eq!(both.need.count(), 2);
+    assert!(!both.need.admits("alice", "admin"), "{both:?}");
+    assert!(!both.need.admits("bob", "approver"), "{both:?}");
+    assert!(both.need.admits("bob", "admin"), "{both:?}");
+    // An allowed call asks nobody; an unrestricted confirm asks any approver.
+    assert_eq!(bash(&policy, "ls").need, Need::default());
+    assert_eq!(bash(&policy, "rm x").need, Need::default());
+    let write = write(&policy, "a.txt", &[]);
+    assert!(write.need.is_restricted());
+    assert_eq!(write.need.describe(), "role:admin");
+}
+
+#[test]
+fn a_standing_approval_never_answers_a_rule_naming_approvers() {
+    let policy = policy_of(vec![
+        restricted("bash", Some("deploy *"), &["role:admin"], None),
+        restricted("write_file", None, &[], Some(2)),
+    ])
+    .unwrap();
+    let session = [bash_session("deploy prod")];
+    let deploy = bash_with(&policy, "deploy prod", &session);
+    assert_eq!(deploy.decision, Decision::Confirm, "{deploy:?}");
+    let session = [SessionRule {
+        tool: "write_file".into(),
+        command: None,
+        path: None,
+    }];
+    let write = write(&policy, "a.txt", &session);
+    assert_eq!(write.decision, Decision::Confirm, "{write:?}");
+    // An unrestricted confirm still takes it.
+    let session = [bash_session("rm x")];
+    assert_eq!(
+        bash_with(&policy, "rm x", &session).decision,
+        Decision::Allow
+    );
+}
+
+#[test]
+fn approvers_on_a_rule_are_checked_when_it_is_read() {
+    for (bad, says) in [
+        (
+            PolicyRule {
+                approvers: vec!["role:admin".into()],
+                ..bash_rule("ls", Decision::Allow)
+            },
+            "apply to confirm rules",
+        ),
+        (
+            restricted("bash", None, &[], Some(0)),
+            "approvals_required is 0",
+        ),
+        (
+            restricted("bash", None, &[], Some(9)),
+            "approvals_required is 9",
+        ),
+        (
+            restricted("bash", None, &["user:alice"], Some(2)),
+            "only 1 people are named",
+        ),
+        (restricted("bash", None, &["role:viewer"], None), "viewer"),
+        (restricted("bash", None, &["alice"], None), "user:NAME"),
+    ] {
+        let err = policy_of(vec![bad]).unwrap_err().to_string();
+        assert!(err.contains(says), "{err}");
+        assert!(err.starts_with("policy rule 1:"), "{err}");
+    }
+    assert!(
+        policy_of(vec![restricted(
+            "bash",
+            None,
+            &["user:a", "user:b"],
+            Some(2)
+        )])
+        .is_ok()
+    );
 }

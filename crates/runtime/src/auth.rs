@@ -824,6 +824,20 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    #[test]
+    fn the_policy_ranks_roles_as_the_credential_check_does() {
+        let all = [
+            Role::Viewer,
+            Role::Operator,
+            Role::Approver,
+            Role::Admin,
+            Role::Service,
+        ];
+        assert!(all.windows(2).all(|w| w[0] < w[1]));
+        let names: Vec<&str> = all.iter().map(|r| r.name()).collect();
+        assert_eq!(names, agentry_policy::approvals::ROLES);
+    }
+
     fn tokens() -> (Token, Token, Auth) {
         let client = Token::generate(TokenKind::Client).unwrap();
         let service = Token::generate(TokenKind::Service).unwrap();

@@ -314,6 +314,8 @@ fn one_of_each_kind() -> Vec<Event> {
             matched_rule: "bash: ask".into(),
             network: false,
             outcome_unknown: false,
+            approvers: Vec::new(),
+            approvals_required: 0,
         }),
         Kind::ApprovalDecided(pb::ApprovalDecided {
             call_id: "c1".into(),
@@ -325,6 +327,8 @@ fn one_of_each_kind() -> Vec<Event> {
                 command: "ls -a".into(),
                 path: String::new(),
             }],
+            approved_by: Vec::new(),
+            approvals_missing: 0,
         }),
         Kind::ToolCallState(pb::ToolCallState {
             call_id: "c1".into(),

@@ -121,6 +121,8 @@ impl SessionState {
                         answered: false,
                         outcome_unknown: false,
                         hook_asked: false,
+                        need: Need::default(),
+                        approved_by: Vec::new(),
                     });
                 }
                 self.phase = Phase::UseTools;
@@ -138,13 +140,24 @@ impl SessionState {
                     && let Some(call) = turn.call_mut(&a.call_id)
                 {
                     call.outcome_unknown = a.outcome_unknown;
+                    call.need = need_of(a);
+                    if a.arguments_json != call.effective_arguments {
+                        call.approved_by.clear();
+                    }
                 }
             }
             Kind::ApprovalDecided(d) => {
                 if let Some(turn) = &mut self.turn
                     && let Some(call) = turn.call_mut(&d.call_id)
                 {
-                    call.outcome_unknown = false;
+                    call.approved_by = if d.approvals_missing > 0 {
+                        d.approved_by.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    if d.approvals_missing == 0 {
+                        call.outcome_unknown = false;
+                    }
                     if d.decision() == ApprovalDecision::Edit {
                         call.effective_arguments = d.edited_arguments_json.clone();
                     }

@@ -159,14 +159,18 @@ impl SessionState {
             &self.session_rules,
         );
         let (decision, by_hook) = crate::hooks::combine(verdict.decision, hooks);
+        let need = match by_hook {
+            Some(_) => Need::default(),
+            None => verdict.need,
+        };
         let rule = match by_hook {
             Some(hook) if hook.reason.is_empty() => format!("the hook {}", hook.command),
             Some(hook) => format!("the hook {}: {}", hook.command, hook.reason),
             None => verdict.rule,
         };
-        // Asked about by a hook, a call waits for a person whatever the
-        // turn's approval mode.
-        let mode = match (hook_asked, mode) {
+        // Asked about by a hook, or by a rule naming who approves, a call
+        // waits for a person whatever the turn's approval mode.
+        let mode = match (hook_asked || need.is_restricted(), mode) {
             (true, ApprovalMode::Always) => ApprovalMode::Policy,
             (_, mode) => mode,
         };
@@ -201,6 +205,7 @@ impl SessionState {
                 );
             }
             (Decision::Confirm, ApprovalMode::Policy | ApprovalMode::Unspecified) => {
+                let (approvers, approvals_required) = need_fields(&need);
                 self.emit(
                     out,
                     turn_id,
@@ -211,6 +216,8 @@ impl SessionState {
                         arguments_json: args,
                         matched_rule: rule,
                         outcome_unknown: false,
+                        approvers,
+                        approvals_required,
                     }),
                 );
                 self.emit(
@@ -395,6 +402,7 @@ impl SessionState {
             .collect()
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn decide(
         &mut self,
         out: &mut Out,
@@ -403,23 +411,42 @@ impl SessionState {
         decision: ApprovalDecision,
         reason: String,
         edited: String,
+        by: Answerer,
     ) -> Result<(), Refusal> {
         let Some(call) = self.turn.as_ref().and_then(|t| t.call(&call_id)).cloned() else {
             return Err(Refusal::NoPendingApproval { call_id });
         };
-        let decided = |allowances: Vec<pb::SessionAllowance>, edited: String| {
+        let approves = matches!(
+            decision,
+            ApprovalDecision::Approve
+                | ApprovalDecision::ApproveForSession
+                | ApprovalDecision::Edit
+        );
+        if approves && !call.need.admits(&by.name, &by.role) {
+            return Err(Refusal::NotAnApprover(format!(
+                "{} may not approve this call: the rule that asked names who may ({}); \
+                 anyone with the approver role may deny it",
+                by.name,
+                call.need.describe()
+            )));
+        }
+        let decided = |allowances: Vec<pb::SessionAllowance>,
+                       edited: String,
+                       (approved_by, approvals_missing): (Vec<String>, u32)| {
             let mut decided = pb::ApprovalDecided {
                 call_id: call_id.clone(),
                 decision: 0,
                 reason: reason.clone(),
                 edited_arguments_json: edited,
                 allowances,
+                approved_by,
+                approvals_missing,
             };
             decided.set_decision(decision);
             Kind::ApprovalDecided(decided)
         };
         if call.outcome_unknown {
-            return self.decide_unknown(out, turn_id, &call, decision, reason);
+            return self.decide_unknown(out, turn_id, &call, decision, reason, &by);
         }
         match decision {
             ApprovalDecision::Unspecified => {
@@ -435,8 +462,13 @@ impl SessionState {
                 ));
             }
             ApprovalDecision::Approve => {
-                self.emit(out, turn_id, decided(Vec::new(), String::new()));
-                let detail = "approved by a person";
+                let tally = tally(&call, &by)?;
+                let missing = tally.1;
+                let detail = approved_detail(&tally.0);
+                self.emit(out, turn_id, decided(Vec::new(), String::new(), tally));
+                if missing > 0 {
+                    return Ok(()); // It waits for the others.
+                }
                 self.emit(
                     out,
                     turn_id,
@@ -444,6 +476,13 @@ impl SessionState {
                 );
             }
             ApprovalDecision::ApproveForSession => {
+                if call.need.is_restricted() {
+                    return Err(Refusal::InvalidDecision(format!(
+                        "the rule that asked about this call says who approves each such call \
+                         ({}): approve this one, not the session",
+                        call.need.describe()
+                    )));
+                }
                 let allowances = session_rules_for(&call.tool, &call.effective_arguments)
                     .into_iter()
                     .map(|r| pb::SessionAllowance {
@@ -452,7 +491,11 @@ impl SessionState {
                         path: r.path.unwrap_or_default(),
                     })
                     .collect();
-                self.emit(out, turn_id, decided(allowances, String::new()));
+                self.emit(
+                    out,
+                    turn_id,
+                    decided(allowances, String::new(), (Vec::new(), 0)),
+                );
                 let detail = "approved by a person for this session";
                 self.emit(
                     out,
@@ -462,7 +505,11 @@ impl SessionState {
                 self.release_allowed(out, turn_id);
             }
             ApprovalDecision::Deny => {
-                self.emit(out, turn_id, decided(Vec::new(), String::new()));
+                self.emit(
+                    out,
+                    turn_id,
+                    decided(Vec::new(), String::new(), (Vec::new(), 0)),
+                );
                 let why = if reason.trim().is_empty() {
                     "no reason given".to_string()
                 } else {
@@ -480,9 +527,9 @@ impl SessionState {
                 check_arguments(&edited).map_err(|e| {
                     Refusal::InvalidDecision(format!("the edited arguments are invalid: {e}"))
                 })?;
-                self.emit(out, turn_id, decided(Vec::new(), edited.clone()));
                 // The edited call is checked by the policy again; the person's
-                // edit counts as approval unless the policy denies it.
+                // edit counts as their approval unless the policy denies it.
+                // Earlier approvals were of other arguments: they lapse.
                 let verdict = self.policy.0.check_tool(
                     &call.tool,
                     &edited,
@@ -490,23 +537,61 @@ impl SessionState {
                     self.read_only_hint(&call.tool),
                     &self.session_rules,
                 );
-                match verdict.decision {
-                    Decision::Deny => {
-                        let output = format!(
-                            "error: the edited call is denied by policy: {}",
-                            verdict.rule
-                        );
-                        self.refuse_call(out, turn_id, &call_id, CallPhase::Error, output);
-                    }
-                    Decision::Allow | Decision::Confirm => {
-                        let detail = "edited and approved by a person";
-                        self.emit(
-                            out,
-                            turn_id,
-                            scheduled(&call_id, detail, pb::AllowedBy::Person),
-                        );
-                    }
+                if verdict.decision == Decision::Deny {
+                    self.emit(out, turn_id, decided(Vec::new(), edited, (Vec::new(), 0)));
+                    let output = format!(
+                        "error: the edited call is denied by policy: {}",
+                        verdict.rule
+                    );
+                    self.refuse_call(out, turn_id, &call_id, CallPhase::Error, output);
+                    self.dispatch(out, turn_id);
+                    return Ok(());
                 }
+                let mut need = call.need.clone();
+                if verdict.decision == Decision::Confirm {
+                    need.join(&verdict.need);
+                }
+                let approved: Vec<String> = if need.admits(&by.name, &by.role) {
+                    vec![by.name.clone()]
+                } else {
+                    Vec::new()
+                };
+                let missing = need.count().saturating_sub(approved.len() as u32);
+                let shown = if need.count() > 1 || missing > 0 {
+                    approved
+                } else {
+                    Vec::new()
+                };
+                self.emit(
+                    out,
+                    turn_id,
+                    decided(Vec::new(), edited.clone(), (shown, missing)),
+                );
+                if missing > 0 {
+                    // The new arguments wait for the people they need.
+                    let (approvers, approvals_required) = need_fields(&need);
+                    self.emit(
+                        out,
+                        turn_id,
+                        Kind::ApprovalRequested(pb::ApprovalRequested {
+                            call_id: call_id.clone(),
+                            network: self.network_for(&call.tool, &edited),
+                            tool: call.tool.clone(),
+                            arguments_json: edited,
+                            matched_rule: format!("edited by {}: {}", by.name, verdict.rule),
+                            outcome_unknown: false,
+                            approvers,
+                            approvals_required,
+                        }),
+                    );
+                    return Ok(());
+                }
+                let detail = "edited and approved by a person";
+                self.emit(
+                    out,
+                    turn_id,
+                    scheduled(&call_id, detail, pb::AllowedBy::Person),
+                );
             }
         }
         self.dispatch(out, turn_id);
@@ -541,7 +626,14 @@ impl SessionState {
         call: &Call,
         decision: ApprovalDecision,
         reason: String,
+        by: &Answerer,
     ) -> Result<(), Refusal> {
+        // Running it again is approving it: as many people as it needs.
+        let (approved_by, approvals_missing) = if decision == ApprovalDecision::Approve {
+            tally(call, by)?
+        } else {
+            (Vec::new(), 0)
+        };
         let output = match decision {
             ApprovalDecision::Approve => None,
             ApprovalDecision::Check => Some(outcome_unknown_text(&call.tool)),
@@ -570,9 +662,14 @@ impl SessionState {
             reason,
             edited_arguments_json: String::new(),
             allowances: Vec::new(),
+            approved_by,
+            approvals_missing,
         };
         decided.set_decision(decision);
         self.emit(out, turn_id, Kind::ApprovalDecided(decided));
+        if approvals_missing > 0 {
+            return Ok(()); // It waits for the others.
+        }
         match output {
             // It is still `Executing`: it runs again as it was.
             None => {
@@ -623,6 +720,7 @@ impl SessionState {
         matched_rule: String,
         outcome_unknown: bool,
     ) {
+        let (approvers, approvals_required) = need_fields(&call.need);
         let asked = Kind::ApprovalRequested(pb::ApprovalRequested {
             call_id: call.id.clone(),
             tool: call.tool.clone(),
@@ -630,6 +728,8 @@ impl SessionState {
             matched_rule,
             network: self.network_for(&call.tool, &call.effective_arguments),
             outcome_unknown,
+            approvers,
+            approvals_required,
         });
         self.emit(out, turn_id, asked);
     }
@@ -709,6 +809,36 @@ impl SessionState {
             }
         }
         self.dispatch(out, turn_id);
+    }
+}
+
+/// One more approval of `call` by `by`: the people whose approvals count
+/// now and how many more it waits for. A call one person approves counts
+/// nobody; one person never counts twice.
+fn tally(call: &Call, by: &Answerer) -> Result<(Vec<String>, u32), Refusal> {
+    let needed = call.need.count();
+    if needed <= 1 {
+        return Ok((Vec::new(), 0));
+    }
+    if call.approved_by.contains(&by.name) {
+        return Err(Refusal::NotAnApprover(format!(
+            "{} approved this call already; it needs {needed} different people ({} so far: {})",
+            by.name,
+            call.approved_by.len(),
+            call.approved_by.join(", ")
+        )));
+    }
+    let mut approved = call.approved_by.clone();
+    approved.push(by.name.clone());
+    let missing = needed.saturating_sub(approved.len() as u32);
+    Ok((approved, missing))
+}
+
+/// How a scheduled call names the approval that let it run.
+fn approved_detail(people: &[String]) -> String {
+    match people {
+        [] | [_] => "approved by a person".to_string(),
+        many => format!("approved by {} people", many.len()),
     }
 }
 

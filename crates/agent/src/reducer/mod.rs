@@ -19,7 +19,7 @@ use crate::hooks::{HookEvent, HookJob, HookOutcome};
 use crate::plan::{Plan, PlanCall, Stage};
 use crate::prompt::{CompactionJob, ModelRequest, View};
 use agentry_llm::{Completion, Message, ToolCall};
-use agentry_policy::{Decision, Policy, SessionRule, session_rules_for};
+use agentry_policy::{Approver, Decision, Need, Policy, SessionRule, session_rules_for};
 use agentry_proto::sessions::v1::{
     self as pb, ApprovalDecision, ApprovalMode, ErrorSource, PlanStepStatus, TokenUsage,
     ToolCallPhase, TurnOutcome, event::Kind,
@@ -142,6 +142,10 @@ pub struct Call {
     pub outcome_unknown: bool,
     /// A before_tool hook asked for a person: only a person releases it.
     pub hook_asked: bool,
+    /// Who must approve it (what the policy rules that asked say).
+    pub need: Need,
+    /// The people who approved it so far, when it needs several.
+    pub approved_by: Vec<String>,
 }
 
 impl Call {
@@ -418,6 +422,9 @@ pub enum Input {
         reason: String,
         /// Replacement arguments, for an edit.
         edited_arguments_json: String,
+        /// Who answered (`None`: the install's own person, as
+        /// [`Answerer::local`]).
+        by: Option<Answerer>,
     },
     /// The person asked to stop the turn.
     Cancel {
@@ -520,6 +527,57 @@ pub enum Effect {
 /// The tool that hands a task to a sub-agent (run by the orchestrator).
 pub const DELEGATE_TOOL: &str = "delegate";
 
+/// Who must approve a call, as an `ApprovalRequested` event says it. An
+/// entry that does not read (a damaged log) admits nobody.
+pub fn need_of(asked: &pb::ApprovalRequested) -> Need {
+    Need {
+        approvers: asked
+            .approvers
+            .iter()
+            .map(|list| {
+                list.any_of
+                    .iter()
+                    .filter_map(|a| Approver::parse(a).ok())
+                    .collect()
+            })
+            .collect(),
+        required: asked.approvals_required.max(1),
+    }
+}
+
+/// The event fields of `need`: its approver lists and count.
+fn need_fields(need: &Need) -> (Vec<pb::Approvers>, u32) {
+    let lists = need
+        .approvers
+        .iter()
+        .map(|list| pb::Approvers {
+            any_of: list.iter().map(ToString::to_string).collect(),
+        })
+        .collect();
+    (lists, if need.count() > 1 { need.count() } else { 0 })
+}
+
+/// Who answers an approval: a person's name and role (as the credential
+/// check names them: `viewer`, `operator`, `approver`, `admin`, `service`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answerer {
+    /// Their name.
+    pub name: String,
+    /// Their role.
+    pub role: String,
+}
+
+impl Answerer {
+    /// The install's own person, answering when credentials are off or a
+    /// caller in the same process does.
+    pub fn local() -> Answerer {
+        Answerer {
+            name: "local".to_string(),
+            role: "admin".to_string(),
+        }
+    }
+}
+
 /// An input that does not fit the session's state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -542,6 +600,10 @@ pub enum Refusal {
     /// A decision that cannot be carried out as given.
     #[error("{0}")]
     InvalidDecision(String),
+    /// The person may not approve this call (the rule that asked names
+    /// others), or approved it already.
+    #[error("{0}")]
+    NotAnApprover(String),
     /// An outcome arrived that the state does not expect (a stale result).
     #[error("unexpected {input} while the session is {phase:?}")]
     Unexpected {
@@ -560,6 +622,7 @@ impl Refusal {
             Refusal::Busy
             | Refusal::NothingToCancel
             | Refusal::NoPendingApproval { .. }
+            | Refusal::NotAnApprover(_)
             | Refusal::Unexpected { .. } => false,
         }
     }

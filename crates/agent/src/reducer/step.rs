@@ -255,6 +255,7 @@ impl SessionState {
                     decision,
                     reason,
                     edited_arguments_json,
+                    by,
                 },
             ) => {
                 let pending = self
@@ -275,6 +276,7 @@ impl SessionState {
                     decision,
                     reason,
                     edited_arguments_json,
+                    by.unwrap_or_else(Answerer::local),
                 )?;
             }
             (Phase::Generate | Phase::UseTools, Input::Cancel { reason }) => {

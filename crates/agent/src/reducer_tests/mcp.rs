@@ -75,6 +75,8 @@ fn a_policy_rule_may_trust_a_servers_read_only_hint() {
         reason: Some("reads the clock".into()),
         check_arguments: true,
         network: false,
+        approvers: Vec::new(),
+        approvals_required: None,
     });
     let policy = Arc::new(Policy::from_config(&config).unwrap());
     let mut session = Session::with_policy(4, policy, catalog);

@@ -222,6 +222,7 @@ fn approval(call_id: &str, decision: ApprovalDecision, reason: &str, edited: &st
         decision,
         reason: reason.into(),
         edited_arguments_json: edited.into(),
+        by: None,
     }
 }
 
@@ -356,7 +357,7 @@ fn phase_event(call_id: &str, phase: ToolCallPhase, detail: &str) -> Kind {
 /// A call scheduled, with what allowed it as the wording of `detail`
 /// says (the reducer decides it from the decision itself, not the words).
 fn scheduled(call_id: &str, detail: &str) -> Kind {
-    let allowed_by = if detail.contains("by a person") {
+    let allowed_by = if detail.contains("by a person") || detail.ends_with(" people") {
         pb::AllowedBy::Person
     } else if detail.starts_with("approved for this turn") {
         pb::AllowedBy::Turn
@@ -400,6 +401,8 @@ fn approval_requested(call: &ToolCall, matched_rule: &str) -> Kind {
         matched_rule: matched_rule.into(),
         network: false,
         outcome_unknown: false,
+        approvers: Vec::new(),
+        approvals_required: 0,
     })
 }
 
@@ -416,6 +419,8 @@ fn decided(
         reason: reason.into(),
         edited_arguments_json: edited.into(),
         allowances,
+        approved_by: Vec::new(),
+        approvals_missing: 0,
     })
 }
 
@@ -508,6 +513,8 @@ fn call_in(call: &ToolCall, phase: CallPhase, answered: bool) -> Call {
         answered,
         outcome_unknown: false,
         hook_asked: false,
+        need: agentry_policy::Need::default(),
+        approved_by: Vec::new(),
     }
 }
 
@@ -630,6 +637,8 @@ fn rule(
         reason: reason.map(str::to_string),
         check_arguments: true,
         network: false,
+        approvers: Vec::new(),
+        approvals_required: None,
     }
 }
 
@@ -930,6 +939,7 @@ impl Session {
 }
 
 mod approvals;
+mod approvers;
 mod basics;
 mod budgets;
 mod compaction;

@@ -67,6 +67,8 @@ fn an_approval_request_says_when_the_call_would_get_network() {
         reason: None,
         check_arguments: true,
         network: true,
+        approvers: Vec::new(),
+        approvals_required: None,
     });
     let policy = Arc::new(Policy::from_config(&config).unwrap());
     let asked = |session: &mut Session, call: ToolCall| -> bool {

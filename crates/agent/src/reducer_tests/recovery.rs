@@ -164,6 +164,8 @@ fn unknown_asked(call: &ToolCall) -> Kind {
         ),
         network: false,
         outcome_unknown: true,
+        approvers: Vec::new(),
+        approvals_required: 0,
     })
 }
 

@@ -346,6 +346,12 @@ pub(super) fn allowed(by: Option<&Principal>, input: Option<&pb::Input>) -> Resu
     let Some(by) = by else { return Ok(()) };
     match input.and_then(|i| i.kind.as_ref()) {
         Some(pb::input::Kind::Approval(_)) => by.require(Role::Approver, "answering an approval"),
+        // Approving every call of a turn ahead is answering its approvals.
+        Some(pb::input::Kind::UserMessage(m))
+            if m.approval_mode == spb::ApprovalMode::Always as i32 =>
+        {
+            by.require(Role::Approver, "a turn with every call approved")
+        }
         _ => by.require(
             Role::Operator,
             "sending a message, a cancel or a model switch",
@@ -353,7 +359,12 @@ pub(super) fn allowed(by: Option<&Principal>, input: Option<&pb::Input>) -> Resu
     }
 }
 
-pub(super) fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
+/// Reads a submitted input; `by` is who sent it (an approval records who
+/// answered, for the rules that name approvers).
+pub(super) fn parse_input(
+    input: Option<pb::Input>,
+    by: Option<&Principal>,
+) -> Result<Input, Status> {
     let kind = input.and_then(|i| i.kind).ok_or_else(|| {
         Status::invalid_argument("the input is empty: set user_message, approval or cancel")
     })?;
@@ -413,6 +424,10 @@ pub(super) fn parse_input(input: Option<pb::Input>) -> Result<Input, Status> {
                 decision,
                 reason: a.reason,
                 edited_arguments_json: a.edited_arguments_json,
+                by: by.map(|p| crate::reducer::Answerer {
+                    name: p.name.clone(),
+                    role: p.role.name().to_string(),
+                }),
             })
         }
     }

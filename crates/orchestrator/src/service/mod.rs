@@ -280,7 +280,7 @@ impl Orchestrator for Sessions {
         let by = Principal::of(request.extensions()).cloned();
         let req = request.into_inner();
         // Checked where it arrives, passed on as received.
-        let input = parse_input(req.input.clone())?;
+        let input = parse_input(req.input.clone(), by.as_ref())?;
         allowed(by.as_ref(), req.input.as_ref())?;
         let submitted = self
             .submit_routed(
@@ -379,7 +379,7 @@ impl Orchestrator for Sessions {
             while let Ok(Some(message)) = inbound.message().await {
                 let outcome = match message.kind {
                     Some(pb::chat_request::Kind::Input(received)) => {
-                        match parse_input(Some(received.clone()))
+                        match parse_input(Some(received.clone()), by.as_ref())
                             .and_then(|input| allowed(by.as_ref(), Some(&received)).map(|()| input))
                         {
                             Ok(input) => this
