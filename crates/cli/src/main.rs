@@ -410,6 +410,8 @@ enum Service {
     SessionStore,
     ToolRunner,
     Scheduler,
+    /// The web console and its API
+    Gateway,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,6 +20,7 @@ impl From<Service> for agentry_stack::Service {
             Service::ToolRunner => agentry_stack::Service::ToolRunner,
             Service::Scheduler => agentry_stack::Service::Scheduler,
             Service::Orchestrator => agentry_stack::Service::Orchestrator,
+            Service::Gateway => agentry_stack::Service::Gateway,
         }
     }
 }
@@ -33,7 +34,20 @@ async fn run_services(config: &Config, services: &[agentry_stack::Service]) -> a
     let auth = Auth::for_services(config)?;
     let mut futures = Vec::new();
     for service in services {
-        let listener = bind(service.listen(config)).await?;
+        let listener = match bind(service.listen(config)).await {
+            Ok(listener) => listener,
+            // The console is a convenience of `agentry up`: a taken port
+            // (8080 is also llama.cpp's) leaves the services running.
+            Err(e) if *service == agentry_stack::Service::Gateway && services.len() > 1 => {
+                tracing::warn!(error = %e, "the web console is not started");
+                eprintln!(
+                    "The web console is not started: {e}. Set gateway.listen \
+                     (AGENTRY_GATEWAY_LISTEN=127.0.0.1:PORT) to another port."
+                );
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let serving =
             agentry_stack::prepare(*service, config, &auth, listener, on_stop(stop_rx.clone()))
                 .await?;
@@ -69,11 +83,13 @@ async fn run_services(config: &Config, services: &[agentry_stack::Service]) -> a
 pub async fn up(config: &Config) -> anyhow::Result<()> {
     let telemetry = telemetry::init(config.log.format, "info", &config.otel.endpoint, "agentry");
     eprintln!(
-        "Agentry is starting: orchestrator on {}, data in {}, model {} at {}",
+        "Agentry is starting: orchestrator on {}, data in {}, model {} at {}; the console: \
+         open {}",
         config.orchestrator.url,
         config.data_dir().display(),
         config.llm.model,
-        config.llm.base_url
+        config.llm.base_url,
+        config.gateway.url
     );
     let result = run_services(config, &agentry_stack::Service::ALL).await;
     telemetry.shutdown().await;

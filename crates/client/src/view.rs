@@ -253,6 +253,16 @@ impl SessionView {
         self.places.push(self.place);
     }
 
+    /// The seq of the stored event that made entry `index` (0: none).
+    pub fn place(&self, index: usize) -> u64 {
+        self.places.get(index).copied().unwrap_or_default()
+    }
+
+    /// The latest revision: it grows with every change of the transcript.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
     /// Marks entry `index` changed.
     pub fn touch(&mut self, index: usize) {
         self.revision += 1;

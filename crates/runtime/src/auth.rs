@@ -172,6 +172,8 @@ pub enum TokenKind {
     Service,
     /// A person's (`agentry_user_…`).
     Person,
+    /// A key a service signs with, never sent (`agentry_key_…`).
+    Signing,
 }
 
 impl Token {
@@ -184,6 +186,7 @@ impl Token {
             TokenKind::Client => "agentry_client_",
             TokenKind::Service => "agentry_service_",
             TokenKind::Person => "agentry_user_",
+            TokenKind::Signing => "agentry_key_",
         };
         let mut text = String::with_capacity(prefix.len() + 64);
         text.push_str(prefix);
@@ -676,6 +679,57 @@ impl Auth {
             principal.require(required, path.trim_start_matches('/'))?;
         }
         Ok(principal)
+    }
+
+    /// Credentials are off: every caller is trusted (loopback only).
+    pub fn is_off(&self) -> bool {
+        self.0.mode == AuthMode::Off
+    }
+
+    /// The person holding the token `presented` (a person's token, or the
+    /// client token: the person `admin`); the service token is nobody's.
+    pub fn identify(&self, presented: &[u8]) -> Result<Principal, tonic::Status> {
+        if self
+            .0
+            .service
+            .as_ref()
+            .is_some_and(|t| t.matches(presented))
+        {
+            return Err(tonic::Status::unauthenticated(
+                "the service token is for Agentry's own services, not a person: use your own \
+                 token (`agentry users add`) or the client token (`agentry token`)",
+            ));
+        }
+        self.principal(presented, None)
+    }
+
+    /// The person `name`, still holding the token whose SHA-256 (hex)
+    /// starts with `fingerprint` (16 characters or more); `None` when they
+    /// are gone or their token changed.
+    pub fn holder(&self, name: &str, fingerprint: &str) -> Option<Principal> {
+        if fingerprint.len() < 16 {
+            return None;
+        }
+        let same = |hash: &str| {
+            hash.get(..fingerprint.len()).is_some_and(|h| {
+                crate::people::constant_time_eq(h.as_bytes(), fingerprint.as_bytes())
+            })
+        };
+        if name == crate::people::ADMIN {
+            let client = self.0.client.as_ref()?;
+            return same(&crate::people::sha256_hex(client.secret().as_bytes())).then(|| {
+                Principal {
+                    name: name.to_string(),
+                    role: Role::Admin,
+                }
+            });
+        }
+        let people = self.0.people.current();
+        let person = people.by_name(name)?;
+        same(&person.token_sha256).then(|| Principal {
+            name: person.name.clone(),
+            role: person.role,
+        })
     }
 
     /// Who holds the token `presented`.

@@ -1,5 +1,5 @@
 //! The one place that knows how each Agentry service starts: `agentry up`
-//! (all four in one process), `agentry serve SERVICE` (one; the bench and
+//! (all five in one process), `agentry serve SERVICE` (one; the bench and
 //! the process-level tests start those) and the test cluster all start
 //! services through [`prepare`].
 //!
@@ -26,16 +26,19 @@ pub enum Service {
     Scheduler,
     /// The per-session state machines.
     Orchestrator,
+    /// The web console and its API.
+    Gateway,
 }
 
 impl Service {
     /// Every service, in the order `agentry up` starts them (the ones
     /// others call first).
-    pub const ALL: [Service; 4] = [
+    pub const ALL: [Service; 5] = [
         Service::SessionStore,
         Service::ToolRunner,
         Service::Scheduler,
         Service::Orchestrator,
+        Service::Gateway,
     ];
 
     /// Its name in logs and traces.
@@ -45,6 +48,7 @@ impl Service {
             Service::ToolRunner => "agentry-tool-runner",
             Service::Scheduler => "agentry-scheduler",
             Service::Orchestrator => "agentry-orchestrator",
+            Service::Gateway => "agentry-gateway",
         }
     }
 
@@ -55,6 +59,7 @@ impl Service {
             Service::ToolRunner => config.tool_runner.listen,
             Service::Scheduler => config.scheduler.listen,
             Service::Orchestrator => config.orchestrator.listen,
+            Service::Gateway => config.gateway.listen,
         }
     }
 }
@@ -94,6 +99,12 @@ pub async fn prepare(
             agentry_orchestrator::run(&config, &auth, listener, shutdown).await?;
             Ok(())
         }),
+        Service::Gateway => {
+            // Checked now: a gateway that may not start fails `agentry up`
+            // before anything serves.
+            agentry_gateway::Gateway::new(&config, &auth)?;
+            Box::pin(async move { agentry_gateway::run(&config, &auth, listener, shutdown).await })
+        }
     };
     Ok(serving)
 }

@@ -93,6 +93,7 @@ impl Cluster {
             (Service::SessionStore, &mut config.session_store.listen),
             (Service::Scheduler, &mut config.scheduler.listen),
             (Service::ToolRunner, &mut config.tool_runner.listen),
+            (Service::Gateway, &mut config.gateway.listen),
         ] {
             let listener = bind_below_ephemeral().await?;
             *endpoint = listener.local_addr()?;
@@ -102,6 +103,7 @@ impl Cluster {
         config.session_store.url = format!("http://{}", config.session_store.listen);
         config.scheduler.url = format!("http://{}", config.scheduler.listen);
         config.tool_runner.url = format!("http://{}", config.tool_runner.listen);
+        config.gateway.url = format!("http://{}", config.gateway.listen);
         adjust(&mut config);
         let auth = Auth::for_services(&config)?;
         let mut cluster = Cluster {

@@ -48,6 +48,7 @@ impl Install {
             ("session-store", "SESSION_STORE"),
             ("tool-runner", "TOOL_RUNNER"),
             ("scheduler", "SCHEDULER"),
+            ("gateway", "GATEWAY"),
         ] {
             let _ = name;
             let port = free_port();

@@ -130,6 +130,16 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
         "AGENTRY_CHROMIUM_SANDBOX",
         &["tool_runner", "web", "chromium_sandbox"],
     ),
+    ("AGENTRY_GATEWAY_LISTEN", &["gateway", "listen"]),
+    ("AGENTRY_GATEWAY_URL", &["gateway", "url"]),
+    (
+        "AGENTRY_GATEWAY_BEHIND_TLS_PROXY",
+        &["gateway", "behind_tls_proxy"],
+    ),
+    (
+        "AGENTRY_GATEWAY_PRIVATE_NETWORK",
+        &["gateway", "private_network"],
+    ),
     ("AGENTRY_SCHEDULER_URL", &["scheduler", "url"]),
     ("AGENTRY_SCHEDULER_LISTEN", &["scheduler", "listen"]),
     ("AGENTRY_LOG_FORMAT", &["log", "format"]),

@@ -72,6 +72,8 @@ pub struct Config {
     pub tool_runner: ToolRunnerConfig,
     /// The scheduler service.
     pub scheduler: SchedulerConfig,
+    /// The web gateway (the console and its API).
+    pub gateway: GatewayConfig,
     /// Logging.
     pub log: LogConfig,
     /// OpenTelemetry export.
@@ -722,6 +724,32 @@ impl std::fmt::Debug for WebConfig {
             .field("allow_hosts", &self.allow_hosts)
             .finish()
     }
+}
+
+/// The web gateway: the console and its JSON + server-sent-events API.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The socket address it binds; a non-loopback one needs
+    /// `behind_tls_proxy`.
+    pub listen: SocketAddr,
+    /// The address people open (shown by `agentry up`).
+    pub url: String,
+    /// A proxy in front terminates TLS: the gateway may listen on a
+    /// non-loopback address, and its cookies are marked Secure.
+    #[serde(default)]
+    pub behind_tls_proxy: bool,
+    /// The address is reachable only on a private network (a container
+    /// network whose port is published on the host's loopback): it may be
+    /// a non-loopback one without TLS.
+    #[serde(default)]
+    pub private_network: bool,
+    /// How long a login lasts, in hours.
+    pub login_hours: u64,
+    /// Host names the console may be reached by besides the loopback ones
+    /// (a page served under another name is refused: DNS rebinding).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The scheduler.
