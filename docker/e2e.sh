@@ -55,6 +55,7 @@ export AGENTRY_TAG=e2e
 export AGENTRY_PORT=$(free_port)
 export AGENTRY_SCHEDULER_PORT=$(free_port)
 export AGENTRY_FAKE_MODEL_PORT=$(free_port)
+export AGENTRY_CONSOLE_PORT=$(free_port)
 export AGENTRY_LLM_PROVIDER=openai
 export AGENTRY_LLM_BASE_URL=http://fake-model:8080/v1
 export AGENTRY_LLM_MODEL=fake-model
@@ -117,6 +118,27 @@ else
   fail "a viewer's turn was refused for another reason: $refused"
 fi
 
+# The web console, published on the host's loopback: the page, a login
+# with the viewer's token, the sessions as she may see them.
+dc up -d --no-deps gateway
+console=http://127.0.0.1:$AGENTRY_CONSOLE_PORT
+for _ in $(seq 60); do
+  curl -fsS "$console/healthz" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+curl -fsS "$console/" | grep -q 'src="/console.js"' &&
+  pass "the console's page is served on the host's loopback" || fail "no console page at $console"
+cookie=$(curl -fsS -D - -o /dev/null -H 'content-type: application/json' \
+  -d "{\"token\": \"$viewer\"}" "$console/api/login" | tr -d '\r' |
+  sed -n 's/^[Ss]et-[Cc]ookie: \([^;]*\).*/\1/p')
+[[ $cookie == agentry_console=* ]] && pass "a person logs in to the console with their token" ||
+  fail "the console login gave no cookie: '$cookie'"
+curl -fsS -H "cookie: $cookie" "$console/api/sessions" | jq -e '.sessions' >/dev/null &&
+  pass "the console lists sessions for the viewer" || fail "the console's session list"
+status=$(curl -s -o /dev/null -w '%{http_code}' -H "cookie: $cookie" \
+  -H 'content-type: application/json' -d '{}' "$console/api/sessions")
+[[ $status == 403 ]] && pass "a change without the page's token is refused (403)" ||
+  fail "a change without the page's token got $status"
 
 # --- 1. a turn spread over the runners ------------------------------------
 log "turn 1: six tool calls"

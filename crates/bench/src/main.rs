@@ -60,6 +60,9 @@ struct Args {
     /// Idle sessions of the idle scenario
     #[arg(long, default_value_t = 1000)]
     idle_sessions: usize,
+    /// Pages watching one session in the gateway scenario
+    #[arg(long, default_value_t = 100)]
+    watchers: usize,
     /// Write the figures as JSON here
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -91,6 +94,8 @@ pub enum Scenario {
     Project,
     /// One orchestrator versus two on PostgreSQL
     ScaleOut,
+    /// Many console pages on one session: the gateway's added delay
+    Gateway,
 }
 
 fn agentry_bin(args: &Args) -> anyhow::Result<PathBuf> {
@@ -156,6 +161,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Snapshots => scenarios::snapshots(&bin).await?,
             Scenario::Project => scenarios::project(&bin).await?,
             Scenario::ScaleOut => scenarios::scale_out(&bin, args.turns, &args.sessions).await?,
+            Scenario::Gateway => scenarios::gateway(&bin, args.watchers).await?,
         };
         let name = format!("{scenario:?}").to_lowercase();
         report.insert(name, figures);
@@ -232,6 +238,34 @@ fn goals(report: &serde_json::Map<String, Value>) -> Vec<Value> {
             "x",
         );
     }
+    let gateway = report.get("gateway");
+    goal(
+        &format!(
+            "gateway: delay added per token with {} pages watching, p99",
+            gateway
+                .and_then(|g| g["watchers"].as_u64())
+                .unwrap_or_default()
+        ),
+        gateway.and_then(|g| g["added_p99_ms"].as_f64()),
+        50.0,
+        false,
+        "ms",
+    );
+    goal(
+        "console's first load (no request elsewhere)",
+        gateway.and_then(|g| {
+            let refs = g["first_load_external_refs"].as_u64()?;
+            let bytes = g["first_load_bytes"].as_f64()?;
+            Some(if refs == 0 {
+                bytes / 1024.0
+            } else {
+                f64::INFINITY
+            })
+        }),
+        150.0,
+        false,
+        "KiB",
+    );
     goal(
         "streaming: delay added per token, p99",
         report

@@ -11,6 +11,15 @@ use std::process::{Child, Command, Stdio};
 
 pub const SERVICES: [&str; 4] = ["session-store", "tool-runner", "scheduler", "orchestrator"];
 
+/// Every service given an address (the gateway too, started when asked).
+const ADDRESSED: [&str; 5] = [
+    "session-store",
+    "tool-runner",
+    "scheduler",
+    "orchestrator",
+    "gateway",
+];
+
 pub struct Stack {
     children: Vec<(&'static str, Child)>,
     /// Every service's environment (more orchestrators start with it).
@@ -74,7 +83,7 @@ impl Stack {
                 std::env::var("AGENTRY_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
             ),
         ];
-        for service in SERVICES {
+        for service in ADDRESSED {
             let port = free_port()?;
             let v = var(service);
             env.push((format!("AGENTRY_{v}_LISTEN"), format!("127.0.0.1:{port}")));
@@ -170,14 +179,28 @@ impl Stack {
     async fn wait_for(&mut self, service: &'static str) -> anyhow::Result<()> {
         let endpoint = self.auth.endpoint(&self.urls[service])?;
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let http = self.urls[service].trim_start_matches("http://").to_string();
         loop {
             if let Some((_, child)) = self.children.iter_mut().find(|(name, _)| *name == service)
                 && let Some(status) = child.try_wait()?
             {
                 anyhow::bail!("the {service} did not come up: it exited ({status})");
             }
-            match endpoint.connect().await {
-                Ok(_) => return Ok(()),
+            // The gateway speaks HTTP/1: a connection is enough.
+            let connected = if service == "gateway" {
+                tokio::net::TcpStream::connect(&http)
+                    .await
+                    .map(|_| ())
+                    .map_err(anyhow::Error::from)
+            } else {
+                endpoint
+                    .connect()
+                    .await
+                    .map(|_| ())
+                    .map_err(anyhow::Error::from)
+            };
+            match connected {
+                Ok(()) => return Ok(()),
                 Err(e) if tokio::time::Instant::now() >= deadline => {
                     return Err(e).with_context(|| format!("the {service} did not come up"));
                 }

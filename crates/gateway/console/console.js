@@ -520,10 +520,18 @@ async function sessionPage(id) {
     el("div", { class: "meta", text: [session.id, session.project_dir].filter(Boolean).join(" · ") }),
     status, transcript, questions);
   const entries = [];
+  const known = [];
   let shownQuestions = "";
   const render = (kind, data) => {
-    if (kind === "snapshot") { entries.length = 0; clear(transcript); }
-    for (const entry of data.entries) {
+    if (kind === "snapshot") { entries.length = 0; known.length = 0; clear(transcript); }
+    for (let entry of data.entries) {
+      if (entry.append !== undefined) {
+        // More of an answer still streaming.
+        const before = known[entry.i];
+        if (!before) continue;
+        entry = { ...before, text: before.text + entry.append, streaming: entry.streaming };
+      }
+      known[entry.i] = entry;
       const node = entryNode(id, entry);
       if (entry.i < entries.length) {
         transcript.replaceChild(node, entries[entry.i]);

@@ -19,6 +19,7 @@ pub mod assets;
 pub mod error;
 pub mod live;
 pub mod login;
+pub mod tls;
 pub mod wire;
 
 use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
@@ -64,6 +65,8 @@ pub struct Gateway {
     pub hosts: Arc<Vec<String>>,
     /// Set when the gateway stops: live streams end.
     pub stop: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Serves HTTPS itself.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Why the gateway cannot start.
@@ -73,10 +76,14 @@ pub enum GatewayError {
     #[error(
         "the gateway would listen on {0}, beyond loopback, in clear text: put a TLS proxy in \
          front and set gateway.behind_tls_proxy = true (AGENTRY_GATEWAY_BEHIND_TLS_PROXY=true), \
+         give it a certificate (gateway.tls_cert and gateway.tls_key), \
          listen on 127.0.0.1, or, on a private network only (a container's port published on \
          the host's loopback), set gateway.private_network = true"
     )]
     ClearText(SocketAddr),
+    /// One of the certificate and its key is set, not both.
+    #[error("set both gateway.tls_cert and gateway.tls_key (PEM files), or neither")]
+    HalfTls,
     /// The signing key cannot be read or made.
     #[error("the gateway's signing key: {0}")]
     Key(String),
@@ -87,7 +94,19 @@ impl Gateway {
     /// `auth`'s service credentials.
     pub fn new(config: &Config, auth: &Auth) -> anyhow::Result<Gateway> {
         let listen = config.gateway.listen;
+        let tls = match (
+            config.gateway.tls_cert.is_empty(),
+            config.gateway.tls_key.is_empty(),
+        ) {
+            (true, true) => None,
+            (false, false) => Some(tls::acceptor(
+                &config.gateway.tls_cert,
+                &config.gateway.tls_key,
+            )?),
+            _ => return Err(GatewayError::HalfTls.into()),
+        };
         if !listen.ip().is_loopback()
+            && tls.is_none()
             && !config.gateway.behind_tls_proxy
             && !config.gateway.private_network
         {
@@ -119,10 +138,11 @@ impl Gateway {
             keys: Arc::new(login::Keys::new(key.secret().as_bytes())),
             limiter: Arc::new(login::Limiter::default()),
             hub: live::Hub::new(orchestrator),
-            secure_cookie: config.gateway.behind_tls_proxy,
+            secure_cookie: config.gateway.behind_tls_proxy || tls.is_some(),
             login_ttl: Duration::from_secs(config.gateway.login_hours.clamp(1, 24 * 30) * 3600),
             hosts: Arc::new(hosts),
             stop: Arc::new(tokio::sync::watch::channel(false).0),
+            tls,
         })
     }
 
@@ -222,13 +242,28 @@ pub async fn run(
         // Live streams never end on their own: they end now.
         let _ = stop.send(true);
     };
-    axum::serve(
-        listener,
-        gateway
-            .router()
-            .into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await?;
+    match gateway.tls.clone() {
+        Some(acceptor) => {
+            let listener = tls::TlsListener::new(listener, acceptor)?;
+            axum::serve(
+                listener,
+                gateway
+                    .router()
+                    .into_make_service_with_connect_info::<tls::ClientAddr>(),
+            )
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        }
+        None => {
+            axum::serve(
+                listener,
+                gateway
+                    .router()
+                    .into_make_service_with_connect_info::<tls::ClientAddr>(),
+            )
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        }
+    }
     Ok(())
 }

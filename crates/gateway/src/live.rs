@@ -59,6 +59,8 @@ struct FeedState {
     sent: u64,
     /// Why the session cannot be followed (gone), if so.
     ended: Option<String>,
+    /// The answer streaming now and how much of it was sent.
+    streamed: Option<(usize, usize)>,
 }
 
 impl FeedState {
@@ -161,6 +163,7 @@ impl Hub {
                 view: SessionView::new(session_id, wire::web_text),
                 sent: 0,
                 ended: None,
+                streamed: None,
             }),
             tx,
         });
@@ -245,7 +248,10 @@ fn fold(feed: &Feed, event: &agentry_proto::sessions::v1::Event) {
     if revision == state.sent && event.live {
         return;
     }
-    let data = wire::patch(&state.view, state.sent);
+    let since = state.sent;
+    let mut streamed = state.streamed;
+    let data = wire::patch(&state.view, since, &mut streamed);
+    state.streamed = streamed;
     state.sent = revision;
     let message = Message {
         id: state.id(),

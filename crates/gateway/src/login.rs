@@ -16,7 +16,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -292,7 +292,7 @@ pub struct LoginRequest {
 /// `POST /api/login`.
 pub async fn login(
     State(gw): State<Gateway>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(crate::tls::ClientAddr(peer)): ConnectInfo<crate::tls::ClientAddr>,
     headers: HeaderMap,
     body: Result<Json<LoginRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {

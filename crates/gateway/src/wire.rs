@@ -103,14 +103,45 @@ pub fn snapshot(view: &SessionView) -> Value {
 }
 
 /// What changed since revision `since`: the entries changed or added, the
-/// figures and the questions.
-pub fn patch(view: &SessionView, since: u64) -> Value {
+/// figures and the questions. An answer still streaming is sent as the
+/// text added since `streamed` (its index and the bytes of it sent), which
+/// is updated: a long answer watched by many pages costs each page only
+/// its new text.
+pub fn patch(view: &SessionView, since: u64, streamed: &mut Option<(usize, usize)>) -> Value {
     let changed: Vec<Value> = view
         .revisions
         .iter()
         .enumerate()
         .filter(|(_, r)| **r > since)
-        .map(|(i, _)| entry(view, i))
+        .map(|(i, _)| match &view.entries[i] {
+            Entry::Answer {
+                text,
+                streaming: true,
+            } => {
+                let sent = match *streamed {
+                    Some((at, n)) if at == i && n <= text.len() && text.is_char_boundary(n) => {
+                        Some(n)
+                    }
+                    _ => None,
+                };
+                *streamed = Some((i, text.len()));
+                match sent {
+                    Some(n) => json!({
+                        "i": i,
+                        "kind": "answer",
+                        "append": &text[n..],
+                        "streaming": true,
+                    }),
+                    None => entry(view, i),
+                }
+            }
+            _ => {
+                if streamed.is_some_and(|(at, _)| at == i) {
+                    *streamed = None;
+                }
+                entry(view, i)
+            }
+        })
         .collect();
     json!({
         "entries": changed,
@@ -121,7 +152,66 @@ pub fn patch(view: &SessionView, since: u64) -> Value {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+    use agentry_proto::sessions::v1::event::Kind;
+
+    fn event(seq: u64, live: bool, kind: Kind) -> pb::Event {
+        pb::Event {
+            seq,
+            live,
+            kind: Some(kind),
+            ..Default::default()
+        }
+    }
+
+    fn delta(text: &str) -> pb::Event {
+        event(
+            1,
+            true,
+            Kind::ModelTextDelta(pb::ModelTextDelta { text: text.into() }),
+        )
+    }
+
+    #[test]
+    fn a_streaming_answer_is_sent_as_what_it_gained_then_whole_when_logged() {
+        let mut view = SessionView::new("s", web_text);
+        let mut streamed = None;
+        view.apply(&event(
+            1,
+            false,
+            Kind::UserMessage(pb::UserMessage {
+                text: "hi".into(),
+                ..Default::default()
+            }),
+        ));
+        let mut since = view.revision();
+        let mut step = |view: &mut SessionView, e: pb::Event| {
+            view.apply(&e);
+            let p = patch(view, since, &mut streamed);
+            since = view.revision();
+            p["entries"].as_array().unwrap().clone()
+        };
+        let first = step(&mut view, delta("Hel"));
+        assert_eq!(first[0]["text"], "Hel", "the first piece whole: {first:?}");
+        let more = step(&mut view, delta("lo, wörld"));
+        assert_eq!(more[0]["append"], "lo, wörld");
+        assert_eq!(more[0].get("text"), None);
+        let logged = step(
+            &mut view,
+            event(
+                2,
+                false,
+                Kind::ModelMessage(pb::ModelMessage {
+                    text: "Hello, world.".into(),
+                    ..Default::default()
+                }),
+            ),
+        );
+        let answer = logged.iter().find(|e| e["kind"] == "answer").unwrap();
+        assert_eq!(answer["text"], "Hello, world.");
+        assert_eq!(answer["streaming"], false);
+    }
 
     #[test]
     fn text_loses_controls_and_direction_overrides_but_keeps_lines() {

@@ -102,11 +102,15 @@ async fn eval(page: &Page, js: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// Waits until `js` is true on the page.
+/// Waits until `js` is true on the page (an expression that throws, e.g.
+/// on an element not there yet, is not true yet).
 async fn until(page: &Page, js: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(25);
+    let guarded = format!(
+        "(async () => {{ try {{ return ({js}) === true; }} catch (_) {{ return false; }} }})()"
+    );
     loop {
-        if eval(page, js).await == Value::Bool(true) {
+        if eval(page, &guarded).await == Value::Bool(true) {
             return;
         }
         if tokio::time::Instant::now() > deadline {
@@ -194,6 +198,9 @@ async fn an_approver_chats_approves_from_the_diff_denies_with_a_reason_and_rewin
         return;
     };
     let (cluster, tokens) = cluster_with(&[("abe", Role::Approver)]).await;
+    cluster
+        .model
+        .push(Reply::tool_call("l1", "list_dir", json!({"path": "."})));
     cluster.model.push(Reply::tool_call(
         "w1",
         "write_file",
@@ -309,6 +316,36 @@ async fn an_approver_chats_approves_from_the_diff_denies_with_a_reason_and_rewin
     assert!(
         !workspace.join("notes.txt").exists(),
         "the files went back too"
+    );
+
+    // The audit names the approver of the write and the rule that let the
+    // listing run; the denied command never ran.
+    let mut store = cluster.store().await.unwrap();
+    let log = store
+        .read(agentry_proto::sessions::v1::ReadRequest {
+            session_id: session.as_str().unwrap().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    let ran: Vec<(String, Option<agentry_client::audit::Allowed>)> =
+        agentry_client::audit::records(&log)
+            .into_iter()
+            .filter(|r| r.action == "tool_call")
+            .map(|r| (r.subject, r.allowed))
+            .collect();
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert!(ran[0].0.starts_with("list_dir"), "{ran:?}");
+    assert!(
+        matches!(&ran[0].1, Some(agentry_client::audit::Allowed::Rule(rule)) if rule.contains("list_dir")),
+        "{ran:?}"
+    );
+    assert!(ran[1].0.starts_with("write_file"), "{ran:?}");
+    assert_eq!(
+        ran[1].1,
+        Some(agentry_client::audit::Allowed::Person("abe".into()))
     );
 }
 

@@ -173,6 +173,13 @@ fn apply(view: &mut Value, kind: &str, data: &Value) {
     let entries = view["entries"].as_array_mut().unwrap();
     for entry in data["entries"].as_array().unwrap() {
         let i = entry["i"].as_u64().unwrap() as usize;
+        if let Some(more) = entry["append"].as_str() {
+            // More of an answer still streaming.
+            let text = format!("{}{more}", entries[i]["text"].as_str().unwrap());
+            entries[i]["text"] = json!(text);
+            entries[i]["streaming"] = entry["streaming"].clone();
+            continue;
+        }
         if i < entries.len() {
             entries[i] = entry.clone();
         } else {
@@ -462,4 +469,83 @@ async fn a_turn_streams_to_two_people_who_see_the_same_and_only_the_approver_ans
     assert_eq!(view, abe_view);
     // The login survives the restart (the signing key is kept).
     assert_eq!(abe.get("/api/me").await.0, 200);
+}
+
+/// A CA and a certificate it signed for 127.0.0.1, as PEM files.
+fn write_pki(dir: &std::path::Path) -> (String, String, Vec<u8>) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let cert_path = dir.join("cert.pem");
+    let key_path = dir.join("key.pem");
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    (
+        cert_path.display().to_string(),
+        key_path.display().to_string(),
+        ca.pem().into_bytes(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn beyond_loopback_it_serves_tls_or_refuses_to_start() {
+    // Beyond loopback in clear text: refused, saying what to do.
+    let cluster = Cluster::start().await.unwrap();
+    let mut open = cluster.config.clone();
+    open.gateway.listen = "0.0.0.0:0".parse().unwrap();
+    let refused = agentry_gateway::Gateway::new(&open, &cluster.auth)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        refused.contains("beyond loopback") && refused.contains("gateway.tls_cert"),
+        "{refused}"
+    );
+    let mut half = cluster.config.clone();
+    half.gateway.tls_cert = "/nowhere/cert.pem".into();
+    let refused = agentry_gateway::Gateway::new(&half, &cluster.auth)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(refused.contains("both"), "{refused}");
+    drop(cluster);
+
+    // With a certificate: HTTPS, and Secure cookies.
+    let pki = tempfile::tempdir().unwrap();
+    let (cert, key, ca) = write_pki(pki.path());
+    let mut cluster = Cluster::start_with(|c| {
+        c.gateway.tls_cert = cert.clone();
+        c.gateway.tls_key = key.clone();
+    })
+    .await
+    .unwrap();
+    cluster.start_service(Service::Gateway).await.unwrap();
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap();
+    let base = format!("https://{}", cluster.config.gateway.listen);
+    let health = https.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let token = cluster.auth.client_token().unwrap().secret().to_string();
+    let login = https
+        .post(format!("{base}/api/login"))
+        .json(&json!({"token": token}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    // Clear text to the same port gets nowhere.
+    let plain = reqwest::get(format!("http://{}/healthz", cluster.config.gateway.listen)).await;
+    assert!(plain.is_err() || !plain.unwrap().status().is_success());
 }

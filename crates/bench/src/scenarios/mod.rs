@@ -414,11 +414,13 @@ pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
     }))
 }
 
+mod gateway;
 mod scale;
 mod state;
 mod tools;
 mod workspace;
 
+pub use gateway::gateway;
 pub use scale::scale_out;
 pub use state::{idle, lateness, reminders, store};
 pub use tools::shell;

@@ -140,6 +140,8 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
         "AGENTRY_GATEWAY_PRIVATE_NETWORK",
         &["gateway", "private_network"],
     ),
+    ("AGENTRY_GATEWAY_TLS_CERT", &["gateway", "tls_cert"]),
+    ("AGENTRY_GATEWAY_TLS_KEY", &["gateway", "tls_key"]),
     ("AGENTRY_SCHEDULER_URL", &["scheduler", "url"]),
     ("AGENTRY_SCHEDULER_LISTEN", &["scheduler", "listen"]),
     ("AGENTRY_LOG_FORMAT", &["log", "format"]),

@@ -744,6 +744,12 @@ pub struct GatewayConfig {
     /// a non-loopback one without TLS.
     #[serde(default)]
     pub private_network: bool,
+    /// Serve HTTPS with this certificate chain (PEM); with `tls_key`.
+    #[serde(default)]
+    pub tls_cert: String,
+    /// The private key of `tls_cert` (PEM).
+    #[serde(default)]
+    pub tls_key: String,
     /// How long a login lasts, in hours.
     pub login_hours: u64,
     /// Host names the console may be reached by besides the loopback ones
