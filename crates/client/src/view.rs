@@ -540,6 +540,7 @@ impl SessionView {
                     && let Some(Entry::Answer { streaming, .. }) = self.entries.get_mut(at)
                 {
                     *streaming = false;
+                    self.touch(at);
                 }
             }
             Kind::ReminderDue(r) if r.reminder_kind() == pb::ReminderKind::Task => {

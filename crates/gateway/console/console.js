@@ -171,8 +171,13 @@ function inline(text) {
 
 const BLOCK_START = /^\s*(```|~~~|#{1,6}\s|>|[-*+]\s|\d+[.)]\s)/;
 
-function markdown(source) {
+function markdown(source, depth = 0) {
   const root = document.createDocumentFragment();
+  if (depth > 8) {
+    // Quotes nested deeper than anyone writes: the rest as text.
+    root.append(el("p", { class: "plain", text: source }));
+    return root;
+  }
   const lines = source.replace(/\r\n?/g, "\n").split("\n");
   let i = 0;
   while (i < lines.length) {
@@ -197,7 +202,7 @@ function markdown(source) {
     if (/^\s*>/.test(line)) {
       const quoted = [];
       while (i < lines.length && /^\s*>/.test(lines[i])) quoted.push(lines[i++].replace(/^\s*>\s?/, ""));
-      root.append(el("blockquote", {}, markdown(quoted.join("\n"))));
+      root.append(el("blockquote", {}, markdown(quoted.join("\n"), depth + 1)));
       continue;
     }
     const item = line.match(/^\s*([-*+]|\d+[.)])\s+(.*)$/);
@@ -235,6 +240,7 @@ function markdown(source) {
 // ---------------------------------------------------------------------------
 
 function stopPage() {
+  state.page = (state.page || 0) + 1;
   if (state.source) { state.source.close(); state.source = null; }
   state.timers.forEach(clearInterval);
   state.timers = [];
@@ -339,27 +345,27 @@ function inboxPage() {
   const main = clear(document.getElementById("main"));
   const list = el("div", { id: "inbox" });
   main.append(el("h2", { text: "Waiting for a person" }), list);
+  const empty = el("p", { class: "muted", text: "Nothing waits." });
   const load = async () => {
     const data = await act("the inbox", () => api("GET", "/api/approvals"));
     if (!data) return;
-    clear(list);
-    if (!data.approvals.length) list.append(el("p", { class: "muted", text: "Nothing waits." }));
-    for (const a of data.approvals) {
-      list.append(questionCard(a.session_id, {
-        call_id: a.call_id, tool: a.tool, arguments: a.arguments, rule: a.rule, network: a.network,
-        outcome_unknown: a.rule.startsWith("outcome unknown"), approvers: a.approvers || null,
-        approved_by: a.approved_by,
-      }, el("a", { href: `#/s/${a.session_id}`, text: a.session_title || a.session_id.slice(0, 8) }), load));
-    }
+    const cards = questionsInto(list, data.approvals.map((a) => ({
+      session_id: a.session_id, where: a.session_title || a.session_id.slice(0, 8),
+      call_id: a.call_id, tool: a.tool, arguments: a.arguments, rule: a.rule, network: a.network,
+      outcome_unknown: a.rule.startsWith("outcome unknown"), approvers: a.approvers || null,
+      approved_by: a.approved_by,
+    })), load);
+    if (!cards) list.append(empty); else empty.remove();
   };
   poll(load, 3000);
   poll(refreshInboxCount, 3000);
 }
 
 async function morePage() {
+  const page = state.page;
   const main = clear(document.getElementById("main"));
   const data = await act("the overview", () => api("GET", "/api/overview"));
-  if (!data) return;
+  if (!data || page !== state.page) return;
   const section = (title, ...kids) => el("section", { class: "card" }, el("h3", { text: title }), ...kids);
   if (data.model_problem) main.append(el("p", { class: "note error", text: `Model: ${data.model_problem}` }));
   const sandbox = Array.isArray(data.sandbox) ? data.sandbox : [data.sandbox.error];
@@ -406,6 +412,24 @@ function argumentsView(sessionId, q) {
     return box;
   }
   return el("pre", { text: args ? JSON.stringify(args, null, 2) : q.arguments });
+}
+
+// Shows `questions` in `box`, keeping the cards already there (a reason
+// being typed, an edit open) and adding or removing the others; how many.
+function questionsInto(box, questions, after) {
+  const key = (q) => `${q.session_id}/${q.call_id}/${q.arguments}/${(q.approved_by || []).join(",")}`;
+  const wanted = new Map(questions.map((q) => [key(q), q]));
+  for (const card of [...box.querySelectorAll(":scope > .question")]) {
+    if (!wanted.has(card.dataset.key)) card.remove();
+  }
+  for (const [k, q] of wanted) {
+    if ([...box.children].some((c) => c.dataset.key === k)) continue;
+    const where = q.where ? el("a", { href: `#/s/${q.session_id}`, text: q.where }) : null;
+    const card = questionCard(q.session_id, q, where, after);
+    card.dataset.key = k;
+    box.append(card);
+  }
+  return wanted.size;
 }
 
 function questionCard(sessionId, q, where, after) {
@@ -459,7 +483,11 @@ function entryNode(sessionId, entry) {
       box.append(el("div", { class: "user", text: entry.text }));
       break;
     case "answer": {
-      const answer = el("div", { class: "answer" }, markdown(entry.text));
+      // While it streams, plain text (cheap to redo on every piece); once
+      // logged, markdown.
+      const answer = entry.streaming
+        ? el("div", { class: "answer streaming", text: entry.text })
+        : el("div", { class: "answer" }, markdown(entry.text));
       box.append(answer);
       if (!entry.streaming && entry.seq && can("operator")) {
         box.append(el("button", { class: "link", text: "Fork from here", title: "A new session with everything up to here",
@@ -509,9 +537,11 @@ function entryNode(sessionId, entry) {
 }
 
 async function sessionPage(id) {
+  const page = state.page;
   const main = clear(document.getElementById("main"));
   const session = await act("the session", () => api("GET", `/api/sessions/${id}`));
-  if (!session) return;
+  // Another page was opened meanwhile: this one is gone.
+  if (!session || page !== state.page) return;
   const status = el("div", { class: "status", id: "status" });
   const transcript = el("div", { id: "transcript" });
   const questions = el("div", { id: "questions" });
@@ -521,8 +551,9 @@ async function sessionPage(id) {
     status, transcript, questions);
   const entries = [];
   const known = [];
-  let shownQuestions = "";
   const render = (kind, data) => {
+    // Measured before the page grows: follow the end only if it was in view.
+    const near = window.innerHeight + window.scrollY >= document.body.scrollHeight - 200;
     if (kind === "snapshot") { entries.length = 0; known.length = 0; clear(transcript); }
     for (let entry of data.entries) {
       if (entry.append !== undefined) {
@@ -547,14 +578,8 @@ async function sessionPage(id) {
     status.textContent = [s.model, s.turn_open ? (activity || "working") : "idle",
       `${s.tokens} tokens`, s.currency ? `${s.cost.toFixed(4)} ${s.currency}` : null].filter(Boolean).join(" · ");
     if (data.ended) status.textContent += ` · ${data.ended}`;
-    const key = JSON.stringify(data.questions);
-    if (key !== shownQuestions) {
-      shownQuestions = key;
-      clear(questions);
-      for (const q of data.questions) questions.append(questionCard(id, q, null, null));
-    }
+    questionsInto(questions, data.questions.map((q) => ({ ...q, session_id: id })), null);
     composer.setRunning(s.turn_open);
-    const near = window.innerHeight + window.scrollY >= document.body.scrollHeight - 200;
     if (near) window.scrollTo(0, document.body.scrollHeight);
   };
   const composer = makeComposer(id);
@@ -566,8 +591,13 @@ async function sessionPage(id) {
   };
   source.addEventListener("snapshot", handle);
   source.addEventListener("patch", handle);
-  source.addEventListener("error", () => {
+  source.addEventListener("error", async () => {
     status.textContent = "reconnecting…";
+    if (source.readyState === EventSource.CLOSED && page === state.page) {
+      // Refused for good (the login ended): api() shows the login form.
+      const me = await act("the login", () => api("GET", "/api/me"));
+      if (me && page === state.page) route();
+    }
   });
 }
 

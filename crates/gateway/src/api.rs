@@ -82,11 +82,11 @@ pub async fn sessions(
                 offset: 0,
                 only_open_turns: false,
             },
-        ))
+        )?)
         .await?
         .into_inner();
     let approvals = orchestrator
-        .list_approvals(gw.request(&person, pb::ListApprovalsRequest::default()))
+        .list_approvals(gw.request(&person, pb::ListApprovalsRequest::default())?)
         .await?
         .into_inner()
         .approvals;
@@ -115,7 +115,7 @@ pub async fn session(
 ) -> Result<Json<Value>, ApiError> {
     let mut orchestrator = gw.orchestrator.clone();
     let session = orchestrator
-        .get_session(gw.request(&person, pb::GetSessionRequest { session_id: id }))
+        .get_session(gw.request(&person, pb::GetSessionRequest { session_id: id })?)
         .await?
         .into_inner();
     Ok(Json(session_json(&session, 0)))
@@ -147,7 +147,7 @@ pub async fn create(
                 title: body.title,
                 project_dir: body.project_dir,
             },
-        ))
+        )?)
         .await?
         .into_inner();
     Ok(Json(session_json(&session, 0)))
@@ -191,7 +191,7 @@ async fn submit(
                 session_id,
                 input: Some(pb::Input { kind: Some(kind) }),
             },
-        ))
+        )?)
         .await?
         .into_inner();
     Ok(Json(
@@ -292,13 +292,15 @@ pub async fn answer(
             )));
         }
     };
+    // A sub-agent's question, relayed, is answered in its own session.
+    let (session, call_id) = agentry_client::relay::answer_to(&id, &call_id);
     let input = pb::ApprovalInput {
         call_id,
         decision: decision as i32,
         reason: body.reason,
         edited_arguments_json: body.arguments,
     };
-    submit(&gw, &person, id, pb::input::Kind::Approval(input)).await
+    submit(&gw, &person, session, pb::input::Kind::Approval(input)).await
 }
 
 /// Body of a rewind.
@@ -327,7 +329,7 @@ pub async fn rewind(
                 to_turn: body.turn,
                 conversation_only: body.conversation_only,
             },
-        ))
+        )?)
         .await?
         .into_inner();
     Ok(Json(json!({
@@ -365,7 +367,7 @@ pub async fn fork(
                 conversation_only: body.conversation_only,
                 ..Default::default()
             },
-        ))
+        )?)
         .await?
         .into_inner();
     Ok(Json(json!({
@@ -377,7 +379,7 @@ pub async fn fork(
 pub async fn approvals(State(gw): State<Gateway>, person: Person) -> Result<Json<Value>, ApiError> {
     let mut orchestrator = gw.orchestrator.clone();
     let approvals = orchestrator
-        .list_approvals(gw.request(&person, pb::ListApprovalsRequest::default()))
+        .list_approvals(gw.request(&person, pb::ListApprovalsRequest::default())?)
         .await?
         .into_inner()
         .approvals;
@@ -419,7 +421,7 @@ pub async fn live(
             pb::GetSessionRequest {
                 session_id: id.clone(),
             },
-        ))
+        )?)
         .await?;
     let last_id = headers
         .get("last-event-id")
@@ -427,11 +429,27 @@ pub async fn live(
         .map(str::to_string);
     let watch = gw.hub.watch(&id, last_id.as_deref());
     let mut stopping = gw.stop.subscribe();
-    let stream = async_stream(watch, async move {
-        let _ = stopping.wait_for(|stop| *stop).await;
-    });
+    // The stream ends with the gateway, or with the person's login (logged
+    // out elsewhere, removed, given a new token, expired).
+    let stop = async move {
+        let mut check = tokio::time::interval(LOGIN_CHECK);
+        loop {
+            tokio::select! {
+                _ = stopping.wait_for(|stop| *stop) => return,
+                _ = check.tick() => {
+                    if !person.still_logged_in(&gw) {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let stream = async_stream(watch, stop);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
+
+/// How often an open live stream looks whether its login still holds.
+const LOGIN_CHECK: Duration = Duration::from_secs(2);
 
 /// The events of one page's watch, until `stop` completes.
 fn async_stream(
@@ -451,9 +469,9 @@ fn async_stream(
             };
             match next {
                 Ok(message) => return Some((Ok(message.event()), (watch, stop, false))),
-                // Fell behind: the whole view again.
+                // Fell behind: the whole view again, and only what follows.
                 Err(RecvError::Lagged(_)) => {
-                    if let Some(message) = watch.snapshot() {
+                    if let Some(message) = watch.resync() {
                         return Some((Ok(message.event()), (watch, stop, false)));
                     }
                 }
@@ -478,7 +496,7 @@ pub async fn preview(
                 session_id: id,
                 call_id,
             },
-        ))
+        )?)
         .await?
         .into_inner();
     Ok(Json(json!({
@@ -496,12 +514,12 @@ pub async fn overview(State(gw): State<Gateway>, person: Person) -> Result<Json<
     use agentry_proto::tools::v1 as tpb;
     let mut orchestrator = gw.orchestrator.clone();
     let tools = orchestrator
-        .list_tools(gw.request(&person, pb::ListToolsRequest::default()))
+        .list_tools(gw.request(&person, pb::ListToolsRequest::default())?)
         .await?
         .into_inner();
     let mut scheduler = gw.scheduler.clone();
     let reminders = match scheduler
-        .list_reminders(gw.request(&person, rpb::ListRemindersRequest::default()))
+        .list_reminders(gw.request(&person, rpb::ListRemindersRequest::default())?)
         .await
     {
         Ok(r) => json!(

@@ -81,6 +81,12 @@ pub enum GatewayError {
          the host's loopback), set gateway.private_network = true"
     )]
     ClearText(SocketAddr),
+    /// Credentials are off and it would listen beyond loopback.
+    #[error(
+        "credentials are off (auth.mode = \"off\"): the gateway would let anyone reaching {0} \
+         in as admin; listen on 127.0.0.1, or turn credentials on"
+    )]
+    OpenBeyondLoopback(SocketAddr),
     /// One of the certificate and its key is set, not both.
     #[error("set both gateway.tls_cert and gateway.tls_key (PEM files), or neither")]
     HalfTls,
@@ -105,6 +111,9 @@ impl Gateway {
             )?),
             _ => return Err(GatewayError::HalfTls.into()),
         };
+        if auth.is_off() && !listen.ip().is_loopback() {
+            return Err(GatewayError::OpenBeyondLoopback(listen).into());
+        }
         if !listen.ip().is_loopback()
             && tls.is_none()
             && !config.gateway.behind_tls_proxy
@@ -170,13 +179,30 @@ impl Gateway {
         }
     }
 
-    /// A request to the orchestrator made for `person`.
-    pub fn request<T>(&self, person: &login::Person, message: T) -> tonic::Request<T> {
+    /// A request to the orchestrator made for `person`. A name that cannot
+    /// travel as metadata is refused (never sent as the services' own).
+    pub fn request<T>(
+        &self,
+        person: &login::Person,
+        message: T,
+    ) -> Result<tonic::Request<T>, ApiError> {
         let mut request = tonic::Request::new(message);
-        if let Ok(name) = person.name.parse() {
-            request.metadata_mut().insert(ON_BEHALF_OF, name);
+        let name = person
+            .name
+            .parse()
+            .map_err(|_| ApiError::forbidden("this person's name cannot be passed on"))?;
+        request.metadata_mut().insert(ON_BEHALF_OF, name);
+        Ok(request)
+    }
+
+    /// The login cookie's name: `__Host-` prefixed under TLS, so no other
+    /// site of the domain can set it.
+    pub fn cookie_name(&self) -> &'static str {
+        if self.secure_cookie {
+            login::SECURE_COOKIE
+        } else {
+            login::COOKIE
         }
-        request
     }
 
     /// The routes.
@@ -201,6 +227,10 @@ impl Gateway {
             .route("/api/sessions/{id}/preview/{call_id}", get(api::preview))
             .route("/api/overview", get(api::overview))
             .layer(axum::middleware::map_response(security_headers))
+            .layer(axum::middleware::map_response_with_state(
+                self.secure_cookie,
+                strict_transport,
+            ))
             .with_state(self)
     }
 }
@@ -222,6 +252,20 @@ async fn security_headers(mut response: axum::response::Response) -> axum::respo
         (header::CACHE_CONTROL, "no-store"),
     ] {
         headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// Under TLS: browsers are told to come back only over HTTPS.
+async fn strict_transport(
+    axum::extract::State(secure): axum::extract::State<bool>,
+    mut response: axum::response::Response,
+) -> axum::response::Response {
+    if secure {
+        response.headers_mut().insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static("max-age=31536000"),
+        );
     }
     response
 }

@@ -2,11 +2,13 @@
 //! ([`SessionView`]) shared by every page watching it, sent as server-sent
 //! events: first the whole view, then what each event changed.
 //!
-//! Every message carries an id `SEQ.REVISION`: the last stored event folded
-//! and the view's revision. A page that reconnects (a dropped connection, a
-//! restarted gateway) sends the last id it saw; when it is still current,
-//! nothing is sent again; otherwise the page gets the whole view as of now,
-//! which replaces what it shows. Nothing is lost and nothing shown twice.
+//! Every message carries an id `FEED.SEQ.REVISION`: the fold it comes from
+//! (random, so two gateways' or two folds' ids never match), the last
+//! stored event folded and the view's revision. A page that reconnects (a
+//! dropped connection, a restarted gateway) sends the last id it saw; when
+//! it is still current, nothing is sent again; otherwise the page gets the
+//! whole view as of now, which replaces what it shows. Nothing is lost and
+//! nothing shown twice.
 
 use crate::wire;
 use agentry_client::view::SessionView;
@@ -25,6 +27,9 @@ const BACKLOG: usize = 1024;
 
 /// How long a session nobody watches keeps its fold.
 const IDLE: Duration = Duration::from_secs(30);
+
+/// How often a follower looks whether anyone still watches.
+const CHECK: Duration = Duration::from_secs(5);
 
 /// A message for the pages watching a session.
 #[derive(Debug, Clone)]
@@ -54,6 +59,8 @@ struct Feed {
 }
 
 struct FeedState {
+    /// This fold, in ids.
+    epoch: String,
     view: SessionView,
     /// The revision sent last.
     sent: u64,
@@ -65,7 +72,12 @@ struct FeedState {
 
 impl FeedState {
     fn id(&self) -> String {
-        format!("{}.{}", self.view.last_seq, self.view.revision())
+        format!(
+            "{}.{}.{}",
+            self.epoch,
+            self.view.last_seq,
+            self.view.revision()
+        )
     }
 
     fn snapshot(&self) -> Message {
@@ -98,9 +110,12 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// The whole view as of now (after falling behind).
-    pub fn snapshot(&self) -> Option<Message> {
-        self.feed.state.lock().ok().map(|s| s.snapshot())
+    /// After falling behind: the whole view as of now, and what follows it
+    /// from now on (nothing older, which the view already holds).
+    pub fn resync(&mut self) -> Option<Message> {
+        let state = self.feed.state.lock().ok()?;
+        self.rx = self.feed.tx.subscribe();
+        Some(state.snapshot())
     }
 }
 
@@ -121,20 +136,20 @@ impl Hub {
     /// Starts watching `session_id` for a page whose last id was
     /// `last_id`.
     pub fn watch(&self, session_id: &str, last_id: Option<&str>) -> Watch {
-        let feed = {
-            let Ok(mut feeds) = self.feeds.lock() else {
-                // A poisoned lock: a fresh feed, unshared.
-                return self.fresh_watch(session_id);
-            };
-            match feeds.get(session_id) {
-                Some(feed) => feed.clone(),
-                None => {
-                    let feed = self.start(session_id);
-                    feeds.insert(session_id.to_string(), feed.clone());
-                    feed
-                }
+        let Ok(mut feeds) = self.feeds.lock() else {
+            // A poisoned lock: a fresh feed, unshared.
+            return self.fresh_watch(session_id);
+        };
+        let feed = match feeds.get(session_id) {
+            Some(feed) => feed.clone(),
+            None => {
+                let feed = self.start(session_id);
+                feeds.insert(session_id.to_string(), feed.clone());
+                feed
             }
         };
+        // Attached under the hub's lock: a follower deciding nobody watches
+        // (under the same lock) sees this page.
         Self::attach(feed, last_id)
     }
 
@@ -160,6 +175,7 @@ impl Hub {
         let (tx, _) = broadcast::channel(BACKLOG);
         let feed = Arc::new(Feed {
             state: Mutex::new(FeedState {
+                epoch: epoch(),
                 view: SessionView::new(session_id, wire::web_text),
                 sent: 0,
                 ended: None,
@@ -171,12 +187,47 @@ impl Hub {
         feed
     }
 
-    fn forget(&self, session_id: &str, feed: &Arc<Feed>) {
-        if let Ok(mut feeds) = self.feeds.lock()
-            && feeds.get(session_id).is_some_and(|f| Arc::ptr_eq(f, feed))
-        {
+    /// Drops `feed` if nobody watches it (looked at under the hub's lock,
+    /// which pages attach under); whether it was dropped.
+    fn forget(&self, session_id: &str, feed: &Arc<Feed>) -> bool {
+        let Ok(mut feeds) = self.feeds.lock() else {
+            return true;
+        };
+        if feed.tx.receiver_count() > 0 {
+            return false;
+        }
+        if feeds.get(session_id).is_some_and(|f| Arc::ptr_eq(f, feed)) {
             feeds.remove(session_id);
         }
+        true
+    }
+}
+
+/// A random name for one fold.
+fn epoch() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    format!("{:x}", hasher.finish() & 0xffff_ffff)
+}
+
+/// Counts how long nobody has watched a feed.
+struct Idle(Option<tokio::time::Instant>);
+
+impl Idle {
+    /// Whether nobody has watched `feed` for [`IDLE`] and it was dropped.
+    fn over(&mut self, hub: &Hub, session_id: &str, feed: &Arc<Feed>) -> bool {
+        if feed.tx.receiver_count() > 0 {
+            self.0 = None;
+            return false;
+        }
+        let since = *self.0.get_or_insert_with(tokio::time::Instant::now);
+        since.elapsed() >= IDLE && hub.forget(session_id, feed)
     }
 }
 
@@ -185,6 +236,7 @@ impl Hub {
 /// nobody has watched for [`IDLE`].
 async fn follow(hub: Hub, session_id: String, feed: Arc<Feed>) {
     use futures::StreamExt;
+    let mut idle = Idle(None);
     let mut backoff = Duration::from_millis(100);
     loop {
         let from_seq = feed.state.lock().map(|s| s.view.last_seq + 1).unwrap_or(1);
@@ -198,36 +250,34 @@ async fn follow(hub: Hub, session_id: String, feed: Arc<Feed>) {
             .await;
         let mut stream = match stream {
             Ok(s) => s.into_inner(),
-            Err(status) if status.code() == tonic::Code::NotFound => {
-                end(&feed, status.message());
-                wait_unwatched(&feed).await;
-                hub.forget(&session_id, &feed);
-                return;
-            }
             Err(status) => {
-                tracing::debug!(%session_id, error = %status.message(), "cannot follow a session yet");
-                if unwatched_for(&feed, backoff).await {
-                    hub.forget(&session_id, &feed);
+                if status.code() == tonic::Code::NotFound {
+                    end(&feed, status.message());
+                } else {
+                    tracing::debug!(%session_id, error = %status.message(), "cannot follow a session yet");
+                }
+                tokio::time::sleep(backoff.min(CHECK)).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                if idle.over(&hub, &session_id, &feed) {
                     return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
         };
         backoff = Duration::from_millis(100);
         loop {
-            let next = tokio::time::timeout(IDLE, stream.next()).await;
-            match next {
-                Ok(Some(Ok(event))) => fold(&feed, &event),
-                Ok(Some(Err(status))) => {
-                    tracing::debug!(%session_id, error = %status.message(), "the session's stream broke; following again");
-                    break;
-                }
-                Ok(None) => break,
-                Err(_) => {}
+            tokio::select! {
+                next = stream.next() => match next {
+                    Some(Ok(event)) => fold(&feed, &event),
+                    Some(Err(status)) => {
+                        tracing::debug!(%session_id, error = %status.message(), "the session's stream broke; following again");
+                        break;
+                    }
+                    None => break,
+                },
+                () = tokio::time::sleep(CHECK) => {}
             }
-            if feed.tx.receiver_count() == 0 && unwatched_for(&feed, Duration::ZERO).await {
-                hub.forget(&session_id, &feed);
+            if idle.over(&hub, &session_id, &feed) {
                 return;
             }
         }
@@ -243,9 +293,13 @@ fn fold(feed: &Feed, event: &agentry_proto::sessions::v1::Event) {
     if !event.live && event.seq != 0 && event.seq <= state.view.last_seq {
         return;
     }
-    state.view.apply(event);
+    let applied = state.view.apply(event);
     let revision = state.view.revision();
-    if revision == state.sent && event.live {
+    // A live event that changed nothing shown (not even a sub-agent's
+    // question, relayed) sends nothing.
+    let questions_changed =
+        applied.asked.is_some() || !applied.resolved.is_empty() || applied.cleared;
+    if revision == state.sent && event.live && !questions_changed {
         return;
     }
     let since = state.sent;
@@ -263,24 +317,10 @@ fn fold(feed: &Feed, event: &agentry_proto::sessions::v1::Event) {
 }
 
 fn end(feed: &Feed, why: &str) {
-    if let Ok(mut state) = feed.state.lock() {
+    if let Ok(mut state) = feed.state.lock()
+        && state.ended.is_none()
+    {
         state.ended = Some(why.to_string());
         let _ = feed.tx.send(state.snapshot());
     }
-}
-
-/// Waits until nobody has watched the feed for [`IDLE`].
-async fn wait_unwatched(feed: &Feed) {
-    while !unwatched_for(feed, IDLE).await {}
-}
-
-/// Waits `wait`; whether nobody watched the feed meanwhile (checked at
-/// the end, and for `IDLE` more when nobody watches now).
-async fn unwatched_for(feed: &Feed, wait: Duration) -> bool {
-    tokio::time::sleep(wait).await;
-    if feed.tx.receiver_count() > 0 {
-        return false;
-    }
-    tokio::time::sleep(IDLE).await;
-    feed.tx.receiver_count() == 0
 }

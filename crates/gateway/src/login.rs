@@ -23,6 +23,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// The cookie that holds the login.
 pub const COOKIE: &str = "agentry_console";
 
+/// Its name under TLS.
+pub const SECURE_COOKIE: &str = "__Host-agentry_console";
+
 /// The header a page sends its anti-forgery token in.
 pub const CSRF_HEADER: &str = "x-agentry-csrf";
 
@@ -70,7 +73,8 @@ impl Keys {
     pub fn open(&self, value: &str, now: u64) -> Option<Claims> {
         let (body, mac) = value.rsplit_once(':')?;
         let given = B64.decode(mac).ok()?;
-        if !agentry_runtime::people::constant_time_eq(&given, &self.mac(body)) {
+        let expected = self.mac(body);
+        if expected.is_empty() || !agentry_runtime::people::constant_time_eq(&given, &expected) {
             return None;
         }
         let mut parts = body.split(':');
@@ -124,9 +128,12 @@ impl Limiter {
     /// How long `ip` must wait before trying again, if it must.
     pub fn wait(&self, ip: IpAddr) -> Option<Duration> {
         let failures = self.failures.lock().ok()?;
-        let (count, since) = failures.get(&ip)?;
-        let left = LOGIN_WINDOW.checked_sub(since.elapsed())?;
-        (*count >= LOGIN_ATTEMPTS).then_some(left)
+        let shared = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+        [key(ip), shared].iter().find_map(|k| {
+            let (count, since) = failures.get(k)?;
+            let left = LOGIN_WINDOW.checked_sub(since.elapsed())?;
+            (*count >= LOGIN_ATTEMPTS).then_some(left)
+        })
     }
 
     /// Records a failed login from `ip`.
@@ -134,8 +141,13 @@ impl Limiter {
         let Ok(mut failures) = self.failures.lock() else {
             return;
         };
-        if failures.len() > 10_000 {
+        let mut ip = key(ip);
+        if failures.len() >= MAX_ADDRESSES && !failures.contains_key(&ip) {
             failures.retain(|_, (_, since)| since.elapsed() < LOGIN_WINDOW);
+            if failures.len() >= MAX_ADDRESSES {
+                // Too many addresses failing at once: they share one count.
+                ip = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+            }
         }
         let entry = failures.entry(ip).or_insert((0, Instant::now()));
         if entry.1.elapsed() >= LOGIN_WINDOW {
@@ -143,12 +155,21 @@ impl Limiter {
         }
         entry.0 += 1;
     }
+}
 
-    /// Forgets `ip`'s failures (it logged in).
-    pub fn succeeded(&self, ip: IpAddr) {
-        if let Ok(mut failures) = self.failures.lock() {
-            failures.remove(&ip);
+/// Addresses whose failures are counted apart, at most.
+const MAX_ADDRESSES: usize = 10_000;
+
+/// What failures are counted under: the address, or for IPv6 its /64
+/// (one client's range).
+fn key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
         }
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
     }
 }
 
@@ -161,6 +182,22 @@ pub struct Person {
     pub role: Role,
     /// The anti-forgery token their page must send with every change.
     pub csrf: String,
+    /// Their login: its token's fingerprint and when it ends (`None` with
+    /// credentials off).
+    pub login: Option<(String, u64)>,
+}
+
+impl Person {
+    /// Whether their login still holds: not expired, and the person still
+    /// has the token they logged in with.
+    pub fn still_logged_in(&self, gw: &Gateway) -> bool {
+        match &self.login {
+            None => true,
+            Some((fingerprint, expires)) => {
+                now() < *expires && gw.auth.holder(&self.name, fingerprint).is_some()
+            }
+        }
+    }
 }
 
 impl Person {
@@ -185,9 +222,10 @@ impl FromRequestParts<Gateway> for Person {
                 name: agentry_runtime::people::LOCAL.to_string(),
                 role: Role::Admin,
                 csrf: gw.keys.csrf(agentry_runtime::people::LOCAL),
+                login: None,
             });
         }
-        let value = cookie(&parts.headers, COOKIE).ok_or_else(ApiError::login)?;
+        let value = cookie(&parts.headers, gw.cookie_name()).ok_or_else(ApiError::login)?;
         let claims = gw.keys.open(&value, now()).ok_or_else(ApiError::login)?;
         let principal = gw
             .auth
@@ -203,6 +241,7 @@ impl FromRequestParts<Gateway> for Person {
             name: principal.name,
             role: principal.role,
             csrf: gw.keys.csrf(&claims.nonce),
+            login: Some((claims.fingerprint, claims.expires)),
         })
     }
 }
@@ -331,7 +370,6 @@ pub async fn login(
             ));
         }
     };
-    gw.limiter.succeeded(ip);
     let nonce = random_nonce()?;
     let claims = Claims {
         name: principal.name.clone(),
@@ -341,7 +379,8 @@ pub async fn login(
     };
     let csrf = gw.keys.csrf(&claims.nonce);
     let cookie = format!(
-        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        "{}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        gw.cookie_name(),
         gw.keys.seal(&claims),
         gw.login_ttl.as_secs(),
         if gw.secure_cookie { "; Secure" } else { "" }
@@ -364,7 +403,8 @@ pub async fn logout(State(gw): State<Gateway>, Acting(person): Acting) -> Respon
     tracing::info!(person = %person.name, "logged out of the console");
     let mut response = Json(serde_json::json!({"logged_out": person.name})).into_response();
     let cookie = format!(
-        "{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
+        "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
+        gw.cookie_name(),
         if gw.secure_cookie { "; Secure" } else { "" }
     );
     if let Ok(value) = HeaderValue::from_str(&cookie) {
@@ -431,8 +471,13 @@ mod tests {
         limiter.failed(ip);
         assert!(limiter.wait(ip).is_some());
         assert_eq!(limiter.wait("10.0.0.2".parse().unwrap()), None);
-        limiter.succeeded(ip);
-        assert_eq!(limiter.wait(ip), None);
+        // One IPv6 client's range counts as one.
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        for _ in 0..LOGIN_ATTEMPTS {
+            limiter.failed(v6);
+        }
+        assert!(limiter.wait("2001:db8::ffff".parse().unwrap()).is_some());
+        assert_eq!(limiter.wait("2001:db8:1::1".parse().unwrap()), None);
     }
 
     #[test]

@@ -271,10 +271,25 @@ async fn logins_give_signed_cookies_and_refuse_everything_else() {
         .unwrap();
     assert_eq!(rebound.status(), 403);
 
-    // A person removed is logged out within a second.
+    // A person removed is logged out within a second, and the live stream
+    // she had open ends.
+    let mut admin = cluster.orchestrator().await.unwrap();
+    let session = admin
+        .create_session(agentry_proto::orchestrator::v1::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut watching = browser.live(&session.id, None).await;
+    let first = watching.next().await.unwrap();
+    assert_eq!(first.event, "snapshot");
     People::remove(&file, "vera").unwrap();
     tokio::time::sleep(NOTICED).await;
     assert_eq!(browser.get("/api/me").await.0, 401);
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while watching.next().await.is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived the person");
 
     // Failed logins from one address are limited.
     let mut statuses = Vec::new();
@@ -509,6 +524,15 @@ async fn beyond_loopback_it_serves_tls_or_refuses_to_start() {
         refused.contains("beyond loopback") && refused.contains("gateway.tls_cert"),
         "{refused}"
     );
+    // Credentials off: loopback only, whatever else is said.
+    let mut private = open.clone();
+    private.gateway.private_network = true;
+    assert!(agentry_gateway::Gateway::new(&private, &cluster.auth).is_ok());
+    let refused = agentry_gateway::Gateway::new(&private, &agentry_runtime::Auth::off())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(refused.contains("credentials are off"), "{refused}");
     let mut half = cluster.config.clone();
     half.gateway.tls_cert = "/nowhere/cert.pem".into();
     let refused = agentry_gateway::Gateway::new(&half, &cluster.auth)
