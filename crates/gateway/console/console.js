@@ -333,7 +333,7 @@ function sessionsPage() {
           s.waiting ? el("span", { class: "badge", title: "waiting for a person", text: `${s.waiting} waiting` }) : null,
           s.turn_open ? el("span", { class: "badge run", text: "running" }) : null),
         el("div", { class: "meta", text: [s.id.slice(0, 8), ago(s.updated_ms), `${s.messages} messages`,
-          s.project_dir].filter(Boolean).join(" · ") })));
+          s.currency ? `${s.cost.toFixed(4)} ${s.currency}` : null, s.project_dir].filter(Boolean).join(" · ") })));
     }
   };
   search.addEventListener("input", () => { clearTimeout(search.timer); search.timer = setTimeout(load, 250); });

@@ -49,6 +49,8 @@ fn session_json(s: &spb::Session, waiting: usize) -> Value {
         "forked_from": s.forked_from,
         "parent": s.parent.as_ref().map(|p| p.session_id.clone()),
         "waiting": waiting,
+        "cost": s.cost,
+        "currency": s.currency,
     })
 }
 

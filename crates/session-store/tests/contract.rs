@@ -84,6 +84,30 @@ async fn sessions_are_created_listed_and_refused_when_invalid(replicas: &Replica
     assert!(open[0].turn_open);
     store.append("a".into(), 2, vec![finished()]).await.unwrap();
     assert_eq!(store.list_sessions(0, 0, true).await.unwrap().1, 0);
+    // Priced turns add up, in the last one's currency; unpriced ones add
+    // nothing.
+    let priced = |cost: f64| pb::Event {
+        kind: Some(pb::event::Kind::TurnFinished(pb::TurnFinished {
+            cost: Some(cost),
+            currency: "USD".into(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    store
+        .append("a".into(), 3, vec![user("more"), priced(0.25)])
+        .await
+        .unwrap();
+    store
+        .append(
+            "a".into(),
+            5,
+            vec![user("again"), priced(0.5), user("x"), finished()],
+        )
+        .await
+        .unwrap();
+    let a = store.get_session("a".into()).await.unwrap();
+    assert_eq!((a.cost, a.currency.as_str()), (0.75, "USD"));
     let (page, _) = store.list_sessions(1, 1, false).await.unwrap();
     assert_eq!(page.len(), 1);
     assert_eq!(page[0].id, generated.id);

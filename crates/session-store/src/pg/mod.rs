@@ -108,10 +108,12 @@ fn session_from_row(row: &tokio_postgres::Row) -> Session {
         parent: crate::store::parent_of(row.get(9), row.get(10), row.get(11)),
         project_dir: row.get(12),
         name: row.get(13),
+        cost: row.get(14),
+        currency: row.get(15),
     }
 }
 
-const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir, name";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir, name, cost, currency";
 
 impl PgStore {
     /// Connects to `url`, brings the schema up to date (safely when several
@@ -514,7 +516,9 @@ async fn insert_events(
                 user_message_count = user_message_count + $4,
                 preview = CASE WHEN preview = '' THEN $5 ELSE preview END,
                 title = CASE WHEN title = '' THEN $5 ELSE title END,
-                turn_open = COALESCE($6, turn_open)
+                turn_open = COALESCE($6, turn_open),
+                cost = cost + $7,
+                currency = COALESCE($8, currency)
              WHERE id = $1",
             &[
                 &session_id,
@@ -523,6 +527,8 @@ async fn insert_events(
                 &summary.user_messages,
                 &preview,
                 &summary.turn_open,
+                &summary.cost,
+                &summary.currency,
             ],
         )
         .await

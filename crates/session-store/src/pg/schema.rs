@@ -57,6 +57,11 @@ const MIGRATIONS: &[(i32, &str)] = &[
         "ALTER TABLE sessions ADD COLUMN name TEXT NOT NULL DEFAULT '';
          CREATE UNIQUE INDEX sessions_by_name ON sessions (name) WHERE name <> '';",
     ),
+    (
+        6,
+        "ALTER TABLE sessions ADD COLUMN cost DOUBLE PRECISION NOT NULL DEFAULT 0;
+         ALTER TABLE sessions ADD COLUMN currency TEXT NOT NULL DEFAULT '';",
+    ),
 ];
 
 /// The newest schema this build knows.

@@ -234,7 +234,9 @@ impl Store {
                 user_message_count = user_message_count + ?4,
                 preview = CASE WHEN preview = '' THEN ?5 ELSE preview END,
                 title = CASE WHEN title = '' THEN ?5 ELSE title END,
-                turn_open = COALESCE(?7, turn_open)
+                turn_open = COALESCE(?7, turn_open),
+                cost = cost + ?8,
+                currency = COALESCE(?9, currency)
              WHERE id = ?1",
             params![
                 session_id,
@@ -243,7 +245,9 @@ impl Store {
                 summary.user_messages,
                 preview,
                 touched,
-                summary.turn_open.map(i64::from)
+                summary.turn_open.map(i64::from),
+                summary.cost,
+                summary.currency
             ],
         )?;
         Ok(())

@@ -210,6 +210,10 @@ pub(crate) struct Summary<'a> {
     pub turn_open: Option<bool>,
     /// The first user message's text.
     pub first_user_text: Option<&'a str>,
+    /// What the turns finished among them cost.
+    pub cost: f64,
+    /// The currency of the last priced one.
+    pub currency: Option<&'a str>,
 }
 
 impl<'a> Summary<'a> {
@@ -218,6 +222,8 @@ impl<'a> Summary<'a> {
             user_messages: 0,
             turn_open: None,
             first_user_text: None,
+            cost: 0.0,
+            currency: None,
         };
         for e in events {
             match &e.kind {
@@ -228,7 +234,15 @@ impl<'a> Summary<'a> {
                     summary.first_user_text.get_or_insert(m.text.as_str());
                     summary.turn_open = Some(true);
                 }
-                Some(event::Kind::TurnFinished(_)) => summary.turn_open = Some(false),
+                Some(event::Kind::TurnFinished(t)) => {
+                    summary.turn_open = Some(false);
+                    if let Some(cost) = t.cost.filter(|c| c.is_finite() && *c >= 0.0) {
+                        summary.cost += cost;
+                        if !t.currency.is_empty() {
+                            summary.currency = Some(t.currency.as_str());
+                        }
+                    }
+                }
                 Some(event::Kind::ReminderDue(r))
                     if r.reminder_kind() == agentry_proto::sessions::v1::ReminderKind::Task =>
                 {
@@ -261,7 +275,7 @@ pub(crate) fn preview_of(text: &str) -> String {
     out
 }
 
-const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir, name";
+const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir, name, cost, currency";
 
 /// The parent link of a session's row (`None` for a session of its own).
 pub(crate) fn parent_of(
@@ -290,6 +304,8 @@ fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
         parent: parent_of(row.get(9)?, row.get(10)?, row.get(11)?),
         project_dir: row.get(12)?,
         name: row.get(13)?,
+        cost: row.get(14)?,
+        currency: row.get(15)?,
     })
 }
 

@@ -24,7 +24,7 @@ use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 /// The schema this build writes.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// One step of the schema.
 struct Migration {
@@ -66,7 +66,20 @@ const MIGRATIONS: &[Migration] = &[
         what: "session names",
         apply: add_names,
     },
+    Migration {
+        version: 7,
+        what: "what each session's turns cost",
+        apply: add_costs,
+    },
 ];
+
+/// Version 7: what a session's turns cost, and in which currency.
+fn add_costs(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE sessions ADD COLUMN cost REAL NOT NULL DEFAULT 0;
+         ALTER TABLE sessions ADD COLUMN currency TEXT NOT NULL DEFAULT '';",
+    )
+}
 
 /// Version 6: a session's name, unique among the named ones.
 fn add_names(tx: &Transaction<'_>) -> rusqlite::Result<()> {
