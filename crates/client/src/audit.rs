@@ -21,7 +21,7 @@ pub struct Record {
     pub time_ms: Option<i64>,
     /// Who: a person's name; empty for what the agent did.
     pub by: String,
-    /// What: `message`, `approve`, `approve_for_session`, `deny`, `edit`,
+    /// What: `message`, `approve`, `approve_for_session`, `deny`, `edit`, `fork`,
     /// `check`, `cancel`, `model`, `rewind`, or `tool_call`.
     pub action: &'static str,
     /// About what: the message, the call (tool and main argument), the
@@ -231,6 +231,11 @@ pub fn records(log: &[pb::Event]) -> Vec<Record> {
             Kind::SessionRewound(r) => {
                 out.push(record("rewind", format!("to turn {}", r.to_turn), None));
             }
+            Kind::SessionForked(f) => out.push(record(
+                "fork",
+                format!("from {} at seq {}", f.from_session_id, f.at_seq),
+                None,
+            )),
             _ => {}
         }
     }

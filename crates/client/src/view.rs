@@ -796,6 +796,14 @@ pub fn note_for(view: &mut SessionView, kind: &Kind) -> Option<(String, NoteKind
                 Info,
             )
         }
+        Kind::SessionForked(f) => (
+            format!(
+                "── forked from session {} at seq {} ──",
+                f.from_session_id.chars().take(8).collect::<String>(),
+                f.at_seq
+            ),
+            Info,
+        ),
         Kind::ToolCallUnreadable(u) if u.attempt < 2 => (
             format!(
                 "  (the model's tool call could not be read: {}; it is shown the format and asked again)",

@@ -370,6 +370,33 @@ async fn changes_need_the_page_token_this_origin_and_the_role() {
     assert_eq!(status, 200, "{session}");
     let id = session["id"].as_str().unwrap().to_string();
 
+    // A fork records who made it.
+    let (status, forked) = abe
+        .post(&format!("/api/sessions/{id}/fork"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{forked}");
+    let fork_id = forked["session"]["id"].as_str().unwrap().to_string();
+    let mut store = cluster.store().await.unwrap();
+    let log = store
+        .read(agentry_proto::sessions::v1::ReadRequest {
+            session_id: fork_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    let made = log
+        .iter()
+        .find(|e| {
+            matches!(
+                e.kind,
+                Some(agentry_proto::sessions::v1::event::Kind::SessionForked(_))
+            )
+        })
+        .expect("the fork says where it comes from");
+    assert_eq!(made.by, "abe");
+
     // A viewer's hand-made change is refused by the orchestrator.
     let (status, refused) = vera
         .post(

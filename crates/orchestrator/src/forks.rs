@@ -151,6 +151,7 @@ pub async fn fork(
     settings: &Settings,
     request: pb::ForkSessionRequest,
     project_dir: String,
+    by: Option<String>,
 ) -> Result<pb::ForkSessionResponse, Status> {
     crate::service::check_client_session_id(&request.new_session_id)?;
     let source = deps.read_log(&request.session_id).await?;
@@ -214,7 +215,11 @@ pub async fn fork(
         })
         .await?
         .into_inner();
-    let made = finish_fork(deps, settings, &session, kept, &snapshot_id).await;
+    let forked = spb::SessionForked {
+        from_session_id: request.session_id.clone(),
+        at_seq: at,
+    };
+    let made = finish_fork(deps, settings, &session, kept, &snapshot_id, forked, by).await;
     match made {
         Ok((files_written, closed_open_turn)) => Ok(pb::ForkSessionResponse {
             session: Some(session),
@@ -237,18 +242,23 @@ pub async fn fork(
     }
 }
 
-/// Restores the fork's workspace and closes a turn its log ended inside;
-/// returns the entries written and whether a turn was closed.
+/// Records where the fork comes from and who made it, restores its
+/// workspace and closes a turn its log ended inside; returns the entries
+/// written and whether a turn was closed.
 async fn finish_fork(
     deps: &Deps,
     settings: &Settings,
     session: &spb::Session,
     kept: &[spb::Event],
     snapshot_id: &str,
+    forked: spb::SessionForked,
+    by: Option<String>,
 ) -> Result<(u64, bool), Status> {
     let mut files_written = 0;
     let mut state = settings.replayed(kept);
-    let mut effects = Vec::new();
+    let mut effects = state
+        .step(Input::Noted(Kind::SessionForked(forked)))
+        .unwrap_or_default();
     if !snapshot_id.is_empty() {
         let restored = deps.restore(&session.id, snapshot_id).await.map_err(|s| {
             agentry_runtime::reasons::restated(
@@ -288,9 +298,15 @@ async fn finish_fork(
             _ => None,
         })
         .flat_map(|(turn_id, events)| {
+            let by = by.clone();
             events.into_iter().map(move |kind| spb::Event {
                 turn_id: turn_id.clone(),
                 time: Some(crate::actor::now()),
+                // The fork is the person's doing; what it closed is not.
+                by: match (&kind, &by) {
+                    (Kind::SessionForked(_), Some(by)) => by.clone(),
+                    _ => String::new(),
+                },
                 kind: Some(kind),
                 ..Default::default()
             })

@@ -292,7 +292,7 @@ impl SessionState {
                     call.hook_asked = true;
                 }
             }
-            Kind::WorkspaceSnapshot(_) | Kind::SessionRewound(_) => {}
+            Kind::WorkspaceSnapshot(_) | Kind::SessionRewound(_) | Kind::SessionForked(_) => {}
             Kind::PlanSubmitted(p) => {
                 if let Some((plan, steps)) = self.plan_mut() {
                     plan.submitted(p, steps);

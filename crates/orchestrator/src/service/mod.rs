@@ -437,6 +437,7 @@ impl Orchestrator for Sessions {
         &self,
         request: Request<pb::ForkSessionRequest>,
     ) -> Result<Response<pb::ForkSessionResponse>, Status> {
+        let by = Principal::of(request.extensions()).map(|p| p.name.clone());
         let request = request.into_inner();
         check_client_session_id(&request.new_session_id)?;
         // A directory is checked before anything is made, and recorded
@@ -446,7 +447,8 @@ impl Orchestrator for Sessions {
             dir => self.open_project("", dir, true).await?.dir,
         };
         let forked =
-            crate::forks::fork(&self.deps, &self.settings, request, project_dir.clone()).await?;
+            crate::forks::fork(&self.deps, &self.settings, request, project_dir.clone(), by)
+                .await?;
         if !project_dir.is_empty() {
             let id = forked
                 .session
