@@ -286,27 +286,21 @@ pub async fn run(
         // Live streams never end on their own: they end now.
         let _ = stop.send(true);
     };
-    match gateway.tls.clone() {
+    let tls = gateway.tls.clone();
+    let app = gateway
+        .router()
+        .into_make_service_with_connect_info::<tls::ClientAddr>();
+    match tls {
         Some(acceptor) => {
             let listener = tls::TlsListener::new(listener, acceptor)?;
-            axum::serve(
-                listener,
-                gateway
-                    .router()
-                    .into_make_service_with_connect_info::<tls::ClientAddr>(),
-            )
-            .with_graceful_shutdown(shutdown)
-            .await?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await?;
         }
         None => {
-            axum::serve(
-                listener,
-                gateway
-                    .router()
-                    .into_make_service_with_connect_info::<tls::ClientAddr>(),
-            )
-            .with_graceful_shutdown(shutdown)
-            .await?;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await?
         }
     }
     Ok(())

@@ -318,50 +318,36 @@ async fn changes_need_the_page_token_this_origin_and_the_role() {
     let abe = login(&cluster, abe.secret()).await;
     let vera = login(&cluster, vera.secret()).await;
 
-    // Without the page's token, from another site, or as a form: refused.
+    // Without the page's token, from another site, as a form, or with
+    // another person's page token: refused.
     let url = format!("{}/api/sessions", abe.base);
-    let no_token = abe
-        .http
-        .post(&url)
-        .header("cookie", &abe.cookie)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(no_token.status(), 403);
-    let cross_site = abe
-        .http
-        .post(&url)
-        .header("cookie", &abe.cookie)
-        .header("x-agentry-csrf", &abe.csrf)
-        .header("origin", "https://evil.example")
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(cross_site.status(), 403);
-    let form = abe
-        .http
-        .post(&url)
-        .header("cookie", &abe.cookie)
-        .header("x-agentry-csrf", &abe.csrf)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body("title=x")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(form.status(), 403);
-    // Another person's page token does not do either.
-    let swapped = abe
-        .http
-        .post(&url)
-        .header("cookie", &abe.cookie)
-        .header("x-agentry-csrf", &vera.csrf)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(swapped.status(), 403);
+    for (csrf, extra, form) in [
+        (None, None, false),
+        (
+            Some(&abe.csrf),
+            Some(("origin", "https://evil.example")),
+            false,
+        ),
+        (Some(&abe.csrf), None, true),
+        (Some(&vera.csrf), None, false),
+    ] {
+        let mut request = abe.http.post(&url).header("cookie", &abe.cookie);
+        if let Some(csrf) = csrf {
+            request = request.header("x-agentry-csrf", csrf);
+        }
+        if let Some((name, value)) = extra {
+            request = request.header(name, value);
+        }
+        request = if form {
+            request
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body("title=x")
+        } else {
+            request.json(&json!({}))
+        };
+        let status = request.send().await.unwrap().status();
+        assert_eq!(status, 403, "{csrf:?} {extra:?} form: {form}");
+    }
 
     // With them all: made, named by who made it in the log.
     let (status, session) = abe
