@@ -79,6 +79,17 @@ async fn run_services(config: &Config, services: &[agentry_stack::Service]) -> a
     }
 }
 
+/// Where to open the console: `gateway.url`, unless only the listen address
+/// was changed (then that address).
+fn console_url(config: &Config) -> String {
+    let builtin = &Config::builtin().gateway;
+    if config.gateway.url == builtin.url && config.gateway.listen != builtin.listen {
+        format!("http://{}", config.gateway.listen)
+    } else {
+        config.gateway.url.clone()
+    }
+}
+
 /// `agentry up`.
 pub async fn up(config: &Config) -> anyhow::Result<()> {
     let telemetry = telemetry::init(config.log.format, "info", &config.otel.endpoint, "agentry");
@@ -89,7 +100,7 @@ pub async fn up(config: &Config) -> anyhow::Result<()> {
         config.data_dir().display(),
         config.llm.model,
         config.llm.base_url,
-        config.gateway.url
+        console_url(config)
     );
     let result = run_services(config, &agentry_stack::Service::ALL).await;
     telemetry.shutdown().await;
