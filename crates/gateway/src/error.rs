@@ -64,11 +64,6 @@ impl ApiError {
             )
         }
     }
-
-    /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
 }
 
 impl From<tonic::Status> for ApiError {

@@ -270,14 +270,24 @@ async fn strict_transport(
     response
 }
 
-/// Serves the gateway on `listener` until `shutdown` completes.
+/// Serves the gateway `config` describes on `listener` until `shutdown`
+/// completes.
 pub async fn run(
     config: &Config,
     auth: &Auth,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let gateway = Gateway::new(config, auth)?;
+    serve(Gateway::new(config, auth)?, listener, shutdown).await
+}
+
+/// Serves `gateway` (set up already) on `listener` until `shutdown`
+/// completes.
+pub async fn serve(
+    gateway: Gateway,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "the gateway is serving the console");
     let stop = gateway.stop.clone();

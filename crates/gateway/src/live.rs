@@ -128,11 +128,6 @@ impl Hub {
         }
     }
 
-    /// Sessions being followed now.
-    pub fn followed(&self) -> usize {
-        self.feeds.lock().map(|f| f.len()).unwrap_or_default()
-    }
-
     /// Starts watching `session_id` for a page whose last id was
     /// `last_id`.
     pub fn watch(&self, session_id: &str, last_id: Option<&str>) -> Watch {

@@ -6,7 +6,7 @@
 
 use crate::Gateway;
 use crate::error::ApiError;
-use agentry_runtime::auth::{Principal, Role};
+use agentry_runtime::auth::Role;
 use axum::Json;
 use axum::extract::{ConnectInfo, FromRequestParts, State};
 use axum::http::{HeaderMap, HeaderValue, Method, header, request::Parts};
@@ -197,18 +197,6 @@ impl Person {
                 now() < *expires && gw.auth.holder(&self.name, fingerprint).is_some()
             }
         }
-    }
-}
-
-impl Person {
-    /// Refuses unless they have `needed`, naming what they tried.
-    pub fn require(&self, needed: Role, what: &str) -> Result<(), ApiError> {
-        Principal {
-            name: self.name.clone(),
-            role: self.role,
-        }
-        .require(needed, what)
-        .map_err(ApiError::from)
     }
 }
 

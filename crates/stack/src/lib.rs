@@ -102,8 +102,8 @@ pub async fn prepare(
         Service::Gateway => {
             // Checked now: a gateway that may not start fails `agentry up`
             // before anything serves.
-            agentry_gateway::Gateway::new(&config, &auth)?;
-            Box::pin(async move { agentry_gateway::run(&config, &auth, listener, shutdown).await })
+            let gateway = agentry_gateway::Gateway::new(&config, &auth)?;
+            Box::pin(agentry_gateway::serve(gateway, listener, shutdown))
         }
     };
     Ok(serving)
