@@ -7,11 +7,13 @@ up:
 
 # The whole test suite: every crate's tests (with a real model server:
 # llama.cpp built once into ~/.cache/agentry, about 8 minutes the first
-# time), then the Compose stack end to end (skipped with a message where
+# time; the MCP servers and the protocol SDKs in virtualenvs from PyPI),
+# then the Compose stack end to end (skipped with a message where
 # Docker is missing).
 test:
 	AGENTRY_LLAMA_DIR="$$(scripts/llama-server.sh | tail -n 1)" \
 	AGENTRY_MCP_VENV="$$(scripts/mcp-servers.sh | tail -n 1)" \
+	AGENTRY_PROTOCOL_VENV="$$(scripts/protocol-clients.sh | tail -n 1)" \
 	cargo test --workspace
 	docker/e2e.sh
 

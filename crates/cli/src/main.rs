@@ -1,6 +1,7 @@
 //! `agentry`: chat with an agent, run headless turns, browse sessions, and
 //! run every service in one process.
 
+mod acp;
 mod approval;
 mod audit_cmds;
 mod autostart;
@@ -99,6 +100,21 @@ enum Command {
         /// instead of the current directory
         #[arg(long, conflicts_with = "session")]
         scratch: bool,
+    },
+    /// Serve the Agent Client Protocol on stdin/stdout, for editors that
+    /// host agents (Zed, JetBrains, Neovim's CodeCompanion); the editor
+    /// starts it. Sessions are Agentry's: durable, resumable with
+    /// session/load, their calls confirmed in the editor
+    #[command(
+        after_help = "Examples (the editor runs this; see docs/integrations.md):\n  \
+        agentry acp                      # the person's token from AGENTRY_TOKEN or the token file\n  \
+        agentry acp --network            # bash commands get outbound network"
+    )]
+    Acp {
+        /// Give the agent's bash commands outbound network through the tool
+        /// runner's proxy (public hosts only)
+        #[arg(long)]
+        network: bool,
     },
     /// Run one turn headless and print the final answer
     Run {
@@ -603,6 +619,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     });
     match command {
         Command::Up => up::up(&config).await.map(|()| ExitCode::SUCCESS),
+        Command::Acp { network } => acp::acp(&config, network).await.map(|()| ExitCode::SUCCESS),
         Command::Serve { service } => up::serve(&config, service)
             .await
             .map(|()| ExitCode::SUCCESS),

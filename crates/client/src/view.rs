@@ -102,6 +102,15 @@ pub enum Entry {
     Turn(u32),
 }
 
+/// One step of the current plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanItem {
+    /// What the step does.
+    pub title: String,
+    /// Where it is.
+    pub status: pb::PlanStepStatus,
+}
+
 /// What runs now.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Activity {
@@ -207,8 +216,8 @@ pub struct SessionView {
     streaming_at: Option<usize>,
     /// Token counts of the model calls of the current turn.
     step_tokens: Vec<u64>,
-    /// The titles of the current plan's steps.
-    plan: Vec<String>,
+    /// The current plan's steps (plan mode), as they stand.
+    pub plan: Vec<PlanItem>,
     /// What the priced turns seen so far cost, in one currency.
     priced: Option<(f64, String)>,
 }
@@ -722,7 +731,14 @@ pub fn note_for(view: &mut SessionView, kind: &Kind) -> Option<(String, NoteKind
             } else {
                 format!("revised plan (revision {}):", p.revision)
             };
-            view.plan = p.steps.iter().map(|s| s.title.clone()).collect();
+            view.plan = p
+                .steps
+                .iter()
+                .map(|s| PlanItem {
+                    title: (view.filter)(&s.title),
+                    status: pb::PlanStepStatus::try_from(s.status).unwrap_or_default(),
+                })
+                .collect();
             let mut text = format!("  {heading}");
             for (i, step) in p.steps.iter().enumerate() {
                 let mark = match pb::PlanStepStatus::try_from(step.status) {
@@ -736,10 +752,15 @@ pub fn note_for(view: &mut SessionView, kind: &Kind) -> Option<(String, NoteKind
         }
         Kind::PlanStepUpdated(u) => {
             let n = u.index + 1;
+            if let Some(item) = view.plan.get_mut(u.index as usize) {
+                item.status = pb::PlanStepStatus::try_from(u.status).unwrap_or_default();
+            }
             let line = match pb::PlanStepStatus::try_from(u.status) {
                 Ok(pb::PlanStepStatus::InProgress) => format!(
                     "  ▶ step {n}: {}",
-                    view.plan.get(u.index as usize).map_or("", String::as_str)
+                    view.plan
+                        .get(u.index as usize)
+                        .map_or("", |item| item.title.as_str())
                 ),
                 Ok(pb::PlanStepStatus::Completed) => {
                     format!("  ✓ step {n} done: {}", shorten(&u.summary, 200))

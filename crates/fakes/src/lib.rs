@@ -13,5 +13,6 @@ pub mod fake_model;
 mod http_server;
 pub mod mcp_servers;
 pub mod postgres;
+pub mod protocol_clients;
 
 pub use fake_model::{FakeModel, Reply};

@@ -113,7 +113,7 @@ impl SessionState {
         }
         let arguments: serde_json::Value =
             serde_json::from_str(&args).unwrap_or_else(|_| serde_json::json!({}));
-        out.after.push(Effect::RunHooks(HookJob {
+        out.after.push(Effect::RunHooks(Box::new(HookJob {
             event: HookEvent::BeforeTool,
             call_id: call_id.to_string(),
             tool: tool.clone(),
@@ -126,7 +126,7 @@ impl SessionState {
                 "arguments": arguments,
             }),
             result: None,
-        }));
+        })));
     }
 
     /// Decides a valid call: the policy's verdict with what the hooks

@@ -505,7 +505,7 @@ pub enum Effect {
         network: bool,
     },
     /// Run hooks; their outcomes come back as [`Input::HooksDone`].
-    RunHooks(HookJob),
+    RunHooks(Box<HookJob>),
     /// Stop every model call and tool call in flight.
     AbortInFlight,
     /// A delegate call has its result (run once it is stored): its

@@ -62,14 +62,14 @@ impl SessionState {
         for (event, input) in jobs {
             let matching = hooks.matching(event, "");
             if !matching.is_empty() {
-                out.after.push(Effect::RunHooks(HookJob {
+                out.after.push(Effect::RunHooks(Box::new(HookJob {
                     event,
                     call_id: String::new(),
                     tool: String::new(),
                     hooks: matching,
                     input,
                     result: None,
-                }));
+                })));
             }
         }
     }
@@ -232,7 +232,7 @@ impl SessionState {
                 } else {
                     // The result waits for the hooks (nothing recorded yet:
                     // a restart meanwhile finds the call still running).
-                    out.after.push(Effect::RunHooks(HookJob {
+                    out.after.push(Effect::RunHooks(Box::new(HookJob {
                         event: HookEvent::AfterTool,
                         call_id: result.call_id.clone(),
                         tool: tool.clone(),
@@ -245,7 +245,7 @@ impl SessionState {
                             "result": {"output": result.output, "is_error": result.is_error},
                         }),
                         result: Some(result),
-                    }));
+                    })));
                 }
             }
             (

@@ -32,7 +32,7 @@ fn hook_job(effects: &[Effect]) -> HookJob {
     effects
         .iter()
         .find_map(|e| match e {
-            Effect::RunHooks(job) => Some(job.clone()),
+            Effect::RunHooks(job) => Some((**job).clone()),
             _ => None,
         })
         .unwrap_or_else(|| panic!("no hooks asked for: {effects:?}"))

@@ -185,6 +185,22 @@ impl Follower {
         Ok(follower)
     }
 
+    /// Follows session `session_id` from event `next_seq` on; it subscribes
+    /// at its first [`Follower::next`].
+    pub(crate) fn from_seq(
+        client: &OrchestratorClient<TracedChannel>,
+        session_id: &str,
+        next_seq: u64,
+    ) -> Follower {
+        Follower {
+            quiet: false,
+            client: client.clone(),
+            session_id: session_id.to_string(),
+            next_seq,
+            stream: None,
+        }
+    }
+
     async fn subscribe(&mut self) -> Result<Streaming<spb::Event>, tonic::Status> {
         self.client
             .subscribe(pb::SubscribeRequest {
@@ -199,6 +215,11 @@ impl Follower {
     /// The next event, reconnecting when the stream breaks.
     pub(crate) async fn next(&mut self) -> anyhow::Result<spb::Event> {
         let mut broken_since: Option<Instant> = None;
+        if self.stream.is_none()
+            && let Ok(stream) = self.subscribe().await
+        {
+            self.stream = Some(stream);
+        }
         loop {
             let failure = match &mut self.stream {
                 Some(stream) => match stream.message().await {

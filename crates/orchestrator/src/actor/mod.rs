@@ -603,7 +603,7 @@ impl Actor {
                 read_only,
                 network,
             } => self.start_tool_call(call, read_only, network),
-            Effect::RunHooks(job) => self.start_hooks(job),
+            Effect::RunHooks(job) => self.start_hooks(*job),
             Effect::AbortInFlight => self.abort_in_flight(),
             Effect::EndTask {
                 turn_id,

@@ -1,0 +1,124 @@
+//! `agentry acp` driven by an editor written with the official ACP Python
+//! SDK (`tests/acp/editor.py`, from `scripts/protocol-clients.sh`), against
+//! `agentry up` and a scripted model: a session on a project directory, a
+//! confirmed call allowed through session/request_permission, streamed
+//! updates, a cancelled prompt, and a second agent process that loads the
+//! session and gets its whole history.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use agentry_testkit::fake_model::{FakeModel, Reply};
+use common::install::{Install, Up, text};
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const EDITOR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/acp/editor.py");
+
+/// An install whose sessions may work under `projects`, with `agentry up`.
+fn start(model: &FakeModel) -> (Install, Up, PathBuf) {
+    for _ in 0..3 {
+        let install = Install::new(&model.base_url());
+        let root = install.dir.path().join("projects");
+        std::fs::create_dir_all(&root).unwrap();
+        for dir in [install.dir.path(), root.as_path()] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::write(
+            install.dir.path().join("config/local.toml"),
+            format!(
+                "[tool_runner]\nproject_roots = [{:?}]\n",
+                root.display().to_string()
+            ),
+        )
+        .unwrap();
+        let log = install.dir.path().join("up.log");
+        if let Some(up) = Up::try_start(&install, &log) {
+            return (install, up, root);
+        }
+    }
+    panic!("agentry up could not bind its ports three times in a row");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acp_editor_prompts_allows_a_call_cancels_and_loads_the_session_again() {
+    let Some(venv) = agentry_fakes::protocol_clients::venv() else {
+        return;
+    };
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "w1",
+        "bash",
+        json!({"command": "echo marker written | tee marker.txt"}),
+    ));
+    model.push(Reply::text("The marker is written."));
+    // The second prompt's model call is slow: the editor cancels it.
+    model.push(Reply::text("Too late.").delay(Duration::from_secs(60)));
+    let (install, _up, root) = start(&model);
+    let project = root.join("notes");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("README"), "a project\n").unwrap();
+    if nix::unistd::geteuid().is_root() {
+        // A root-owned project is refused with per-session users.
+        let out = std::process::Command::new("chown")
+            .args(["-R", "4242:4242", &project.display().to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{:?}", text(&out));
+    }
+
+    // The editor starts `agentry acp` with the install's environment.
+    let out = std::process::Command::new(venv.join("bin/python"))
+        .args([EDITOR, common::install::BIN, &project.display().to_string()])
+        .envs(install.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env_remove("RUST_LOG")
+        .current_dir(install.dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "the editor failed:\n{stdout}\n{stderr}"
+    );
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    assert_eq!(seen["stop_reasons"], json!(["end_turn", "cancelled"]));
+    let options: Vec<String> = seen["permissions"][0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o[0].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(options, ["allow-once", "allow-always", "reject-once"]);
+
+    // The call ran in the project, once, after the editor's answer, which
+    // the log records as the person's approval.
+    let marker = std::fs::read_to_string(project.join("marker.txt")).unwrap();
+    assert_eq!(marker, "marker written\n");
+    let session = seen["session_id"].as_str().unwrap();
+    let events = install.events(session);
+    let decided: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "approval_decided")
+        .collect();
+    assert_eq!(decided.len(), 1, "{events:#?}");
+    let by = decided[0]
+        .get("by")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    assert!(
+        !by.is_empty(),
+        "the approval names its person: {:#?}",
+        decided[0]
+    );
+    let finished: Vec<String> = events
+        .iter()
+        .filter(|e| e["type"] == "turn_finished")
+        .map(|f| f["outcome"].to_string())
+        .collect();
+    assert_eq!(finished, ["\"completed\"", "\"cancelled\""]);
+}
