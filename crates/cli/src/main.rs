@@ -11,6 +11,7 @@ mod health;
 mod inbox_cmds;
 mod init;
 mod mcp_cmds;
+mod mcp_serve;
 mod migrate;
 mod reminder_cmds;
 mod render;
@@ -311,6 +312,14 @@ enum McpCommand {
     /// Each MCP server: transport, state, tools, connections, calls
     /// (exit 1 when one is not ready)
     List,
+    /// Serve Agentry itself as an MCP server on stdin/stdout, for MCP
+    /// hosts that hand it work: tools start_task, get_task,
+    /// answer_approval, cancel_task, list_sessions
+    #[command(
+        after_help = "Example (the MCP host runs this; see docs/integrations.md):\n  \
+        agentry mcp serve          # the person's token from AGENTRY_TOKEN or the token file"
+    )]
+    Serve,
     /// The tools of every MCP server, or of one
     Tools {
         /// Only this server's
@@ -734,6 +743,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             .await
             .map(|()| ExitCode::SUCCESS),
         Command::Mcp { command } => match command {
+            McpCommand::Serve => mcp_serve::serve(&config).await.map(|()| ExitCode::SUCCESS),
             McpCommand::List => mcp_cmds::list(&config).await.map(|ready| {
                 if ready {
                     ExitCode::SUCCESS

@@ -10,38 +10,11 @@
 mod common;
 
 use agentry_testkit::fake_model::{FakeModel, Reply};
-use common::install::{Install, Up, text};
+use common::install::{Up, project_dir, text};
 use serde_json::{Value, json};
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::time::Duration;
 
 const EDITOR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/acp/editor.py");
-
-/// An install whose sessions may work under `projects`, with `agentry up`.
-fn start(model: &FakeModel) -> (Install, Up, PathBuf) {
-    for _ in 0..3 {
-        let install = Install::new(&model.base_url());
-        let root = install.dir.path().join("projects");
-        std::fs::create_dir_all(&root).unwrap();
-        for dir in [install.dir.path(), root.as_path()] {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        std::fs::write(
-            install.dir.path().join("config/local.toml"),
-            format!(
-                "[tool_runner]\nproject_roots = [{:?}]\n",
-                root.display().to_string()
-            ),
-        )
-        .unwrap();
-        let log = install.dir.path().join("up.log");
-        if let Some(up) = Up::try_start(&install, &log) {
-            return (install, up, root);
-        }
-    }
-    panic!("agentry up could not bind its ports three times in a row");
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acp_editor_prompts_allows_a_call_cancels_and_loads_the_session_again() {
@@ -57,18 +30,8 @@ async fn an_acp_editor_prompts_allows_a_call_cancels_and_loads_the_session_again
     model.push(Reply::text("The marker is written."));
     // The second prompt's model call is slow: the editor cancels it.
     model.push(Reply::text("Too late.").delay(Duration::from_secs(60)));
-    let (install, _up, root) = start(&model);
-    let project = root.join("notes");
-    std::fs::create_dir_all(&project).unwrap();
-    std::fs::write(project.join("README"), "a project\n").unwrap();
-    if nix::unistd::geteuid().is_root() {
-        // A root-owned project is refused with per-session users.
-        let out = std::process::Command::new("chown")
-            .args(["-R", "4242:4242", &project.display().to_string()])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{:?}", text(&out));
-    }
+    let (install, _up, root, _log) = Up::start_with_projects(&model.base_url(), "");
+    let project = project_dir(&root, "notes");
 
     // The editor starts `agentry acp` with the install's environment.
     let out = std::process::Command::new(venv.join("bin/python"))

@@ -9,7 +9,7 @@ mod common;
 use agentry_testkit::fake_model::{FakeModel, Reply};
 use common::install::{Install, Up, text};
 use serde_json::json;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -63,16 +63,6 @@ fn hand_to_owner(dir: &Path) {
     }
 }
 
-/// A directory sessions may work under, that sandboxed users can pass.
-fn projects_root(install: &Install) -> PathBuf {
-    let root = install.dir.path().join("projects");
-    std::fs::create_dir_all(&root).unwrap();
-    for dir in [install.dir.path(), root.as_path()] {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    root
-}
-
 /// Runs `agentry ARGS` started in `dir`, with nothing on standard input.
 fn run_in(install: &Install, dir: &Path, args: &[&str]) -> std::process::Output {
     install
@@ -97,25 +87,7 @@ fn start(model: &FakeModel) -> (Install, Up, PathBuf, PathBuf) {
 
 /// [`start`], with `more` added to the configuration.
 fn start_with(model: &FakeModel, more: &str) -> (Install, Up, PathBuf, PathBuf) {
-    // The projects root must exist before `agentry up` reads it: make the
-    // install first, then its configuration.
-    for _ in 0..3 {
-        let install = Install::new(&model.base_url());
-        let root = projects_root(&install);
-        std::fs::write(
-            install.dir.path().join("config/local.toml"),
-            format!(
-                "{more}\n[tool_runner]\nproject_roots = [{:?}]\n",
-                root.display().to_string()
-            ),
-        )
-        .unwrap();
-        let log = install.dir.path().join("up.log");
-        if let Some(up) = Up::try_start(&install, &log) {
-            return (install, up, root, log);
-        }
-    }
-    panic!("agentry up could not bind its ports three times in a row");
+    Up::start_with_projects(&model.base_url(), more)
 }
 
 #[tokio::test(flavor = "multi_thread")]

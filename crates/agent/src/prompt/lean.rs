@@ -147,7 +147,8 @@ fn without_prose(schema: &Value) -> Value {
 }
 
 /// One line for a tool in the text-call instructions:
-/// `name(arg: type, optional?: type): first sentence`.
+/// `name(arg: type, optional?: type): first sentence`, the arguments by
+/// name (the same prompt whichever order a JSON map keeps its keys in).
 pub fn signature(tool: &ToolDefinition) -> String {
     let schema = &tool.parameters;
     let required: Vec<&str> = schema["required"]
@@ -157,8 +158,10 @@ pub fn signature(tool: &ToolDefinition) -> String {
     let arguments: Vec<String> = schema["properties"]
         .as_object()
         .map(|properties| {
+            let mut properties: Vec<(&String, &Value)> = properties.iter().collect();
+            properties.sort_by(|a, b| a.0.cmp(b.0));
             properties
-                .iter()
+                .into_iter()
                 .map(|(name, property)| {
                     let optional = if required.contains(&name.as_str()) {
                         ""

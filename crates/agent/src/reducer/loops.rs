@@ -14,12 +14,19 @@
 
 use super::*;
 
-/// Tool and arguments, the arguments read as JSON where they are (so that
-/// key order and spacing do not matter).
-fn loop_key(tool: &str, arguments: &str) -> (String, String) {
+/// What makes two calls the same: the tool, and the arguments read as JSON
+/// where they are (compared as values, so key order and spacing do not
+/// matter, whichever order a JSON map keeps its keys in).
+#[derive(PartialEq)]
+enum Arguments {
+    Json(serde_json::Value),
+    Text(String),
+}
+
+fn loop_key(tool: &str, arguments: &str) -> (String, Arguments) {
     let arguments = match serde_json::from_str::<serde_json::Value>(arguments) {
-        Ok(value) => value.to_string(),
-        Err(_) => arguments.trim().to_string(),
+        Ok(value) => Arguments::Json(value),
+        Err(_) => Arguments::Text(arguments.trim().to_string()),
     };
     (tool.to_string(), arguments)
 }

@@ -68,7 +68,7 @@ pub async fn acp(config: &Config, network: bool) -> anyhow::Result<()> {
     let on_cancel = state.clone();
     let on_mode = state.clone();
     let on_auth = state;
-    Agent
+    let serve = Agent
         .v1()
         .name("agentry")
         .on_receive_request(
@@ -142,9 +142,13 @@ pub async fn acp(config: &Config, network: bool) -> anyhow::Result<()> {
             },
             agent_client_protocol::on_receive_request!(),
         )
-        .connect_to(Stdio::new())
-        .await
-        .map_err(|e| anyhow::anyhow!("the editor's connection failed: {e}"))
+        .connect_to(Stdio::new());
+    // The editor ends the agent by closing its input, or with a signal:
+    // either way the services started for it stop with it.
+    tokio::select! {
+        served = serve => served.map_err(|e| anyhow::anyhow!("the editor's connection failed: {e}")),
+        () = agentry_runtime::shutdown_signal() => Ok(()),
+    }
 }
 
 fn initialize(request: &InitializeRequest) -> InitializeResponse {

@@ -187,6 +187,37 @@ impl Up {
         panic!("agentry up could not bind its ports three times in a row");
     }
 
+    /// A fresh install with `agentry up` running whose sessions may work
+    /// in project directories under the returned root (made first, open to
+    /// the sandbox's users), with `more` added to its configuration.
+    pub fn start_with_projects(
+        model_url: &str,
+        more: &str,
+    ) -> (Install, Up, std::path::PathBuf, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        for _ in 0..3 {
+            let install = Install::new(model_url);
+            let root = install.dir.path().join("projects");
+            std::fs::create_dir_all(&root).unwrap();
+            for dir in [install.dir.path(), root.as_path()] {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            std::fs::write(
+                install.dir.path().join("config/local.toml"),
+                format!(
+                    "{more}\n[tool_runner]\nproject_roots = [{:?}]\n",
+                    root.display().to_string()
+                ),
+            )
+            .unwrap();
+            let log = install.dir.path().join("up.log");
+            if let Some(up) = Up::try_start(&install, &log) {
+                return (install, up, root, log);
+            }
+        }
+        panic!("agentry up could not bind its ports three times in a row");
+    }
+
     pub fn stop(mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
@@ -209,6 +240,23 @@ impl Drop for Up {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A project directory `name` under `root` holding a README; as root, it
+/// is given to an owner who is not root (a root-owned project is refused
+/// with per-session users).
+pub fn project_dir(root: &Path, name: &str) -> std::path::PathBuf {
+    let project = root.join(name);
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("README"), "a project\n").unwrap();
+    if nix::unistd::geteuid().is_root() {
+        let out = Command::new("chown")
+            .args(["-R", "4242:4242", &project.display().to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{:?}", text(&out));
+    }
+    project
 }
 
 /// stdout and stderr as text.
