@@ -8,12 +8,14 @@
 //! - [`login`]: tokens in, signed cookies out; the anti-forgery checks;
 //! - [`api`]: sessions, messages, approvals, rewinds, forks, the inbox;
 //! - [`live`]: one shared fold per watched session, streamed to pages;
-//! - [`wire`]: the shared session view as JSON.
+//! - [`wire`]: the shared session view as JSON;
+//! - [`a2a`]: A2A 1.0 over JSON-RPC, for other agents (bearer tokens).
 //!
 //! It keeps no state of its own but the key that signs cookies (a private
 //! file beside the service token): any number may run, and a restarted
 //! one keeps everyone logged in.
 
+pub mod a2a;
 pub mod api;
 pub mod assets;
 pub mod error;
@@ -67,6 +69,9 @@ pub struct Gateway {
     pub stop: Arc<tokio::sync::watch::Sender<bool>>,
     /// Serves HTTPS itself.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The configured sub-agents (name, description): the agent card's
+    /// skills.
+    pub skills: Arc<Vec<(String, String)>>,
 }
 
 /// Why the gateway cannot start.
@@ -152,6 +157,13 @@ impl Gateway {
             hosts: Arc::new(hosts),
             stop: Arc::new(tokio::sync::watch::channel(false).0),
             tls,
+            skills: Arc::new(
+                config
+                    .agents
+                    .iter()
+                    .map(|a| (a.name.clone(), a.description.clone()))
+                    .collect(),
+            ),
         })
     }
 
@@ -226,6 +238,8 @@ impl Gateway {
             .route("/api/approvals", get(api::approvals))
             .route("/api/sessions/{id}/preview/{call_id}", get(api::preview))
             .route("/api/overview", get(api::overview))
+            .route("/.well-known/agent-card.json", get(a2a::card))
+            .route(a2a::RPC_PATH, post(a2a::rpc))
             .layer(axum::middleware::map_response(security_headers))
             .layer(axum::middleware::map_response_with_state(
                 self.secure_cookie,
