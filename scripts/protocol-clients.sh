@@ -4,6 +4,8 @@
 # nobody in this project wrote: a Python virtualenv, pinned, from PyPI:
 #   agent-client-protocol==0.12.1   ACP (the editor side drives `agentry acp`)
 #   a2a-sdk==1.3.0                  A2A (a calling agent, against the gateway)
+#   ag-ui-protocol==1.0.0           AG-UI's types (a frontend's run, checked event by event)
+#   ag-ui-validate==0.4.0           bin/ag-ui-validate, AG-UI's conformance checker
 #
 # The virtualenv lives outside the repository and is made once per machine:
 #   $AGENTRY_PROTOCOL_VENV (default ~/.cache/agentry/protocol-venv-1)
@@ -17,10 +19,12 @@ NAME=protocol-clients
 PACKAGES=(
   "agent-client-protocol==0.12.1"
   "a2a-sdk==1.3.0"
+  "ag-ui-protocol==1.0.0"
+  "ag-ui-validate==0.4.0"
 )
-READY_BINS=()
+READY_BINS=(ag-ui-validate)
 VENV="${AGENTRY_PROTOCOL_VENV:-${HOME:-/tmp}/.cache/agentry/protocol-venv-1}"
-CHECK='"$venv/bin/python" -c "import acp, a2a.client"'
+CHECK='"$venv/bin/python" -c "import acp, a2a.client, ag_ui.core" && "$venv/bin/ag-ui-validate" --help >/dev/null'
 
 source "$(dirname "$0")/lib/pinned-venv.sh"
 pinned_venv

@@ -20,7 +20,7 @@ use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1::{self as spb, event::Kind};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -54,9 +54,9 @@ const LIST_SESSIONS: u32 = 100;
 
 /// A refused or failed call: a JSON-RPC error.
 #[derive(Debug)]
-struct RpcError {
-    code: i64,
-    message: String,
+pub(crate) struct RpcError {
+    pub(crate) code: i64,
+    pub(crate) message: String,
 }
 
 impl RpcError {
@@ -162,57 +162,6 @@ pub async fn card(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Respo
     Ok(response)
 }
 
-/// The caller, from their bearer token.
-fn caller(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    ip: std::net::IpAddr,
-) -> Result<Person, Box<Response>> {
-    if gw.auth_off {
-        return Ok(Person {
-            name: agentry_runtime::people::LOCAL.to_string(),
-            role: agentry_runtime::auth::Role::Admin,
-            csrf: String::new(),
-            login: None,
-        });
-    }
-    if let Some(wait) = gw.limiter.wait(ip) {
-        return Err(Box::new(ApiError::too_many(wait).into_response()));
-    }
-    let unauthorized = |message: &str| {
-        let mut response =
-            ApiError::new(StatusCode::UNAUTHORIZED, "token", message).into_response();
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        Box::new(response)
-    };
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
-    let Some(token) = token else {
-        return Err(unauthorized(
-            "send a person's token as `Authorization: Bearer TOKEN` (`agentry users add` prints one)",
-        ));
-    };
-    match gw.auth.identify(token.as_bytes()) {
-        Ok(principal) => Ok(Person {
-            name: principal.name,
-            role: principal.role,
-            csrf: String::new(),
-            login: None,
-        }),
-        Err(status) => {
-            gw.limiter.failed(ip);
-            tracing::info!(%ip, "an A2A call with an unknown token was refused");
-            Err(unauthorized(status.message()))
-        }
-    }
-}
-
 /// `POST /a2a`: one JSON-RPC call.
 pub async fn rpc(
     State(gw): State<Gateway>,
@@ -223,7 +172,7 @@ pub async fn rpc(
     if let Err(e) = gw.check_host(&headers) {
         return e.into_response();
     }
-    let person = match caller(&gw, &headers, peer.ip()) {
+    let person = match crate::login::bearer(&gw, &headers, peer.ip()) {
         Ok(person) => person,
         Err(response) => return *response,
     };
@@ -300,25 +249,27 @@ fn rfc3339(t: Option<&prost_types::Timestamp>) -> Value {
 
 /// One turn of a session, as a task.
 #[derive(Debug, Clone, Default)]
-struct Turn {
-    id: String,
-    by: String,
-    text: String,
-    at: Option<prost_types::Timestamp>,
-    finished: Option<(spb::TurnFinished, Option<prost_types::Timestamp>)>,
+pub(crate) struct Turn {
+    pub(crate) id: String,
+    pub(crate) by: String,
+    pub(crate) text: String,
+    pub(crate) at: Option<prost_types::Timestamp>,
+    pub(crate) finished: Option<(spb::TurnFinished, Option<prost_types::Timestamp>)>,
 }
 
 /// A session's log, read: its turns and the shared view of it.
-struct Fold {
-    session_id: String,
-    turns: Vec<Turn>,
-    view: SessionView,
+pub(crate) struct Fold {
+    pub(crate) session_id: String,
+    pub(crate) turns: Vec<Turn>,
+    pub(crate) view: SessionView,
     /// The next seq to follow from.
-    next_seq: u64,
+    pub(crate) next_seq: u64,
+    /// Each tool call's tool and arguments, by call id.
+    pub(crate) calls: std::collections::HashMap<String, (String, String)>,
 }
 
 impl Fold {
-    fn apply(&mut self, event: &spb::Event) -> agentry_client::view::Applied {
+    pub(crate) fn apply(&mut self, event: &spb::Event) -> agentry_client::view::Applied {
         let applied = self.view.apply(event);
         if !event.live {
             self.next_seq = self.next_seq.max(event.seq + 1);
@@ -334,6 +285,12 @@ impl Fold {
                 at: event.time,
                 finished: None,
             }),
+            Some(Kind::ToolCallRequested(c)) => {
+                self.calls.insert(
+                    c.call_id.clone(),
+                    (c.tool.clone(), c.arguments_json.clone()),
+                );
+            }
             Some(Kind::TurnFinished(f)) => {
                 if let Some(turn) = self.turns.iter_mut().rev().find(|t| t.id == event.turn_id) {
                     turn.finished = Some((f.clone(), event.time));
@@ -344,12 +301,12 @@ impl Fold {
         applied
     }
 
-    fn turn(&self, id: &str) -> Option<&Turn> {
+    pub(crate) fn turn(&self, id: &str) -> Option<&Turn> {
         self.turns.iter().rev().find(|t| t.id == id)
     }
 
     /// Whether `turn` is the one waiting for the questions in the view.
-    fn asking(&self, turn: &Turn) -> bool {
+    pub(crate) fn asking(&self, turn: &Turn) -> bool {
         turn.finished.is_none()
             && !self.view.questions.is_empty()
             && self.turns.last().is_some_and(|last| last.id == turn.id)
@@ -357,7 +314,11 @@ impl Fold {
 }
 
 /// Reads session `session_id`'s log as `person`.
-async fn fold_session(gw: &Gateway, person: &Person, session_id: &str) -> Result<Fold, RpcError> {
+pub(crate) async fn fold_session(
+    gw: &Gateway,
+    person: &Person,
+    session_id: &str,
+) -> Result<Fold, RpcError> {
     let mut orchestrator = gw.orchestrator.clone();
     let session = orchestrator
         .get_session(request(
@@ -380,6 +341,7 @@ async fn fold_session(gw: &Gateway, person: &Person, session_id: &str) -> Result
         turns: Vec::new(),
         view: SessionView::new(&session.id, str::to_string),
         next_seq: 1,
+        calls: Default::default(),
     };
     if session.event_count == 0 {
         return Ok(fold);
@@ -415,7 +377,11 @@ async fn fold_session(gw: &Gateway, person: &Person, session_id: &str) -> Result
     Ok(fold)
 }
 
-fn request<T>(gw: &Gateway, person: &Person, message: T) -> Result<tonic::Request<T>, RpcError> {
+pub(crate) fn request<T>(
+    gw: &Gateway,
+    person: &Person,
+    message: T,
+) -> Result<tonic::Request<T>, RpcError> {
     gw.request(person, message)
         .map_err(|_| RpcError::new(UNSUPPORTED, "this person's name cannot be passed on"))
 }
@@ -437,7 +403,7 @@ async fn own_task(gw: &Gateway, person: &Person, id: &str) -> Result<(Fold, Turn
     Ok((fold, turn))
 }
 
-fn owned(person: &Person, turn: &Turn) -> bool {
+pub(crate) fn owned(person: &Person, turn: &Turn) -> bool {
     turn.by == person.name
 }
 
@@ -686,7 +652,7 @@ async fn cancel_task(gw: &Gateway, person: &Person, params: &Value) -> Result<Va
     Ok(task_json(&fold, &turn, None, true))
 }
 
-async fn submit(
+pub(crate) async fn submit(
     gw: &Gateway,
     person: &Person,
     session_id: &str,

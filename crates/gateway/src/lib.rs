@@ -9,13 +9,15 @@
 //! - [`api`]: sessions, messages, approvals, rewinds, forks, the inbox;
 //! - [`live`]: one shared fold per watched session, streamed to pages;
 //! - [`wire`]: the shared session view as JSON;
-//! - [`a2a`]: A2A 1.0 over JSON-RPC, for other agents (bearer tokens).
+//! - [`a2a`]: A2A 1.0 over JSON-RPC, for other agents (bearer tokens);
+//! - [`agui`]: AG-UI runs as server-sent events, for web frontends.
 //!
 //! It keeps no state of its own but the key that signs cookies (a private
 //! file beside the service token): any number may run, and a restarted
 //! one keeps everyone logged in.
 
 pub mod a2a;
+pub mod agui;
 pub mod api;
 pub mod assets;
 pub mod error;
@@ -240,6 +242,7 @@ impl Gateway {
             .route("/api/overview", get(api::overview))
             .route("/.well-known/agent-card.json", get(a2a::card))
             .route(a2a::RPC_PATH, post(a2a::rpc))
+            .route("/agui", post(agui::run))
             .layer(axum::middleware::map_response(security_headers))
             .layer(axum::middleware::map_response_with_state(
                 self.secure_cookie,

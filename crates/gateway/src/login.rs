@@ -308,6 +308,62 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
+/// The person a protocol call (A2A, AG-UI) is made by, from their bearer
+/// token: no cookie, so no anti-forgery token; failed tokens count
+/// against the address like failed logins.
+pub fn bearer(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    ip: std::net::IpAddr,
+) -> Result<Person, Box<Response>> {
+    if gw.auth_off {
+        return Ok(Person {
+            name: agentry_runtime::people::LOCAL.to_string(),
+            role: agentry_runtime::auth::Role::Admin,
+            csrf: String::new(),
+            login: None,
+        });
+    }
+    if let Some(wait) = gw.limiter.wait(ip) {
+        return Err(Box::new(
+            crate::error::ApiError::too_many(wait).into_response(),
+        ));
+    }
+    let unauthorized = |message: &str| {
+        let mut response =
+            crate::error::ApiError::new(axum::http::StatusCode::UNAUTHORIZED, "token", message)
+                .into_response();
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        Box::new(response)
+    };
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let Some(token) = token else {
+        return Err(unauthorized(
+            "send a person's token as `Authorization: Bearer TOKEN` (`agentry users add` prints one)",
+        ));
+    };
+    match gw.auth.identify(token.as_bytes()) {
+        Ok(principal) => Ok(Person {
+            name: principal.name,
+            role: principal.role,
+            csrf: String::new(),
+            login: None,
+        }),
+        Err(status) => {
+            gw.limiter.failed(ip);
+            tracing::info!(%ip, "an A2A call with an unknown token was refused");
+            Err(unauthorized(status.message()))
+        }
+    }
+}
+
 /// The body of a login.
 #[derive(serde::Deserialize)]
 pub struct LoginRequest {
