@@ -1,5 +1,5 @@
 //! `agentry mcp serve` driven by an MCP host written with the official MCP
-//! Python SDK (`tests/mcp_host/host.py`, the `mcp` package of
+//! Python SDK (`crates/fakes/mcp/host.py`, the `mcp` package of
 //! `scripts/mcp-servers.sh`), against `agentry up` and a scripted model: it
 //! lists the tools, starts a task on a project, approves the call the task
 //! asks about, and reads the task's answer.
@@ -12,7 +12,7 @@ use agentry_testkit::fake_model::{FakeModel, Reply};
 use common::install::{Up, project_dir, text};
 use serde_json::{Value, json};
 
-const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_host/host.py");
+const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fakes/mcp/host.py");
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_mcp_host_starts_a_task_approves_its_call_and_reads_its_answer() {

@@ -10,7 +10,9 @@
 //! - [`live`]: one shared fold per watched session, streamed to pages;
 //! - [`wire`]: the shared session view as JSON;
 //! - [`a2a`]: A2A 1.0 over JSON-RPC, for other agents (bearer tokens);
-//! - [`agui`]: AG-UI runs as server-sent events, for web frontends.
+//! - [`agui`]: AG-UI runs as server-sent events, for web frontends;
+//! - [`mcp`]: Agentry as an MCP server (streamable HTTP here, stdio in the
+//!   CLI), for MCP hosts.
 //!
 //! It keeps no state of its own but the key that signs cookies (a private
 //! file beside the service token): any number may run, and a restarted
@@ -23,6 +25,7 @@ pub mod assets;
 pub mod error;
 pub mod live;
 pub mod login;
+pub mod mcp;
 pub mod tls;
 pub mod wire;
 
@@ -221,7 +224,14 @@ impl Gateway {
 
     /// The routes.
     pub fn router(self) -> Router {
+        let mcp = Router::new()
+            .route_service("/mcp", mcp::http_service(&self))
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                mcp::authorize,
+            ));
         Router::new()
+            .merge(mcp)
             .route("/", get(assets::index))
             .route("/console.css", get(assets::css))
             .route("/console.js", get(assets::js))

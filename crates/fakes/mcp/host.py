@@ -1,10 +1,12 @@
-"""An MCP host driving `agentry mcp serve` through the official MCP Python
-SDK (`mcp` on PyPI, from scripts/mcp-servers.sh), as the test in
-crates/cli/tests/mcp_serve.rs.
+"""An MCP host driving Agentry's MCP server through the official MCP Python
+SDK (`mcp` on PyPI, from scripts/mcp-servers.sh): `agentry mcp serve` on
+stdio (crates/cli/tests/mcp_serve.rs), or the gateway's streamable HTTP
+endpoint with a bearer token (crates/gateway/tests/mcp_http.rs).
 
     python host.py AGENTRY_BIN PROJECT_DIR
+    AGENTRY_TOKEN=… python host.py --http URL
 
-Lists the tools, starts a task on PROJECT_DIR whose bash call the policy
+Lists the tools, starts a task (on PROJECT_DIR) whose bash call the policy
 confirms (it comes back input_required), approves the call, waits for the
 task to complete and reads its answer, lists sessions, and checks that bad
 calls get clear errors. Prints one JSON object with what it saw; exits 1
@@ -18,6 +20,7 @@ import sys
 
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 
 def check(condition, what):
@@ -36,11 +39,19 @@ def error_text(result):
 
 
 async def main():
-    agent, project = sys.argv[1], sys.argv[2]
-    # The host gives the server the environment its settings name.
-    env = {k: v for k, v in os.environ.items() if k.startswith("AGENTRY_")}
-    params = StdioServerParameters(command=agent, args=["mcp", "serve"], env=env)
-    async with Client(params) as client:
+    if sys.argv[1] == "--http":
+        import httpx2
+
+        project = None
+        token = os.environ["AGENTRY_TOKEN"]
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120)
+        server = streamable_http_client(sys.argv[2], http_client=http)
+    else:
+        agent, project = sys.argv[1], sys.argv[2]
+        # The host gives the server the environment its settings name.
+        env = {k: v for k, v in os.environ.items() if k.startswith("AGENTRY_")}
+        server = StdioServerParameters(command=agent, args=["mcp", "serve"], env=env)
+    async with Client(server) as client:
         tools = await client.list_tools()
         names = sorted(t.name for t in tools.tools)
         check(
@@ -49,13 +60,10 @@ async def main():
             f"the tools: {names}",
         )
 
-        started = structured(
-            await client.call_tool(
-                "start_task",
-                {"prompt": "Write the marker file.", "project": project, "wait_seconds": 60},
-            ),
-            "start_task",
-        )
+        task = {"prompt": "Write the marker file.", "wait_seconds": 60}
+        if project:
+            task["project"] = project
+        started = structured(await client.call_tool("start_task", task), "start_task")
         check(started["status"] == "input_required", f"the task asks first: {started}")
         question = started["questions"][0]
         check(question["tool"] == "bash", f"about the bash call: {question}")
