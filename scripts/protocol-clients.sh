@@ -3,7 +3,9 @@
 # other agents, for the tests that drive Agentry with an implementation
 # nobody in this project wrote: a Python virtualenv, pinned, from PyPI:
 #   agent-client-protocol==0.12.1   ACP (the editor side drives `agentry acp`)
-#   a2a-sdk==1.3.0                  A2A (a calling agent, against the gateway)
+#   a2a-sdk[http-server]==1.3.0     A2A: a calling agent, against the gateway; and
+#                                   a remote agent (crates/fakes/a2a) for delegate
+#   uvicorn==0.54.0                 serves that remote agent
 #   ag-ui-protocol==1.0.0           AG-UI's types (a frontend's run, checked event by event)
 #   ag-ui-validate==0.4.0           bin/ag-ui-validate, AG-UI's conformance checker
 #
@@ -18,7 +20,8 @@ set -euo pipefail
 NAME=protocol-clients
 PACKAGES=(
   "agent-client-protocol==0.12.1"
-  "a2a-sdk==1.3.0"
+  "a2a-sdk[http-server]==1.3.0"
+  "uvicorn==0.54.0"
   "ag-ui-protocol==1.0.0"
   "ag-ui-validate==0.4.0"
 )

@@ -88,7 +88,8 @@ pinned_venv() {
   "$venv/bin/python" - "${PACKAGES[@]}" <<'PY' || { log "installed versions differ from the pins"; exit 1; }
 import sys
 from importlib.metadata import version
-bad = [p for p in sys.argv[1:] if version(p.split("==")[0]) != p.split("==")[1]]
+# "name[extra]==1.0": the version of name.
+bad = [p for p in sys.argv[1:] if version(p.split("==")[0].split("[")[0]) != p.split("==")[1]]
 if bad:
     print("not installed as pinned: " + ", ".join(bad), file=sys.stderr)
     sys.exit(1)

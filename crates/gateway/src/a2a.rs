@@ -984,7 +984,15 @@ async fn watch(
     }
     let mut streamed = false;
     let mut working_sent = false;
-    while let Ok(Some(event)) = events.message().await {
+    loop {
+        // A caller that went away ends the watch, even while nothing happens.
+        let event = tokio::select! {
+            next = events.message() => match next {
+                Ok(Some(event)) => event,
+                _ => return,
+            },
+            () = tx.closed() => return,
+        };
         let ours = event.turn_id == turn_id || event.turn_id.is_empty();
         let applied = fold.apply(&event);
         if !ours {

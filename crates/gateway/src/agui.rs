@@ -480,7 +480,13 @@ async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, 
     };
     let mut step_number = 0u32;
     while out.ok {
-        let event = match events.message().await {
+        // A page that went away ends the run's watch, even while nothing
+        // happens.
+        let next = tokio::select! {
+            next = events.message() => next,
+            () = out.tx.closed() => return,
+        };
+        let event = match next {
             Ok(Some(event)) => event,
             Ok(None) | Err(_) => {
                 out.send(json!({"type": "RUN_ERROR", "message": "the thread's events stopped; run again to go on"}))

@@ -86,11 +86,13 @@ impl Agents {
     /// built-in tools): read-only, and so run side by side with other
     /// read-only calls, when every agent's tools are read-only there.
     pub fn delegate_tool(&self, catalog: &Catalog) -> (ToolDefinition, ToolFlags) {
+        // A remote agent may change anything on its side: never read-only.
         let read_only = self.list.iter().all(|a| {
-            a.def
-                .tools
-                .iter()
-                .all(|t| catalog.flags.get(t).is_some_and(|f| f.read_only))
+            a.def.url.is_none()
+                && a.def
+                    .tools
+                    .iter()
+                    .all(|t| catalog.flags.get(t).is_some_and(|f| f.read_only))
         });
         let names: Vec<&str> = self.list.iter().map(|a| a.def.name.as_str()).collect();
         let listing: Vec<String> = self
@@ -328,6 +330,16 @@ pub async fn delegate(
     let deps = service.deps().clone();
     let agents = &service.settings().agents;
     let (agent, args) = agent_and_task(agents, call)?;
+    if let Some(url) = &agent.def.url {
+        let _slot = agents
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| "the orchestrator is stopping".to_string())?;
+        return crate::remote_agent::delegate(&agent.def, url, &args.task, &call.id, progress)
+            .await;
+    }
     let child = child_id(parent, turn_id, step, &call.id);
     let link = pb::SessionParent {
         session_id: parent.to_string(),

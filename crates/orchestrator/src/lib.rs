@@ -21,6 +21,7 @@ pub mod live;
 pub mod mcp_updates;
 pub mod metrics;
 pub mod reminders;
+pub mod remote_agent;
 pub mod runners;
 pub mod service;
 pub mod settings;

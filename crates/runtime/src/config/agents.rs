@@ -19,9 +19,12 @@ pub struct AgentDefinition {
     pub name: String,
     /// What it is for, as the delegating model reads it.
     pub description: String,
-    /// Its system prompt.
+    /// Its system prompt (none for a remote agent).
+    #[serde(default)]
     pub system_prompt: String,
-    /// The tools it is offered (nothing else; no `delegate`).
+    /// The tools it is offered (nothing else; no `delegate`; none for a
+    /// remote agent).
+    #[serde(default)]
     pub tools: Vec<String>,
     /// Its model, when not the orchestrator's.
     #[serde(default)]
@@ -33,6 +36,15 @@ pub struct AgentDefinition {
     /// orchestrator's).
     #[serde(default)]
     pub context_window: Option<u32>,
+    /// A remote agent: the address of an A2A 1.0 agent (its base URL, or
+    /// its agent card's): tasks go to it over A2A instead of to a child
+    /// session here.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// For a remote agent: the environment variable (of the orchestrator)
+    /// holding the bearer token it wants.
+    #[serde(default)]
+    pub token_env: Option<String>,
     /// The file it was read from, for messages.
     #[serde(skip)]
     pub file: Option<std::path::PathBuf>,
@@ -84,6 +96,12 @@ fn check_agent(agent: &AgentDefinition) -> Result<(), String> {
     if agent.description.trim().is_empty() {
         return Err("description must not be empty (the delegating model chooses by it)".into());
     }
+    if let Some(url) = &agent.url {
+        return check_remote(agent, url);
+    }
+    if agent.token_env.is_some() {
+        return Err("token_env is for a remote agent (with url)".into());
+    }
     if agent.system_prompt.trim().is_empty() {
         return Err("system_prompt must not be empty".into());
     }
@@ -110,6 +128,43 @@ fn check_agent(agent: &AgentDefinition) -> Result<(), String> {
     }
     if agent.context_window.is_some_and(|w| w < 1024) {
         return Err("context_window must be at least 1024 tokens".into());
+    }
+    Ok(())
+}
+
+/// A remote agent: an http(s) address, and none of what only a local
+/// agent has.
+fn check_remote(agent: &AgentDefinition, url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .filter(|rest| !rest.is_empty() && !rest.starts_with('/'));
+    if rest.is_none() || url.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "url {url:?} is not an http(s) address of an A2A agent (its base URL or its agent \
+             card's)"
+        ));
+    }
+    let local_only = [
+        (!agent.system_prompt.trim().is_empty(), "system_prompt"),
+        (!agent.tools.is_empty(), "tools"),
+        (agent.model.is_some(), "model"),
+        (agent.max_steps.is_some(), "max_steps"),
+        (agent.context_window.is_some(), "context_window"),
+    ];
+    if let Some((_, key)) = local_only.iter().find(|(set, _)| *set) {
+        return Err(format!(
+            "{key} is for an agent run here; a remote agent (url) has its own"
+        ));
+    }
+    if let Some(var) = &agent.token_env
+        && (var.is_empty()
+            || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || var.starts_with(|c: char| c.is_ascii_digit()))
+    {
+        return Err(format!(
+            "token_env {var:?} is not an environment variable's name"
+        ));
     }
     Ok(())
 }
@@ -165,6 +220,8 @@ pub fn parse_agent_file(text: &str) -> Result<AgentDefinition, String> {
         model: None,
         max_steps: None,
         context_window: None,
+        url: None,
+        token_env: None,
         file: None,
     };
     let mut closed = false;
@@ -258,5 +315,33 @@ mod tests {
         assert!(with(&|a| a.tools.push("delegate".into())).contains("do not delegate"));
         assert!(with(&|a| a.max_steps = Some(0)).contains("max_steps"));
         assert!(with(&|a| a.system_prompt = " ".into()).contains("system_prompt"));
+        assert!(with(&|a| a.token_env = Some("T".into())).contains("remote"));
+    }
+
+    #[test]
+    fn remote_agents_name_an_address_and_nothing_local() {
+        let remote = AgentDefinition {
+            name: "far".into(),
+            description: "d".into(),
+            system_prompt: String::new(),
+            tools: Vec::new(),
+            model: None,
+            max_steps: None,
+            context_window: None,
+            url: Some("https://agents.example/far".into()),
+            token_env: Some("FAR_TOKEN".into()),
+            file: None,
+        };
+        assert_eq!(check_agent(&remote), Ok(()));
+        let with = |f: &dyn Fn(&mut AgentDefinition)| {
+            let mut a = remote.clone();
+            f(&mut a);
+            check_agent(&a).unwrap_err()
+        };
+        assert!(with(&|a| a.url = Some("ftp://x".into())).contains("http(s)"));
+        assert!(with(&|a| a.url = Some("https://".into())).contains("http(s)"));
+        assert!(with(&|a| a.tools = vec!["bash".into()]).contains("tools"));
+        assert!(with(&|a| a.system_prompt = "be nice".into()).contains("system_prompt"));
+        assert!(with(&|a| a.token_env = Some("1BAD-NAME".into())).contains("token_env"));
     }
 }
