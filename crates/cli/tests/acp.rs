@@ -10,7 +10,7 @@
 mod common;
 
 use agentry_testkit::fake_model::{FakeModel, Reply};
-use common::install::{Up, project_dir, text};
+use common::install::{Up, project_dir, run_client};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -33,22 +33,14 @@ async fn an_acp_editor_prompts_allows_a_call_cancels_and_loads_the_session_again
     let (install, _up, root, _log) = Up::start_with_projects(&model.base_url(), "");
     let project = project_dir(&root, "notes");
 
-    // The editor starts `agentry acp` with the install's environment.
-    let out = std::process::Command::new(venv.join("bin/python"))
-        .args([EDITOR, common::install::BIN, &project.display().to_string()])
-        .envs(install.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env_remove("RUST_LOG")
-        .current_dir(install.dir.path())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(
-        out.status.success(),
-        "the editor failed:\n{stdout}\n{stderr}"
+    // Started as an editor or MCP host starts it, with the install's environment.
+    let project_arg = project.display().to_string();
+    let seen = run_client(
+        &install,
+        &venv,
+        EDITOR,
+        &[common::install::BIN, &project_arg],
     );
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
     assert_eq!(seen["stop_reasons"], json!(["end_turn", "cancelled"]));
     let options: Vec<String> = seen["permissions"][0]["options"]
         .as_array()

@@ -9,7 +9,7 @@
 mod common;
 
 use agentry_testkit::fake_model::{FakeModel, Reply};
-use common::install::{Up, project_dir, text};
+use common::install::{Up, project_dir, run_client};
 use serde_json::{Value, json};
 
 const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fakes/mcp/host.py");
@@ -29,18 +29,9 @@ async fn an_mcp_host_starts_a_task_approves_its_call_and_reads_its_answer() {
     let (install, _up, root, _log) = Up::start_with_projects(&model.base_url(), "");
     let project = project_dir(&root, "tasks");
 
-    let out = std::process::Command::new(venv.join("bin/python"))
-        .args([HOST, common::install::BIN, &project.display().to_string()])
-        .envs(install.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env_remove("RUST_LOG")
-        .current_dir(install.dir.path())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "the host failed:\n{stdout}\n{stderr}");
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    // Started as an editor or MCP host starts it, with the install's environment.
+    let project_arg = project.display().to_string();
+    let seen = run_client(&install, &venv, HOST, &[common::install::BIN, &project_arg]);
     assert_eq!(seen["done"]["status"], "completed");
 
     // The call ran once, in the project, and the log names who approved it.

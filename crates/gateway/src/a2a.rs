@@ -169,9 +169,6 @@ pub async fn rpc(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = gw.check_host(&headers) {
-        return e.into_response();
-    }
     let person = match crate::login::bearer(&gw, &headers, peer.ip()) {
         Ok(person) => person,
         Err(response) => return *response,

@@ -308,14 +308,17 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
-/// The person a protocol call (A2A, AG-UI) is made by, from their bearer
-/// token: no cookie, so no anti-forgery token; failed tokens count
-/// against the address like failed logins.
+/// The person a protocol call (A2A, AG-UI, MCP) is made by, from their
+/// bearer token, once the request names a host this gateway answers to: no
+/// cookie, so no anti-forgery token; failed tokens count against the
+/// address like failed logins.
 pub fn bearer(
     gw: &Gateway,
     headers: &HeaderMap,
     ip: std::net::IpAddr,
 ) -> Result<Person, Box<Response>> {
+    gw.check_host(headers)
+        .map_err(|e| Box::new(e.into_response()))?;
     if gw.auth_off {
         return Ok(Person {
             name: agentry_runtime::people::LOCAL.to_string(),

@@ -6,13 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use agentry_fakes::fake_model::Reply;
-use agentry_runtime::auth::Role;
-use agentry_runtime::people::People;
-use agentry_testkit::Cluster;
-use agentry_testkit::cluster::Service;
-use serde_json::{Value, json};
-use std::time::Duration;
+use serde_json::json;
 
 const FRONTEND: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agui/frontend.py");
 
@@ -21,12 +18,7 @@ async fn a_frontend_runs_a_turn_gets_an_interrupt_and_resumes_it() {
     let Some(venv) = agentry_fakes::protocol_clients::venv() else {
         return;
     };
-    let mut cluster = Cluster::start().await.unwrap();
-    cluster.start_service(Service::Gateway).await.unwrap();
-    let file = cluster.config.people_file();
-    let ann = People::add(&file, "ann", Role::Approver, "test").unwrap();
-    let bob = People::add(&file, "bob", Role::Operator, "test").unwrap();
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (cluster, ann, bob) = common::with_people().await;
     cluster.model.push(Reply::tool_call(
         "w1",
         "bash",
@@ -35,22 +27,15 @@ async fn a_frontend_runs_a_turn_gets_an_interrupt_and_resumes_it() {
     cluster.model.push(Reply::text("The marker is written."));
 
     let captures = tempfile::tempdir().unwrap();
-    let base = format!("http://{}", cluster.config.gateway.listen);
-    let out = tokio::process::Command::new(venv.join("bin/python"))
-        .args([FRONTEND, &base, &captures.path().display().to_string()])
-        .env("ANN_TOKEN", ann.secret())
-        .env("BOB_TOKEN", bob.secret())
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "the frontend failed:\n{stdout}\n{stderr}"
-    );
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let base = common::base(&cluster);
+    let dir = captures.path().display().to_string();
+    let seen = common::python(
+        &venv,
+        FRONTEND,
+        &[&base, &dir],
+        &[("ANN_TOKEN", ann.secret()), ("BOB_TOKEN", bob.secret())],
+    )
+    .await;
     assert_eq!(seen["run1"][0], "RUN_STARTED");
     assert_eq!(
         seen["run2"].as_array().unwrap().last().unwrap(),

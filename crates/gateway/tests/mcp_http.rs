@@ -7,13 +7,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use agentry_fakes::fake_model::Reply;
-use agentry_runtime::auth::Role;
-use agentry_runtime::people::People;
-use agentry_testkit::Cluster;
-use agentry_testkit::cluster::Service;
-use serde_json::{Value, json};
-use std::time::Duration;
+use agentry_proto::sessions::v1::event::Kind;
+use serde_json::json;
 
 const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fakes/mcp/host.py");
 
@@ -22,18 +20,14 @@ async fn an_mcp_host_over_http_runs_a_task_as_the_person_its_token_names() {
     let Some(venv) = agentry_fakes::mcp_servers::venv() else {
         return;
     };
-    let mut cluster = Cluster::start().await.unwrap();
-    cluster.start_service(Service::Gateway).await.unwrap();
-    let file = cluster.config.people_file();
-    let ann = People::add(&file, "ann", Role::Approver, "test").unwrap();
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (cluster, ann, _bob) = common::with_people().await;
     cluster.model.push(Reply::tool_call(
         "w1",
         "bash",
         json!({"command": "echo marker written | tee marker.txt"}),
     ));
     cluster.model.push(Reply::text("The marker is written."));
-    let url = format!("http://{}/mcp", cluster.config.gateway.listen);
+    let url = format!("{}/mcp", common::base(&cluster));
 
     let anonymous = reqwest::Client::new()
         .post(&url)
@@ -43,44 +37,20 @@ async fn an_mcp_host_over_http_runs_a_task_as_the_person_its_token_names() {
         .unwrap();
     assert_eq!(anonymous.status(), 401);
 
-    let out = tokio::process::Command::new(venv.join("bin/python"))
-        .args([HOST, "--http", &url])
-        .env("AGENTRY_TOKEN", ann.secret())
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the host failed:\n{stdout}\n{stderr}");
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let seen = common::python(
+        &venv,
+        HOST,
+        &["--http", &url],
+        &[("AGENTRY_TOKEN", ann.secret())],
+    )
+    .await;
     assert_eq!(seen["done"]["status"], "completed");
 
     // The message and the approval are Ann's.
     let session = seen["started"]["session_id"].as_str().unwrap();
-    let mut orchestrator = cluster.orchestrator().await.unwrap();
-    let mut events = orchestrator
-        .subscribe(agentry_proto::orchestrator::v1::SubscribeRequest {
-            session_id: session.to_string(),
-            from_seq: 1,
-            live_only: false,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut by = Vec::new();
-    loop {
-        let event = tokio::time::timeout(Duration::from_secs(10), events.message())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        use agentry_proto::sessions::v1::event::Kind;
-        match event.kind {
-            Some(Kind::UserMessage(_)) | Some(Kind::ApprovalDecided(_)) => by.push(event.by),
-            Some(Kind::TurnFinished(_)) => break,
-            _ => {}
-        }
-    }
+    let by = common::senders(&cluster, session, 1, |k| {
+        matches!(k, Kind::UserMessage(_) | Kind::ApprovalDecided(_))
+    })
+    .await;
     assert_eq!(by, ["ann", "ann"]);
 }

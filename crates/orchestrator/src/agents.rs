@@ -71,6 +71,15 @@ impl Agents {
         }
     }
 
+    /// A place for one task among those running at once (waits for one).
+    pub async fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ToolFailure> {
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ToolFailure("the orchestrator is stopping".to_string()))
+    }
+
     /// Whether any agent is configured (the `delegate` tool is offered only
     /// then).
     pub fn is_empty(&self) -> bool {
@@ -331,12 +340,7 @@ pub async fn delegate(
     let agents = &service.settings().agents;
     let (agent, args) = agent_and_task(agents, call)?;
     if let Some(url) = &agent.def.url {
-        let _slot = agents
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| "the orchestrator is stopping".to_string())?;
+        let _slot = agents.slot().await?;
         return crate::remote_agent::delegate(&agent.def, url, &args.task, &call.id, progress)
             .await;
     }
@@ -356,12 +360,7 @@ pub async fn delegate(
     if let Some(answer) = finished(&log) {
         return answer;
     }
-    let _slot = agents
-        .slots
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| "the orchestrator is stopping".to_string())?;
+    let _slot = agents.slot().await?;
     let open = questions_left(&child, &log);
     let started = log
         .iter()

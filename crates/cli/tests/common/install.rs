@@ -259,6 +259,31 @@ pub fn project_dir(root: &Path, name: &str) -> std::path::PathBuf {
     project
 }
 
+/// Runs `script ARGS` with the virtualenv's Python in the install's
+/// environment (a client written with an official SDK starting `agentry`
+/// as an editor or an MCP host would); fails the test with its output
+/// unless it succeeds; its last line, as JSON.
+pub fn run_client(
+    install: &Install,
+    venv: &Path,
+    script: &str,
+    args: &[&str],
+) -> serde_json::Value {
+    let out = Command::new(venv.join("bin/python"))
+        .arg(script)
+        .args(args)
+        .envs(install.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env_remove("RUST_LOG")
+        .current_dir(install.dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
 /// stdout and stderr as text.
 pub fn text(out: &Output) -> (String, String) {
     (
