@@ -180,7 +180,11 @@ pub async fn rpc(
             return axum::Json(reply(&Value::Null, Err(e))).into_response();
         }
     };
-    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    // A notification (no id) is never answered; A2A has no notifications
+    // for a server to act on.
+    let Some(id) = request.get("id").cloned() else {
+        return axum::http::StatusCode::NO_CONTENT.into_response();
+    };
     let method = request.get("method").and_then(Value::as_str);
     let (Some(method), Some("2.0")) = (method, request.get("jsonrpc").and_then(Value::as_str))
     else {
@@ -729,13 +733,11 @@ fn decision(
         };
         return Ok((decision, call, reason));
     }
-    let lower = text.trim().to_lowercase();
-    let (head, rest) = match lower.split_once(':') {
-        Some((head, _)) => (
-            head.trim().to_string(),
-            text.trim()[head.len() + 1..].trim().to_string(),
-        ),
-        None => (lower.clone(), String::new()),
+    // Split the text as written, then lower only the head (lowering may
+    // change lengths).
+    let (head, rest) = match text.trim().split_once(':') {
+        Some((head, rest)) => (head.trim().to_lowercase(), rest.trim().to_string()),
+        None => (text.trim().to_lowercase(), String::new()),
     };
     let decision = match head.as_str() {
         "approve for session" | "approve for this session" | "always" => ApproveForSession,
@@ -785,8 +787,15 @@ async fn start(gw: &Gateway, person: &Person, params: &Value) -> Result<(Fold, S
             ));
         }
         let (decision, call, reason) = decision(&text, data.as_ref())?;
+        // Only a question this task asks can be answered here.
         let call_id = match call {
-            Some(call) => call,
+            Some(call) if fold.view.questions.iter().any(|q| q.call_id == call) => call,
+            Some(call) => {
+                return Err(RpcError::params(format!(
+                    "task {id} does not ask about {call:?}; its questions are in its status \
+                     message"
+                )));
+            }
             None => fold.view.questions[0].call_id.clone(),
         };
         let (session_id, call_id) = agentry_client::relay::answer_to(&fold.session_id, &call_id);
@@ -817,7 +826,8 @@ async fn start(gw: &Gateway, person: &Person, params: &Value) -> Result<(Fold, S
         Some(context) => {
             // Going on in a conversation of one's own only.
             let fold = fold_session(gw, person, context).await?;
-            if fold.turns.first().is_some_and(|t| !owned(person, t)) {
+            // A session with no turn of the caller's is not theirs.
+            if !fold.turns.first().is_some_and(|t| owned(person, t)) {
                 return Err(RpcError::new(
                     TASK_NOT_FOUND,
                     format!("no context {context} of yours"),
@@ -981,14 +991,25 @@ async fn watch(
     }
     let mut streamed = false;
     let mut working_sent = false;
+    let mut stop = gw.stop.subscribe();
+    let mut check = tokio::time::interval(Duration::from_secs(2));
     loop {
-        // A caller that went away ends the watch, even while nothing happens.
+        // A caller that went away, a gateway stopping, or a person whose
+        // token was removed or replaced ends the watch, even while nothing
+        // happens.
         let event = tokio::select! {
             next = events.message() => match next {
                 Ok(Some(event)) => event,
                 _ => return,
             },
             () = tx.closed() => return,
+            _ = stop.changed() => return,
+            _ = check.tick() => {
+                if !person.still_logged_in(&gw) {
+                    return;
+                }
+                continue;
+            }
         };
         let ours = event.turn_id == turn_id || event.turn_id.is_empty();
         let applied = fold.apply(&event);

@@ -133,7 +133,10 @@ async fn start(
     thread: &str,
     input: &Value,
 ) -> Result<(Fold, String), RpcError> {
-    let exists = fold_session(gw, person, thread).await;
+    // Each person's threads are sessions of their own: nobody can take
+    // over, or squat, another person's thread id.
+    let session = session_of(&person.name, thread);
+    let exists = fold_session(gw, person, &session).await;
     let fold = match exists {
         Ok(fold) => fold,
         Err(e) if e.code == -32001 => {
@@ -143,13 +146,13 @@ async fn start(
                     gw,
                     person,
                     pb::CreateSessionRequest {
-                        session_id: thread.to_string(),
+                        session_id: session.clone(),
                         title: "AG-UI".to_string(),
                         ..Default::default()
                     },
                 )?)
                 .await?;
-            fold_session(gw, person, thread).await?
+            fold_session(gw, person, &session).await?
         }
         Err(e) => return Err(e),
     };
@@ -162,7 +165,12 @@ async fn start(
     if let Some(entries) = input.get("resume").and_then(Value::as_array)
         && !entries.is_empty()
     {
-        let Some(turn) = fold.turns.last().filter(|t| fold.asking(t)).cloned() else {
+        let Some(turn) = fold
+            .turns
+            .last()
+            .filter(|t| fold.asking(t) && owned(person, t))
+            .cloned()
+        else {
             return Err(RpcError {
                 code: -32004,
                 message: "nothing in this thread waits for an answer; send a message instead"
@@ -171,6 +179,13 @@ async fn start(
         };
         for entry in entries {
             let (call_id, decision, reason) = resume_entry(entry)?;
+            // Only what this thread asks can be answered here.
+            if !fold.view.questions.iter().any(|q| q.call_id == call_id) {
+                return Err(RpcError {
+                    code: -32602,
+                    message: format!("this thread has no interrupt {call_id:?}"),
+                });
+            }
             let (session_id, call_id) =
                 agentry_client::relay::answer_to(&fold.session_id, &call_id);
             submit(
@@ -186,14 +201,14 @@ async fn start(
             )
             .await?;
         }
-        let fold = fold_session(gw, person, thread).await?;
+        let fold = fold_session(gw, person, &session).await?;
         return Ok((fold, turn.id));
     }
     let text = last_user_text(input)?;
     let submitted = submit(
         gw,
         person,
-        thread,
+        &session,
         pb::input::Kind::UserMessage(pb::UserInput {
             text,
             approval_mode: spb::ApprovalMode::Policy as i32,
@@ -202,6 +217,15 @@ async fn start(
     )
     .await?;
     Ok((fold, submitted.turn_id))
+}
+
+/// The session of `person`'s thread `thread`: a name of its own for each
+/// person and thread (session ids are short and plain).
+fn session_of(person: &str, thread: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{person}\u{0}{thread}").as_bytes());
+    let hex: String = digest.iter().take(10).map(|b| format!("{b:02x}")).collect();
+    format!("agui-{hex}")
 }
 
 /// The text of the input's last message, which must be the person's.
@@ -356,9 +380,15 @@ impl Stream {
     }
 
     /// Ends the run: what is open, the thread's messages, the outcome.
-    async fn finish(&mut self, view: &SessionView, outcome: Value, result: Option<String>) {
+    async fn finish(
+        &mut self,
+        view: &SessionView,
+        calls: &std::collections::HashMap<String, (String, String)>,
+        outcome: Value,
+        result: Option<String>,
+    ) {
         self.end_step().await;
-        self.send(snapshot(view)).await;
+        self.send(snapshot(view, calls)).await;
         let mut event = json!({
             "type": "RUN_FINISHED", "threadId": self.thread, "runId": self.run, "outcome": outcome
         });
@@ -369,8 +399,12 @@ impl Stream {
     }
 }
 
-/// The thread's messages as AG-UI messages, from the shared view.
-fn snapshot(view: &SessionView) -> Value {
+/// The thread's messages as AG-UI messages, from the shared view (a tool
+/// call's arguments as the model wrote them, from `calls`).
+fn snapshot(
+    view: &SessionView,
+    calls: &std::collections::HashMap<String, (String, String)>,
+) -> Value {
     let mut messages = Vec::new();
     for (i, entry) in view.entries.iter().enumerate() {
         if view.rewound.get(i).copied().unwrap_or(false) {
@@ -391,7 +425,10 @@ fn snapshot(view: &SessionView) -> Value {
                     "toolCalls": [{
                         "id": block.call_id,
                         "type": "function",
-                        "function": {"name": block.tool, "arguments": block.summary}
+                        "function": {
+                            "name": block.tool,
+                            "arguments": calls.get(&block.call_id).map_or("{}", |c| c.1.as_str())
+                        }
                     }]
                 }));
                 if block.state == CallState::Done {
@@ -447,7 +484,7 @@ async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, 
         && fold.asking(&turn)
     {
         let outcome = interrupt(&fold);
-        out.finish(&fold.view, outcome, None).await;
+        out.finish(&fold.view, &fold.calls, outcome, None).await;
         return;
     }
     let subscribe = match crate::a2a::request(
@@ -476,12 +513,22 @@ async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, 
         }
     };
     let mut step_number = 0u32;
+    let mut stop = gw.stop.subscribe();
+    let mut check = tokio::time::interval(Duration::from_secs(2));
     while out.ok {
         // A page that went away ends the run's watch, even while nothing
         // happens.
         let next = tokio::select! {
             next = events.message() => next,
             () = out.tx.closed() => return,
+            _ = stop.changed() => return,
+            _ = check.tick() => {
+                if !person.still_logged_in(gw) {
+                    out.send(json!({"type": "RUN_ERROR", "message": "your token was removed or replaced", "code": "unauthenticated"})).await;
+                    return;
+                }
+                continue;
+            }
         };
         let event = match next {
             Ok(Some(event)) => event,
@@ -499,7 +546,7 @@ async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, 
                 && fold.asking(&turn)
             {
                 let outcome = interrupt(&fold);
-                out.finish(&fold.view, outcome, None).await;
+                out.finish(&fold.view, &fold.calls, outcome, None).await;
                 return;
             }
             continue;
@@ -580,16 +627,16 @@ async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, 
                 match spb::TurnOutcome::try_from(f.outcome).unwrap_or_default() {
                     spb::TurnOutcome::Completed => {
                         let answer = Some(f.message.clone());
-                        out.finish(&fold.view, json!({"type": "success"}), answer)
+                        out.finish(&fold.view, &fold.calls, json!({"type": "success"}), answer)
                             .await;
                     }
                     spb::TurnOutcome::Cancelled => {
-                        out.finish(&fold.view, json!({"type": "cancelled"}), None)
+                        out.finish(&fold.view, &fold.calls, json!({"type": "cancelled"}), None)
                             .await;
                     }
                     other => {
                         out.end_step().await;
-                        out.send(snapshot(&fold.view)).await;
+                        out.send(snapshot(&fold.view, &fold.calls)).await;
                         let code = match other {
                             spb::TurnOutcome::StepLimit => "step_limit",
                             spb::TurnOutcome::Budget => "budget",
@@ -603,7 +650,7 @@ async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, 
             }
             _ if applied.asked.is_some() => {
                 let outcome = interrupt(&fold);
-                out.finish(&fold.view, outcome, None).await;
+                out.finish(&fold.view, &fold.calls, outcome, None).await;
                 return;
             }
             _ => {}
@@ -646,6 +693,19 @@ mod tests {
         assert!(resume_entry(&entry("resolved", json!("maybe"))).is_err());
         assert!(resume_entry(&entry("pending", json!(true))).is_err());
         assert!(resume_entry(&json!({"status": "resolved"})).is_err());
+    }
+
+    #[test]
+    fn each_persons_threads_are_sessions_of_their_own() {
+        let ann = session_of("ann", "t1");
+        assert_eq!(
+            ann,
+            session_of("ann", "t1"),
+            "the same thread, the same session"
+        );
+        assert_ne!(ann, session_of("bob", "t1"));
+        assert_ne!(ann, session_of("ann", "t2"));
+        assert!(ann.len() <= 64 && ann.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
     }
 
     #[test]

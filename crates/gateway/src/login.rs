@@ -319,6 +319,29 @@ pub fn bearer(
 ) -> Result<Person, Box<Response>> {
     gw.check_host(headers)
         .map_err(|e| Box::new(e.into_response()))?;
+    // A page of another site cannot make these calls: no cross-site
+    // Origin, and JSON only (a cross-site form or a simple fetch cannot
+    // send it without asking first). This matters most with credentials
+    // off, where no token stands in the way.
+    check_same_origin(headers).map_err(|e| Box::new(e.into_response()))?;
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    if !json {
+        return Err(Box::new(
+            crate::error::ApiError::new(
+                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "content_type",
+                "send JSON (content-type: application/json)",
+            )
+            .into_response(),
+        ));
+    }
     if gw.auth_off {
         return Ok(Person {
             name: agentry_runtime::people::LOCAL.to_string(),
@@ -344,7 +367,10 @@ pub fn bearer(
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        })
         .map(str::trim)
         .filter(|t| !t.is_empty());
     let Some(token) = token else {
@@ -357,7 +383,12 @@ pub fn bearer(
             name: principal.name,
             role: principal.role,
             csrf: String::new(),
-            login: None,
+            // Checked again while a stream lasts: a removed person or a
+            // replaced token ends it.
+            login: Some((
+                agentry_runtime::people::sha256_hex(token.as_bytes())[..16].to_string(),
+                u64::MAX,
+            )),
         }),
         Err(status) => {
             gw.limiter.failed(ip);

@@ -69,6 +69,13 @@ pub fn http_service(
     config.allowed_hosts = Vec::new();
     config.legacy_session_mode = false;
     config.json_response = true;
+    // Open calls end when the gateway stops.
+    let cancel = config.cancellation_token.clone();
+    let mut stop = gw.stop.subscribe();
+    tokio::spawn(async move {
+        let _ = stop.changed().await;
+        cancel.cancel();
+    });
     StreamableHttpService::new(
         move || {
             Ok(Server {
@@ -395,9 +402,15 @@ async fn status(
     let mut view = SessionView::new(&session.id, str::to_string);
     let mut ended: HashMap<String, spb::TurnFinished> = HashMap::new();
     let mut latest = String::new();
+    let mut turns = std::collections::HashSet::new();
     let mut caught_up = session.event_count == 0;
     loop {
         if caught_up {
+            if let Some(turn) = turn_id
+                && !turns.contains(turn)
+            {
+                return Err(format!("session {} has no turn {turn}", session.id));
+            }
             let target = turn_id.unwrap_or(&latest);
             let ended_now = ended.get(target);
             let asking = !view.questions.is_empty();
@@ -421,6 +434,7 @@ async fn status(
         match &event.kind {
             Some(Kind::UserMessage(_)) if !event.turn_id.is_empty() => {
                 latest = event.turn_id.clone();
+                turns.insert(event.turn_id.clone());
             }
             Some(Kind::TurnFinished(f))
                 if !agentry_client::relay::is_relayed(&session.id, &event) =>

@@ -56,3 +56,49 @@ async fn another_agent_runs_a_task_answers_its_question_cancels_one_and_sees_onl
     .await;
     assert_eq!(decided_by, ["ann"]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_of_another_site_cannot_call_and_notifications_get_no_answer() {
+    let (cluster, ann, _bob) = common::with_people().await;
+    let url = format!("{}/a2a", common::base(&cluster));
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{}}"#;
+    let http = reqwest::Client::new();
+    // What a cross-site simple request can send: not JSON.
+    let plain = http
+        .post(&url)
+        .bearer_auth(ann.secret())
+        .header("content-type", "text/plain")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 415);
+    let foreign = http
+        .post(&url)
+        .bearer_auth(ann.secret())
+        .header("content-type", "application/json")
+        .header("origin", "https://evil.example")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status(), 403);
+    // The scheme's name is not case-sensitive.
+    let lower = http
+        .post(&url)
+        .header("authorization", format!("bearer {}", ann.secret()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lower.status(), 200);
+    let notification = http
+        .post(&url)
+        .bearer_auth(ann.secret())
+        .json(&json!({"jsonrpc": "2.0", "method": "ListTasks", "params": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(notification.status(), 204);
+}

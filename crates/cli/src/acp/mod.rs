@@ -411,11 +411,8 @@ impl State {
             images: message.images,
             ..Default::default()
         };
-        live.expect_own(&editor_text(&format!(
-            "{}{}",
-            shown.text,
-            images_shown(&shown)
-        )));
+        let own = editor_text(&format!("{}{}", shown.text, images_shown(&shown)));
+        live.expect_own(&own);
         let submitted = live
             .client
             .clone()
@@ -424,7 +421,12 @@ impl State {
                 input: Some(input),
             })
             .await
-            .map_err(|s| rpc_error("the message was not taken", &s))?
+            .map_err(|s| {
+                // Not sent: a message of the same words from elsewhere is
+                // shown.
+                live.with(|t| t.sent.forget_own(&own));
+                rpc_error("the message was not taken", &s)
+            })?
             .into_inner();
         let finish = live.finished(&submitted.turn_id).await?;
         stop_reason(finish).map(PromptResponse::new)

@@ -38,6 +38,13 @@ impl Sent {
         self.own.push(text.to_string());
     }
 
+    /// The editor's message was not sent after all.
+    pub fn forget_own(&mut self, text: &str) {
+        if let Some(at) = self.own.iter().rposition(|own| own == text) {
+            self.own.remove(at);
+        }
+    }
+
     /// The updates that bring the editor to what `view` shows now.
     pub fn updates(&mut self, view: &SessionView) -> Vec<SessionUpdate> {
         let mut out = Vec::new();
@@ -182,10 +189,17 @@ fn plan_status(status: PlanStepStatus) -> PlanEntryStatus {
 
 /// Text from the session for an editor: control characters other than
 /// line breaks and tabs are dropped (a terminal-based client would obey
-/// them).
+/// them), and so are the invisible ones that reorder or hide text
+/// (bidirectional overrides and isolates, zero-width characters), which
+/// could make a permission request read as something else.
 pub fn editor_text(text: &str) -> String {
     text.chars()
         .filter(|c| !c.is_control() || matches!(c, '\n' | '\t'))
+        .filter(|c| {
+            !matches!(c,
+                '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}'
+                    | '\u{FEFF}')
+        })
         .collect()
 }
 
@@ -243,6 +257,7 @@ mod tests {
         assert_eq!(out.len(), 1, "{out:?}");
         assert!(out[0].contains("\"agent_message_chunk\""), "{out:?}");
         assert!(out[0].contains("Hello[2J there"), "escape dropped: {out:?}");
+        assert_eq!(editor_text("rm\u{202E}txt.exe\u{200B}"), "rmtxt.exe");
         view.apply(&delta("!"));
         view.apply(&event(
             2,
