@@ -116,6 +116,28 @@ pub struct Server {
     own_token: bool,
 }
 
+impl Server {
+    /// Who a request is made for: the HTTP request's person, or (stdio)
+    /// the token's own.
+    fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+        let person = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Person>())
+            .map(|p| p.name.clone());
+        if !self.own_token && person.is_none() {
+            return Err(ErrorData::invalid_request(
+                "no person: send a bearer token",
+                None,
+            ));
+        }
+        Ok(Caller {
+            orchestrator: self.orchestrator.clone(),
+            person,
+        })
+    }
+}
+
 /// Who a call is made for, and how to reach the orchestrator as them.
 #[derive(Clone)]
 struct Caller {
@@ -215,14 +237,97 @@ fn tools() -> Vec<Tool> {
 
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("agentry", env!("CARGO_PKG_VERSION")).with_title("Agentry"),
-            )
-            .with_instructions(
-                "Agentry runs tasks durably with its own sandboxed tools: start_task, then \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        // The newest revision (stateless, the host's capabilities on every
+        // request); hosts of earlier ones are still served.
+        .with_protocol_version(rmcp::model::ProtocolVersion::LATEST)
+        .with_server_info(
+            Implementation::new("agentry", env!("CARGO_PKG_VERSION")).with_title("Agentry"),
+        )
+        .with_instructions(
+            "Agentry runs tasks durably with its own sandboxed tools: start_task, then \
                  get_task (with wait_seconds) until it ends; answer_approval when it asks.",
-            )
+        )
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        use rmcp::model::{DetailedTask, Task, TaskPayload, TaskStatus};
+        let caller = self.caller(&context)?;
+        let (session, turn) = request
+            .task_id
+            .split_once(':')
+            .ok_or_else(|| ErrorData::invalid_params("no such task", None))?;
+        let now = chrono::Utc::now().to_rfc3339();
+        let stands = status(&caller, session, Some(turn), Duration::ZERO)
+            .await
+            .map_err(|why| ErrorData::invalid_params(why, None))?;
+        let object = |v: &Value| v.as_object().cloned().unwrap_or_default();
+        let (payload, said) = match stands["status"].as_str().unwrap_or_default() {
+            "completed" => {
+                let result = CallToolResult::structured(stands.clone());
+                let result = serde_json::to_value(result).unwrap_or(Value::Null);
+                (
+                    TaskPayload::Completed {
+                        result: object(&result),
+                    },
+                    None,
+                )
+            }
+            "cancelled" => (TaskPayload::Cancelled, None),
+            "failed" | "step_limit" | "budget" => (
+                TaskPayload::Failed {
+                    error: object(
+                        &json!({"message": stands["reason"], "status": stands["status"]}),
+                    ),
+                },
+                None,
+            ),
+            // A question waits for a person: answered with answer_approval.
+            "input_required" => (
+                TaskPayload::Working,
+                Some(format!(
+                    "waits for a person: answer_approval answers {}",
+                    stands["questions"]
+                )),
+            ),
+            _ => (TaskPayload::Working, None),
+        };
+        let mut task = Task::new(request.task_id.clone(), TaskStatus::Working, &now, &now)
+            .with_poll_interval_ms(1000);
+        if let Some(said) = said {
+            task = task.with_status_message(said);
+        }
+        Ok(rmcp::model::GetTaskResult::new(DetailedTask::new(
+            task, payload,
+        )))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let caller = self.caller(&context)?;
+        let session = request
+            .task_id
+            .split_once(':')
+            .map(|(session, _)| session.to_string())
+            .ok_or_else(|| ErrorData::invalid_params("no such task", None))?;
+        let mut args = Map::new();
+        args.insert("session_id".into(), Value::String(session));
+        cancel(&caller, &Args(args))
+            .await
+            .map(|_| ())
+            .map_err(|why| ErrorData::invalid_params(why, None))
     }
 
     async fn list_tools(
@@ -238,22 +343,33 @@ impl ServerHandler for Server {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let person = context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<Person>())
-            .map(|p| p.name.clone());
-        if !self.own_token && person.is_none() {
-            return Err(ErrorData::invalid_request(
-                "no person: send a bearer token",
-                None,
-            ));
-        }
-        let caller = Caller {
-            orchestrator: self.orchestrator.clone(),
-            person,
-        };
+        let caller = self.caller(&context)?;
         let args = Args(request.arguments.unwrap_or_default());
+        // A host that speaks MCP's tasks extension gets start_task as a
+        // task it polls (tasks/get), answered at once.
+        let as_task = request.name == "start_task"
+            && context
+                .client_capabilities()
+                .is_some_and(|caps| caps.supports_tasks());
+        if as_task {
+            let mut args = args;
+            args.0.remove("wait_seconds");
+            return Ok(match start_task(&caller, &args).await {
+                Ok(started) => {
+                    let id = format!(
+                        "{}:{}",
+                        started["session_id"].as_str().unwrap_or_default(),
+                        started["turn_id"].as_str().unwrap_or_default()
+                    );
+                    let now = chrono::Utc::now().to_rfc3339();
+                    CallToolResponse::Task(rmcp::model::CreateTaskResult::new(
+                        rmcp::model::Task::new(id, rmcp::model::TaskStatus::Working, &now, &now)
+                            .with_poll_interval_ms(1000),
+                    ))
+                }
+                Err(why) => CallToolResult::error(vec![ContentBlock::text(why)]).into(),
+            });
+        }
         let result = match request.name.as_ref() {
             "start_task" => start_task(&caller, &args).await,
             "get_task" => get_task(&caller, &args).await,

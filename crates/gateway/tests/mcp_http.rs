@@ -12,6 +12,7 @@ mod common;
 use agentry_fakes::fake_model::Reply;
 use agentry_proto::sessions::v1::event::Kind;
 use serde_json::json;
+use std::time::Duration;
 
 const HOST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fakes/mcp/host.py");
 
@@ -53,4 +54,82 @@ async fn an_mcp_host_over_http_runs_a_task_as_the_person_its_token_names() {
     })
     .await;
     assert_eq!(by, ["ann", "ann"]);
+}
+
+/// MCP's tasks extension, with the official Rust SDK as the host: a host
+/// that declares it gets start_task as a task at once, and polls tasks/get
+/// until the task (a turn that asks nothing) completes with its answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_speaking_the_tasks_extension_gets_a_task_and_polls_it_to_its_answer() {
+    use rmcp::model::{
+        CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, GetTaskParams,
+        Implementation, TaskPayload,
+    };
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let (cluster, ann, _bob) = common::with_people().await;
+    cluster
+        .model
+        .push(Reply::text("Done, as a task.").delay(Duration::from_millis(500)));
+    let url = format!("{}/mcp", common::base(&cluster));
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(ann.secret()),
+    );
+    // The newest revision: stateless, the host's capabilities on each
+    // request.
+    let host = ClientConfig::new(
+        ClientCapabilities::builder().enable_tasks().build(),
+        Implementation::new("tasks-host", "1.0"),
+    )
+    .serve_with_lifecycle(
+        transport,
+        ClientLifecycleMode::Discover {
+            preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+        },
+    )
+    .await
+    .unwrap();
+    let arguments = json!({"prompt": "Say you are done."});
+    let answer = host
+        .peer()
+        .call_tool_once(
+            CallToolRequestParams::new("start_task")
+                .with_arguments(arguments.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    let CallToolResponse::Task(created) = answer else {
+        panic!("a task was expected: {answer:?}");
+    };
+    let id = created.task.task_id.clone();
+    assert!(id.contains(':'), "{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let result = loop {
+        let got = host
+            .peer()
+            .get_task(GetTaskParams::new(id.clone()))
+            .await
+            .unwrap();
+        match got.task.payload {
+            TaskPayload::Completed { result } => break result,
+            TaskPayload::Working => {}
+            other => panic!("the task should complete: {other:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the task did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let text = serde_json::to_string(&result).unwrap();
+    assert!(text.contains("Done, as a task."), "{text}");
+    assert!(
+        host.peer()
+            .get_task(GetTaskParams::new("no-such:task"))
+            .await
+            .is_err()
+    );
+    let _ = host.cancel().await;
 }
