@@ -20,10 +20,11 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, AuthMethod, AuthMethodAgent, AuthenticateRequest, AuthenticateResponse,
     CancelNotification, ContentBlock, ContentChunk, EmbeddedResourceResource, Implementation,
-    InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse,
-    NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind,
-    PromptCapabilities, PromptRequest, PromptResponse, RequestPermissionOutcome,
-    RequestPermissionRequest, SessionMode, SessionModeState, SessionNotification, SessionUpdate,
+    InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse,
+    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
+    PermissionOption, PermissionOptionKind, PromptCapabilities, PromptRequest, PromptResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, SessionCapabilities, SessionInfo,
+    SessionListCapabilities, SessionMode, SessionModeState, SessionNotification, SessionUpdate,
     SetSessionModeRequest, SetSessionModeResponse, StopReason, ToolCall, ToolCallStatus,
     ToolCallUpdate, ToolCallUpdateFields,
 };
@@ -67,6 +68,7 @@ pub async fn acp(config: &Config, network: bool) -> anyhow::Result<()> {
     let on_prompt = state.clone();
     let on_cancel = state.clone();
     let on_mode = state.clone();
+    let on_list = state.clone();
     let on_auth = state;
     let serve = Agent
         .v1()
@@ -137,6 +139,16 @@ pub async fn acp(config: &Config, network: bool) -> anyhow::Result<()> {
             agent_client_protocol::on_receive_notification!(),
         )
         .on_receive_request(
+            async move |request: ListSessionsRequest, responder, _cx| {
+                let state = on_list.clone();
+                tokio::spawn(async move {
+                    let _ = responder.respond_with_result(state.list_sessions(request).await);
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
             async move |request: SetSessionModeRequest, responder, _cx| {
                 responder.respond_with_result(on_mode.set_mode(&request))
             },
@@ -169,6 +181,9 @@ fn initialize(request: &InitializeRequest) -> InitializeResponse {
         .agent_capabilities(
             AgentCapabilities::new()
                 .load_session(true)
+                .session_capabilities(
+                    SessionCapabilities::new().list(SessionListCapabilities::new()),
+                )
                 .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true)),
         )
         .auth_methods(vec![AuthMethod::Agent(token)])
@@ -389,6 +404,69 @@ impl State {
             say(cx, &id, &note);
         }
         Ok(LoadSessionResponse::new().modes(modes(plan)))
+    }
+
+    /// Agentry's sessions, most recently used first, a page at a time (the
+    /// cursor is where the next page starts); with `cwd`, those working
+    /// in that directory. Sub-agents' task sessions are left out.
+    async fn list_sessions(
+        &self,
+        request: ListSessionsRequest,
+    ) -> Result<ListSessionsResponse, AcpError> {
+        const PAGE: u32 = 50;
+        let mut client = self.client().await?;
+        let mut offset: u32 = match request.cursor.as_deref() {
+            None | Some("") => 0,
+            Some(cursor) => cursor
+                .parse()
+                .map_err(|_| invalid(format!("cursor {cursor:?} is not one session/list gave")))?,
+        };
+        let wanted = request.cwd.as_ref().map(|d| d.display().to_string());
+        let mut sessions = Vec::new();
+        // Filtering by directory may take several pages of the store's.
+        loop {
+            let page = client
+                .list_sessions(spb::ListSessionsRequest {
+                    limit: PAGE,
+                    offset,
+                    only_open_turns: false,
+                })
+                .await
+                .map_err(|s| rpc_error("cannot list sessions", &s))?
+                .into_inner();
+            let got = page.sessions.len() as u32;
+            offset = offset.saturating_add(got);
+            for s in page.sessions {
+                if s.parent.is_some() {
+                    continue;
+                }
+                if wanted.as_ref().is_some_and(|dir| *dir != s.project_dir) {
+                    continue;
+                }
+                let title = if !s.name.is_empty() {
+                    s.name.clone()
+                } else if !s.title.is_empty() {
+                    s.title.clone()
+                } else {
+                    s.preview.clone()
+                };
+                let updated = s
+                    .updated_at
+                    .as_ref()
+                    .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0))
+                    .map(|t| t.to_rfc3339());
+                sessions.push(
+                    SessionInfo::new(s.id.clone(), s.project_dir.clone())
+                        .title(editor_text(&title))
+                        .updated_at(updated),
+                );
+            }
+            let more = got > 0 && u64::from(offset) < page.total;
+            if !more || sessions.len() >= PAGE as usize {
+                let next = more.then(|| offset.to_string());
+                return Ok(ListSessionsResponse::new(sessions).next_cursor(next));
+            }
+        }
     }
 
     async fn prompt(&self, request: PromptRequest) -> Result<PromptResponse, AcpError> {

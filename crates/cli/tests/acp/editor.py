@@ -7,8 +7,8 @@ It starts the agent twice. The first process: initialize, session/new on
 PROJECT_DIR, a prompt whose bash call the policy confirms (allowed once,
 through session/request_permission), streamed updates to end_turn, then a
 second prompt cancelled while the model is slow (stop reason cancelled).
-The second process: session/load of the same session, which must replay
-the whole history. Prints one JSON object with what it saw; exits 1 with
+The second process: session/list finds the session by its project, and
+session/load of it must replay the whole history. Prints one JSON object with what it saw; exits 1 with
 the reason on a failed check.
 """
 
@@ -151,7 +151,14 @@ async def first_process(agent, project):
 async def second_process(agent, project, session_id):
     editor = Editor()
     async with acp.spawn_agent_process(editor, agent, "acp", env=agentry_env()) as (conn, _process):
-        await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+        init = await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+        check(init.agent_capabilities.session_capabilities.list is not None, "session/list offered")
+        listed = await conn.list_sessions(cwd=project)
+        ids = [s.session_id for s in listed.sessions]
+        check(session_id in ids, f"the session is listed for its project: {ids}")
+        check(all(s.cwd == project for s in listed.sessions), "only the project's sessions")
+        elsewhere = await conn.list_sessions(cwd="/nowhere/at/all")
+        check(not elsewhere.sessions, "none for another directory")
         await conn.load_session(cwd=project, session_id=session_id, mcp_servers=[])
         history = list(editor.updates)
         said = text_of(history, "user_message_chunk")
