@@ -195,10 +195,22 @@ pub async fn rpc(
         return axum::Json(reply(&id, Err(e))).into_response();
     };
     let params = request.get("params").cloned().unwrap_or_else(|| json!({}));
+    // Calls that stay open take one of the gateway's places for them.
+    let _slot = match method {
+        "SendMessage" | "SendStreamingMessage" | "SubscribeToTask" | "CancelTask" => {
+            match gw.stream_slot() {
+                Ok(slot) => Some(slot),
+                Err(e) => return e.into_response(),
+            }
+        }
+        _ => None,
+    };
     let result = match method {
         "SendMessage" => send_message(&gw, &person, &params).await,
-        "SendStreamingMessage" => return streaming(gw, person, id, params, true).await,
-        "SubscribeToTask" => return streaming(gw, person, id, params, false).await,
+        "SendStreamingMessage" => {
+            return streaming(gw, person, id, params, true, _slot).await;
+        }
+        "SubscribeToTask" => return streaming(gw, person, id, params, false, _slot).await,
         "GetTask" => get_task(&gw, &person, &params).await,
         "ListTasks" => list_tasks(&gw, &person, &params).await,
         "CancelTask" => cancel_task(&gw, &person, &params).await,
@@ -895,7 +907,14 @@ async fn send_message(gw: &Gateway, person: &Person, params: &Value) -> Result<V
 
 /// SendStreamingMessage and SubscribeToTask: server-sent events, each a
 /// JSON-RPC answer holding a StreamResponse, until the task ends or asks.
-async fn streaming(gw: Gateway, person: Person, id: Value, params: Value, send: bool) -> Response {
+async fn streaming(
+    gw: Gateway,
+    person: Person,
+    id: Value,
+    params: Value,
+    send: bool,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Response {
     let started = if send {
         start(&gw, &person, &params).await
     } else {
@@ -916,7 +935,12 @@ async fn streaming(gw: Gateway, person: Person, id: Value, params: Value, send: 
         Err(e) => return axum::Json(reply(&id, Err(e))).into_response(),
     };
     let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(watch(gw.clone(), person, fold, turn, tx, true));
+    let watching = watch(gw.clone(), person, fold, turn, tx, true);
+    tokio::spawn(async move {
+        // The place is the stream's for as long as it is watched.
+        let _slot = slot;
+        watching.await;
+    });
     let stop = gw.stop.subscribe();
     let events = futures::stream::unfold((rx, stop, id), |(mut rx, mut stop, id)| async move {
         if *stop.borrow() {

@@ -63,8 +63,17 @@ pub async fn run(
         return crate::error::ApiError::bad_request("a RunAgentInput names its threadId and runId")
             .into_response();
     };
+    let slot = match gw.stream_slot() {
+        Ok(slot) => slot,
+        Err(e) => return e.into_response(),
+    };
     let (tx, rx) = mpsc::channel::<Value>(256);
-    tokio::spawn(drive(gw.clone(), person, thread, run, input, tx));
+    let driving = drive(gw.clone(), person, thread, run, input, tx);
+    tokio::spawn(async move {
+        // The place is the run's for as long as it streams.
+        let _slot = slot;
+        driving.await;
+    });
     let stop = gw.stop.subscribe();
     let events = futures::stream::unfold((rx, stop), |(mut rx, mut stop)| async move {
         if *stop.borrow() {

@@ -77,6 +77,23 @@ pub struct Gateway {
     /// The configured sub-agents (name, description): the agent card's
     /// skills.
     pub skills: Arc<Vec<(String, String)>>,
+    /// Places for protocol calls open at once (A2A streams and waits,
+    /// AG-UI runs).
+    pub streams: Arc<tokio::sync::Semaphore>,
+}
+
+impl Gateway {
+    /// A place for one more open protocol call, or the answer refusing it.
+    pub fn stream_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        self.streams.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many streams are open on this gateway \
+                 (gateway.max_protocol_streams); try again in a moment",
+            )
+        })
+    }
 }
 
 /// Why the gateway cannot start.
@@ -169,6 +186,9 @@ impl Gateway {
                     .map(|a| (a.name.clone(), a.description.clone()))
                     .collect(),
             ),
+            streams: Arc::new(tokio::sync::Semaphore::new(
+                config.gateway.max_protocol_streams.max(1) as usize,
+            )),
         })
     }
 

@@ -46,3 +46,38 @@ async fn a_frontend_runs_a_turn_gets_an_interrupt_and_resumes_it() {
     let second = std::fs::read_to_string(captures.path().join("run2.sse")).unwrap();
     assert!(second.contains("The marker is written."), "{second}");
 }
+
+/// The gateway keeps at most `gateway.max_protocol_streams` protocol calls
+/// open: one more is refused with 503 while they last, and taken after.
+#[tokio::test(flavor = "multi_thread")]
+async fn open_runs_are_bounded_and_a_place_frees_when_a_run_ends() {
+    let (cluster, ann, _bob) =
+        common::with_people_and(|config| config.gateway.max_protocol_streams = 1).await;
+    cluster
+        .model
+        .push(Reply::text("slowly").delay(std::time::Duration::from_secs(2)));
+    cluster.model.push(Reply::text("at once"));
+    let url = format!("{}/agui", common::base(&cluster));
+    let input = |run: &str| json!({"threadId": "t", "runId": run, "messages": [{"id": run, "role": "user", "content": "hi"}]});
+    let http = reqwest::Client::new();
+    let post = |run: &str| {
+        http.post(&url)
+            .bearer_auth(ann.secret())
+            .json(&input(run))
+            .send()
+    };
+    let first = post("r1").await.unwrap();
+    assert_eq!(first.status(), 200);
+    let busy = post("r2").await.unwrap();
+    assert_eq!(busy.status(), 503);
+    let body = busy.text().await.unwrap();
+    assert!(body.contains("max_protocol_streams"), "{body}");
+    // The first run ends; its place is free again.
+    let stream = first.text().await.unwrap();
+    assert!(stream.contains("RUN_FINISHED"), "{stream}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let third = post("r3").await.unwrap();
+    assert_eq!(third.status(), 200);
+    let stream = third.text().await.unwrap();
+    assert!(stream.contains("at once"), "{stream}");
+}

@@ -14,7 +14,14 @@ use std::time::Duration;
 
 /// A cluster with the gateway, Ann (an approver) and Bob (an operator).
 pub async fn with_people() -> (Cluster, Token, Token) {
-    let mut cluster = Cluster::start().await.unwrap();
+    with_people_and(|_| {}).await
+}
+
+/// [`with_people`], with `adjust` made to the configuration first.
+pub async fn with_people_and(
+    adjust: impl FnOnce(&mut agentry_runtime::Config),
+) -> (Cluster, Token, Token) {
+    let mut cluster = Cluster::start_with(adjust).await.unwrap();
     cluster.start_service(Service::Gateway).await.unwrap();
     let file = cluster.config.people_file();
     let ann = People::add(&file, "ann", Role::Approver, "test").unwrap();

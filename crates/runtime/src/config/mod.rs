@@ -756,6 +756,14 @@ pub struct GatewayConfig {
     /// (a page served under another name is refused: DNS rebinding).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Protocol calls that may be open at once (A2A streams and waits,
+    /// AG-UI runs); more are refused with 503 until one ends.
+    #[serde(default = "default_protocol_streams")]
+    pub max_protocol_streams: u32,
+}
+
+fn default_protocol_streams() -> u32 {
+    256
 }
 
 /// The scheduler.
