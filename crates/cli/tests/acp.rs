@@ -23,6 +23,11 @@ async fn an_acp_editor_prompts_allows_a_call_cancels_and_loads_the_session_again
     };
     let model = FakeModel::start().await.unwrap();
     model.push(Reply::tool_call(
+        "f1",
+        "write_file",
+        json!({"path": "notes.md", "content": "hello from the editor\n"}),
+    ));
+    model.push(Reply::tool_call(
         "w1",
         "bash",
         json!({"command": "echo marker written | tee marker.txt"}),
@@ -60,7 +65,7 @@ async fn an_acp_editor_prompts_allows_a_call_cancels_and_loads_the_session_again
         .iter()
         .filter(|e| e["type"] == "approval_decided")
         .collect();
-    assert_eq!(decided.len(), 1, "{events:#?}");
+    assert_eq!(decided.len(), 2, "{events:#?}");
     let by = decided[0]
         .get("by")
         .and_then(Value::as_str)

@@ -25,8 +25,8 @@ use agent_client_protocol::v1::schema::{
     PermissionOption, PermissionOptionKind, PromptCapabilities, PromptRequest, PromptResponse,
     RequestPermissionOutcome, RequestPermissionRequest, SessionCapabilities, SessionInfo,
     SessionListCapabilities, SessionMode, SessionModeState, SessionNotification, SessionUpdate,
-    SetSessionModeRequest, SetSessionModeResponse, StopReason, ToolCall, ToolCallStatus,
-    ToolCallUpdate, ToolCallUpdateFields,
+    SetSessionModeRequest, SetSessionModeResponse, StopReason, ToolCall, ToolCallContent,
+    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
 };
 use agent_client_protocol::{Agent, Client, Error as AcpError, ErrorCode, Stdio};
 use agentry_client::text::{approvers, images_shown, short_args};
@@ -834,6 +834,26 @@ async fn follow(
     }
 }
 
+/// What a waiting file call would change, as a diff (none for other calls,
+/// or when it cannot be worked out).
+async fn preview(live: &Live, request: &spb::ApprovalRequested) -> Option<String> {
+    if !matches!(request.tool.as_str(), "write_file" | "edit_file") {
+        return None;
+    }
+    let (session_id, call_id) = agentry_client::relay::answer_to(&live.id, &request.call_id);
+    let preview = live
+        .client
+        .clone()
+        .preview_call(pb::PreviewCallRequest {
+            session_id,
+            call_id,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    (preview.error.is_empty() && !preview.diff.trim().is_empty()).then_some(preview.diff)
+}
+
 /// The editor's choices for a question, by option id.
 fn options(
     request: &spb::ApprovalRequested,
@@ -899,14 +919,22 @@ fn ask(live: &Arc<Live>, cx: &Connection, view: &SessionView, request: spb::Appr
         .iter()
         .map(|(id, name, kind, _)| PermissionOption::new(*id, *name, *kind))
         .collect();
-    let ask = RequestPermissionRequest::new(
-        live.id.clone(),
-        ToolCallUpdate::new(request.call_id.clone(), fields),
-        offered,
-    );
     let live = live.clone();
     let cx = cx.clone();
     tokio::spawn(async move {
+        // A file the call would change is shown as its diff.
+        let mut fields = fields;
+        if let Some(diff) = preview(&live, &request).await {
+            fields = fields.content(vec![ToolCallContent::from(format!(
+                "```diff\n{}\n```",
+                editor_text(diff.trim_end())
+            ))]);
+        }
+        let ask = RequestPermissionRequest::new(
+            live.id.clone(),
+            ToolCallUpdate::new(request.call_id.clone(), fields),
+            offered,
+        );
         let answer = match cx.send_request(ask).block_task().await {
             Ok(answer) => answer,
             Err(e) => {

@@ -4,8 +4,9 @@
     python editor.py AGENTRY_BIN PROJECT_DIR
 
 It starts the agent twice. The first process: initialize, session/new on
-PROJECT_DIR, a prompt whose bash call the policy confirms (allowed once,
-through session/request_permission), streamed updates to end_turn, then a
+PROJECT_DIR, a prompt whose file write and bash call the policy confirms
+(each allowed once through session/request_permission, the write shown as
+its diff), streamed updates to end_turn, then a
 second prompt cancelled while the model is slow (stop reason cancelled).
 The second process: session/list finds the session by its project, and
 session/load of it must replay the whole history. Prints one JSON object with what it saw; exits 1 with
@@ -34,6 +35,7 @@ class Editor:
                 "tool_call_id": tool_call.tool_call_id,
                 "title": tool_call.title,
                 "options": [(o.option_id, o.kind) for o in options],
+                "content": [c.model_dump(mode="json") for c in (tool_call.content or [])],
             }
         )
         allow = next(o for o in options if o.kind == "allow_once")
@@ -111,7 +113,13 @@ async def first_process(agent, project):
         )
         check(first.stop_reason == "end_turn", f"first stop reason {first.stop_reason}")
         seen = list(editor.updates)
-        check(len(editor.permissions) == 1, f"one permission request: {editor.permissions}")
+        check(len(editor.permissions) == 2, f"two permission requests: {editor.permissions}")
+        write = editor.permissions[0]
+        check("write_file" in write["title"], f"the file call first: {write}")
+        check(
+            "+hello from the editor" in json.dumps(write["content"]),
+            f"the file call shows its diff: {write}",
+        )
         check("tool_call" in kinds(seen), f"a tool call was announced: {kinds(seen)}")
         done = [
             u
@@ -169,7 +177,10 @@ async def second_process(agent, project, session_id):
             "the answer replayed",
         )
         calls = [u for u in history if u.get("sessionUpdate") == "tool_call"]
-        check(len(calls) == 1 and calls[0]["kind"] == "execute", f"the call replayed: {calls}")
+        check(
+            [c["kind"] for c in calls] == ["edit", "execute"],
+            f"the calls replayed: {calls}",
+        )
         check(not editor.permissions, "nothing is asked again on load")
         try:
             await conn.load_session(cwd=project, session_id="no-such-session", mcp_servers=[])
