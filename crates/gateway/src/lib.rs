@@ -80,9 +80,29 @@ pub struct Gateway {
     /// Places for protocol calls open at once (A2A streams and waits,
     /// AG-UI runs).
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// A TLS proxy in front sets `X-Forwarded-For`: the client's address
+    /// (for the limit on failed tokens) is the one it appended.
+    pub behind_proxy: bool,
 }
 
 impl Gateway {
+    /// The address a request comes from: the peer's, or behind a TLS proxy
+    /// the last address the proxy appended to `X-Forwarded-For` (a client
+    /// cannot forge that one; without a proxy the header is ignored).
+    pub fn client_ip(&self, headers: &HeaderMap, peer: std::net::IpAddr) -> std::net::IpAddr {
+        if !self.behind_proxy {
+            return peer;
+        }
+        headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .next_back()
+            .and_then(|last| last.trim().parse().ok())
+            .unwrap_or(peer)
+    }
+
     /// A place for one more open protocol call, or the answer refusing it.
     pub fn stream_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
         self.streams.clone().try_acquire_owned().map_err(|_| {
@@ -189,6 +209,7 @@ impl Gateway {
             streams: Arc::new(tokio::sync::Semaphore::new(
                 config.gateway.max_protocol_streams.max(1) as usize,
             )),
+            behind_proxy: config.gateway.behind_tls_proxy,
         })
     }
 

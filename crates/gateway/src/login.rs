@@ -417,7 +417,7 @@ pub async fn login(
     check_same_origin(&headers)?;
     let Json(body) = body
         .map_err(|e| ApiError::bad_request(format!("a login is JSON {{\"token\": \"…\"}}: {e}")))?;
-    let ip = peer.ip();
+    let ip = gw.client_ip(&headers, peer.ip());
     if let Some(wait) = gw.limiter.wait(ip) {
         return Err(ApiError::too_many(wait));
     }

@@ -98,7 +98,8 @@ pub async fn authorize(
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    match crate::login::bearer(&gw, request.headers(), peer.ip()) {
+    let ip = gw.client_ip(request.headers(), peer.ip());
+    match crate::login::bearer(&gw, request.headers(), ip) {
         Ok(person) => {
             request.extensions_mut().insert(person);
             next.run(request).await

@@ -102,3 +102,41 @@ async fn a_page_of_another_site_cannot_call_and_notifications_get_no_answer() {
         .unwrap();
     assert_eq!(notification.status(), 204);
 }
+
+/// Behind a TLS proxy every caller has the proxy's address: failed tokens
+/// are counted by the address the proxy appended to X-Forwarded-For, so
+/// one caller's stale token does not lock out the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_proxy_failed_tokens_count_against_the_forwarded_address() {
+    let (cluster, ann, _bob) =
+        common::with_people_and(|config| config.gateway.behind_tls_proxy = true).await;
+    let url = format!("{}/a2a", common::base(&cluster));
+    let http = reqwest::Client::new();
+    let call = |token: String, forwarded: &'static str| {
+        http.post(&url)
+            .bearer_auth(token)
+            .header("x-forwarded-for", forwarded)
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}}))
+            .send()
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        // A forged first entry changes nothing: the proxy's is the last.
+        let status = call("agt_wrong".into(), "198.51.100.7, 203.0.113.1")
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        statuses.push(status);
+    }
+    assert_eq!(statuses.first(), Some(&401), "{statuses:?}");
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+    let limited = call(ann.secret().to_string(), "203.0.113.1").await.unwrap();
+    assert_eq!(limited.status(), 429, "that address waits");
+    let other = call(ann.secret().to_string(), "203.0.113.2").await.unwrap();
+    assert_eq!(
+        other.status(),
+        200,
+        "another caller behind the proxy does not"
+    );
+}
