@@ -169,7 +169,7 @@ pub async fn rpc(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let person = match crate::login::bearer(&gw, &headers, gw.client_ip(&headers, peer.ip())) {
+    let person = match crate::login::bearer(&gw, &headers, peer.ip()) {
         Ok(person) => person,
         Err(response) => return *response,
     };
@@ -830,7 +830,7 @@ async fn start(gw: &Gateway, person: &Person, params: &Value) -> Result<(Fold, S
     if text.trim().is_empty() {
         return Err(RpcError::params("the message has no text"));
     }
-    let session_id = match message
+    let fold = match message
         .get("contextId")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
@@ -845,10 +845,11 @@ async fn start(gw: &Gateway, person: &Person, params: &Value) -> Result<(Fold, S
                     format!("no context {context} of yours"),
                 ));
             }
-            context.to_string()
+            fold
         }
         None => {
-            gw.orchestrator
+            let id = gw
+                .orchestrator
                 .clone()
                 .create_session(request(
                     gw,
@@ -860,14 +861,14 @@ async fn start(gw: &Gateway, person: &Person, params: &Value) -> Result<(Fold, S
                 )?)
                 .await?
                 .into_inner()
-                .id
+                .id;
+            fold_session(gw, person, &id).await?
         }
     };
-    let fold = fold_session(gw, person, &session_id).await?;
     let submitted = submit(
         gw,
         person,
-        &session_id,
+        &fold.session_id,
         pb::input::Kind::UserMessage(pb::UserInput {
             text,
             approval_mode: spb::ApprovalMode::Policy as i32,

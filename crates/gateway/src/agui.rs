@@ -39,7 +39,7 @@ pub async fn run(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let person = match crate::login::bearer(&gw, &headers, gw.client_ip(&headers, peer.ip())) {
+    let person = match crate::login::bearer(&gw, &headers, peer.ip()) {
         Ok(person) => person,
         Err(response) => return *response,
     };

@@ -315,8 +315,9 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 pub fn bearer(
     gw: &Gateway,
     headers: &HeaderMap,
-    ip: std::net::IpAddr,
+    peer: std::net::IpAddr,
 ) -> Result<Person, Box<Response>> {
+    let ip = gw.client_ip(headers, peer);
     gw.check_host(headers)
         .map_err(|e| Box::new(e.into_response()))?;
     // A page of another site cannot make these calls: no cross-site

@@ -98,8 +98,7 @@ pub async fn authorize(
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let ip = gw.client_ip(request.headers(), peer.ip());
-    match crate::login::bearer(&gw, request.headers(), ip) {
+    match crate::login::bearer(&gw, request.headers(), peer.ip()) {
         Ok(person) => {
             request.extensions_mut().insert(person);
             next.run(request).await
