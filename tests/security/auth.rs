@@ -170,6 +170,7 @@ async fn the_client_token_cannot_write_logs_run_tools_or_take_reminders() {
                 arguments_json: r#"{"command":"touch pwned"}"#.into(),
                 timeout_ms: 0,
                 network: false,
+                resume: None,
             })
             .await
             .map(|_| ());

@@ -10,6 +10,9 @@ use std::collections::BTreeMap;
 /// person: asked for in the open turn and not decided, run or closed since.
 pub fn pending(session: &spb::Session, events: &[spb::Event]) -> Vec<pb::PendingApproval> {
     let mut waiting: BTreeMap<String, pb::PendingApproval> = BTreeMap::new();
+    // The calls of the open turn: (tool, arguments), for the questions
+    // their servers ask.
+    let mut calls: BTreeMap<String, (String, String)> = BTreeMap::new();
     for event in events {
         let Some(kind) = &event.kind else { continue };
         match kind {
@@ -17,9 +20,40 @@ pub fn pending(session: &spb::Session, events: &[spb::Event]) -> Vec<pb::Pending
             Kind::UserMessage(_)
             | Kind::McpResourceUpdated(_)
             | Kind::TurnFinished(_)
-            | Kind::CancelRequested(_) => waiting.clear(),
+            | Kind::CancelRequested(_) => {
+                waiting.clear();
+                calls.clear();
+            }
             Kind::ReminderDue(r) if r.reminder_kind() == spb::ReminderKind::Task => {
                 waiting.clear();
+                calls.clear();
+            }
+            Kind::ToolCallRequested(c) => {
+                calls.insert(
+                    c.call_id.clone(),
+                    (c.tool.clone(), c.arguments_json.clone()),
+                );
+            }
+            Kind::McpInputRequested(asked) => {
+                let (tool, arguments_json) = calls.get(&asked.call_id).cloned().unwrap_or_default();
+                waiting.insert(
+                    asked.call_id.clone(),
+                    pb::PendingApproval {
+                        session_id: session.id.clone(),
+                        session_title: session.title.clone(),
+                        turn_id: event.turn_id.clone(),
+                        call_id: asked.call_id.clone(),
+                        tool,
+                        arguments_json,
+                        matched_rule: format!("the MCP server {} asks a person", asked.server),
+                        asked_at: event.time,
+                        question: Some(asked.clone()),
+                        ..Default::default()
+                    },
+                );
+            }
+            Kind::McpInputProvided(given) => {
+                waiting.remove(&given.call_id);
             }
             Kind::ApprovalRequested(a) => {
                 waiting.insert(
@@ -47,6 +81,7 @@ pub fn pending(session: &spb::Session, events: &[spb::Event]) -> Vec<pb::Pending
                             .filter(|p| p.arguments_json == a.arguments_json)
                             .map(|p| p.approved_by.clone())
                             .unwrap_or_default(),
+                        question: None,
                     },
                 );
             }

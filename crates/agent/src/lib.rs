@@ -15,6 +15,7 @@ pub mod hooks;
 pub mod inbox;
 pub mod plan;
 pub mod prompt;
+pub mod questions;
 pub mod reducer;
 pub mod rewind;
 pub mod settings;

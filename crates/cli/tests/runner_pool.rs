@@ -89,6 +89,7 @@ fn request(tool: &str, arguments: serde_json::Value) -> ExecuteRequest {
         arguments_json: arguments.to_string(),
         timeout_ms: 0,
         network: false,
+        resume: None,
     }
 }
 

@@ -708,6 +708,25 @@ pub fn note_for(view: &mut SessionView, kind: &Kind) -> Option<(String, NoteKind
             ),
             Arrived,
         ),
+        Kind::McpInputRequested(asked) => {
+            let mut text = format!(
+                "? the MCP server {} asks a person (call {}):",
+                (view.filter)(&asked.server),
+                asked.call_id
+            );
+            for q in &asked.questions {
+                text.push_str(&format!("\n   {}: {}", q.key, (view.filter)(&q.message)));
+                if q.mode == "url" {
+                    text.push_str(&format!(" (visit {})", (view.filter)(&q.url)));
+                }
+            }
+            text.push_str("\n   answer with: agentry approvals reply SESSION CALL …");
+            (text, Arrived)
+        }
+        Kind::McpInputProvided(given) => (
+            format!("  (the MCP server's questions: {})", (view.filter)(&given.action)),
+            Info,
+        ),
         Kind::Error(e) => (format!("error: {}", e.message), Error),
         Kind::CancelRequested(_) => ("(cancelling…)".to_string(), Info),
         Kind::TurnFinished(t) => (turn_finished(view, t), Info),

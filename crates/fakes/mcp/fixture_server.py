@@ -13,6 +13,13 @@ scripts/mcp-servers.sh. Run it with that virtualenv's python:
 
 Optional environment:
 
+    FIXTURE_LEGACY=1
+        (stdio) Refuse `server/discover` (method not found), as servers
+        written before the 2026-07-28 revision do, so that clients fall back
+        to the `initialize` handshake. The SDK would bind the connection to
+        the newest revision on a discover it answers, so a relay in front of
+        it answers that request itself and passes everything else through.
+
     FIXTURE_WATCH_FILE=/path
         Expose the resource `watch://file` (the file's text; empty while the
         file does not exist). A background task polls the file every 100 ms
@@ -200,6 +207,7 @@ server = fixture._lowlevel_server  # pyright: ignore[reportPrivateUsage]  (the S
 # 2026-07-28 the SDK derives listChanged/subscribe from `subscriptions/listen`
 # being served, which it is.
 _create_initialization_options = server.create_initialization_options
+
 
 
 def create_initialization_options(
@@ -427,6 +435,54 @@ async def serve_http(host: str, port: int) -> None:
         tg.cancel_scope.cancel()
 
 
+def relay_refusing_discover() -> None:
+    """Runs this fixture (without FIXTURE_LEGACY) behind a line relay that
+    answers `server/discover` with "method not found"."""
+    import json
+    import subprocess
+    import threading
+
+    env = dict(os.environ)
+    env.pop("FIXTURE_LEGACY", None)
+    child = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "stdio"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    out_lock = threading.Lock()
+
+    def write_out(line: bytes) -> None:
+        with out_lock:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+
+    def pump_out() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            write_out(line)
+
+    threading.Thread(target=pump_out, daemon=True).start()
+    for line in sys.stdin.buffer:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if isinstance(message, dict) and message.get("method") == "server/discover":
+            refusal = {
+                "jsonrpc": "2.0",
+                "id": message.get("id"),
+                "error": {"code": -32601, "message": "Method not found: server/discover"},
+            }
+            write_out((json.dumps(refusal) + "\n").encode())
+            continue
+        child.stdin.write(line)
+        child.stdin.flush()
+    child.stdin.close()
+    child.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="MCP test fixture server (mcp 2.3.0)")
     sub = parser.add_subparsers(dest="transport", required=True)
@@ -436,7 +492,9 @@ def main() -> None:
     http.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args()
 
-    if args.transport == "stdio":
+    if args.transport == "stdio" and os.environ.get("FIXTURE_LEGACY") == "1":
+        relay_refusing_discover()
+    elif args.transport == "stdio":
         anyio.run(fixture.run_stdio_async)
     else:
         anyio.run(serve_http, loopback_host(args.host), args.port)

@@ -55,3 +55,84 @@ impl Fixture {
         self.dir.path().join("fixture_server.py")
     }
 }
+
+/// The MCP server whose tools ask a person for input
+/// (`crates/fakes/mcp/asking_server.py`: a task that asks with a form, the
+/// stateless round trip with a form and with a page to visit), running over
+/// streamable HTTP on loopback; stopped when dropped.
+pub struct AskingServer {
+    child: std::process::Child,
+    /// Its port.
+    pub port: u16,
+}
+
+impl AskingServer {
+    /// Starts it with the virtualenv's python; waits until it listens.
+    pub fn start(venv: &std::path::Path) -> std::io::Result<AskingServer> {
+        use std::io::BufRead;
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/asking_server.py");
+        let mut child = std::process::Command::new(venv.join("bin/python"))
+            .arg(script)
+            .args(["--port", "0"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stderr"))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut told = false;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if !told && let Some(port) = line.trim().strip_prefix("listening on ") {
+                    told = true;
+                    let _ = tx.send(port.trim().parse::<u16>().ok());
+                } else if !told {
+                    eprintln!("asking_server: {line}");
+                }
+            }
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(Some(port)) => Ok(AskingServer { child, port }),
+            _ => {
+                let _ = child.kill();
+                Err(std::io::Error::other("the asking MCP server did not start"))
+            }
+        }
+    }
+
+    /// Its MCP endpoint.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Its tasks as it sees them: id → {status, target}.
+    pub fn tasks(&self) -> serde_json::Value {
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return serde_json::Value::Null;
+        };
+        use std::io::{Read, Write};
+        let request = format!(
+            "GET /state HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.port
+        );
+        if stream.write_all(request.as_bytes()).is_err() {
+            return serde_json::Value::Null;
+        }
+        let mut text = String::new();
+        let _ = stream.read_to_string(&mut text);
+        text.split_once("\r\n\r\n")
+            .and_then(|(_, body)| serde_json::from_str(body).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl Drop for AskingServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

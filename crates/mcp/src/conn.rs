@@ -11,12 +11,19 @@ use rmcp::handler::client::progress::ProgressDispatcher;
 #[allow(deprecated)]
 use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
-    Implementation, ProgressNotificationParam, ProtocolVersion, Request,
-    ResourceUpdatedNotificationParam, ServerResult, SubscriptionFilter, Tool,
+    CallToolRequestParams, CallToolResult, CancelTaskParams, ClientCapabilities, ClientConfig,
+    ClientRequest, ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationCapability,
+    FormElicitationCapability, GetTaskParams, Implementation, InputRequests, InputResponses,
+    ProgressNotificationParam, ProtocolVersion, Request, RequestMetaObject,
+    ResourceUpdatedNotificationParam, ServerResult, SubscriptionFilter, TASKS_EXTENSION_ID,
+    TaskPayload, Tool, UpdateTaskParams, UrlElicitationCapability,
 };
-use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService, ServiceError};
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt, NotificationContext, PeerRequestOptions, RequestContext,
+    RunningService, ServiceError,
+};
+use rmcp::{ClientHandler, RoleClient};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc};
@@ -109,13 +116,155 @@ impl ClientHandler for Handler {
             .send(ConnEvent::ResourceUpdated { uri: params.uri });
     }
 
+    /// A question asked in the middle of a call (servers of protocols
+    /// before 2026-07-28 without tasks) cannot wait for a person, who may
+    /// answer hours later: it is declined, and the call's output says so.
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        let message = match &request {
+            ElicitRequestParams::FormElicitationParams { message, .. }
+            | ElicitRequestParams::UrlElicitationParams { message, .. } => message.clone(),
+            _ => String::new(),
+        };
+        let _ = self.logs.send(clip(
+            format!(
+                "[agentry] the server asked a person in the middle of the call ({message:?}); \
+                 it was declined: Agentry passes questions on to people for servers that ask \
+                 them between calls (protocol 2026-07-28, or MCP tasks)"
+            ),
+            MAX_LINE,
+        ));
+        Ok(ElicitResult::new(ElicitationAction::Decline))
+    }
+
     fn get_info(&self) -> ClientConfig {
+        let mut capabilities = ClientCapabilities::default();
+        capabilities.elicitation = Some(
+            ElicitationCapability::new()
+                .with_form(FormElicitationCapability::default())
+                .with_url(UrlElicitationCapability::default()),
+        );
+        capabilities.extensions = Some(BTreeMap::from([(
+            TASKS_EXTENSION_ID.to_string(),
+            serde_json::Map::new(),
+        )]));
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("agentry", env!("CARGO_PKG_VERSION")),
         )
     }
 }
+
+/// How a connection starts: `server/discover` first (servers of the
+/// 2026-07-28 revision need no `initialize`), falling back to the
+/// `initialize` handshake for earlier servers.
+fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::LATEST],
+        legacy_version: None,
+    }
+}
+
+/// What a call came to.
+#[derive(Debug)]
+pub enum Answer {
+    /// Its result.
+    Done(CallToolResult),
+    /// The server needs a person's answers first: the questions, and how
+    /// the call goes on (`resume_json`, for [`Conn::call`]'s `resume`).
+    NeedsInput {
+        /// The questions, in the server's order of keys.
+        questions: Vec<agentry_proto::sessions::v1::McpQuestion>,
+        /// How the call goes on.
+        resume_json: String,
+    },
+}
+
+/// How a call that asked for input goes on, as recorded in the log.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Resume {
+    /// The server's task that waits for the answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    task: Option<String>,
+    /// The request state the server wants back with them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state: Option<String>,
+    /// Answers given without a person (the roots request).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    auto: BTreeMap<String, serde_json::Value>,
+}
+
+/// The server's requests for input: those a person answers (elicitation
+/// questions), and the answers Agentry gives itself (no roots). A request
+/// to sample the model is refused: servers do not use the session's model.
+fn split_requests(
+    requests: &InputRequests,
+) -> Result<
+    (
+        Vec<agentry_proto::sessions::v1::McpQuestion>,
+        BTreeMap<String, serde_json::Value>,
+    ),
+    CallError,
+> {
+    let mut questions = Vec::new();
+    let mut auto = BTreeMap::new();
+    for (key, request) in requests {
+        let request = serde_json::to_value(request).unwrap_or_default();
+        let method = request["method"].as_str().unwrap_or_default();
+        let params = &request["params"];
+        match method {
+            "elicitation/create" => {
+                let text = |field: &str| params[field].as_str().unwrap_or_default().to_string();
+                let mode = match params["mode"].as_str() {
+                    Some("url") => "url",
+                    _ => "form",
+                };
+                questions.push(agentry_proto::sessions::v1::McpQuestion {
+                    key: key.clone(),
+                    mode: mode.to_string(),
+                    message: clip(text("message"), MAX_QUESTION),
+                    schema_json: match &params["requestedSchema"] {
+                        serde_json::Value::Null => String::new(),
+                        schema => clip(schema.to_string(), MAX_QUESTION),
+                    },
+                    url: clip(text("url"), MAX_QUESTION),
+                });
+            }
+            "roots/list" => {
+                auto.insert(key.clone(), serde_json::json!({"roots": []}));
+            }
+            "sampling/createMessage" => {
+                return Err(CallError::Other(
+                    "the server asked to use the model (sampling), which Agentry does not offer \
+                     to MCP servers"
+                        .into(),
+                ));
+            }
+            other => {
+                return Err(CallError::Other(format!(
+                    "the server asked for input of a kind Agentry does not know ({other:?})"
+                )));
+            }
+        }
+    }
+    if questions.len() > MAX_QUESTIONS {
+        return Err(CallError::Other(format!(
+            "the server asked {} questions at once; Agentry passes on at most {MAX_QUESTIONS}",
+            questions.len()
+        )));
+    }
+    Ok((questions, auto))
+}
+
+/// Most questions passed on from one request of a server.
+const MAX_QUESTIONS: usize = 8;
+/// Longest message, schema or URL of a question passed on, in bytes.
+const MAX_QUESTION: usize = 16 * 1024;
+/// Most input rounds of one call that need no person.
+const MAX_ROUNDS: usize = 10;
 
 /// An open connection.
 pub struct Conn {
@@ -157,7 +306,11 @@ impl Conn {
                     stderr_tail.clone(),
                 ));
             }
-            let started = tokio::time::timeout(init_timeout, handler.serve((stdout, stdin))).await;
+            let started = tokio::time::timeout(
+                init_timeout,
+                handler.serve_with_lifecycle((stdout, stdin), lifecycle()),
+            )
+            .await;
             match started {
                 Ok(Ok(service)) => (service, Some(process)),
                 Ok(Err(e)) => {
@@ -179,7 +332,12 @@ impl Conn {
             }
         } else {
             let transport = http_transport(config)?;
-            match tokio::time::timeout(init_timeout, handler.serve(transport)).await {
+            match tokio::time::timeout(
+                init_timeout,
+                handler.serve_with_lifecycle(transport, lifecycle()),
+            )
+            .await
+            {
                 Ok(Ok(service)) => (service, None),
                 Ok(Err(e)) => {
                     return Err(McpError(format!(
@@ -280,19 +438,253 @@ impl Conn {
         }
     }
 
-    /// Calls `tool`; progress and log notifications go to `sink` while it
-    /// runs.
+    /// Calls `tool`, or goes on with a call that asked for input
+    /// (`resume`); progress and log notifications go to `sink` while it
+    /// runs. A server that makes the call a task is polled until the task
+    /// ends or asks for input; `timeout` bounds the whole call.
     pub async fn call(
         &self,
         tool: &str,
         arguments: serde_json::Map<String, serde_json::Value>,
+        resume: Option<&agentry_proto::sessions::v1::McpResume>,
         timeout: Duration,
         sink: &OutputSink,
-    ) -> Result<CallToolResult, CallError> {
+    ) -> Result<Answer, CallError> {
+        let deadline = Instant::now() + timeout;
+        // A deadline says the whole call's.
+        let whole = |e: CallError| match e {
+            CallError::Timeout(_) => CallError::Timeout(timeout),
+            other => other,
+        };
+        let Some(resume) = resume else {
+            return self
+                .rounds(tool, arguments, Resume::default(), deadline, sink)
+                .await
+                .map_err(whole);
+        };
+        let state: Resume = serde_json::from_str(&resume.resume_json).map_err(|e| {
+            CallError::Other(format!("the recorded way to go on cannot be read ({e})"))
+        })?;
+        let answers: InputResponses = if resume.cancel || resume.answers_json.is_empty() {
+            InputResponses::new()
+        } else {
+            serde_json::from_str(&resume.answers_json).map_err(|e| {
+                CallError::Other(format!("the recorded answers cannot be read ({e})"))
+            })?
+        };
+        match state.task {
+            Some(task) if resume.cancel => {
+                self.cancel_task(&task).await;
+                Err(CallError::Server("the call was cancelled".into()))
+            }
+            None if resume.cancel => Err(CallError::Server("the call was cancelled".into())),
+            Some(task) => {
+                let mut responses = state.auto;
+                responses.extend(answers);
+                let update = ClientRequest::UpdateTaskRequest(Request::new(UpdateTaskParams::new(
+                    task.clone(),
+                    responses,
+                )));
+                self.send(update, deadline, sink).await.map_err(whole)?;
+                self.poll(&task, deadline, sink).await.map_err(whole)
+            }
+            None => {
+                let mut state = state;
+                state.auto.extend(answers);
+                self.rounds(tool, arguments, state, deadline, sink)
+                    .await
+                    .map_err(whole)
+            }
+        }
+    }
+
+    /// `tools/call`, again with the answers while the server asks only
+    /// what Agentry answers itself.
+    async fn rounds(
+        &self,
+        tool: &str,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        mut state: Resume,
+        deadline: Instant,
+        sink: &OutputSink,
+    ) -> Result<Answer, CallError> {
+        for _ in 0..MAX_ROUNDS {
+            let mut params = CallToolRequestParams::new(tool.to_string());
+            params.arguments = Some(arguments.clone());
+            // On 2026-07-28 a server sends log lines only for requests that
+            // ask for them.
+            let mut meta = RequestMetaObject::default();
+            // Deprecated by the newest revision, still what servers send.
+            #[allow(deprecated)]
+            meta.set_log_level(rmcp::model::LoggingLevel::Info);
+            params.meta = Some(meta);
+            if !state.auto.is_empty() {
+                params.input_responses = Some(std::mem::take(&mut state.auto));
+            }
+            params.request_state = state.state.take();
+            let request = ClientRequest::CallToolRequest(Request::new(params));
+            match self.send(request, deadline, sink).await? {
+                ServerResult::CallToolResult(result) => return Ok(Answer::Done(result)),
+                ServerResult::CreateTaskResult(created) => {
+                    let task = created.task.task_id;
+                    let _ = sink
+                        .send((
+                            OutputStream::Stderr,
+                            format!("[the server runs the call as its task {task}]\n"),
+                        ))
+                        .await;
+                    return self.poll(&task, deadline, sink).await;
+                }
+                ServerResult::InputRequiredResult(asked) => {
+                    let (questions, auto) =
+                        split_requests(&asked.input_requests.unwrap_or_default())?;
+                    state = Resume {
+                        task: None,
+                        state: asked.request_state,
+                        auto,
+                    };
+                    if !questions.is_empty() {
+                        return Ok(Answer::NeedsInput {
+                            questions,
+                            resume_json: serde_json::to_string(&state).unwrap_or_default(),
+                        });
+                    }
+                }
+                other => {
+                    return Err(CallError::Other(format!(
+                        "the server answered tools/call with something else: {}",
+                        clip(serde_json::to_string(&other).unwrap_or_default(), MAX_LINE)
+                    )));
+                }
+            }
+        }
+        Err(CallError::Other(format!(
+            "the server asked for input {MAX_ROUNDS} times in a row without finishing the call"
+        )))
+    }
+
+    /// Polls the server's task until it ends or asks a person; a task
+    /// left behind (the call timed out or was dropped) is cancelled.
+    async fn poll(
+        &self,
+        task: &str,
+        deadline: Instant,
+        sink: &OutputSink,
+    ) -> Result<Answer, CallError> {
+        let mut guard = CancelTaskOnDrop {
+            peer: Some(self.service.peer().clone()),
+            task: task.to_string(),
+        };
+        let mut said = None::<String>;
+        loop {
+            let request = ClientRequest::GetTaskRequest(Request::new(GetTaskParams::new(task)));
+            let got = match self.send(request, deadline, sink).await? {
+                ServerResult::GetTaskResult(got) => got,
+                other => {
+                    return Err(CallError::Other(format!(
+                        "the server answered tasks/get with something else: {}",
+                        clip(serde_json::to_string(&other).unwrap_or_default(), MAX_LINE)
+                    )));
+                }
+            };
+            let detailed = got.task;
+            if let Some(message) = &detailed.task.status_message
+                && said.as_ref() != Some(message)
+            {
+                said = Some(message.clone());
+                let line = format!("[task {task}] {}\n", clip(message.clone(), MAX_LINE));
+                let _ = sink.send((OutputStream::Stderr, line)).await;
+            }
+            match detailed.payload {
+                TaskPayload::Completed { result } => {
+                    guard.peer = None;
+                    return serde_json::from_value(serde_json::Value::Object(result))
+                        .map(Answer::Done)
+                        .map_err(|e| {
+                            CallError::Other(format!(
+                                "the task's result is not a tool result ({e})"
+                            ))
+                        });
+                }
+                TaskPayload::Failed { error } => {
+                    guard.peer = None;
+                    let message = error
+                        .get("message")
+                        .and_then(|m| m.as_str())
+                        .unwrap_or("no reason given");
+                    return Err(CallError::Server(format!("its task failed: {message}")));
+                }
+                TaskPayload::Cancelled => {
+                    guard.peer = None;
+                    return Err(CallError::Server("its task was cancelled".into()));
+                }
+                TaskPayload::InputRequired { input_requests } => {
+                    let (questions, auto) = split_requests(&input_requests)?;
+                    let state = Resume {
+                        task: Some(task.to_string()),
+                        state: None,
+                        auto,
+                    };
+                    if questions.is_empty() {
+                        let update = ClientRequest::UpdateTaskRequest(Request::new(
+                            UpdateTaskParams::new(task, state.auto),
+                        ));
+                        self.send(update, deadline, sink).await?;
+                        continue;
+                    }
+                    // The task waits for the person, however long.
+                    guard.peer = None;
+                    return Ok(Answer::NeedsInput {
+                        questions,
+                        resume_json: serde_json::to_string(&state).unwrap_or_default(),
+                    });
+                }
+                _ => {
+                    let every = Duration::from_millis(
+                        detailed
+                            .task
+                            .poll_interval_ms
+                            .unwrap_or(1000)
+                            .clamp(100, 5000),
+                    );
+                    let now = Instant::now();
+                    if now + every > deadline {
+                        return Err(CallError::Timeout(deadline.saturating_duration_since(now)));
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            }
+        }
+    }
+
+    /// Asks the server to stop its task; whatever it answers.
+    async fn cancel_task(&self, task: &str) {
+        let request = ClientRequest::CancelTaskRequest(Request::new(CancelTaskParams::new(task)));
+        let options = PeerRequestOptions::with_timeout(CANCEL_GRACE);
+        if let Ok(handle) = self
+            .service
+            .peer()
+            .send_request_with_option(request, options)
+            .await
+        {
+            let _ = handle.await_response().await;
+        }
+    }
+
+    /// Sends one request with the time left until `deadline`; its progress
+    /// and the server's log lines go to `sink` meanwhile. A request dropped
+    /// before its answer is cancelled on the server too.
+    async fn send(
+        &self,
+        request: ClientRequest,
+        deadline: Instant,
+        sink: &OutputSink,
+    ) -> Result<ServerResult, CallError> {
         self.touch();
-        let mut params = CallToolRequestParams::new(tool.to_string());
-        params.arguments = Some(arguments);
-        let request = ClientRequest::CallToolRequest(Request::new(params));
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        if timeout.is_zero() {
+            return Err(CallError::Timeout(timeout));
+        }
         let options = PeerRequestOptions::with_timeout(timeout);
         let mut logs = self.service.service().logs.subscribe();
         let handle = self
@@ -301,8 +693,6 @@ impl Conn {
             .send_request_with_option(request, options)
             .await
             .map_err(|e| self.call_error(e))?;
-        // A call dropped before its answer (the caller cancelled) is
-        // cancelled on the server too.
         let mut cancel = CancelOnDrop {
             peer: Some(self.service.peer().clone()),
             id: handle.id.clone(),
@@ -333,21 +723,7 @@ impl Conn {
         };
         self.touch();
         cancel.peer = None;
-        match answer.map_err(|e| self.call_error(e))? {
-            ServerResult::CallToolResult(result) => Ok(result),
-            ServerResult::InputRequiredResult(_) => Err(CallError::Other(
-                "the server asked for more input from the person during the call, which \
-                 Agentry does not relay"
-                    .into(),
-            )),
-            ServerResult::CreateTaskResult(_) => Err(CallError::Other(
-                "the server made the call a background task, which Agentry does not follow".into(),
-            )),
-            other => Err(CallError::Other(format!(
-                "the server answered tools/call with something else: {}",
-                serde_json::to_string(&other).unwrap_or_default()
-            ))),
-        }
+        answer.map_err(|e| self.call_error(e))
     }
 
     fn call_error(&self, e: ServiceError) -> CallError {
@@ -543,6 +919,30 @@ impl Drop for CancelOnDrop {
                     Some("the caller cancelled the call".into()),
                 );
                 let _ = tokio::time::timeout(CANCEL_GRACE, peer.notify_cancelled(params)).await;
+            });
+        }
+    }
+}
+
+/// Sends `tasks/cancel` for a task left behind (its call timed out or
+/// was dropped before the task ended or asked a person).
+struct CancelTaskOnDrop {
+    peer: Option<rmcp::Peer<RoleClient>>,
+    task: String,
+}
+
+impl Drop for CancelTaskOnDrop {
+    fn drop(&mut self) {
+        let Some(peer) = self.peer.take() else { return };
+        let task = std::mem::take(&mut self.task);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let request =
+                    ClientRequest::CancelTaskRequest(Request::new(CancelTaskParams::new(task)));
+                let options = PeerRequestOptions::with_timeout(CANCEL_GRACE);
+                if let Ok(sent) = peer.send_request_with_option(request, options).await {
+                    let _ = sent.await_response().await;
+                }
             });
         }
     }

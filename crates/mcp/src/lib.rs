@@ -374,16 +374,19 @@ impl Mcp {
         self.shared.servers.get(server).cloned()
     }
 
-    /// Runs one call of `tool` for the session of `place`.
+    /// Runs one call of `tool` for the session of `place`, or goes on
+    /// with one that asked for input (`resume`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn call(
         &self,
         tool: &str,
         arguments_json: &str,
+        resume: Option<&spb::McpResume>,
         place: &Place,
         timeout: Option<Duration>,
         max_output_bytes: usize,
         sink: OutputSink,
-    ) -> Result<ToolOutcome, ToolError> {
+    ) -> Result<Outcome, ToolError> {
         let Some(server) = self.server_of(tool) else {
             return Err(ToolError::UnknownTool {
                 name: tool.to_string(),
@@ -428,7 +431,9 @@ impl Mcp {
             }
         };
         let timeout = timeout.unwrap_or(server.timeout);
-        let answer = conn.call(&original, arguments, timeout, &sink).await;
+        let answer = conn
+            .call(&original, arguments, resume, timeout, &sink)
+            .await;
         let fail = |permit: agentry_tool::breaker::Permit<'_>| {
             permit.failure();
             server.failures.fetch_add(1, Ordering::Relaxed);
@@ -442,7 +447,31 @@ impl Mcp {
             _ => {}
         }
         let outcome = match answer {
-            Ok(result) => {
+            Ok(conn::Answer::NeedsInput { resume_json, .. }) if resume_json.len() > MAX_RESUME => {
+                permit.success();
+                ToolOutcome {
+                    output: format!(
+                        "the MCP server {name} asked for input with {} bytes of state to keep; \
+                         Agentry keeps at most {MAX_RESUME}",
+                        resume_json.len()
+                    ),
+                    is_error: true,
+                    ..ToolOutcome::default()
+                }
+            }
+            Ok(conn::Answer::NeedsInput {
+                questions,
+                resume_json,
+            }) => {
+                permit.success();
+                return Ok(Outcome::NeedsInput(spb::McpInputRequested {
+                    call_id: String::new(),
+                    server: name,
+                    questions,
+                    resume_json,
+                }));
+            }
+            Ok(conn::Answer::Done(result)) => {
                 permit.success();
                 let (text, is_error) = content::render(&result);
                 let mut output = CappedOutput::new(max_output_bytes);
@@ -452,6 +481,14 @@ impl Mcp {
                     output,
                     is_error,
                     truncated,
+                    ..ToolOutcome::default()
+                }
+            }
+            Err(CallError::Server(message)) if resume.is_some_and(|r| r.cancel) => {
+                permit.success();
+                ToolOutcome {
+                    output: format!("the call to the MCP server {name} was stopped ({message})"),
+                    is_error: true,
                     ..ToolOutcome::default()
                 }
             }
@@ -501,8 +538,21 @@ impl Mcp {
                 }
             }
         };
-        Ok(outcome)
+        Ok(Outcome::Done(outcome))
     }
+}
+
+/// Most state a server may ask Agentry to keep for a call that waits for
+/// a person (it is stored in the session's log).
+const MAX_RESUME: usize = 64 * 1024;
+
+/// What a call of a server's tool came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// It finished.
+    Done(ToolOutcome),
+    /// Its server waits for a person's answers (`call_id` left empty).
+    NeedsInput(spb::McpInputRequested),
 }
 
 /// The name the server knows a tool by, from the name it is offered under

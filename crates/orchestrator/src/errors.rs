@@ -49,7 +49,9 @@ pub(crate) fn refusal_status(refusal: &crate::reducer::Refusal) -> tonic::Status
     let reason = match refusal {
         Refusal::Busy => Reason::SessionBusy,
         Refusal::NothingToCancel => Reason::NoTurnRunning,
-        Refusal::NoPendingApproval { .. } => Reason::NoPendingApproval,
+        Refusal::NoPendingApproval { .. } | Refusal::NoPendingQuestion { .. } => {
+            Reason::NoPendingApproval
+        }
         Refusal::NotAnApprover(_) => Reason::NotAnApprover,
         Refusal::EmptyMessage | Refusal::InvalidDecision(_) | Refusal::Unexpected { .. } => {
             Reason::Unspecified

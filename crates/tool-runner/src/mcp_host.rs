@@ -283,16 +283,32 @@ impl Tool<Call> for ServerTool {
     ) -> Running<'a, Result<ToolOutcome, ToolError>> {
         Box::pin(async move {
             let place = place_of(&call.workspace);
-            self.mcp
+            let outcome = self
+                .mcp
                 .call(
                     &self.spec.name,
                     arguments,
+                    call.resume.as_ref(),
                     &place,
                     call.timeout,
                     self.max_output_bytes,
                     call.sink.clone(),
                 )
-                .await
+                .await?;
+            Ok(match outcome {
+                agentry_mcp::Outcome::Done(done) => done,
+                agentry_mcp::Outcome::NeedsInput(asked) => {
+                    let server = asked.server.clone();
+                    *call
+                        .asked
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(asked);
+                    ToolOutcome {
+                        output: format!("[the MCP server {server} waits for a person's answers]"),
+                        ..ToolOutcome::default()
+                    }
+                }
+            })
         })
     }
 }

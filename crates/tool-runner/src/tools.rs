@@ -28,6 +28,11 @@ pub struct Call {
     pub network: Option<crate::egress::Pass>,
     /// Live output.
     pub sink: OutputSink,
+    /// For an MCP call that asked for input: going on with the answers.
+    pub resume: Option<agentry_proto::sessions::v1::McpResume>,
+    /// Set by an MCP call whose server waits for a person's answers (the
+    /// call is then not over; its outcome says so for the logs only).
+    pub asked: Arc<std::sync::Mutex<Option<agentry_proto::sessions::v1::McpInputRequested>>>,
 }
 
 impl Call {
@@ -40,6 +45,8 @@ impl Call {
             timeout: None,
             network: None,
             sink,
+            resume: None,
+            asked: Arc::default(),
         }
     }
 }

@@ -163,6 +163,7 @@ fn request(session: &str, tool: &str, arguments_json: &str) -> ExecuteRequest {
         arguments_json: arguments_json.to_string(),
         timeout_ms: 0,
         network: false,
+        resume: None,
     }
 }
 

@@ -257,6 +257,7 @@ impl Runner {
                 arguments_json: args.to_string(),
                 timeout_ms: 0,
                 network: false,
+                resume: None,
             })
             .await
             .unwrap()
@@ -335,11 +336,14 @@ async fn stdio_and_http_servers_offer_their_tools_and_answer() {
         return;
     };
     let http = servers.http(0).await;
-    let Some(runner) = Runner::start(
-        vec![servers.time(), servers.stdio("fx"), http.config("web")],
-        settings(),
-    )
-    .await
+    // fx speaks only the handshake era (as servers written before
+    // 2026-07-28 do); web and time the newest revision.
+    let legacy = McpServerConfig {
+        env: [("FIXTURE_LEGACY".to_string(), "1".to_string())].into(),
+        ..servers.stdio("fx")
+    };
+    let Some(runner) =
+        Runner::start(vec![servers.time(), legacy, http.config("web")], settings()).await
     else {
         return;
     };
@@ -908,7 +912,7 @@ async fn the_reference_git_server_reads_a_repository_in_the_workspace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_servers_get_the_configured_headers_and_bearer_token() {
     // A listener that records the first request and hangs up: what the
-    // client sends with `initialize` is what every request carries.
+    // client sends with its first request is what every request carries.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (seen_tx, seen_rx) = tokio::sync::oneshot::channel::<String>();
@@ -944,12 +948,183 @@ async fn http_servers_get_the_configured_headers_and_bearer_token() {
         "{request}"
     );
     assert!(request.contains("x-team: infra"), "{request}");
-    assert!(request.contains("\"method\":\"initialize\""), "{request}");
+    // The newest revision first: `server/discover`, no handshake.
+    assert!(
+        request.contains("\"method\":\"server/discover\""),
+        "{request}"
+    );
     // The failure says why without the URL's secrets.
     let statuses = runner.settled().await;
     assert_eq!(statuses[0].state, "failed", "{statuses:?}");
     assert!(
         !statuses[0].error.contains("query-secret") && !statuses[0].error.contains("pw@"),
         "{statuses:?}"
+    );
+}
+
+impl Runner {
+    /// A call going on with `resume` (a call that asked for input).
+    async fn resume(
+        &self,
+        session: &str,
+        tool: &str,
+        args: serde_json::Value,
+        resume: agentry_proto::sessions::v1::McpResume,
+    ) -> Call {
+        let mut client = self.client().await;
+        let mut stream = client
+            .execute(ExecuteRequest {
+                call_id: format!("c-{tool}"),
+                session_id: session.into(),
+                tool: tool.into(),
+                arguments_json: args.to_string(),
+                timeout_ms: 0,
+                network: false,
+                resume: Some(resume),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut live = String::new();
+        while let Some(message) = stream.message().await.unwrap() {
+            match message.kind {
+                Some(execute_response::Kind::Chunk(c)) => live.push_str(&c.text),
+                Some(execute_response::Kind::Result(result)) => return Call { live, result },
+                None => {}
+            }
+        }
+        panic!("the call ended without a result");
+    }
+}
+
+fn answering(
+    asked: &agentry_proto::sessions::v1::McpInputRequested,
+    action: &str,
+    content: serde_json::Value,
+) -> agentry_proto::sessions::v1::McpResume {
+    agentry_proto::sessions::v1::McpResume {
+        resume_json: asked.resume_json.clone(),
+        answers_json: agentry_agent::questions::answers(asked, action, &content.to_string())
+            .unwrap(),
+        cancel: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
+    let Some(venv) = agentry_fakes::mcp_servers::venv() else {
+        return;
+    };
+    let asking = agentry_fakes::mcp_servers::AskingServer::start(&venv).unwrap();
+    let server = McpServerConfig {
+        name: "ask".into(),
+        url: asking.url(),
+        enabled: true,
+        ..McpServerConfig::default()
+    };
+    let Some(runner) = Runner::start(vec![server], settings()).await else {
+        return;
+    };
+    let statuses = runner.settled().await;
+    assert_eq!(statuses[0].state, "ready", "{statuses:?}");
+
+    // A task that asks with a form: the call returns the question (not a
+    // result), and the task waits on the server.
+    let args = json!({"target": "web"});
+    let first = runner.call("s1", "ask__deploy", args.clone()).await;
+    let asked = first
+        .result
+        .input_required
+        .clone()
+        .unwrap_or_else(|| panic!("no question: {:?}", first.result));
+    assert_eq!(asked.server, "ask");
+    assert_eq!(asked.call_id, "c-ask__deploy");
+    assert_eq!(asked.questions.len(), 1, "{asked:?}");
+    let q = &asked.questions[0];
+    assert_eq!((q.key.as_str(), q.mode.as_str()), ("approval", "form"));
+    assert!(q.message.contains("Deploy web"), "{q:?}");
+    assert!(q.schema_json.contains("confirm"), "{q:?}");
+    assert!(first.live.contains("as its task task-"), "{}", first.live);
+    let task = asked.resume_json.clone();
+    assert!(task.contains("\"task\""), "{task}");
+    let tasks = asking.tasks();
+    assert!(
+        tasks
+            .as_object()
+            .unwrap()
+            .values()
+            .any(|t| t["status"] == "input_required"),
+        "{tasks}"
+    );
+    // Answered, the task goes on and its result is the call's.
+    let done = runner
+        .resume(
+            "s1",
+            "ask__deploy",
+            args.clone(),
+            answering(&asked, "accept", json!({"confirm": true, "note": "go"})),
+        )
+        .await;
+    assert_eq!(done.ok(), "deployed web (note: go)");
+
+    // The stateless round trip: a form…
+    let greet = runner.call("s1", "ask__greet", json!({})).await;
+    let asked = greet.result.input_required.clone().expect("greet asks");
+    assert_eq!(asked.questions[0].mode, "form");
+    assert!(asked.questions[0].message.contains("name"), "{asked:?}");
+    let hello = runner
+        .resume(
+            "s1",
+            "ask__greet",
+            json!({}),
+            answering(&asked, "accept", json!({"name": "Ada"})),
+        )
+        .await;
+    assert!(hello.ok().starts_with("hello Ada"), "{}", hello.ok());
+
+    // …and a page to visit, whose request state comes back with the answer.
+    let visit = runner.call("s1", "ask__visit", json!({})).await;
+    let asked = visit.result.input_required.clone().expect("visit asks");
+    assert_eq!(asked.questions[0].mode, "url");
+    assert_eq!(
+        asked.questions[0].url,
+        "https://auth.example.test/consent?session=42"
+    );
+    let declined = runner
+        .resume(
+            "s1",
+            "ask__visit",
+            json!({}),
+            answering(&asked, "decline", json!({})),
+        )
+        .await;
+    assert_eq!(declined.ok(), "not visited (decline)");
+
+    // A call stopped while its task waits: the server's task is cancelled.
+    let second = runner
+        .call("s1", "ask__deploy", json!({"target": "db"}))
+        .await;
+    let asked = second.result.input_required.clone().expect("deploy asks");
+    let stopped = runner
+        .resume(
+            "s1",
+            "ask__deploy",
+            json!({"target": "db"}),
+            agentry_proto::sessions::v1::McpResume {
+                resume_json: asked.resume_json.clone(),
+                answers_json: String::new(),
+                cancel: true,
+            },
+        )
+        .await;
+    assert!(stopped.err().contains("stopped"), "{}", stopped.err());
+    let tasks = asking.tasks();
+    assert!(
+        tasks
+            .as_object()
+            .unwrap()
+            .values()
+            .any(|t| t["target"] == "db" && t["status"] == "cancelled"),
+        "{tasks}"
     );
 }

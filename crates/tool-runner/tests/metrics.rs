@@ -24,6 +24,7 @@ async fn call(
             arguments_json: args.to_string(),
             timeout_ms: 0,
             network: false,
+            resume: None,
         })
         .await
         .unwrap()

@@ -222,6 +222,7 @@ async fn changing_calls_of_two_sessions_on_one_directory_take_turns() {
             arguments_json: args.to_string(),
             timeout_ms: 0,
             network: false,
+            resume: None,
         };
         async move {
             let started = Instant::now();

@@ -123,6 +123,8 @@ impl SessionState {
                         hook_asked: false,
                         need: Need::default(),
                         approved_by: Vec::new(),
+                        asking: None,
+                        resume: None,
                     });
                 }
                 self.phase = Phase::UseTools;
@@ -133,6 +135,26 @@ impl SessionState {
                     && call.phase.can_move_to(to)
                 {
                     call.phase = to;
+                }
+            }
+            Kind::McpInputRequested(asked) => {
+                if let Some(turn) = &mut self.turn
+                    && let Some(call) = turn.call_mut(&asked.call_id)
+                {
+                    call.asking = Some(asked.clone());
+                    call.resume = None;
+                }
+            }
+            Kind::McpInputProvided(given) => {
+                if let Some(turn) = &mut self.turn
+                    && let Some(call) = turn.call_mut(&given.call_id)
+                    && let Some(asked) = call.asking.take()
+                {
+                    call.resume = Some(pb::McpResume {
+                        resume_json: asked.resume_json,
+                        answers_json: given.answers_json.clone(),
+                        cancel: false,
+                    });
                 }
             }
             Kind::ApprovalRequested(a) => {

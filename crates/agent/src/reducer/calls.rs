@@ -742,6 +742,8 @@ impl SessionState {
             .unwrap_or_default();
         for call in calls {
             match call.phase {
+                // Its server still waits for a person's answers.
+                CallPhase::Executing if call.asking.is_some() => {}
                 CallPhase::Executing if call.read_only => {
                     out.after.push(self.run_tool(&call));
                 }

@@ -146,6 +146,10 @@ pub struct Call {
     pub need: Need,
     /// The people who approved it so far, when it needs several.
     pub approved_by: Vec<String>,
+    /// Its MCP server waits for a person's answers (it stays executing).
+    pub asking: Option<pb::McpInputRequested>,
+    /// How it goes on with the answers a person gave its server.
+    pub resume: Option<pb::McpResume>,
 }
 
 impl Call {
@@ -412,6 +416,20 @@ pub enum Input {
     },
     /// A tool call finished.
     ToolDone(pb::ToolResult),
+    /// A tool call's MCP server needs a person's answers before it can go
+    /// on (the call is not over).
+    ToolNeedsInput(pb::McpInputRequested),
+    /// A person answered an MCP server's questions for a call.
+    McpAnswer {
+        /// The call.
+        call_id: String,
+        /// `accept`, `decline` or `cancel`.
+        action: String,
+        /// With `accept`: the answers (see [`crate::questions`]).
+        content_json: String,
+        /// Who answered (`None`: the install's own person).
+        by: Option<Answerer>,
+    },
     /// A person decided on a call awaiting approval.
     Approval {
         /// The call.
@@ -503,6 +521,17 @@ pub enum Effect {
         read_only: bool,
         /// The call gets outbound network (see [`SessionState::network_for`]).
         network: bool,
+        /// For a call whose MCP server asked for input: going on with the
+        /// answers.
+        resume: Option<pb::McpResume>,
+    },
+    /// Tell the MCP server of a call that waited for answers to stop its
+    /// work (the turn ended without them); nothing comes back.
+    StopAsking {
+        /// The call.
+        call: ToolCall,
+        /// How it would have gone on.
+        resume_json: String,
     },
     /// Run hooks; their outcomes come back as [`Input::HooksDone`].
     RunHooks(Box<HookJob>),
@@ -597,6 +626,12 @@ pub enum Refusal {
         /// The call named.
         call_id: String,
     },
+    /// An answer for a call whose MCP server asks nothing now.
+    #[error("no question of an MCP server waits for call {call_id:?}")]
+    NoPendingQuestion {
+        /// The call named.
+        call_id: String,
+    },
     /// A decision that cannot be carried out as given.
     #[error("{0}")]
     InvalidDecision(String),
@@ -622,6 +657,7 @@ impl Refusal {
             Refusal::Busy
             | Refusal::NothingToCancel
             | Refusal::NoPendingApproval { .. }
+            | Refusal::NoPendingQuestion { .. }
             | Refusal::NotAnApprover(_)
             | Refusal::Unexpected { .. } => false,
         }
@@ -675,6 +711,7 @@ mod limits;
 mod loops;
 mod model;
 mod plan_calls;
+mod questions;
 mod step;
 
 pub use catalog::{Catalog, Catalogs};
@@ -775,6 +812,7 @@ impl SessionState {
             call: call.as_tool_call(),
             read_only: call.read_only,
             network: self.network_for(&call.tool, &call.effective_arguments),
+            resume: call.resume.clone(),
         }
     }
 
@@ -841,6 +879,15 @@ impl SessionState {
         self.history.push(message);
         self.history_spans.push((self.last_seq, self.last_seq));
         self.history_tokens.inserted(self.history.len() - 1);
+    }
+
+    /// The calls whose MCP server waits for a person's answers.
+    pub fn awaiting_input(&self) -> Vec<&Call> {
+        self.turn
+            .iter()
+            .flat_map(|t| t.calls.iter())
+            .filter(|c| c.phase == CallPhase::Executing && c.asking.is_some())
+            .collect()
     }
 
     /// The calls waiting for a person's decision.

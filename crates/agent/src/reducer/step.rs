@@ -248,6 +248,27 @@ impl SessionState {
                     })));
                 }
             }
+            (Phase::UseTools, Input::ToolNeedsInput(asked)) => {
+                if !self.is_executing(&asked.call_id) {
+                    return Err(Refusal::Unexpected {
+                        input: "a question of a tool",
+                        phase,
+                    });
+                }
+                self.asked(&mut out, &turn_id, asked);
+            }
+            (
+                _,
+                Input::McpAnswer {
+                    call_id,
+                    action,
+                    content_json,
+                    by,
+                },
+            ) => {
+                let by = by.unwrap_or_else(Answerer::local);
+                self.answer_question(&mut out, &turn_id, &call_id, &action, &content_json, &by)?;
+            }
             (
                 _,
                 Input::Approval {
@@ -281,6 +302,7 @@ impl SessionState {
             }
             (Phase::Generate | Phase::UseTools, Input::Cancel { reason }) => {
                 out.before.push(Effect::AbortInFlight);
+                self.stop_asking(&mut out);
                 self.emit(
                     &mut out,
                     &turn_id,
@@ -386,7 +408,10 @@ impl SessionState {
             (_, Input::Summarised { job, summary }) => {
                 self.summarised(&mut out, &turn_id, job, summary)?;
             }
-            (Phase::Idle | Phase::Generate, Input::ToolChunk { .. } | Input::ToolDone(_)) => {
+            (
+                Phase::Idle | Phase::Generate,
+                Input::ToolChunk { .. } | Input::ToolDone(_) | Input::ToolNeedsInput(_),
+            ) => {
                 return Err(Refusal::Unexpected {
                     input: "tool output",
                     phase,

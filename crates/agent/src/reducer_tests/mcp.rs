@@ -96,3 +96,158 @@ fn a_policy_rule_may_trust_a_servers_read_only_hint() {
         .collect();
     assert_eq!(asked, ["t2"], "the other one asks a person");
 }
+
+// ---------------------------------------------------------------------------
+// Questions a server asks a person during a call
+// ---------------------------------------------------------------------------
+
+fn asked(call_id: &str) -> pb::McpInputRequested {
+    pb::McpInputRequested {
+        call_id: call_id.into(),
+        server: "ask".into(),
+        questions: vec![pb::McpQuestion {
+            key: "approval".into(),
+            mode: "form".into(),
+            message: "Deploy?".into(),
+            schema_json: r#"{"type":"object","properties":{"confirm":{"type":"boolean"}},"required":["confirm"]}"#.into(),
+            url: String::new(),
+        }],
+        resume_json: r#"{"task":"t-1"}"#.into(),
+    }
+}
+
+fn reply(call_id: &str, action: &str, content: &str) -> Input {
+    Input::McpAnswer {
+        call_id: call_id.into(),
+        action: action.into(),
+        content_json: content.into(),
+        by: None,
+    }
+}
+
+/// A session whose turn runs one call of a server's tool (`d1`).
+fn running_deploy(mode: ApprovalMode) -> (Session, ToolCall) {
+    let mut session = Session::new(4);
+    session.ok(user_with(TURN, "deploy", mode));
+    let deploy = call("d1", "ask__deploy", r#"{"target":"web"}"#);
+    session.ok(model_done("", vec![deploy.clone()]));
+    assert_eq!(phase_of(&session.state, "d1"), Some(CallPhase::Executing));
+    (session, deploy)
+}
+
+#[test]
+fn a_question_waits_across_a_restart_and_the_answer_goes_on_with_the_call() {
+    let (mut session, deploy) = running_deploy(ApprovalMode::Policy);
+    let effects = session.ok(Input::ToolNeedsInput(asked("d1")));
+    assert_eq!(
+        effects,
+        vec![record(TURN, vec![Kind::McpInputRequested(asked("d1"))])]
+    );
+    assert_eq!(phase_of(&session.state, "d1"), Some(CallPhase::Executing));
+    assert_eq!(session.state.awaiting_input().len(), 1);
+
+    // A restart finds it still waiting: nobody is asked about its outcome,
+    // nothing runs.
+    let mut session = session.restarted();
+    let effects = session.ok(Input::Interrupted);
+    assert!(run_tools(&effects).is_empty(), "{effects:?}");
+    assert!(
+        !events_of(&effects)
+            .iter()
+            .any(|e| matches!(e, Kind::ApprovalRequested(_))),
+        "{effects:?}"
+    );
+    assert_eq!(session.state.awaiting_input().len(), 1);
+
+    // An answer that does not fit is refused; one that does is recorded and
+    // the call goes on with it.
+    session.refused(
+        reply("d1", "accept", r#"{"confirm": "perhaps"}"#),
+        Refusal::InvalidDecision(
+            "field \"confirm\" of question approval must be true or false".into(),
+        ),
+    );
+    session.refused(
+        reply("nope", "accept", "{}"),
+        Refusal::NoPendingQuestion {
+            call_id: "nope".into(),
+        },
+    );
+    let effects = session.ok(reply("d1", "accept", r#"{"confirm": "yes"}"#));
+    let answers = r#"{"approval":{"action":"accept","content":{"confirm":true}}}"#;
+    let resume = pb::McpResume {
+        resume_json: r#"{"task":"t-1"}"#.into(),
+        answers_json: answers.into(),
+        cancel: false,
+    };
+    assert_eq!(
+        effects,
+        vec![
+            record(
+                TURN,
+                vec![Kind::McpInputProvided(pb::McpInputProvided {
+                    call_id: "d1".into(),
+                    action: "accept".into(),
+                    answers_json: answers.into(),
+                })]
+            ),
+            Effect::RunTool {
+                call: deploy,
+                read_only: false,
+                network: false,
+                resume: Some(resume),
+            },
+        ]
+    );
+    assert!(session.state.awaiting_input().is_empty());
+    // A second answer finds nothing waiting; the result ends the call.
+    session.refused(
+        reply("d1", "decline", ""),
+        Refusal::NoPendingQuestion {
+            call_id: "d1".into(),
+        },
+    );
+    session.ok(done("d1", "deployed web"));
+    assert_eq!(phase_of(&session.state, "d1"), Some(CallPhase::Success));
+}
+
+#[test]
+fn a_cancelled_turn_tells_the_waiting_server_to_stop() {
+    let (mut session, deploy) = running_deploy(ApprovalMode::Policy);
+    session.ok(Input::ToolNeedsInput(asked("d1")));
+    let effects = session.ok(cancel("enough"));
+    assert!(
+        effects.contains(&Effect::StopAsking {
+            call: deploy,
+            resume_json: r#"{"task":"t-1"}"#.into(),
+        }),
+        "{effects:?}"
+    );
+    assert!(session.state.is_idle());
+    assert!(session.state.awaiting_input().is_empty());
+}
+
+#[test]
+fn a_turn_that_asks_nobody_fails_the_call_with_the_questions() {
+    let (mut session, deploy) = running_deploy(ApprovalMode::Never);
+    let effects = session.ok(Input::ToolNeedsInput(asked("d1")));
+    assert!(
+        effects.contains(&Effect::StopAsking {
+            call: deploy,
+            resume_json: r#"{"task":"t-1"}"#.into(),
+        }),
+        "{effects:?}"
+    );
+    assert_eq!(phase_of(&session.state, "d1"), Some(CallPhase::Error));
+    let result = events_of(&effects)
+        .into_iter()
+        .find_map(|e| match e {
+            Kind::ToolResult(r) => Some(r.output),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        result.contains("asks nobody (approval mode never)") && result.contains("Deploy?"),
+        "{result}"
+    );
+}

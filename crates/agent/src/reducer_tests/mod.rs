@@ -515,6 +515,8 @@ fn call_in(call: &ToolCall, phase: CallPhase, answered: bool) -> Call {
         hook_asked: false,
         need: agentry_policy::Need::default(),
         approved_by: Vec::new(),
+        asking: None,
+        resume: None,
     }
 }
 
@@ -749,6 +751,7 @@ fn ran(call: ToolCall) -> Effect {
         read_only: flags_of(&call.name).read_only,
         call,
         network: false,
+        resume: None,
     }
 }
 
@@ -759,6 +762,7 @@ fn ran_unflagged(call: ToolCall) -> Effect {
         call,
         read_only: false,
         network: false,
+        resume: None,
     }
 }
 
@@ -806,8 +810,8 @@ fn phase_of(state: &SessionState, call_id: &str) -> Option<CallPhase> {
 // ---------------------------------------------------------------------------
 
 /// Checks the shape every step's effects have: an optional abort first, at
-/// most one Record, then only RunTool, CallModel, Summarise, RunHooks and
-/// EndTask.
+/// most one Record, then only RunTool, CallModel, Summarise, RunHooks,
+/// EndTask and StopAsking.
 fn check_effect_shape(effects: &[Effect]) {
     let mut rest = effects;
     if let [Effect::AbortInFlight, tail @ ..] = rest {
@@ -823,6 +827,7 @@ fn check_effect_shape(effects: &[Effect]) {
                 Effect::RunTool { .. }
                     | Effect::CallModel { .. }
                     | Effect::Summarise { .. }
+                    | Effect::StopAsking { .. }
                     | Effect::RunHooks(_)
                     | Effect::EndTask { .. }
             ),

@@ -18,6 +18,7 @@ pub(super) async fn execute_ok(
             arguments_json: args.to_string(),
             timeout_ms: 0,
             network: false,
+            resume: None,
         })
         .await?
         .into_inner();

@@ -387,6 +387,7 @@ impl Actor {
             Input::ModelDone(_)
                 | Input::ModelFailed { .. }
                 | Input::ToolDone(_)
+                | Input::ToolNeedsInput(_)
                 | Input::Summarised { .. }
                 | Input::HooksDone { .. }
         );
@@ -503,9 +504,14 @@ impl Actor {
             // before it are durable.
             let overlaps = match &effect {
                 Effect::CallModel { .. } | Effect::Summarise { .. } => true,
-                Effect::RunTool { read_only, .. } => *read_only,
+                // Going on with a person's answers waits until they are
+                // stored.
+                Effect::RunTool {
+                    read_only, resume, ..
+                } => *read_only && resume.is_none(),
                 // A person's commands: only once what led to them is stored.
                 Effect::Record { .. }
+                | Effect::StopAsking { .. }
                 | Effect::AbortInFlight
                 | Effect::RunHooks(_)
                 | Effect::EndTask { .. } => false,
@@ -602,7 +608,9 @@ impl Actor {
                 call,
                 read_only,
                 network,
-            } => self.start_tool_call(call, read_only, network),
+                resume,
+            } => self.start_tool_call(call, read_only, network, resume),
+            Effect::StopAsking { call, resume_json } => self.stop_asking(call, resume_json),
             Effect::RunHooks(job) => self.start_hooks(*job),
             Effect::AbortInFlight => self.abort_in_flight(),
             Effect::EndTask {
@@ -797,7 +805,37 @@ impl Actor {
             .map_or_else(|| self.session_id.clone(), |c| c.workspace.clone())
     }
 
-    fn start_tool_call(&mut self, call: ToolCall, read_only: bool, network: bool) {
+    /// Tells the MCP server of a call that waited for answers to stop; its
+    /// answer is not waited for.
+    fn stop_asking(&self, call: ToolCall, resume_json: String) {
+        let request = agentry_proto::tools::v1::ExecuteRequest {
+            call_id: call.id.clone(),
+            session_id: self.workspace(),
+            tool: call.name.clone(),
+            arguments_json: call.arguments.clone(),
+            timeout_ms: 30_000,
+            network: false,
+            resume: Some(pb::McpResume {
+                resume_json,
+                answers_json: String::new(),
+                cancel: true,
+            }),
+        };
+        let runners = self.deps.runners.clone();
+        tokio::spawn(async move {
+            if let Err(failure) = runners.execute(request, true, |_| async { true }).await {
+                tracing::info!(call_id = %call.id, error = %failure.message, "could not tell an MCP server to stop a call that waited for answers");
+            }
+        });
+    }
+
+    fn start_tool_call(
+        &mut self,
+        call: ToolCall,
+        read_only: bool,
+        network: bool,
+        resume: Option<pb::McpResume>,
+    ) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let sessions = self.sessions.clone();
@@ -836,10 +874,21 @@ impl Actor {
                     call,
                     read_only,
                     network,
+                    resume,
                     task,
                     &tx,
                 )
                 .await;
+                let result = match result {
+                    tool_call::Ended::Done(result) => result,
+                    tool_call::Ended::Asks(asked) => {
+                        drop(gauge);
+                        let _ = tx
+                            .send(Box::new((task, Input::ToolNeedsInput(asked))))
+                            .await;
+                        return;
+                    }
+                };
                 drop(gauge);
                 let span = Span::current();
                 span.record("runner_id", result.runner_id.as_str());

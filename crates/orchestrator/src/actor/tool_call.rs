@@ -29,6 +29,13 @@ pub(super) struct Place {
     pub approval_mode: pb::ApprovalMode,
 }
 
+/// How a call ended: with its result, or waiting for a person's answers to
+/// its MCP server's questions.
+pub(super) enum Ended {
+    Done(pb::ToolResult),
+    Asks(pb::McpInputRequested),
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn tool_call(
     sessions: &crate::service::Sessions,
@@ -37,9 +44,10 @@ pub(super) async fn tool_call(
     call: ToolCall,
     read_only: bool,
     network: bool,
+    resume: Option<pb::McpResume>,
     task: u64,
     tx: &mpsc::Sender<Outcome>,
-) -> pb::ToolResult {
+) -> Ended {
     let started = Instant::now();
     let deps = sessions.deps();
     let request = ExecuteRequest {
@@ -49,9 +57,12 @@ pub(super) async fn tool_call(
         arguments_json: call.arguments.clone(),
         timeout_ms: 0,
         network,
+        resume,
     };
     if let Some(tool) = crate::builtin::own().get(&call.name) {
-        return own_call(sessions, session_id, place, call, tool.as_ref(), task, tx).await;
+        return Ended::Done(
+            own_call(sessions, session_id, place, call, tool.as_ref(), task, tx).await,
+        );
     }
     let call_id = call.id.clone();
     let outcome = deps
@@ -76,7 +87,12 @@ pub(super) async fn tool_call(
         let _ = tx.send(Box::new((task, input))).await;
     }
     match outcome {
-        Ok(result) => pb::ToolResult {
+        Ok(result) if result.input_required.is_some() => {
+            let mut asked = result.input_required.unwrap_or_default();
+            asked.call_id = call.id.clone();
+            Ended::Asks(asked)
+        }
+        Ok(result) => Ended::Done(pb::ToolResult {
             sub_agent_usage: None,
             call_id: call.id.clone(),
             tool: call.name.clone(),
@@ -87,11 +103,11 @@ pub(super) async fn tool_call(
             runner_id: result.runner_id,
             truncated: result.truncated,
             timed_out: result.timed_out,
-        },
+        }),
         Err(failure) => {
             let mut result = tool_error(&call, failure.message, started);
             result.runner_id = failure.runner;
-            result
+            Ended::Done(result)
         }
     }
 }

@@ -193,6 +193,7 @@ impl Sessions {
                     arguments_json: serde_json::json!({ "path": mention.path }).to_string(),
                     timeout_ms: 0,
                     network: false,
+                    resume: None,
                 };
                 let read = self
                     .deps
@@ -346,6 +347,9 @@ pub(super) fn allowed(by: Option<&Principal>, input: Option<&pb::Input>) -> Resu
     let Some(by) = by else { return Ok(()) };
     match input.and_then(|i| i.kind.as_ref()) {
         Some(pb::input::Kind::Approval(_)) => by.require(Role::Approver, "answering an approval"),
+        Some(pb::input::Kind::McpAnswer(_)) => {
+            by.require(Role::Approver, "answering an MCP server's questions")
+        }
         // Approving every call of a turn ahead is answering its approvals.
         Some(pb::input::Kind::UserMessage(m))
             if m.approval_mode == spb::ApprovalMode::Always as i32 =>
@@ -358,6 +362,9 @@ pub(super) fn allowed(by: Option<&Principal>, input: Option<&pb::Input>) -> Resu
         ),
     }
 }
+
+/// Largest answer to an MCP server's questions accepted.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// Reads a submitted input; `by` is who sent it (an approval records who
 /// answered, for the rules that name approvers).
@@ -411,6 +418,26 @@ pub(super) fn parse_input(
                 ));
             }
             Ok(Input::SetModel(name))
+        }
+        pb::input::Kind::McpAnswer(a) => {
+            if a.call_id.is_empty() {
+                return Err(Status::invalid_argument("the answer names no call_id"));
+            }
+            if a.content_json.len() > MAX_ANSWER_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "the answers are {} bytes; at most {MAX_ANSWER_BYTES} are accepted",
+                    a.content_json.len()
+                )));
+            }
+            Ok(Input::McpAnswer {
+                call_id: a.call_id,
+                action: a.action.trim().to_lowercase(),
+                content_json: a.content_json,
+                by: by.map(|p| crate::reducer::Answerer {
+                    name: p.name.clone(),
+                    role: p.role.name().to_string(),
+                }),
+            })
         }
         pb::input::Kind::Approval(a) => {
             if a.call_id.is_empty() {

@@ -242,6 +242,8 @@ pub(super) async fn run_call(
         timeout: (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms)),
         network: pass,
         sink,
+        resume: req.resume.clone(),
+        asked: Arc::default(),
     };
     let mut run = tools::start(
         &inner.tools,
@@ -303,6 +305,11 @@ pub(super) async fn run_call(
         }
     }
     let network_note = call.network.as_ref().and_then(crate::egress::Pass::note);
+    let asked = call
+        .asked
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
     drop(call);
     if let Some(note) = live.note() {
         let _ = tx
@@ -329,7 +336,13 @@ pub(super) async fn run_call(
     } else {
         Vec::new()
     };
-    let result = finished(&inner, &call_id, &tool, started, outcome, instructions);
+    let mut result = finished(&inner, &call_id, &tool, started, outcome, instructions);
+    if let Some(mut asked) = asked
+        && let Some(pb::execute_response::Kind::Result(result)) = &mut result.kind
+    {
+        asked.call_id = call_id;
+        result.input_required = Some(asked);
+    }
     let _ = tx.send(Ok(result)).await;
 }
 
@@ -366,6 +379,7 @@ fn finished(
             truncated: outcome.truncated,
             timed_out: outcome.timed_out,
             instructions,
+            input_required: None,
         })),
     }
 }
