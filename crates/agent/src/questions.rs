@@ -211,7 +211,7 @@ pub fn describe(q: &pb::McpQuestion) -> String {
 }
 
 /// `text` without control, bidirectional or zero-width characters.
-fn plain(text: &str) -> String {
+pub fn plain(text: &str) -> String {
     text.chars()
         .filter(|c| {
             !c.is_control()

@@ -32,6 +32,15 @@ pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
                 "arguments": a.arguments_json, "matched_rule": a.matched_rule,
                 "network": a.network, "asked_at": a.asked_at.map(|t| t.seconds),
                 "approvers": a.approvers, "approved_by": a.approved_by,
+                "question": a.question.as_ref().map(|q| serde_json::json!({
+                    "server": q.server,
+                    "questions": q.questions.iter().map(|q| serde_json::json!({
+                        "key": q.key, "mode": q.mode, "message": q.message,
+                        "schema": serde_json::from_str::<serde_json::Value>(&q.schema_json)
+                            .unwrap_or(serde_json::Value::Null),
+                        "url": q.url,
+                    })).collect::<Vec<_>>(),
+                })),
             }))?;
         }
         return Ok(());
@@ -39,7 +48,38 @@ pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
     if approvals.is_empty() {
         return print_line("no tool call is waiting for a decision");
     }
-    for a in &approvals {
+    for a in approvals.iter().filter(|a| a.question.is_some()) {
+        let Some(asked) = &a.question else { continue };
+        print_line(format!(
+            "{}  {}  the MCP server {} asks (call {} {}; asked {})\n    session {} \"{}\"",
+            a.session_id,
+            a.call_id,
+            agentry_agent::questions::plain(&asked.server),
+            a.tool,
+            what(&a.tool, &a.arguments_json),
+            ago(a.asked_at.as_ref()),
+            a.session_id,
+            a.session_title,
+        ))?;
+        for q in &asked.questions {
+            let text = agentry_agent::questions::describe(q);
+            print_line(format!("    {}", text.replace('\n', "\n    ")))?;
+        }
+        print_line(format!(
+            "    reply with: agentry approvals reply {} {} {}",
+            a.session_id,
+            a.call_id,
+            if asked.questions.iter().all(|q| q.mode == "url") {
+                "(once visited) | --decline".to_string()
+            } else {
+                "--set FIELD=VALUE … | --decline".to_string()
+            }
+        ))?;
+    }
+    if approvals.iter().all(|a| a.question.is_some()) {
+        return Ok(());
+    }
+    for a in approvals.iter().filter(|a| a.question.is_none()) {
         print_line(format!(
             "{}  {}  {} {}  ({}; asked {})\n    session {} \"{}\"{}",
             a.session_id,
@@ -119,6 +159,68 @@ pub async fn answer(
         "{call_id}: {}",
         decision.as_str_name().to_lowercase()
     ))
+}
+
+/// How `agentry approvals reply` answers.
+pub struct Reply {
+    /// FIELD=VALUE pairs for the only question.
+    pub set: Vec<String>,
+    /// The answers as JSON.
+    pub json: Option<String>,
+    /// Refuse to answer.
+    pub decline: bool,
+    /// Dismiss without an answer.
+    pub cancel: bool,
+}
+
+/// `agentry approvals reply SESSION CALL …`: answers an MCP server's
+/// questions.
+pub async fn reply(
+    config: &Config,
+    session_id: &str,
+    call_id: &str,
+    reply: Reply,
+) -> anyhow::Result<()> {
+    let action = match (reply.decline, reply.cancel) {
+        (true, _) => "decline",
+        (_, true) => "cancel",
+        _ => "accept",
+    };
+    let content_json = match reply.json {
+        Some(json) => json,
+        None => {
+            let mut fields = serde_json::Map::new();
+            for pair in &reply.set {
+                let Some((field, value)) = pair.split_once('=') else {
+                    anyhow::bail!("--set takes FIELD=VALUE, not {pair:?}");
+                };
+                fields.insert(
+                    field.trim().to_string(),
+                    serde_json::Value::String(value.to_string()),
+                );
+            }
+            if fields.is_empty() {
+                String::new()
+            } else {
+                serde_json::Value::Object(fields).to_string()
+            }
+        }
+    };
+    let mut client = connect(config).await?;
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::McpAnswer(pb::McpAnswerInput {
+                    call_id: call_id.to_string(),
+                    action: action.to_string(),
+                    content_json,
+                })),
+            }),
+        })
+        .await
+        .map_err(|s| status_error("cannot answer the MCP server's questions", s))?;
+    print_line(format!("{call_id}: {action}ed"))
 }
 
 /// `agentry policy suggest`: rules that would have saved the prompts

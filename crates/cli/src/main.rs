@@ -291,6 +291,33 @@ enum ApprovalsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Answer the questions an MCP server asked during a call (a form to
+    /// fill in, or a page to visit)
+    #[command(after_help = "Examples:\n  \
+        agentry approvals reply 0f3a c7 --set confirm=true --set note='after 6pm'\n  \
+        agentry approvals reply 0f3a c7 --json '{\"approval\": {\"confirm\": true}}'\n  \
+        agentry approvals reply 0f3a c7 --decline      # refuse to answer\n  \
+        agentry approvals reply 0f3a c9                # a page visited: accept")]
+    Reply {
+        /// The session (its id, or a prefix only it has)
+        session: String,
+        /// The call
+        call: String,
+        /// A field of the answer, FIELD=VALUE (the call asks one question);
+        /// numbers and true/false are read as the question's schema says
+        #[arg(long = "set", value_name = "FIELD=VALUE")]
+        set: Vec<String>,
+        /// The answers as JSON: the fields of each question under its key,
+        /// or the fields of the only question
+        #[arg(long, conflicts_with = "set")]
+        json: Option<String>,
+        /// Refuse to answer (the server is told so)
+        #[arg(long, conflicts_with_all = ["set", "json", "cancel"])]
+        decline: bool,
+        /// Dismiss the questions without an answer
+        #[arg(long, conflicts_with_all = ["set", "json"])]
+        cancel: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -730,6 +757,23 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }) => {
                 let session = client::resolve_session(&config, &session).await?;
                 inbox_cmds::answer(&config, &session, &call, decision, reason).await
+            }
+            Some(ApprovalsCommand::Reply {
+                session,
+                call,
+                set,
+                json,
+                decline,
+                cancel,
+            }) => {
+                let session = client::resolve_session(&config, &session).await?;
+                let reply = inbox_cmds::Reply {
+                    set,
+                    json,
+                    decline,
+                    cancel,
+                };
+                inbox_cmds::reply(&config, &session, &call, reply).await
             }
         }
         .map(|()| ExitCode::SUCCESS),

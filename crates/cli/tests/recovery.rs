@@ -739,3 +739,147 @@ async fn a_message_typed_while_the_orchestrator_is_down_is_sent_once_it_is_back(
         .count();
     assert_eq!(copies, 1);
 }
+
+/// The output of a CLI command that must succeed.
+fn cli_ok(orchestrator: &Orchestrator, args: &[&str]) -> String {
+    let out = orchestrator.cli(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "agentry {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_while_an_mcp_server_asks_the_question_waits_in_the_inbox_and_its_answer_goes_on() {
+    let Some(venv) = agentry_fakes::mcp_servers::venv() else {
+        return;
+    };
+    let asking = agentry_fakes::mcp_servers::AskingServer::start(&venv).unwrap();
+    let url = asking.url();
+    let mut cluster = cluster_without_orchestrator(|c| {
+        c.mcp_servers
+            .push(agentry_runtime::config::McpServerConfig {
+                name: "ask".into(),
+                url,
+                enabled: true,
+                ..Default::default()
+            });
+    })
+    .await;
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    let mut client = orchestrator.start().await;
+    // The server's tools are offered before the model asks for one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let tools = client
+            .list_tools(pb::ListToolsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        if tools.tools.iter().any(|t| t.name == "ask__deploy") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tools:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.model.push(Reply::tool_call(
+        "d1",
+        "ask__deploy",
+        json!({"target": "web"}),
+    ));
+    cluster.model.push(Reply::text("deployed, as you said"));
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    // Every call approved ahead: the server's question still goes to a
+    // person (it is not an approval).
+    submit(
+        &mut client,
+        &session.id,
+        message("deploy web", ApprovalMode::Always),
+    )
+    .await;
+    log.until(
+        "the server's question",
+        |k| matches!(k, Kind::McpInputRequested(q) if q.call_id == "d1"),
+    )
+    .await;
+    let inbox = cli_ok(&orchestrator, &["approvals"]);
+    assert!(
+        inbox.contains("the MCP server ask asks") && inbox.contains("Deploy web to production?"),
+        "{inbox}"
+    );
+    assert!(inbox.contains("confirm (boolean, required)"), "{inbox}");
+
+    orchestrator.kill();
+    let _client = orchestrator.start().await;
+    // After the restart the question still waits, and nothing else ran.
+    let inbox = cli_ok(&orchestrator, &["approvals", "--json"]);
+    let entry: serde_json::Value = serde_json::from_str(inbox.lines().next().unwrap()).unwrap();
+    assert_eq!(entry["call_id"], "d1", "{inbox}");
+    assert_eq!(entry["question"]["questions"][0]["key"], "approval");
+    // A wrong answer is refused with what the question wants…
+    let out = orchestrator
+        .cli(&[
+            "approvals",
+            "reply",
+            &session.id,
+            "d1",
+            "--set",
+            "confirm=maybe",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(why.contains("must be true or false"), "{why}");
+    // …and the right one lets the server's task finish the call.
+    let said = cli_ok(
+        &orchestrator,
+        &[
+            "approvals",
+            "reply",
+            &session.id,
+            "d1",
+            "--set",
+            "confirm=true",
+            "--set",
+            "note=after the freeze",
+        ],
+    );
+    assert!(said.contains("d1: accepted"), "{said}");
+    let done = log.finished().await;
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{:#?}",
+        log.seen
+    );
+    let result = log
+        .seen
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::ToolResult(r)) if r.call_id == "d1" => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(!result.is_error, "{result:?}");
+    assert_eq!(result.output, "deployed web (note: after the freeze)");
+    let answered = log
+        .seen
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::McpInputProvided(_)) => Some(e.clone()),
+            _ => None,
+        })
+        .unwrap();
+    // Recorded with who answered, as approvals are.
+    assert!(!answered.by.is_empty(), "{answered:?}");
+    assert!(cli_ok(&orchestrator, &["approvals"]).contains("no tool call is waiting"));
+}

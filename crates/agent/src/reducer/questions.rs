@@ -1,7 +1,7 @@
 //! A call whose MCP server asks a person for input: the questions are
 //! recorded and the call waits (across restarts) until someone answers;
-//! then it goes on with the answers. A turn that asks nobody (headless
-//! approval modes) fails the call instead, and a cancelled turn tells the
+//! then it goes on with the answers. A turn that asks nobody (approval
+//! mode never) fails the call instead, and a cancelled turn tells the
 //! server to stop.
 
 use super::*;
@@ -13,7 +13,10 @@ impl SessionState {
             .turn
             .as_ref()
             .map_or(ApprovalMode::Policy, |t| t.approval_mode);
-        if matches!(mode, ApprovalMode::Policy | ApprovalMode::Unspecified) {
+        // A turn whose calls are all approved still has a person to ask
+        // (a question is not an approval); one that approves nothing
+        // (headless) has nobody.
+        if mode != ApprovalMode::Never {
             self.emit(out, turn_id, Kind::McpInputRequested(asked));
             return;
         }

@@ -138,6 +138,7 @@ fn records_input(kind: &pb::event::Kind) -> bool {
         kind,
         Kind::UserMessage(_)
             | Kind::ApprovalDecided(_)
+            | Kind::McpInputProvided(_)
             | Kind::CancelRequested(_)
             | Kind::ModelChanged(_)
             | Kind::SessionRewound(_)
