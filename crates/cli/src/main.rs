@@ -352,6 +352,21 @@ enum McpCommand {
         /// Only this server's
         server: Option<String>,
     },
+    /// Sign in to a remote MCP server that asks for OAuth: open the printed
+    /// address in a browser and approve; the tokens are kept for the tool
+    /// runners (0600) and refreshed as they expire
+    #[command(after_help = "Example:\n  \
+        agentry mcp login github     # a [[mcp_servers]] entry with url = \"https://…/mcp\"\n\n\
+        Run it on the machine of the tool runners (it writes into their data directory).\n\
+        The browser comes back to a loopback address this command listens on; on a\n\
+        remote machine, forward that port (ssh -L) or open the address there.")]
+    Login {
+        /// The server's name, as configured
+        server: String,
+        /// How long to wait for the browser, in seconds
+        #[arg(long, default_value_t = 300)]
+        wait: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -795,6 +810,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     ExitCode::FAILURE
                 }
             }),
+            McpCommand::Login { server, wait } => mcp_cmds::login(&config, &server, wait)
+                .await
+                .map(|()| ExitCode::SUCCESS),
             McpCommand::Tools { server } => mcp_cmds::tools(&config, server.as_deref())
                 .await
                 .map(|()| ExitCode::SUCCESS),

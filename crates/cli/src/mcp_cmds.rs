@@ -83,3 +83,55 @@ pub async fn tools(config: &Config, server: Option<&str>) -> anyhow::Result<()> 
     }
     Ok(())
 }
+
+/// `agentry mcp login NAME`: signs in to a remote server with OAuth and
+/// keeps the tokens where the tool runners read them.
+pub async fn login(config: &Config, name: &str, wait: u64) -> anyhow::Result<()> {
+    let servers = config.mcp_servers()?;
+    let Some(server) = servers.iter().find(|s| s.name == name) else {
+        let known: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+        anyhow::bail!(
+            "no MCP server is named {name:?} (configured: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
+    };
+    if server.url.trim().is_empty() {
+        anyhow::bail!("{name} is a stdio server; OAuth applies to url servers");
+    }
+    if !server.bearer_token.is_empty() || !server.bearer_token_env.is_empty() {
+        anyhow::bail!(
+            "{name} has a bearer token configured, which the runners send instead of a sign-in; \
+             remove bearer_token / bearer_token_env first"
+        );
+    }
+    let state_dir = config
+        .workspace_root()
+        .join(agentry_tool_runner::workspace::TEMP_DIRS);
+    let done = agentry_mcp::oauth::login(
+        server,
+        &state_dir,
+        std::time::Duration::from_secs(wait.max(1)),
+        |url| {
+            let _ = print_line(format!(
+                "Open this address in a browser and approve Agentry:\n\n  {url}\n\n\
+                 waiting for the browser to come back (at most {wait}s)…"
+            ));
+        },
+    )
+    .await?;
+    print_line(format!(
+        "signed in to {name} as client {}{}; tokens kept in {} (refreshed as they expire). The \
+         runners use them from the next connection: agentry mcp list shows the server's state.",
+        done.client_id,
+        if done.scopes.is_empty() {
+            String::new()
+        } else {
+            format!(" with scopes {}", done.scopes.join(" "))
+        },
+        done.path.display()
+    ))
+}

@@ -757,7 +757,7 @@ async fn killed_while_an_mcp_server_asks_the_question_waits_in_the_inbox_and_its
     let Some(venv) = agentry_fakes::mcp_servers::venv() else {
         return;
     };
-    let asking = agentry_fakes::mcp_servers::AskingServer::start(&venv).unwrap();
+    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&venv).unwrap();
     let url = asking.url();
     let mut cluster = cluster_without_orchestrator(|c| {
         c.mcp_servers

@@ -56,24 +56,44 @@ impl Fixture {
     }
 }
 
-/// The MCP server whose tools ask a person for input
-/// (`crates/fakes/mcp/asking_server.py`: a task that asks with a form, the
-/// stateless round trip with a form and with a page to visit), running over
-/// streamable HTTP on loopback; stopped when dropped.
-pub struct AskingServer {
+/// An MCP server of this repository's fixtures (`crates/fakes/mcp/`) run
+/// over streamable HTTP on loopback with the virtualenv's python; stopped
+/// when dropped.
+pub struct HttpFixture {
     child: std::process::Child,
     /// Its port.
     pub port: u16,
 }
 
-impl AskingServer {
-    /// Starts it with the virtualenv's python; waits until it listens.
-    pub fn start(venv: &std::path::Path) -> std::io::Result<AskingServer> {
+impl HttpFixture {
+    /// The server whose tools ask a person for input (`asking_server.py`:
+    /// a task that asks with a form, the stateless round trip with a form
+    /// and with a page to visit).
+    pub fn asking(venv: &std::path::Path) -> std::io::Result<HttpFixture> {
+        HttpFixture::start(venv, "asking_server.py", &[])
+    }
+
+    /// The server behind OAuth, its own authorization server
+    /// (`oauth_server.py`), whose access tokens live `access_ttl_secs`.
+    pub fn oauth(venv: &std::path::Path, access_ttl_secs: u64) -> std::io::Result<HttpFixture> {
+        let ttl = access_ttl_secs.to_string();
+        HttpFixture::start(venv, "oauth_server.py", &[("FIXTURE_ACCESS_TTL", &ttl)])
+    }
+
+    /// Starts `script` with `env`; waits until it listens.
+    fn start(
+        venv: &std::path::Path,
+        script: &str,
+        env: &[(&str, &str)],
+    ) -> std::io::Result<HttpFixture> {
         use std::io::BufRead;
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/asking_server.py");
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("mcp")
+            .join(script);
         let mut child = std::process::Command::new(venv.join("bin/python"))
-            .arg(script)
+            .arg(&script)
             .args(["--port", "0"])
+            .envs(env.iter().copied())
             .stderr(std::process::Stdio::piped())
             .spawn()?;
         let stderr = child
@@ -81,6 +101,7 @@ impl AskingServer {
             .take()
             .ok_or_else(|| std::io::Error::other("no stderr"))?;
         let (tx, rx) = std::sync::mpsc::channel();
+        let name = script.display().to_string();
         std::thread::spawn(move || {
             let mut told = false;
             for line in std::io::BufReader::new(stderr)
@@ -90,16 +111,19 @@ impl AskingServer {
                 if !told && let Some(port) = line.trim().strip_prefix("listening on ") {
                     told = true;
                     let _ = tx.send(port.trim().parse::<u16>().ok());
-                } else if !told {
-                    eprintln!("asking_server: {line}");
+                } else {
+                    eprintln!("{name}: {line}");
                 }
             }
         });
         match rx.recv_timeout(std::time::Duration::from_secs(30)) {
-            Ok(Some(port)) => Ok(AskingServer { child, port }),
+            Ok(Some(port)) => Ok(HttpFixture { child, port }),
             _ => {
                 let _ = child.kill();
-                Err(std::io::Error::other("the asking MCP server did not start"))
+                Err(std::io::Error::other(format!(
+                    "{} did not start",
+                    script.display()
+                )))
             }
         }
     }
@@ -109,14 +133,15 @@ impl AskingServer {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
-    /// Its tasks as it sees them: id → {status, target}.
-    pub fn tasks(&self) -> serde_json::Value {
+    /// The JSON it answers a plain GET of `path` with (its test views:
+    /// `/state`, `/stats`); `Null` when it cannot be read.
+    pub fn get_json(&self, path: &str) -> serde_json::Value {
         let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
             return serde_json::Value::Null;
         };
         use std::io::{Read, Write};
         let request = format!(
-            "GET /state HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
             self.port
         );
         if stream.write_all(request.as_bytes()).is_err() {
@@ -130,7 +155,7 @@ impl AskingServer {
     }
 }
 
-impl Drop for AskingServer {
+impl Drop for HttpFixture {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

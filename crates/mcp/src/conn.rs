@@ -331,19 +331,52 @@ impl Conn {
                 }
             }
         } else {
-            let transport = http_transport(config)?;
-            match tokio::time::timeout(
-                init_timeout,
-                handler.serve_with_lifecycle(transport, lifecycle()),
-            )
-            .await
-            {
+            let (transport_config, client) = http_settings(config)?;
+            let signed_in = match configured_token(config)? {
+                Some(_) => None,
+                None => crate::oauth::signed_in(config, &host.state_dir()).await?,
+            };
+            let started = match signed_in {
+                Some(manager) => {
+                    let client = rmcp::transport::auth::AuthClient::new(client, manager);
+                    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+                        client,
+                        transport_config,
+                    );
+                    tokio::time::timeout(
+                        init_timeout,
+                        handler.serve_with_lifecycle(transport, lifecycle()),
+                    )
+                    .await
+                }
+                None => {
+                    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+                        client,
+                        transport_config,
+                    );
+                    tokio::time::timeout(
+                        init_timeout,
+                        handler.serve_with_lifecycle(transport, lifecycle()),
+                    )
+                    .await
+                }
+            };
+            match started {
                 Ok(Ok(service)) => (service, None),
                 Ok(Err(e)) => {
+                    let why = scrub_url(&e.to_string(), &config.url);
+                    let login =
+                        if why.contains("401") || why.to_lowercase().contains("unauthorized") {
+                            format!(
+                                " (it asks for a sign-in: run agentry mcp login {})",
+                                config.name
+                            )
+                        } else {
+                            String::new()
+                        };
                     return Err(McpError(format!(
-                        "{} did not start a session: {}",
+                        "{} did not start a session: {why}{login}",
                         shown_url(&config.url),
-                        scrub_url(&e.to_string(), &config.url)
                     )));
                 }
                 Err(_) => {

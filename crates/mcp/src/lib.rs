@@ -24,6 +24,7 @@
 pub mod conn;
 pub mod content;
 mod host;
+pub mod oauth;
 mod pool;
 mod process;
 mod subscriptions;

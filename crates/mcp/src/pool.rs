@@ -230,9 +230,33 @@ pub(super) async fn catalog_loop(shared: Arc<Shared>, server: Arc<Server>) {
         let Err(why) = result;
         tracing::warn!(server = %name, error = %why, retry_in = ?backoff, "MCP server unavailable");
         *lock(&server.state) = State::Failed(why.0);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(60));
+        if signed_in_meanwhile(&shared, &server, backoff).await {
+            backoff = Duration::from_millis(500);
+        } else {
+            backoff = (backoff * 2).min(Duration::from_secs(60));
+        }
     }
+}
+
+/// Waits `backoff`, or less when someone signs in to the (HTTP) server
+/// meanwhile (`agentry mcp login` wrote its tokens): then it is tried again
+/// at once. Returns whether that happened.
+async fn signed_in_meanwhile(shared: &Shared, server: &Server, backoff: Duration) -> bool {
+    if server.config.url.trim().is_empty() {
+        tokio::time::sleep(backoff).await;
+        return false;
+    }
+    let path = crate::oauth::credentials_path(&shared.host.state_dir(), &server.config.name);
+    let stamp = || std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let before = stamp();
+    let deadline = tokio::time::Instant::now() + backoff;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250).min(backoff)).await;
+        if stamp() != before {
+            return true;
+        }
+    }
+    false
 }
 
 /// Lists the tools of `server` through `conn` and marks it ready.

@@ -66,9 +66,17 @@ pub(super) async fn keep_stderr(
     }
 }
 
-pub(super) fn http_transport(
+/// How an HTTP server is reached: its transport settings (headers, a
+/// configured bearer token) and the HTTP client.
+pub(super) fn http_settings(
     config: &McpServerConfig,
-) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, McpError> {
+) -> Result<
+    (
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig,
+        reqwest::Client,
+    ),
+    McpError,
+> {
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     let mut headers = std::collections::HashMap::new();
     for (name, value) in &config.headers {
@@ -80,6 +88,21 @@ pub(super) fn http_transport(
     }
     let mut transport_config =
         StreamableHttpClientTransportConfig::with_uri(config.url.trim()).custom_headers(headers);
+    if let Some(token) = configured_token(config)? {
+        transport_config = transport_config.auth_header(token);
+    }
+    // Configured by the person: the address rules of the web tools do not
+    // apply, but redirects are not followed anywhere else.
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    Ok((transport_config, client))
+}
+
+/// The bearer token the configuration gives, if any.
+pub(super) fn configured_token(config: &McpServerConfig) -> Result<Option<String>, McpError> {
     let token = if !config.bearer_token_env.is_empty() {
         std::env::var(&config.bearer_token_env).map_err(|_| {
             format!(
@@ -90,20 +113,7 @@ pub(super) fn http_transport(
     } else {
         config.bearer_token.clone()
     };
-    if !token.is_empty() {
-        transport_config = transport_config.auth_header(token);
-    }
-    // Configured by the person: the address rules of the web tools do not
-    // apply, but redirects are not followed anywhere else.
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
-    Ok(rmcp::transport::StreamableHttpClientTransport::with_client(
-        client,
-        transport_config,
-    ))
+    Ok((!token.is_empty()).then_some(token))
 }
 
 /// A stdio server's process (the sandbox helper and what it runs). Dropping

@@ -1015,7 +1015,7 @@ async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
     let Some(venv) = agentry_fakes::mcp_servers::venv() else {
         return;
     };
-    let asking = agentry_fakes::mcp_servers::AskingServer::start(&venv).unwrap();
+    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&venv).unwrap();
     let server = McpServerConfig {
         name: "ask".into(),
         url: asking.url(),
@@ -1047,7 +1047,7 @@ async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
     assert!(first.live.contains("as its task task-"), "{}", first.live);
     let task = asked.resume_json.clone();
     assert!(task.contains("\"task\""), "{task}");
-    let tasks = asking.tasks();
+    let tasks = asking.get_json("/state");
     assert!(
         tasks
             .as_object()
@@ -1118,7 +1118,7 @@ async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
         )
         .await;
     assert!(stopped.err().contains("stopped"), "{}", stopped.err());
-    let tasks = asking.tasks();
+    let tasks = asking.get_json("/state");
     assert!(
         tasks
             .as_object()

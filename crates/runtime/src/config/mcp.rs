@@ -71,6 +71,13 @@ pub struct McpServerConfig {
     /// HTTP: the runner's environment variable holding the bearer token.
     #[serde(default)]
     pub bearer_token_env: String,
+    /// HTTP, OAuth: a client id registered with the server's authorization
+    /// server; empty: `agentry mcp login` registers one itself.
+    #[serde(default)]
+    pub oauth_client_id: String,
+    /// HTTP, OAuth: the scopes to ask for; empty: what the server names.
+    #[serde(default)]
+    pub oauth_scopes: Vec<String>,
     /// Whether the server is used.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -109,6 +116,8 @@ impl std::fmt::Debug for McpServerConfig {
                 },
             )
             .field("bearer_token_env", &self.bearer_token_env)
+            .field("oauth_client_id", &self.oauth_client_id)
+            .field("oauth_scopes", &self.oauth_scopes)
             .field("enabled", &self.enabled)
             .field("timeout_secs", &self.timeout_secs)
             .finish()
@@ -198,8 +207,12 @@ fn check_server(server: &McpServerConfig) -> Result<(), String> {
             if !server.headers.is_empty()
                 || !server.bearer_token.is_empty()
                 || !server.bearer_token_env.is_empty()
+                || !server.oauth_client_id.is_empty()
+                || !server.oauth_scopes.is_empty()
             {
-                return Err("headers and bearer tokens apply to `url` servers only".into());
+                return Err(
+                    "headers, bearer tokens and OAuth settings apply to `url` servers only".into(),
+                );
             }
             Ok(())
         }
