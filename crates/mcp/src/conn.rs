@@ -1004,3 +1004,74 @@ fn progress_line(p: &ProgressNotificationParam) -> String {
         None => format!("[progress {amount}]\n"),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn requests(value: serde_json::Value) -> InputRequests {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn questions_are_passed_on_roots_answered_and_sampling_refused() {
+        let asked = requests(serde_json::json!({
+            "who": {"method": "elicitation/create", "params": {
+                "message": "Your name?",
+                "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}
+            }},
+            "page": {"method": "elicitation/create", "params": {
+                "mode": "url", "message": "Sign in", "url": "https://example.test/x",
+                "elicitationId": "e1"
+            }},
+            "roots": {"method": "roots/list", "params": {}}
+        }));
+        let (questions, auto) = split_requests(&asked).unwrap();
+        let keys: Vec<&str> = questions.iter().map(|q| q.key.as_str()).collect();
+        assert_eq!(keys, ["page", "who"]);
+        assert_eq!(questions[0].mode, "url");
+        assert_eq!(questions[0].url, "https://example.test/x");
+        assert_eq!(questions[1].mode, "form");
+        assert!(questions[1].schema_json.contains("\"name\""));
+        assert_eq!(auto["roots"], serde_json::json!({"roots": []}));
+
+        let sampling = requests(serde_json::json!({
+            "s": {"method": "sampling/createMessage", "params": {
+                "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+                "maxTokens": 5
+            }}
+        }));
+        let refused = split_requests(&sampling).unwrap_err();
+        assert!(
+            matches!(&refused, CallError::Other(why) if why.contains("sampling")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_flood_of_questions_or_a_huge_one_is_bounded() {
+        let mut many = serde_json::Map::new();
+        for i in 0..=MAX_QUESTIONS {
+            many.insert(
+                format!("q{i}"),
+                serde_json::json!({"method": "elicitation/create", "params": {
+                    "message": "?", "requestedSchema": {"type": "object", "properties": {}}
+                }}),
+            );
+        }
+        let flood = split_requests(&requests(serde_json::Value::Object(many))).unwrap_err();
+        assert!(
+            matches!(&flood, CallError::Other(why) if why.contains("at most 8")),
+            "{flood:?}"
+        );
+        let huge = requests(serde_json::json!({
+            "q": {"method": "elicitation/create", "params": {
+                "message": "x".repeat(MAX_QUESTION * 2),
+                "requestedSchema": {"type": "object", "properties": {}}
+            }}
+        }));
+        let (questions, _) = split_requests(&huge).unwrap();
+        assert!(questions[0].message.len() <= MAX_QUESTION + '…'.len_utf8());
+    }
+}
