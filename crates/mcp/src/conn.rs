@@ -365,17 +365,20 @@ impl Conn {
                 Ok(Ok(service)) => (service, None),
                 Ok(Err(e)) => {
                     let why = scrub_url(&e.to_string(), &config.url);
-                    let login =
-                        if why.contains("401") || why.to_lowercase().contains("unauthorized") {
-                            format!(
-                                " (it asks for a sign-in: run agentry mcp login {})",
-                                config.name
-                            )
-                        } else {
-                            String::new()
-                        };
+                    let lower = why.to_lowercase();
+                    if lower.contains("auth required")
+                        || lower.contains("401")
+                        || lower.contains("unauthorized")
+                    {
+                        return Err(McpError(format!(
+                            "{} asks for a sign-in (401 without a valid token): run agentry mcp \
+                             login {}",
+                            shown_url(&config.url),
+                            config.name
+                        )));
+                    }
                     return Err(McpError(format!(
-                        "{} did not start a session: {why}{login}",
+                        "{} did not start a session: {why}",
                         shown_url(&config.url),
                     )));
                 }
