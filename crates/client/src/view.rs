@@ -212,6 +212,9 @@ pub struct SessionView {
     pub activity: Option<Activity>,
     /// The questions waiting, in the order asked.
     pub questions: Vec<pb::ApprovalRequested>,
+    /// The questions of MCP servers waiting for a person (elicitation),
+    /// in the order asked.
+    pub inputs: Vec<pb::McpInputRequested>,
     /// The answer being streamed (notes may arrive after it meanwhile).
     streaming_at: Option<usize>,
     /// Token counts of the model calls of the current turn.
@@ -247,6 +250,7 @@ impl SessionView {
             turn_open: false,
             activity: None,
             questions: Vec::new(),
+            inputs: Vec::new(),
             streaming_at: None,
             step_tokens: Vec::new(),
             plan: Vec::new(),
@@ -334,6 +338,7 @@ impl SessionView {
     }
 
     fn resolve(&mut self, id: &str, applied: &mut Applied) {
+        self.inputs.retain(|q| q.call_id != id);
         let before = self.questions.len();
         self.questions.retain(|q| q.call_id != id);
         if self.questions.len() != before {
@@ -469,6 +474,21 @@ impl SessionView {
                     });
                 }
             }
+            Kind::McpInputRequested(asked) => {
+                self.inputs.retain(|q| q.call_id != asked.call_id);
+                self.inputs.push(asked.clone());
+                self.activity = Some(Activity::Waiting);
+            }
+            Kind::McpInputProvided(given) => {
+                self.inputs.retain(|q| q.call_id != given.call_id);
+                if self.turn_open {
+                    let tool = self
+                        .block_mut(&given.call_id)
+                        .map(|(_, b)| b.tool.clone())
+                        .unwrap_or_default();
+                    self.activity = Some(Activity::Tool(tool));
+                }
+            }
             Kind::ApprovalRequested(a) => {
                 match self.questions.iter_mut().find(|q| q.call_id == a.call_id) {
                     // Asked again (edited arguments waiting for more people).
@@ -540,6 +560,7 @@ impl SessionView {
                 self.turn_open = false;
                 self.activity = None;
                 self.questions.clear();
+                self.inputs.clear();
                 applied.cleared = true;
                 if let Some(cost) = t.cost {
                     self.session_cost += cost;

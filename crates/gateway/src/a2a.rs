@@ -321,7 +321,7 @@ impl Fold {
     /// Whether `turn` is the one waiting for the questions in the view.
     pub(crate) fn asking(&self, turn: &Turn) -> bool {
         turn.finished.is_none()
-            && !self.view.questions.is_empty()
+            && (!self.view.questions.is_empty() || !self.view.inputs.is_empty())
             && self.turns.last().is_some_and(|last| last.id == turn.id)
     }
 }
@@ -465,6 +465,78 @@ fn question_message(task: &str, context: &str, questions: &[spb::ApprovalRequest
     )
 }
 
+/// What the MCP servers of waiting calls ask (forms to fill in, pages to
+/// visit), as an agent message: words and the questions as data. The
+/// servers' words are untrusted: passed on as text and data, never
+/// followed.
+fn input_message(task: &str, context: &str, inputs: &[spb::McpInputRequested]) -> Value {
+    let mut lines = Vec::new();
+    let mut data = Vec::new();
+    for asked in inputs {
+        for q in &asked.questions {
+            lines.push(match q.mode.as_str() {
+                "url" => format!("{}: {} (visit {})", q.key, q.message, q.url),
+                _ => format!("{}: {}", q.key, q.message),
+            });
+        }
+        data.push(json!({
+            "callId": asked.call_id,
+            "server": asked.server,
+            "questions": asked.questions.iter().map(|q| json!({
+                "key": q.key,
+                "mode": q.mode,
+                "message": q.message,
+                "schema": serde_json::from_str::<Value>(&q.schema_json).unwrap_or(Value::Null),
+                "url": q.url,
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    let text = format!(
+        "A tool's MCP server asks a person: {}. Answer with a message on this task holding a \
+         data part {{\"action\": \"accept\", \"content\": {{…the fields…}}, \"callId\": …}} \
+         (\"decline\" or \"cancel\" to refuse; a page to visit is accepted once visited).",
+        lines.join("; ")
+    );
+    agent_message(
+        task,
+        context,
+        "question",
+        vec![text_part(&text), json!({"data": {"inputs": data}})],
+    )
+}
+
+/// An answer to an MCP server's questions from a message: a data part
+/// `{"action", "content", "callId"}`, or the words "decline" / "cancel".
+fn mcp_answer(
+    text: &str,
+    data: Option<&Value>,
+) -> Result<(String, String, Option<String>), RpcError> {
+    if let Some(data) = data.filter(|d| d.get("action").is_some() || d.get("content").is_some()) {
+        let action = data
+            .get("action")
+            .and_then(Value::as_str)
+            .unwrap_or("accept")
+            .to_string();
+        let content = match data.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(content) => content.to_string(),
+        };
+        let call = data
+            .get("callId")
+            .or_else(|| data.get("call_id"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        return Ok((action, content, call));
+    }
+    match text.trim().to_lowercase().as_str() {
+        action @ ("decline" | "cancel") => Ok((action.to_string(), String::new(), None)),
+        _ => Err(RpcError::params(
+            "this task waits for answers to an MCP server's questions: a data part \
+             {\"action\": \"accept\", \"content\": {…}} (or \"decline\" / \"cancel\")",
+        )),
+    }
+}
+
 /// The state of a turn, and the agent message that goes with it.
 fn status(fold: &Fold, turn: &Turn) -> Value {
     let task = task_id(&fold.session_id, &turn.id);
@@ -483,6 +555,10 @@ fn status(fold: &Fold, turn: &Turn) -> Value {
             }
             status
         }
+        None if fold.asking(turn) && fold.view.questions.is_empty() => json!({
+            "state": "TASK_STATE_INPUT_REQUIRED",
+            "message": input_message(&task, &fold.session_id, &fold.view.inputs),
+        }),
         None if fold.asking(turn) => json!({
             "state": "TASK_STATE_INPUT_REQUIRED",
             "message": question_message(&task, &fold.session_id, &fold.view.questions),
@@ -798,6 +874,37 @@ async fn start(gw: &Gateway, person: &Person, params: &Value) -> Result<(Fold, S
                 format!("task {id} is working and takes no input now"),
             ));
         }
+        let answers_input = !fold.view.inputs.is_empty()
+            && (fold.view.questions.is_empty()
+                || data
+                    .as_ref()
+                    .is_some_and(|d| d.get("action").is_some() || d.get("content").is_some()));
+        if answers_input {
+            let (action, content_json, call) = mcp_answer(&text, data.as_ref())?;
+            let call_id = match call {
+                Some(call) if fold.view.inputs.iter().any(|q| q.call_id == call) => call,
+                Some(call) => {
+                    return Err(RpcError::params(format!(
+                        "task {id} does not ask about {call:?}; its questions are in its status \
+                         message"
+                    )));
+                }
+                None => fold.view.inputs[0].call_id.clone(),
+            };
+            submit(
+                gw,
+                person,
+                &fold.session_id,
+                pb::input::Kind::McpAnswer(pb::McpAnswerInput {
+                    call_id,
+                    action,
+                    content_json,
+                }),
+            )
+            .await?;
+            let fold = fold_session(gw, person, &fold.session_id).await?;
+            return Ok((fold, turn.id));
+        }
         let (decision, call, reason) = decision(&text, data.as_ref())?;
         // Only a question this task asks can be answered here.
         let call_id = match call {
@@ -1068,7 +1175,10 @@ async fn watch(
                 let _ = tx.send(status_update(&fold, status(&fold, &turn))).await;
                 return;
             }
-            _ if applied.asked.is_some() && fold.asking(&turn) => {
+            _ if (applied.asked.is_some()
+                || matches!(event.kind, Some(Kind::McpInputRequested(_))))
+                && fold.asking(&turn) =>
+            {
                 let _ = tx.send(status_update(&fold, status(&fold, &turn))).await;
                 return;
             }

@@ -203,14 +203,15 @@ fn tools() -> Vec<Tool> {
         ),
         Tool::new(
             "answer_approval",
-            "Answer a question a task asks a person (a call its policy confirms): approve it, approve it for the rest of the session, or deny it with a reason the agent reads.",
+            "Answer a question a task asks a person. A call its policy confirms (get_task's questions): approve it, approve it for the rest of the session, or deny it with a reason the agent reads. A tool's MCP server asking for input (get_task's server_questions): accept with the fields in content (checked against the question's schema), decline or cancel.",
             schema(json!({
                 "type": "object",
                 "properties": {
                     "session_id": {"type": "string"},
-                    "call_id": {"type": "string", "description": "From get_task's questions"},
-                    "decision": {"type": "string", "enum": ["approve", "approve_for_session", "deny"]},
-                    "reason": {"type": "string", "description": "For a denial: why, or what to do instead"}
+                    "call_id": {"type": "string", "description": "From get_task's questions or server_questions"},
+                    "decision": {"type": "string", "enum": ["approve", "approve_for_session", "deny", "accept", "decline", "cancel"]},
+                    "reason": {"type": "string", "description": "For a denial: why, or what to do instead"},
+                    "content": {"type": "object", "description": "For accept: the fields of the server's question (or {KEY: fields} for several)"}
                 },
                 "required": ["session_id", "call_id", "decision"]
             })),
@@ -529,7 +530,7 @@ async fn status(
             }
             let target = turn_id.unwrap_or(&latest);
             let ended_now = ended.get(target);
-            let asking = !view.questions.is_empty();
+            let asking = !view.questions.is_empty() || !view.inputs.is_empty();
             if ended_now.is_some() || asking || Instant::now() >= deadline {
                 return Ok(describe(&session.id, target, ended_now, &view));
             }
@@ -607,6 +608,27 @@ fn describe(
                 })
                 .collect();
         }
+        None if !view.inputs.is_empty() => {
+            out["status"] = json!("input_required");
+            out["server_questions"] = view
+                .inputs
+                .iter()
+                .map(|asked| {
+                    json!({
+                        "call_id": asked.call_id,
+                        "server": asked.server,
+                        "questions": asked.questions.iter().map(|q| json!({
+                            "key": q.key,
+                            "mode": q.mode,
+                            "message": q.message,
+                            "schema": serde_json::from_str::<Value>(&q.schema_json)
+                                .unwrap_or(Value::Null),
+                            "url": q.url,
+                        })).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+        }
         None if turn_id.is_empty() => out["status"] = json!("idle"),
         None => out["status"] = json!("running"),
     }
@@ -616,13 +638,27 @@ fn describe(
 async fn answer(caller: &Caller, args: &Args) -> Result<Value, String> {
     let session_id = args.text("session_id")?;
     let call_id = args.text("call_id")?;
-    let decision = match args.text("decision")?.as_str() {
+    let decision = args.text("decision")?;
+    if matches!(decision.as_str(), "accept" | "decline" | "cancel") {
+        let content_json = match args.0.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(content) => content.to_string(),
+        };
+        let input = pb::McpAnswerInput {
+            call_id: call_id.clone(),
+            action: decision.clone(),
+            content_json,
+        };
+        return answer_input(caller, &session_id, input).await;
+    }
+    let decision = match decision.as_str() {
         "approve" => spb::ApprovalDecision::Approve,
         "approve_for_session" => spb::ApprovalDecision::ApproveForSession,
         "deny" => spb::ApprovalDecision::Deny,
         other => {
             return Err(format!(
-                "decision {other:?}: approve, approve_for_session or deny"
+                "decision {other:?}: approve, approve_for_session or deny (a call's \
+                 approval); accept, decline or cancel (an MCP server's questions)"
             ));
         }
     };
@@ -644,6 +680,27 @@ async fn answer(caller: &Caller, args: &Args) -> Result<Value, String> {
             session_id: target,
             input: Some(pb::Input {
                 kind: Some(pb::input::Kind::Approval(input)),
+            }),
+        })?)
+        .await
+        .map_err(|s| status_text("the answer was not taken", &s))?;
+    Ok(json!({"session_id": session_id, "call_id": call_id, "answered": true}))
+}
+
+/// Answers the questions a tool's MCP server asked during a call.
+async fn answer_input(
+    caller: &Caller,
+    session_id: &str,
+    input: pb::McpAnswerInput,
+) -> Result<Value, String> {
+    let call_id = input.call_id.clone();
+    caller
+        .orchestrator
+        .clone()
+        .submit(caller.request(pb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::McpAnswer(input)),
             }),
         })?)
         .await

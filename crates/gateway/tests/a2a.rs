@@ -140,3 +140,84 @@ async fn behind_a_proxy_failed_tokens_count_against_the_forwarded_address() {
         "another caller behind the proxy does not"
     );
 }
+
+const ASKED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/a2a/asked.py");
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_of_an_mcp_server_is_input_required_and_answered_with_a_data_part() {
+    let Some(venv) = agentry_fakes::protocol_clients::venv() else {
+        return;
+    };
+    let Some(mcp_venv) = agentry_fakes::mcp_servers::venv() else {
+        return;
+    };
+    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&mcp_venv).unwrap();
+    let url = asking.url();
+    let (cluster, ann, _bob) = common::with_people_and(|c| {
+        c.mcp_servers
+            .push(agentry_runtime::config::McpServerConfig {
+                name: "ask".into(),
+                url,
+                enabled: true,
+                ..Default::default()
+            });
+        // The server's tools run without a confirmation: what stops the
+        // task is the server's own question.
+        c.policy.tools.insert(
+            "ask__deploy".into(),
+            agentry_runtime::config::PolicyDecision::Allow,
+        );
+    })
+    .await;
+    wait_for_tool(&cluster, "ask__deploy").await;
+    cluster.model.push(Reply::tool_call(
+        "d1",
+        "ask__deploy",
+        json!({"target": "web"}),
+    ));
+    cluster.model.push(Reply::text("Deployed."));
+    let seen = common::python(
+        &venv,
+        ASKED,
+        &[&common::base(&cluster)],
+        &[("ANN_TOKEN", ann.secret())],
+    )
+    .await;
+    assert_eq!(seen["call"], "d1");
+    assert_eq!(seen["answer"], "Deployed.");
+    // The answer is Ann's, and the server's task finished with it.
+    let session = seen["context"].as_str().unwrap();
+    let answered_by = common::senders(&cluster, session, 1, |k| {
+        matches!(k, Kind::McpInputProvided(_))
+    })
+    .await;
+    assert_eq!(answered_by, ["ann"]);
+    let state = asking.get_json("/state");
+    assert!(
+        state
+            .as_object()
+            .unwrap()
+            .values()
+            .any(|t| t["target"] == "web" && t["status"] == "completed"),
+        "{state}"
+    );
+}
+
+/// Waits until the orchestrator offers `tool` (an MCP server's tool is
+/// listed once the server answered).
+async fn wait_for_tool(cluster: &agentry_testkit::Cluster, tool: &str) {
+    let mut client = cluster.orchestrator().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let tools = client
+            .list_tools(agentry_proto::orchestrator::v1::ListToolsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        if tools.tools.iter().any(|t| t.name == tool) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tools:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -133,3 +133,111 @@ async fn a_host_speaking_the_tasks_extension_gets_a_task_and_polls_it_to_its_ans
     );
     let _ = host.cancel().await;
 }
+
+/// A task whose call reaches a tool of an MCP server that asks a person
+/// (a form): get_task says input_required with the server's questions, and
+/// answer_approval with accept and the fields lets the task complete. The
+/// official Rust SDK is the host.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_whose_mcp_server_asks_is_answered_through_answer_approval() {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let Some(mcp_venv) = agentry_fakes::mcp_servers::venv() else {
+        return;
+    };
+    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&mcp_venv).unwrap();
+    let server_url = asking.url();
+    let (cluster, ann, _bob) = common::with_people_and(|c| {
+        c.mcp_servers
+            .push(agentry_runtime::config::McpServerConfig {
+                name: "ask".into(),
+                url: server_url,
+                enabled: true,
+                ..Default::default()
+            });
+        c.policy.tools.insert(
+            "ask__deploy".into(),
+            agentry_runtime::config::PolicyDecision::Allow,
+        );
+    })
+    .await;
+    let mut orchestrator = cluster.orchestrator().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !orchestrator
+        .list_tools(agentry_proto::orchestrator::v1::ListToolsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .tools
+        .iter()
+        .any(|t| t.name == "ask__deploy")
+    {
+        assert!(std::time::Instant::now() < deadline, "no ask__deploy");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.model.push(Reply::tool_call(
+        "d1",
+        "ask__deploy",
+        json!({"target": "api"}),
+    ));
+    cluster.model.push(Reply::text("Deployed the api."));
+
+    let url = format!("{}/mcp", common::base(&cluster));
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(ann.secret()),
+    );
+    let host = ().serve(transport).await.unwrap();
+    let call = |name: &'static str, args: serde_json::Value| {
+        let mut params = CallToolRequestParams::new(name);
+        params.arguments = args.as_object().cloned();
+        let peer = host.peer().clone();
+        async move {
+            let result = peer.call_tool(params).await.unwrap();
+            let text = result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                .collect::<String>();
+            serde_json::from_str::<serde_json::Value>(&text).unwrap()
+        }
+    };
+    let started = call("start_task", json!({"prompt": "Deploy the api."})).await;
+    let session = started["session_id"].as_str().unwrap().to_string();
+    let turn = started["turn_id"].as_str().unwrap().to_string();
+    let asked = call(
+        "get_task",
+        json!({"session_id": session, "turn_id": turn, "wait_seconds": 60}),
+    )
+    .await;
+    assert_eq!(asked["status"], "input_required", "{asked}");
+    let question = &asked["server_questions"][0];
+    assert_eq!(question["server"], "ask", "{asked}");
+    assert_eq!(
+        question["questions"][0]["message"],
+        "Deploy api to production?"
+    );
+    let call_id = question["call_id"].as_str().unwrap().to_string();
+    let answered = call(
+        "answer_approval",
+        json!({"session_id": session, "call_id": call_id, "decision": "accept",
+               "content": {"confirm": true, "note": "via MCP"}}),
+    )
+    .await;
+    assert_eq!(answered["answered"], true, "{answered}");
+    let done = call(
+        "get_task",
+        json!({"session_id": session, "turn_id": turn, "wait_seconds": 60}),
+    )
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["answer"], "Deployed the api.");
+    let by = common::senders(&cluster, &session, 1, |k| {
+        matches!(k, Kind::McpInputProvided(_))
+    })
+    .await;
+    assert_eq!(by, ["ann"]);
+    let _ = host.cancel().await;
+}
