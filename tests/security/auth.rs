@@ -84,7 +84,7 @@ async fn every_service_refuses_calls_without_a_valid_token() {
     }
     for (who, channel) in callers(&cluster, &c.tool_runner.url).await {
         let result = ToolRunnerClient::new(channel)
-            .list_tools(tpb::ListToolsRequest {})
+            .list_tools(tpb::ListToolsRequest::default())
             .await
             .map(|_| ());
         match who {

@@ -338,7 +338,7 @@ async fn services(config: &Config, report: &mut Report) -> anyhow::Result<()> {
             agentry_proto::tools::v1::tool_runner_client::ToolRunnerClient::new(auth.wrap(channel));
         let listed = tokio::time::timeout(
             PROBE,
-            runner.list_tools(agentry_proto::tools::v1::ListToolsRequest {}),
+            runner.list_tools(agentry_proto::tools::v1::ListToolsRequest::default()),
         )
         .await;
         if let Ok(Ok(listed)) = listed {

@@ -78,7 +78,7 @@ async fn runner_lines(channel: TracedChannel, timeout: Duration) -> Vec<String> 
     use agentry_proto::tools::v1::{ListToolsRequest, tool_runner_client::ToolRunnerClient};
     let mut client = ToolRunnerClient::new(channel);
     let Ok(Ok(response)) =
-        tokio::time::timeout(timeout, client.list_tools(ListToolsRequest {})).await
+        tokio::time::timeout(timeout, client.list_tools(ListToolsRequest::default())).await
     else {
         return Vec::new();
     };

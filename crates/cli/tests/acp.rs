@@ -82,3 +82,55 @@ async fn an_acp_editor_prompts_allows_a_call_cancels_and_loads_the_session_again
         .collect();
     assert_eq!(finished, ["\"completed\"", "\"cancelled\""]);
 }
+
+const SERVERS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/acp/servers.py");
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_editors_own_mcp_server_is_started_for_its_session_and_its_tool_answers() {
+    let Some(venv) = agentry_fakes::protocol_clients::venv() else {
+        return;
+    };
+    let Some(mcp_venv) = agentry_fakes::mcp_servers::venv() else {
+        return;
+    };
+    let fixture = agentry_fakes::mcp_servers::Fixture::new().unwrap();
+    let model = FakeModel::start().await.unwrap();
+    model.push(Reply::tool_call(
+        "e1",
+        "fx_tools__echo",
+        json!({"text": "hi"}),
+    ));
+    model.push(Reply::text("It said hi."));
+    // The editor's server is trusted no more than any: a rule lets its
+    // echo run without a confirmation, as a person would write one.
+    let (install, _up, root, _log) = Up::start_with_projects(
+        &model.base_url(),
+        "[policy.tools]\n\"fx_tools__echo\" = \"allow\"\n",
+    );
+    let project = project_dir(&root, "editor-servers");
+    let python = mcp_venv.join("bin/python").display().to_string();
+    let script = fixture.script().display().to_string();
+    let seen = run_client(
+        &install,
+        &venv,
+        SERVERS,
+        &[
+            common::install::BIN,
+            &project.display().to_string(),
+            &python,
+            &script,
+        ],
+    );
+    assert!(
+        seen["answer"].as_str().unwrap().contains("It said hi."),
+        "{seen}"
+    );
+    // The model was offered the editor's tool, and got its answer.
+    let offered = model.requests()[0].to_string();
+    assert!(offered.contains("fx_tools__echo"), "{offered}");
+    let second = model.requests()[1].to_string();
+    assert!(second.contains("echo: hi"), "{second}");
+    // Its tools are the session's alone: the install's list lacks them.
+    let (tools, _) = common::install::text(&install.run(&["tools"]));
+    assert!(!tools.contains("fx_tools__echo"), "{tools}");
+}

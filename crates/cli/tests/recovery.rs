@@ -200,6 +200,15 @@ impl ToolRunner for HangingRunner {
         ))
     }
 
+    async fn mcp_session_servers(
+        &self,
+        _request: Request<tpb::McpSessionServersRequest>,
+    ) -> Result<Response<tpb::McpSessionServersResponse>, Status> {
+        Err(Status::failed_precondition(
+            "no MCP servers in this test double",
+        ))
+    }
+
     async fn snapshot(
         &self,
         _request: Request<tpb::SnapshotRequest>,

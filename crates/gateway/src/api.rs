@@ -546,7 +546,7 @@ pub async fn overview(State(gw): State<Gateway>, person: Person) -> Result<Json<
     // The runner's report is the services' own: asked with the service
     // credential, shown to anyone logged in.
     let mut runner = gw.runner.clone();
-    let sandbox = match runner.list_tools(tpb::ListToolsRequest {}).await {
+    let sandbox = match runner.list_tools(tpb::ListToolsRequest::default()).await {
         Ok(r) => json!(r.into_inner().sandbox),
         Err(status) => json!({"error": status.message()}),
     };

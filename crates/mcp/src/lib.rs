@@ -134,10 +134,51 @@ struct Server {
     restarts: AtomicU64,
 }
 
+impl Server {
+    fn new(config: McpServerConfig, settings: &Settings) -> Server {
+        let timeout = match config.timeout_secs {
+            0 => settings.call_timeout,
+            secs => Duration::from_secs(secs),
+        };
+        let breaker = Breaker::new(
+            format!("mcp {}", config.name),
+            settings.breaker,
+            Arc::new(SystemClock),
+        );
+        Server {
+            config,
+            timeout,
+            breaker,
+            tools: RwLock::default(),
+            state: Mutex::new(State::Starting),
+            last_error: Mutex::default(),
+            relist: tokio::sync::Notify::new(),
+            calls: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Most servers one session may bring.
+pub const MAX_SESSION_SERVERS: usize = 16;
+
+/// What setting a session's own servers came to, per server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionServer {
+    /// The server's name.
+    pub name: String,
+    /// Its tools, once listed; why it could not be started otherwise.
+    pub tools: Result<Vec<McpTool>, McpError>,
+}
+
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
 
 struct Shared {
     servers: BTreeMap<String, Arc<Server>>,
+    /// Servers a client brought for one session (an editor's), by session,
+    /// then name; kept in memory while the runner runs.
+    session_servers: Mutex<HashMap<String, BTreeMap<String, Arc<Server>>>>,
     settings: Settings,
     host: Arc<dyn Host>,
     /// Connections by (server, session).
@@ -214,29 +255,9 @@ impl Mcp {
             .into_iter()
             .filter(|s| s.enabled)
             .map(|config| {
-                let timeout = match config.timeout_secs {
-                    0 => settings.call_timeout,
-                    secs => Duration::from_secs(secs),
-                };
-                let breaker = Breaker::new(
-                    format!("mcp {}", config.name),
-                    settings.breaker,
-                    Arc::new(SystemClock),
-                );
                 (
                     config.name.clone(),
-                    Arc::new(Server {
-                        config,
-                        timeout,
-                        breaker,
-                        tools: RwLock::default(),
-                        state: Mutex::new(State::Starting),
-                        last_error: Mutex::default(),
-                        relist: tokio::sync::Notify::new(),
-                        calls: AtomicU64::new(0),
-                        failures: AtomicU64::new(0),
-                        restarts: AtomicU64::new(0),
-                    }),
+                    Arc::new(Server::new(config, &settings)),
                 )
             })
             .collect();
@@ -245,6 +266,7 @@ impl Mcp {
                 servers,
                 settings,
                 host,
+                session_servers: Mutex::default(),
                 conns: Mutex::default(),
                 reading: Mutex::default(),
                 subs_file_lock: Mutex::default(),
@@ -370,9 +392,118 @@ impl Mcp {
         Some((server.config.name.clone(), listed))
     }
 
+    /// The configured server a tool belongs to, else the first session's
+    /// own server of that name (a call then finds its session's through
+    /// [`Mcp::server_for`]).
     fn server_of(&self, tool: &str) -> Option<Arc<Server>> {
         let (server, _) = tool.split_once(MCP_SEPARATOR)?;
-        self.shared.servers.get(server).cloned()
+        if let Some(found) = self.shared.servers.get(server) {
+            return Some(found.clone());
+        }
+        lock(&self.shared.session_servers)
+            .values()
+            .find_map(|servers| servers.get(server).cloned())
+    }
+
+    /// The server a tool belongs to for `session_id`: a configured one, or
+    /// one the session brought.
+    fn server_for(&self, tool: &str, session_id: &str) -> Option<Arc<Server>> {
+        let (server, _) = tool.split_once(MCP_SEPARATOR)?;
+        if let Some(found) = self.shared.servers.get(server) {
+            return Some(found.clone());
+        }
+        lock(&self.shared.session_servers)
+            .get(session_id)?
+            .get(server)
+            .cloned()
+    }
+
+    /// The tools of the servers `session_id` brought (with their server).
+    pub fn session_tools(&self, session_id: &str) -> Vec<(String, McpTool)> {
+        let servers: Vec<Arc<Server>> = lock(&self.shared.session_servers)
+            .get(session_id)
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default();
+        servers
+            .iter()
+            .flat_map(|s| {
+                let tools = s.tools.read().unwrap_or_else(|e| e.into_inner()).clone();
+                tools.into_iter().map(|t| (s.config.name.clone(), t))
+            })
+            .collect()
+    }
+
+    /// Sets the servers `session_id` brings of its own (an editor's, for
+    /// one session), replacing those it brought before: each is started in
+    /// the session's place (a stdio one inside its sandbox, as the session)
+    /// and its tools listed. Names may not be those of configured servers.
+    pub async fn set_session_servers(
+        &self,
+        session_id: &str,
+        configs: Vec<McpServerConfig>,
+    ) -> Result<Vec<SessionServer>, McpError> {
+        if configs.len() > MAX_SESSION_SERVERS {
+            return Err(McpError(format!(
+                "{} MCP servers for one session; at most {MAX_SESSION_SERVERS}",
+                configs.len()
+            )));
+        }
+        let mut servers = BTreeMap::new();
+        for mut config in configs {
+            config.enabled = true;
+            agentry_runtime::config::check_server(&config)
+                .map_err(|why| McpError(format!("MCP server {:?}: {why}", config.name)))?;
+            if self.shared.servers.contains_key(&config.name) {
+                return Err(McpError(format!(
+                    "MCP server {:?}: a configured server has that name",
+                    config.name
+                )));
+            }
+            if servers.contains_key(&config.name) {
+                return Err(McpError(format!(
+                    "MCP server {:?} is named twice",
+                    config.name
+                )));
+            }
+            let name = config.name.clone();
+            servers.insert(name, Arc::new(Server::new(config, &self.shared.settings)));
+        }
+        let before = lock(&self.shared.session_servers)
+            .insert(session_id.to_string(), servers.clone())
+            .unwrap_or_default();
+        // Connections to the servers it brought before end.
+        for name in before.keys() {
+            let key = (name.clone(), session_id.to_string());
+            lock(&self.shared.conns).remove(&key);
+        }
+        let mut out = Vec::new();
+        for (name, server) in &servers {
+            let listed = async {
+                let place = self.shared.host.session_place(session_id)?;
+                let conn = self.connection(server, &place).await?;
+                let tools = conn.list_tools(self.shared.settings.init_timeout).await?;
+                Ok::<_, McpError>(offered_tools(name, &tools))
+            }
+            .await;
+            match listed {
+                Ok(tools) => {
+                    *server.tools.write().unwrap_or_else(|e| e.into_inner()) = tools.clone();
+                    *lock(&server.state) = State::Ready;
+                    out.push(SessionServer {
+                        name: name.clone(),
+                        tools: Ok(tools),
+                    });
+                }
+                Err(why) => {
+                    *lock(&server.state) = State::Failed(why.0.clone());
+                    out.push(SessionServer {
+                        name: name.clone(),
+                        tools: Err(why),
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Runs one call of `tool` for the session of `place`, or goes on
@@ -388,7 +519,7 @@ impl Mcp {
         max_output_bytes: usize,
         sink: OutputSink,
     ) -> Result<Outcome, ToolError> {
-        let Some(server) = self.server_of(tool) else {
+        let Some(server) = self.server_for(tool, &place.session_id) else {
             return Err(ToolError::UnknownTool {
                 name: tool.to_string(),
                 available: "no MCP server has that name".into(),

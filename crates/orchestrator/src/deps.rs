@@ -32,6 +32,11 @@ pub struct Deps {
     /// The orchestrator's metrics.
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
     tool_cache: RwLock<Option<(std::time::Instant, Arc<Catalog>)>>,
+    /// The tools of the MCP servers sessions brought of their own, by
+    /// session (kept while this process runs).
+    session_tools: std::sync::RwLock<
+        std::collections::HashMap<String, Vec<agentry_proto::tools::v1::ToolSpec>>,
+    >,
     /// What is wrong with the model server, as last found ("unreachable",
     /// a model it does not list); `None` when nothing is known wrong.
     model_problem: std::sync::RwLock<Option<String>>,
@@ -60,6 +65,7 @@ impl Deps {
             llm: std::sync::RwLock::new(llm),
             metrics: Arc::default(),
             tool_cache: RwLock::new(None),
+            session_tools: std::sync::RwLock::default(),
             model_problem: std::sync::RwLock::new(None),
             cluster: None,
             live: Arc::default(),
@@ -194,6 +200,60 @@ impl Deps {
                 Arc::new(catalog)
             }
         }
+    }
+
+    /// Records the tools of the servers `session_id` brought (none: it
+    /// brings none any more).
+    pub fn set_session_tools(
+        &self,
+        session_id: &str,
+        tools: Vec<agentry_proto::tools::v1::ToolSpec>,
+    ) {
+        let mut map = self
+            .session_tools
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if tools.is_empty() {
+            map.remove(session_id);
+        } else {
+            map.insert(session_id.to_string(), tools);
+        }
+    }
+
+    /// `tools` with the tools of the servers `session_id` brought added
+    /// (those whose names are taken already are left out); `tools` itself
+    /// when it brought none.
+    pub fn with_session_tools(&self, session_id: &str, tools: Arc<Catalog>) -> Arc<Catalog> {
+        let extra = self
+            .session_tools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session_id)
+            .cloned();
+        let Some(extra) = extra else { return tools };
+        let mut catalog = (*tools).clone();
+        for t in extra {
+            if catalog.flags.contains_key(&t.name) {
+                continue;
+            }
+            let Ok(parameters) = serde_json::from_str(&t.parameters_json_schema) else {
+                continue;
+            };
+            catalog.add(
+                ToolDefinition {
+                    name: t.name,
+                    description: t.description,
+                    parameters,
+                },
+                ToolFlags {
+                    read_only: t.read_only,
+                    parallel_safe: t.parallel_safe,
+                    read_only_hint: t.read_only_hint,
+                    network: t.network,
+                },
+            );
+        }
+        Arc::new(catalog)
     }
 
     /// Makes the next [`Deps::tools`] ask the runner again (the same tools

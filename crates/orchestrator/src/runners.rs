@@ -421,11 +421,49 @@ impl RunnerPool {
     pub async fn list_tools(self: &Arc<Self>) -> Result<ListToolsResponse, Status> {
         self.on_any(|mut client| async move {
             client
-                .list_tools(ListToolsRequest {})
+                .list_tools(ListToolsRequest::default())
                 .await
                 .map(tonic::Response::into_inner)
         })
         .await
+    }
+
+    /// Sets a session's own MCP servers on every replica (any of them may
+    /// run its calls); the first answer is the one given, with the errors
+    /// of every replica that failed altogether.
+    pub async fn set_session_servers(
+        self: &Arc<Self>,
+        request: agentry_proto::tools::v1::McpSessionServersRequest,
+    ) -> Result<agentry_proto::tools::v1::McpSessionServersResponse, Status> {
+        let _ = self.pick_or_refresh(&[]).await;
+        let replicas = self.replicas();
+        if replicas.is_empty() {
+            return Err(Status::unavailable("no tool runner is reachable"));
+        }
+        let mut answer: Option<agentry_proto::tools::v1::McpSessionServersResponse> = None;
+        let mut failed = Vec::new();
+        for replica in replicas {
+            let mut client = replica.client.clone();
+            match client.mcp_session_servers(request.clone()).await {
+                Ok(response) => {
+                    answer.get_or_insert(response.into_inner());
+                }
+                Err(status) if status.code() == tonic::Code::InvalidArgument => return Err(status),
+                Err(status) => failed.push(format!("{}: {}", replica.url, status.message())),
+            }
+        }
+        let mut answer = answer.ok_or_else(|| {
+            Status::unavailable(format!(
+                "no tool runner took the servers: {}",
+                failed.join("; ")
+            ))
+        })?;
+        answer.errors.extend(
+            failed
+                .into_iter()
+                .map(|f| format!("tool runner {f} (its calls of these tools fail)")),
+        );
+        Ok(answer)
     }
 
     /// Makes one unary call on the first replica that answers (a replica

@@ -28,6 +28,8 @@ pub struct Settings {
     pub agents: Agents,
     /// How long an append keeps retrying while the store is unavailable.
     pub store_retry_window: Duration,
+    /// Sessions may bring MCP servers of their own (`mcp.session_servers`).
+    pub session_mcp_servers: bool,
 }
 
 impl Settings {
@@ -41,6 +43,7 @@ impl Settings {
             policy,
             agents: Agents::default(),
             store_retry_window: Duration::from_secs(10),
+            session_mcp_servers: true,
         }
     }
 
@@ -52,6 +55,7 @@ impl Settings {
         let mut settings = Settings::new(view(config)?, config.agent.max_steps, Arc::new(policy));
         settings.plan_max_steps = config.agent.plan_max_steps;
         settings.agents = Agents::new(config.agents()?, config.agent.max_parallel_agents);
+        settings.session_mcp_servers = config.mcp.session_servers;
         Ok(settings)
     }
 

@@ -25,6 +25,7 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.sessions.v1.SessionStore/ReleaseSession",
     "/agentry.tools.v1.ToolRunner/Execute",
     "/agentry.tools.v1.ToolRunner/McpSubscribe",
+    "/agentry.tools.v1.ToolRunner/McpSessionServers",
     "/agentry.tools.v1.ToolRunner/McpReadResource",
     "/agentry.tools.v1.ToolRunner/McpWatch",
     "/agentry.tools.v1.ToolRunner/Snapshot",
@@ -88,6 +89,10 @@ pub const FOR_PEOPLE: &[(&str, Role)] = &[
     ),
     (
         "/agentry.orchestrator.v1.Orchestrator/RewindSession",
+        Role::Operator,
+    ),
+    (
+        "/agentry.orchestrator.v1.Orchestrator/SetSessionMcpServers",
         Role::Operator,
     ),
     (

@@ -272,7 +272,7 @@ pub async fn serve(
             egress: Some(egress.clone()),
         }),
     );
-    let mcp_task = (!mcp.is_empty()).then(|| mcp.start_background());
+    let mcp_task = Some(mcp.start_background());
     let mut runner = ToolRunnerService::new(workspace_root, limits, runner_id)
         .with_places(places)
         .with_sandbox(sandbox)

@@ -201,6 +201,19 @@ impl Host for RunnerHost {
     }
 }
 
+/// How a server's tool is described: it may change anything and grow the
+/// workspace; what its server says of it is kept for the policy.
+pub fn spec_of(server: String, listed: McpTool) -> ToolSpec {
+    ToolSpec {
+        source: Source::Mcp {
+            server,
+            read_only_hint: listed.read_only_hint,
+        },
+        ..ToolSpec::changing(&listed.exposed, &listed.description, listed.schema)
+            .growing_workspace()
+    }
+}
+
 /// The servers' tools.
 pub struct Toolbox {
     mcp: Mcp,
@@ -218,16 +231,8 @@ impl Toolbox {
     }
 
     fn tool(&self, server: String, listed: McpTool) -> Arc<dyn Tool<Call>> {
-        let spec = ToolSpec {
-            source: Source::Mcp {
-                server,
-                read_only_hint: listed.read_only_hint,
-            },
-            ..ToolSpec::changing(&listed.exposed, &listed.description, listed.schema)
-                .growing_workspace()
-        };
         Arc::new(ServerTool {
-            spec,
+            spec: spec_of(server, listed),
             mcp: self.mcp.clone(),
             max_output_bytes: self.max_output_bytes,
         })

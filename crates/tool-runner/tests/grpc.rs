@@ -316,7 +316,7 @@ async fn list_tools_describes_every_tool_with_its_flags_and_schema() {
     let runner = Runner::start(default_limits()).await;
     let mut client = runner.client().await;
     let response = client
-        .list_tools(ListToolsRequest {})
+        .list_tools(ListToolsRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -236,7 +236,7 @@ impl Runner {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let list = client
-                .list_tools(ListToolsRequest {})
+                .list_tools(ListToolsRequest::default())
                 .await
                 .unwrap()
                 .into_inner();
@@ -364,7 +364,7 @@ async fn stdio_and_http_servers_offer_their_tools_and_answer() {
     let tools = runner
         .client()
         .await
-        .list_tools(ListToolsRequest {})
+        .list_tools(ListToolsRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -655,7 +655,7 @@ async fn an_http_server_that_restarts_serves_the_next_call() {
         let tools = runner
             .client()
             .await
-            .list_tools(ListToolsRequest {})
+            .list_tools(ListToolsRequest::default())
             .await
             .unwrap()
             .into_inner()

@@ -33,6 +33,7 @@ use agentry_client::text::{approvers, images_shown, short_args};
 use agentry_client::view::SessionView;
 use agentry_proto::orchestrator::v1::{self as pb, orchestrator_client::OrchestratorClient};
 use agentry_proto::sessions::v1::{self as spb, event::Kind};
+use agentry_proto::tools::v1 as tpb;
 use agentry_runtime::Config;
 use agentry_runtime::telemetry::TracedChannel;
 use base64::Engine as _;
@@ -356,7 +357,7 @@ impl State {
             .await
             .map_err(|e| internal(format!("{e:#}")))?;
         let mut notes: Vec<String> = note.into_iter().collect();
-        if let Some(note) = unused_servers(&request.mcp_servers) {
+        if let Some(note) = bring_servers(&mut client, &session.id, &request.mcp_servers).await {
             notes.push(note);
         }
         let live = Live::start(
@@ -379,6 +380,7 @@ impl State {
     ) -> Result<LoadSessionResponse, AcpError> {
         let mut client = self.client().await?;
         let id = request.session_id.0.to_string();
+        let brought = bring_servers(&mut client, &id, &request.mcp_servers).await;
         let session = client
             .get_session(pb::GetSessionRequest {
                 session_id: id.clone(),
@@ -400,7 +402,7 @@ impl State {
         replayed
             .await
             .map_err(|_| internal(format!("lost session {id}'s events while replaying them")))?;
-        if let Some(note) = unused_servers(&request.mcp_servers) {
+        if let Some(note) = brought {
             say(cx, &id, &note);
         }
         Ok(LoadSessionResponse::new().modes(modes(plan)))
@@ -547,27 +549,109 @@ impl State {
     }
 }
 
-/// What to say about MCP servers the editor offered: Agentry's sessions use
-/// the servers of its own configuration.
-fn unused_servers(servers: &[agent_client_protocol::v1::schema::McpServer]) -> Option<String> {
+/// Starts the MCP servers the editor passes for the session (as the
+/// session, a stdio one inside its sandbox; their tools under the policy
+/// like any other); what to tell the person about them, if anything.
+async fn bring_servers(
+    client: &mut OrchestratorClient<TracedChannel>,
+    session_id: &str,
+    servers: &[agent_client_protocol::v1::schema::McpServer],
+) -> Option<String> {
     use agent_client_protocol::v1::schema::McpServer;
     if servers.is_empty() {
         return None;
     }
-    let names: Vec<String> = servers
-        .iter()
-        .map(|s| match s {
-            McpServer::Http(h) => h.name.clone(),
-            McpServer::Sse(s) => s.name.clone(),
-            McpServer::Stdio(s) => s.name.clone(),
-            _ => "(unnamed)".to_string(),
+    let mut skipped = Vec::new();
+    let mut wanted = Vec::new();
+    for server in servers {
+        match server {
+            McpServer::Stdio(s) => wanted.push(tpb::McpSessionServer {
+                name: server_name(&s.name),
+                command: s.command.display().to_string(),
+                args: s.args.clone(),
+                env: s
+                    .env
+                    .iter()
+                    .map(|e| (e.name.clone(), e.value.clone()))
+                    .collect(),
+                ..Default::default()
+            }),
+            McpServer::Http(h) => wanted.push(tpb::McpSessionServer {
+                name: server_name(&h.name),
+                url: h.url.clone(),
+                headers: h
+                    .headers
+                    .iter()
+                    .map(|e| (e.name.clone(), e.value.clone()))
+                    .collect(),
+                ..Default::default()
+            }),
+            McpServer::Sse(s) => skipped.push(format!(
+                "{} (the old HTTP+SSE transport, which Agentry does not speak)",
+                s.name
+            )),
+            _ => skipped.push("(a kind of server Agentry does not know)".to_string()),
+        }
+    }
+    let mut notes = Vec::new();
+    if !wanted.is_empty() {
+        let names: Vec<String> = wanted.iter().map(|s| s.name.clone()).collect();
+        match client
+            .set_session_mcp_servers(pb::SetSessionMcpServersRequest {
+                session_id: session_id.to_string(),
+                servers: wanted,
+            })
+            .await
+        {
+            Ok(set) => {
+                let set = set.into_inner();
+                notes.push(format!(
+                    "(the editor's MCP servers {}: {} tools offered{})",
+                    names.join(", "),
+                    set.tools.len(),
+                    if set.errors.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; not started: {}", set.errors.join("; "))
+                    }
+                ));
+            }
+            Err(status) => notes.push(format!(
+                "(the editor's MCP servers {} are not started: {})",
+                names.join(", "),
+                status.message()
+            )),
+        }
+    }
+    if !skipped.is_empty() {
+        notes.push(format!("(not started: {})", skipped.join(", ")));
+    }
+    Some(notes.join("\n"))
+}
+
+/// An editor's name for a server as Agentry's names go (letters, digits,
+/// `-`, `_`; at most 32; no `__`).
+fn server_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
         })
         .collect();
-    Some(format!(
-        "(the editor's MCP servers {} are not started for this session: Agentry's sessions use \
-         the MCP servers of its configuration, [[mcp.servers]]; `agentry mcp list` shows them)",
-        names.join(", ")
-    ))
+    while out.contains("__") {
+        out = out.replace("__", "_");
+    }
+    out.truncate(32);
+    let out = out.trim_end_matches('_').to_string();
+    if out.is_empty() {
+        "editor".to_string()
+    } else {
+        out
+    }
 }
 
 /// A prompt's content as an Agentry message.

@@ -570,6 +570,9 @@ impl Actor {
         if let Some(child) = &self.child {
             // Only the agent's tools.
             tools = Arc::new(child.agent.catalog(&tools));
+        } else {
+            // With the tools of the servers the session brought.
+            tools = self.deps.with_session_tools(&self.session_id, tools);
         }
         if self
             .offered

@@ -468,6 +468,43 @@ impl Orchestrator for Sessions {
         Ok(Response::new(forked))
     }
 
+    async fn set_session_mcp_servers(
+        &self,
+        request: Request<pb::SetSessionMcpServersRequest>,
+    ) -> Result<Response<pb::SetSessionMcpServersResponse>, Status> {
+        let forwarded = crate::cluster::was_forwarded(&request);
+        let by = Principal::of(request.extensions()).cloned();
+        let req = request.into_inner();
+        if !self.settings.session_mcp_servers {
+            return Err(Status::failed_precondition(
+                "sessions may not bring MCP servers of their own here (mcp.session_servers is \
+                 off); the MCP servers of the configuration are offered",
+            ));
+        }
+        // The replica that drives the session offers its tools.
+        if let Route::Elsewhere(url) = self.route(&req.session_id).await? {
+            return self
+                .driver(&req.session_id, &url, forwarded)?
+                .set_session_mcp_servers(crate::cluster::forwarded(req.clone(), by.as_ref()))
+                .await
+                .map_err(|s| driver_status(&req.session_id, &url, s));
+        }
+        let set = self
+            .deps
+            .runners
+            .set_session_servers(agentry_proto::tools::v1::McpSessionServersRequest {
+                session_id: req.session_id.clone(),
+                servers: req.servers,
+            })
+            .await?;
+        let tools = set.tools.iter().map(|t| t.name.clone()).collect();
+        self.deps.set_session_tools(&req.session_id, set.tools);
+        Ok(Response::new(pb::SetSessionMcpServersResponse {
+            tools,
+            errors: set.errors,
+        }))
+    }
+
     async fn rewind_session(
         &self,
         request: Request<pb::RewindSessionRequest>,

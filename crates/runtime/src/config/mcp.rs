@@ -29,6 +29,10 @@ pub struct McpConfig {
     pub breaker_failures: u32,
     /// How long an open circuit refuses calls before trying once more.
     pub breaker_open_secs: u64,
+    /// Whether a session may bring MCP servers of its own (an editor's,
+    /// through ACP): started as the session, inside its sandbox.
+    #[serde(default = "yes")]
+    pub session_servers: bool,
 }
 
 /// One MCP server. Exactly one of `command` (stdio) and `url` (streamable
@@ -178,7 +182,9 @@ impl Config {
     }
 }
 
-fn check_server(server: &McpServerConfig) -> Result<(), String> {
+/// Whether `server` is a usable definition: its name, one transport, the
+/// settings of that transport only. The reason when not.
+pub fn check_server(server: &McpServerConfig) -> Result<(), String> {
     let name = &server.name;
     if name.is_empty()
         || name.len() > 32

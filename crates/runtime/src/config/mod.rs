@@ -826,7 +826,7 @@ mod load;
 pub use agentry_agent::settings::{HookConfig, HookEvent, ModelPrice};
 pub use hooks::MAX_HOOK_TIMEOUT_SECS;
 mod mcp;
-pub use mcp::{MCP_SEPARATOR, McpConfig, McpServerConfig, read_servers_file};
+pub use mcp::{MCP_SEPARATOR, McpConfig, McpServerConfig, check_server, read_servers_file};
 
 pub use load::ConfigSource;
 

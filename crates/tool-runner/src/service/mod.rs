@@ -102,7 +102,8 @@ impl ToolRunnerService {
 
     /// The same runner offering the tools of these MCP servers.
     pub fn with_mcp(self, mcp: crate::mcp::Mcp) -> Self {
-        self.with(|inner| inner.mcp = (!mcp.is_empty()).then_some(mcp))
+        // Kept without configured servers too: a session may bring its own.
+        self.with(|inner| inner.mcp = Some(mcp))
     }
 
     /// The same runner keeping workspace snapshots in `snapshots`.
@@ -118,6 +119,28 @@ impl ToolRunnerService {
             self.inner.web.as_deref(),
             self.inner.mcp.as_ref(),
         )
+    }
+}
+
+/// A tool's description as ListTools gives it.
+fn spec_message(s: tools::ToolSpec) -> pb::ToolSpec {
+    let (mcp_server, read_only_hint) = match s.source {
+        tools::Source::Own => (String::new(), false),
+        tools::Source::Mcp {
+            server,
+            read_only_hint,
+        } => (server, read_only_hint),
+    };
+    pb::ToolSpec {
+        name: s.name,
+        description: s.description,
+        parameters_json_schema: s.schema.to_string(),
+        read_only: s.read_only,
+        parallel_safe: s.parallel_safe,
+        sensitive: s.sensitive,
+        mcp_server,
+        read_only_hint,
+        network: s.network,
     }
 }
 
@@ -166,34 +189,25 @@ impl ToolRunnerService {
 impl ToolRunner for ToolRunnerService {
     async fn list_tools(
         &self,
-        _request: Request<pb::ListToolsRequest>,
+        request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
-        let tools = self
+        let session_id = request.into_inner().session_id;
+        let mut tools: Vec<pb::ToolSpec> = self
             .inner
             .tools
             .specs()
             .into_iter()
-            .map(|s| {
-                let (mcp_server, read_only_hint) = match s.source {
-                    tools::Source::Own => (String::new(), false),
-                    tools::Source::Mcp {
-                        server,
-                        read_only_hint,
-                    } => (server, read_only_hint),
-                };
-                pb::ToolSpec {
-                    name: s.name,
-                    description: s.description,
-                    parameters_json_schema: s.schema.to_string(),
-                    read_only: s.read_only,
-                    parallel_safe: s.parallel_safe,
-                    sensitive: s.sensitive,
-                    mcp_server,
-                    read_only_hint,
-                    network: s.network,
-                }
-            })
+            .map(spec_message)
             .collect();
+        if !session_id.is_empty()
+            && let Some(mcp) = &self.inner.mcp
+        {
+            tools.extend(
+                mcp.session_tools(&session_id)
+                    .into_iter()
+                    .map(|(server, listed)| spec_message(crate::mcp_host::spec_of(server, listed))),
+            );
+        }
         let mcp_servers = self
             .inner
             .mcp
@@ -487,6 +501,46 @@ impl ToolRunner for ToolRunnerService {
         .map_err(|e| Status::internal(format!("reading instructions failed: {e}")))?
         .map_err(|e| Status::internal(format!("cannot read instructions as the session: {e}")))?;
         Ok(Response::new(pb::ReadInstructionsResponse { files }))
+    }
+
+    async fn mcp_session_servers(
+        &self,
+        request: Request<pb::McpSessionServersRequest>,
+    ) -> Result<Response<pb::McpSessionServersResponse>, Status> {
+        let req = request.into_inner();
+        crate::workspace::check_session_id(&req.session_id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let configs = req
+            .servers
+            .into_iter()
+            .map(|s| agentry_runtime::config::McpServerConfig {
+                name: s.name,
+                command: s.command,
+                args: s.args,
+                env: s.env.into_iter().collect(),
+                url: s.url,
+                headers: s.headers.into_iter().collect(),
+                enabled: true,
+                ..Default::default()
+            })
+            .collect();
+        let set = self
+            .mcp()?
+            .set_session_servers(&req.session_id, configs)
+            .await
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut response = pb::McpSessionServersResponse::default();
+        for server in set {
+            match server.tools {
+                Ok(listed) => response.tools.extend(
+                    listed
+                        .into_iter()
+                        .map(|t| spec_message(crate::mcp_host::spec_of(server.name.clone(), t))),
+                ),
+                Err(why) => response.errors.push(format!("{}: {why}", server.name)),
+            }
+        }
+        Ok(Response::new(response))
     }
 
     async fn mcp_subscribe(
