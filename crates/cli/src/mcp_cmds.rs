@@ -49,19 +49,10 @@ pub async fn tools(config: &Config, server: Option<&str>) -> anyhow::Result<()> 
     if let Some(name) = server
         && !response.mcp_servers.iter().any(|s| s.name == name)
     {
-        let known: Vec<&str> = response
-            .mcp_servers
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect();
-        anyhow::bail!(
-            "no MCP server is named {name:?} (configured: {})",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        );
+        return Err(no_server(
+            name,
+            response.mcp_servers.iter().map(|s| s.name.as_str()),
+        ));
     }
     let mut shown = 0;
     for t in response
@@ -89,15 +80,7 @@ pub async fn tools(config: &Config, server: Option<&str>) -> anyhow::Result<()> 
 pub async fn login(config: &Config, name: &str, wait: u64) -> anyhow::Result<()> {
     let servers = config.mcp_servers()?;
     let Some(server) = servers.iter().find(|s| s.name == name) else {
-        let known: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
-        anyhow::bail!(
-            "no MCP server is named {name:?} (configured: {})",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        );
+        return Err(no_server(name, servers.iter().map(|s| s.name.as_str())));
     };
     if server.url.trim().is_empty() {
         anyhow::bail!("{name} is a stdio server; OAuth applies to url servers");
@@ -134,4 +117,17 @@ pub async fn login(config: &Config, name: &str, wait: u64) -> anyhow::Result<()>
         },
         done.path.display()
     ))
+}
+
+/// There is no server `name`; the ones there are.
+fn no_server<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> anyhow::Error {
+    let known: Vec<&str> = known.collect();
+    anyhow::anyhow!(
+        "no MCP server is named {name:?} (configured: {})",
+        if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        }
+    )
 }

@@ -781,19 +781,9 @@ async fn killed_while_an_mcp_server_asks_the_question_waits_in_the_inbox_and_its
     let mut orchestrator = Orchestrator::new(&mut cluster);
     let mut client = orchestrator.start().await;
     // The server's tools are offered before the model asks for one.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let tools = client
-            .list_tools(pb::ListToolsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        if tools.tools.iter().any(|t| t.name == "ask__deploy") {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{tools:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    agentry_testkit::cluster::wait_for_tool(&mut client, "ask__deploy")
+        .await
+        .unwrap();
     cluster.model.push(Reply::tool_call(
         "d1",
         "ask__deploy",

@@ -169,7 +169,10 @@ async fn a_question_of_an_mcp_server_is_input_required_and_answered_with_a_data_
         );
     })
     .await;
-    wait_for_tool(&cluster, "ask__deploy").await;
+    let mut orchestrator = cluster.orchestrator().await.unwrap();
+    agentry_testkit::cluster::wait_for_tool(&mut orchestrator, "ask__deploy")
+        .await
+        .unwrap();
     cluster.model.push(Reply::tool_call(
         "d1",
         "ask__deploy",
@@ -201,23 +204,4 @@ async fn a_question_of_an_mcp_server_is_input_required_and_answered_with_a_data_
             .any(|t| t["target"] == "web" && t["status"] == "completed"),
         "{state}"
     );
-}
-
-/// Waits until the orchestrator offers `tool` (an MCP server's tool is
-/// listed once the server answered).
-async fn wait_for_tool(cluster: &agentry_testkit::Cluster, tool: &str) {
-    let mut client = cluster.orchestrator().await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let tools = client
-            .list_tools(agentry_proto::orchestrator::v1::ListToolsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        if tools.tools.iter().any(|t| t.name == tool) {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{tools:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }

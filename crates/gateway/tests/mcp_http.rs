@@ -165,19 +165,9 @@ async fn a_task_whose_mcp_server_asks_is_answered_through_answer_approval() {
     })
     .await;
     let mut orchestrator = cluster.orchestrator().await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !orchestrator
-        .list_tools(agentry_proto::orchestrator::v1::ListToolsRequest::default())
+    agentry_testkit::cluster::wait_for_tool(&mut orchestrator, "ask__deploy")
         .await
-        .unwrap()
-        .into_inner()
-        .tools
-        .iter()
-        .any(|t| t.name == "ask__deploy")
-    {
-        assert!(std::time::Instant::now() < deadline, "no ask__deploy");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        .unwrap();
     cluster.model.push(Reply::tool_call(
         "d1",
         "ask__deploy",

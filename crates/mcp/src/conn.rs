@@ -158,6 +158,27 @@ impl ClientHandler for Handler {
     }
 }
 
+/// Starts a streamable HTTP connection through `client` within `timeout`.
+async fn start_http<C>(
+    handler: Handler,
+    client: C,
+    config: rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig,
+    timeout: Duration,
+) -> Result<
+    Result<RunningService<RoleClient, Handler>, rmcp::service::ClientInitializeError>,
+    tokio::time::error::Elapsed,
+>
+where
+    C: rmcp::transport::streamable_http_client::StreamableHttpClient + Send + 'static,
+{
+    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(client, config);
+    tokio::time::timeout(
+        timeout,
+        handler.serve_with_lifecycle(transport, lifecycle()),
+    )
+    .await
+}
+
 /// How a connection starts: `server/discover` first (servers of the
 /// 2026-07-28 revision need no `initialize`), falling back to the
 /// `initialize` handshake for earlier servers.
@@ -339,27 +360,9 @@ impl Conn {
             let started = match signed_in {
                 Some(manager) => {
                     let client = rmcp::transport::auth::AuthClient::new(client, manager);
-                    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
-                        client,
-                        transport_config,
-                    );
-                    tokio::time::timeout(
-                        init_timeout,
-                        handler.serve_with_lifecycle(transport, lifecycle()),
-                    )
-                    .await
+                    start_http(handler, client, transport_config, init_timeout).await
                 }
-                None => {
-                    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
-                        client,
-                        transport_config,
-                    );
-                    tokio::time::timeout(
-                        init_timeout,
-                        handler.serve_with_lifecycle(transport, lifecycle()),
-                    )
-                    .await
-                }
+                None => start_http(handler, client, transport_config, init_timeout).await,
             };
             match started {
                 Ok(Ok(service)) => (service, None),

@@ -236,22 +236,9 @@ impl Deps {
             if catalog.flags.contains_key(&t.name) {
                 continue;
             }
-            let Ok(parameters) = serde_json::from_str(&t.parameters_json_schema) else {
-                continue;
-            };
-            catalog.add(
-                ToolDefinition {
-                    name: t.name,
-                    description: t.description,
-                    parameters,
-                },
-                ToolFlags {
-                    read_only: t.read_only,
-                    parallel_safe: t.parallel_safe,
-                    read_only_hint: t.read_only_hint,
-                    network: t.network,
-                },
-            );
+            if let Err(why) = add_spec(&mut catalog, t) {
+                tracing::warn!(session_id, error = %why, "a tool of a server the session brought is left out");
+            }
         }
         Arc::new(catalog)
     }
@@ -276,22 +263,7 @@ impl Deps {
                 );
                 continue;
             }
-            let parameters = serde_json::from_str(&t.parameters_json_schema).map_err(|e| {
-                tonic::Status::internal(format!("tool {} has an invalid JSON schema: {e}", t.name))
-            })?;
-            set.add(
-                ToolDefinition {
-                    name: t.name,
-                    description: t.description,
-                    parameters,
-                },
-                ToolFlags {
-                    read_only: t.read_only,
-                    parallel_safe: t.parallel_safe,
-                    read_only_hint: t.read_only_hint,
-                    network: t.network,
-                },
-            );
+            add_spec(&mut set, t).map_err(tonic::Status::internal)?;
         }
         add_builtins(&mut set);
         if !agents.is_empty() {
@@ -306,6 +278,26 @@ impl Deps {
         }
         Ok(set)
     }
+}
+
+/// Adds a runner's tool to `catalog`, or says why its schema cannot be read.
+fn add_spec(catalog: &mut Catalog, t: agentry_proto::tools::v1::ToolSpec) -> Result<(), String> {
+    let parameters = serde_json::from_str(&t.parameters_json_schema)
+        .map_err(|e| format!("tool {} has an invalid JSON schema: {e}", t.name))?;
+    catalog.add(
+        ToolDefinition {
+            name: t.name,
+            description: t.description,
+            parameters,
+        },
+        ToolFlags {
+            read_only: t.read_only,
+            parallel_safe: t.parallel_safe,
+            read_only_hint: t.read_only_hint,
+            network: t.network,
+        },
+    );
+    Ok(())
 }
 
 /// How long a list of the runner's tools is used before it is asked for

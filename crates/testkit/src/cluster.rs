@@ -304,3 +304,25 @@ pub async fn connect_as(auth: &Auth, url: &str) -> anyhow::Result<Channel> {
         last.map(|e| e.to_string()).unwrap_or_default()
     ))
 }
+
+/// Waits (at most a minute) until the orchestrator offers `tool`: an MCP
+/// server's tool is offered once its server listed it.
+pub async fn wait_for_tool(
+    client: &mut OrchestratorClient<Channel>,
+    tool: &str,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let tools = client
+            .list_tools(agentry_proto::orchestrator::v1::ListToolsRequest::default())
+            .await?
+            .into_inner();
+        if tools.tools.iter().any(|t| t.name == tool) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!("the orchestrator did not offer {tool} within a minute: {tools:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

@@ -248,6 +248,17 @@ impl Runner {
     }
 
     async fn call(&self, session: &str, tool: &str, args: serde_json::Value) -> Call {
+        self.execute(session, tool, args, None).await
+    }
+
+    /// A call, or one going on with `resume` (a call that asked for input).
+    async fn execute(
+        &self,
+        session: &str,
+        tool: &str,
+        args: serde_json::Value,
+        resume: Option<agentry_proto::sessions::v1::McpResume>,
+    ) -> Call {
         let mut client = self.client().await;
         let mut stream = client
             .execute(ExecuteRequest {
@@ -257,7 +268,7 @@ impl Runner {
                 arguments_json: args.to_string(),
                 timeout_ms: 0,
                 network: false,
-                resume: None,
+                resume,
             })
             .await
             .unwrap()
@@ -962,52 +973,17 @@ async fn http_servers_get_the_configured_headers_and_bearer_token() {
     );
 }
 
-impl Runner {
-    /// A call going on with `resume` (a call that asked for input).
-    async fn resume(
-        &self,
-        session: &str,
-        tool: &str,
-        args: serde_json::Value,
-        resume: agentry_proto::sessions::v1::McpResume,
-    ) -> Call {
-        let mut client = self.client().await;
-        let mut stream = client
-            .execute(ExecuteRequest {
-                call_id: format!("c-{tool}"),
-                session_id: session.into(),
-                tool: tool.into(),
-                arguments_json: args.to_string(),
-                timeout_ms: 0,
-                network: false,
-                resume: Some(resume),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut live = String::new();
-        while let Some(message) = stream.message().await.unwrap() {
-            match message.kind {
-                Some(execute_response::Kind::Chunk(c)) => live.push_str(&c.text),
-                Some(execute_response::Kind::Result(result)) => return Call { live, result },
-                None => {}
-            }
-        }
-        panic!("the call ended without a result");
-    }
-}
-
 fn answering(
     asked: &agentry_proto::sessions::v1::McpInputRequested,
     action: &str,
     content: serde_json::Value,
-) -> agentry_proto::sessions::v1::McpResume {
-    agentry_proto::sessions::v1::McpResume {
+) -> Option<agentry_proto::sessions::v1::McpResume> {
+    Some(agentry_proto::sessions::v1::McpResume {
         resume_json: asked.resume_json.clone(),
         answers_json: agentry_agent::questions::answers(asked, action, &content.to_string())
             .unwrap(),
         cancel: false,
-    }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1058,7 +1034,7 @@ async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
     );
     // Answered, the task goes on and its result is the call's.
     let done = runner
-        .resume(
+        .execute(
             "s1",
             "ask__deploy",
             args.clone(),
@@ -1073,7 +1049,7 @@ async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
     assert_eq!(asked.questions[0].mode, "form");
     assert!(asked.questions[0].message.contains("name"), "{asked:?}");
     let hello = runner
-        .resume(
+        .execute(
             "s1",
             "ask__greet",
             json!({}),
@@ -1091,7 +1067,7 @@ async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
         "https://auth.example.test/consent?session=42"
     );
     let declined = runner
-        .resume(
+        .execute(
             "s1",
             "ask__visit",
             json!({}),
@@ -1106,15 +1082,15 @@ async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
         .await;
     let asked = second.result.input_required.clone().expect("deploy asks");
     let stopped = runner
-        .resume(
+        .execute(
             "s1",
             "ask__deploy",
             json!({"target": "db"}),
-            agentry_proto::sessions::v1::McpResume {
+            Some(agentry_proto::sessions::v1::McpResume {
                 resume_json: asked.resume_json.clone(),
                 answers_json: String::new(),
                 cancel: true,
-            },
+            }),
         )
         .await;
     assert!(stopped.err().contains("stopped"), "{}", stopped.err());
