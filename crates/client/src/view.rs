@@ -741,7 +741,10 @@ pub fn note_for(view: &mut SessionView, kind: &Kind) -> Option<(String, NoteKind
                     text.push_str(&format!(" (visit {})", (view.filter)(&q.url)));
                 }
             }
-            text.push_str("\n   answer with: agentry approvals reply SESSION CALL …");
+            text.push_str(&format!(
+                "\n   answer with: agentry approvals reply {} {} --set FIELD=VALUE … (or --decline)",
+                view.session_id, asked.call_id
+            ));
             (text, Arrived)
         }
         Kind::McpInputProvided(given) => (

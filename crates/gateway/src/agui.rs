@@ -187,6 +187,26 @@ async fn start(
             });
         };
         for entry in entries {
+            // A tool's MCP server's questions.
+            if let Some(asked) = entry
+                .get("interruptId")
+                .and_then(Value::as_str)
+                .and_then(|id| fold.view.inputs.iter().find(|q| q.call_id == id))
+            {
+                let (action, content_json) = input_answer(entry)?;
+                submit(
+                    gw,
+                    person,
+                    &fold.session_id,
+                    pb::input::Kind::McpAnswer(pb::McpAnswerInput {
+                        call_id: asked.call_id.clone(),
+                        action,
+                        content_json,
+                    }),
+                )
+                .await?;
+                continue;
+            }
             let (call_id, decision, reason) = resume_entry(entry)?;
             // Only what this thread asks can be answered here.
             if !fold.view.questions.iter().any(|q| q.call_id == call_id) {
@@ -321,6 +341,87 @@ fn resume_entry(entry: &Value) -> Result<(String, spb::ApprovalDecision, String)
         }
     };
     Ok((id, decision, reason))
+}
+
+/// The interrupt of a call whose MCP server asks a person for input: its
+/// questions (the server's words, passed on as text, never followed) and
+/// the answer it takes.
+fn input_interrupt(asked: &spb::McpInputRequested) -> Value {
+    let lines: Vec<String> = asked
+        .questions
+        .iter()
+        .map(|q| match q.mode.as_str() {
+            "url" => format!("{} (visit {})", q.message, q.url),
+            _ => q.message.clone(),
+        })
+        .collect();
+    let content = match asked.questions.as_slice() {
+        [only] if only.mode != "url" => {
+            serde_json::from_str::<Value>(&only.schema_json).unwrap_or(json!({"type": "object"}))
+        }
+        _ => json!({"type": "object"}),
+    };
+    json!({
+        "id": asked.call_id,
+        "reason": "input_required",
+        "message": format!("The MCP server {} asks: {}", asked.server, lines.join("; ")),
+        "toolCallId": asked.call_id,
+        "responseSchema": {
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["accept", "decline", "cancel"]},
+                "content": content
+            }
+        },
+        "metadata": {
+            "server": asked.server,
+            "questions": asked.questions.iter().map(|q| json!({
+                "key": q.key, "mode": q.mode, "message": q.message,
+                "schema": serde_json::from_str::<Value>(&q.schema_json).unwrap_or(Value::Null),
+                "url": q.url,
+            })).collect::<Vec<_>>()
+        }
+    })
+}
+
+/// A resume entry as the answer to an MCP server's questions: `cancelled`
+/// cancels; `resolved` with `{"action", "content"}`, the fields themselves,
+/// or the word "decline".
+fn input_answer(entry: &Value) -> Result<(String, String), RpcError> {
+    let invalid = |message: String| RpcError {
+        code: -32602,
+        message,
+    };
+    match entry.get("status").and_then(Value::as_str) {
+        Some("cancelled") => return Ok(("cancel".to_string(), String::new())),
+        Some("resolved") => {}
+        other => {
+            return Err(invalid(format!(
+                "a resume entry's status is \"resolved\" or \"cancelled\", not {other:?}"
+            )));
+        }
+    }
+    match entry.get("payload") {
+        Some(Value::String(word)) => Ok((word.to_lowercase(), String::new())),
+        Some(Value::Object(o)) if o.contains_key("action") || o.contains_key("content") => {
+            let action = o
+                .get("action")
+                .and_then(Value::as_str)
+                .unwrap_or("accept")
+                .to_string();
+            let content = match o.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(content) => content.to_string(),
+            };
+            Ok((action, content))
+        }
+        Some(fields @ Value::Object(_)) => Ok(("accept".to_string(), fields.to_string())),
+        None | Some(Value::Null) => Ok(("accept".to_string(), String::new())),
+        Some(other) => Err(invalid(format!(
+            "the answer to an MCP server's questions is {{\"action\", \"content\"}}, the \
+             fields, or \"decline\"; not {other}"
+        ))),
+    }
 }
 
 /// The stream being written: what is open in it.
@@ -463,7 +564,7 @@ fn snapshot(
 /// run's events, until it ends or waits for a person.
 async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, out: &mut Stream) {
     let interrupt = |fold: &Fold| {
-        let interrupts: Vec<Value> = fold
+        let mut interrupts: Vec<Value> = fold
             .view
             .questions
             .iter()
@@ -486,6 +587,7 @@ async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, 
                 })
             })
             .collect();
+        interrupts.extend(fold.view.inputs.iter().map(input_interrupt));
         json!({"type": "interrupt", "interrupts": interrupts})
     };
     // Already waiting (a resume that did not answer everything).
@@ -657,7 +759,9 @@ async fn follow(gw: &Gateway, person: &Person, mut fold: Fold, turn_id: String, 
                 }
                 return;
             }
-            _ if applied.asked.is_some() => {
+            _ if applied.asked.is_some()
+                || matches!(event.kind, Some(Kind::McpInputRequested(_))) =>
+            {
                 let outcome = interrupt(&fold);
                 out.finish(&fold.view, &fold.calls, outcome, None).await;
                 return;

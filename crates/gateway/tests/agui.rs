@@ -81,3 +81,53 @@ async fn open_runs_are_bounded_and_a_place_frees_when_a_run_ends() {
     let stream = third.text().await.unwrap();
     assert!(stream.contains("at once"), "{stream}");
 }
+
+const ASKED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agui/asked.py");
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_of_an_mcp_server_is_an_interrupt_the_next_run_answers() {
+    let Some(venv) = agentry_fakes::protocol_clients::venv() else {
+        return;
+    };
+    let Some(mcp_venv) = agentry_fakes::mcp_servers::venv() else {
+        return;
+    };
+    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&mcp_venv).unwrap();
+    let url = asking.url();
+    let (cluster, ann, _bob) = common::with_people_and(|c| {
+        c.mcp_servers
+            .push(agentry_runtime::config::McpServerConfig {
+                name: "ask".into(),
+                url,
+                enabled: true,
+                ..Default::default()
+            });
+        c.policy.tools.insert(
+            "ask__deploy".into(),
+            agentry_runtime::config::PolicyDecision::Allow,
+        );
+    })
+    .await;
+    let mut orchestrator = cluster.orchestrator().await.unwrap();
+    agentry_testkit::cluster::wait_for_tool(&mut orchestrator, "ask__deploy")
+        .await
+        .unwrap();
+    cluster.model.push(Reply::tool_call(
+        "d1",
+        "ask__deploy",
+        json!({"target": "docs"}),
+    ));
+    cluster.model.push(Reply::text("The docs are deployed."));
+    let captures = tempfile::tempdir().unwrap();
+    let dir = captures.path().display().to_string();
+    let seen = common::python(
+        &venv,
+        ASKED,
+        &[&common::base(&cluster), &dir],
+        &[("ANN_TOKEN", ann.secret())],
+    )
+    .await;
+    assert_eq!(seen["call"], "d1");
+    let second = std::fs::read_to_string(captures.path().join("asked2.sse")).unwrap();
+    assert!(second.contains("The docs are deployed."), "{second}");
+}

@@ -127,4 +127,5 @@ def main():
     print(json.dumps({"run1": kinds, "run2": kinds2, "thread": thread, "reports": [str(report1)[:200], str(report2)[:200]]}))
 
 
-main()
+if __name__ == "__main__":
+    main()
