@@ -237,7 +237,7 @@ impl Deps {
                 continue;
             }
             if let Err(why) = add_spec(&mut catalog, t) {
-                tracing::warn!(session_id, error = %why, "a tool of a server the session brought is left out");
+                tracing::warn!(session_id, error = %why.message(), "a tool of a server the session brought is left out");
             }
         }
         Arc::new(catalog)
@@ -263,7 +263,7 @@ impl Deps {
                 );
                 continue;
             }
-            add_spec(&mut set, t).map_err(tonic::Status::internal)?;
+            add_spec(&mut set, t)?;
         }
         add_builtins(&mut set);
         if !agents.is_empty() {
@@ -281,9 +281,13 @@ impl Deps {
 }
 
 /// Adds a runner's tool to `catalog`, or says why its schema cannot be read.
-fn add_spec(catalog: &mut Catalog, t: agentry_proto::tools::v1::ToolSpec) -> Result<(), String> {
-    let parameters = serde_json::from_str(&t.parameters_json_schema)
-        .map_err(|e| format!("tool {} has an invalid JSON schema: {e}", t.name))?;
+fn add_spec(
+    catalog: &mut Catalog,
+    t: agentry_proto::tools::v1::ToolSpec,
+) -> Result<(), tonic::Status> {
+    let parameters = serde_json::from_str(&t.parameters_json_schema).map_err(|e| {
+        tonic::Status::internal(format!("tool {} has an invalid JSON schema: {e}", t.name))
+    })?;
     catalog.add(
         ToolDefinition {
             name: t.name,
