@@ -148,37 +148,10 @@ async fn a_question_of_an_mcp_server_is_input_required_and_answered_with_a_data_
     let Some(venv) = agentry_fakes::protocol_clients::venv() else {
         return;
     };
-    let Some(mcp_venv) = agentry_fakes::mcp_servers::venv() else {
+    let Some((cluster, ann, _bob, asking)) = common::with_asking_server("web", "Deployed.").await
+    else {
         return;
     };
-    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&mcp_venv).unwrap();
-    let url = asking.url();
-    let (cluster, ann, _bob) = common::with_people_and(|c| {
-        c.mcp_servers
-            .push(agentry_runtime::config::McpServerConfig {
-                name: "ask".into(),
-                url,
-                enabled: true,
-                ..Default::default()
-            });
-        // The server's tools run without a confirmation: what stops the
-        // task is the server's own question.
-        c.policy.tools.insert(
-            "ask__deploy".into(),
-            agentry_runtime::config::PolicyDecision::Allow,
-        );
-    })
-    .await;
-    let mut orchestrator = cluster.orchestrator().await.unwrap();
-    agentry_testkit::cluster::wait_for_tool(&mut orchestrator, "ask__deploy")
-        .await
-        .unwrap();
-    cluster.model.push(Reply::tool_call(
-        "d1",
-        "ask__deploy",
-        json!({"target": "web"}),
-    ));
-    cluster.model.push(Reply::text("Deployed."));
     let seen = common::python(
         &venv,
         ASKED,

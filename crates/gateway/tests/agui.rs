@@ -89,35 +89,11 @@ async fn a_question_of_an_mcp_server_is_an_interrupt_the_next_run_answers() {
     let Some(venv) = agentry_fakes::protocol_clients::venv() else {
         return;
     };
-    let Some(mcp_venv) = agentry_fakes::mcp_servers::venv() else {
+    let Some((cluster, ann, _bob, _asking)) =
+        common::with_asking_server("docs", "The docs are deployed.").await
+    else {
         return;
     };
-    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&mcp_venv).unwrap();
-    let url = asking.url();
-    let (cluster, ann, _bob) = common::with_people_and(|c| {
-        c.mcp_servers
-            .push(agentry_runtime::config::McpServerConfig {
-                name: "ask".into(),
-                url,
-                enabled: true,
-                ..Default::default()
-            });
-        c.policy.tools.insert(
-            "ask__deploy".into(),
-            agentry_runtime::config::PolicyDecision::Allow,
-        );
-    })
-    .await;
-    let mut orchestrator = cluster.orchestrator().await.unwrap();
-    agentry_testkit::cluster::wait_for_tool(&mut orchestrator, "ask__deploy")
-        .await
-        .unwrap();
-    cluster.model.push(Reply::tool_call(
-        "d1",
-        "ask__deploy",
-        json!({"target": "docs"}),
-    ));
-    cluster.model.push(Reply::text("The docs are deployed."));
     let captures = tempfile::tempdir().unwrap();
     let dir = captures.path().display().to_string();
     let seen = common::python(

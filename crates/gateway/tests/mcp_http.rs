@@ -145,36 +145,11 @@ async fn a_task_whose_mcp_server_asks_is_answered_through_answer_approval() {
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 
-    let Some(mcp_venv) = agentry_fakes::mcp_servers::venv() else {
+    let Some((cluster, ann, _bob, _asking)) =
+        common::with_asking_server("api", "Deployed the api.").await
+    else {
         return;
     };
-    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&mcp_venv).unwrap();
-    let server_url = asking.url();
-    let (cluster, ann, _bob) = common::with_people_and(|c| {
-        c.mcp_servers
-            .push(agentry_runtime::config::McpServerConfig {
-                name: "ask".into(),
-                url: server_url,
-                enabled: true,
-                ..Default::default()
-            });
-        c.policy.tools.insert(
-            "ask__deploy".into(),
-            agentry_runtime::config::PolicyDecision::Allow,
-        );
-    })
-    .await;
-    let mut orchestrator = cluster.orchestrator().await.unwrap();
-    agentry_testkit::cluster::wait_for_tool(&mut orchestrator, "ask__deploy")
-        .await
-        .unwrap();
-    cluster.model.push(Reply::tool_call(
-        "d1",
-        "ask__deploy",
-        json!({"target": "api"}),
-    ));
-    cluster.model.push(Reply::text("Deployed the api."));
-
     let url = format!("{}/mcp", common::base(&cluster));
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(url).auth_header(ann.secret()),

@@ -88,3 +88,51 @@ pub async fn senders(
     }
     by
 }
+
+/// [`with_people`] with the MCP server whose tools ask a person
+/// (`asking_server.py`) configured as `ask`, its `deploy` allowed by the
+/// policy (what stops a turn is the server's own question), offered
+/// already; the model's next turn calls `ask__deploy` on `target` and then
+/// answers `answer`. `None` (skipped) without the MCP virtualenv.
+pub async fn with_asking_server(
+    target: &str,
+    answer: &str,
+) -> Option<(
+    Cluster,
+    Token,
+    Token,
+    agentry_fakes::mcp_servers::HttpFixture,
+)> {
+    let venv = agentry_fakes::mcp_servers::venv()?;
+    let asking = agentry_fakes::mcp_servers::HttpFixture::asking(&venv).unwrap();
+    let url = asking.url();
+    let (cluster, ann, bob) = with_people_and(|c| {
+        c.mcp_servers
+            .push(agentry_runtime::config::McpServerConfig {
+                name: "ask".into(),
+                url,
+                enabled: true,
+                ..Default::default()
+            });
+        c.policy.tools.insert(
+            "ask__deploy".into(),
+            agentry_runtime::config::PolicyDecision::Allow,
+        );
+    })
+    .await;
+    let mut orchestrator = cluster.orchestrator().await.unwrap();
+    agentry_testkit::cluster::wait_for_tool(&mut orchestrator, "ask__deploy")
+        .await
+        .unwrap();
+    cluster
+        .model
+        .push(agentry_fakes::fake_model::Reply::tool_call(
+            "d1",
+            "ask__deploy",
+            serde_json::json!({"target": target}),
+        ));
+    cluster
+        .model
+        .push(agentry_fakes::fake_model::Reply::text(answer));
+    Some((cluster, ann, bob, asking))
+}
