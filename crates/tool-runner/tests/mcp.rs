@@ -1104,3 +1104,78 @@ async fn questions_of_a_server_come_back_to_be_answered_and_the_call_goes_on() {
         "{tasks}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_own_servers_serve_that_session_alone_and_must_be_public() {
+    let Some(servers) = Servers::new() else {
+        return;
+    };
+    // No configured server: a session brings its own.
+    let Some(runner) = Runner::start(Vec::new(), settings()).await else {
+        return;
+    };
+    let mut client = runner.client().await;
+    let own = agentry_proto::tools::v1::McpSessionServer {
+        name: "mine".into(),
+        command: servers.python(),
+        args: vec![servers.script(), "stdio".into()],
+        ..Default::default()
+    };
+    let set = client
+        .mcp_session_servers(agentry_proto::tools::v1::McpSessionServersRequest {
+            session_id: "s1".into(),
+            servers: vec![own],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(set.errors.is_empty(), "{:?}", set.errors);
+    assert!(set.tools.iter().any(|t| t.name == "mine__echo"), "{set:?}");
+    let lister = client.clone();
+    let listed = |session: &str| {
+        let mut client = lister.clone();
+        let session = session.to_string();
+        async move {
+            client
+                .list_tools(ListToolsRequest {
+                    session_id: session,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .tools
+                .into_iter()
+                .map(|t| t.name)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert!(listed("s1").await.contains(&"mine__echo".to_string()));
+    assert!(!listed("s2").await.contains(&"mine__echo".to_string()));
+    assert!(!listed("").await.contains(&"mine__echo".to_string()));
+    // Its calls run for that session; another session has no such tool.
+    let echoed = runner.call("s1", "mine__echo", json!({"text": "hi"})).await;
+    assert_eq!(echoed.ok(), "echo: hi");
+    let elsewhere = runner.call("s2", "mine__echo", json!({"text": "hi"})).await;
+    assert!(
+        elsewhere.err().contains("mine__echo"),
+        "{}",
+        elsewhere.err()
+    );
+
+    // An HTTP server of a session's at an internal address is refused,
+    // and nothing changes.
+    let internal = client
+        .mcp_session_servers(agentry_proto::tools::v1::McpSessionServersRequest {
+            session_id: "s1".into(),
+            servers: vec![agentry_proto::tools::v1::McpSessionServer {
+                name: "inside".into(),
+                url: "http://169.254.169.254/mcp".into(),
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(internal.code(), tonic::Code::InvalidArgument);
+    assert!(internal.message().contains("allow_hosts"), "{internal:?}");
+    assert!(listed("s1").await.contains(&"mine__echo".to_string()));
+}

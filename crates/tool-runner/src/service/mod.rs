@@ -510,6 +510,27 @@ impl ToolRunner for ToolRunnerService {
         let req = request.into_inner();
         crate::workspace::check_session_id(&req.session_id)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // A session's HTTP server is reached from the runner: like a page
+        // the web tools fetch, it must be public unless the configuration
+        // names its host ([tools.web] allow_hosts).
+        let guard = self
+            .inner
+            .web
+            .as_ref()
+            .map(|web| web.guard().clone())
+            .unwrap_or_default();
+        for server in req.servers.iter().filter(|s| !s.url.trim().is_empty()) {
+            let url = url::Url::parse(server.url.trim()).map_err(|e| {
+                Status::invalid_argument(format!("MCP server {:?}: its url: {e}", server.name))
+            })?;
+            guard.check(&url).await.map_err(|e| {
+                Status::invalid_argument(format!(
+                    "MCP server {:?}: {e} (a session's own server must be at a public address, \
+                     or its host listed in [tools.web] allow_hosts)",
+                    server.name
+                ))
+            })?;
+        }
         let configs = req
             .servers
             .into_iter()
