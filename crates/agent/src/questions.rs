@@ -166,14 +166,15 @@ fn typed(key: &str, name: &str, property: &Value, value: Value) -> Result<Value,
     Ok(value)
 }
 
-/// One question for people to read: the server's words made safe for a
-/// terminal (no control characters), its fields or page.
+/// One question for people to read: the server's words, its fields or
+/// page. Untrusted text: a terminal gets it through the one sanitizer
+/// (`agentry_client::terminal`), as every line the CLI prints.
 pub fn describe(q: &pb::McpQuestion) -> String {
-    let mut text = format!("{}: {}", q.key, plain(&q.message));
+    let mut text = format!("{}: {}", q.key, q.message);
     if q.mode == "url" {
         text.push_str(&format!(
             "\n  visit (check where it leads first): {}",
-            plain(&q.url)
+            q.url
         ));
         return text;
     }
@@ -188,7 +189,7 @@ pub fn describe(q: &pb::McpQuestion) -> String {
         let kind = property["type"].as_str().unwrap_or("string");
         let mut line = format!(
             "\n  {} ({kind}{})",
-            plain(name),
+            name,
             if required.contains(&name.as_str()) {
                 ", required"
             } else {
@@ -199,25 +200,15 @@ pub fn describe(q: &pb::McpQuestion) -> String {
             .as_str()
             .or(property["title"].as_str())
         {
-            line.push_str(&format!(": {}", plain(d)));
+            line.push_str(&format!(": {}", d));
         }
         if let Some(allowed) = property["enum"].as_array() {
-            let listed: Vec<String> = allowed.iter().map(|v| plain(&v.to_string())).collect();
+            let listed: Vec<String> = allowed.iter().map(|v| v.to_string()).collect();
             line.push_str(&format!(" [one of {}]", listed.join(", ")));
         }
         text.push_str(&line);
     }
     text
-}
-
-/// `text` without control, bidirectional or zero-width characters.
-pub fn plain(text: &str) -> String {
-    text.chars()
-        .filter(|c| {
-            !c.is_control()
-                && !matches!(*c as u32, 0x200B..=0x200F | 0x202A..=0x202E | 0x2066..=0x2069 | 0xFEFF)
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -313,12 +304,8 @@ mod tests {
     }
 
     #[test]
-    fn descriptions_carry_no_terminal_controls() {
+    fn descriptions_say_each_field_and_what_it_takes() {
         let text = describe(&form("q"));
-        assert!(
-            !text.contains('\u{1b}') && !text.contains('\u{202e}'),
-            "{text:?}"
-        );
         assert!(
             text.contains("count (integer, required): how many"),
             "{text}"

@@ -54,7 +54,7 @@ pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
             "{}  {}  the MCP server {} asks (call {} {}; asked {})\n    session {} \"{}\"",
             a.session_id,
             a.call_id,
-            agentry_agent::questions::plain(&asked.server),
+            asked.server,
             a.tool,
             what(&a.tool, &a.arguments_json),
             ago(a.asked_at.as_ref()),

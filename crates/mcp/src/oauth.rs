@@ -12,12 +12,13 @@
 use crate::McpError;
 use agentry_runtime::config::McpServerConfig;
 use rmcp::transport::auth::{
-    AuthError, AuthorizationManager, AuthorizationRequest, CredentialStore, OAuthState,
-    StoredCredentials,
+    AuthError, AuthorizationManager, AuthorizationRequest, CredentialRefreshGuard, CredentialStore,
+    OAuthState, StoredCredentials,
 };
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The directory of the tokens, in the runners' state directory.
@@ -96,6 +97,24 @@ impl CredentialStore for FileStore {
         self.write(&credentials).map_err(|e| {
             AuthError::CredentialStoreError(format!("cannot write {}: {e}", self.path.display()))
         })
+    }
+
+    /// One refresh at a time per file in this process: connections of
+    /// several sessions share a server's tokens, and a refresh token the
+    /// server rotates may be used once. The SDK takes this guard before it
+    /// loads the tokens, so the second connection finds the first one's
+    /// fresh tokens instead of refreshing with a spent one.
+    async fn acquire_refresh_guard(&self) -> Result<Option<CredentialRefreshGuard>, AuthError> {
+        static LOCKS: std::sync::LazyLock<
+            std::sync::Mutex<std::collections::HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+        > = std::sync::LazyLock::new(Default::default);
+        let lock = LOCKS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(self.path.clone())
+            .or_default()
+            .clone();
+        Ok(Some(CredentialRefreshGuard::new(lock.lock_owned().await)))
     }
 
     async fn clear(&self) -> Result<(), AuthError> {
@@ -227,17 +246,12 @@ pub async fn login(
         .handle_callback_url(&format!("http://127.0.0.1:{port}{callback}"))
         .await
         .map_err(|e| McpError(format!("the authorization server refused the sign-in: {e}")))?;
-    let credentials = state
-        .get_credentials()
-        .await
-        .map_err(|e| McpError(e.to_string()))?;
     // The exchange stored the tokens; make sure they are there.
     let stored = store
         .load()
         .await
         .map_err(|e| McpError(e.to_string()))?
         .ok_or_else(|| McpError("the tokens were not stored".into()))?;
-    let _ = credentials;
     Ok(LoggedIn {
         path: credentials_path(state_dir, &config.name),
         client_id: stored.client_id,
