@@ -32,6 +32,7 @@ fn request(session_id: &str, due: &str, message: &str) -> rpb::CreateReminderReq
         message: message.into(),
         kind: agentry_proto::sessions::v1::ReminderKind::Notify as i32,
         recurrence: None,
+        task: None,
     }
 }
 

@@ -15,6 +15,7 @@ mod mcp_serve;
 mod migrate;
 mod reminder_cmds;
 mod render;
+mod schedule_cmds;
 mod session_cmds;
 mod tui;
 mod turn;
@@ -174,6 +175,18 @@ enum Command {
     Reminders {
         #[command(subcommand)]
         command: RemindersCommand,
+    },
+    /// Tasks the agent runs on a schedule, with no client open
+    #[command(after_help = "Examples:\n  \
+        agentry schedules add --cron \"0 9 * * 1-5\" --tz Europe/Oslo --project ~/src/app \\\n      \
+        \"check the open pull requests and summarise what needs me\"\n  \
+        agentry schedules add --cron \"*/30 * * * *\" --approve never \"look at the build\"\n  \
+        agentry schedules list\n  \
+        agentry schedules runs 0192a4f1          # any beginning only one schedule has\n  \
+        agentry schedules pause 0192a4f1")]
+    Schedules {
+        #[command(subcommand)]
+        command: SchedulesCommand,
     },
     /// List the tools the agent can use
     Tools,
@@ -390,9 +403,74 @@ enum RemindersCommand {
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum ReminderStatus {
     Pending,
+    Paused,
     Completed,
     Cancelled,
     All,
+}
+
+#[derive(Subcommand, Debug)]
+enum SchedulesCommand {
+    /// Add a scheduled task: each time the cron expression falls due, the
+    /// agent gets the prompt in a new session (or in --session)
+    Add {
+        /// When it runs: a 5-field cron expression (minute hour
+        /// day-of-month month day-of-week), e.g. "0 9 * * 1-5"
+        #[arg(long)]
+        cron: String,
+        /// The IANA time zone the expression is read in [default: this
+        /// machine's]
+        #[arg(long, value_name = "ZONE")]
+        tz: Option<String>,
+        /// Run in this session each time instead of a new one per run
+        #[arg(long, short, conflicts_with = "project")]
+        session: Option<String>,
+        /// Each run's new session works in this project directory
+        /// [default: a scratch workspace per run]
+        #[arg(long, value_name = "DIR")]
+        project: Option<PathBuf>,
+        /// How calls that need a person are handled: `policy` (they wait
+        /// in `agentry approvals`) or `never` (they are refused)
+        #[arg(long, value_enum, default_value_t = ScheduleApproval::Policy)]
+        approve: ScheduleApproval,
+        /// What the agent is asked each time
+        prompt: String,
+    },
+    /// List scheduled tasks (active and paused)
+    List {
+        /// Also removed and finished ones
+        #[arg(long)]
+        all: bool,
+    },
+    /// Pause a scheduled task: it runs no more until resumed
+    Pause {
+        /// The schedule's id (or a unique beginning of it)
+        id: String,
+    },
+    /// Resume a paused scheduled task from its next due time
+    Resume {
+        /// The schedule's id (or a unique beginning of it)
+        id: String,
+    },
+    /// Remove a scheduled task (its runs' sessions stay)
+    Remove {
+        /// The schedule's id (or a unique beginning of it)
+        id: String,
+    },
+    /// A scheduled task's runs, newest first, with their outcomes
+    Runs {
+        /// The schedule's id (or a unique beginning of it)
+        id: String,
+        /// How many
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ScheduleApproval {
+    Policy,
+    Never,
 }
 
 #[derive(Subcommand, Debug)]
@@ -831,6 +909,36 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 reminder_cmds::list(&config, session, status).await
             }
             RemindersCommand::Cancel { id } => reminder_cmds::cancel(&config, &id).await,
+        }
+        .map(|()| ExitCode::SUCCESS),
+        Command::Schedules { command } => match command {
+            SchedulesCommand::Add {
+                cron,
+                tz,
+                session,
+                project,
+                approve,
+                prompt,
+            } => {
+                let session = client::resolve_optional(&config, session).await?;
+                schedule_cmds::add(
+                    &config,
+                    schedule_cmds::NewSchedule {
+                        cron,
+                        time_zone: tz,
+                        session,
+                        project,
+                        approve_never: approve == ScheduleApproval::Never,
+                        prompt,
+                    },
+                )
+                .await
+            }
+            SchedulesCommand::List { all } => schedule_cmds::list(&config, all).await,
+            SchedulesCommand::Pause { id } => schedule_cmds::set_paused(&config, &id, true).await,
+            SchedulesCommand::Resume { id } => schedule_cmds::set_paused(&config, &id, false).await,
+            SchedulesCommand::Remove { id } => schedule_cmds::remove(&config, &id).await,
+            SchedulesCommand::Runs { id, limit } => schedule_cmds::runs(&config, &id, limit).await,
         }
         .map(|()| ExitCode::SUCCESS),
     }

@@ -43,6 +43,7 @@ fn status_name(status: i32) -> &'static str {
         Ok(pb::ReminderStatus::Pending) => "pending",
         Ok(pb::ReminderStatus::Completed) => "completed",
         Ok(pb::ReminderStatus::Cancelled) => "cancelled",
+        Ok(pb::ReminderStatus::Paused) => "paused",
         Ok(pb::ReminderStatus::Unspecified) | Err(_) => "?",
     }
 }
@@ -58,6 +59,7 @@ pub async fn list(
         ReminderStatus::Pending => pb::ReminderStatus::Pending,
         ReminderStatus::Completed => pb::ReminderStatus::Completed,
         ReminderStatus::Cancelled => pb::ReminderStatus::Cancelled,
+        ReminderStatus::Paused => pb::ReminderStatus::Paused,
         ReminderStatus::All => pb::ReminderStatus::Unspecified,
     };
     let reminders = client

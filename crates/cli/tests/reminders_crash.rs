@@ -23,6 +23,7 @@ fn reminder(session_id: &str, due: &str, message: &str) -> rpb::CreateReminderRe
         message: message.into(),
         kind: agentry_proto::sessions::v1::ReminderKind::Notify as i32,
         recurrence: None,
+        task: None,
     }
 }
 

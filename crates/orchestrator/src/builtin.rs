@@ -409,6 +409,7 @@ async fn schedule(deps: &Deps, session_id: &str, arguments: &str) -> Result<Stri
             time_zone: args.time_zone.unwrap_or_else(|| "UTC".into()),
             missed: spb::MissedPolicy::Unspecified as i32,
         }),
+        task: None,
     };
     let reminder = deps
         .scheduler

@@ -38,6 +38,7 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.tools.v1.ToolRunner/ForgetSession",
     "/agentry.tools.v1.ToolRunner/ReadImage",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
+    "/agentry.scheduler.v1.Scheduler/RecordRun",
 ];
 
 /// The methods people may call, with the least role each needs.
@@ -123,6 +124,11 @@ pub const FOR_PEOPLE: &[(&str, Role)] = &[
         "/agentry.scheduler.v1.Scheduler/CancelReminder",
         Role::Operator,
     ),
+    (
+        "/agentry.scheduler.v1.Scheduler/PauseReminder",
+        Role::Operator,
+    ),
+    ("/agentry.scheduler.v1.Scheduler/ListRuns", Role::Viewer),
 ];
 
 /// The role a call to `path` (`/package.Service/Method`) needs; `None` for

@@ -3,6 +3,7 @@
 
 use crate::pg::PgStore;
 use crate::store::{Firing, NewReminder, Reminder, Status, Store, StoreError};
+use agentry_proto::scheduler::v1::ScheduledRun;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
@@ -101,6 +102,44 @@ impl Backend {
         match self {
             Backend::Sqlite(s) => blocking(s, move |s| s.cancel(&id, session_id.as_deref())).await,
             Backend::Postgres(p) => p.cancel(&id, session_id.as_deref()).await,
+        }
+    }
+
+    /// Pauses a pending recurring reminder, or resumes a paused one to fall
+    /// due at `resume_at`.
+    pub async fn set_paused(
+        &self,
+        id: String,
+        paused: bool,
+        resume_at: DateTime<Utc>,
+    ) -> Result<Reminder, StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.set_paused(&id, paused, resume_at)).await,
+            Backend::Postgres(p) => p.set_paused(&id, paused, resume_at).await,
+        }
+    }
+
+    /// Records a scheduled task's run.
+    pub async fn record_run(
+        &self,
+        run: ScheduledRun,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.record_run(&run, now)).await,
+            Backend::Postgres(p) => p.record_run(&run, now).await,
+        }
+    }
+
+    /// A scheduled task's runs, newest first.
+    pub async fn runs(
+        &self,
+        reminder_id: String,
+        limit: u32,
+    ) -> Result<Vec<ScheduledRun>, StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.runs(&reminder_id, limit)).await,
+            Backend::Postgres(p) => p.runs(&reminder_id, limit).await,
         }
     }
 

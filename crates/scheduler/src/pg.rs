@@ -8,18 +8,22 @@
 
 use crate::store::{
     Firing, Kind, NewReminder, Reminder, Status, StoreError, fall_due, from_ms, missed_code,
-    missed_from_code, ms,
+    missed_from_code, ms, ms_of, pause_change, task_bytes, task_from_bytes, timestamp,
 };
+use agentry_proto::scheduler::v1::ScheduledRun;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Pool};
 use std::time::Duration;
 
-const COLUMNS: &str =
-    "id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count";
+const COLUMNS: &str = "id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count, task";
 
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE reminders (
+const RUN_COLUMNS: &str =
+    "firing_id, reminder_id, due_ms, recorded_ms, session_id, turn_id, state, note, from_seq";
+
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE reminders (
         id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL,
         message TEXT NOT NULL,
@@ -45,7 +49,24 @@ const MIGRATIONS: &[(i32, &str)] = &[(
         acked BOOLEAN NOT NULL DEFAULT FALSE
      );
      CREATE INDEX firings_unacked ON firings (acked, fired_ms);",
-)];
+    ),
+    (
+        2,
+        "ALTER TABLE reminders ADD COLUMN task BYTEA;
+         CREATE TABLE runs (
+            firing_id TEXT PRIMARY KEY,
+            reminder_id TEXT NOT NULL,
+            due_ms BIGINT NOT NULL,
+            recorded_ms BIGINT NOT NULL,
+            session_id TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            state BIGINT NOT NULL,
+            note TEXT NOT NULL,
+            from_seq BIGINT NOT NULL
+         );
+         CREATE INDEX runs_by_reminder ON runs (reminder_id, due_ms);",
+    ),
+];
 
 /// A key of our own for `pg_advisory_xact_lock` ("agentry-scheduler").
 const LOCK_KEY: i64 = 0x6167_656e_7472_7932;
@@ -78,20 +99,42 @@ fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     }
 }
 
-fn reminder_from_row(row: &tokio_postgres::Row) -> Reminder {
-    let cron: String = row.get(5);
-    Reminder {
-        id: row.get(0),
-        session_id: row.get(1),
-        message: row.get(2),
-        kind: Kind::from_code(row.get(3)),
-        next_due: row.get::<_, Option<i64>>(4).map(from_ms),
+fn reminder_from_row(row: &tokio_postgres::Row) -> Result<Reminder, StoreError> {
+    reminder_at(row, 0)
+}
+
+/// The reminder in `row`'s columns from `at` on (in `COLUMNS` order).
+fn reminder_at(row: &tokio_postgres::Row, at: usize) -> Result<Reminder, StoreError> {
+    let cron: String = row.get(at + 5);
+    let id: String = row.get(at);
+    let task = task_from_bytes(&id, row.get(at + 11))?;
+    Ok(Reminder {
+        id,
+        session_id: row.get(at + 1),
+        message: row.get(at + 2),
+        kind: Kind::from_code(row.get(at + 3)),
+        next_due: row.get::<_, Option<i64>>(at + 4).map(from_ms),
         cron: (!cron.is_empty()).then_some(cron),
-        time_zone: row.get(6),
-        missed: missed_from_code(row.get(7)),
-        status: Status::from_code(row.get(8)),
-        created: from_ms(row.get(9)),
-        fire_count: row.get::<_, i64>(10) as u32,
+        time_zone: row.get(at + 6),
+        missed: missed_from_code(row.get(at + 7)),
+        status: Status::from_code(row.get(at + 8)),
+        created: from_ms(row.get(at + 9)),
+        fire_count: row.get::<_, i64>(at + 10) as u32,
+        task,
+    })
+}
+
+fn run_from_row(row: &tokio_postgres::Row) -> ScheduledRun {
+    ScheduledRun {
+        firing_id: row.get(0),
+        reminder_id: row.get(1),
+        due_time: Some(timestamp(from_ms(row.get(2)))),
+        recorded_at: Some(timestamp(from_ms(row.get(3)))),
+        session_id: row.get(4),
+        turn_id: row.get(5),
+        state: row.get::<_, i64>(6) as i32,
+        note: row.get(7),
+        from_seq: row.get::<_, i64>(8).max(0) as u64,
     }
 }
 
@@ -192,8 +235,8 @@ impl PgStore {
         };
         client
             .execute(
-                "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, task)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 &[
                     &id,
                     &new.session_id,
@@ -205,6 +248,7 @@ impl PgStore {
                     &missed_code(new.missed),
                     &Status::Pending.code(),
                     &ms(now),
+                    &task_bytes(new.task.as_ref()),
                 ],
             )
             .await
@@ -279,7 +323,7 @@ impl PgStore {
             )
             .await
             .map_err(db_error)?;
-        Ok(rows.iter().map(reminder_from_row).collect())
+        rows.iter().map(reminder_from_row).collect()
     }
 
     /// Cancels a pending reminder (of `session_id`, when given).
@@ -294,11 +338,11 @@ impl PgStore {
             .await
             .map_err(db_error)?
             .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        let reminder = reminder_from_row(&row);
+        let reminder = reminder_from_row(&row)?;
         if session_id.is_some_and(|s| s != reminder.session_id) {
             return Err(StoreError::NotFound(id.to_string()));
         }
-        if reminder.status != Status::Pending {
+        if !matches!(reminder.status, Status::Pending | Status::Paused) {
             return Err(StoreError::NotPending {
                 id: id.to_string(),
                 status: reminder.status.name(),
@@ -313,6 +357,90 @@ impl PgStore {
         let reminder = get_in(&tx, id).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(reminder)
+    }
+
+    /// Pauses a pending recurring reminder, or resumes a paused one to fall
+    /// due at `resume_at`.
+    pub async fn set_paused(
+        &self,
+        id: &str,
+        paused: bool,
+        resume_at: DateTime<Utc>,
+    ) -> Result<Reminder, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let row = tx
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM reminders WHERE id = $1 FOR UPDATE"),
+                &[&id],
+            )
+            .await
+            .map_err(db_error)?
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let (_, to, next) = pause_change(&reminder_from_row(&row)?, paused, resume_at)?;
+        tx.execute(
+            "UPDATE reminders SET status = $2, next_due_ms = $3 WHERE id = $1",
+            &[&id, &to.code(), &next.map(ms)],
+        )
+        .await
+        .map_err(db_error)?;
+        let reminder = get_in(&tx, id).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(reminder)
+    }
+
+    /// Records a scheduled task's run (replacing an earlier record of the
+    /// same firing).
+    pub async fn record_run(
+        &self,
+        run: &ScheduledRun,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.client()
+            .await?
+            .execute(
+                &format!(
+                    "INSERT INTO runs ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                     ON CONFLICT (firing_id) DO UPDATE SET recorded_ms = excluded.recorded_ms,
+                       session_id = excluded.session_id, turn_id = excluded.turn_id,
+                       state = excluded.state, note = excluded.note, from_seq = excluded.from_seq"
+                ),
+                &[
+                    &run.firing_id,
+                    &run.reminder_id,
+                    &ms_of(run.due_time.as_ref()),
+                    &ms(now),
+                    &run.session_id,
+                    &run.turn_id,
+                    &i64::from(run.state),
+                    &run.note,
+                    &(run.from_seq as i64),
+                ],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// A scheduled task's runs, newest first.
+    pub async fn runs(
+        &self,
+        reminder_id: &str,
+        limit: u32,
+    ) -> Result<Vec<ScheduledRun>, StoreError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs WHERE reminder_id = $1
+                     ORDER BY due_ms DESC, firing_id DESC LIMIT $2"
+                ),
+                &[&reminder_id, &i64::from(limit)],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(rows.iter().map(run_from_row).collect())
     }
 
     /// When the next pending reminder falls due.
@@ -354,7 +482,7 @@ impl PgStore {
             .map_err(db_error)?
             .iter()
             .map(reminder_from_row)
-            .collect();
+            .collect::<Result<_, _>>()?;
         let mut firings = Vec::new();
         for reminder in due {
             let Some(fell) = fall_due(&reminder, now, grace)? else {
@@ -421,32 +549,18 @@ impl PgStore {
             )
             .await
             .map_err(db_error)?;
-        Ok(rows
-            .iter()
+        rows.iter()
             .map(|row| {
-                let reminder = Reminder {
-                    id: row.get(5),
-                    session_id: row.get(6),
-                    message: row.get(7),
-                    kind: Kind::from_code(row.get(8)),
-                    next_due: row.get::<_, Option<i64>>(9).map(from_ms),
-                    cron: Some(row.get::<_, String>(10)).filter(|c| !c.is_empty()),
-                    time_zone: row.get(11),
-                    missed: missed_from_code(row.get(12)),
-                    status: Status::from_code(row.get(13)),
-                    created: from_ms(row.get(14)),
-                    fire_count: row.get::<_, i64>(15) as u32,
-                };
-                Firing {
+                Ok(Firing {
                     firing_id: row.get(0),
-                    reminder,
+                    reminder: reminder_at(row, 5)?,
                     due: from_ms(row.get(1)),
                     fired: from_ms(row.get(2)),
                     late_ms: row.get::<_, i64>(3).max(0) as u64,
                     occurrences: row.get::<_, i64>(4) as u32,
-                }
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Copies reminders and firings as they are (`agentry migrate`); those
@@ -462,8 +576,8 @@ impl PgStore {
         for r in reminders {
             new_reminders += tx
                 .execute(
-                    "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
+                    "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count, task)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (id) DO NOTHING",
                     &[
                         &r.id,
                         &r.session_id,
@@ -476,6 +590,7 @@ impl PgStore {
                         &r.status.code(),
                         &ms(r.created),
                         &i64::from(r.fire_count),
+                        &task_bytes(r.task.as_ref()),
                     ],
                 )
                 .await
@@ -545,5 +660,5 @@ async fn get_in(client: &impl GenericClient, id: &str) -> Result<Reminder, Store
         .await
         .map_err(db_error)?
         .map(|r| reminder_from_row(&r))
-        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))?
 }

@@ -76,7 +76,9 @@ pub struct Core {
 fn status_of(e: StoreError) -> GrpcStatus {
     match e {
         StoreError::NotFound(_) => GrpcStatus::not_found(e.to_string()),
-        StoreError::NotPending { .. } => GrpcStatus::failed_precondition(e.to_string()),
+        StoreError::NotPending { .. } | StoreError::NotRecurring(_) => {
+            GrpcStatus::failed_precondition(e.to_string())
+        }
         _ if e.is_retryable() => GrpcStatus::unavailable(e.to_string()),
         StoreError::Database(_)
         | StoreError::Postgres(_)
@@ -85,12 +87,7 @@ fn status_of(e: StoreError) -> GrpcStatus {
     }
 }
 
-fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: t.timestamp(),
-        nanos: t.timestamp_subsec_nanos() as i32,
-    }
-}
+use crate::store::timestamp;
 
 fn missed_to_proto(m: MissedPolicy) -> pb::MissedPolicy {
     match m {
@@ -120,9 +117,11 @@ pub fn reminder_to_proto(r: &Reminder) -> pb::Reminder {
             Status::Pending => pb::ReminderStatus::Pending,
             Status::Completed => pb::ReminderStatus::Completed,
             Status::Cancelled => pb::ReminderStatus::Cancelled,
+            Status::Paused => pb::ReminderStatus::Paused,
         } as i32,
         created_at: Some(timestamp(r.created)),
         fire_count: r.fire_count,
+        task: r.task.clone(),
     }
 }
 
@@ -322,7 +321,13 @@ impl Core {
                 ));
             }
         };
-        self.check_session(&req.session_id).await?;
+        let task = match req.task {
+            Some(task) => Some(check_task(task, kind, recurrence.is_some())?),
+            None => None,
+        };
+        if task.is_none() || !req.session_id.is_empty() {
+            self.check_session(&req.session_id).await?;
+        }
         let new = NewReminder {
             session_id: req.session_id,
             message,
@@ -330,10 +335,159 @@ impl Core {
             due,
             recurrence,
             missed,
+            task,
         };
         let reminder = self.store.create(new, now).await.map_err(status_of)?;
         self.changed.notify_one();
         Ok(reminder)
+    }
+}
+
+/// A scheduled task's settings, checked.
+fn check_task(
+    task: pb::ScheduledTask,
+    kind: Kind,
+    recurring: bool,
+) -> Result<pb::ScheduledTask, GrpcStatus> {
+    use agentry_proto::sessions::v1::ApprovalMode;
+    let invalid = |m: &str| Err(GrpcStatus::invalid_argument(m.to_string()));
+    if kind != Kind::Task {
+        return invalid("a scheduled task's kind must be task");
+    }
+    if !recurring {
+        return invalid("a scheduled task needs a recurrence (a cron expression)");
+    }
+    match ApprovalMode::try_from(task.approval_mode) {
+        Ok(ApprovalMode::Unspecified | ApprovalMode::Policy | ApprovalMode::Never) => {}
+        Ok(ApprovalMode::Always) | Err(_) => {
+            return invalid(
+                "a scheduled task's calls are approved by the policy (a call that needs a \
+                 person waits for one) or never; approving every call unattended is not offered",
+            );
+        }
+    }
+    if !task.project_dir.is_empty() && !task.project_dir.starts_with('/') {
+        return invalid("a scheduled task's project directory must be an absolute path");
+    }
+    Ok(task)
+}
+
+/// The outcome of a run whose turn ended, from its `turn_finished`.
+fn run_outcome(finished: &agentry_proto::sessions::v1::TurnFinished) -> (pb::RunState, String) {
+    use agentry_proto::sessions::v1::TurnOutcome;
+    let state = match TurnOutcome::try_from(finished.outcome) {
+        Ok(TurnOutcome::Completed) => pb::RunState::Completed,
+        Ok(TurnOutcome::Cancelled) => pb::RunState::Cancelled,
+        _ => pb::RunState::Failed,
+    };
+    let note: String = finished.message.chars().take(200).collect();
+    (state, note)
+}
+
+impl Core {
+    /// Pauses or resumes a scheduled task (or any recurring reminder).
+    pub async fn set_paused(&self, id: String, paused: bool) -> Result<Reminder, GrpcStatus> {
+        let reminder = self.store.get(id.clone()).await.map_err(status_of)?;
+        let now = self.clock.now();
+        let resume_at = match &reminder.cron {
+            Some(cron) => {
+                let rec = Recurrence::parse(cron, &reminder.time_zone)
+                    .map_err(|e| GrpcStatus::internal(e.to_string()))?;
+                schedule::first_due(&rec, now).unwrap_or(now)
+            }
+            None => now,
+        };
+        let reminder = self
+            .store
+            .set_paused(id, paused, resume_at)
+            .await
+            .map_err(status_of)?;
+        self.changed.notify_one();
+        Ok(reminder)
+    }
+
+    /// A scheduled task's runs, newest first; a run whose turn has ended
+    /// since it was recorded gets its outcome from the session's log.
+    pub async fn runs(
+        &self,
+        reminder_id: String,
+        limit: u32,
+    ) -> Result<Vec<pb::ScheduledRun>, GrpcStatus> {
+        let limit = match limit {
+            0 => 20,
+            n => n.min(1000),
+        };
+        let mut runs = self
+            .store
+            .runs(reminder_id, limit)
+            .await
+            .map_err(status_of)?;
+        for run in &mut runs {
+            if run.state != pb::RunState::Running as i32 || run.session_id.is_empty() {
+                continue;
+            }
+            match self.turn_end(run).await {
+                Ok(Some((state, note))) => {
+                    run.state = state as i32;
+                    run.note = note;
+                    let now = self.clock.now();
+                    if let Err(e) = self.store.record_run(run.clone(), now).await {
+                        tracing::warn!(firing_id = %run.firing_id, error = %e, "cannot keep a run's outcome");
+                    }
+                }
+                Ok(None) => {}
+                // The session store is away: the run shows as running.
+                Err(status) => {
+                    tracing::debug!(firing_id = %run.firing_id, error = %status.message(), "cannot read a run's session");
+                }
+            }
+        }
+        Ok(runs)
+    }
+
+    /// How a run's turn ended, read from its session's log (`None`: not
+    /// yet).
+    async fn turn_end(
+        &self,
+        run: &pb::ScheduledRun,
+    ) -> Result<Option<(pb::RunState, String)>, GrpcStatus> {
+        use agentry_proto::sessions::v1::{ReadRequest, event::Kind as EventKind};
+        let mut from_seq = run.from_seq.max(1);
+        // At most 20 pages: a run's turn is near where it started.
+        for _ in 0..20 {
+            let page = match self
+                .sessions
+                .clone()
+                .read(ReadRequest {
+                    session_id: run.session_id.clone(),
+                    from_seq,
+                    limit: 1000,
+                })
+                .await
+            {
+                Ok(page) => page.into_inner(),
+                Err(s) if s.code() == tonic::Code::NotFound => {
+                    return Ok(Some((
+                        pb::RunState::Failed,
+                        "its session was deleted before the run ended".into(),
+                    )));
+                }
+                Err(s) => return Err(s),
+            };
+            for event in &page.events {
+                if event.turn_id != run.turn_id {
+                    continue;
+                }
+                if let Some(EventKind::TurnFinished(finished)) = &event.kind {
+                    return Ok(Some(run_outcome(finished)));
+                }
+            }
+            if !page.has_more {
+                return Ok(None);
+            }
+            from_seq = page.next_seq;
+        }
+        Ok(None)
     }
 }
 
@@ -373,6 +527,7 @@ impl Scheduler for SchedulerService {
             Ok(pb::ReminderStatus::Pending) => Some(Status::Pending),
             Ok(pb::ReminderStatus::Completed) => Some(Status::Completed),
             Ok(pb::ReminderStatus::Cancelled) => Some(Status::Cancelled),
+            Ok(pb::ReminderStatus::Paused) => Some(Status::Paused),
         };
         let session = (!req.session_id.is_empty()).then_some(req.session_id);
         let reminders = self
@@ -403,6 +558,58 @@ impl Scheduler for SchedulerService {
             .map_err(status_of)?;
         self.core.changed.notify_one();
         Ok(Response::new(reminder_to_proto(&reminder)))
+    }
+
+    async fn pause_reminder(
+        &self,
+        request: Request<pb::PauseReminderRequest>,
+    ) -> Result<Response<pb::Reminder>, GrpcStatus> {
+        let req = request.into_inner();
+        if req.reminder_id.is_empty() {
+            return Err(GrpcStatus::invalid_argument("reminder_id must be set"));
+        }
+        let reminder = self.core.set_paused(req.reminder_id, req.paused).await?;
+        Ok(Response::new(reminder_to_proto(&reminder)))
+    }
+
+    async fn record_run(
+        &self,
+        request: Request<pb::RecordRunRequest>,
+    ) -> Result<Response<pb::ScheduledRun>, GrpcStatus> {
+        let run = request
+            .into_inner()
+            .run
+            .ok_or_else(|| GrpcStatus::invalid_argument("run must be set"))?;
+        if run.firing_id.is_empty() || run.reminder_id.is_empty() {
+            return Err(GrpcStatus::invalid_argument(
+                "a run's firing_id and reminder_id must be set",
+            ));
+        }
+        if pb::RunState::try_from(run.state).is_err() || run.state == 0 {
+            return Err(GrpcStatus::invalid_argument("a run's state must be set"));
+        }
+        let mut run = run;
+        run.note = run.note.chars().take(1000).collect();
+        let now = self.core.clock.now();
+        run.recorded_at = Some(timestamp(now));
+        self.core
+            .store
+            .record_run(run.clone(), now)
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(run))
+    }
+
+    async fn list_runs(
+        &self,
+        request: Request<pb::ListRunsRequest>,
+    ) -> Result<Response<pb::ListRunsResponse>, GrpcStatus> {
+        let req = request.into_inner();
+        if req.reminder_id.is_empty() {
+            return Err(GrpcStatus::invalid_argument("reminder_id must be set"));
+        }
+        let runs = self.core.runs(req.reminder_id, req.limit).await?;
+        Ok(Response::new(pb::ListRunsResponse { runs }))
     }
 
     type StreamDueStream = DueStream;

@@ -7,6 +7,7 @@
 //! and survives restarts of either side.
 
 use crate::schedule::{self, MissedPolicy, Recurrence};
+use agentry_proto::scheduler::v1::{ScheduledRun, ScheduledTask};
 use chrono::{DateTime, TimeZone, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
@@ -26,6 +27,9 @@ pub enum StoreError {
         /// Its status.
         status: &'static str,
     },
+    /// Only a recurring reminder can be paused.
+    #[error("reminder {0:?} fires once; only a recurring one can be paused (cancel it instead)")]
+    NotRecurring(String),
     /// SQLite failed.
     #[error("database error: {0}")]
     Database(#[from] rusqlite::Error),
@@ -58,6 +62,7 @@ impl StoreError {
             | StoreError::Postgres(_)
             | StoreError::NotFound(_)
             | StoreError::NotPending { .. }
+            | StoreError::NotRecurring(_)
             | StoreError::Corrupt { .. } => false,
         }
     }
@@ -102,6 +107,8 @@ pub enum Status {
     Completed,
     /// Cancelled before it fired.
     Cancelled,
+    /// A recurring reminder a person paused.
+    Paused,
 }
 
 impl Status {
@@ -110,6 +117,7 @@ impl Status {
             Status::Pending => 1,
             Status::Completed => 2,
             Status::Cancelled => 3,
+            Status::Paused => 4,
         }
     }
 
@@ -117,6 +125,7 @@ impl Status {
         match code {
             2 => Status::Completed,
             3 => Status::Cancelled,
+            4 => Status::Paused,
             _ => Status::Pending,
         }
     }
@@ -127,8 +136,31 @@ impl Status {
             Status::Pending => "pending",
             Status::Completed => "completed",
             Status::Cancelled => "cancelled",
+            Status::Paused => "paused",
         }
     }
+}
+
+/// A scheduled task's settings, as stored (protobuf bytes; NULL: a plain
+/// reminder).
+pub(crate) fn task_bytes(task: Option<&ScheduledTask>) -> Option<Vec<u8>> {
+    task.map(prost::Message::encode_to_vec)
+}
+
+pub(crate) fn task_from_bytes(
+    id: &str,
+    bytes: Option<Vec<u8>>,
+) -> Result<Option<ScheduledTask>, StoreError> {
+    bytes
+        .map(|b| {
+            <ScheduledTask as prost::Message>::decode(b.as_slice()).map_err(|e| {
+                StoreError::Corrupt {
+                    id: id.to_string(),
+                    reason: format!("its task settings do not decode: {e}"),
+                }
+            })
+        })
+        .transpose()
 }
 
 pub(crate) fn missed_code(m: MissedPolicy) -> i64 {
@@ -172,6 +204,8 @@ pub struct Reminder {
     pub created: DateTime<Utc>,
     /// How many times it fired.
     pub fire_count: u32,
+    /// Set for a scheduled task.
+    pub task: Option<ScheduledTask>,
 }
 
 /// One firing of a reminder.
@@ -209,6 +243,8 @@ pub struct NewReminder {
     pub recurrence: Option<Recurrence>,
     /// What to do with missed occurrences.
     pub missed: MissedPolicy,
+    /// Set for a scheduled task.
+    pub task: Option<ScheduledTask>,
 }
 
 pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
@@ -271,16 +307,43 @@ pub(crate) fn fall_due(
     }))
 }
 
+/// What pausing (or resuming) `reminder` changes: its status from, to,
+/// and its next due time.
+pub(crate) fn pause_change(
+    reminder: &Reminder,
+    paused: bool,
+    resume_at: DateTime<Utc>,
+) -> Result<(Status, Status, Option<DateTime<Utc>>), StoreError> {
+    match (paused, reminder.status) {
+        (true, Status::Pending) if reminder.cron.is_some() => {
+            Ok((Status::Pending, Status::Paused, reminder.next_due))
+        }
+        (true, Status::Paused) | (false, Status::Pending) => Err(StoreError::NotPending {
+            id: reminder.id.clone(),
+            status: reminder.status.name(),
+        }),
+        (false, Status::Paused) => Ok((Status::Paused, Status::Pending, Some(resume_at))),
+        (true, Status::Pending) => Err(StoreError::NotRecurring(reminder.id.clone())),
+        (_, status) => Err(StoreError::NotPending {
+            id: reminder.id.clone(),
+            status: status.name(),
+        }),
+    }
+}
+
 /// The scheduler's SQLite store.
 pub struct Store {
     conn: Mutex<Connection>,
 }
 
-const REMINDER_COLUMNS: &str =
-    "id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count";
+const REMINDER_COLUMNS: &str = "id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, fire_count, task";
 
 fn reminder_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Reminder> {
     let cron: String = row.get(5)?;
+    let id: String = row.get(0)?;
+    let task = task_from_bytes(&id, row.get(11)?).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(11, rusqlite::types::Type::Blob, Box::new(e))
+    })?;
     Ok(Reminder {
         id: row.get(0)?,
         session_id: row.get(1)?,
@@ -293,7 +356,36 @@ fn reminder_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Reminder> {
         status: Status::from_code(row.get(8)?),
         created: from_ms(row.get(9)?),
         fire_count: row.get::<_, i64>(10)? as u32,
+        task,
     })
+}
+
+const RUN_COLUMNS: &str =
+    "firing_id, reminder_id, due_ms, recorded_ms, session_id, turn_id, state, note, from_seq";
+
+fn run_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ScheduledRun> {
+    Ok(ScheduledRun {
+        firing_id: row.get(0)?,
+        reminder_id: row.get(1)?,
+        due_time: Some(timestamp(from_ms(row.get(2)?))),
+        recorded_at: Some(timestamp(from_ms(row.get(3)?))),
+        session_id: row.get(4)?,
+        turn_id: row.get(5)?,
+        state: row.get::<_, i64>(6)? as i32,
+        note: row.get(7)?,
+        from_seq: row.get::<_, i64>(8)?.max(0) as u64,
+    })
+}
+
+pub(crate) fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: t.timestamp_subsec_nanos() as i32,
+    }
+}
+
+pub(crate) fn ms_of(t: Option<&prost_types::Timestamp>) -> i64 {
+    t.map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
 }
 
 impl Store {
@@ -333,9 +425,30 @@ impl Store {
                 snapshot_message TEXT NOT NULL,
                 acked INTEGER NOT NULL DEFAULT 0
             );
-            CREATE INDEX IF NOT EXISTS firings_unacked ON firings(acked, fired_ms);
-            PRAGMA user_version = 1;",
+            CREATE INDEX IF NOT EXISTS firings_unacked ON firings(acked, fired_ms);",
         )?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version < 2 {
+            // Version 2: scheduled tasks (their settings, their runs).
+            conn.execute_batch(
+                "BEGIN;
+                ALTER TABLE reminders ADD COLUMN task BLOB;
+                CREATE TABLE IF NOT EXISTS runs (
+                    firing_id TEXT PRIMARY KEY,
+                    reminder_id TEXT NOT NULL,
+                    due_ms INTEGER NOT NULL,
+                    recorded_ms INTEGER NOT NULL,
+                    session_id TEXT NOT NULL,
+                    turn_id TEXT NOT NULL,
+                    state INTEGER NOT NULL,
+                    note TEXT NOT NULL,
+                    from_seq INTEGER NOT NULL
+                );
+                CREATE INDEX IF NOT EXISTS runs_by_reminder ON runs(reminder_id, due_ms);
+                PRAGMA user_version = 2;
+                COMMIT;",
+            )?;
+        }
         Ok(Store {
             conn: Mutex::new(conn),
         })
@@ -354,8 +467,8 @@ impl Store {
         };
         let conn = self.conn();
         conn.execute(
-            "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, task)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             params![
                 id,
                 new.session_id,
@@ -366,7 +479,8 @@ impl Store {
                 tz,
                 missed_code(new.missed),
                 Status::Pending.code(),
-                ms(now)
+                ms(now),
+                task_bytes(new.task.as_ref())
             ],
         )?;
         Self::get_in(&conn, &id)
@@ -382,8 +496,8 @@ impl Store {
         let tx = conn.transaction()?;
         {
             let mut insert = tx.prepare_cached(
-                "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                "INSERT INTO reminders (id, session_id, message, kind, next_due_ms, cron, tz, missed, status, created_ms, task)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             )?;
             for new in &reminders {
                 let (cron, tz) = match &new.recurrence {
@@ -400,7 +514,8 @@ impl Store {
                     tz,
                     missed_code(new.missed),
                     Status::Pending.code(),
-                    ms(now)
+                    ms(now),
+                    task_bytes(new.task.as_ref())
                 ])?;
             }
         }
@@ -462,7 +577,7 @@ impl Store {
         if session_id.is_some_and(|s| s != reminder.session_id) {
             return Err(StoreError::NotFound(id.to_string()));
         }
-        if reminder.status != Status::Pending {
+        if !matches!(reminder.status, Status::Pending | Status::Paused) {
             return Err(StoreError::NotPending {
                 id: id.to_string(),
                 status: reminder.status.name(),
@@ -473,6 +588,62 @@ impl Store {
             params![id, Status::Cancelled.code()],
         )?;
         Self::get_in(&conn, id)
+    }
+
+    /// Pauses a pending recurring reminder, or resumes a paused one to fall
+    /// due at `resume_at`.
+    pub fn set_paused(
+        &self,
+        id: &str,
+        paused: bool,
+        resume_at: DateTime<Utc>,
+    ) -> Result<Reminder, StoreError> {
+        let conn = self.conn();
+        let reminder = Self::get_in(&conn, id)?;
+        let (from, to, next) = pause_change(&reminder, paused, resume_at)?;
+        conn.execute(
+            "UPDATE reminders SET status = ?3, next_due_ms = ?4 WHERE id = ?1 AND status = ?2",
+            params![id, from.code(), to.code(), next.map(ms)],
+        )?;
+        Self::get_in(&conn, id)
+    }
+
+    /// Records a scheduled task's run (replacing an earlier record of the
+    /// same firing).
+    pub fn record_run(&self, run: &ScheduledRun, now: DateTime<Utc>) -> Result<(), StoreError> {
+        self.conn().execute(
+            &format!(
+                "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT(firing_id) DO UPDATE SET recorded_ms = excluded.recorded_ms,
+                   session_id = excluded.session_id, turn_id = excluded.turn_id,
+                   state = excluded.state, note = excluded.note, from_seq = excluded.from_seq"
+            ),
+            params![
+                run.firing_id,
+                run.reminder_id,
+                ms_of(run.due_time.as_ref()),
+                ms(now),
+                run.session_id,
+                run.turn_id,
+                i64::from(run.state),
+                run.note,
+                run.from_seq as i64
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// A scheduled task's runs, newest first.
+    pub fn runs(&self, reminder_id: &str, limit: u32) -> Result<Vec<ScheduledRun>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE reminder_id = ?1
+             ORDER BY due_ms DESC, firing_id DESC LIMIT ?2"
+        ))?;
+        let runs = stmt
+            .query_map(params![reminder_id, i64::from(limit)], run_from_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(runs)
     }
 
     /// When the next pending reminder falls due.
@@ -646,6 +817,7 @@ mod tests {
             due,
             recurrence,
             missed,
+            task: None,
         }
     }
 

@@ -27,6 +27,7 @@ fn reminder(session: &str, message: &str, due: DateTime<Utc>) -> NewReminder {
         due,
         recurrence: None,
         missed: MissedPolicy::Once,
+        task: None,
     }
 }
 
@@ -120,6 +121,108 @@ async fn the_contract(store: &Backend) {
     assert!(!store.ack(first.clone()).await.unwrap());
     assert!(!store.ack("unknown@1".into()).await.unwrap());
     assert_eq!(store.unacked().await.unwrap().len(), 1);
+
+    scheduled_tasks(store, later).await;
+}
+
+/// A scheduled task keeps its settings, pauses and resumes, and its runs
+/// are recorded (a record of the same firing replaces the earlier one).
+async fn scheduled_tasks(store: &Backend, now: DateTime<Utc>) {
+    use agentry_proto::scheduler::v1::{RunState, ScheduledRun, ScheduledTask};
+    let grace = chrono::Duration::seconds(60);
+    let task = ScheduledTask {
+        project_dir: "/srv/app".into(),
+        approval_mode: 3,
+    };
+    let new = NewReminder {
+        session_id: String::new(),
+        task: Some(task.clone()),
+        recurrence: Some(Recurrence::parse("0 * * * *", "UTC").unwrap()),
+        ..reminder("", "look at the build", now + chrono::Duration::minutes(10))
+    };
+    let created = store.create(new, now).await.unwrap();
+    assert_eq!(created.task, Some(task.clone()));
+    assert_eq!(
+        store.get(created.id.clone()).await.unwrap().task,
+        Some(task)
+    );
+
+    // Paused, it does not fire; resumed, it falls due when told.
+    let paused = store
+        .set_paused(created.id.clone(), true, now)
+        .await
+        .unwrap();
+    assert_eq!(paused.status, Status::Paused);
+    let long_after = now + chrono::Duration::hours(5);
+    let fired = store.fire_due(long_after, grace, 100).await.unwrap();
+    assert!(fired.iter().all(|f| f.reminder.id != created.id));
+    assert!(matches!(
+        store.set_paused(created.id.clone(), true, now).await,
+        Err(StoreError::NotPending { .. })
+    ));
+    let resume_at = long_after + chrono::Duration::minutes(30);
+    let resumed = store
+        .set_paused(created.id.clone(), false, resume_at)
+        .await
+        .unwrap();
+    assert_eq!(resumed.status, Status::Pending);
+    assert_eq!(resumed.next_due, Some(resume_at));
+    // Only a recurring reminder pauses.
+    let once = store
+        .create(
+            reminder("s1", "once", now + chrono::Duration::hours(9)),
+            now,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.set_paused(once.id.clone(), true, now).await,
+        Err(StoreError::NotRecurring(_))
+    ));
+
+    // Runs: newest first, a second record of one firing replaces it.
+    let run = |due_ms: i64, state: RunState, note: &str| ScheduledRun {
+        firing_id: format!("{}@{due_ms}", created.id),
+        reminder_id: created.id.clone(),
+        due_time: Some(prost_types::Timestamp {
+            seconds: due_ms / 1000,
+            nanos: 0,
+        }),
+        session_id: "run-session".into(),
+        turn_id: "turn".into(),
+        state: state as i32,
+        note: note.into(),
+        from_seq: 1,
+        ..Default::default()
+    };
+    store
+        .record_run(run(1_000_000, RunState::Running, ""), now)
+        .await
+        .unwrap();
+    store
+        .record_run(run(2_000_000, RunState::Skipped, "still going"), now)
+        .await
+        .unwrap();
+    store
+        .record_run(run(1_000_000, RunState::Completed, "done"), now)
+        .await
+        .unwrap();
+    let runs = store.runs(created.id.clone(), 10).await.unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0].state, RunState::Skipped as i32);
+    assert_eq!(runs[0].note, "still going");
+    assert_eq!(runs[1].state, RunState::Completed as i32);
+    assert_eq!(runs[1].note, "done");
+    assert_eq!(store.runs(created.id.clone(), 1).await.unwrap().len(), 1);
+    assert!(store.runs("other".into(), 10).await.unwrap().is_empty());
+
+    // A paused schedule can be removed.
+    store
+        .set_paused(created.id.clone(), true, now)
+        .await
+        .unwrap();
+    let removed = store.cancel(created.id.clone(), None).await.unwrap();
+    assert_eq!(removed.status, Status::Cancelled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

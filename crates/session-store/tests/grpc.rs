@@ -361,6 +361,7 @@ fn one_of_each_kind() -> Vec<Event> {
             legacy_kind: String::new(),
             due_time: Some(ts(1_700_000_000, 0)),
             late_ms: 15,
+            ..Default::default()
         }),
         Kind::Error(pb::Error {
             source: pb::ErrorSource::Tool as i32,

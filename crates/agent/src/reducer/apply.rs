@@ -264,6 +264,16 @@ impl SessionState {
                         images: Vec::new(),
                     });
                     self.start_event_turn(turn_id);
+                    // A scheduled task's calls are approved as it says
+                    // (never: a call that needs a person is refused).
+                    if r.scheduled
+                        && let Some(turn) = &mut self.turn
+                    {
+                        turn.approval_mode = match ApprovalMode::try_from(r.approval_mode) {
+                            Ok(ApprovalMode::Never) => ApprovalMode::Never,
+                            _ => ApprovalMode::Policy,
+                        };
+                    }
                 }
             }
             Kind::ModelChanged(m) => {

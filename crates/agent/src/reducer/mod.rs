@@ -900,8 +900,16 @@ impl SessionState {
     }
 }
 
-/// The message a task reminder puts before the model.
+/// The message a task reminder puts before the model; a scheduled task's
+/// prompt is the person's own words.
 pub fn compose_reminder(r: &pb::ReminderDue) -> String {
+    if r.scheduled {
+        return format!(
+            "[Scheduled task] This turn was started by a schedule a person set up; nobody \
+             is watching it live. The task:\n{}",
+            r.message
+        );
+    }
     let late = if r.late_ms >= 60_000 {
         format!(
             " (it fired {} minutes late: the scheduler was not running when it fell due)",

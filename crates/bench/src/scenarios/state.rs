@@ -179,6 +179,7 @@ pub mod lateness {
                 due,
                 recurrence: None,
                 missed: MissedPolicy::Once,
+                task: None,
             });
         }
         let store = agentry_scheduler::Backend::Sqlite(store);

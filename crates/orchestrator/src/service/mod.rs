@@ -84,6 +84,28 @@ impl Sessions {
     /// Creates a session; with a project directory, the runners check it
     /// first (the store never records a directory they refuse), then
     /// record it once the session exists.
+    /// Makes the session a scheduled run works in (already made: fine).
+    pub(crate) async fn create_session_for_run(
+        &self,
+        session_id: &str,
+        title: String,
+        project_dir: String,
+    ) -> Result<(), Status> {
+        match self
+            .create(session_id.to_string(), title, project_dir)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::AlreadyExists => Ok(()),
+            Err(status) => Err(status),
+        }
+    }
+
+    /// One session, as the store has it.
+    pub(crate) async fn get_session(&self, session_id: &str) -> Result<spb::Session, Status> {
+        self.get(session_id.to_string()).await
+    }
+
     async fn create(
         &self,
         session_id: String,
