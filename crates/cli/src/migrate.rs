@@ -18,6 +18,7 @@ struct Copied {
     events: u64,
     reminders: u64,
     firings: u64,
+    runs: u64,
 }
 
 /// Copies `from` (a data directory) into the database at `to`.
@@ -107,8 +108,10 @@ pub async fn migrate(
         })
         .await??;
         let (reminders, firings) = source.export()?;
+        let runs = source.all_runs()?;
         let target = PgReminders::connect(&to, Duration::from_secs(10)).await?;
         let (new_reminders, new_firings) = target.import(&reminders, &firings).await?;
+        copied.runs = target.import_runs(&runs).await?;
         copied.reminders = new_reminders;
         copied.firings = new_firings;
         let (there_reminders, there_firings) = target.counts().await?;
@@ -120,8 +123,13 @@ pub async fn migrate(
         );
     }
     println!(
-        "copied {} sessions ({} events; {} were there already), {} reminders and {} firings",
-        copied.sessions, copied.events, copied.already_there, copied.reminders, copied.firings
+        "copied {} sessions ({} events; {} were there already), {} reminders and schedules, {} firings and {} scheduled runs",
+        copied.sessions,
+        copied.events,
+        copied.already_there,
+        copied.reminders,
+        copied.firings,
+        copied.runs
     );
     println!(
         "checked: all {} sessions are in PostgreSQL with every event",

@@ -422,6 +422,38 @@ impl PgStore {
         Ok(())
     }
 
+    /// Copies runs as they are (`agentry migrate`); those already here are
+    /// left alone. Returns how many were new.
+    pub async fn import_runs(&self, runs: &[ScheduledRun]) -> Result<u64, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let mut new = 0;
+        for run in runs {
+            new += tx
+                .execute(
+                    &format!(
+                        "INSERT INTO runs ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                         ON CONFLICT (firing_id) DO NOTHING"
+                    ),
+                    &[
+                        &run.firing_id,
+                        &run.reminder_id,
+                        &ms_of(run.due_time.as_ref()),
+                        &ms_of(run.recorded_at.as_ref()),
+                        &run.session_id,
+                        &run.turn_id,
+                        &i64::from(run.state),
+                        &run.note,
+                        &(run.from_seq as i64),
+                    ],
+                )
+                .await
+                .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(new)
+    }
+
     /// A scheduled task's runs, newest first.
     pub async fn runs(
         &self,

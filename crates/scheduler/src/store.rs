@@ -633,6 +633,18 @@ impl Store {
         Ok(())
     }
 
+    /// Every scheduled task's runs (`agentry migrate`), oldest first.
+    pub fn all_runs(&self) -> Result<Vec<ScheduledRun>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs ORDER BY due_ms, firing_id"
+        ))?;
+        let runs = stmt
+            .query_map([], run_from_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(runs)
+    }
+
     /// A scheduled task's runs, newest first.
     pub fn runs(&self, reminder_id: &str, limit: u32) -> Result<Vec<ScheduledRun>, StoreError> {
         let conn = self.conn();
