@@ -77,6 +77,82 @@ async fn killed_while_the_model_streams_the_turn_is_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_rate_limited_turn_parks_and_goes_on_after_a_restart_during_the_wait() {
+    let mut cluster = cluster_without_orchestrator(|_| {}).await;
+    cluster
+        .model
+        .push(Reply::error(429, "rate limit reached for requests").retry_after(5));
+    cluster.model.push(Reply::text("after the wait"));
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    // No retries of its own: the server's wait is longer than none.
+    orchestrator.local_config("[llm]\nmax_retries = 0\n");
+    let mut client = orchestrator.start().await;
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    submit(
+        &mut client,
+        &session.id,
+        message("hello", ApprovalMode::Policy),
+    )
+    .await;
+    let parked = log
+        .until("the turn parks", |k| matches!(k, Kind::TurnParked(_)))
+        .await;
+    let Some(Kind::TurnParked(parked)) = parked.kind else {
+        unreachable!()
+    };
+    assert_eq!(parked.reason, spb::ParkReason::RateLimit as i32);
+    assert!(parked.message.contains("429"), "{}", parked.message);
+    let until = parked.until.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (3..=6).contains(&(until.seconds - now)),
+        "{until:?} at {now}"
+    );
+    // The turn stays open meanwhile: no failure, no second request.
+    assert!(
+        !log.seen
+            .iter()
+            .any(|e| matches!(e.kind, Some(Kind::TurnFinished(_) | Kind::Error(_)))),
+        "{:#?}",
+        log.seen
+    );
+
+    orchestrator.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cluster.model.request_count(), 1);
+    // Nobody submits anything: the restarted orchestrator waits out the
+    // rest and goes on.
+    let _client = orchestrator.start().await;
+    let done = log.finished().await;
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{:#?}",
+        log.seen
+    );
+    assert_eq!(done.message, "after the wait");
+    let resumed = log
+        .seen
+        .iter()
+        .find(|e| matches!(e.kind, Some(Kind::TurnResumed(_))))
+        .unwrap_or_else(|| panic!("{:#?}", log.seen));
+    assert!(
+        resumed.time.as_ref().unwrap().seconds >= until.seconds,
+        "resumed at {:?}, before {until:?}",
+        resumed.time
+    );
+    assert_eq!(cluster.model.request_count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn killed_while_an_approval_is_pending_it_is_offered_again() {
     let mut cluster = cluster_without_orchestrator(|_| {}).await;
     let mut orchestrator = Orchestrator::new(&mut cluster);

@@ -753,6 +753,27 @@ pub fn note_for(view: &mut SessionView, kind: &Kind) -> Option<(String, NoteKind
         ),
         Kind::Error(e) => (format!("error: {}", e.message), Error),
         Kind::CancelRequested(_) => ("(cancelling…)".to_string(), Info),
+        Kind::TurnParked(p) => {
+            let until = p
+                .until
+                .as_ref()
+                .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0))
+                .map(|t| {
+                    t.with_timezone(&chrono::Local)
+                        .format("%H:%M:%S")
+                        .to_string()
+                })
+                .unwrap_or_else(|| "later".into());
+            (
+                format!(
+                    "⏸ the model server asks to wait ({}); the turn goes on by itself at {until}, \
+                     also after a restart (cancel it to stop)",
+                    shorten(&(view.filter)(&p.message), 160)
+                ),
+                Info,
+            )
+        }
+        Kind::TurnResumed(_) => ("▶ the wait is over; the model is asked again".to_string(), Info),
         Kind::TurnFinished(t) => (turn_finished(view, t), Info),
         Kind::ContextCompacted(c) => {
             let how = if c.summary.is_empty() {

@@ -11,7 +11,9 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AF
 use serde_json::Value;
 
 use crate::assemble::snippet;
-use crate::retry::{backoff, parse_retry_after, should_retry};
+use crate::retry::{
+    OVERLOADED_WAIT, RETRY_WINDOW, backoff, parse_reset, parse_retry_after, should_retry,
+};
 use crate::{ChatRequest, LlmError, Provider, ProviderConfig, StreamEvent, ollama, openai};
 
 /// Longest error body quoted in [`LlmError::Http`].
@@ -57,6 +59,55 @@ impl fmt::Debug for ChatClient {
             .field("limits", &self.limits)
             .finish()
     }
+}
+
+/// How long a failed answer asks to wait: `Retry-After` (or
+/// `retry-after-ms`), else for a 429 the latest of the rate-limit reset
+/// headers (OpenAI's `x-ratelimit-reset-*`, Anthropic's
+/// `anthropic-ratelimit-*-reset`) whose remaining count is spent.
+fn wait_hint(headers: &reqwest::header::HeaderMap, status: u16) -> Option<Duration> {
+    let now = SystemTime::now();
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(wait) = text(RETRY_AFTER.as_str()).and_then(|v| parse_retry_after(v, now)) {
+        return Some(wait);
+    }
+    if let Some(ms) = text("retry-after-ms")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    {
+        return Some(Duration::from_secs_f64(ms / 1000.0).min(crate::retry::MAX_WAIT));
+    }
+    if status != 429 {
+        return None;
+    }
+    let limits = [
+        (
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ),
+        ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+        (
+            "anthropic-ratelimit-requests-remaining",
+            "anthropic-ratelimit-requests-reset",
+        ),
+        (
+            "anthropic-ratelimit-tokens-remaining",
+            "anthropic-ratelimit-tokens-reset",
+        ),
+        (
+            "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset",
+        ),
+        (
+            "anthropic-ratelimit-output-tokens-remaining",
+            "anthropic-ratelimit-output-tokens-reset",
+        ),
+    ];
+    limits
+        .iter()
+        .filter(|(remaining, _)| text(remaining).is_none_or(|r| r.trim() == "0"))
+        .filter_map(|(_, reset)| text(reset).and_then(|v| parse_reset(v, now)))
+        .max()
 }
 
 /// A failed attempt, before any output reached the caller.
@@ -271,6 +322,24 @@ impl ChatClient {
                     None => return Ok(stream),
                 },
             };
+            // A wait longer than the client sleeps through, or a rate limit
+            // still there when the retries ran out: the caller decides.
+            if let LlmError::Http { status, message } = &failure.err
+                && matches!(*status, 429 | 503 | 529)
+            {
+                let hint = failure
+                    .retry_after
+                    .or((*status == 529).then_some(OVERLOADED_WAIT));
+                if let Some(after) = hint
+                    && (after > RETRY_WINDOW || retry >= self.max_retries)
+                {
+                    return Err(LlmError::TryLater {
+                        status: *status,
+                        message: message.clone(),
+                        after,
+                    });
+                }
+            }
             if retry >= self.max_retries || !should_retry(&failure.err) {
                 if retry > 0 {
                     tracing::debug!(retries = retry, error = %failure.err, "model request failed after retries");
@@ -333,11 +402,7 @@ impl ChatClient {
         let status = response.status();
         tracing::debug!(url = %self.url, status = status.as_u16(), "model server answered");
         if !status.is_success() {
-            let retry_after = response
-                .headers()
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, SystemTime::now()));
+            let retry_after = wait_hint(response.headers(), status.as_u16());
             let err = self.http_error(response).await;
             return Err(Failure { err, retry_after });
         }

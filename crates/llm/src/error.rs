@@ -22,6 +22,18 @@ pub enum LlmError {
         /// The server's error message, or its raw (truncated) response body.
         message: String,
     },
+    /// The server is rate limited or overloaded and asks to be called again
+    /// later than the client waits by itself (or its retries ran out while
+    /// it kept asking): the caller decides whether to wait.
+    #[error("model server returned HTTP {status}: {message} (it asks to try again in {}s)", after.as_secs())]
+    TryLater {
+        /// HTTP status code (429, 503 or 529).
+        status: u16,
+        /// The server's error message.
+        message: String,
+        /// How long it asks to wait.
+        after: Duration,
+    },
     /// The server did not send anything for longer than the configured request timeout.
     #[error("model server did not respond within {after:?}")]
     Timeout {
@@ -58,6 +70,7 @@ impl LlmError {
             LlmError::Connect { .. } => true,
             LlmError::Http { status, .. } => matches!(*status, 408 | 409 | 425 | 429 | 500..=599),
             LlmError::Timeout { .. } => true,
+            LlmError::TryLater { .. } => true,
             LlmError::Malformed(_) => false,
             LlmError::TooLarge(_) => false,
             LlmError::Truncated(_) => true,

@@ -7,8 +7,14 @@ use crate::LlmError;
 
 /// Longest computed backoff delay.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// Longest wait a server's `Retry-After` can impose.
-pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Longest wait the client sleeps through itself before asking again; a
+/// server that asks for longer gets [`LlmError::TryLater`], and the caller
+/// decides (the orchestrator parks the turn).
+pub(crate) const RETRY_WINDOW: Duration = Duration::from_secs(60);
+/// Longest wait a server's hint is taken at (a week).
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long an overloaded server (HTTP 529) that gave no hint is left alone.
+pub(crate) const OVERLOADED_WAIT: Duration = Duration::from_secs(30);
 
 /// Whether the client repeats a request that failed with `err` before any output was streamed:
 /// connection failures, timeouts, broken streams, HTTP 408, 429 and 5xx. Other client errors,
@@ -17,7 +23,10 @@ pub(crate) fn should_retry(err: &LlmError) -> bool {
     match err {
         LlmError::Connect { .. } | LlmError::Timeout { .. } | LlmError::Truncated(_) => true,
         LlmError::Http { status, .. } => matches!(*status, 408 | 429 | 500..=599),
-        LlmError::Malformed(_) | LlmError::TooLarge(_) | LlmError::InvalidConfig(_) => false,
+        LlmError::TryLater { .. }
+        | LlmError::Malformed(_)
+        | LlmError::TooLarge(_)
+        | LlmError::InvalidConfig(_) => false,
     }
 }
 
@@ -44,7 +53,7 @@ fn unit_random() -> f64 {
 }
 
 /// The wait a `Retry-After` header value asks for: delay-seconds or an HTTP date (relative to
-/// `now`; a date in the past means no wait), at most [`MAX_RETRY_AFTER`]. `None` when the value
+/// `now`; a date in the past means no wait), at most [`MAX_WAIT`]. `None` when the value
 /// is neither.
 pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
@@ -56,12 +65,92 @@ pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration
         .filter(|s| s.is_finite() && *s >= 0.0)
     {
         // Not allowed by RFC 9110, but sent by some servers.
-        Duration::from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64()))
+        Duration::from_secs_f64(secs.min(MAX_WAIT.as_secs_f64()))
     } else {
         let at = parse_http_date(value)?;
         at.duration_since(now).unwrap_or(Duration::ZERO)
     };
-    Some(wait.min(MAX_RETRY_AFTER))
+    Some(wait.min(MAX_WAIT))
+}
+
+/// The wait a rate-limit reset header asks for: a duration as OpenAI
+/// writes them (`1s`, `6m0s`, `1h2m3.5s`, `20ms`) or an RFC 3339 time as
+/// Anthropic does (`2026-11-28T20:15:00Z`), at most [`MAX_WAIT`].
+pub(crate) fn parse_reset(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let wait = match parse_go_duration(value) {
+        Some(wait) => wait,
+        None => parse_rfc3339(value)?
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO),
+    };
+    Some(wait.min(MAX_WAIT))
+}
+
+/// `1h2m3.5s`, `6m0s`, `20ms`, `0.5s`.
+fn parse_go_duration(value: &str) -> Option<Duration> {
+    if value.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    let mut rest = value;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return None;
+        }
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return None,
+        };
+        total += number * seconds;
+        rest = &rest[unit_len..];
+    }
+    (total.is_finite() && total >= 0.0)
+        .then(|| Duration::from_secs_f64(total.min(MAX_WAIT.as_secs_f64())))
+}
+
+/// `2026-11-28T20:15:00Z`, `2026-11-28T20:15:00.5+01:00`.
+fn parse_rfc3339(value: &str) -> Option<SystemTime> {
+    let (date, time) = value.split_once(['T', 't'])?;
+    let mut d = date.split('-');
+    let year: i64 = d.next()?.parse().ok()?;
+    let month: u32 = d.next()?.parse().ok()?;
+    let day: u32 = d.next()?.parse().ok()?;
+    if d.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    let (clock, offset_secs) = if let Some(clock) = time.strip_suffix(['Z', 'z']) {
+        (clock, 0i64)
+    } else {
+        let at = time.rfind(['+', '-'])?;
+        let (clock, offset) = time.split_at(at);
+        let sign = if offset.starts_with('-') { -1 } else { 1 };
+        let (h, m) = offset[1..].split_once(':')?;
+        let minutes = h.parse::<i64>().ok()? * 60 + m.parse::<i64>().ok()?;
+        (clock, sign * minutes * 60)
+    };
+    let mut c = clock.split(':');
+    let hour: i64 = c.next()?.parse().ok()?;
+    let minute: i64 = c.next()?.parse().ok()?;
+    let second: f64 = c.next()?.parse().ok()?;
+    if c.next().is_some() || hour > 23 || minute > 59 || !(0.0..61.0).contains(&second) {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 - offset_secs;
+    let at = secs as f64 + second;
+    (at >= 0.0).then(|| UNIX_EPOCH + Duration::from_secs_f64(at))
 }
 
 /// Parses the three date formats HTTP recipients must accept (RFC 9110 §5.6.7):
@@ -183,7 +272,11 @@ mod tests {
             parse_retry_after("1.5", now),
             Some(Duration::from_millis(1500))
         );
-        assert_eq!(parse_retry_after("3600", now), Some(MAX_RETRY_AFTER));
+        assert_eq!(
+            parse_retry_after("3600", now),
+            Some(Duration::from_secs(3600))
+        );
+        assert_eq!(parse_retry_after("99999999", now), Some(MAX_WAIT));
         assert_eq!(parse_retry_after("-1", now), None);
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("", now), None);
@@ -229,11 +322,45 @@ mod tests {
             parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", at(784_111_800)),
             Some(Duration::ZERO)
         );
-        // Far in the future: capped.
+        // Two hours on: the whole wait.
         assert_eq!(
             parse_retry_after("Sun, 06 Nov 1994 10:49:37 GMT", now),
-            Some(MAX_RETRY_AFTER)
+            Some(Duration::from_secs(7207))
         );
+    }
+
+    #[test]
+    fn rate_limit_resets_as_durations_and_times() {
+        let now = at(784_111_770);
+        assert_eq!(parse_reset("1s", now), Some(Duration::from_secs(1)));
+        assert_eq!(parse_reset("6m0s", now), Some(Duration::from_secs(360)));
+        assert_eq!(
+            parse_reset("1h2m3.5s", now),
+            Some(Duration::from_millis(3_723_500))
+        );
+        assert_eq!(parse_reset("20ms", now), Some(Duration::from_millis(20)));
+        assert_eq!(
+            parse_reset("1994-11-06T08:49:37Z", now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            parse_reset("1994-11-06T09:49:37+01:00", now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            parse_reset("1994-11-06T08:49:00Z", now),
+            Some(Duration::ZERO)
+        );
+        for bad in [
+            "",
+            "soon",
+            "5x",
+            "s",
+            "1994-13-06T08:49:37Z",
+            "1994-11-06T08:49Z",
+        ] {
+            assert_eq!(parse_reset(bad, now), None, "{bad}");
+        }
     }
 
     #[test]

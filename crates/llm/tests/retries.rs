@@ -273,3 +273,139 @@ async fn a_completion_without_text_is_returned_first_and_not_retried() {
     assert!(futures::StreamExt::next(&mut stream).await.is_none());
     assert_eq!(fake.request_count(), 1);
 }
+
+#[tokio::test]
+async fn a_wait_longer_than_the_retry_window_is_handed_to_the_caller_at_once() {
+    for provider in BOTH {
+        let fake = FakeModel::start().await.unwrap();
+        fake.push(Reply::error(429, "quota used up until the next hour").retry_after(3600));
+        fake.push(Reply::text("must not be used"));
+        let started = Instant::now();
+        let err = client(retrying(&fake, provider, 3))
+            .stream(hello())
+            .await
+            .err()
+            .expect("must fail");
+        assert!(
+            matches!(&err, LlmError::TryLater { status: 429, after, message }
+                if *after == Duration::from_secs(3600) && message.contains("quota")),
+            "{provider}: got {err:?}"
+        );
+        assert!(err.is_retryable());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{provider}: it slept"
+        );
+        assert_eq!(fake.request_count(), 1, "{provider}");
+    }
+}
+
+#[tokio::test]
+async fn a_rate_limit_still_there_when_the_retries_run_out_says_how_long_to_wait() {
+    let fake = FakeModel::start().await.unwrap();
+    fake.push(Reply::error(429, "slow down").retry_after(1));
+    fake.push(Reply::error(429, "slow down").retry_after(5));
+    let err = client(retrying(&fake, Provider::OpenAi, 1))
+        .stream(hello())
+        .await
+        .err()
+        .expect("must fail");
+    assert!(
+        matches!(&err, LlmError::TryLater { status: 429, after, .. } if *after == Duration::from_secs(5)),
+        "{err:?}"
+    );
+    assert_eq!(fake.request_count(), 2);
+}
+
+#[tokio::test]
+async fn rate_limit_reset_headers_and_overloads_give_the_wait() {
+    // OpenAI's reset headers: the spent limit's reset counts.
+    let fake = FakeModel::start().await.unwrap();
+    fake.push(
+        Reply::error(429, "rate limit reached for tokens")
+            .header("x-ratelimit-remaining-requests", "12")
+            .header("x-ratelimit-reset-requests", "1s")
+            .header("x-ratelimit-remaining-tokens", "0")
+            .header("x-ratelimit-reset-tokens", "6m0s"),
+    );
+    let err = client(retrying(&fake, Provider::OpenAi, 0))
+        .stream(hello())
+        .await
+        .err()
+        .expect("must fail");
+    assert!(
+        matches!(&err, LlmError::TryLater { after, .. } if *after == Duration::from_secs(360)),
+        "{err:?}"
+    );
+    // Anthropic's: an RFC 3339 time.
+    let fake = FakeModel::start().await.unwrap();
+    let at = std::time::SystemTime::now() + Duration::from_secs(600);
+    let secs = at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil(days);
+    let stamp = format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    );
+    fake.push(
+        Reply::error(429, "rate_limit_error")
+            .header("anthropic-ratelimit-requests-remaining", "0")
+            .header("anthropic-ratelimit-requests-reset", &stamp),
+    );
+    let err = client(anthropic(&fake))
+        .stream(hello())
+        .await
+        .err()
+        .expect("must fail");
+    assert!(
+        matches!(&err, LlmError::TryLater { after, .. }
+            if *after > Duration::from_secs(590) && *after <= Duration::from_secs(600)),
+        "{stamp}: {err:?}"
+    );
+    // An overloaded server without a hint: left alone for a while.
+    let fake = FakeModel::start().await.unwrap();
+    fake.push(Reply::error(529, "Overloaded"));
+    let err = client(anthropic(&fake))
+        .stream(hello())
+        .await
+        .err()
+        .expect("must fail");
+    assert!(
+        matches!(&err, LlmError::TryLater { status: 529, after, .. } if *after == Duration::from_secs(30)),
+        "{err:?}"
+    );
+    // A plain 429 with no hint is the error it was.
+    let fake = FakeModel::start().await.unwrap();
+    fake.push(Reply::error(429, "slow down"));
+    let err = client(retrying(&fake, Provider::OpenAi, 0))
+        .stream(hello())
+        .await
+        .err()
+        .expect("must fail");
+    assert!(
+        matches!(&err, LlmError::Http { status: 429, .. }),
+        "{err:?}"
+    );
+}
+
+fn anthropic(fake: &FakeModel) -> ProviderConfig {
+    let mut cfg = retrying(fake, Provider::Anthropic, 0);
+    cfg.api_key = Some("sk-ant-test".into());
+    cfg
+}
+
+/// Year, month, day of a day count since 1970-01-01.
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}

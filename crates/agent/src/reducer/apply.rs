@@ -240,7 +240,10 @@ impl SessionState {
                     turn.restarts += 1;
                 }
             }
+            Kind::TurnParked(parked) => self.parked = Some(parked.clone()),
+            Kind::TurnResumed(_) => self.parked = None,
             Kind::TurnFinished(_) => {
+                self.parked = None;
                 self.failed_calls.clear();
                 self.turn = None;
                 self.phase = Phase::Idle;

@@ -325,6 +325,8 @@ pub struct SessionState {
     pub view: ViewRef,
     /// Reminder firings already in the log (a firing enters at most once).
     pub delivered_firings: BTreeSet<String>,
+    /// The running turn waits (see [`pb::TurnParked`]) until it is resumed.
+    pub parked: Option<pb::TurnParked>,
     /// Calls of the running turn whose result was an error (the progress
     /// detector reads it).
     pub failed_calls: BTreeSet<String>,
@@ -398,6 +400,12 @@ pub enum Input {
         /// What the answer cost.
         usage: Option<agentry_llm::Usage>,
     },
+    /// The model server asks to be called again later: the turn parks
+    /// until `parked.until` (the orchestrator computed it from the server's
+    /// wait and the clock).
+    ModelTryLater(pb::TurnParked),
+    /// The time a parked turn waited for has come.
+    Unpark,
     /// The model call failed.
     ModelFailed {
         /// What went wrong, for people.
@@ -537,6 +545,12 @@ pub enum Effect {
     RunHooks(Box<HookJob>),
     /// Stop every model call and tool call in flight.
     AbortInFlight,
+    /// Hand back [`Input::Unpark`] at this time (milliseconds since the
+    /// epoch; at once when it is past).
+    WakeAt {
+        /// When.
+        at_ms: i64,
+    },
     /// A delegate call has its result (run once it is stored): its
     /// sub-agent's task is over for this session; when the call ended
     /// without the task's answer (cancelled, refused, skipped), the task is
@@ -733,6 +747,7 @@ impl SessionState {
             catalog: Arc::default(),
             view: ViewRef(DEFAULT_VIEW.clone()),
             delivered_firings: BTreeSet::new(),
+            parked: None,
             last_mcp_updates: BTreeMap::new(),
             failed_calls: BTreeSet::new(),
             limits: pb::Budget::default(),

@@ -112,6 +112,19 @@ impl SessionState {
         let turn_id = self.turn_id().unwrap_or_default().to_string();
         let mut out = Out::default();
         match (phase, input) {
+            // Parked, no model call runs: its output is stale.
+            (
+                Phase::Generate,
+                Input::ModelDone(_)
+                | Input::ModelUnreadable { .. }
+                | Input::ModelFailed { .. }
+                | Input::ModelTryLater(_),
+            ) if self.parked.is_some() => {
+                return Err(Refusal::Unexpected {
+                    input: "model output",
+                    phase,
+                });
+            }
             (
                 Phase::Idle,
                 Input::UserMessage {
@@ -188,6 +201,31 @@ impl SessionState {
             (Phase::Generate, Input::ModelDone(c)) => self.model_done(&mut out, &turn_id, c),
             (Phase::Generate, Input::ModelUnreadable { text, error, usage }) => {
                 self.unreadable(&mut out, &turn_id, text, error, usage);
+            }
+            (Phase::Generate, Input::ModelTryLater(parked)) => {
+                let at_ms = parked.until.as_ref().map_or(0, timestamp_ms);
+                self.emit(&mut out, &turn_id, Kind::TurnParked(parked));
+                out.after.push(Effect::WakeAt { at_ms });
+            }
+            (Phase::Generate, Input::Unpark) if self.parked.is_some() => {
+                let reason = self.parked.as_ref().map_or(0, |p| p.reason);
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::TurnResumed(pb::TurnResumed { reason }),
+                );
+                self.call_model(&mut out, &turn_id, true);
+            }
+            (_, Input::Unpark) => return Ok(Vec::new()), // Resumed already.
+            // Restarted while parked: the wait goes on, not counted as a
+            // restart of the model call.
+            (Phase::Generate, Input::Interrupted) if self.parked.is_some() => {
+                let at_ms = self
+                    .parked
+                    .as_ref()
+                    .and_then(|p| p.until.as_ref())
+                    .map_or(0, timestamp_ms);
+                out.after.push(Effect::WakeAt { at_ms });
             }
             (Phase::Generate, Input::ModelFailed { message, retryable }) => {
                 let error = error_event(ErrorSource::Model, message.clone(), retryable);
@@ -395,7 +433,10 @@ impl SessionState {
             (_, Input::Noted(kind)) => self.emit(&mut out, &turn_id, kind),
             (
                 Phase::Idle | Phase::UseTools,
-                Input::ModelDone(_) | Input::ModelUnreadable { .. } | Input::ModelFailed { .. },
+                Input::ModelDone(_)
+                | Input::ModelUnreadable { .. }
+                | Input::ModelFailed { .. }
+                | Input::ModelTryLater(_),
             ) => {
                 return Err(Refusal::Unexpected {
                     input: "model output",
@@ -644,4 +685,11 @@ fn recorded_usage(u: agentry_llm::Usage) -> TokenUsage {
         cached_prompt_tokens: u.cached_prompt_tokens,
         cache_write_prompt_tokens: u.cache_write_tokens,
     }
+}
+
+/// A time as milliseconds since the epoch.
+fn timestamp_ms(t: &prost_types::Timestamp) -> i64 {
+    t.seconds
+        .saturating_mul(1000)
+        .saturating_add(i64::from(t.nanos) / 1_000_000)
 }

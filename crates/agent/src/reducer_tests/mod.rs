@@ -811,7 +811,7 @@ fn phase_of(state: &SessionState, call_id: &str) -> Option<CallPhase> {
 
 /// Checks the shape every step's effects have: an optional abort first, at
 /// most one Record, then only RunTool, CallModel, Summarise, RunHooks,
-/// EndTask and StopAsking.
+/// EndTask, StopAsking and WakeAt.
 fn check_effect_shape(effects: &[Effect]) {
     let mut rest = effects;
     if let [Effect::AbortInFlight, tail @ ..] = rest {
@@ -828,6 +828,7 @@ fn check_effect_shape(effects: &[Effect]) {
                     | Effect::CallModel { .. }
                     | Effect::Summarise { .. }
                     | Effect::StopAsking { .. }
+                    | Effect::WakeAt { .. }
                     | Effect::RunHooks(_)
                     | Effect::EndTask { .. }
             ),

@@ -483,3 +483,95 @@ fn call_ids_may_repeat_across_responses() {
         ]
     );
 }
+
+// ---------------------------------------------------------------------------
+// A turn parked by a model server that asks to wait
+// ---------------------------------------------------------------------------
+
+fn parked_until(seconds: i64) -> pb::TurnParked {
+    pb::TurnParked {
+        reason: pb::ParkReason::RateLimit as i32,
+        until: Some(prost_types::Timestamp { seconds, nanos: 0 }),
+        message: "HTTP 429: slow down".into(),
+    }
+}
+
+#[test]
+fn a_parked_turn_waits_across_a_restart_and_goes_on_when_woken() {
+    let mut live = Session::new(4);
+    live.ok(user("hello"));
+    let effects = live.ok(Input::ModelTryLater(parked_until(1_000)));
+    assert_eq!(
+        effects,
+        vec![
+            record(TURN, vec![Kind::TurnParked(parked_until(1_000))]),
+            Effect::WakeAt { at_ms: 1_000_000 },
+        ]
+    );
+    assert_eq!(live.state.phase, Phase::Generate);
+    // While it waits: no model output is taken, no new message starts a
+    // turn, and a second wait is not stacked.
+    live.refused(
+        model_done("late", vec![]),
+        Refusal::Unexpected {
+            input: "model output",
+            phase: Phase::Generate,
+        },
+    );
+    live.refused(
+        Input::ModelTryLater(parked_until(2_000)),
+        Refusal::Unexpected {
+            input: "model output",
+            phase: Phase::Generate,
+        },
+    );
+    live.refused(user("are you there?"), Refusal::Busy);
+
+    // A restart re-arms the wait: no event, and not counted as a restart.
+    let mut session = live.restarted();
+    assert_eq!(session.state, live.state);
+    assert_eq!(
+        session.ok(Input::Interrupted),
+        vec![Effect::WakeAt { at_ms: 1_000_000 }]
+    );
+    assert_eq!(session.state.turn.as_ref().unwrap().restarts, 0);
+
+    // Woken: resumed, and the model is asked again with the same history.
+    let effects = session.ok(Input::Unpark);
+    assert_eq!(
+        effects,
+        vec![
+            record(
+                TURN,
+                vec![Kind::TurnResumed(pb::TurnResumed {
+                    reason: pb::ParkReason::RateLimit as i32
+                })]
+            ),
+            model_call(&session.state, vec![Message::user("hello")]),
+        ]
+    );
+    assert!(session.state.parked.is_none());
+    // A second wake-up (a timer that fired twice) does nothing.
+    assert!(session.ok(Input::Unpark).is_empty());
+    session.ok(model_done("hi", vec![]));
+    assert_eq!(session.state.phase, Phase::Idle);
+}
+
+#[test]
+fn a_parked_turn_can_be_cancelled() {
+    let mut session = Session::new(4);
+    session.ok(user("hello"));
+    session.ok(Input::ModelTryLater(parked_until(1_000)));
+    let effects = session.ok(cancel("not today"));
+    assert_eq!(effects[0], Effect::AbortInFlight);
+    assert_eq!(session.state.phase, Phase::Idle);
+    assert!(session.state.parked.is_none());
+    let finished = events_of(&effects)
+        .into_iter()
+        .find_map(|k| match k {
+            Kind::TurnFinished(f) => Some(f),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(finished.outcome, TurnOutcome::Cancelled as i32);
+}

@@ -76,6 +76,12 @@ impl Orchestrator {
         }
     }
 
+    /// Settings of its own (`local.toml` in its config directory), read at
+    /// its next start.
+    pub fn local_config(&self, toml: &str) {
+        std::fs::write(self.config_dir.path().join("local.toml"), toml).unwrap();
+    }
+
     pub async fn start(&mut self) -> OrchestratorClient<Channel> {
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "orchestrator"])

@@ -158,6 +158,7 @@ pub struct Reply {
     kind: ReplyKind,
     delay: Option<Duration>,
     retry_after: Option<String>,
+    headers: Vec<(String, String)>,
 }
 
 /// Splits `s` into at most `parts` non-empty pieces on character boundaries.
@@ -178,6 +179,7 @@ impl Reply {
             kind: ReplyKind::Stream(chunks),
             delay: None,
             retry_after: None,
+            headers: Vec::new(),
         }
     }
 
@@ -212,6 +214,7 @@ impl Reply {
             },
             delay: None,
             retry_after: None,
+            headers: Vec::new(),
         }
     }
 
@@ -223,6 +226,12 @@ impl Reply {
     /// Send this `Retry-After` header value verbatim (e.g. an HTTP date).
     pub fn retry_after_header(mut self, value: &str) -> Reply {
         self.retry_after = Some(value.to_string());
+        self
+    }
+
+    /// Send this header with the response too (rate-limit reset headers).
+    pub fn header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.to_string(), value.to_string()));
         self
     }
 

@@ -359,5 +359,13 @@ pub(super) async fn chat(
     {
         response.headers_mut().insert(header::RETRY_AFTER, value);
     }
+    for (name, value) in reply.headers {
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            response.headers_mut().insert(name, value);
+        }
+    }
     response
 }

@@ -387,6 +387,8 @@ impl Actor {
             input,
             Input::ModelDone(_)
                 | Input::ModelFailed { .. }
+                | Input::ModelTryLater(_)
+                | Input::Unpark
                 | Input::ToolDone(_)
                 | Input::ToolNeedsInput(_)
                 | Input::Summarised { .. }
@@ -515,6 +517,7 @@ impl Actor {
                 | Effect::StopAsking { .. }
                 | Effect::AbortInFlight
                 | Effect::RunHooks(_)
+                | Effect::WakeAt { .. }
                 | Effect::EndTask { .. } => false,
             };
             let mut waiting = Some(effect);
@@ -617,6 +620,7 @@ impl Actor {
             Effect::StopAsking { call, resume_json } => self.stop_asking(call, resume_json),
             Effect::RunHooks(job) => self.start_hooks(*job),
             Effect::AbortInFlight => self.abort_in_flight(),
+            Effect::WakeAt { at_ms } => self.wake_at(at_ms),
             Effect::EndTask {
                 turn_id,
                 call_id,
@@ -719,6 +723,22 @@ impl Actor {
                         && stored.turn_id == sent.turn_id
                         && stored.time == sent.time
                 })
+    }
+
+    /// Hands the reducer [`Input::Unpark`] at `at_ms` (a parked turn goes
+    /// on); cancelled with the turn's other work.
+    fn wake_at(&mut self, at_ms: i64) {
+        let (task, tx) = self.next_task();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let wait = Duration::from_millis(at_ms.saturating_sub(now_ms).max(0) as u64);
+        tracing::info!(session_id = %self.session_id, wait_ms = wait.as_millis() as u64, "turn parked");
+        let handle = tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = tx.send(Box::new((task, Input::Unpark))).await;
+        });
+        self.in_flight.insert(task, handle.abort_handle());
     }
 
     fn next_task(&mut self) -> (u64, mpsc::Sender<Outcome>) {

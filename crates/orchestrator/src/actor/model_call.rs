@@ -51,6 +51,35 @@ pub(super) async fn model_call(
     let completion = match stream_once(&deps, &request, &live, &tx).await {
         Ok(Some(completion)) => completion,
         Ok(None) => return, // Nobody listens any more.
+        Err(ModelCallError::Llm(agentry_llm::LlmError::TryLater {
+            status,
+            message,
+            after,
+        })) => {
+            // Waiting longer than a retry: the turn parks until then.
+            let span = Span::current();
+            span.record("outcome", "parked");
+            crate::metrics::model_call_finished(&deps.metrics, "parked", started.elapsed(), None);
+            let until = std::time::SystemTime::now() + after;
+            let until = until
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let parked = pb::TurnParked {
+                reason: pb::ParkReason::RateLimit as i32,
+                until: Some(prost_types::Timestamp {
+                    seconds: until.as_secs() as i64,
+                    nanos: until.subsec_nanos() as i32,
+                }),
+                message: format!(
+                    "HTTP {status}: {}",
+                    message.chars().take(300).collect::<String>()
+                ),
+            };
+            let _ = tx
+                .send(Box::new((task, Input::ModelTryLater(parked))))
+                .await;
+            return;
+        }
         Err(error) => {
             let _ = tx
                 .send(failed(error.to_string(), error.is_retryable()))
