@@ -6,6 +6,33 @@ use agentry_proto::orchestrator::v1 as pb;
 use agentry_proto::sessions::v1::{self as spb, event::Kind};
 use std::collections::BTreeMap;
 
+/// The turn of `events` (one session's log, in order) parked at a spending
+/// limit, waiting for someone to raise it.
+pub fn parked(session: &spb::Session, events: &[spb::Event]) -> Option<pb::ParkedTurn> {
+    let mut exceeded: Option<spb::BudgetExceeded> = None;
+    let mut parked = None;
+    for event in events {
+        match &event.kind {
+            Some(Kind::BudgetExceeded(b)) => exceeded = Some(b.clone()),
+            Some(Kind::TurnParked(p)) if p.reason == spb::ParkReason::Budget as i32 => {
+                parked = Some(pb::ParkedTurn {
+                    session_id: session.id.clone(),
+                    session_title: session.title.clone(),
+                    turn_id: event.turn_id.clone(),
+                    message: p.message.clone(),
+                    parked_at: event.time,
+                    exceeded: exceeded.clone(),
+                });
+            }
+            Some(Kind::TurnResumed(_) | Kind::TurnFinished(_) | Kind::UserMessage(_)) => {
+                parked = None;
+            }
+            _ => {}
+        }
+    }
+    parked
+}
+
 /// The calls of `events` (one session's log, in order) that wait for a
 /// person: asked for in the open turn and not decided, run or closed since.
 pub fn pending(session: &spb::Session, events: &[spb::Event]) -> Vec<pb::PendingApproval> {

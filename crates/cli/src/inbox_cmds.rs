@@ -18,13 +18,26 @@ fn what(tool: &str, arguments_json: &str) -> String {
 /// `agentry approvals`: every call waiting for a person.
 pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
     let mut client = connect(config).await?;
-    let approvals = client
+    let inbox = client
         .list_approvals(pb::ListApprovalsRequest::default())
         .await
         .map_err(|s| status_error("cannot list pending approvals", s))?
-        .into_inner()
-        .approvals;
+        .into_inner();
+    let (approvals, parked) = (inbox.approvals, inbox.parked);
     if json {
+        for p in &parked {
+            let exceeded = p.exceeded.clone().unwrap_or_default();
+            print_line(serde_json::json!({
+                "parked": {
+                    "session_id": p.session_id, "session_title": p.session_title,
+                    "turn_id": p.turn_id, "message": p.message,
+                    "parked_at": p.parked_at.map(|t| t.seconds),
+                    "scope": exceeded.scope, "measure": exceeded.measure,
+                    "used": exceeded.used, "limit": exceeded.limit,
+                    "currency": exceeded.currency,
+                }
+            }))?;
+        }
         for a in &approvals {
             print_line(serde_json::json!({
                 "session_id": a.session_id, "session_title": a.session_title,
@@ -45,8 +58,35 @@ pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    for p in &parked {
+        let exceeded = p.exceeded.clone().unwrap_or_default();
+        let flag = match (exceeded.scope.as_str(), exceeded.measure.as_str()) {
+            ("turn", "tokens") => "--turn-tokens",
+            ("session", "tokens") => "--session-tokens",
+            ("turn", _) => "--turn-cost",
+            _ => "--session-cost",
+        };
+        let higher = if exceeded.measure == "tokens" {
+            format!("{}", (exceeded.limit * 2.0).ceil() as u64)
+        } else {
+            format!("{:.2}", exceeded.limit * 2.0)
+        };
+        print_line(format!(
+            "{}  paused at a spending limit (parked {})\n    session {} \"{}\"\n    {}\n    \
+             let it go on: agentry approvals raise {} {flag} {higher}",
+            p.session_id,
+            ago(p.parked_at.as_ref()),
+            p.session_id,
+            p.session_title,
+            p.message,
+            p.session_id,
+        ))?;
+    }
     if approvals.is_empty() {
-        return print_line("no tool call is waiting for a decision");
+        if parked.is_empty() {
+            return print_line("no tool call is waiting for a decision");
+        }
+        return Ok(());
     }
     for a in approvals.iter().filter(|a| a.question.is_some()) {
         let Some(asked) = &a.question else { continue };
@@ -109,6 +149,31 @@ pub async fn list(config: &Config, json: bool) -> anyhow::Result<()> {
         "answer with: agentry approvals answer SESSION CALL approve|deny|session [--reason TEXT] \
          (a call of unknown outcome: check, approve to run it again, deny to skip it)",
     )
+}
+
+/// `agentry approvals raise SESSION --turn-tokens N …`: raises the limits
+/// of a turn parked at one; it goes on.
+pub async fn raise(config: &Config, session_id: &str, budget: spb::Budget) -> anyhow::Result<()> {
+    if budget == spb::Budget::default() {
+        anyhow::bail!(
+            "say which limit to raise: --turn-tokens, --session-tokens, --turn-cost or --session-cost"
+        );
+    }
+    let mut client = connect(config).await?;
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session_id.to_string(),
+            input: Some(pb::Input {
+                kind: Some(pb::input::Kind::RaiseBudget(pb::RaiseBudgetInput {
+                    budget: Some(budget),
+                })),
+            }),
+        })
+        .await
+        .map_err(|s| status_error("cannot raise the limit", s))?;
+    print_line(format!(
+        "raised; the turn of session {session_id} goes on (or parks again if another limit is reached)"
+    ))
 }
 
 /// The decisions `agentry approvals answer` takes.

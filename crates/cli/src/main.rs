@@ -291,6 +291,27 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum ApprovalsCommand {
+    /// Raise the spending limits of a turn parked at one (agent.on_budget =
+    /// "park"); it goes on
+    #[command(after_help = "Examples:\n  \
+        agentry approvals raise 0f3a --turn-tokens 200000\n  \
+        agentry approvals raise 0f3a --session-cost 5.00")]
+    Raise {
+        /// The session (its id, or a prefix only it has)
+        session: String,
+        /// Tokens one turn may use
+        #[arg(long, value_name = "N")]
+        turn_tokens: Option<u64>,
+        /// Tokens the session may use in all
+        #[arg(long, value_name = "N")]
+        session_tokens: Option<u64>,
+        /// What one turn may cost, at the model prices
+        #[arg(long, value_name = "AMOUNT")]
+        turn_cost: Option<f64>,
+        /// What the session may cost in all
+        #[arg(long, value_name = "AMOUNT")]
+        session_cost: Option<f64>,
+    },
     /// Decide on a waiting call
     Answer {
         /// The session (its id, or a prefix only it has)
@@ -842,6 +863,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             .map(|()| ExitCode::SUCCESS),
         Command::Approvals { command, json } => match command {
             None => inbox_cmds::list(&config, json).await,
+            Some(ApprovalsCommand::Raise {
+                session,
+                turn_tokens,
+                session_tokens,
+                turn_cost,
+                session_cost,
+            }) => {
+                let session = client::resolve_session(&config, &session).await?;
+                let budget = agentry_proto::sessions::v1::Budget {
+                    turn_tokens: turn_tokens.unwrap_or(0),
+                    session_tokens: session_tokens.unwrap_or(0),
+                    turn_cost: turn_cost.unwrap_or(0.0),
+                    session_cost: session_cost.unwrap_or(0.0),
+                };
+                inbox_cmds::raise(&config, &session, budget).await
+            }
             Some(ApprovalsCommand::Answer {
                 session,
                 call,

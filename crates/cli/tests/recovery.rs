@@ -153,6 +153,132 @@ async fn a_rate_limited_turn_parks_and_goes_on_after_a_restart_during_the_wait()
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_turn_parked_at_its_budget_goes_on_when_raised_from_the_inbox() {
+    let mut cluster = cluster_without_orchestrator(|_| {}).await;
+    // Each tool-call answer counts 15 tokens: the second reaches 30.
+    cluster.model.push(Reply::tool_call(
+        "c1",
+        "read_file",
+        json!({"path": "notes.txt"}),
+    ));
+    cluster.model.push(Reply::tool_call(
+        "c2",
+        "read_file",
+        json!({"path": "todo.txt"}),
+    ));
+    cluster.model.push(Reply::text("done after the raise"));
+    let mut orchestrator = Orchestrator::new(&mut cluster);
+    orchestrator.local_config("[agent]\non_budget = \"park\"\nturn_token_budget = 30\n");
+    let mut client = orchestrator.start().await;
+    let session = client
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut log = Log::follow(&cluster, &session.id).await;
+    submit(
+        &mut client,
+        &session.id,
+        message("read my notes", ApprovalMode::Policy),
+    )
+    .await;
+    let parked = log
+        .until("the turn parks", |k| matches!(k, Kind::TurnParked(_)))
+        .await;
+    let Some(Kind::TurnParked(parked)) = parked.kind else {
+        unreachable!()
+    };
+    assert_eq!(parked.reason, spb::ParkReason::Budget as i32);
+    assert!(parked.until.is_none());
+    assert!(parked.message.contains("30 tokens"), "{}", parked.message);
+    // The second answer's call did not run; the turn is open.
+    assert!(
+        !log.seen
+            .iter()
+            .any(|e| matches!(e.kind, Some(Kind::TurnFinished(_)))),
+        "{:#?}",
+        log.seen
+    );
+
+    // A restart keeps it parked: nothing is asked of the model meanwhile.
+    orchestrator.kill();
+    let _client = orchestrator.start().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(cluster.model.request_count(), 2);
+
+    // The inbox lists it with the command that lets it go on.
+    let out = orchestrator.cli(&["approvals"]).output().unwrap();
+    let inbox = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{inbox}");
+    assert!(inbox.contains("paused at a spending limit"), "{inbox}");
+    assert!(
+        inbox.contains(&format!(
+            "agentry approvals raise {} --turn-tokens 60",
+            session.id
+        )),
+        "{inbox}"
+    );
+    // Raising nothing is refused with what to give.
+    let out = orchestrator
+        .cli(&["approvals", "raise", &session.id])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--turn-tokens"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = orchestrator
+        .cli(&[
+            "approvals",
+            "raise",
+            &session.id[..8],
+            "--turn-tokens",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = log.finished().await;
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{:#?}",
+        log.seen
+    );
+    assert_eq!(done.message, "done after the raise");
+    let resumed = log
+        .seen
+        .iter()
+        .find_map(|e| match &e.kind {
+            Some(Kind::TurnResumed(r)) => Some((*r, e.by.clone())),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(resumed.0.budget.unwrap().turn_tokens, 1000);
+    assert!(!resumed.1.is_empty(), "the raise records who raised it");
+    // Nothing is left in the inbox, and raising again is refused.
+    let out = orchestrator.cli(&["approvals"]).output().unwrap();
+    let inbox = String::from_utf8_lossy(&out.stdout);
+    assert!(inbox.contains("no tool call is waiting"), "{inbox}");
+    let out = orchestrator
+        .cli(&["approvals", "raise", &session.id, "--turn-tokens", "5000"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no turn of this session waits"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn killed_while_an_approval_is_pending_it_is_offered_again() {
     let mut cluster = cluster_without_orchestrator(|_| {}).await;
     let mut orchestrator = Orchestrator::new(&mut cluster);

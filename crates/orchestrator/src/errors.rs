@@ -48,7 +48,7 @@ pub(crate) fn refusal_status(refusal: &crate::reducer::Refusal) -> tonic::Status
     use agentry_runtime::reasons::{Reason, status};
     let reason = match refusal {
         Refusal::Busy => Reason::SessionBusy,
-        Refusal::NothingToCancel => Reason::NoTurnRunning,
+        Refusal::NothingToCancel | Refusal::NotParkedAtALimit => Reason::NoTurnRunning,
         Refusal::NoPendingApproval { .. } | Refusal::NoPendingQuestion { .. } => {
             Reason::NoPendingApproval
         }

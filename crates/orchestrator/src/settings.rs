@@ -144,6 +144,7 @@ fn view(config: &Config) -> Result<prompt::View, RunError> {
             turn_cost: config.agent.turn_cost_budget,
             session_cost: config.agent.session_cost_budget,
         },
+        park_on_budget: config.agent.on_budget == agentry_runtime::config::OnBudget::Park,
         hooks: Arc::new(hooks::Hooks::new(&config.hooks).map_err(RunError::Hooks)?),
         only_offered: false,
         own_instructions: config.config_dir.as_ref().map(|d| d.join("AGENTS.md")),

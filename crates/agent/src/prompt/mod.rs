@@ -48,6 +48,9 @@ pub struct View {
     pub no_progress_steps: u32,
     /// The configured spending limits (0: none).
     pub budget: agentry_proto::sessions::v1::Budget,
+    /// A turn that reaches a limit parks until someone raises it, instead
+    /// of ending (`agent.on_budget = "park"`).
+    pub park_on_budget: bool,
     /// The hooks a person configured.
     pub hooks: std::sync::Arc<crate::hooks::Hooks>,
     /// Calls of tools the session was not offered are refused (a
@@ -86,6 +89,7 @@ impl Default for View {
             loop_repeats: DEFAULT_LOOP_REPEATS,
             no_progress_steps: DEFAULT_NO_PROGRESS_STEPS,
             budget: agentry_proto::sessions::v1::Budget::default(),
+            park_on_budget: false,
             hooks: std::sync::Arc::default(),
             only_offered: false,
             own_instructions: None,

@@ -241,7 +241,12 @@ impl SessionState {
                 }
             }
             Kind::TurnParked(parked) => self.parked = Some(parked.clone()),
-            Kind::TurnResumed(_) => self.parked = None,
+            Kind::TurnResumed(resumed) => {
+                if let Some(raised) = &resumed.budget {
+                    self.raise_limits(raised);
+                }
+                self.parked = None;
+            }
             Kind::TurnFinished(_) => {
                 self.parked = None;
                 self.failed_calls.clear();

@@ -124,6 +124,15 @@ impl SessionState {
             amount(passed.used),
             amount(passed.limit),
         );
+        let park = self.view.0.park_on_budget.then(|| {
+            format!(
+                "paused at the {} limit: {} used of {}; it goes on when someone raises the limit \
+                 (agentry approvals raise)",
+                passed.scope,
+                amount(passed.used),
+                amount(passed.limit),
+            )
+        });
         self.emit(
             out,
             turn_id,
@@ -139,9 +148,40 @@ impl SessionState {
                 },
             }),
         );
+        if let Some(message) = park {
+            // The turn waits for someone to raise the limit; the calls of
+            // this answer do not run (the model is asked again then).
+            self.close_unrun(out, turn_id, ids, &message);
+            self.emit(
+                out,
+                turn_id,
+                Kind::TurnParked(pb::TurnParked {
+                    reason: pb::ParkReason::Budget as i32,
+                    until: None,
+                    message,
+                }),
+            );
+            return true;
+        }
         self.close_unrun(out, turn_id, ids, &message);
         let finished = self.finish(TurnOutcome::Budget, message);
         self.emit(out, turn_id, finished);
         true
+    }
+
+    /// Someone raised the limits of a turn parked at one: it goes on, or
+    /// parks again when a limit it passed is still too low.
+    pub(super) fn raise_parked(&mut self, out: &mut Out, turn_id: &str, budget: pb::Budget) {
+        self.emit(
+            out,
+            turn_id,
+            Kind::TurnResumed(pb::TurnResumed {
+                reason: pb::ParkReason::Budget as i32,
+                budget: Some(budget),
+            }),
+        );
+        if !self.stop_at_a_limit(out, turn_id, &[]) {
+            self.call_model(out, turn_id, true);
+        }
     }
 }

@@ -406,6 +406,11 @@ pub enum Input {
     ModelTryLater(pb::TurnParked),
     /// The time a parked turn waited for has come.
     Unpark,
+    /// Someone raised the limits of a turn parked at one.
+    RaiseBudget {
+        /// The new limits (unset fields keep theirs).
+        budget: pb::Budget,
+    },
     /// The model call failed.
     ModelFailed {
         /// What went wrong, for people.
@@ -630,6 +635,12 @@ pub enum Refusal {
     /// A cancel arrived with no turn running.
     #[error("no turn is running in this session")]
     NothingToCancel,
+    /// Limits were raised with no turn parked at one.
+    #[error(
+        "no turn of this session waits at a spending limit; raise limits with your next message \
+         instead"
+    )]
+    NotParkedAtALimit,
     /// The message is empty.
     #[error("the message is empty")]
     EmptyMessage,
@@ -670,6 +681,7 @@ impl Refusal {
             Refusal::EmptyMessage | Refusal::InvalidDecision(_) => true,
             Refusal::Busy
             | Refusal::NothingToCancel
+            | Refusal::NotParkedAtALimit
             | Refusal::NoPendingApproval { .. }
             | Refusal::NoPendingQuestion { .. }
             | Refusal::NotAnApprover(_)

@@ -207,12 +207,31 @@ impl SessionState {
                 self.emit(&mut out, &turn_id, Kind::TurnParked(parked));
                 out.after.push(Effect::WakeAt { at_ms });
             }
-            (Phase::Generate, Input::Unpark) if self.parked.is_some() => {
+            (Phase::Generate, Input::RaiseBudget { budget })
+                if self
+                    .parked
+                    .as_ref()
+                    .is_some_and(|p| p.reason == pb::ParkReason::Budget as i32) =>
+            {
+                if budget == pb::Budget::default() {
+                    return Err(Refusal::InvalidDecision(
+                        "say which limit to raise: turn or session tokens or cost".into(),
+                    ));
+                }
+                self.raise_parked(&mut out, &turn_id, budget);
+            }
+            (_, Input::RaiseBudget { .. }) => return Err(Refusal::NotParkedAtALimit),
+            (Phase::Generate, Input::Unpark)
+                if self.parked.as_ref().is_some_and(|p| p.until.is_some()) =>
+            {
                 let reason = self.parked.as_ref().map_or(0, |p| p.reason);
                 self.emit(
                     &mut out,
                     &turn_id,
-                    Kind::TurnResumed(pb::TurnResumed { reason }),
+                    Kind::TurnResumed(pb::TurnResumed {
+                        reason,
+                        budget: None,
+                    }),
                 );
                 self.call_model(&mut out, &turn_id, true);
             }
@@ -220,12 +239,12 @@ impl SessionState {
             // Restarted while parked: the wait goes on, not counted as a
             // restart of the model call.
             (Phase::Generate, Input::Interrupted) if self.parked.is_some() => {
-                let at_ms = self
-                    .parked
-                    .as_ref()
-                    .and_then(|p| p.until.as_ref())
-                    .map_or(0, timestamp_ms);
-                out.after.push(Effect::WakeAt { at_ms });
+                // A turn parked at a limit waits for a person: nothing to arm.
+                if let Some(until) = self.parked.as_ref().and_then(|p| p.until.as_ref()) {
+                    out.after.push(Effect::WakeAt {
+                        at_ms: timestamp_ms(until),
+                    });
+                }
             }
             (Phase::Generate, Input::ModelFailed { message, retryable }) => {
                 let error = error_event(ErrorSource::Model, message.clone(), retryable);

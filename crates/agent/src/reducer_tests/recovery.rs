@@ -544,7 +544,8 @@ fn a_parked_turn_waits_across_a_restart_and_goes_on_when_woken() {
             record(
                 TURN,
                 vec![Kind::TurnResumed(pb::TurnResumed {
-                    reason: pb::ParkReason::RateLimit as i32
+                    reason: pb::ParkReason::RateLimit as i32,
+                    budget: None,
                 })]
             ),
             model_call(&session.state, vec![Message::user("hello")]),

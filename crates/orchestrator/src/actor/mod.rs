@@ -139,6 +139,7 @@ fn records_input(kind: &pb::event::Kind) -> bool {
         Kind::UserMessage(_)
             | Kind::ApprovalDecided(_)
             | Kind::McpInputProvided(_)
+            | Kind::TurnResumed(_)
             | Kind::CancelRequested(_)
             | Kind::ModelChanged(_)
             | Kind::SessionRewound(_)

@@ -350,6 +350,10 @@ pub(super) fn allowed(by: Option<&Principal>, input: Option<&pb::Input>) -> Resu
         Some(pb::input::Kind::McpAnswer(_)) => {
             by.require(Role::Approver, "answering an MCP server's questions")
         }
+        Some(pb::input::Kind::RaiseBudget(_)) => by.require(
+            Role::Approver,
+            "raising the spending limits of a parked turn",
+        ),
         // Approving every call of a turn ahead is answering its approvals.
         Some(pb::input::Kind::UserMessage(m))
             if m.approval_mode == spb::ApprovalMode::Always as i32 =>
@@ -410,6 +414,21 @@ pub(super) fn parse_input(
             })
         }
         pb::input::Kind::Cancel(c) => Ok(Input::Cancel { reason: c.reason }),
+        pb::input::Kind::RaiseBudget(r) => {
+            let budget = r.budget.unwrap_or_default();
+            let costs = [budget.turn_cost, budget.session_cost];
+            if costs.iter().any(|c| !c.is_finite() || *c < 0.0) {
+                return Err(Status::invalid_argument(
+                    "a cost limit must be a positive number",
+                ));
+            }
+            if budget == spb::Budget::default() {
+                return Err(Status::invalid_argument(
+                    "say which limit to raise: turn_tokens, session_tokens, turn_cost or session_cost",
+                ));
+            }
+            Ok(Input::RaiseBudget { budget })
+        }
         pb::input::Kind::Model(m) => {
             let name = m.name.trim().to_string();
             if name.len() > 200 || name.chars().any(char::is_control) {

@@ -447,12 +447,18 @@ impl Orchestrator for Sessions {
             n => n.min(1000),
         };
         let mut approvals = Vec::new();
+        let mut parked = Vec::new();
         for session in self.recent_sessions(limit, true).await? {
             let events = self.read_log(&session.id).await?;
             approvals.extend(crate::inbox::pending(&session, &events));
+            parked.extend(crate::inbox::parked(&session, &events));
         }
         approvals.sort_by_key(|p| p.asked_at.map(|t| (t.seconds, t.nanos)));
-        Ok(Response::new(pb::ListApprovalsResponse { approvals }))
+        parked.sort_by_key(|p| p.parked_at.map(|t| (t.seconds, t.nanos)));
+        Ok(Response::new(pb::ListApprovalsResponse {
+            approvals,
+            parked,
+        }))
     }
 
     async fn fork_session(

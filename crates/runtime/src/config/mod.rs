@@ -276,6 +276,18 @@ pub struct AgentConfig {
     pub turn_cost_budget: f64,
     /// What a session may cost before its turns stop (0: no limit).
     pub session_cost_budget: f64,
+    /// What a turn that reaches a spending limit does.
+    pub on_budget: OnBudget,
+}
+
+/// What a turn that reaches a spending limit does.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBudget {
+    /// It ends; the person raises the limit and sends another message.
+    Stop,
+    /// It waits until someone raises the limit, then goes on.
+    Park,
 }
 
 /// What a family of models can do.
