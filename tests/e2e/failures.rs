@@ -269,3 +269,60 @@ async fn a_store_lost_mid_turn_never_leaves_a_follower_waiting() {
         Err(why) => assert!(!why.is_empty()),
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn model_calls_wait_their_turn_at_max_concurrent_requests() {
+    let cluster = Cluster::start_with(|c| c.llm.max_concurrent_requests = 2)
+        .await
+        .unwrap();
+    cluster
+        .model
+        .set_fallback(agentry_testkit::fake_model::Fallback::Script(vec![
+            Reply::text("answered").delay(std::time::Duration::from_millis(400)),
+        ]));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let mut turns = Vec::new();
+    for i in 0..5 {
+        let (session, events) = new_session(&mut client).await;
+        let turn = send(&mut client, &session.id, &format!("question {i}")).await;
+        turns.push((events, turn));
+    }
+    // Every turn is answered; never more than two calls were in flight.
+    for (mut events, turn) in turns {
+        let done = finished(&until_finished(&mut events, &turn).await);
+        assert_eq!(
+            done.outcome,
+            TurnOutcome::Completed as i32,
+            "{}",
+            done.message
+        );
+        assert_eq!(done.message, "answered");
+    }
+    assert_eq!(cluster.model.request_count(), 5);
+    assert_eq!(cluster.model.most_in_flight(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_limit_model_calls_run_side_by_side() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster
+        .model
+        .set_fallback(agentry_testkit::fake_model::Fallback::Script(vec![
+            Reply::text("answered").delay(std::time::Duration::from_millis(400)),
+        ]));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let mut turns = Vec::new();
+    for i in 0..4 {
+        let (session, events) = new_session(&mut client).await;
+        let turn = send(&mut client, &session.id, &format!("question {i}")).await;
+        turns.push((events, turn));
+    }
+    for (mut events, turn) in turns {
+        finished(&until_finished(&mut events, &turn).await);
+    }
+    assert!(
+        cluster.model.most_in_flight() > 2,
+        "{}",
+        cluster.model.most_in_flight()
+    );
+}

@@ -64,6 +64,7 @@ async fn stream_summary(
     deps: &Deps,
     request: ChatRequest,
 ) -> Result<agentry_llm::Completion, ModelCallError> {
+    let _turn = deps.model_turn().await;
     let mut stream = deps.llm().stream(request).await?;
     while let Some(item) = stream.next().await {
         match item? {

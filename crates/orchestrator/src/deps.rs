@@ -44,6 +44,9 @@ pub struct Deps {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// The streamed text of the sessions driven here, for their subscribers.
     pub live: Arc<crate::live::LiveHub>,
+    /// Model calls in flight at once (`llm.max_concurrent_requests`; `None`:
+    /// no limit). Its waiters are served first come, first served.
+    pub model_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Deps {
@@ -69,7 +72,18 @@ impl Deps {
             model_problem: std::sync::RwLock::new(None),
             cluster: None,
             live: Arc::default(),
+            model_gate: None,
         }
+    }
+
+    /// A turn to call the model: at once without a limit, else when one of
+    /// `llm.max_concurrent_requests` is free (held until dropped).
+    pub async fn model_turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let gate = self.model_gate.clone()?;
+        if gate.available_permits() == 0 {
+            tracing::debug!("model calls at their limit; waiting for one to end");
+        }
+        gate.acquire_owned().await.ok()
     }
 
     /// The model client.

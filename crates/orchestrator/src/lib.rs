@@ -142,6 +142,11 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         config.scheduler.url.clone(),
         llm,
     );
+    if config.llm.max_concurrent_requests > 0 {
+        deps.model_gate = Some(Arc::new(tokio::sync::Semaphore::new(
+            config.llm.max_concurrent_requests as usize,
+        )));
+    }
     let advertise = config.orchestrator.advertise_url.trim();
     if !advertise.is_empty() {
         let cluster = cluster::Cluster::new(advertise, config.orchestrator.listen, auth)

@@ -284,6 +284,9 @@ struct Inner {
     request_total: usize,
     /// Requests are not kept (long benchmark runs).
     forget_requests: bool,
+    /// Requests waiting out their reply's delay now, and the most at once.
+    delayed: usize,
+    most_delayed: usize,
     headers: Vec<Vec<(String, String)>>,
     paths: Vec<String>,
     fallback: Fallback,
@@ -407,6 +410,12 @@ impl FakeModel {
     pub fn requests(&self) -> Vec<Value> {
         let inner = self.shared.lock();
         inner.requests.iter().map(|r| Value::clone(r)).collect()
+    }
+
+    /// The most requests that waited out their reply's delay at the same
+    /// time (how many a client had in flight at once).
+    pub fn most_in_flight(&self) -> usize {
+        self.shared.lock().most_delayed
     }
 
     /// How many chat requests were received so far (on either endpoint).

@@ -305,7 +305,13 @@ pub(super) async fn chat(
         );
     }
     if let Some(d) = reply.delay {
+        {
+            let mut inner = shared.lock();
+            inner.delayed += 1;
+            inner.most_delayed = inner.most_delayed.max(inner.delayed);
+        }
         tokio::time::sleep(d).await;
+        shared.lock().delayed -= 1;
     }
     let mut response = match reply.kind {
         ReplyKind::Error { status, message } => protocol_error(protocol, status, &message),

@@ -135,6 +135,8 @@ pub(super) async fn stream_once(
         Some(model) => deps.llm().with_model(model),
         None => deps.llm(),
     };
+    // Held until the answer is complete.
+    let _turn = deps.model_turn().await;
     let mut stream = llm.stream(request).await?;
     while let Some(item) = stream.next().await {
         match item {

@@ -51,6 +51,10 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_MCP_SERVERS_FILE", &["mcp", "servers_file"]),
     ("AGENTRY_LLM_BASE_URL", &["llm", "base_url"]),
     ("AGENTRY_LLM_MODEL", &["llm", "model"]),
+    (
+        "AGENTRY_LLM_MAX_CONCURRENT_REQUESTS",
+        &["llm", "max_concurrent_requests"],
+    ),
     ("AGENTRY_LLM_API_KEY", &["llm", "api_key"]),
     ("AGENTRY_LLM_PROVIDER", &["llm", "provider"]),
     ("AGENTRY_LLM_TOOL_CHOICE", &["llm", "tool_choice"]),

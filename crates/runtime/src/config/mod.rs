@@ -133,6 +133,9 @@ pub struct LlmConfig {
     pub temperature: Option<f32>,
     /// Retries before any output was streamed.
     pub max_retries: u32,
+    /// Model calls in flight at once (0: no limit).
+    #[serde(default)]
+    pub max_concurrent_requests: u32,
     /// The model's context window in tokens, overriding its profile's
     /// (0: the profile's).
     #[serde(default)]
@@ -226,6 +229,7 @@ impl std::fmt::Debug for LlmConfig {
             .field("temperature", &self.temperature)
             .field("provider", &self.provider)
             .field("max_retries", &self.max_retries)
+            .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("max_tool_arguments_bytes", &self.max_tool_arguments_bytes)
             .field("images", &self.images)
