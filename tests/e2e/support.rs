@@ -22,6 +22,7 @@ pub fn user_input(text: &str, mode: spb::ApprovalMode, plan: bool) -> pb::Input 
             network: false,
             budget: None,
             compact: false,
+            interrupt: false,
         })),
     }
 }

@@ -80,18 +80,46 @@ async fn a_model_repeating_one_call_is_told_then_stopped() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_second_message_during_a_turn_is_refused() {
+async fn a_message_during_a_turn_steers_it_at_the_next_model_call() {
     let cluster = Cluster::start().await.unwrap();
+    cluster.model.push(Reply::tool_call(
+        "c1",
+        "bash",
+        json!({"command": "sleep 1; echo listed"}),
+    ));
     cluster
         .model
-        .push(Reply::text("slow answer").delay(Duration::from_millis(800)));
+        .push(Reply::text("done, and the logs are clean"));
     let mut client = cluster.orchestrator().await.unwrap();
     let (session, mut events) = new_session(&mut client).await;
-    let turn = send(&mut client, &session.id, "first").await;
+    let turn = send(&mut client, &session.id, "list the files").await;
+    // Once the command runs, a second message steers the turn.
+    let mut seen = Vec::new();
+    while let Some(event) = events.message().await.unwrap() {
+        let running = matches!(&event.kind, Some(Kind::ToolCallRequested(_)));
+        seen.push(event);
+        if running {
+            break;
+        }
+    }
+    let steered = client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(user("also check the logs")),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(steered.turn_id, turn, "it joins the running turn");
+    // A plan needs a turn of its own: refused while one runs.
     let err = client
         .submit(pb::SubmitRequest {
             session_id: session.id.clone(),
-            input: Some(user("second")),
+            input: Some(user_input(
+                "plan it",
+                agentry_proto::sessions::v1::ApprovalMode::Always,
+                true,
+            )),
         })
         .await
         .unwrap_err();
@@ -100,13 +128,49 @@ async fn a_second_message_during_a_turn_is_refused() {
         agentry_runtime::reasons::reason_of(&err),
         agentry_runtime::reasons::Reason::SessionBusy
     );
-    assert!(
-        err.message().contains("already running"),
+    seen.extend(until_finished(&mut events, &turn).await);
+    let done = finished(&seen);
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
         "{}",
-        err.message()
+        done.message
     );
-    let got = until_finished(&mut events, &turn).await;
-    assert_eq!(finished(&got).message, "slow answer");
+    assert_eq!(done.message, "done, and the logs are clean");
+    let order: Vec<&str> = kinds(&seen)
+        .into_iter()
+        .filter(|k| {
+            matches!(
+                *k,
+                "steering_queued" | "steering_delivered" | "tool_result" | "model_message"
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "model_message",
+            "steering_queued",
+            "tool_result",
+            "steering_delivered",
+            "model_message"
+        ],
+        "{seen:#?}"
+    );
+    assert!(seen.iter().all(|e| e.turn_id == turn));
+    // The model's next call had it, after the command's result.
+    let requests = cluster.model.requests();
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1]["messages"].as_array().unwrap();
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "user");
+    assert_eq!(last["content"], "also check the logs");
+    assert_eq!(messages[messages.len() - 2]["role"], "tool");
+    assert!(
+        !requests[0].to_string().contains("also check the logs"),
+        "the first call could not have it"
+    );
+
     // Bad inputs are refused up front.
     for (input, code) in [
         (None, tonic::Code::InvalidArgument),
@@ -133,6 +197,88 @@ async fn a_second_message_during_a_turn_is_refused() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "{}", err.message());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_sent_while_the_model_answers_is_heard_before_the_turn_ends() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster
+        .model
+        .push(Reply::text("first answer").delay(Duration::from_millis(800)));
+    cluster.model.push(Reply::text("heard you"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let turn = send(&mut client, &session.id, "first").await;
+    client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(user("and one more thing")),
+        })
+        .await
+        .unwrap();
+    let got = until_finished(&mut events, &turn).await;
+    assert_eq!(finished(&got).message, "heard you");
+    let requests = cluster.model.requests();
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1]["messages"].as_array().unwrap();
+    let n = messages.len();
+    assert_eq!(messages[n - 2]["role"], "assistant");
+    assert_eq!(messages[n - 2]["content"], "first answer");
+    assert_eq!(messages[n - 1]["content"], "and one more thing");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupting_message_cancels_the_turn_and_starts_a_new_one() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster
+        .model
+        .push(Reply::text("never finished").delay(Duration::from_secs(3)));
+    cluster.model.push(Reply::text("the new answer"));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    let first = send(&mut client, &session.id, "first").await;
+    let mut input = user("instead, this");
+    if let Some(pb::input::Kind::UserMessage(m)) = input.kind.as_mut() {
+        m.interrupt = true;
+    }
+    let second = client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(input),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .turn_id;
+    assert_ne!(second, first);
+    let got = until_finished(&mut events, &first).await;
+    assert_eq!(finished(&got).outcome, TurnOutcome::Cancelled as i32);
+    let got = until_finished(&mut events, &second).await;
+    let done = finished(&got);
+    assert_eq!(
+        done.outcome,
+        TurnOutcome::Completed as i32,
+        "{}",
+        done.message
+    );
+    assert_eq!(done.message, "the new answer");
+    // Interrupting an idle session simply starts a turn.
+    cluster.model.push(Reply::text("idle answer"));
+    let mut input = user("on an idle session");
+    if let Some(pb::input::Kind::UserMessage(m)) = input.kind.as_mut() {
+        m.interrupt = true;
+    }
+    let third = client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(input),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .turn_id;
+    let got = until_finished(&mut events, &third).await;
+    assert_eq!(finished(&got).message, "idle answer");
 }
 
 /// The pid of a live process whose command line is exactly `cmdline`.

@@ -224,6 +224,7 @@ async fn a_turn_the_person_gives_network_reaches_out_and_the_turns_around_it_do_
                         network,
                         budget: None,
                         compact: false,
+                        interrupt: false,
                     })),
                 }),
             })

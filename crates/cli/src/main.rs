@@ -162,6 +162,11 @@ enum Command {
         /// instead of the current directory
         #[arg(long, conflicts_with = "session")]
         scratch: bool,
+        /// With --session: cancel the turn running there and start a new
+        /// one with this message (without it, a message sent while a turn
+        /// runs steers that turn: the model gets it at its next step)
+        #[arg(long, requires = "session")]
+        interrupt: bool,
         /// The message for the agent; `-` (or none, with a pipe) reads it
         /// from standard input: `git diff | agentry run -`
         prompt: Option<String>,
@@ -806,6 +811,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             session_budget_cost,
             dir,
             scratch,
+            interrupt,
             prompt,
         } => {
             let place = turn::Place::from_args(dir, scratch)?;
@@ -823,7 +829,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     session_cost: session_budget_cost.unwrap_or(0.0),
                 },
             };
-            turn::run(&config, session, &place, mode, json, prompt).await
+            turn::run(&config, session, &place, mode, json, interrupt, prompt).await
         }
         Command::Sessions { command } => sessions(&config, command).await,
         Command::Doctor => doctor::run(&config).await,

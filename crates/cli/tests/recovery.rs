@@ -680,6 +680,7 @@ async fn killed_mid_plan_the_plan_resumes_at_its_step() {
             network: false,
             budget: None,
             compact: false,
+            interrupt: false,
         }),
     )
     .await;

@@ -215,6 +215,9 @@ pub struct SessionView {
     /// The questions of MCP servers waiting for a person (elicitation),
     /// in the order asked.
     pub inputs: Vec<pb::McpInputRequested>,
+    /// Messages sent during the running turn that the model has not got
+    /// yet (shown as pending).
+    pub steering: Vec<String>,
     /// The answer being streamed (notes may arrive after it meanwhile).
     streaming_at: Option<usize>,
     /// Token counts of the model calls of the current turn.
@@ -251,6 +254,7 @@ impl SessionView {
             activity: None,
             questions: Vec::new(),
             inputs: Vec::new(),
+            steering: Vec::new(),
             streaming_at: None,
             step_tokens: Vec::new(),
             plan: Vec::new(),
@@ -556,11 +560,25 @@ impl SessionView {
                     self.activity = Some(Activity::Model);
                 }
             }
+            Kind::SteeringQueued(q) => {
+                self.push(Entry::User {
+                    text: filter(&q.text),
+                    by: crate::text::named(&event.by)
+                        .map(filter)
+                        .unwrap_or_default(),
+                });
+                self.steering.push(filter(&q.text));
+            }
+            Kind::SteeringDelivered(d) => {
+                let count = (d.count as usize).min(self.steering.len());
+                self.steering.drain(..count);
+            }
             Kind::TurnFinished(t) => {
                 self.turn_open = false;
                 self.activity = None;
                 self.questions.clear();
                 self.inputs.clear();
+                self.steering.clear();
                 applied.cleared = true;
                 if let Some(cost) = t.cost {
                     self.session_cost += cost;
@@ -753,6 +771,18 @@ pub fn note_for(view: &mut SessionView, kind: &Kind) -> Option<(String, NoteKind
         ),
         Kind::Error(e) => (format!("error: {}", e.message), Error),
         Kind::CancelRequested(_) => ("(cancelling…)".to_string(), Info),
+        Kind::SteeringQueued(_) => (
+            "  (pending: the model gets this at its next step in this turn)".to_string(),
+            Info,
+        ),
+        Kind::SteeringDelivered(d) => (
+            if d.count == 1 {
+                "  (the model got your message)".to_string()
+            } else {
+                format!("  (the model got your {} messages)", d.count)
+            },
+            Info,
+        ),
         Kind::TurnParked(p) => {
             let until = p
                 .until

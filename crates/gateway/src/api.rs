@@ -232,6 +232,7 @@ pub async fn message(
         budget,
         compact: false,
         images: Vec::new(),
+        interrupt: false,
     };
     submit(&gw, &person, id, pb::input::Kind::UserMessage(input)).await
 }

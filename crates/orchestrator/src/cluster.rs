@@ -226,6 +226,7 @@ pub fn forwardable(input: &Input) -> Option<pb::Input> {
             budget: *budget,
             compact: false,
             images: images.clone(),
+            interrupt: false,
         }),
         Input::Approval {
             call_id,

@@ -241,6 +241,16 @@ impl SessionState {
                 }
             }
             Kind::TurnParked(parked) => self.parked = Some(parked.clone()),
+            Kind::SteeringQueued(q) => self.steering.push(q.text.clone()),
+            Kind::SteeringDelivered(d) => {
+                let count = (d.count as usize).min(self.steering.len());
+                for text in self.steering.drain(..count).collect::<Vec<_>>() {
+                    self.push_history(Message::User {
+                        content: text,
+                        images: Vec::new(),
+                    });
+                }
+            }
             Kind::TurnResumed(resumed) => {
                 if let Some(raised) = &resumed.budget {
                     self.raise_limits(raised);
@@ -249,6 +259,7 @@ impl SessionState {
             }
             Kind::TurnFinished(_) => {
                 self.parked = None;
+                self.steering.clear();
                 self.failed_calls.clear();
                 self.turn = None;
                 self.phase = Phase::Idle;

@@ -327,6 +327,9 @@ pub struct SessionState {
     pub delivered_firings: BTreeSet<String>,
     /// The running turn waits (see [`pb::TurnParked`]) until it is resumed.
     pub parked: Option<pb::TurnParked>,
+    /// Messages a person sent while the turn runs, waiting for its next
+    /// model call.
+    pub steering: Vec<String>,
     /// Calls of the running turn whose result was an error (the progress
     /// detector reads it).
     pub failed_calls: BTreeSet<String>,
@@ -760,6 +763,7 @@ impl SessionState {
             view: ViewRef(DEFAULT_VIEW.clone()),
             delivered_firings: BTreeSet::new(),
             parked: None,
+            steering: Vec::new(),
             last_mcp_updates: BTreeMap::new(),
             failed_calls: BTreeSet::new(),
             limits: pb::Budget::default(),

@@ -10,6 +10,15 @@ impl SessionState {
     /// The model is to be called now: emits the request (or the summary it
     /// needs first; `may_summarise` is false right after one).
     pub(super) fn call_model(&mut self, out: &mut Out, turn_id: &str, may_summarise: bool) {
+        // What a person sent during the turn goes with this call.
+        if !self.steering.is_empty() {
+            let count = self.steering.len() as u32;
+            self.emit(
+                out,
+                turn_id,
+                Kind::SteeringDelivered(pb::SteeringDelivered { count }),
+            );
+        }
         let prompt = self.prompt();
         let counts = self
             .history_tokens

@@ -181,6 +181,31 @@ impl SessionState {
                 self.compact_now(&mut out, &turn_id);
                 return Ok(Self::into_effects(&turn_id, out));
             }
+            // A message while the turn runs steers it: recorded now, given
+            // to the model at its next call (text only; a plan, a budget or
+            // images need a turn of their own).
+            (
+                Phase::Generate | Phase::UseTools,
+                Input::UserMessage {
+                    text,
+                    plan: false,
+                    budget: None,
+                    images,
+                    ..
+                },
+            ) if images.is_empty() => {
+                if text.trim().is_empty() {
+                    return Err(Refusal::EmptyMessage);
+                }
+                if self.steering.len() >= MAX_STEERING {
+                    return Err(Refusal::Busy);
+                }
+                self.emit(
+                    &mut out,
+                    &turn_id,
+                    Kind::SteeringQueued(pb::SteeringQueued { text }),
+                );
+            }
             (
                 Phase::Generate | Phase::UseTools,
                 Input::UserMessage { .. } | Input::Compact { .. },
@@ -575,6 +600,13 @@ impl SessionState {
                 self.emit(out, turn_id, finished);
                 return;
             }
+            // A person steered while the model answered: it hears them
+            // (within the step limit; past it, the answer stands).
+            let steps = self.turn.as_ref().map_or(0, |t| t.steps);
+            if !self.steering.is_empty() && steps < self.max_steps {
+                self.call_model(out, turn_id, true);
+                return;
+            }
             let finished = self.finish(TurnOutcome::Completed, c.text);
             self.emit(out, turn_id, finished);
             return;
@@ -705,6 +737,9 @@ fn recorded_usage(u: agentry_llm::Usage) -> TokenUsage {
         cache_write_prompt_tokens: u.cache_write_tokens,
     }
 }
+
+/// Messages that may wait for the model's next call at once.
+const MAX_STEERING: usize = 20;
 
 /// A time as milliseconds since the epoch.
 fn timestamp_ms(t: &prost_types::Timestamp) -> i64 {

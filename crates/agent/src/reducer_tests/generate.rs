@@ -8,15 +8,71 @@ use pretty_assertions::assert_eq;
 // ---------------------------------------------------------------------------
 
 #[test]
-fn generate_user_message_is_busy() {
-    assert_refused(&generating(4), user_in(TURN2, "hey"), Refusal::Busy);
+fn generate_user_message_steers_the_turn() {
+    for mut state in [generating(4), generating_step_two(4)] {
+        let effects = state.step(user_in(TURN2, "hey")).unwrap();
+        assert_eq!(
+            effects,
+            vec![record(
+                TURN,
+                vec![Kind::SteeringQueued(pb::SteeringQueued {
+                    text: "hey".into()
+                })]
+            )]
+        );
+        assert_eq!(state.steering, vec!["hey".to_string()]);
+    }
+    // An empty one is refused; a plan or a compaction needs its own turn.
+    assert_refused(&generating(4), user_in(TURN2, ""), Refusal::EmptyMessage);
     assert_refused(
-        &generating_step_two(4),
-        user_in(TURN2, "hey"),
+        &generating(4),
+        Input::Compact {
+            turn_id: TURN2.into(),
+            text: "/compact".into(),
+        },
         Refusal::Busy,
     );
-    // Even an empty one: the session is busy first.
-    assert_refused(&generating(4), user_in(TURN2, ""), Refusal::Busy);
+}
+
+#[test]
+fn steering_goes_with_the_next_model_call_and_a_final_answer_asks_again() {
+    let mut session = Session::new(4);
+    session.ok(user("hello"));
+    session.ok(user("also this"));
+    // The model answers without calls: it is asked again, with the message.
+    let effects = session.ok(model_done("first answer", vec![]));
+    let events = events_of(&effects);
+    assert!(
+        matches!(events.last(), Some(Kind::SteeringDelivered(d)) if d.count == 1),
+        "{events:?}"
+    );
+    assert_eq!(session.state.phase, Phase::Generate);
+    assert!(session.state.steering.is_empty());
+    let history = vec![
+        Message::user("hello"),
+        assistant("first answer", vec![]),
+        Message::user("also this"),
+    ];
+    assert_eq!(effects.last(), Some(&model_call(&session.state, history)));
+    session.ok(model_done("done", vec![]));
+    assert!(session.state.is_idle());
+}
+
+#[test]
+fn steering_not_yet_delivered_goes_with_a_cancelled_turn() {
+    let mut session = Session::new(4);
+    session.ok(user("hello"));
+    session.ok(user("also this"));
+    session.ok(cancel("stop"));
+    assert!(session.state.is_idle());
+    assert!(session.state.steering.is_empty());
+    assert!(
+        !session
+            .state
+            .history
+            .iter()
+            .any(|m| matches!(m, Message::User { content, .. } if content == "also this"))
+    );
 }
 
 #[test]

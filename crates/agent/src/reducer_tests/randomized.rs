@@ -340,8 +340,9 @@ fn check_step(
 
     // Each recorded state event moves its call strictly forward, and the
     // events fold into the new state.
+    // A message starts its own turn; one sent during a turn steers it.
     let record_turn = match input {
-        Input::UserMessage { turn_id, .. } => turn_id.clone(),
+        Input::UserMessage { turn_id, .. } if before.is_idle() => turn_id.clone(),
         _ => before.turn_id().unwrap_or_default().to_string(),
     };
     // (The catalog is not an event.)

@@ -525,7 +525,13 @@ fn a_parked_turn_waits_across_a_restart_and_goes_on_when_woken() {
             phase: Phase::Generate,
         },
     );
-    live.refused(user("are you there?"), Refusal::Busy);
+    live.refused(
+        Input::Compact {
+            turn_id: "turn-2".into(),
+            text: "/compact".into(),
+        },
+        Refusal::Busy,
+    );
 
     // A restart re-arms the wait: no event, and not counted as a restart.
     let mut session = live.restarted();

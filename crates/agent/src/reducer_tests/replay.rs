@@ -158,7 +158,13 @@ fn replay_matches_with_refused_inputs_interleaved() {
             (done("c1", "x"), false),
             (approve("c1"), false),
             (user("go"), true),
-            (user("again"), false),
+            (
+                Input::Compact {
+                    turn_id: "turn-x".into(),
+                    text: "/compact".into(),
+                },
+                false,
+            ),
             (done("c1", "x"), false),
             (chunk("c1", OutputStream::Stderr, "x"), false),
             (approve("c1"), false),

@@ -8,11 +8,25 @@ use pretty_assertions::assert_eq;
 // ---------------------------------------------------------------------------
 
 #[test]
-fn use_tools_user_message_is_busy() {
-    assert_refused(&using_tools(4), user_in(TURN2, "hey"), Refusal::Busy);
-    let mut one_left = using_tools(4);
-    one_left.step(done("c1", "out1")).unwrap();
-    assert_refused(&one_left, user_in(TURN2, "hey"), Refusal::Busy);
+fn use_tools_user_message_steers_after_the_results() {
+    let mut state = using_tools(4);
+    state.step(user_in(TURN2, "hey")).unwrap();
+    state.step(done("c1", "out1")).unwrap();
+    assert_eq!(state.steering, vec!["hey".to_string()]);
+    // The last result: the model is asked with the message after them.
+    let effects = state.step(done("c2", "out2")).unwrap();
+    assert!(state.steering.is_empty());
+    let Some(Effect::CallModel { request }) = effects.last() else {
+        panic!("{effects:?}")
+    };
+    assert!(matches!(
+        request.history.last(),
+        Some(Message::User { content, .. }) if content == "hey"
+    ));
+    assert!(matches!(
+        &request.history[request.history.len() - 2],
+        Message::Tool { tool_call_id, .. } if tool_call_id == "c2"
+    ));
 }
 
 #[test]

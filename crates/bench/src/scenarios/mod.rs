@@ -60,6 +60,7 @@ async fn submit(
                     network: false,
                     budget: None,
                     compact: false,
+                    interrupt: false,
                 })),
             }),
         })

@@ -546,13 +546,16 @@ impl App {
         if text.starts_with('/') {
             return self.command(&text);
         }
+        // While a turn runs, the message steers it: the model gets it at
+        // its next step (shown as pending until then).
         if self.view.turn_open {
-            self.note(
-                "a turn is running: wait for it, or Ctrl+C to cancel it",
-                NoteKind::Error,
-            );
-            self.input.set(text);
-            return Vec::new();
+            return vec![Action::Submit {
+                text,
+                plan: false,
+                network: self.network,
+                limits: Limits::default(),
+                compact: false,
+            }];
         }
         vec![self.submit(text, self.plan_mode, false)]
     }

@@ -322,7 +322,7 @@ fn a_streamed_answer_renders_as_markdown_with_the_status_line() {
     assert!(!shows(&rows, "• two"), "{}", dump(&rows));
     assert!(rows[23].contains("thinking"), "{}", dump(&rows));
     assert!(
-        rows[22].starts_with("› working… Ctrl+C cancels"),
+        rows[22].starts_with("› working… Enter steers the turn · Ctrl+C cancels"),
         "{}",
         dump(&rows)
     );
@@ -825,13 +825,13 @@ fn typing_a_message_first_does_not_answer_the_question() {
     let rows = screen(&mut app, 80, 24);
     assert_eq!(rows[22], pad("› dda", 80), "{}", dump(&rows));
     assert_eq!(rows[11], top_border(ALLOW, 80), "still shown");
-    // Enter while the turn runs keeps the message and says why.
-    assert!(press(&mut app, KeyCode::Enter).is_empty());
-    assert_eq!(app.input.text, "dda");
-    assert!(matches!(
-        app.view.entries.last(),
-        Some(Entry::Note(text, NoteKind::Error)) if text.contains("a turn is running")
-    ));
+    // Enter while the turn runs sends the message to steer it.
+    let sent = press(&mut app, KeyCode::Enter);
+    assert!(
+        matches!(sent.as_slice(), [Action::Submit { text, plan: false, compact: false, .. }] if text == "dda"),
+        "{sent:?}"
+    );
+    assert!(app.input.text.is_empty());
 }
 
 #[test]
@@ -1283,13 +1283,44 @@ fn ctrl_c_cancels_a_turn_and_ctrl_d_leaves() {
     feed(&mut app, vec![user("run the tests")]);
     assert!(app.view.turn_open);
     let rows = screen(&mut app, 80, 24);
-    assert_eq!(rows[22], pad("› working… Ctrl+C cancels", 80));
+    assert_eq!(
+        rows[22],
+        pad("› working… Enter steers the turn · Ctrl+C cancels", 80)
+    );
     assert_eq!(app.on_key(ctrl('c')), vec![Action::Cancel]);
-    // A message while the turn runs stays in the input.
+    // A message while the turn runs steers it; it shows as pending until
+    // the model gets it.
     type_text(&mut app, "and then?");
-    assert!(press(&mut app, KeyCode::Enter).is_empty());
-    assert_eq!(app.input.text, "and then?");
-    app.on_key(ctrl('u'));
+    let sent = press(&mut app, KeyCode::Enter);
+    assert!(
+        matches!(sent.as_slice(), [Action::Submit { text, plan: false, .. }] if text == "and then?"),
+        "{sent:?}"
+    );
+    feed(
+        &mut app,
+        vec![Kind::SteeringQueued(spb::SteeringQueued {
+            text: "and then?".into(),
+        })],
+    );
+    let rows = screen(&mut app, 80, 24);
+    assert!(shows(&rows, "› and then?"), "{}", dump(&rows));
+    assert!(
+        shows(&rows, "pending: the model gets this"),
+        "{}",
+        dump(&rows)
+    );
+    assert!(shows(&rows, "1 pending"), "{}", dump(&rows));
+    feed(
+        &mut app,
+        vec![Kind::SteeringDelivered(spb::SteeringDelivered { count: 1 })],
+    );
+    let rows = screen(&mut app, 80, 24);
+    assert!(!shows(&rows, "1 pending"), "{}", dump(&rows));
+    assert!(
+        shows(&rows, "the model got your message"),
+        "{}",
+        dump(&rows)
+    );
     feed(
         &mut app,
         vec![

@@ -503,8 +503,10 @@ fn draw_input(frame: &mut Frame<'_>, app: &App, area: Rect) {
     if text.is_empty() && app.deny_reason.is_none() {
         let hint = if app.question().is_some() {
             "answer the question above, or type to write a message first"
+        } else if app.view.turn_open && !app.view.steering.is_empty() {
+            "sent; the model gets it at its next step · Ctrl+C cancels the turn"
         } else if app.view.turn_open {
-            "working… Ctrl+C cancels"
+            "working… Enter steers the turn · Ctrl+C cancels"
         } else {
             "message the agent · /help · Alt+Enter new line · Ctrl+D leaves"
         };
@@ -547,6 +549,10 @@ pub fn status_line(app: &App, width: u16) -> Line<'static> {
             app.view.session_cost,
             &app.view.currency,
         ));
+    }
+    // Messages sent during the turn that the model has not got yet.
+    if !app.view.steering.is_empty() {
+        left.push(format!("{} pending", app.view.steering.len()));
     }
     // Ids of sessions made in the same minute share their first eight
     // characters; thirteen tell them apart (and are a prefix to type).

@@ -50,7 +50,8 @@ enum Flow {
     Leave,
 }
 
-const HELP: &str = "/plan <message>  run this message in plan mode (plan, then execute step by step)\n\
+const HELP: &str =
+    "/plan <message>  run this message in plan mode (plan, then execute step by step)\n\
 /plan            plan mode on or off for every message\n\
 /network         outbound network for the agent's commands on or off (now {network})\n\
 /session         show this session's id\n\
@@ -58,6 +59,7 @@ const HELP: &str = "/plan <message>  run this message in plan mode (plan, then e
 /compact         summarise the conversation now (all but the last few messages) to free context\n\
 /rewind N        back to the end of turn N, files included (see `agentry sessions show`)\n\
 /exit            leave (also Ctrl+D, or Ctrl+C at the prompt)\n\
+A message typed during a turn steers it: the model gets it at its next step.
 Ctrl+C during a turn cancels it.";
 
 /// The line chat's state between inputs.
@@ -141,10 +143,13 @@ pub async fn chat(
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut resend = tokio::time::interval(RESEND_EVERY);
     resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // On a terminal, a line typed while a turn runs steers it; lines from a
+    // pipe are messages one after the other.
+    let steers = std::io::IsTerminal::is_terminal(&std::io::stdin());
     loop {
         chat.ask_next();
         let idle = chat.open_turn.is_none();
-        let read_input = idle || !matches!(chat.asking, Asking::Nothing);
+        let read_input = idle || steers || !matches!(chat.asking, Asking::Nothing);
         tokio::select! {
             line = lines.next_line(), if read_input => {
                 chat.prompt_shown = false;

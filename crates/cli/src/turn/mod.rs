@@ -373,6 +373,11 @@ impl Driver {
                     live: false,
                     ..
                 }) if m.text == text => return Ok(true),
+                Some(spb::Event {
+                    kind: Some(Kind::SteeringQueued(q)),
+                    live: false,
+                    ..
+                }) if q.text == text => return Ok(true),
                 Some(_) => {}
                 None => break,
             }
@@ -517,6 +522,7 @@ pub(crate) fn user_input(text: String, mode: Mode) -> pb::Input {
             network: mode.network,
             budget: mode.limits.to_proto(),
             compact: false,
+            interrupt: false,
         })),
     }
 }

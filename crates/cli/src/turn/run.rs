@@ -23,6 +23,7 @@ pub async fn run(
     place: &Place,
     mode: Mode,
     json: bool,
+    interrupt: bool,
     prompt: String,
 ) -> anyhow::Result<ExitCode> {
     let (mut driver, note) = Driver::open(config, session, place).await?;
@@ -33,8 +34,12 @@ pub async fn run(
     }
     let own = driver.id().to_string();
     let mut events = Follower::new(&driver.client, &driver.session).await?;
+    let mut input = super::user_input(prompt, mode);
+    if let Some(pb::input::Kind::UserMessage(m)) = input.kind.as_mut() {
+        m.interrupt = interrupt;
+    }
     let submitted = driver
-        .submit(super::user_input(prompt, mode))
+        .submit(input)
         .await
         .map_err(|s| status_error("the message was not accepted", s))?;
     let mut renderer = Renderer::new(

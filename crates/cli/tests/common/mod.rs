@@ -151,6 +151,7 @@ pub fn message(text: &str, mode: ApprovalMode) -> pb::input::Kind {
         budget: None,
         compact: false,
         images: Vec::new(),
+        interrupt: false,
     })
 }
 

@@ -300,10 +300,41 @@ impl Orchestrator for Sessions {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let forwarded = crate::cluster::was_forwarded(&request);
         let by = Principal::of(request.extensions()).cloned();
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         // Checked where it arrives, passed on as received.
         let input = parse_input(req.input.clone(), by.as_ref())?;
         allowed(by.as_ref(), req.input.as_ref())?;
+        // A message that interrupts: the running turn is cancelled first
+        // (none running: nothing to cancel), then the message starts one.
+        if let Some(pb::input::Kind::UserMessage(m)) =
+            req.input.as_mut().and_then(|i| i.kind.as_mut())
+            && m.interrupt
+        {
+            m.interrupt = false;
+            let cancel = pb::Input {
+                kind: Some(pb::input::Kind::Cancel(pb::CancelInput {
+                    reason: "interrupted by a new message".into(),
+                })),
+            };
+            match self
+                .submit_routed(
+                    &req.session_id,
+                    crate::reducer::Input::Cancel {
+                        reason: "interrupted by a new message".into(),
+                    },
+                    Some(&cancel),
+                    forwarded,
+                    by.as_ref(),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(status)
+                    if agentry_runtime::reasons::reason_of(&status)
+                        == agentry_runtime::reasons::Reason::NoTurnRunning => {}
+                Err(status) => return Err(status),
+            }
+        }
         let submitted = self
             .submit_routed(
                 &req.session_id,
