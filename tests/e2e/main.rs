@@ -11,6 +11,7 @@ mod chat_turn;
 mod compaction;
 mod failures;
 mod mcp;
+mod notify;
 mod plan;
 mod reminders;
 mod skillsets;

@@ -47,6 +47,8 @@ pub struct Deps {
     /// Model calls in flight at once (`llm.max_concurrent_requests`; `None`:
     /// no limit). Its waiters are served first come, first served.
     pub model_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// The events some `[[notify]]` webhook wants.
+    pub notify_events: std::collections::BTreeSet<String>,
 }
 
 impl Deps {
@@ -73,6 +75,7 @@ impl Deps {
             cluster: None,
             live: Arc::default(),
             model_gate: None,
+            notify_events: Default::default(),
         }
     }
 

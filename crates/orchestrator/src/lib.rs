@@ -20,6 +20,7 @@ pub mod forks;
 pub mod live;
 pub mod mcp_updates;
 pub mod metrics;
+pub mod notifications;
 pub mod reminders;
 pub mod remote_agent;
 pub mod runners;
@@ -142,6 +143,11 @@ pub fn deps_from_config(config: &Config, auth: &Auth) -> Result<Deps, RunError> 
         config.scheduler.url.clone(),
         llm,
     );
+    deps.notify_events = config
+        .notify
+        .iter()
+        .flat_map(|n| n.events.iter().cloned())
+        .collect();
     if config.llm.max_concurrent_requests > 0 {
         deps.model_gate = Some(Arc::new(tokio::sync::Semaphore::new(
             config.llm.max_concurrent_requests as usize,

@@ -39,6 +39,7 @@ pub const SERVICE_ONLY: &[&str] = &[
     "/agentry.tools.v1.ToolRunner/ReadImage",
     "/agentry.scheduler.v1.Scheduler/StreamDue",
     "/agentry.scheduler.v1.Scheduler/RecordRun",
+    "/agentry.scheduler.v1.Scheduler/Notify",
 ];
 
 /// The methods people may call, with the least role each needs.

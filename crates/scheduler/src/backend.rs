@@ -2,7 +2,9 @@
 //! or PostgreSQL (several schedulers sharing the work).
 
 use crate::pg::PgStore;
-use crate::store::{Firing, NewReminder, Reminder, Status, Store, StoreError};
+use crate::store::{
+    Delivery, DeliveryState, Firing, NewReminder, Reminder, Status, Store, StoreError,
+};
 use agentry_proto::scheduler::v1::ScheduledRun;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
@@ -140,6 +142,49 @@ impl Backend {
         match self {
             Backend::Sqlite(s) => blocking(s, move |s| s.runs(&reminder_id, limit)).await,
             Backend::Postgres(p) => p.runs(&reminder_id, limit).await,
+        }
+    }
+
+    /// Queues deliveries; how many were new.
+    pub async fn enqueue(
+        &self,
+        deliveries: Vec<Delivery>,
+        now: DateTime<Utc>,
+    ) -> Result<u32, StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.enqueue(&deliveries, now)).await,
+            Backend::Postgres(p) => p.enqueue(&deliveries, now).await,
+        }
+    }
+
+    /// Takes due deliveries, leased until `lease_until`.
+    pub async fn claim_deliveries(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        match self {
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| s.claim_deliveries(now, lease_until, limit)).await
+            }
+            Backend::Postgres(p) => p.claim_deliveries(now, lease_until, limit).await,
+        }
+    }
+
+    /// Records a delivery attempt.
+    pub async fn delivery_attempted(
+        &self,
+        id: String,
+        state: DeliveryState,
+        next: DateTime<Utc>,
+        error: String,
+    ) -> Result<(), StoreError> {
+        match self {
+            Backend::Sqlite(s) => {
+                blocking(s, move |s| s.delivery_attempted(&id, state, next, &error)).await
+            }
+            Backend::Postgres(p) => p.delivery_attempted(&id, state, next, &error).await,
         }
     }
 

@@ -12,6 +12,7 @@
 //! gRPC contract: it must not depend on another service's crate.
 
 pub mod backend;
+pub mod notify;
 pub mod pg;
 pub mod schedule;
 pub mod service;
@@ -75,6 +76,7 @@ pub fn settings_from_config(config: &agentry_runtime::Config) -> Settings {
         grace: chrono::Duration::seconds(60),
         redeliver_after: Duration::from_secs(config.scheduler.redeliver_after_secs.max(1)),
         metrics_listen: config.scheduler.metrics_listen.clone(),
+        notify_retry: Duration::from_millis(config.scheduler.notify_retry_ms.max(100)),
     }
 }
 
@@ -89,6 +91,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RunError> {
     let settings = settings_from_config(config);
+    let targets =
+        Arc::new(notify::targets(&config.notify).map_err(|e| RunError::Config(e.to_string()))?);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let session_store_url = config.session_store.url.as_str();
     let store = open(config).await?;
@@ -96,13 +100,15 @@ pub async fn run(
     let channel = auth
         .lazy_channel(session_store_url)
         .map_err(|e| RunError::Config(format!("session store: {e}")))?;
+    let notify_retry = settings.notify_retry;
     let core = Core::new(
-        store,
+        store.clone(),
         clock,
         settings,
         SessionStoreClient::new(channel),
         session_store_url.to_string(),
-    );
+    )
+    .with_notify(targets.clone());
     let metrics_core = core.clone();
     let metrics_task =
         agentry_runtime::metrics::spawn(core.metrics_listen(), "scheduler", move || {
@@ -111,7 +117,14 @@ pub async fn run(
         .await
         .map_err(RunError::Config)?;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let worker = tokio::spawn(core.clone().run_worker(stop));
+    let worker = tokio::spawn(core.clone().run_worker(stop.clone()));
+    let notifier = tokio::spawn(notify::run(
+        store,
+        targets,
+        notify_retry,
+        core.notify_wake(),
+        stop,
+    ));
     let shutdown = async move {
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -125,6 +138,7 @@ pub async fn run(
     )
     .await;
     worker.abort();
+    notifier.abort();
     if let Some(task) = metrics_task {
         task.abort();
     }

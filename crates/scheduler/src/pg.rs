@@ -7,8 +7,9 @@
 //! repeated after a crash writes it once.
 
 use crate::store::{
-    Firing, Kind, NewReminder, Reminder, Status, StoreError, fall_due, from_ms, missed_code,
-    missed_from_code, ms, ms_of, pause_change, task_bytes, task_from_bytes, timestamp,
+    Delivery, DeliveryState, Firing, Kind, NewReminder, Reminder, Status, StoreError, fall_due,
+    from_ms, missed_code, missed_from_code, ms, ms_of, pause_change, task_bytes, task_from_bytes,
+    timestamp,
 };
 use agentry_proto::scheduler::v1::ScheduledRun;
 use chrono::{DateTime, Utc};
@@ -65,6 +66,22 @@ const MIGRATIONS: &[(i32, &str)] = &[
             from_seq BIGINT NOT NULL
          );
          CREATE INDEX runs_by_reminder ON runs (reminder_id, due_ms);",
+    ),
+    (
+        3,
+        "CREATE TABLE outbox (
+            id TEXT PRIMARY KEY,
+            target TEXT NOT NULL,
+            event TEXT NOT NULL,
+            title TEXT NOT NULL,
+            body TEXT NOT NULL,
+            created_ms BIGINT NOT NULL,
+            next_ms BIGINT NOT NULL,
+            attempts BIGINT NOT NULL DEFAULT 0,
+            state BIGINT NOT NULL DEFAULT 0,
+            last_error TEXT NOT NULL DEFAULT ''
+         );
+         CREATE INDEX outbox_due ON outbox (state, next_ms);",
     ),
 ];
 
@@ -473,6 +490,93 @@ impl PgStore {
             .await
             .map_err(db_error)?;
         Ok(rows.iter().map(run_from_row).collect())
+    }
+
+    /// Queues deliveries (one already queued is left alone); how many were
+    /// new.
+    pub async fn enqueue(
+        &self,
+        deliveries: &[Delivery],
+        now: DateTime<Utc>,
+    ) -> Result<u32, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let mut new = 0;
+        for d in deliveries {
+            new += tx
+                .execute(
+                    "INSERT INTO outbox (id, target, event, title, body, created_ms, next_ms)
+                     VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (id) DO NOTHING",
+                    &[&d.id, &d.target, &d.event, &d.title, &d.body, &ms(now)],
+                )
+                .await
+                .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(new as u32)
+    }
+
+    /// Takes up to `limit` deliveries due at `now` that no other scheduler
+    /// holds, leasing each until `lease_until`.
+    pub async fn claim_deliveries(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let rows = tx
+            .query(
+                "SELECT id, target, event, title, body, created_ms, attempts FROM outbox
+                 WHERE state = 0 AND next_ms <= $1 ORDER BY next_ms LIMIT $2
+                 FOR UPDATE SKIP LOCKED",
+                &[&ms(now), &i64::from(limit)],
+            )
+            .await
+            .map_err(db_error)?;
+        let due: Vec<Delivery> = rows
+            .iter()
+            .map(|r| Delivery {
+                id: r.get(0),
+                target: r.get(1),
+                event: r.get(2),
+                title: r.get(3),
+                body: r.get(4),
+                created: from_ms(r.get(5)),
+                attempts: r.get::<_, i64>(6) as u32,
+            })
+            .collect();
+        for d in &due {
+            tx.execute(
+                "UPDATE outbox SET next_ms = $2 WHERE id = $1",
+                &[&d.id, &ms(lease_until)],
+            )
+            .await
+            .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(due)
+    }
+
+    /// Records an attempt: delivered, to retry at `next`, or given up.
+    pub async fn delivery_attempted(
+        &self,
+        id: &str,
+        state: DeliveryState,
+        next: DateTime<Utc>,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.client()
+            .await?
+            .execute(
+                "UPDATE outbox SET state = $2, next_ms = $3, attempts = attempts + 1, last_error = $4
+                 WHERE id = $1",
+                &[&id, &(state as i64), &ms(next), &error],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(())
     }
 
     /// When the next pending reminder falls due.

@@ -48,6 +48,8 @@ pub struct Settings {
     pub redeliver_after: Duration,
     /// Serve Prometheus metrics here; empty: not served.
     pub metrics_listen: String,
+    /// The first wait before a failed notification is tried again.
+    pub notify_retry: Duration,
 }
 
 impl Default for Settings {
@@ -69,6 +71,10 @@ pub struct Core {
     sessions_url: String,
     changed: Notify,
     fired: broadcast::Sender<Firing>,
+    /// The `[[notify]]` webhooks.
+    targets: Arc<Vec<crate::notify::Target>>,
+    /// Wakes the notifier when deliveries are queued.
+    notify_wake: Arc<Notify>,
     /// The scheduler's metrics.
     pub metrics: Arc<agentry_runtime::metrics::Registry>,
 }
@@ -153,8 +159,26 @@ impl Core {
             sessions_url,
             changed: Notify::new(),
             fired,
+            targets: Arc::default(),
+            notify_wake: Arc::default(),
             metrics: Arc::default(),
         })
+    }
+
+    /// The same core, sending notifications to `targets`.
+    pub fn with_notify(self: Arc<Self>, targets: Arc<Vec<crate::notify::Target>>) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut core) => {
+                core.targets = targets;
+                Arc::new(core)
+            }
+            Err(shared) => shared,
+        }
+    }
+
+    /// What wakes the notifier.
+    pub fn notify_wake(&self) -> Arc<Notify> {
+        self.notify_wake.clone()
     }
 
     /// Receives every firing from now on, as it fires.
@@ -610,6 +634,43 @@ impl Scheduler for SchedulerService {
         }
         let runs = self.core.runs(req.reminder_id, req.limit).await?;
         Ok(Response::new(pb::ListRunsResponse { runs }))
+    }
+
+    async fn notify(
+        &self,
+        request: Request<pb::NotifyRequest>,
+    ) -> Result<Response<pb::NotifyResponse>, GrpcStatus> {
+        let notifications = request.into_inner().notifications;
+        if notifications.len() > 1000 {
+            return Err(GrpcStatus::invalid_argument(
+                "at most 1000 notifications at once",
+            ));
+        }
+        for n in &notifications {
+            if n.id.is_empty() || n.id.len() > 300 || n.event.is_empty() {
+                return Err(GrpcStatus::invalid_argument(
+                    "a notification needs an id (at most 300 bytes) and an event",
+                ));
+            }
+            if n.payload_json.len() + n.text.len() > 64 * 1024 {
+                return Err(GrpcStatus::invalid_argument(
+                    "a notification is at most 64 KiB",
+                ));
+            }
+        }
+        let deliveries = crate::notify::deliveries(&self.core.targets, &notifications);
+        if deliveries.is_empty() {
+            return Ok(Response::new(pb::NotifyResponse { queued: 0 }));
+        }
+        let now = self.core.clock.now();
+        let queued = self
+            .core
+            .store
+            .enqueue(deliveries, now)
+            .await
+            .map_err(status_of)?;
+        self.core.notify_wake.notify_one();
+        Ok(Response::new(pb::NotifyResponse { queued }))
     }
 
     type StreamDueStream = DueStream;

@@ -331,6 +331,36 @@ pub(crate) fn pause_change(
     }
 }
 
+/// A delivery waiting in the notifications' outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// `<notification id>/<webhook name>`.
+    pub id: String,
+    /// The webhook's name.
+    pub target: String,
+    /// The event.
+    pub event: String,
+    /// One line for a person.
+    pub title: String,
+    /// The body to send.
+    pub body: String,
+    /// When it was queued.
+    pub created: DateTime<Utc>,
+    /// Attempts so far.
+    pub attempts: u32,
+}
+
+/// Where a delivery is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryState {
+    /// Waiting to be (re)tried.
+    Pending = 0,
+    /// Delivered.
+    Delivered = 1,
+    /// Given up on.
+    Failed = 2,
+}
+
 /// The scheduler's SQLite store.
 pub struct Store {
     conn: Mutex<Connection>,
@@ -446,6 +476,27 @@ impl Store {
                 );
                 CREATE INDEX IF NOT EXISTS runs_by_reminder ON runs(reminder_id, due_ms);
                 PRAGMA user_version = 2;
+                COMMIT;",
+            )?;
+        }
+        if version < 3 {
+            // Version 3: the notifications' outbox.
+            conn.execute_batch(
+                "BEGIN;
+                CREATE TABLE IF NOT EXISTS outbox (
+                    id TEXT PRIMARY KEY,
+                    target TEXT NOT NULL,
+                    event TEXT NOT NULL,
+                    title TEXT NOT NULL,
+                    body TEXT NOT NULL,
+                    created_ms INTEGER NOT NULL,
+                    next_ms INTEGER NOT NULL,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    state INTEGER NOT NULL DEFAULT 0,
+                    last_error TEXT NOT NULL DEFAULT ''
+                );
+                CREATE INDEX IF NOT EXISTS outbox_due ON outbox(state, next_ms);
+                PRAGMA user_version = 3;
                 COMMIT;",
             )?;
         }
@@ -656,6 +707,94 @@ impl Store {
             .query_map(params![reminder_id, i64::from(limit)], run_from_row)?
             .collect::<Result<Vec<_>, _>>()?;
         Ok(runs)
+    }
+
+    /// Queues deliveries (one already queued is left alone); how many were
+    /// new.
+    pub fn enqueue(&self, deliveries: &[Delivery], now: DateTime<Utc>) -> Result<u32, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut new = 0;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO outbox (id, target, event, title, body, created_ms, next_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT(id) DO NOTHING",
+            )?;
+            for d in deliveries {
+                new +=
+                    insert.execute(params![d.id, d.target, d.event, d.title, d.body, ms(now)])?;
+            }
+        }
+        tx.commit()?;
+        Ok(new as u32)
+    }
+
+    /// Takes up to `limit` deliveries due at `now`, leasing each until
+    /// `lease_until` (another scheduler does not take them meanwhile).
+    pub fn claim_deliveries(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let due: Vec<Delivery> = {
+            let mut stmt = tx.prepare_cached(
+                "SELECT id, target, event, title, body, created_ms, attempts FROM outbox
+                 WHERE state = 0 AND next_ms <= ?1 ORDER BY next_ms LIMIT ?2",
+            )?;
+            stmt.query_map(params![ms(now), i64::from(limit)], |r| {
+                Ok(Delivery {
+                    id: r.get(0)?,
+                    target: r.get(1)?,
+                    event: r.get(2)?,
+                    title: r.get(3)?,
+                    body: r.get(4)?,
+                    created: from_ms(r.get(5)?),
+                    attempts: r.get::<_, i64>(6)? as u32,
+                })
+            })?
+            .collect::<Result<_, _>>()?
+        };
+        for d in &due {
+            tx.execute(
+                "UPDATE outbox SET next_ms = ?2 WHERE id = ?1",
+                params![d.id, ms(lease_until)],
+            )?;
+        }
+        tx.commit()?;
+        Ok(due)
+    }
+
+    /// Records an attempt: delivered, to retry at `next`, or given up.
+    pub fn delivery_attempted(
+        &self,
+        id: &str,
+        state: DeliveryState,
+        next: DateTime<Utc>,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE outbox SET state = ?2, next_ms = ?3, attempts = attempts + 1, last_error = ?4
+             WHERE id = ?1",
+            params![id, state as i64, ms(next), error],
+        )?;
+        Ok(())
+    }
+
+    /// How many deliveries are in each state: pending, delivered, failed.
+    pub fn outbox_counts(&self) -> Result<(u64, u64, u64), StoreError> {
+        let conn = self.conn();
+        let count = |state: i64| -> Result<u64, StoreError> {
+            let n: i64 = conn.query_row(
+                "SELECT COUNT(*) FROM outbox WHERE state = ?1",
+                [state],
+                |r| r.get(0),
+            )?;
+            Ok(n.max(0) as u64)
+        };
+        Ok((count(0)?, count(1)?, count(2)?))
     }
 
     /// When the next pending reminder falls due.

@@ -8,6 +8,7 @@ impl SessionState {
     /// reminder, an MCP resource update): tools are approved by policy.
     fn start_event_turn(&mut self, turn_id: &str) {
         self.failed_calls.clear();
+        self.turn_scheduled = false;
         self.turn = Some(Turn {
             id: turn_id.to_string(),
             steps: 0,
@@ -44,6 +45,7 @@ impl SessionState {
         self.last_seq += 1;
         match kind {
             Kind::UserMessage(m) => {
+                self.turn_scheduled = false;
                 if let Some(raised) = &m.budget {
                     self.raise_limits(raised);
                 }
@@ -285,6 +287,7 @@ impl SessionState {
                     self.start_event_turn(turn_id);
                     // A scheduled task's calls are approved as it says
                     // (never: a call that needs a person is refused).
+                    self.turn_scheduled = r.scheduled;
                     if r.scheduled
                         && let Some(turn) = &mut self.turn
                     {

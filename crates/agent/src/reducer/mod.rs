@@ -330,6 +330,8 @@ pub struct SessionState {
     /// Messages a person sent while the turn runs, waiting for its next
     /// model call.
     pub steering: Vec<String>,
+    /// The current (or last) turn was started by a scheduled task.
+    pub turn_scheduled: bool,
     /// Calls of the running turn whose result was an error (the progress
     /// detector reads it).
     pub failed_calls: BTreeSet<String>,
@@ -764,6 +766,7 @@ impl SessionState {
             delivered_firings: BTreeSet::new(),
             parked: None,
             steering: Vec::new(),
+            turn_scheduled: false,
             last_mcp_updates: BTreeMap::new(),
             failed_calls: BTreeSet::new(),
             limits: pb::Budget::default(),

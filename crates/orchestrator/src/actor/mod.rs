@@ -639,6 +639,20 @@ impl Actor {
     }
 
     /// Appends durably, retrying while the store is unreachable for a while.
+    /// Tells the `[[notify]]` webhooks about what was just stored.
+    fn notify(&self, first_seq: u64, events: &[pb::Event]) {
+        if self.deps.notify_events.is_empty() {
+            return;
+        }
+        let notes = crate::notifications::of(
+            &self.session_id,
+            first_seq,
+            events,
+            self.state.turn_scheduled,
+        );
+        crate::notifications::send(&self.deps, notes);
+    }
+
     async fn append(&mut self, events: Vec<pb::Event>) -> Result<u64, Broken> {
         let first = self.next_seq;
         let count = events.len() as u64;
@@ -661,6 +675,7 @@ impl Actor {
                     self.deps
                         .live
                         .logged(&self.session_id, first, &request.events);
+                    self.notify(first, &request.events);
                     return Ok(first);
                 }
                 Err(status)
@@ -683,6 +698,7 @@ impl Actor {
                     self.deps
                         .live
                         .logged(&self.session_id, first, &request.events);
+                    self.notify(first, &request.events);
                     return Ok(first);
                 }
                 Err(status) => {

@@ -250,6 +250,58 @@ impl Config {
         Ok(config)
     }
 
+    /// Checks the `[[notify]]` webhooks.
+    fn check_notify(&self, label: &str) -> Result<(), ConfigError> {
+        let invalid = |i: usize, reason: String| ConfigError::Invalid {
+            source_name: label.to_string(),
+            reason: format!("notify[{i}]: {reason}"),
+        };
+        let mut names = std::collections::BTreeSet::new();
+        for (i, n) in self.notify.iter().enumerate() {
+            if n.name.trim().is_empty() || !names.insert(n.name.as_str()) {
+                return Err(invalid(
+                    i,
+                    format!("name {:?} must be set and unique", n.name),
+                ));
+            }
+            if !(n.url.starts_with("http://") || n.url.starts_with("https://")) {
+                return Err(invalid(i, format!("url {:?} is not an http(s) URL", n.url)));
+            }
+            if !n.secret_env.is_empty() && !n.secret_file.is_empty() {
+                return Err(invalid(i, "set secret_env or secret_file, not both".into()));
+            }
+            if n.events.is_empty() {
+                return Err(invalid(
+                    i,
+                    format!(
+                        "events is empty; name some of {}",
+                        super::NOTIFY_EVENTS.join(", ")
+                    ),
+                ));
+            }
+            for event in &n.events {
+                if !super::NOTIFY_EVENTS.contains(&event.as_str()) {
+                    return Err(invalid(
+                        i,
+                        format!(
+                            "unknown event {event:?}; the events are {}",
+                            super::NOTIFY_EVENTS.join(", ")
+                        ),
+                    ));
+                }
+            }
+            for (name, value) in &n.headers {
+                if name.is_empty()
+                    || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    || value.chars().any(char::is_control)
+                {
+                    return Err(invalid(i, format!("header {name:?} is not a valid header")));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn validate(&self, label: &str) -> Result<(), ConfigError> {
         self.check_model(label)?;
         self.check_services(label)?;
@@ -361,6 +413,7 @@ impl Config {
         }
         self.mcp_servers()?;
         self.check_hooks(label)?;
+        self.check_notify(label)?;
         self.agents()?;
         Ok(())
     }

@@ -97,6 +97,9 @@ pub struct Config {
     /// on messages, at a turn's end, at a session's start).
     #[serde(default)]
     pub hooks: Vec<HookConfig>,
+    /// Webhooks told about events (a question waits, a turn ends, …).
+    #[serde(default)]
+    pub notify: Vec<NotifyConfig>,
     /// Agents a task can be delegated to (see also `agents/*.md` in the
     /// config directory and [`Config::agents`]).
     #[serde(default)]
@@ -803,6 +806,63 @@ pub struct SchedulerConfig {
     /// data directory.
     #[serde(default)]
     pub database_url: String,
+    /// The first wait before a failed notification is sent again (it
+    /// doubles each time, up to 5 minutes; a notification is tried for 24
+    /// hours).
+    #[serde(default = "notify_retry_ms")]
+    pub notify_retry_ms: u64,
+}
+
+fn notify_retry_ms() -> u64 {
+    5000
+}
+
+/// A webhook told about events (`[[notify]]`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyConfig {
+    /// A name for logs and the outbox.
+    pub name: String,
+    /// Where events are POSTed (http or https).
+    pub url: String,
+    /// Which events: `approval_requested`, `turn_finished`, `turn_parked`,
+    /// `schedule_failed`.
+    pub events: Vec<String>,
+    /// The environment variable holding the key of the HMAC-SHA256
+    /// signature (`X-Agentry-Signature`); empty: unsigned.
+    #[serde(default)]
+    pub secret_env: String,
+    /// A file (readable by the scheduler alone, 0600) holding the key
+    /// instead; empty: none.
+    #[serde(default)]
+    pub secret_file: String,
+    /// The body: `json` (the event as JSON) or `text` (one line for a
+    /// person, with a `Title` header: ntfy-style push services).
+    #[serde(default)]
+    pub format: NotifyFormat,
+    /// Headers sent with every delivery (e.g. `Priority`, `Tags`, an
+    /// authorization).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// The events a `[[notify]]` webhook can be told about.
+pub const NOTIFY_EVENTS: &[&str] = &[
+    "approval_requested",
+    "turn_finished",
+    "turn_parked",
+    "schedule_failed",
+];
+
+/// The body of a notification.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NotifyFormat {
+    /// The event as a JSON object.
+    #[default]
+    Json,
+    /// One line of text for a person, with a `Title` header.
+    Text,
 }
 
 /// What to do with missed occurrences of a recurring reminder.
