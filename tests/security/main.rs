@@ -17,5 +17,6 @@ mod network;
 mod people;
 mod policy;
 mod race;
+mod secrets;
 mod shell;
 mod tls;

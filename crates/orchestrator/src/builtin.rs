@@ -306,6 +306,7 @@ pub(crate) fn result_of(
         exit_code: None,
         duration_ms: started.elapsed().as_millis() as u64,
         runner_id: "orchestrator".into(),
+        secrets_used: Vec::new(),
     }
 }
 

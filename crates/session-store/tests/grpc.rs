@@ -352,6 +352,7 @@ fn one_of_each_kind() -> Vec<Event> {
             exit_code: Some(0),
             duration_ms: 12,
             runner_id: "runner-1".into(),
+            secrets_used: vec!["GH_TOKEN".into()],
         }),
         Kind::ReminderDue(pb::ReminderDue {
             reminder_id: "r1".into(),

@@ -58,6 +58,8 @@ pub struct Egress {
     guard: Guard,
     passes: Mutex<HashMap<String, Arc<Usage>>>,
     route: Result<ProxyRoute, NoNetwork>,
+    /// Destinations holding a secret's value are refused.
+    secrets: std::sync::OnceLock<crate::secrets::Secrets>,
 }
 
 impl std::fmt::Debug for Egress {
@@ -172,6 +174,12 @@ impl Drop for Pass {
 }
 
 impl Egress {
+    /// Refuses destinations that hold one of `secrets`' values (a value
+    /// smuggled out in a host name or a URL).
+    pub fn refuse_secrets(&self, secrets: crate::secrets::Secrets) {
+        let _ = self.secrets.set(secrets);
+    }
+
     /// Starts the proxy: on a Unix socket at `socket` when commands get
     /// namespaces (`bridge`), else on a loopback TCP port when Landlock can
     /// hold commands to it (`host_port_confined`). When neither holds,
@@ -222,6 +230,7 @@ impl Egress {
             guard,
             passes: Mutex::new(HashMap::new()),
             route,
+            secrets: std::sync::OnceLock::new(),
         });
         match (&egress.route, listener) {
             (Ok(route), Some(listener)) => {
@@ -559,6 +568,15 @@ async fn handle(egress: &Egress, mut client: Box<dyn Stream>) -> std::io::Result
             }
         }
     };
+    if let Some(secrets) = egress.secrets.get()
+        && (secrets.holds_secret(&head.target) || secrets.holds_secret(&host))
+    {
+        let why = "the destination holds a secret's value";
+        tracing::warn!(target = %secrets.redact(&head.target).0, "network proxy refused a destination: {why}");
+        usage.refused(why);
+        respond(&mut client, 403, why, "").await;
+        return Ok(());
+    }
     let target = if host.contains(':') {
         format!("[{host}]:{port}")
     } else {

@@ -18,6 +18,7 @@ pub mod metrics;
 pub use agentry_tool::output;
 pub mod projects;
 pub mod sandbox;
+pub mod secrets;
 pub mod service;
 pub mod snapshots;
 pub mod tools;
@@ -102,6 +103,8 @@ pub struct Setup {
     /// Where workspace snapshots are kept and their limits; `None`: no
     /// snapshots.
     pub snapshots: Option<(PathBuf, snapshots::SnapshotLimits)>,
+    /// The secrets released at the point of use (`[[secrets]]`).
+    pub secrets: secrets::Secrets,
 }
 
 impl Setup {
@@ -131,7 +134,11 @@ impl Setup {
         let mcp_servers = config
             .mcp_servers()
             .map_err(|e| agentry_runtime::ServeError::Startup(e.to_string()))?;
+        let secrets = secrets::Secrets::from_config(&config.secrets).map_err(|e| {
+            agentry_runtime::ServeError::Startup(format!("the tool runner cannot start: {e}"))
+        })?;
         Ok(Setup {
+            secrets,
             mcp_servers,
             mcp: mcp::Settings::from_config(&config.mcp),
             workspace_root: config.workspace_root(),
@@ -209,6 +216,7 @@ pub async fn serve(
         mcp_servers,
         mcp,
         snapshots,
+        secrets,
     } = setup;
     let refuse = |reason: String| agentry_runtime::ServeError::Bind {
         addr: listener
@@ -254,6 +262,7 @@ pub async fn serve(
     let web = std::sync::Arc::new(web::Web::new(&web, chromium));
     let background = web.start_background();
     let egress = start_egress(&sandbox, &workspace_root).await;
+    egress.refuse_secrets(secrets.clone());
     let places = projects::Places::new(
         workspace_root.clone(),
         &project_roots,
@@ -278,7 +287,8 @@ pub async fn serve(
         .with_sandbox(sandbox)
         .with_web(web)
         .with_egress(egress)
-        .with_mcp(mcp);
+        .with_mcp(mcp)
+        .with_secrets(secrets);
     let mut prune_task = None;
     if let Some((dir, limits)) = snapshots {
         let store = snapshots::Snapshots::open(&dir, limits).map_err(|e| refuse(e.to_string()))?;

@@ -33,6 +33,8 @@ pub struct Call {
     /// Set by an MCP call whose server waits for a person's answers (the
     /// call is then not over; its outcome says so for the logs only).
     pub asked: Arc<std::sync::Mutex<Option<agentry_proto::sessions::v1::McpInputRequested>>>,
+    /// Secrets a bash command gets in its environment (its rule matched).
+    pub secret_env: Vec<(String, String)>,
 }
 
 impl Call {
@@ -47,6 +49,7 @@ impl Call {
             sink,
             resume: None,
             asked: Arc::default(),
+            secret_env: Vec::new(),
         }
     }
 }
@@ -171,16 +174,7 @@ impl Tool<Call> for Bash {
                 .or(call.timeout)
                 .unwrap_or(self.limits.default_timeout)
                 .min(self.limits.max_timeout);
-            bash(
-                &args.command,
-                &call.workspace,
-                timeout,
-                &self.limits,
-                &self.sandbox,
-                call.network.as_ref(),
-                call.sink.clone(),
-            )
-            .await
+            bash(&args.command, call, timeout, &self.limits, &self.sandbox).await
         })
     }
 }
@@ -408,13 +402,15 @@ pub(crate) fn fresh_dir(
 
 async fn bash(
     command: &str,
-    workspace: &Workspace,
+    call: &Call,
     timeout: Duration,
     limits: &Limits,
     sandbox: &Sandbox,
-    network: Option<&crate::egress::Pass>,
-    sink: OutputSink,
 ) -> Result<ToolOutcome, ToolError> {
+    let workspace = &call.workspace;
+    let network = call.network.as_ref();
+    let sink = call.sink.clone();
+    let secret_env = &call.secret_env;
     if command.trim().is_empty() {
         return Err(ToolError::InvalidArguments(
             "command must not be empty".into(),
@@ -429,7 +425,9 @@ async fn bash(
             workspace.tmp().to_path_buf(),
             home.path().to_path_buf(),
         ],
-        env: vec![("HOME".into(), home.path().display().to_string())],
+        env: std::iter::once(("HOME".to_string(), home.path().display().to_string()))
+            .chain(secret_env.iter().cloned())
+            .collect(),
         stdin: false,
     };
     let (mut cmd, mut reports) = sandboxed_bash(sandbox, command, workspace, &launch, network)?;

@@ -84,6 +84,7 @@ impl Runner {
                 web,
                 runner_id: RUNNER_ID.to_string(),
                 metrics: None,
+                secrets: Default::default(),
             };
             agentry_tool_runner::serve(setup, &auth, listener, async {
                 let _ = rx.await;

@@ -202,6 +202,7 @@ impl Runner {
             mcp_servers: servers,
             mcp: settings,
             snapshots: None,
+            secrets: Default::default(),
         };
         let task = tokio::spawn(async move {
             let auth = agentry_runtime::Auth::off();

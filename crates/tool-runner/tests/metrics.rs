@@ -79,6 +79,7 @@ async fn metrics_show_tool_calls_and_the_breaker_state() {
             web,
             runner_id: "metrics-runner".into(),
             metrics: Some(metrics),
+            secrets: Default::default(),
         };
         agentry_tool_runner::serve(setup, &auth, listener, async {
             let _ = stopped.await;

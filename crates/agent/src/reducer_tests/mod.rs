@@ -168,6 +168,7 @@ fn tool_result(call_id: &str, output: &str) -> pb::ToolResult {
         exit_code: Some(0),
         duration_ms: 12,
         runner_id: "runner-1".into(),
+        secrets_used: Vec::new(),
     }
 }
 

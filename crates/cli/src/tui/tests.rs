@@ -123,6 +123,7 @@ fn result(call_id: &str, tool: &str, output: &str, is_error: bool, duration_ms: 
         exit_code: Some(i32::from(is_error)),
         duration_ms,
         runner_id: "runner-a".to_string(),
+        secrets_used: Vec::new(),
     })
 }
 

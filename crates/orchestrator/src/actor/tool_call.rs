@@ -16,6 +16,7 @@ pub(super) fn tool_error(call: &ToolCall, output: String, started: Instant) -> p
         exit_code: None,
         duration_ms: started.elapsed().as_millis() as u64,
         runner_id: String::new(),
+        secrets_used: Vec::new(),
     }
 }
 
@@ -103,6 +104,7 @@ pub(super) async fn tool_call(
             runner_id: result.runner_id,
             truncated: result.truncated,
             timed_out: result.timed_out,
+            secrets_used: result.secrets_used,
         }),
         Err(failure) => {
             let mut result = tool_error(&call, failure.message, started);

@@ -250,6 +250,52 @@ impl Config {
         Ok(config)
     }
 
+    /// Checks the `[[secrets]]`.
+    fn check_secrets(&self, label: &str) -> Result<(), ConfigError> {
+        let invalid = |i: usize, reason: String| ConfigError::Invalid {
+            source_name: label.to_string(),
+            reason: format!("secrets[{i}]: {reason}"),
+        };
+        let mut names = std::collections::BTreeSet::new();
+        for (i, s) in self.secrets.iter().enumerate() {
+            let name_ok = s
+                .name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_uppercase() || c == '_')
+                && s.name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            if !name_ok || !names.insert(s.name.as_str()) {
+                return Err(invalid(
+                    i,
+                    format!(
+                        "name {:?} must be unique and an environment variable's name (A-Z, 0-9, _)",
+                        s.name
+                    ),
+                ));
+            }
+            if s.value_env.is_empty() == s.value_file.is_empty() {
+                return Err(invalid(
+                    i,
+                    "set value_env or value_file (one of them)".into(),
+                ));
+            }
+            if s.allow.is_empty() {
+                return Err(invalid(i, "allow is empty: say where it may go".into()));
+            }
+            for rule in &s.allow {
+                if rule.tool != "bash" || rule.command.trim().is_empty() {
+                    return Err(invalid(
+                        i,
+                        "each allow rule is { tool = \"bash\", command = \"GLOB\" }".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the `[[notify]]` webhooks.
     fn check_notify(&self, label: &str) -> Result<(), ConfigError> {
         let invalid = |i: usize, reason: String| ConfigError::Invalid {
@@ -414,6 +460,7 @@ impl Config {
         self.mcp_servers()?;
         self.check_hooks(label)?;
         self.check_notify(label)?;
+        self.check_secrets(label)?;
         self.agents()?;
         Ok(())
     }

@@ -100,6 +100,9 @@ pub struct Config {
     /// Webhooks told about events (a question waits, a turn ends, …).
     #[serde(default)]
     pub notify: Vec<NotifyConfig>,
+    /// Secrets the tool runners release only where their rules say.
+    #[serde(default)]
+    pub secrets: Vec<SecretConfig>,
     /// Agents a task can be delegated to (see also `agents/*.md` in the
     /// config directory and [`Config::agents`]).
     #[serde(default)]
@@ -844,6 +847,36 @@ pub struct NotifyConfig {
     /// authorization).
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// A secret the tool runners hold (`[[secrets]]`): the model sees only its
+/// name; its value goes only where a rule says.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SecretConfig {
+    /// Its name: the environment variable it becomes (`GH_TOKEN`).
+    pub name: String,
+    /// The runner's environment variable holding the value.
+    #[serde(default)]
+    pub value_env: String,
+    /// Or a file of the runner's holding it (0600).
+    #[serde(default)]
+    pub value_file: String,
+    /// Where it may go.
+    pub allow: Vec<SecretRule>,
+}
+
+/// Where a secret may go: the environment of bash commands matching
+/// `command`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRule {
+    /// The tool: `bash`.
+    pub tool: String,
+    /// A glob on the whole command (`gh *`): `*` any run of characters,
+    /// `?` one. A command that chains, substitutes, redirects or expands
+    /// (`;`, `&`, `|`, `` ` ``, `$`, `<`, `>`, a newline) never matches.
+    pub command: String,
 }
 
 /// The events a `[[notify]]` webhook can be told about.

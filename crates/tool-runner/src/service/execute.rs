@@ -237,6 +237,28 @@ pub(super) async fn run_call(
         None
     };
     let (sink, mut chunks) = mpsc::channel(64);
+    // A bash command its rule matches gets the secret in its environment:
+    // every such release is told in the result.
+    let secret_env = if tool == "bash" {
+        serde_json::from_str::<serde_json::Value>(&req.arguments_json)
+            .ok()
+            .and_then(|a| {
+                a.get("command")
+                    .and_then(|c| c.as_str())
+                    .map(str::to_string)
+            })
+            .map(|command| inner.secrets.for_command(&command))
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let secrets_used: Vec<String> = secret_env.iter().map(|(name, _)| name.clone()).collect();
+    if !secrets_used.is_empty() {
+        tracing::info!(call_id, secrets = ?secrets_used, "secrets released to a command");
+    }
+    // Whatever a tool shows is searched for every secret's value.
+    let mut redact_out = inner.secrets.stream();
+    let mut redact_err = inner.secrets.stream();
     let call = tools::Call {
         workspace: workspace.clone(),
         timeout: (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms)),
@@ -244,6 +266,7 @@ pub(super) async fn run_call(
         sink,
         resume: req.resume.clone(),
         asked: Arc::default(),
+        secret_env,
     };
     let mut run = tools::start(
         &inner.tools,
@@ -264,6 +287,13 @@ pub(super) async fn run_call(
     let outcome = loop {
         tokio::select! {
             Some((stream, text)) = chunks.recv() => {
+                let text = match stream {
+                    agentry_proto::sessions::v1::OutputStream::Stderr => redact_err.push(&text),
+                    _ => redact_out.push(&text),
+                };
+                if text.is_empty() {
+                    continue;
+                }
                 let Some(text) = live.admit(text) else { continue };
                 if tx.send(Ok(chunk_message(stream, text))).await.is_err() {
                     // The caller went away: dropping `run` kills the call.
@@ -295,8 +325,28 @@ pub(super) async fn run_call(
         (Some(watch), Ok(done)) => Ok(watch.finished(done).await),
         (_, outcome) => outcome,
     };
-    // Forward output produced just before the end.
+    // Forward output produced just before the end, and what the
+    // redactors held back.
+    let mut last = Vec::new();
     while let Ok((stream, text)) = chunks.try_recv() {
+        let text = match stream {
+            agentry_proto::sessions::v1::OutputStream::Stderr => redact_err.push(&text),
+            _ => redact_out.push(&text),
+        };
+        last.push((stream, text));
+    }
+    last.push((
+        agentry_proto::sessions::v1::OutputStream::Stdout,
+        redact_out.finish(),
+    ));
+    last.push((
+        agentry_proto::sessions::v1::OutputStream::Stderr,
+        redact_err.finish(),
+    ));
+    for (stream, text) in last {
+        if text.is_empty() {
+            continue;
+        }
         let Some(text) = live.admit(text) else {
             continue;
         };
@@ -330,6 +380,11 @@ pub(super) async fn run_call(
         }
         outcome.output.push_str(&note);
     }
+    let (redacted, shown) = inner.secrets.redact(&outcome.output);
+    if !shown.is_empty() {
+        tracing::info!(call_id, secrets = ?shown, "secret values in a tool's output were redacted");
+        outcome.output = redacted;
+    }
     let instructions = if workspace.is_project() && !outcome.is_error {
         let target = found.as_ref().and_then(|t| t.target(&req.arguments_json));
         touched_instructions(&inner, &workspace, target).await
@@ -337,6 +392,9 @@ pub(super) async fn run_call(
         Vec::new()
     };
     let mut result = finished(&inner, &call_id, &tool, started, outcome, instructions);
+    if let Some(pb::execute_response::Kind::Result(result)) = &mut result.kind {
+        result.secrets_used = secrets_used;
+    }
     if let Some(mut asked) = asked
         && let Some(pb::execute_response::Kind::Result(result)) = &mut result.kind
     {
@@ -380,6 +438,7 @@ fn finished(
             timed_out: outcome.timed_out,
             instructions,
             input_required: None,
+            secrets_used: Vec::new(),
         })),
     }
 }

@@ -33,6 +33,8 @@ struct Inner {
     mcp: Option<crate::mcp::Mcp>,
     snapshots: Option<crate::snapshots::Snapshots>,
     calls: Arc<crate::metrics::ToolCalls>,
+    /// Secrets released at the point of use, redacted from every output.
+    secrets: crate::secrets::Secrets,
     /// The tools, made from the fields above.
     tools: Arc<tools::Registry<tools::Call>>,
 }
@@ -61,6 +63,7 @@ impl ToolRunnerService {
             mcp: None,
             snapshots: None,
             calls: Arc::default(),
+            secrets: Default::default(),
             tools: Arc::default(),
         };
         inner.tools = Arc::new(inner.registry());
@@ -104,6 +107,12 @@ impl ToolRunnerService {
     pub fn with_mcp(self, mcp: crate::mcp::Mcp) -> Self {
         // Kept without configured servers too: a session may bring its own.
         self.with(|inner| inner.mcp = Some(mcp))
+    }
+
+    /// The same runner holding `secrets`: released to matching commands,
+    /// redacted from every output.
+    pub fn with_secrets(self, secrets: crate::secrets::Secrets) -> Self {
+        self.with(|inner| inner.secrets = secrets)
     }
 
     /// The same runner keeping workspace snapshots in `snapshots`.
@@ -199,6 +208,12 @@ impl ToolRunner for ToolRunnerService {
             .into_iter()
             .map(spec_message)
             .collect();
+        // The model is told the secrets' names (never their values).
+        if let Some(note) = self.inner.secrets.describe()
+            && let Some(bash) = tools.iter_mut().find(|t| t.name == "bash")
+        {
+            bash.description = format!("{} {note}", bash.description);
+        }
         if !session_id.is_empty()
             && let Some(mcp) = &self.inner.mcp
         {
