@@ -8,7 +8,7 @@ use agentry_proto::sessions::v1::ReminderKind;
 use agentry_runtime::Config;
 use agentry_runtime::telemetry::TracedChannel;
 
-async fn connect(config: &Config) -> anyhow::Result<SchedulerClient<TracedChannel>> {
+pub(crate) async fn connect(config: &Config) -> anyhow::Result<SchedulerClient<TracedChannel>> {
     let auth = crate::client::credentials(config)?;
     let channel = dial(
         &auth,
@@ -20,7 +20,7 @@ async fn connect(config: &Config) -> anyhow::Result<SchedulerClient<TracedChanne
     Ok(SchedulerClient::new(channel))
 }
 
-fn when(t: Option<&prost_types::Timestamp>) -> String {
+pub(crate) fn when(t: Option<&prost_types::Timestamp>) -> String {
     t.and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0))
         .map(|d| {
             d.with_timezone(&chrono::Local)

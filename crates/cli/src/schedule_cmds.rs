@@ -2,25 +2,14 @@
 //! client open. A scheduled task is a recurring reminder that starts a turn
 //! on its prompt, in a session of its own per run (or in a given session).
 
-use crate::client::{dial, print_line, status_error};
+use crate::client::{print_line, status_error};
+use crate::reminder_cmds::{connect, when};
 use agentry_client::terminal::visible;
 use agentry_proto::scheduler::v1 as pb;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_proto::sessions::v1::{ApprovalMode, ReminderKind};
 use agentry_runtime::Config;
 use agentry_runtime::telemetry::TracedChannel;
-
-async fn connect(config: &Config) -> anyhow::Result<SchedulerClient<TracedChannel>> {
-    let auth = crate::client::credentials(config)?;
-    let channel = dial(
-        &auth,
-        &config.scheduler.url,
-        "scheduler",
-        "AGENTRY_SCHEDULER_URL",
-    )
-    .await?;
-    Ok(SchedulerClient::new(channel))
-}
 
 /// What `agentry schedules add` was given.
 pub struct NewSchedule {
@@ -100,16 +89,6 @@ pub async fn add(config: &Config, new: NewSchedule) -> anyhow::Result<()> {
         schedule.id, schedule.id
     ))?;
     Ok(())
-}
-
-fn when(t: Option<&prost_types::Timestamp>) -> String {
-    t.and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0))
-        .map(|d| {
-            d.with_timezone(&chrono::Local)
-                .format("%Y-%m-%d %H:%M:%S")
-                .to_string()
-        })
-        .unwrap_or_else(|| "-".into())
 }
 
 fn status_name(status: i32) -> &'static str {

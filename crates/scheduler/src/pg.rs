@@ -345,35 +345,19 @@ impl PgStore {
 
     /// Cancels a pending reminder (of `session_id`, when given).
     pub async fn cancel(&self, id: &str, session_id: Option<&str>) -> Result<Reminder, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(db_error)?;
-        let row = tx
-            .query_opt(
-                &format!("SELECT {COLUMNS} FROM reminders WHERE id = $1 FOR UPDATE"),
-                &[&id],
-            )
-            .await
-            .map_err(db_error)?
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        let reminder = reminder_from_row(&row)?;
-        if session_id.is_some_and(|s| s != reminder.session_id) {
-            return Err(StoreError::NotFound(id.to_string()));
-        }
-        if !matches!(reminder.status, Status::Pending | Status::Paused) {
-            return Err(StoreError::NotPending {
-                id: id.to_string(),
-                status: reminder.status.name(),
-            });
-        }
-        tx.execute(
-            "UPDATE reminders SET status = $2, next_due_ms = NULL WHERE id = $1",
-            &[&id, &Status::Cancelled.code()],
-        )
+        self.change(id, |reminder| {
+            if session_id.is_some_and(|s| s != reminder.session_id) {
+                return Err(StoreError::NotFound(id.to_string()));
+            }
+            if !matches!(reminder.status, Status::Pending | Status::Paused) {
+                return Err(StoreError::NotPending {
+                    id: id.to_string(),
+                    status: reminder.status.name(),
+                });
+            }
+            Ok((Status::Cancelled, None))
+        })
         .await
-        .map_err(db_error)?;
-        let reminder = get_in(&tx, id).await?;
-        tx.commit().await.map_err(db_error)?;
-        Ok(reminder)
     }
 
     /// Pauses a pending recurring reminder, or resumes a paused one to fall
@@ -383,6 +367,20 @@ impl PgStore {
         id: &str,
         paused: bool,
         resume_at: DateTime<Utc>,
+    ) -> Result<Reminder, StoreError> {
+        self.change(id, |reminder| {
+            let (_, to, next) = pause_change(reminder, paused, resume_at)?;
+            Ok((to, next))
+        })
+        .await
+    }
+
+    /// Moves reminder `id` to the status and next due time `decide` gives
+    /// it, holding its row meanwhile.
+    async fn change(
+        &self,
+        id: &str,
+        decide: impl FnOnce(&Reminder) -> Result<(Status, Option<DateTime<Utc>>), StoreError>,
     ) -> Result<Reminder, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db_error)?;
@@ -394,7 +392,7 @@ impl PgStore {
             .await
             .map_err(db_error)?
             .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        let (_, to, next) = pause_change(&reminder_from_row(&row)?, paused, resume_at)?;
+        let (to, next) = decide(&reminder_from_row(&row)?)?;
         tx.execute(
             "UPDATE reminders SET status = $2, next_due_ms = $3 WHERE id = $1",
             &[&id, &to.code(), &next.map(ms)],
