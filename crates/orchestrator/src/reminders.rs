@@ -171,9 +171,31 @@ async fn run_scheduled(service: &Sessions, firing: &spb::DueReminder) -> bool {
             .await
             .is_ok();
     }
+    let deps = service.deps().clone();
+    let prompt = reminder.message.clone();
     let record = |run: spb::ScheduledRun| {
         let mut scheduler = scheduler.clone();
+        let deps = deps.clone();
+        let prompt = prompt.clone();
         async move {
+            // A run that could not start is a schedule failure to tell.
+            if run.state == spb::RunState::NotStarted as i32 {
+                let failed = spb::Notification {
+                    id: format!("{}:not-started", run.firing_id),
+                    event: "schedule_failed".into(),
+                    session_id: run.session_id.clone(),
+                    turn_id: String::new(),
+                    title: "Agentry: a scheduled task did not start".into(),
+                    text: format!("\"{}\": {}", preview(&prompt), run.note),
+                    payload_json: serde_json::json!({
+                        "schedule_id": run.reminder_id, "firing_id": run.firing_id,
+                        "outcome": "not_started", "message": run.note,
+                    })
+                    .to_string(),
+                    time: run.due_time,
+                };
+                crate::notifications::send(&deps, vec![failed]);
+            }
             match scheduler
                 .record_run(spb::RecordRunRequest { run: Some(run) })
                 .await
