@@ -63,15 +63,17 @@ async fn a_sensitive_call_waits_for_approval_and_runs_once_approved() {
     // Nothing ran yet.
     let file = cluster.workspace_root().join(&session.id).join("made.txt");
     assert!(!file.exists());
-    // A message while waiting is refused.
-    let busy = client
+    // A message while waiting steers the turn: the model gets it with the
+    // call's result.
+    let steered = client
         .submit(pb::SubmitRequest {
             session_id: session.id.clone(),
             input: Some(user("hello?")),
         })
         .await
-        .unwrap_err();
-    assert_eq!(busy.code(), tonic::Code::FailedPrecondition);
+        .unwrap()
+        .into_inner();
+    assert_eq!(steered.turn_id, turn);
 
     decide(
         &mut client,
@@ -87,6 +89,9 @@ async fn a_sensitive_call_waits_for_approval_and_runs_once_approved() {
     assert_eq!(finished(&rest).outcome, TurnOutcome::Completed as i32);
     assert!(file.exists());
     assert_eq!(tool_results(&rest)[0].output, "made\n");
+    let second = &cluster.model.requests()[1];
+    let messages = second["messages"].as_array().unwrap();
+    assert_eq!(messages.last().unwrap()["content"], "hello?");
     // The whole lifecycle is in the log, forward only.
     let log = read_log(&mut cluster.store().await.unwrap(), &session.id).await;
     assert_eq!(
