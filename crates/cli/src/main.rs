@@ -459,6 +459,10 @@ enum SchedulesCommand {
         /// in `agentry approvals`) or `never` (they are refused)
         #[arg(long, value_enum, default_value_t = ScheduleApproval::Policy)]
         approve: ScheduleApproval,
+        /// Each run's session works as this configured agent ([[agents]]):
+        /// its prompt, tools and model
+        #[arg(long, value_name = "NAME", conflicts_with = "session")]
+        agent: Option<String>,
         /// What the agent is asked each time
         prompt: String,
     },
@@ -961,6 +965,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 session,
                 project,
                 approve,
+                agent,
                 prompt,
             } => {
                 let session = client::resolve_optional(&config, session).await?;
@@ -972,6 +977,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                         session,
                         project,
                         approve_never: approve == ScheduleApproval::Never,
+                        agent,
                         prompt,
                     },
                 )

@@ -23,6 +23,8 @@ pub struct NewSchedule {
     pub project: Option<std::path::PathBuf>,
     /// Refuse calls that need a person instead of waiting for one.
     pub approve_never: bool,
+    /// Each run's session works as this configured agent.
+    pub agent: Option<String>,
     /// What the agent is asked each time.
     pub prompt: String,
 }
@@ -72,6 +74,7 @@ pub async fn add(config: &Config, new: NewSchedule) -> anyhow::Result<()> {
             }),
             task: Some(pb::ScheduledTask {
                 project_dir,
+                agent: new.agent.unwrap_or_default(),
                 approval_mode: if new.approve_never {
                     ApprovalMode::Never
                 } else {
@@ -113,6 +116,11 @@ fn describe(s: &pb::Reminder) -> String {
         ("", "") => "a new scratch session per run".to_string(),
         ("", dir) => format!("a new session per run in {}", visible(dir)),
         (session, _) => format!("session {session}"),
+    };
+    let place = if task.agent.is_empty() {
+        place
+    } else {
+        format!("{place}, as the agent {}", visible(&task.agent))
     };
     let approve = if task.approval_mode == ApprovalMode::Never as i32 {
         "calls that need a person are refused"

@@ -78,11 +78,15 @@ pub async fn list(config: &Config, limit: u32) -> anyhow::Result<()> {
             .parent
             .as_ref()
             .map(|p| {
-                format!(
-                    "↳ [{} for {}] ",
-                    p.agent,
-                    p.session_id.chars().take(8).collect::<String>()
-                )
+                if p.session_id.is_empty() {
+                    format!("[as {}] ", p.agent)
+                } else {
+                    format!(
+                        "↳ [{} for {}] ",
+                        p.agent,
+                        p.session_id.chars().take(8).collect::<String>()
+                    )
+                }
             })
             .unwrap_or_default();
         print_line(format!(
@@ -206,10 +210,14 @@ pub async fn show(config: &Config, id: &str, json: bool) -> anyhow::Result<()> {
             print_line(format!("  works in {}", session.project_dir))?;
         }
         if let Some(parent) = &session.parent {
-            print_line(format!(
-                "  a task of the sub-agent {} for session {} (call {})",
-                parent.agent, parent.session_id, parent.call_id
-            ))?;
+            if parent.session_id.is_empty() {
+                print_line(format!("  works as the agent {}", parent.agent))?;
+            } else {
+                print_line(format!(
+                    "  a task of the sub-agent {} for session {} (call {})",
+                    parent.agent, parent.session_id, parent.call_id
+                ))?;
+            }
         }
         // The sessions of its sub-agents' tasks.
         let all = client

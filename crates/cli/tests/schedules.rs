@@ -54,10 +54,15 @@ async fn cron_schedules_run_with_no_client_and_their_runs_are_listed() {
                 "sweep the floor".into(),
                 Reply::tool_call("c2", "bash", json!({"command": "touch swept.txt"})),
             ),
+            ("write the scribe note".into(), Reply::text("scribed")),
         ],
         otherwise: Box::new(Reply::text("understood")),
     });
     let mut orchestrator = Orchestrator::new(&mut cluster);
+    orchestrator.local_config(
+        "[[agents]]\nname = \"scribe\"\ndescription = \"Writes notes\"\n\
+         system_prompt = \"You are the scribe (SCRIBE-MARKER).\"\ntools = [\"read_file\"]\n",
+    );
     let _client = orchestrator.start().await;
 
     // A bad expression is refused with a reason, and nothing is stored.
@@ -86,10 +91,27 @@ async fn cron_schedules_run_with_no_client_and_their_runs_are_listed() {
         ]
         .concat(),
     ));
+    let scribe = added(&cli(
+        &orchestrator,
+        &[
+            &every_minute[..],
+            &["--agent", "scribe", "write the scribe note"],
+        ]
+        .concat(),
+    ));
+    let nobody = added(&cli(
+        &orchestrator,
+        &[
+            &every_minute[..],
+            &["--agent", "nosuch", "write the scribe note"],
+        ]
+        .concat(),
+    ));
     let listed = cli(&orchestrator, &["schedules", "list"]);
-    for id in [&note, &tidy, &sweep] {
+    for id in [&note, &tidy, &sweep, &scribe, &nobody] {
         assert!(listed.contains(id.as_str()), "{listed}");
     }
+    assert!(listed.contains("as the agent scribe"), "{listed}");
     assert!(
         listed.contains("calls that need a person are refused"),
         "{listed}"
@@ -122,7 +144,12 @@ async fn cron_schedules_run_with_no_client_and_their_runs_are_listed() {
             .filter(|r| state(r) == rpb::RunState::Completed)
             .count()
             >= 2
-            && tidies.len() >= 2;
+            && tidies.len() >= 2
+            && runs_of(&scribe)
+                .await
+                .iter()
+                .any(|r| state(r) == rpb::RunState::Completed)
+            && !runs_of(&nobody).await.is_empty();
         if done {
             break;
         }
@@ -200,6 +227,41 @@ async fn cron_schedules_run_with_no_client_and_their_runs_are_listed() {
     });
     assert!(started.is_some_and(|r| r.scheduled && r.message == "sweep the floor"));
 
+    // As an agent: its own session works with the agent's prompt and tools.
+    let scribed = runs_of(&scribe).await;
+    let scribed = scribed
+        .iter()
+        .find(|r| state(r) == rpb::RunState::Completed)
+        .unwrap();
+    assert!(scribed.session_id.starts_with("run-as-"), "{scribed:?}");
+    assert_eq!(scribed.note, "scribed");
+    let asked = cluster
+        .model
+        .requests()
+        .into_iter()
+        .find(|r| r.to_string().contains("write the scribe note"))
+        .unwrap();
+    assert!(asked.to_string().contains("SCRIBE-MARKER"), "{asked}");
+    let offered: Vec<String> = asked["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|t| t["function"]["name"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(!offered.iter().any(|t| t == "bash"), "{offered:?}");
+    let shown = cli(&orchestrator, &["sessions", "show", &scribed.session_id]);
+    assert!(shown.contains("works as the agent scribe"), "{shown}");
+    // An agent nobody configured: the run does not start, and says why.
+    let missing = runs_of(&nobody).await;
+    assert_eq!(state(&missing[0]), rpb::RunState::NotStarted, "{missing:?}");
+    assert!(
+        missing[0].note.contains("no agent named \"nosuch\""),
+        "{missing:?}"
+    );
+
     // Paused, resumed, removed.
     let paused = cli(&orchestrator, &["schedules", "pause", &note]);
     assert!(paused.contains("paused"), "{paused}");
@@ -208,7 +270,7 @@ async fn cron_schedules_run_with_no_client_and_their_runs_are_listed() {
     assert!(line.contains("paused"), "{listed}");
     let resumed = cli(&orchestrator, &["schedules", "resume", &note]);
     assert!(resumed.contains("next run"), "{resumed}");
-    for id in [&note, &tidy, &sweep] {
+    for id in [&note, &tidy, &sweep, &scribe, &nobody] {
         cli(&orchestrator, &["schedules", "remove", id]);
     }
     let listed = cli(&orchestrator, &["schedules", "list"]);
@@ -235,7 +297,7 @@ async fn cron_schedules_run_with_no_client_and_their_runs_are_listed() {
         .unwrap()
         .into_inner()
         .reminders;
-    assert_eq!(removed.len(), 3);
+    assert_eq!(removed.len(), 5);
     assert!(removed.iter().all(|r| r.next_due.is_none()));
     assert!(before >= 2);
 }

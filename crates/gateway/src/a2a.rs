@@ -671,7 +671,8 @@ async fn list_tasks(gw: &Gateway, person: &Person, params: &Value) -> Result<Val
             .into_inner()
             .sessions
             .into_iter()
-            .filter(|s| s.parent.is_none())
+            // Sub-agents' tasks are their delegating session's business.
+            .filter(|s| s.parent.as_ref().is_none_or(|p| p.session_id.is_empty()))
             .map(|s| s.id)
             .collect(),
     };

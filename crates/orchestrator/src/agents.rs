@@ -172,6 +172,10 @@ impl Agent {
 /// the same model response (`step` of the turn), so a call run again after
 /// a restart finds its task, and a call id the model uses again in a later
 /// response is another task.
+/// Sessions a scheduled task's run works in as a configured agent begin
+/// with this (their store record names the agent as their parent's).
+pub const AGENT_RUN_PREFIX: &str = "run-as-";
+
 pub fn child_id(parent: &str, turn_id: &str, step: u32, call_id: &str) -> String {
     let digest = sha2::Sha256::digest(format!("{parent}\n{turn_id}\n{step}\n{call_id}").as_bytes());
     let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();

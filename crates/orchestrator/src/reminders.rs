@@ -240,12 +240,36 @@ async fn run_scheduled(service: &Sessions, firing: &spb::DueReminder) -> bool {
         run.note = note;
         return record(run).await;
     }
-    // Where it runs: the given session, or a new one of its own.
+    // Where it runs: the given session, or a new one of its own (as the
+    // task's agent, when it names one).
+    if !task.agent.is_empty() {
+        let why = match service.settings().agents.get(&task.agent) {
+            None => Some(format!("no agent named {:?} is configured", task.agent)),
+            Some(agent) if agent.def.url.is_some() => Some(format!(
+                "the agent {:?} is a remote agent; a scheduled run works as a local one",
+                task.agent
+            )),
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            run.state = spb::RunState::NotStarted as i32;
+            run.note = why;
+            return record(run).await;
+        }
+    }
     let (session_id, from_seq) = if session_id.is_empty() {
-        let id = run_session_id(&firing.firing_id);
+        let id = if task.agent.is_empty() {
+            run_session_id(&firing.firing_id)
+        } else {
+            format!(
+                "{}{}",
+                crate::agents::AGENT_RUN_PREFIX,
+                run_session_id(&firing.firing_id)
+            )
+        };
         let title = format!("scheduled: {}", preview(&reminder.message));
         match service
-            .create_session_for_run(&id, title, task.project_dir.clone())
+            .create_session_for_run(&id, title, task.project_dir.clone(), &task.agent)
             .await
         {
             Ok(()) => (id, 1),

@@ -349,6 +349,11 @@ impl Core {
             Some(task) => Some(check_task(task, kind, recurrence.is_some())?),
             None => None,
         };
+        if task.as_ref().is_some_and(|t| !t.agent.is_empty()) && !req.session_id.is_empty() {
+            return Err(invalid(
+                "a scheduled task runs as an agent only in a new session per run; drop the session or the agent".into(),
+            ));
+        }
         if task.is_none() || !req.session_id.is_empty() {
             self.check_session(&req.session_id).await?;
         }
@@ -389,6 +394,15 @@ fn check_task(
                  person waits for one) or never; approving every call unattended is not offered",
             );
         }
+    }
+    if !task.agent.is_empty()
+        && (task.agent.chars().count() > 64
+            || !task
+                .agent
+                .chars()
+                .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return invalid("the agent's name is not one an [[agents]] entry can have");
     }
     if !task.project_dir.is_empty() && !task.project_dir.starts_with('/') {
         return invalid("a scheduled task's project directory must be an absolute path");

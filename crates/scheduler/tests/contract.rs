@@ -132,6 +132,7 @@ async fn scheduled_tasks(store: &Backend, now: DateTime<Utc>) {
     let grace = chrono::Duration::seconds(60);
     let task = ScheduledTask {
         project_dir: "/srv/app".into(),
+        agent: "researcher".into(),
         approval_mode: 3,
     };
     let new = NewReminder {

@@ -439,7 +439,7 @@ impl State {
             let got = page.sessions.len() as u32;
             offset = offset.saturating_add(got);
             for s in page.sessions {
-                if s.parent.is_some() {
+                if s.parent.as_ref().is_some_and(|p| !p.session_id.is_empty()) {
                     continue;
                 }
                 if wanted.as_ref().is_some_and(|dir| *dir != s.project_dir) {

@@ -369,8 +369,12 @@ impl Actor {
     /// when snapshots are off).
     async fn take_snapshot(&mut self, point: pb::SnapshotPoint) -> Option<Vec<Effect>> {
         // A sub-agent works in its parent's workspace, which the parent's
-        // own snapshots record.
-        if self.child.is_some() {
+        // own snapshots record (a scheduled run as an agent has its own).
+        if self
+            .child
+            .as_ref()
+            .is_some_and(|c| c.workspace != self.session_id)
+        {
             return None;
         }
         let taken = self.deps.snapshot(&self.session_id).await;

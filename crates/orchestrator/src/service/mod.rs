@@ -81,18 +81,22 @@ impl Sessions {
         self.route(session_id).await.map(|_| ())
     }
 
-    /// Creates a session; with a project directory, the runners check it
-    /// first (the store never records a directory they refuse), then
-    /// record it once the session exists.
-    /// Makes the session a scheduled run works in (already made: fine).
+    /// Makes the session a scheduled run works in (already made: fine), as
+    /// `agent` when one is named.
     pub(crate) async fn create_session_for_run(
         &self,
         session_id: &str,
         title: String,
         project_dir: String,
+        agent: &str,
     ) -> Result<(), Status> {
+        let parent = (!agent.is_empty()).then(|| spb::SessionParent {
+            session_id: String::new(),
+            call_id: String::new(),
+            agent: agent.to_string(),
+        });
         match self
-            .create(session_id.to_string(), title, project_dir)
+            .create_as(session_id.to_string(), title, project_dir, parent, true)
             .await
         {
             Ok(_) => Ok(()),
@@ -106,13 +110,32 @@ impl Sessions {
         self.get(session_id.to_string()).await
     }
 
+    /// Creates a session; with a project directory, the runners check it
+    /// first (the store never records a directory they refuse), then
+    /// record it once the session exists.
     async fn create(
         &self,
         session_id: String,
         title: String,
         project_dir: String,
     ) -> Result<spb::Session, Status> {
-        check_client_session_id(&session_id)?;
+        self.create_as(session_id, title, project_dir, None, false)
+            .await
+    }
+
+    /// Makes a session; `parent` names the agent a scheduled run works as
+    /// (`own`: an id the orchestrator chose, not a client).
+    async fn create_as(
+        &self,
+        session_id: String,
+        title: String,
+        project_dir: String,
+        parent: Option<spb::SessionParent>,
+        own: bool,
+    ) -> Result<spb::Session, Status> {
+        if !own {
+            check_client_session_id(&session_id)?;
+        }
         let project_dir = match project_dir.trim() {
             "" => String::new(),
             dir => self.open_project(&session_id, dir, true).await?.dir,
@@ -125,7 +148,7 @@ impl Sessions {
                 project_dir: project_dir.clone(),
                 session_id,
                 title,
-                parent: None,
+                parent,
             })
             .await
             .map(Response::into_inner)
@@ -190,6 +213,11 @@ pub(crate) fn check_client_session_id(session_id: &str) -> Result<(), Status> {
     if session_id.starts_with(crate::agents::TASK_PREFIX) {
         return Err(Status::invalid_argument(
             "session ids starting with \"sub-\" are the sub-agents' tasks; choose another id",
+        ));
+    }
+    if session_id.starts_with(crate::agents::AGENT_RUN_PREFIX) {
+        return Err(Status::invalid_argument(
+            "session ids starting with \"run-as-\" are scheduled runs of agents; choose another id",
         ));
     }
     Ok(())

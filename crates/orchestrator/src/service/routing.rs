@@ -168,6 +168,26 @@ impl Sessions {
                 }
                 None => None,
             }
+        } else if session_id.starts_with(crate::agents::AGENT_RUN_PREFIX) {
+            // A scheduled run works as its agent, in its own workspace.
+            let session = self.get(session_id.to_string()).await?;
+            match session.parent.filter(|p| !p.agent.is_empty()) {
+                Some(parent) => {
+                    let agent = self.settings.agents.get(&parent.agent).ok_or_else(|| {
+                        Status::failed_precondition(format!(
+                            "session {session_id} works as the agent {:?}, which is no longer \
+                             configured",
+                            parent.agent
+                        ))
+                    })?;
+                    Some(crate::actor::Child {
+                        agent,
+                        workspace: session_id.to_string(),
+                        orphan: false,
+                    })
+                }
+                None => None,
+            }
         } else {
             None
         };
@@ -215,9 +235,10 @@ impl Sessions {
     /// parent's for a sub-agent's session.
     pub(super) async fn workspace_of(&self, session_id: &str) -> Result<String, Status> {
         let session = self.get(session_id.to_string()).await?;
+        // A scheduled run as an agent names only the agent: its own.
         Ok(match session.parent {
-            Some(parent) => parent.session_id,
-            None => session.id,
+            Some(parent) if !parent.session_id.is_empty() => parent.session_id,
+            _ => session.id,
         })
     }
 
@@ -252,7 +273,11 @@ impl Sessions {
         for session in sessions {
             // A sub-agent's task is taken up by its delegate call (run
             // again, or ended: then the task is cancelled), not on its own.
-            if session.parent.is_some() {
+            if session
+                .parent
+                .as_ref()
+                .is_some_and(|p| !p.session_id.is_empty())
+            {
                 continue;
             }
             if self.is_loaded(&session.id) {

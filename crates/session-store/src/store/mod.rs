@@ -277,17 +277,20 @@ pub(crate) fn preview_of(text: &str) -> String {
 
 const SESSION_COLUMNS: &str = "id, title, created_ms, updated_ms, event_count, user_message_count, preview, forked_from, turn_open, parent_session, parent_call, parent_agent, project_dir, name, cost, currency";
 
-/// The parent link of a session's row (`None` for a session of its own).
+/// The parent link of a session's row (`None` for a session of its own;
+/// only an agent: a scheduled run that works as that agent).
 pub(crate) fn parent_of(
     session_id: String,
     call_id: String,
     agent: String,
 ) -> Option<agentry_proto::sessions::v1::SessionParent> {
-    (!session_id.is_empty()).then_some(agentry_proto::sessions::v1::SessionParent {
-        session_id,
-        call_id,
-        agent,
-    })
+    (!session_id.is_empty() || !agent.is_empty()).then_some(
+        agentry_proto::sessions::v1::SessionParent {
+            session_id,
+            call_id,
+            agent,
+        },
+    )
 }
 
 fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Session> {
