@@ -4,7 +4,6 @@
 
 use crate::client::{print_line, status_error};
 use crate::reminder_cmds::{connect, when};
-use agentry_client::terminal::visible;
 use agentry_proto::scheduler::v1 as pb;
 use agentry_proto::scheduler::v1::scheduler_client::SchedulerClient;
 use agentry_proto::sessions::v1::{ApprovalMode, ReminderKind};
@@ -48,9 +47,8 @@ pub async fn add(config: &Config, new: NewSchedule) -> anyhow::Result<()> {
     }
     let project_dir = match &new.project {
         Some(dir) => {
-            let full = std::fs::canonicalize(dir).map_err(|e| {
-                anyhow::anyhow!("--project {}: {e}", visible(&dir.display().to_string()))
-            })?;
+            let full = std::fs::canonicalize(dir)
+                .map_err(|e| anyhow::anyhow!("--project {}: {e}", dir.display()))?;
             if !full.is_dir() {
                 anyhow::bail!("--project {}: not a directory", full.display());
             }
@@ -114,13 +112,13 @@ fn describe(s: &pb::Reminder) -> String {
     let task = s.task.clone().unwrap_or_default();
     let place = match (s.session_id.as_str(), task.project_dir.as_str()) {
         ("", "") => "a new scratch session per run".to_string(),
-        ("", dir) => format!("a new session per run in {}", visible(dir)),
+        ("", dir) => format!("a new session per run in {dir}"),
         (session, _) => format!("session {session}"),
     };
     let place = if task.agent.is_empty() {
         place
     } else {
-        format!("{place}, as the agent {}", visible(&task.agent))
+        format!("{place}, as the agent {}", task.agent)
     };
     let approve = if task.approval_mode == ApprovalMode::Never as i32 {
         "calls that need a person are refused"
@@ -165,11 +163,11 @@ async fn find(client: &mut SchedulerClient<TracedChannel>, given: &str) -> anyho
         [one] => Ok(one.id.clone()),
         [] => anyhow::bail!(
             "no scheduled task {:?}; `agentry schedules list --all` shows them",
-            visible(given)
+            given
         ),
         _ => anyhow::bail!(
             "{:?} begins {} schedules' ids; give more of it",
-            visible(given),
+            given,
             matching.len()
         ),
     }
@@ -306,5 +304,5 @@ fn one_line(text: &str, max: usize) -> String {
     if line.chars().count() > max || text.lines().nth(1).is_some() {
         out.push('…');
     }
-    visible(&out).into_owned()
+    out
 }
