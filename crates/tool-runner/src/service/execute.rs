@@ -288,6 +288,7 @@ pub(super) async fn run_call(
         tokio::select! {
             Some((stream, text)) = chunks.recv() => {
                 let text = match stream {
+                    _ if inner.secrets.is_empty() => text,
                     agentry_proto::sessions::v1::OutputStream::Stderr => redact_err.push(&text),
                     _ => redact_out.push(&text),
                 };
@@ -330,6 +331,7 @@ pub(super) async fn run_call(
     let mut last = Vec::new();
     while let Ok((stream, text)) = chunks.try_recv() {
         let text = match stream {
+            _ if inner.secrets.is_empty() => text,
             agentry_proto::sessions::v1::OutputStream::Stderr => redact_err.push(&text),
             _ => redact_out.push(&text),
         };
@@ -380,7 +382,11 @@ pub(super) async fn run_call(
         }
         outcome.output.push_str(&note);
     }
-    let (redacted, shown) = inner.secrets.redact(&outcome.output);
+    let (redacted, shown) = if inner.secrets.is_empty() {
+        (String::new(), Vec::new())
+    } else {
+        inner.secrets.redact(&outcome.output)
+    };
     if !shown.is_empty() {
         tracing::info!(call_id, secrets = ?shown, "secret values in a tool's output were redacted");
         outcome.output = redacted;
