@@ -13,6 +13,11 @@
 //! credential is refused, so neither a call without network nor another
 //! process on the host can use the proxy.
 //!
+//! A secret's header rule (`[[secrets]]` with `host` and `header`) makes
+//! the proxy add the header to a tool call's plain `http://` request for
+//! that host and send it on over HTTPS itself (the only requests whose
+//! headers it can see); the call's result records the use.
+//!
 //! Commands reach the proxy through its Unix socket (bridged into the
 //! call's network namespace by the sandbox helper) or, without namespaces,
 //! through its loopback TCP port, the only port Landlock lets them connect
@@ -58,8 +63,11 @@ pub struct Egress {
     guard: Guard,
     passes: Mutex<HashMap<String, Arc<Usage>>>,
     route: Result<ProxyRoute, NoNetwork>,
-    /// Destinations holding a secret's value are refused.
+    /// Destinations holding a secret's value are refused; header rules
+    /// are applied.
     secrets: std::sync::OnceLock<crate::secrets::Secrets>,
+    /// TLS for requests sent on with a secret's header.
+    tls: std::sync::OnceLock<tokio_rustls::TlsConnector>,
 }
 
 impl std::fmt::Debug for Egress {
@@ -74,6 +82,8 @@ impl std::fmt::Debug for Egress {
 #[derive(Debug, Default)]
 struct Usage {
     inner: Mutex<UsageLog>,
+    /// Whether secrets' header rules apply to its requests.
+    secret_headers: bool,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +91,8 @@ struct UsageLog {
     reached: Vec<(String, usize)>,
     refused: Vec<String>,
     refusals: usize,
+    /// Secrets added to its requests as headers.
+    secrets: Vec<String>,
 }
 
 impl Usage {
@@ -90,6 +102,15 @@ impl Usage {
             *n += 1;
         } else if log.reached.len() < MAX_REMEMBERED {
             log.reached.push((target.to_string(), 1));
+        }
+    }
+
+    fn released(&self, secrets: &[String]) {
+        let mut log = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        for name in secrets {
+            if !log.secrets.contains(name) {
+                log.secrets.push(name.clone());
+            }
         }
     }
 
@@ -128,6 +149,12 @@ impl Pass {
         env.push(("no_proxy".to_string(), String::new()));
         env.push(("NO_PROXY".to_string(), String::new()));
         env
+    }
+
+    /// The secrets the proxy added to this call's requests as headers.
+    pub fn secrets_used(&self) -> Vec<String> {
+        let log = self.usage.inner.lock().unwrap_or_else(|e| e.into_inner());
+        log.secrets.clone()
     }
 
     /// A line for the call's output: where it went and what was refused;
@@ -174,10 +201,19 @@ impl Drop for Pass {
 }
 
 impl Egress {
-    /// Refuses destinations that hold one of `secrets`' values (a value
-    /// smuggled out in a host name or a URL).
-    pub fn refuse_secrets(&self, secrets: crate::secrets::Secrets) {
+    /// Holds the runner's secrets: destinations that hold a value (one
+    /// smuggled out in a host name or a URL) are refused, and header rules
+    /// are applied, over TLS trusting the system's roots and `extra_ca`.
+    pub fn hold_secrets(
+        &self,
+        secrets: crate::secrets::Secrets,
+        extra_ca: Option<&Path>,
+    ) -> Result<(), crate::secrets::SecretError> {
+        if secrets.has_header_rules() {
+            let _ = self.tls.set(tls_connector(extra_ca)?);
+        }
         let _ = self.secrets.set(secrets);
+        Ok(())
     }
 
     /// Starts the proxy: on a Unix socket at `socket` when commands get
@@ -231,6 +267,7 @@ impl Egress {
             passes: Mutex::new(HashMap::new()),
             route,
             secrets: std::sync::OnceLock::new(),
+            tls: std::sync::OnceLock::new(),
         });
         match (&egress.route, listener) {
             (Ok(route), Some(listener)) => {
@@ -250,11 +287,15 @@ impl Egress {
         self.route.as_ref().map(|_| ()).map_err(Clone::clone)
     }
 
-    /// Network for one call.
-    pub fn grant(self: &Arc<Self>) -> Result<Pass, NoNetwork> {
+    /// Network for one tool call (`secret_headers`: secrets' header rules
+    /// apply to its requests) or one MCP server (they do not).
+    pub fn grant(self: &Arc<Self>, secret_headers: bool) -> Result<Pass, NoNetwork> {
         let route = self.route.clone()?;
         let token = new_token().map_err(|e| format!("cannot make a network credential: {e}"))?;
-        let usage = Arc::new(Usage::default());
+        let usage = Arc::new(Usage {
+            secret_headers,
+            ..Usage::default()
+        });
         self.passes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -274,6 +315,52 @@ impl Egress {
             .get(token)
             .cloned()
     }
+}
+
+/// TLS trusting the system's roots and the certificates in `extra_ca`.
+fn tls_connector(
+    extra_ca: Option<&Path>,
+) -> Result<tokio_rustls::TlsConnector, crate::secrets::SecretError> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    let fail =
+        |why: String| crate::secrets::SecretError::new(format!("secrets' header rules: {why}"));
+    let mut roots = rustls::RootCertStore::empty();
+    let (system, _) =
+        roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    if let Some(path) = extra_ca {
+        let bad = |e: &dyn std::fmt::Display| {
+            fail(format!(
+                "tool_runner.sandbox.network_ca_file {}: {e}",
+                path.display()
+            ))
+        };
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| bad(&e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(&e))?;
+        if certs.is_empty() {
+            return Err(bad(&"no certificate in it"));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| bad(&e))?;
+        }
+    } else if system == 0 {
+        return Err(fail(
+            "this machine trusts no certificate authority (install ca-certificates, or name one \
+             in tool_runner.sandbox.network_ca_file)"
+                .into(),
+        ));
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| fail(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
 fn new_token() -> std::io::Result<String> {
@@ -513,7 +600,7 @@ async fn handle(egress: &Egress, mut client: Box<dyn Stream>) -> std::io::Result
         return Ok(());
     };
     let tunnel = head.method.eq_ignore_ascii_case("CONNECT");
-    let (host, port, forwarded_head) = if tunnel {
+    let (host, port, plain_url) = if tunnel {
         let Some((host, port)) = host_port(&head.target, None) else {
             respond(
                 &mut client,
@@ -537,7 +624,7 @@ async fn handle(egress: &Egress, mut client: Box<dyn Stream>) -> std::io::Result
                     .trim_end_matches(']')
                     .to_string();
                 let port = url.port_or_known_default().unwrap_or(80);
-                (host, port, Some(origin_form(&head, &url)))
+                (host, port, Some(url))
             }
             Ok(url) => {
                 respond(
@@ -577,6 +664,13 @@ async fn handle(egress: &Egress, mut client: Box<dyn Stream>) -> std::io::Result
         respond(&mut client, 403, why, "").await;
         return Ok(());
     }
+    // A plain request for a host a secret's header rule names goes on over
+    // HTTPS with the header.
+    let release = match (&plain_url, egress.secrets.get()) {
+        (Some(_), Some(secrets)) if usage.secret_headers => secrets.headers_for(&host, port),
+        _ => None,
+    };
+    let port = release.as_ref().map_or(port, |r| r.port);
     let target = if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -606,27 +700,77 @@ async fn handle(egress: &Egress, mut client: Box<dyn Stream>) -> std::io::Result
             return Ok(());
         }
     };
-    let Some(mut upstream) = connect_any(&addrs).await else {
+    let Some(tcp) = connect_any(&addrs).await else {
         let why = format!("cannot connect to {target}");
         usage.refused(&why);
         respond(&mut client, 502, &why, "").await;
         return Ok(());
     };
-    usage.reached(&target);
+    let mut upstream: Box<dyn Stream> = match (&release, egress.tls.get()) {
+        (None, _) => Box::new(tcp),
+        (Some(release), Some(tls)) => match open_tls(tls, &host, tcp).await {
+            Ok(stream) => {
+                usage.released(&release.secrets);
+                tracing::info!(
+                    target,
+                    secrets = ?release.secrets,
+                    "network proxy added secrets' headers to a request"
+                );
+                Box::new(stream)
+            }
+            Err(why) => {
+                let why = format!("cannot open HTTPS to {target}: {why}");
+                usage.refused(&why);
+                respond(&mut client, 502, &why, "").await;
+                return Ok(());
+            }
+        },
+        (Some(_), None) => {
+            let why = "secrets' header rules have no TLS set up";
+            usage.refused(why);
+            respond(&mut client, 502, why, "").await;
+            return Ok(());
+        }
+    };
+    let reached = match &release {
+        Some(r) => format!("https://{target} (with {})", r.secrets.join(", ")),
+        None => target.clone(),
+    };
+    usage.reached(&reached);
     tracing::debug!(target, "network proxy connected");
-    match forwarded_head {
+    match &plain_url {
         None => {
             client
                 .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 .await?;
         }
-        Some(forwarded) => upstream.write_all(forwarded.as_bytes()).await?,
+        Some(url) => {
+            let added = release.as_ref().map_or(&[][..], |r| r.headers.as_slice());
+            upstream
+                .write_all(origin_form(&head, url, added).as_bytes())
+                .await?;
+        }
     }
     if !head.rest.is_empty() {
         upstream.write_all(&head.rest).await?;
     }
     tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
     Ok(())
+}
+
+/// TLS to `host` over `tcp`, its certificate checked for that name.
+async fn open_tls(
+    tls: &tokio_rustls::TlsConnector,
+    host: &str,
+    tcp: tokio::net::TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(name, tcp)).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the TLS handshake did not finish in time".into()),
+    }
 }
 
 async fn connect_any(addrs: &[SocketAddr]) -> Option<tokio::net::TcpStream> {
@@ -641,8 +785,9 @@ async fn connect_any(addrs: &[SocketAddr]) -> Option<tokio::net::TcpStream> {
 }
 
 /// The request head as the origin server gets it: origin-form target, no
-/// proxy or hop-by-hop headers, and one request per connection.
-fn origin_form(head: &Head, url: &url::Url) -> String {
+/// proxy or hop-by-hop headers, `added` in place of the client's headers
+/// of those names, and one request per connection.
+fn origin_form(head: &Head, url: &url::Url, added: &[(String, String)]) -> String {
     let mut path = url.path().to_string();
     if let Some(query) = url.query() {
         path.push('?');
@@ -652,7 +797,11 @@ fn origin_form(head: &Head, url: &url::Url) -> String {
     let mut has_host = false;
     for (name, value) in &head.headers {
         let lower = name.to_ascii_lowercase();
-        if lower.starts_with("proxy-") || lower == "connection" || lower == "keep-alive" {
+        if lower.starts_with("proxy-")
+            || lower == "connection"
+            || lower == "keep-alive"
+            || added.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+        {
             continue;
         }
         has_host |= lower == "host";
@@ -660,6 +809,9 @@ fn origin_form(head: &Head, url: &url::Url) -> String {
     }
     if !has_host {
         text.push_str(&format!("Host: {}\r\n", url.authority()));
+    }
+    for (name, value) in added {
+        text.push_str(&format!("{name}: {value}\r\n"));
     }
     text.push_str("Connection: close\r\n\r\n");
     text

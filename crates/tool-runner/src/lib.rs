@@ -262,7 +262,9 @@ pub async fn serve(
     let web = std::sync::Arc::new(web::Web::new(&web, chromium));
     let background = web.start_background();
     let egress = start_egress(&sandbox, &workspace_root).await;
-    egress.refuse_secrets(secrets.clone());
+    egress
+        .hold_secrets(secrets.clone(), sandbox.network_ca_file.as_deref())
+        .map_err(|e| refuse(e.to_string()))?;
     let places = projects::Places::new(
         workspace_root.clone(),
         &project_roots,

@@ -62,7 +62,7 @@ impl RunnerHost {
             .as_ref()
             .ok_or("it asks for network, but this tool runner gives none")?;
         egress
-            .grant()
+            .grant(false)
             .map(Some)
             .map_err(|why| McpError(format!("it asks for network, which cannot be given: {why}")))
     }

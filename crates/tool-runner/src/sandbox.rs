@@ -88,6 +88,9 @@ pub struct Sandbox {
     pub hidden: Vec<PathBuf>,
     /// Internal hosts that calls granted network may reach.
     pub network_allow_hosts: Vec<String>,
+    /// Certificates the proxy trusts besides the system's, for secrets'
+    /// header rules.
+    pub network_ca_file: Option<PathBuf>,
     /// The memory cap of each session's running commands together.
     pub memory: std::sync::Arc<crate::watchdog::MemoryWatch>,
 }
@@ -153,6 +156,7 @@ impl Sandbox {
             read_only: agentry_sandbox::system_read_only(),
             hidden: Vec::new(),
             network_allow_hosts: Vec::new(),
+            network_ca_file: None,
             memory: crate::watchdog::MemoryWatch::new(0),
         }
     }
@@ -232,6 +236,8 @@ impl Sandbox {
             read_only,
             hidden,
             network_allow_hosts: t.sandbox.network_allow_hosts.clone(),
+            network_ca_file: (!t.sandbox.network_ca_file.is_empty())
+                .then(|| PathBuf::from(&t.sandbox.network_ca_file)),
             memory: crate::watchdog::MemoryWatch::new(l.session_memory_mib),
         };
         if t.sandbox.mode == "off" {

@@ -1,6 +1,8 @@
 //! Secrets released only at the point of use (`[[secrets]]`): a secret's
-//! value goes into the environment of a bash command its rule matches, and
-//! nowhere else; whatever a tool returns is searched for every secret's
+//! value goes into the environment of a bash command its rule matches, or
+//! into a header the egress proxy adds to a command's plain `http://`
+//! request for a host its rule names (sent on over HTTPS), and nowhere
+//! else; whatever a tool returns is searched for every secret's
 //! value — as it is, base64-encoded (any alignment, standard and URL-safe)
 //! and percent-encoded, and case-blind (host names) — and shows
 //! `[secret NAME]` instead. The egress proxy refuses destinations holding a
@@ -18,6 +20,58 @@ struct Secret {
     name: String,
     value: String,
     commands: Vec<globset::GlobMatcher>,
+    headers: Vec<HeaderRule>,
+}
+
+/// A header the proxy adds to requests for one host.
+#[derive(Clone)]
+struct HeaderRule {
+    /// Lowercased.
+    host: String,
+    /// The port named in the rule: requests for it go on over HTTPS to it;
+    /// none: requests for port 80 go to 443.
+    port: Option<u16>,
+    name: String,
+    /// The header's text, `{value}` where the value goes.
+    text: String,
+}
+
+impl HeaderRule {
+    /// The HTTPS port a request for `host:port` goes on to, when the rule
+    /// covers it.
+    fn covers(&self, host: &str, port: u16) -> Option<u16> {
+        if !self.host.eq_ignore_ascii_case(host) {
+            return None;
+        }
+        match self.port {
+            Some(p) => (p == port).then_some(p),
+            None => (port == 80).then_some(443),
+        }
+    }
+
+    /// How the model is told of it.
+    fn describe(&self) -> String {
+        let authority = match self.port {
+            Some(p) => format!("{}:{p}", self.host),
+            None => self.host.clone(),
+        };
+        format!(
+            "as the {} header of plain http://{authority}/ requests",
+            self.name
+        )
+    }
+}
+
+/// What the proxy adds to one request: headers, the HTTPS port the
+/// request goes on to, and the secrets used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeaderRelease {
+    /// The port the request goes on to over HTTPS.
+    pub port: u16,
+    /// (name, value) of each header added.
+    pub headers: Vec<(String, String)>,
+    /// The secrets they hold.
+    pub secrets: Vec<String>,
 }
 
 /// The secrets a runner holds (none: nothing released, nothing redacted).
@@ -40,6 +94,12 @@ impl std::fmt::Debug for Secrets {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct SecretError(String);
+
+impl SecretError {
+    pub(crate) fn new(why: String) -> SecretError {
+        SecretError(why)
+    }
+}
 
 impl Secrets {
     /// The secrets the configuration names, their values read from the
@@ -81,6 +141,7 @@ impl Secrets {
             let commands = c
                 .allow
                 .iter()
+                .filter(|rule| !rule.command.trim().is_empty())
                 .map(|rule| {
                     globset::GlobBuilder::new(rule.command.trim())
                         .literal_separator(false)
@@ -90,10 +151,39 @@ impl Secrets {
                         .map_err(|e| fail(format!("allow command {:?}: {e}", rule.command)))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+            let headers = c
+                .allow
+                .iter()
+                .filter(|rule| !rule.host.is_empty())
+                .map(|rule| {
+                    let (name, text) = rule.header_parts().ok_or_else(|| {
+                        fail(format!(
+                            "allow header {:?} is not \"Name: text with {{value}}\"",
+                            rule.header
+                        ))
+                    })?;
+                    let (host, port) = match rule.host.rsplit_once(':') {
+                        Some((host, port)) => (
+                            host,
+                            Some(port.parse::<u16>().map_err(|_| {
+                                fail(format!("allow host {:?}: a bad port", rule.host))
+                            })?),
+                        ),
+                        None => (rule.host.as_str(), None),
+                    };
+                    Ok(HeaderRule {
+                        host: host.to_ascii_lowercase(),
+                        port,
+                        name: name.to_string(),
+                        text: text.to_string(),
+                    })
+                })
+                .collect::<Result<Vec<_>, SecretError>>()?;
             secrets.push(Secret {
                 name: c.name.clone(),
                 value,
                 commands,
+                headers,
             });
         }
         Ok(Secrets::new(secrets))
@@ -130,20 +220,63 @@ impl Secrets {
             .secrets
             .iter()
             .map(|s| {
-                let globs: Vec<String> = s
-                    .commands
-                    .iter()
-                    .map(|g| format!("`{}`", g.glob()))
-                    .collect();
-                format!("{} (for commands matching {})", s.name, globs.join(" or "))
+                let mut uses = Vec::new();
+                if !s.commands.is_empty() {
+                    let globs: Vec<String> = s
+                        .commands
+                        .iter()
+                        .map(|g| format!("`{}`", g.glob()))
+                        .collect();
+                    uses.push(format!("for commands matching {}", globs.join(" or ")));
+                }
+                uses.extend(s.headers.iter().map(HeaderRule::describe));
+                format!("{} ({})", s.name, uses.join("; "))
             })
             .collect();
-        Some(format!(
+        let mut text = format!(
             "Secrets set as environment variables for matching commands only (the program reads \
              them; their values are never shown, and a command that chains, redirects or uses $ \
-             gets none): {}.",
+             gets none), or added by the network proxy as a header: {}.",
             lines.join("; ")
-        ))
+        );
+        if self.secrets.iter().any(|s| !s.headers.is_empty()) {
+            text.push_str(
+                " A header is added only to a plain http:// request for its host from a command \
+                 granted network (the proxy sends it on over HTTPS); an https:// request goes \
+                 through untouched and gets none.",
+            );
+        }
+        Some(text)
+    }
+
+    /// Whether any secret goes into a header.
+    pub fn has_header_rules(&self) -> bool {
+        self.secrets.iter().any(|s| !s.headers.is_empty())
+    }
+
+    /// The headers the proxy adds to a plain request for `host:port`, when
+    /// a rule covers it.
+    pub fn headers_for(&self, host: &str, port: u16) -> Option<HeaderRelease> {
+        let mut release: Option<HeaderRelease> = None;
+        for s in self.secrets.iter() {
+            for rule in &s.headers {
+                let Some(to) = rule.covers(host, port) else {
+                    continue;
+                };
+                let release = release.get_or_insert_with(|| HeaderRelease {
+                    port: to,
+                    headers: Vec::new(),
+                    secrets: Vec::new(),
+                });
+                release
+                    .headers
+                    .push((rule.name.clone(), rule.text.replace("{value}", &s.value)));
+                if !release.secrets.contains(&s.name) {
+                    release.secrets.push(s.name.clone());
+                }
+            }
+        }
+        release
     }
 
     /// The variables a bash `command` gets: each secret whose rule matches
@@ -297,7 +430,48 @@ mod tests {
             name: "GH_TOKEN".into(),
             value: value.into(),
             commands: vec![globset::Glob::new(command).unwrap().compile_matcher()],
+            headers: Vec::new(),
         }])
+    }
+
+    #[test]
+    fn a_header_rule_covers_plain_requests_for_its_host_only() {
+        let rule = |host: &str, port| HeaderRule {
+            host: host.into(),
+            port,
+            name: "Authorization".into(),
+            text: "Bearer {value}".into(),
+        };
+        let s = Secrets::new(vec![Secret {
+            name: "GH_TOKEN".into(),
+            value: VALUE.into(),
+            commands: Vec::new(),
+            headers: vec![rule("api.github.com", None), rule("10.0.0.5", Some(8443))],
+        }]);
+        let release = s.headers_for("API.GitHub.com", 80).unwrap();
+        assert_eq!(release.port, 443);
+        assert_eq!(
+            release.headers,
+            vec![("Authorization".to_string(), format!("Bearer {VALUE}"))]
+        );
+        assert_eq!(release.secrets, vec!["GH_TOKEN".to_string()]);
+        assert_eq!(s.headers_for("10.0.0.5", 8443).unwrap().port, 8443);
+        for (host, port) in [
+            ("api.github.com", 8080),
+            ("api.github.com.evil.com", 80),
+            ("github.com", 80),
+            ("10.0.0.5", 80),
+        ] {
+            assert_eq!(s.headers_for(host, port), None, "{host}:{port}");
+        }
+        // No command gets it; the model is told the header and the host.
+        assert!(s.for_command("curl http://api.github.com/user").is_empty());
+        let told = s.describe().unwrap();
+        assert!(
+            told.contains("GH_TOKEN (as the Authorization header of plain http://api.github.com/"),
+            "{told}"
+        );
+        assert!(!told.contains(VALUE));
     }
 
     const VALUE: &str = "ghp_Zx9aBcD3fGh1jKlMn0pQ/rS+t=";

@@ -132,7 +132,7 @@ async fn only_a_tool_that_takes_network_may_be_given_it() {
     let egress =
         agentry_tool_runner::egress::Egress::start(&[], &socket, false, true, "unused").await;
     let call = Call {
-        network: Some(egress.grant().unwrap()),
+        network: Some(egress.grant(false).unwrap()),
         ..Call::in_workspace(&ws)
     };
     assert_eq!(

@@ -278,7 +278,7 @@ async fn without_namespaces_a_granted_call_reaches_only_the_proxy_port() {
     let ws = open(root.path(), "s1", &sandbox);
     let curl = |args: String| json!({ "command": format!("curl -sS --max-time 10 -w ' status=%{{http_code}}' {args}") });
     let registry = tools::registry(&limits(), &sandbox, None, None);
-    let pass = egress.grant().unwrap();
+    let pass = egress.grant(false).unwrap();
     let agentry_sandbox::ProxyRoute::Host { port: proxy_port } = pass.route else {
         panic!("not the host route: {:?}", pass.route);
     };

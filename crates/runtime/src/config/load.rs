@@ -285,10 +285,20 @@ impl Config {
                 return Err(invalid(i, "allow is empty: say where it may go".into()));
             }
             for rule in &s.allow {
-                if rule.tool != "bash" || rule.command.trim().is_empty() {
+                let command_rule = rule.tool == "bash"
+                    && !rule.command.trim().is_empty()
+                    && rule.host.is_empty()
+                    && rule.header.is_empty();
+                let header_rule = rule.tool.is_empty()
+                    && rule.command.is_empty()
+                    && valid_host_rule(&rule.host)
+                    && rule.header_parts().is_some();
+                if !command_rule && !header_rule {
                     return Err(invalid(
                         i,
-                        "each allow rule is { tool = \"bash\", command = \"GLOB\" }".into(),
+                        "each allow rule is { tool = \"bash\", command = \"GLOB\" } or \
+                         { host = \"HOST[:PORT]\", header = \"Name: text with {value}\" }"
+                            .into(),
                     ));
                 }
             }
@@ -928,4 +938,18 @@ fn home_dir() -> Option<PathBuf> {
     std::env::var_os("HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
+}
+
+/// A secret's host rule names one host (a DNS name or an IP address),
+/// optionally with a port: no scheme, path or wildcard.
+fn valid_host_rule(host: &str) -> bool {
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port)) if !name.contains(':') => (name, Some(port)),
+        _ => (host, None),
+    };
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+        && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p != 0))
 }

@@ -655,6 +655,10 @@ pub struct SandboxConfig {
     /// or metadata addresses. Names match exactly as the command writes
     /// them.
     pub network_allow_hosts: Vec<String>,
+    /// Certificates (PEM) the proxy trusts besides the system's roots when
+    /// it opens HTTPS itself for a secret's header rule; empty: none.
+    #[serde(default)]
+    pub network_ca_file: String,
 }
 
 /// Resource limits (setrlimit) of each command; 0 means unlimited.
@@ -867,16 +871,61 @@ pub struct SecretConfig {
 }
 
 /// Where a secret may go: the environment of bash commands matching
-/// `command`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `command` (`{ tool = "bash", command = "gh *" }`), or a header the egress
+/// proxy adds to requests for `host`
+/// (`{ host = "api.github.com", header = "Authorization: Bearer {value}" }`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SecretRule {
     /// The tool: `bash`.
+    #[serde(default)]
     pub tool: String,
     /// A glob on the whole command (`gh *`): `*` any run of characters,
     /// `?` one. A command that chains, substitutes, redirects or expands
     /// (`;`, `&`, `|`, `` ` ``, `$`, `<`, `>`, a newline) never matches.
+    #[serde(default)]
     pub command: String,
+    /// A host (`api.github.com`, or `host:port`): a command's plain
+    /// `http://` request for it is sent on over HTTPS (port 443, or the
+    /// port named) with `header` added.
+    #[serde(default)]
+    pub host: String,
+    /// The header, `Name: text` with `{value}` where the value goes.
+    #[serde(default)]
+    pub header: String,
+}
+
+impl SecretRule {
+    /// A rule for bash commands matching `command`.
+    pub fn command(command: &str) -> SecretRule {
+        SecretRule {
+            tool: "bash".into(),
+            command: command.into(),
+            ..SecretRule::default()
+        }
+    }
+
+    /// A rule adding `header` to requests for `host`.
+    pub fn header(host: &str, header: &str) -> SecretRule {
+        SecretRule {
+            host: host.into(),
+            header: header.into(),
+            ..SecretRule::default()
+        }
+    }
+
+    /// The header's name and its text around `{value}`, when this is a
+    /// well-formed header rule.
+    pub fn header_parts(&self) -> Option<(&str, &str)> {
+        let (name, text) = self.header.split_once(':')?;
+        let name = name.trim();
+        let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+        (!name.is_empty()
+            && name.chars().all(token)
+            && text.contains("{value}")
+            && !text.chars().any(|c| c.is_control()))
+        .then(|| (name, text.trim()))
+    }
 }
 
 /// The events a `[[notify]]` webhook can be told about.

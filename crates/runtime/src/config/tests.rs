@@ -476,3 +476,46 @@ fn a_syntax_error_names_its_line_and_a_bad_rule_its_file() {
         "{err}"
     );
 }
+
+#[test]
+fn secret_rules_are_a_command_or_a_host_header() {
+    let load = |allow: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("local.toml"),
+            format!("[[secrets]]\nname = \"GH_TOKEN\"\nvalue_env = \"GH\"\nallow = [{allow}]\n"),
+        )
+        .unwrap();
+        Config::load(&source(Some(dir.path()), &[]))
+    };
+    let config = load(
+        "{ tool = \"bash\", command = \"gh *\" }, \
+         { host = \"api.github.com\", header = \"Authorization: Bearer {value}\" }",
+    )
+    .unwrap();
+    let rules = &config.secrets[0].allow;
+    assert_eq!(rules[0], SecretRule::command("gh *"));
+    assert_eq!(
+        rules[1].header_parts(),
+        Some(("Authorization", "Bearer {value}"))
+    );
+    assert!(load("{ host = \"internal:8443\", header = \"X-Key: {value}\" }").is_ok());
+    for bad in [
+        // No {value}, a bad header name, a header without a host.
+        "{ host = \"api.github.com\", header = \"Authorization: Bearer\" }",
+        "{ host = \"api.github.com\", header = \"Bad Name: {value}\" }",
+        "{ header = \"X-Key: {value}\" }",
+        // A URL, a wildcard or a bad port is not a host.
+        "{ host = \"https://api.github.com\", header = \"X-Key: {value}\" }",
+        "{ host = \"*.github.com\", header = \"X-Key: {value}\" }",
+        "{ host = \"api.github.com:0\", header = \"X-Key: {value}\" }",
+        // Both kinds in one rule.
+        "{ tool = \"bash\", command = \"gh *\", host = \"api.github.com\", header = \"X: {value}\" }",
+    ] {
+        let err = load(bad).unwrap_err().to_string();
+        assert!(
+            err.contains("secrets[0]") && err.contains("host = "),
+            "{bad}: {err}"
+        );
+    }
+}

@@ -357,6 +357,18 @@ pub(super) async fn run_call(
         }
     }
     let network_note = call.network.as_ref().and_then(crate::egress::Pass::note);
+    // Secrets the proxy added as headers are releases too.
+    let mut secrets_used = secrets_used;
+    for name in call
+        .network
+        .as_ref()
+        .map(crate::egress::Pass::secrets_used)
+        .unwrap_or_default()
+    {
+        if !secrets_used.contains(&name) {
+            secrets_used.push(name);
+        }
+    }
     let asked = call
         .asked
         .lock()

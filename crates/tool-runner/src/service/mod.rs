@@ -686,7 +686,7 @@ impl ToolRunner for ToolRunnerService {
                     "this call asks for network, but this tool runner gives none",
                 )
             })?;
-            Some(egress.grant().map_err(|why| {
+            Some(egress.grant(true).map_err(|why| {
                 Status::failed_precondition(format!(
                     "this call asks for network, but this tool runner cannot give it: {why}"
                 ))
