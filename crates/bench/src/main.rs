@@ -22,8 +22,12 @@
 //! - `project`: snapshots of a 50,000-file repository with an ignored
 //!   1 GiB build directory (not in the default set: it writes 1 GiB);
 //! - `scale-out`: turns on PostgreSQL through one orchestrator and two
-//!   (needs PostgreSQL installed; not in the default set).
+//!   (needs PostgreSQL installed; not in the default set);
+//! - `chaos`: a soak under random faults with a checker that fails the run
+//!   on any lost or repeated work (`--layout sqlite,postgres`, `--minutes`,
+//!   `--seed`; not in the default set).
 
+mod chaos;
 mod scenarios;
 mod stack;
 mod startup;
@@ -66,6 +70,18 @@ struct Args {
     /// Write the figures as JSON here
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Minutes of faults in the chaos soak
+    #[arg(long, default_value_t = 2.0)]
+    minutes: f64,
+    /// The chaos soak's seed (printed by every run; the same seed, the same faults)
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Sessions driven at once in the chaos soak
+    #[arg(long, default_value_t = 50)]
+    chaos_sessions: usize,
+    /// Layouts of the chaos soak
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "sqlite")]
+    layout: Vec<chaos::Layout>,
     /// The `agentry` binary to run the services with [default: next to this program]
     #[arg(long, value_name = "PATH")]
     agentry_bin: Option<PathBuf>,
@@ -96,6 +112,8 @@ pub enum Scenario {
     ScaleOut,
     /// Many console pages on one session: the gateway's added delay
     Gateway,
+    /// A soak under random faults, checked for lost or repeated work
+    Chaos,
 }
 
 fn agentry_bin(args: &Args) -> anyhow::Result<PathBuf> {
@@ -162,6 +180,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Project => scenarios::project(&bin).await?,
             Scenario::ScaleOut => scenarios::scale_out(&bin, args.turns, &args.sessions).await?,
             Scenario::Gateway => scenarios::gateway(&bin, args.watchers).await?,
+            Scenario::Chaos => {
+                chaos::chaos(
+                    &bin,
+                    &chaos::Settings {
+                        layouts: args.layout.clone(),
+                        minutes: args.minutes,
+                        seed: args.seed,
+                        sessions: args.chaos_sessions,
+                    },
+                )
+                .await?
+            }
         };
         let name = format!("{scenario:?}").to_lowercase();
         report.insert(name, figures);

@@ -261,6 +261,12 @@ pub enum Fallback {
         /// The final answer.
         text: String,
     },
+    /// The calls the conversation's last user message lists, one per step:
+    /// each of its lines `call NAME {JSON arguments}`, in order, the k-th
+    /// once k tool results follow that message; then the text `done`. Any
+    /// number of conversations each follow their own script, and a
+    /// repeated request (a restart asking again) gets the same step.
+    Directed,
     /// Cycle through these replies forever (an empty list behaves like [`Fallback::Error`]).
     Script(Vec<Reply>),
     /// The reply of the first rule whose text the request's last message

@@ -173,6 +173,32 @@ pub(super) fn last_user_message(body: &Value) -> String {
     }
 }
 
+/// The calls the last user message of `body` lists (`call NAME {JSON}`
+/// lines), and how many tool results follow that message.
+fn directed_step(body: &Value) -> (Vec<(String, Value)>, usize) {
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let from = messages
+        .iter()
+        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .unwrap_or(0);
+    let done = messages[from..]
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+        .count();
+    let calls = last_user_message(body)
+        .lines()
+        .filter_map(|line| {
+            let (name, arguments) = line.trim().strip_prefix("call ")?.split_once(' ')?;
+            Some((name.to_string(), serde_json::from_str(arguments).ok()?))
+        })
+        .collect();
+    (calls, done)
+}
+
 /// `POST /_fake/replies`: queues the replies of a script (see [`parse_script`]), so a
 /// test driving the server from outside (a container, a shell script) can say what
 /// the next model calls answer.
@@ -234,7 +260,12 @@ pub(super) async fn chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let forget = shared.lock().forget_requests;
+    // A directed conversation counts the tool results of its whole turn:
+    // it needs every message.
+    let forget = {
+        let inner = shared.lock();
+        inner.forget_requests && inner.fallback != Fallback::Directed
+    };
     let request: Arc<Value> = Arc::new(
         forget
             .then(|| lean_request(&body))
@@ -276,6 +307,17 @@ pub(super) async fn chat(
                             arguments.clone(),
                         ))
                     }
+                }
+                Fallback::Directed => {
+                    let (calls, done) = directed_step(&request);
+                    Some(match calls.into_iter().nth(done) {
+                        Some((name, arguments)) => {
+                            let n = inner.script_pos;
+                            inner.script_pos = inner.script_pos.wrapping_add(1);
+                            Reply::tool_call(&format!("call_{n}"), &name, arguments)
+                        }
+                        None => Reply::text("done"),
+                    })
                 }
                 Fallback::Match { rules, otherwise } => {
                     let last = last_message(&request);

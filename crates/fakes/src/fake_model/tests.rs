@@ -522,3 +522,59 @@ fn split_in_keeps_characters_whole() {
     assert_eq!(split_in("ab", 3), vec!["a", "b"]);
     assert!(split_in("", 3).is_empty());
 }
+
+#[tokio::test]
+async fn directed_conversations_follow_their_own_calls() {
+    let fake = FakeModel::start().await.unwrap();
+    fake.set_fallback(Fallback::Directed);
+    let script =
+        "do this\ncall bash {\"command\":\"echo a >> m\"}\ncall read_file {\"path\":\"m\"}";
+    let step = |tools: usize| {
+        let mut messages = vec![
+            json!({"role": "user", "content": "an earlier turn"}),
+            json!({"role": "tool", "tool_call_id": "x", "content": "old"}),
+            json!({"role": "user", "content": script}),
+        ];
+        for i in 0..tools {
+            messages
+                .push(json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": "ok"}));
+        }
+        json!({"model": "m", "stream": true, "messages": messages})
+    };
+    let call = |events: Vec<Value>| -> (String, String) {
+        let calls: Vec<&Value> = events
+            .iter()
+            .filter_map(|c| delta(c)["tool_calls"].as_array())
+            .flatten()
+            .collect();
+        let name = calls
+            .iter()
+            .find_map(|c| c["function"]["name"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let args: String = calls
+            .iter()
+            .filter_map(|c| c["function"]["arguments"].as_str())
+            .collect();
+        (name, args)
+    };
+    let first = call(chat(&fake, &step(0)).await.json_events());
+    assert_eq!(first.0, "bash");
+    assert_eq!(
+        serde_json::from_str::<Value>(&first.1).unwrap(),
+        json!({"command": "echo a >> m"})
+    );
+    // Asked again at the same step: the same call.
+    assert_eq!(call(chat(&fake, &step(0)).await.json_events()).0, "bash");
+    assert_eq!(
+        call(chat(&fake, &step(1)).await.json_events()).0,
+        "read_file"
+    );
+    let text: String = chat(&fake, &step(2))
+        .await
+        .json_events()
+        .iter()
+        .filter_map(|c| delta(c)["content"].as_str())
+        .collect();
+    assert_eq!(text, "done");
+}

@@ -1,0 +1,407 @@
+//! The checker: once the faults stop, reads every session's log, the
+//! workspaces' marker files and the clients' records, and lists every
+//! broken promise: an acknowledged request missing, a gap or duplicate in
+//! a log, an event that does not decode, a turn neither finished nor
+//! visibly waiting, a changing call run twice, an approval applied twice,
+//! a reminder fired twice or not at all, a session that does not answer a
+//! new turn, a process left behind.
+
+use super::workload::{Ledger, MARKER, Records, SECOND, read_all};
+use agentry_proto::orchestrator::v1 as opb;
+use agentry_proto::orchestrator::v1::orchestrator_client::OrchestratorClient;
+use agentry_proto::sessions::v1 as spb;
+use agentry_proto::sessions::v1::event::Kind as Ev;
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_testkit::cluster::Channel;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A broken promise.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// What kind (`gap`, `ran-twice`, `stuck-turn`, …).
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+fn violation(kind: &'static str, detail: String) -> Violation {
+    Violation { kind, detail }
+}
+
+/// Every stored session and its log.
+pub async fn logs(
+    store: &mut SessionStoreClient<Channel>,
+) -> anyhow::Result<BTreeMap<String, Vec<spb::Event>>> {
+    let mut ids = Vec::new();
+    loop {
+        let page = store
+            .list_sessions(spb::ListSessionsRequest {
+                limit: 500,
+                offset: ids.len() as u32,
+                only_open_turns: false,
+            })
+            .await?
+            .into_inner();
+        let n = page.sessions.len();
+        ids.extend(page.sessions.into_iter().map(|s| s.id));
+        if n < 500 {
+            break;
+        }
+    }
+    let mut out = BTreeMap::new();
+    for id in ids {
+        let events = read_all(store, &id).await?;
+        out.insert(id, events);
+    }
+    Ok(out)
+}
+
+/// Turns of a log that neither finished nor wait visibly for a person
+/// (a question unanswered, or parked at a limit).
+fn open_turns(events: &[spb::Event]) -> Vec<String> {
+    let mut open: BTreeMap<&str, bool> = BTreeMap::new();
+    let mut asked: BTreeMap<&str, &str> = BTreeMap::new();
+    for e in events {
+        if e.turn_id.is_empty() || e.live {
+            continue;
+        }
+        match &e.kind {
+            Some(Ev::TurnFinished(_)) => {
+                open.remove(e.turn_id.as_str());
+                continue;
+            }
+            Some(Ev::ApprovalRequested(a)) => {
+                asked.insert(a.call_id.as_str(), e.turn_id.as_str());
+            }
+            Some(Ev::ApprovalDecided(d)) if d.approvals_missing == 0 => {
+                asked.remove(d.call_id.as_str());
+            }
+            _ => {}
+        }
+        open.entry(e.turn_id.as_str()).or_insert(true);
+    }
+    let waiting: BTreeSet<&str> = asked.values().copied().collect();
+    let parked = events.iter().rev().find_map(|e| match &e.kind {
+        Some(Ev::TurnParked(_)) => Some(e.turn_id.as_str()),
+        Some(Ev::TurnResumed(_)) | Some(Ev::TurnFinished(_)) => Some(""),
+        _ => None,
+    });
+    open.keys()
+        .filter(|t| !waiting.contains(*t) && parked != Some(**t))
+        .map(|t| t.to_string())
+        .collect()
+}
+
+/// Waits until no turn is open anywhere (a person keeps answering), at
+/// most `limit`; the open turns left.
+pub async fn quiesce(
+    store: &mut SessionStoreClient<Channel>,
+    limit: Duration,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let logs = logs(store).await;
+        let open: Vec<(String, String)> = match &logs {
+            Ok(logs) => logs
+                .iter()
+                .flat_map(|(s, events)| open_turns(events).into_iter().map(|t| (s.clone(), t)))
+                .collect(),
+            Err(_) => vec![("?".into(), "the store does not answer".into())],
+        };
+        if open.is_empty() || Instant::now() >= deadline {
+            return Ok(open);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The tokens a marker file holds, each with how often.
+fn tokens(path: &Path) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+        *counts.entry(line.trim().to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The token a changing call of the soak appends, and to which file.
+fn token_of(arguments: &str) -> Option<(String, &'static str)> {
+    let value: serde_json::Value = serde_json::from_str(arguments).ok()?;
+    let command = value.get("command")?.as_str()?;
+    let (echo, file) = command.split_once(" >> ")?;
+    let token = echo.strip_prefix("echo ")?.to_string();
+    let file = match file {
+        MARKER => MARKER,
+        SECOND => SECOND,
+        _ => return None,
+    };
+    Some((token, file))
+}
+
+/// Checks the logs and the workspaces against the records.
+pub fn check(
+    logs: &BTreeMap<String, Vec<spb::Event>>,
+    records: &Records,
+    workspaces: &Path,
+    recurring_minutes: u64,
+) -> Vec<Violation> {
+    let mut found = Vec::new();
+    let mut fired: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let forks: BTreeSet<&str> = records.forks.iter().map(|(_, f)| f.as_str()).collect();
+    for (session, events) in logs {
+        // Every seq once, from 1, in order; every event decodes.
+        for (i, e) in events.iter().enumerate() {
+            let expected = i as u64 + 1;
+            if e.seq != expected {
+                found.push(violation(
+                    "gap-or-duplicate",
+                    format!(
+                        "{session}: event {i} has seq {} (expected {expected})",
+                        e.seq
+                    ),
+                ));
+                break;
+            }
+            if e.kind.is_none() {
+                found.push(violation(
+                    "undecodable",
+                    format!("{session}: seq {} has no kind this build knows", e.seq),
+                ));
+            }
+        }
+        let turns: BTreeSet<&str> = events.iter().map(|e| e.turn_id.as_str()).collect();
+        for (s, turn) in records.turns.iter().filter(|(s, _)| s == session) {
+            if !turns.contains(turn.as_str()) {
+                found.push(violation(
+                    "lost-message",
+                    format!("{s}: acknowledged turn {turn} is not in the log"),
+                ));
+            }
+        }
+        // A fork's log starts with a copy of its parent's: reminders fired
+        // there are the parent's.
+        let own_from = events
+            .iter()
+            .position(|e| matches!(e.kind, Some(Ev::SessionForked(_))))
+            .unwrap_or(0);
+        // Approvals: each acknowledged answer stored, none applied twice.
+        let mut approved: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut decided: BTreeSet<&str> = BTreeSet::new();
+        for (i, e) in events.iter().enumerate() {
+            if let Some(Ev::ApprovalDecided(d)) = &e.kind {
+                decided.insert(d.call_id.as_str());
+                if d.decision == spb::ApprovalDecision::Approve as i32 {
+                    *approved.entry(d.call_id.as_str()).or_insert(0) += 1;
+                }
+            }
+            if let Some(Ev::ReminderDue(r)) = &e.kind
+                && i >= own_from
+            {
+                fired
+                    .entry(r.reminder_id.clone())
+                    .or_default()
+                    .push(r.firing_id.clone());
+            }
+        }
+        for (call, n) in approved.iter().filter(|(_, n)| **n > 1) {
+            found.push(violation(
+                "approval-twice",
+                format!("{session}: call {call} was approved {n} times"),
+            ));
+        }
+        for (s, call, _) in records.answers.iter().filter(|(s, _, _)| s == session) {
+            if !decided.contains(call.as_str()) {
+                found.push(violation(
+                    "lost-approval",
+                    format!("{s}: the acknowledged answer for call {call} is not in the log"),
+                ));
+            }
+        }
+        // Changing calls: no token twice; a call that succeeded left its
+        // token (unless the session's files were put back).
+        let dir = workspaces.join(session);
+        let mut on_disk = BTreeMap::new();
+        for file in [MARKER, SECOND] {
+            for (token, n) in tokens(&dir.join(file)) {
+                if n > 1 {
+                    found.push(violation(
+                        "ran-twice",
+                        format!("{session}: {token} is {n} times in {file}"),
+                    ));
+                }
+                on_disk.insert((token, file), n);
+            }
+        }
+        if !records.rewound.contains(session) && !forks.contains(session.as_str()) {
+            let mut calls = BTreeMap::new();
+            for e in events {
+                match &e.kind {
+                    Some(Ev::ToolCallRequested(c)) if c.tool == "bash" => {
+                        calls.insert(c.call_id.as_str(), c.arguments_json.as_str());
+                    }
+                    Some(Ev::ToolResult(r)) if !r.is_error => {
+                        if let Some((token, file)) =
+                            calls.get(r.call_id.as_str()).and_then(|a| token_of(a))
+                            && !on_disk.contains_key(&(token.clone(), file))
+                        {
+                            found.push(violation(
+                                "lost-change",
+                                format!(
+                                    "{session}: call {} succeeded, {token} is not in {file}",
+                                    r.call_id
+                                ),
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    // Reminders: each firing once; a one-shot reminder fired exactly once.
+    for (reminder, firings) in &fired {
+        let distinct: BTreeSet<&String> = firings.iter().collect();
+        if distinct.len() != firings.len() {
+            found.push(violation(
+                "reminder-twice",
+                format!("reminder {reminder}: a firing delivered twice ({firings:?})"),
+            ));
+        }
+    }
+    for (reminder, (session, recurring)) in &records.reminders {
+        let n = fired.get(reminder).map_or(0, Vec::len);
+        if !recurring && n != 1 {
+            found.push(violation(
+                "reminder-count",
+                format!("{session}: one-shot reminder {reminder} fired {n} times"),
+            ));
+        }
+        if *recurring && (n as u64) + 1 < recurring_minutes {
+            found.push(violation(
+                "reminder-count",
+                format!(
+                    "{session}: recurring reminder {reminder} fired {n} times in {recurring_minutes} minutes"
+                ),
+            ));
+        }
+    }
+    found
+}
+
+/// Sends every session a new turn; those that do not finish it within
+/// `limit`.
+pub async fn answers_new_turns(
+    orchestrators: &[Channel],
+    sessions: &[String],
+    limit: Duration,
+) -> Vec<Violation> {
+    let mut tasks = Vec::new();
+    for (i, session) in sessions.iter().enumerate() {
+        let mut client = OrchestratorClient::new(orchestrators[i % orchestrators.len()].clone());
+        let session = session.clone();
+        tasks.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let outcome = tokio::time::timeout(limit, async {
+                let turn = client
+                    .submit(opb::SubmitRequest {
+                        session_id: session.clone(),
+                        input: Some(opb::Input {
+                            kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                                text: "are you there?".into(),
+                                approval_mode: spb::ApprovalMode::Policy as i32,
+                                ..Default::default()
+                            })),
+                        }),
+                    })
+                    .await?
+                    .into_inner()
+                    .turn_id;
+                let mut stream = client
+                    .subscribe(opb::SubscribeRequest {
+                        session_id: session.clone(),
+                        from_seq: 0,
+                        live_only: false,
+                    })
+                    .await?
+                    .into_inner();
+                while let Some(event) = stream.message().await? {
+                    if event.turn_id == turn && matches!(event.kind, Some(Ev::TurnFinished(_))) {
+                        return Ok::<_, tonic::Status>(());
+                    }
+                }
+                Err(tonic::Status::unavailable("the stream ended"))
+            })
+            .await;
+            match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(status)) => Some(violation(
+                    "no-answer",
+                    format!("{session}: a new turn failed: {}", status.message()),
+                )),
+                Err(_) => Some(violation(
+                    "no-answer",
+                    format!(
+                        "{session}: a new turn did not finish within {:?}",
+                        started.elapsed()
+                    ),
+                )),
+            }
+        }));
+    }
+    let mut found = Vec::new();
+    for task in tasks {
+        if let Ok(Some(v)) = task.await {
+            found.push(v);
+        }
+    }
+    found
+}
+
+/// Processes still working in the fleet's data directory after every
+/// service stopped (a sandboxed command left behind).
+pub fn leftovers(data: &Path) -> Vec<Violation> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(cwd) = std::fs::read_link(entry.path().join("cwd"))
+            && cwd.starts_with(data)
+        {
+            let command = std::fs::read_to_string(entry.path().join("cmdline"))
+                .unwrap_or_default()
+                .replace('\0', " ");
+            found.push(violation(
+                "left-behind",
+                format!(
+                    "process {pid} ({}) still runs in {}",
+                    command.trim(),
+                    cwd.display()
+                ),
+            ));
+        }
+    }
+    found
+}
+
+/// The ledger's records, copied.
+pub fn records(ledger: &Ledger) -> Records {
+    ledger.with(|r| Records {
+        sessions: r.sessions.clone(),
+        turns: r.turns.clone(),
+        answers: r.answers.clone(),
+        reminders: r.reminders.clone(),
+        forks: r.forks.clone(),
+        rewound: r.rewound.clone(),
+        turns_finished: r.turns_finished,
+        failed_requests: r.failed_requests,
+    })
+}

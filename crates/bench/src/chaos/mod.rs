@@ -1,0 +1,405 @@
+//! `agentry-bench --scenarios chaos`: a soak under faults, with a checker.
+//!
+//! The services run as separate processes (`agentry serve …`), each behind
+//! a TCP proxy the harness controls, in one of two layouts: one node on
+//! SQLite, or PostgreSQL with two orchestrators, two schedulers and three
+//! tool runners. Clients drive many sessions at once (turns with changing
+//! and read-only calls, approvals answered by a scripted person,
+//! reminders, forks, rewinds) while faults are injected at random, several
+//! at once. When the faults stop, a checker reads every log, the marker
+//! files and the clients' records, and the run fails on any violation.
+//! The fault schedule comes from the seed, printed first: a rerun with
+//! `--seed` replays it.
+
+mod checker;
+mod faults;
+mod fleet;
+mod workload;
+
+use agentry_proto::sessions::v1::session_store_client::SessionStoreClient;
+use agentry_testkit::fake_model::{FakeModel, Fallback};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A small seeded generator (SplitMix64): the same seed, the same choices.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+/// Where the soak's services keep their data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    /// One of each service, SQLite in the data directory.
+    Sqlite,
+    /// PostgreSQL; two orchestrators, two schedulers, three tool runners.
+    Postgres,
+}
+
+/// The soak's settings.
+pub struct Settings {
+    pub layouts: Vec<Layout>,
+    pub minutes: f64,
+    pub seed: Option<u64>,
+    pub sessions: usize,
+}
+
+/// Runs the soak on each layout; fails when any violation was found.
+pub async fn chaos(bin: &Path, settings: &Settings) -> anyhow::Result<Value> {
+    let seed = settings.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let mut results = Vec::new();
+    let mut failed = Vec::new();
+    for &layout in &settings.layouts {
+        let result = soak(bin, layout, settings, seed).await?;
+        if result["violations"]
+            .as_array()
+            .is_some_and(|v| !v.is_empty())
+        {
+            failed.push(format!("{layout:?}"));
+        }
+        results.push(result);
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "the soak found violations on {} (seed {seed}; rerun with --seed {seed})",
+        failed.join(", ")
+    );
+    Ok(json!({ "seed": seed, "runs": results }))
+}
+
+/// A small file system for the data directory, so that filling its disk
+/// is a fault the harness can inject (root only: it mounts a tmpfs).
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path) -> Result<SmallDisk, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("not root: no small file system can be mounted".into());
+        }
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=384m,mode=0755", "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(SmallDisk(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .output();
+    }
+}
+
+async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> anyhow::Result<Value> {
+    let length = Duration::from_secs_f64(settings.minutes * 60.0);
+    println!(
+        "\n== chaos: {layout:?} layout, {} sessions, {:.1} min of faults, seed {seed} (rerun: --seed {seed})",
+        settings.sessions, settings.minutes
+    );
+    let model = FakeModel::start().await?;
+    model.forget_requests();
+    model.set_fallback(Fallback::Directed);
+    let root = tempfile::tempdir()?;
+    let data = root.path().join("data");
+    std::fs::create_dir_all(&data)?;
+    let disk = match SmallDisk::mount(&data) {
+        Ok(disk) => Some(disk),
+        Err(why) => {
+            println!("  disk-full faults skipped: {why}");
+            None
+        }
+    };
+    let mut env = vec![
+        ("AGENTRY_LLM_BASE_URL".to_string(), model.base_url()),
+        ("AGENTRY_LLM_MODEL".to_string(), "fake-model".to_string()),
+        ("AGENTRY_CONFIG_DIR".to_string(), config_dir(root.path())?),
+    ];
+    let mut postgres = None;
+    let processes: &[(&str, usize)] = match layout {
+        Layout::Sqlite => &[
+            ("session-store", 1),
+            ("tool-runner", 1),
+            ("scheduler", 1),
+            ("orchestrator", 1),
+        ],
+        Layout::Postgres => {
+            let Some(server) = agentry_testkit::postgres::Postgres::start() else {
+                anyhow::bail!(
+                    "the PostgreSQL layout needs PostgreSQL installed (apt-get install postgresql)"
+                );
+            };
+            let url = server.create_database("chaos");
+            env.push(("AGENTRY_SESSION_STORE_DATABASE_URL".into(), url.clone()));
+            env.push(("AGENTRY_SCHEDULER_DATABASE_URL".into(), url));
+            postgres = Some(Arc::new(std::sync::Mutex::new(server)));
+            &[
+                ("session-store", 2),
+                ("tool-runner", 3),
+                ("scheduler", 2),
+                ("orchestrator", 2),
+            ]
+        }
+    };
+    let fleet = Arc::new(fleet::Fleet::start(bin, &data, processes, env).await?);
+    let orchestrators = fleet
+        .of("orchestrator")
+        .map(|p| fleet.client_channel(&p.url()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let targets = Arc::new(workload::Targets {
+        orchestrators,
+        scheduler: fleet.client_channel(&fleet.urls["scheduler"])?,
+        store: fleet.service_channel(&fleet.urls["session-store"])?,
+    });
+    let ledger = Arc::new(workload::Ledger::default());
+    let (stop_clients, clients_stop) = tokio::sync::watch::channel(false);
+    let (stop_person, person_stop) = tokio::sync::watch::channel(false);
+    let started = Instant::now();
+    let person = tokio::spawn(workload::person(
+        targets.clone(),
+        ledger.clone(),
+        seed,
+        person_stop,
+    ));
+    let mut clients = Vec::new();
+    for i in 0..settings.sessions {
+        clients.push(tokio::spawn(workload::drive_session(
+            targets.clone(),
+            ledger.clone(),
+            i,
+            seed,
+            clients_stop.clone(),
+        )));
+    }
+    let extras = Arc::new(faults::Extras {
+        disk: disk.as_ref().map(|d| d.0.clone()),
+        postgres: postgres.clone(),
+    });
+    println!("  faults (time, kind, target):");
+    let faults = faults::inject(fleet.clone(), extras, seed, length).await;
+    let faults_ended = Instant::now();
+    println!(
+        "  faults over after {:.0}s; clients stop, the person goes on answering",
+        started.elapsed().as_secs_f64()
+    );
+    let _ = stop_clients.send(true);
+    for client in clients {
+        let _ = client.await;
+    }
+    // Reminders set just before the end fall due within 20 s.
+    let mut store = SessionStoreClient::new(targets.store.clone());
+    let open = checker::quiesce(&mut store, Duration::from_secs(30)).await?;
+    let since_faults = faults_ended.elapsed();
+    if since_faults < Duration::from_secs(25) {
+        tokio::time::sleep(Duration::from_secs(25) - since_faults).await;
+    }
+    let _ = stop_person.send(true);
+    let _ = person.await;
+    let records = checker::records(&ledger);
+    let logs = checker::logs(&mut store).await?;
+    let minutes = (started.elapsed().as_secs() / 60).max(1);
+    let mut violations = checker::check(&logs, &records, &data.join("workspaces"), minutes);
+    for (session, turn) in &open {
+        violations.push(checker::Violation {
+            kind: "stuck-turn",
+            detail: format!(
+                "{session}: turn {turn} neither finished nor waits for a person 30 s after the last fault"
+            ),
+        });
+    }
+    let sessions: Vec<String> = logs.keys().cloned().collect();
+    let answered_at = Instant::now();
+    violations.extend(
+        checker::answers_new_turns(&targets.orchestrators, &sessions, Duration::from_secs(10))
+            .await,
+    );
+    let answered_in = answered_at.elapsed();
+    fleet.stop_all();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    violations.extend(checker::leftovers(&data));
+    for fault in faults.iter().filter(|f| f.problem.is_some()) {
+        violations.push(checker::Violation {
+            kind: "no-recovery",
+            detail: format!(
+                "{} of {} at {:.1}s: {}",
+                fault.kind.name(),
+                fault.target,
+                fault.at.as_secs_f64(),
+                fault.problem.clone().unwrap_or_default()
+            ),
+        });
+    }
+    let report = report(&faults, &records, &logs, &violations, answered_in);
+    if !violations.is_empty() {
+        for proc in &fleet.procs {
+            let tail = fleet.log_tail(proc, 15);
+            if !tail.is_empty() {
+                println!("  --- {} (last lines of its log)\n{tail}", proc.name);
+            }
+        }
+    }
+    drop(fleet);
+    if !violations.is_empty() {
+        // What the checker read, for a person to look into.
+        let mut dump = String::new();
+        for (session, events) in &logs {
+            for e in events {
+                dump.push_str(&format!("{session} {e:?}\n"));
+            }
+        }
+        let path = root.path().join("logs.txt");
+        std::fs::write(&path, dump)?;
+        let _ = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&data)
+            .arg(root.path().join("data-copy"))
+            .output();
+        println!("  kept for inspection: {}", root.keep().display());
+    }
+    drop(disk);
+    Ok(
+        json!({ "layout": format!("{layout:?}"), "seed": seed, "report": report,
+        "violations": violations.iter().map(|v| json!({"kind": v.kind, "detail": v.detail})).collect::<Vec<_>>() }),
+    )
+}
+
+/// The services' configuration for a soak: the default policy (every
+/// call of the soak's writes to a file, so a person approves each).
+fn config_dir(root: &Path) -> anyhow::Result<String> {
+    let dir = root.join("config");
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir.display().to_string())
+}
+
+/// Prints the figures and returns them.
+fn report(
+    faults: &[faults::Fault],
+    records: &workload::Records,
+    logs: &std::collections::BTreeMap<String, Vec<agentry_proto::sessions::v1::Event>>,
+    violations: &[checker::Violation],
+    answered_in: Duration,
+) -> Value {
+    use std::collections::BTreeMap;
+    let mut by_kind: BTreeMap<faults::Kind, Vec<&faults::Fault>> = BTreeMap::new();
+    for fault in faults {
+        by_kind.entry(fault.kind).or_default().push(fault);
+    }
+    println!(
+        "  {:<14} {:>6} {:>14} {:>14}",
+        "fault", "count", "recovery p50", "recovery p99"
+    );
+    let mut kinds = serde_json::Map::new();
+    for (kind, list) in &by_kind {
+        let mut times: Vec<f64> = list
+            .iter()
+            .filter_map(|f| f.recovery)
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let pick = |q: f64| {
+            times
+                .get(((times.len() as f64 - 1.0) * q).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        println!(
+            "  {:<14} {:>6} {:>11.0} ms {:>11.0} ms",
+            kind.name(),
+            list.len(),
+            pick(0.5),
+            pick(0.99)
+        );
+        kinds.insert(
+            kind.name().into(),
+            json!({"count": list.len(), "recovery_p50_ms": pick(0.5), "recovery_p99_ms": pick(0.99)}),
+        );
+    }
+    let events: usize = logs.values().map(Vec::len).sum();
+    let turns_finished: usize = logs
+        .values()
+        .flatten()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                Some(agentry_proto::sessions::v1::event::Kind::TurnFinished(_))
+            )
+        })
+        .count();
+    println!(
+        "  sessions {} (forks {}), turns acknowledged {}, turns finished {} (in the logs), approvals answered {}, reminders {}, events {}, failed requests {}",
+        logs.len(),
+        records.forks.len(),
+        records.turns.len(),
+        turns_finished,
+        records.answers.len(),
+        records.reminders.len(),
+        events,
+        records.failed_requests
+    );
+    println!(
+        "  every session answered a new turn in {:.1}s together",
+        answered_in.as_secs_f64()
+    );
+    let mut per_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in violations {
+        *per_kind.entry(v.kind).or_insert(0) += 1;
+    }
+    if violations.is_empty() {
+        println!("  violations: 0");
+    } else {
+        println!("  violations: {} {per_kind:?}", violations.len());
+        for v in violations.iter().take(40) {
+            println!("    {}: {}", v.kind, v.detail);
+        }
+    }
+    json!({
+        "faults": kinds,
+        "sessions": logs.len(),
+        "forks": records.forks.len(),
+        "turns_acknowledged": records.turns.len(),
+        "turns_finished": turns_finished,
+        "approvals_answered": records.answers.len(),
+        "reminders": records.reminders.len(),
+        "events": events,
+        "failed_requests": records.failed_requests,
+        "new_turns_seconds": answered_in.as_secs_f64(),
+        "violations_by_kind": per_kind,
+    })
+}
