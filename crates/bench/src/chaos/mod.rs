@@ -244,7 +244,12 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
             ),
         });
     }
-    let sessions: Vec<String> = logs.keys().cloned().collect();
+    // Sub-agents' tasks take no messages from people.
+    let sessions: Vec<String> = logs
+        .keys()
+        .filter(|s| !s.starts_with("sub-"))
+        .cloned()
+        .collect();
     let answered_at = Instant::now();
     violations.extend(
         checker::answers_new_turns(&targets.orchestrators, &sessions, Duration::from_secs(10))
@@ -301,10 +306,23 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
 }
 
 /// The services' configuration for a soak: the default policy (every
-/// call of the soak's writes to a file, so a person approves each).
+/// changing call of the soak writes to a file, so a person approves each)
+/// and a sub-agent that reads.
 fn config_dir(root: &Path) -> anyhow::Result<String> {
     let dir = root.join("config");
     std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("local.toml"),
+        format!(
+            r#"[[agents]]
+name = "{reader}"
+description = "Reads files of the workspace"
+system_prompt = "You read files and report what they hold."
+tools = ["read_file"]
+"#,
+            reader = workload::READER
+        ),
+    )?;
     Ok(dir.display().to_string())
 }
 
@@ -362,8 +380,9 @@ fn report(
             )
         })
         .count();
+    let tasks = logs.keys().filter(|s| s.starts_with("sub-")).count();
     println!(
-        "  sessions {} (forks {}), turns acknowledged {}, turns finished {} (in the logs), approvals answered {}, reminders {}, events {}, failed requests {}",
+        "  sessions {} (forks {}, sub-agent tasks {tasks}), turns acknowledged {}, turns finished {} (in the logs), approvals answered {}, reminders {}, events {}, failed requests {}",
         logs.len(),
         records.forks.len(),
         records.turns.len(),
@@ -393,6 +412,7 @@ fn report(
         "faults": kinds,
         "sessions": logs.len(),
         "forks": records.forks.len(),
+        "sub_agent_tasks": tasks,
         "turns_acknowledged": records.turns.len(),
         "turns_finished": turns_finished,
         "approvals_answered": records.answers.len(),

@@ -2,8 +2,8 @@
 //! after turn (each turn a changing call that appends a token of its own
 //! to `marker.txt`, sometimes a second one to `second.txt`, and a
 //! read-only call; the default policy has a person approve each changing
-//! call), reminders and recurring reminders scheduled, forks and
-//! rewinds; a scripted person answers approvals after a random delay.
+//! call; now and then a sub-agent's task), reminders and recurring
+//! reminders scheduled, forks and rewinds; a scripted person answers approvals after a random delay.
 //! Every acknowledged request is recorded for the checker.
 
 use super::Rng;
@@ -23,6 +23,9 @@ use tokio::sync::watch;
 pub const MARKER: &str = "marker.txt";
 /// The file a turn's second changing call appends its token to.
 pub const SECOND: &str = "second.txt";
+
+/// The sub-agent a turn now and then hands a task to.
+pub const READER: &str = "reader";
 
 /// How long a client waits for an answer to one request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -159,6 +162,13 @@ pub async fn drive_session(
         ];
         if rng.chance(0.3) {
             lines.push(bash(&format!("echo {token}a >> {SECOND}")));
+        }
+        if rng.chance(0.1) {
+            // A sub-agent's task: its own session reads the marker.
+            lines.push(format!(
+                "call delegate {}",
+                serde_json::json!({ "agent": READER, "task": script(&["read it".into(), read(MARKER)]) })
+            ));
         }
         lines.push(read(MARKER));
         let submitted = within(client.submit(opb::SubmitRequest {
