@@ -25,6 +25,8 @@ pub enum Kind {
     DiskFull,
     /// PostgreSQL killed (immediate stop), then started again.
     Database,
+    /// A scheduler's wall clock moved forwards or backwards, then back.
+    ClockJump,
 }
 
 impl Kind {
@@ -36,6 +38,7 @@ impl Kind {
             Kind::Slow => "slow",
             Kind::DiskFull => "disk-full",
             Kind::Database => "postgres-kill",
+            Kind::ClockJump => "clock-jump",
         }
     }
 }
@@ -81,6 +84,15 @@ pub async fn inject(
     if extras.postgres.is_some() {
         kinds.push(Kind::Database);
     }
+    let clocks: Vec<Arc<Proc>> = fleet
+        .procs
+        .iter()
+        .filter(|p| p.clock.is_some())
+        .cloned()
+        .collect();
+    if !clocks.is_empty() {
+        kinds.push(Kind::ClockJump);
+    }
     let busy: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>> = Arc::default();
     let mut running = Vec::new();
     let mut at = Duration::ZERO;
@@ -91,7 +103,11 @@ pub async fn inject(
             break;
         }
         let kind = kinds[rng.below(kinds.len() as u64) as usize];
-        let proc = fleet.procs[rng.below(fleet.procs.len() as u64) as usize].clone();
+        let pick = rng.below(fleet.procs.len() as u64) as usize;
+        let proc = match kind {
+            Kind::ClockJump => clocks[pick % clocks.len().max(1)].clone(),
+            _ => fleet.procs[pick].clone(),
+        };
         let hold = match kind {
             Kind::Kill => Duration::from_millis(200 + rng.below(1_800)),
             Kind::Pause => Duration::from_millis(PAUSE.0 + rng.below(PAUSE.1 - PAUSE.0)),
@@ -99,7 +115,10 @@ pub async fn inject(
             Kind::Slow => Duration::from_millis(3_000 + rng.below(7_000)),
             Kind::DiskFull => Duration::from_millis(2_000 + rng.below(4_000)),
             Kind::Database => Duration::from_millis(500 + rng.below(2_500)),
+            Kind::ClockJump => Duration::from_millis(5_000 + rng.below(10_000)),
         };
+        // A clock jump: 30 s to 10 min, forwards or backwards.
+        let jump = (30 + rng.below(570)) as i64 * if rng.chance(0.5) { 1 } else { -1 };
         let delay = Duration::from_millis(50 + rng.below(350));
         let target = match kind {
             Kind::DiskFull => "data directory".to_string(),
@@ -119,15 +138,19 @@ pub async fn inject(
             );
             continue;
         }
+        let by = match kind {
+            Kind::ClockJump => format!(" by {jump:+}s"),
+            _ => String::new(),
+        };
         println!(
-            "  {:>7.1}s {:<13} {target} for {:.1}s",
+            "  {:>7.1}s {:<13} {target}{by} for {:.1}s",
             at.as_secs_f64(),
             kind.name(),
             hold.as_secs_f64()
         );
         let (fleet, extras, busy) = (fleet.clone(), extras.clone(), busy.clone());
         running.push(tokio::spawn(async move {
-            let (recovery, problem) = one(&fleet, &extras, kind, &proc, hold, delay).await;
+            let (recovery, problem) = one(&fleet, &extras, kind, &proc, hold, delay, jump).await;
             busy.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&target);
@@ -158,9 +181,10 @@ async fn one(
     proc: &Arc<Proc>,
     hold: Duration,
     delay: Duration,
+    jump: i64,
 ) -> (Option<Duration>, Option<String>) {
     use nix::sys::signal::Signal;
-    let back = |result: anyhow::Result<Duration>| match result {
+    let back_to = |result: anyhow::Result<Duration>| match result {
         Ok(took) => (Some(took), None),
         Err(e) => (None, Some(format!("{e:#}"))),
     };
@@ -172,25 +196,25 @@ async fn one(
             if let Err(e) = fleet.spawn(proc) {
                 return (None, Some(format!("{e:#}")));
             }
-            back(fleet.until_serving(proc, limit).await)
+            back_to(fleet.until_serving(proc, limit).await)
         }
         Kind::Pause => {
             fleet.signal(proc, Signal::SIGSTOP);
             tokio::time::sleep(hold).await;
             fleet.signal(proc, Signal::SIGCONT);
-            back(fleet.until_serving(proc, limit).await)
+            back_to(fleet.until_serving(proc, limit).await)
         }
         Kind::Cut => {
             proc.proxy.set(Link::Cut);
             tokio::time::sleep(hold).await;
             proc.proxy.set(Link::Open);
-            back(fleet.until_serving(proc, limit).await)
+            back_to(fleet.until_serving(proc, limit).await)
         }
         Kind::Slow => {
             proc.proxy.set(Link::Slow(delay));
             tokio::time::sleep(hold).await;
             proc.proxy.set(Link::Open);
-            back(fleet.until_serving(proc, limit).await)
+            back_to(fleet.until_serving(proc, limit).await)
         }
         Kind::DiskFull => {
             let Some(dir) = &extras.disk else {
@@ -210,6 +234,20 @@ async fn one(
                 }
             }
             (Some(started.elapsed()), None)
+        }
+        Kind::ClockJump => {
+            let Some(clock) = &proc.clock else {
+                return (None, Some("its clock cannot be moved".into()));
+            };
+            let moved = std::fs::write(clock, format!("{jump:+}\n"));
+            tokio::time::sleep(hold).await;
+            let reset = std::fs::write(clock, "+0\n");
+            if let Err(e) = moved.and(reset) {
+                return (None, Some(format!("cannot move the clock: {e}")));
+            }
+            // libfaketime reads the file again within a second.
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            back_to(fleet.until_serving(proc, limit).await)
         }
         Kind::Database => {
             let Some(postgres) = extras.postgres.clone() else {

@@ -122,7 +122,13 @@ pub struct Proc {
     env: Vec<(String, String)>,
     child: Mutex<Option<Child>>,
     pub proxy: Arc<Proxy>,
+    /// The file holding its clock's offset (`+0`, `+120`, `-60`), when its
+    /// wall clock can be moved (a scheduler, with libfaketime installed).
+    pub clock: Option<PathBuf>,
 }
+
+/// libfaketime (Debian `faketime`): moves a process's wall clock.
+pub const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 impl Proc {
     /// The URL clients and other services use (its proxy).
@@ -183,6 +189,11 @@ impl Fleet {
             "AGENTRY_LOG".into(),
             std::env::var("AGENTRY_BENCH_LOG").unwrap_or_else(|_| "error".into()),
         ));
+        let logs = data.with_file_name(format!(
+            "{}-logs",
+            data.file_name().and_then(|n| n.to_str()).unwrap_or("data")
+        ));
+        std::fs::create_dir_all(&logs)?;
         let mut procs = Vec::new();
         let mut service_urls = std::collections::BTreeMap::new();
         let mut balancers = Vec::new();
@@ -201,6 +212,20 @@ impl Fleet {
                 if service == "tool-runner" {
                     own.push(("AGENTRY_RUNNER_ID".into(), format!("runner-{i}")));
                 }
+                // A scheduler's wall clock can jump (its timers, on the
+                // monotonic clock, are left alone).
+                let clock = (service == "scheduler" && Path::new(FAKETIME).exists())
+                    .then(|| logs.join(format!("{service}-{i}.clock")));
+                if let Some(clock) = &clock {
+                    std::fs::write(clock, "+0\n")?;
+                    own.push(("LD_PRELOAD".into(), FAKETIME.into()));
+                    own.push((
+                        "FAKETIME_TIMESTAMP_FILE".into(),
+                        clock.display().to_string(),
+                    ));
+                    own.push(("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()));
+                    own.push(("FAKETIME_CACHE_DURATION".into(), "1".into()));
+                }
                 urls.push(url);
                 procs.push(Arc::new(Proc {
                     name: format!("{service}-{i}"),
@@ -208,6 +233,7 @@ impl Fleet {
                     env: own,
                     child: Mutex::new(None),
                     proxy,
+                    clock,
                 }));
             }
             // Tool runners are listed (the orchestrator spreads calls over
@@ -229,11 +255,6 @@ impl Fleet {
             env.push((format!("AGENTRY_{}_URL", var(service)), url.clone()));
             service_urls.insert(service, url);
         }
-        let logs = data.with_file_name(format!(
-            "{}-logs",
-            data.file_name().and_then(|n| n.to_str()).unwrap_or("data")
-        ));
-        std::fs::create_dir_all(&logs)?;
         let mut fleet = Fleet {
             bin: bin.to_path_buf(),
             env,

@@ -78,6 +78,17 @@ pub async fn chaos(bin: &Path, settings: &Settings) -> anyhow::Result<Value> {
     let mut results = Vec::new();
     let mut failed = Vec::new();
     for &layout in &settings.layouts {
+        if layout == Layout::Postgres && agentry_testkit::postgres::binaries().is_none() {
+            anyhow::ensure!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "the PostgreSQL layout needs PostgreSQL installed (apt-get install postgresql)"
+            );
+            println!(
+                "\n== chaos: Postgres layout SKIPPED: PostgreSQL is not installed \
+                 (apt-get install postgresql)"
+            );
+            continue;
+        }
         let result = soak(bin, layout, settings, seed).await?;
         if result["violations"]
             .as_array()
@@ -147,6 +158,15 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
             None
         }
     };
+    if !Path::new(fleet::FAKETIME).exists() {
+        anyhow::ensure!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "clock-jump faults need libfaketime (apt-get install faketime)"
+        );
+        println!(
+            "  clock-jump faults skipped: libfaketime is not installed (apt-get install faketime)"
+        );
+    }
     let mut env = vec![
         ("AGENTRY_LLM_BASE_URL".to_string(), model.base_url()),
         ("AGENTRY_LLM_MODEL".to_string(), "fake-model".to_string()),
