@@ -220,7 +220,11 @@ pub fn check(
         }
         // Changing calls: no token twice; a call that succeeded left its
         // token (unless the session's files were put back).
-        let dir = workspaces.join(session);
+        let dir = records
+            .projects
+            .get(session)
+            .cloned()
+            .unwrap_or_else(|| workspaces.join(session));
         let mut on_disk = BTreeMap::new();
         for file in [MARKER, SECOND] {
             for (token, n) in tokens(&dir.join(file)) {
@@ -392,6 +396,35 @@ pub fn leftovers(data: &Path) -> Vec<Violation> {
     found
 }
 
+/// Project locks still held when no call runs (each a `.lock-…` file
+/// under the workspace root's `.projects`, held with flock while a
+/// changing call runs).
+pub fn held_locks(workspaces: &Path) -> Vec<Violation> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(workspaces.join(".projects")) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_lock = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(".lock-"));
+        let Ok(file) = std::fs::File::open(&path) else {
+            continue;
+        };
+        if is_lock
+            && nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
+        {
+            found.push(violation(
+                "lock-held",
+                format!("{} is still held with no call running", path.display()),
+            ));
+        }
+    }
+    found
+}
+
 /// The ledger's records, copied.
 pub fn records(ledger: &Ledger) -> Records {
     ledger.with(|r| Records {
@@ -401,6 +434,7 @@ pub fn records(ledger: &Ledger) -> Records {
         reminders: r.reminders.clone(),
         forks: r.forks.clone(),
         rewound: r.rewound.clone(),
+        projects: r.projects.clone(),
         turns_finished: r.turns_finished,
         failed_requests: r.failed_requests,
     })

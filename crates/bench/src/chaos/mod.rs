@@ -167,7 +167,12 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
             "  clock-jump faults skipped: libfaketime is not installed (apt-get install faketime)"
         );
     }
+    let projects = project_dirs(root.path())?;
     let mut env = vec![
+        (
+            "AGENTRY_PROJECT_ROOTS".to_string(),
+            root.path().join("projects").display().to_string(),
+        ),
         ("AGENTRY_LLM_BASE_URL".to_string(), model.base_url()),
         ("AGENTRY_LLM_MODEL".to_string(), "fake-model".to_string()),
         ("AGENTRY_CONFIG_DIR".to_string(), config_dir(root.path())?),
@@ -207,6 +212,7 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
         orchestrators,
         scheduler: fleet.client_channel(&fleet.urls["scheduler"])?,
         store: fleet.service_channel(&fleet.urls["session-store"])?,
+        projects,
     });
     let ledger = Arc::new(workload::Ledger::default());
     let (stop_clients, clients_stop) = tokio::sync::watch::channel(false);
@@ -252,10 +258,12 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
     }
     let _ = stop_person.send(true);
     let _ = person.await;
+    let locks = checker::held_locks(&data.join("workspaces"));
     let records = checker::records(&ledger);
     let logs = checker::logs(&mut store).await?;
     let minutes = (started.elapsed().as_secs() / 60).max(1);
     let mut violations = checker::check(&logs, &records, &data.join("workspaces"), minutes);
+    violations.extend(locks);
     for (session, turn) in &open {
         violations.push(checker::Violation {
             kind: "stuck-turn",
@@ -291,6 +299,27 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
             ),
         });
     }
+    let project_changes: usize = records
+        .projects
+        .values()
+        .collect::<std::collections::BTreeSet<_>>()
+        .iter()
+        .map(|dir| {
+            std::fs::read_to_string(dir.join(workload::MARKER))
+                .unwrap_or_default()
+                .lines()
+                .count()
+        })
+        .sum();
+    println!(
+        "  project sessions {} (sharing {} directories), changes made there {project_changes}",
+        records.projects.len(),
+        records
+            .projects
+            .values()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    );
     let report = report(&faults, &records, &logs, &violations, answered_in);
     if !violations.is_empty() {
         for proc in &fleet.procs {
@@ -323,6 +352,24 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
         json!({ "layout": format!("{layout:?}"), "seed": seed, "report": report,
         "violations": violations.iter().map(|v| json!({"kind": v.kind, "detail": v.detail})).collect::<Vec<_>>() }),
     )
+}
+
+/// Three project directories some sessions work in, two sessions each
+/// (owned by `nobody` when the harness runs as root: commands in a project
+/// run as its owner, never as root).
+fn project_dirs(root: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755))?;
+    let mut dirs = Vec::new();
+    for i in 0..3 {
+        let dir = root.join("projects").join(format!("p{i}"));
+        std::fs::create_dir_all(&dir)?;
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&dir, Some(65534), Some(65534))?;
+        }
+        dirs.push(dir);
+    }
+    Ok(dirs)
 }
 
 /// The services' configuration for a soak: the default policy (every

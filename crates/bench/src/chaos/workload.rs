@@ -48,6 +48,9 @@ pub struct Records {
     pub forks: Vec<(String, String)>,
     /// Sessions rewound (their files went back: tokens may be gone).
     pub rewound: BTreeSet<String>,
+    /// Sessions working in a project directory, and which (two sessions
+    /// share each: their changing calls take turns on its lock).
+    pub projects: BTreeMap<String, std::path::PathBuf>,
     /// Turns a client saw finish.
     pub turns_finished: usize,
     /// Requests that failed (under faults, expected; never checked).
@@ -72,6 +75,9 @@ pub struct Targets {
     /// The session store, with the services' token (the person reads a
     /// question's details from the log).
     pub store: Channel,
+    /// Project directories some sessions work in (none: scratch
+    /// workspaces only).
+    pub projects: Vec<std::path::PathBuf>,
 }
 
 /// A message whose calls the directed model makes, in order.
@@ -109,6 +115,9 @@ pub async fn drive_session(
     let mut client = OrchestratorClient::new(channel);
     let mut scheduler = SchedulerClient::new(targets.scheduler.clone());
     let session = format!("chaos-{index}");
+    // Every tenth session works in a project directory it shares.
+    let project = (index % 10 == 3 && !targets.projects.is_empty())
+        .then(|| targets.projects[(index / 10) % targets.projects.len()].clone());
     // Created once: a retry after a lost answer finds it there.
     loop {
         if *stop.borrow() {
@@ -119,7 +128,10 @@ pub async fn drive_session(
             client.create_session(opb::CreateSessionRequest {
                 session_id: session.clone(),
                 title: format!("soak {index}"),
-                project_dir: String::new(),
+                project_dir: project
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
             }),
         )
         .await;
@@ -132,7 +144,12 @@ pub async fn drive_session(
             }
         }
     }
-    ledger.with(|r| r.sessions.insert(session.clone()));
+    ledger.with(|r| {
+        r.sessions.insert(session.clone());
+        if let Some(project) = &project {
+            r.projects.insert(session.clone(), project.clone());
+        }
+    });
     if index.is_multiple_of(25) {
         // A recurring reminder (read-only: each firing reads the marker).
         let request = schpb::CreateReminderRequest {
@@ -232,7 +249,9 @@ pub async fn drive_session(
             if forked.is_some() {
                 ledger.with(|r| r.forks.push((session.clone(), new)));
             }
-        } else if roll < 24 && turn > 2 {
+        } else if roll < 24 && turn > 2 && project.is_none() {
+            // (A project's files are shared: a rewind would take the
+            // other session's changes back too.)
             let rewound = within(client.rewind_session(opb::RewindSessionRequest {
                 session_id: session.clone(),
                 to_turn: turn / 2,
