@@ -439,3 +439,175 @@ pub fn records(ledger: &Ledger) -> Records {
         failed_requests: r.failed_requests,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn event(seq: u64, turn: &str, kind: Ev) -> spb::Event {
+        spb::Event {
+            session_id: "s".into(),
+            seq,
+            turn_id: turn.into(),
+            kind: Some(kind),
+            ..Default::default()
+        }
+    }
+
+    fn bash_call(call: &str, token: &str) -> Ev {
+        Ev::ToolCallRequested(spb::ToolCallRequested {
+            call_id: call.into(),
+            tool: "bash".into(),
+            arguments_json: serde_json::json!({"command": format!("echo {token} >> {MARKER}")})
+                .to_string(),
+            ..Default::default()
+        })
+    }
+
+    fn result(call: &str) -> Ev {
+        Ev::ToolResult(spb::ToolResult {
+            call_id: call.into(),
+            tool: "bash".into(),
+            ..Default::default()
+        })
+    }
+
+    fn finished() -> Ev {
+        Ev::TurnFinished(spb::TurnFinished::default())
+    }
+
+    fn kinds(found: &[Violation]) -> Vec<&'static str> {
+        found.iter().map(|v| v.kind).collect()
+    }
+
+    /// A session whose workspace holds `marker`, its log `events`.
+    fn run(events: Vec<spb::Event>, marker: &str, records: &Records) -> Vec<Violation> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("s")).unwrap();
+        std::fs::write(dir.path().join("s").join(MARKER), marker).unwrap();
+        let logs = BTreeMap::from([("s".to_string(), events)]);
+        check(&logs, records, dir.path(), 1)
+    }
+
+    #[test]
+    fn a_clean_session_passes() {
+        let events = vec![
+            event(1, "t1", Ev::UserMessage(Default::default())),
+            event(2, "t1", bash_call("c1", "a1")),
+            event(3, "t1", result("c1")),
+            event(4, "t1", finished()),
+        ];
+        let records = Records {
+            turns: vec![("s".into(), "t1".into())],
+            ..Default::default()
+        };
+        assert!(run(events.clone(), "a1\n", &records).is_empty());
+        assert!(open_turns(&events).is_empty());
+    }
+
+    #[test]
+    fn broken_promises_are_each_found() {
+        let events = vec![
+            event(1, "t1", Ev::UserMessage(Default::default())),
+            event(2, "t1", bash_call("c1", "a1")),
+            event(2, "t1", result("c1")),
+            event(4, "t1", bash_call("c2", "a2")),
+            event(5, "t1", result("c2")),
+            event(
+                6,
+                "t1",
+                Ev::ReminderDue(spb::ReminderDue {
+                    reminder_id: "r1".into(),
+                    firing_id: "r1@1".into(),
+                    ..Default::default()
+                }),
+            ),
+            event(
+                7,
+                "t1",
+                Ev::ReminderDue(spb::ReminderDue {
+                    reminder_id: "r1".into(),
+                    firing_id: "r1@1".into(),
+                    ..Default::default()
+                }),
+            ),
+        ];
+        let records = Records {
+            turns: vec![("s".into(), "t1".into()), ("s".into(), "lost".into())],
+            answers: vec![("s".into(), "c9".into(), 1)],
+            reminders: BTreeMap::from([("r1".to_string(), ("s".to_string(), false))]),
+            ..Default::default()
+        };
+        // a1 ran twice; a2 succeeded but is not in the file.
+        let found = run(events.clone(), "a1\na1\n", &records);
+        let mut got = kinds(&found);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "gap-or-duplicate",
+                "lost-approval",
+                "lost-change",
+                "lost-message",
+                "ran-twice",
+                "reminder-count",
+                "reminder-twice",
+            ],
+            "{found:?}"
+        );
+        // The turn never finished, and nothing waits for a person.
+        assert_eq!(open_turns(&events), ["t1"]);
+    }
+
+    #[test]
+    fn a_turn_waiting_for_a_person_is_not_stuck() {
+        let asked = Ev::ApprovalRequested(spb::ApprovalRequested {
+            call_id: "c1".into(),
+            ..Default::default()
+        });
+        let mut events = vec![
+            event(1, "t1", Ev::UserMessage(Default::default())),
+            event(2, "t1", bash_call("c1", "a1")),
+            event(3, "t1", asked),
+        ];
+        assert!(open_turns(&events).is_empty());
+        events.push(event(
+            4,
+            "t1",
+            Ev::ApprovalDecided(spb::ApprovalDecided {
+                call_id: "c1".into(),
+                decision: spb::ApprovalDecision::Approve as i32,
+                ..Default::default()
+            }),
+        ));
+        assert_eq!(open_turns(&events), ["t1"]);
+    }
+
+    #[test]
+    fn a_fork_s_copied_firings_are_its_parent_s() {
+        let due = |seq| {
+            event(
+                seq,
+                "t1",
+                Ev::ReminderDue(spb::ReminderDue {
+                    reminder_id: "r1".into(),
+                    firing_id: "r1@1".into(),
+                    ..Default::default()
+                }),
+            )
+        };
+        let parent = vec![due(1)];
+        let fork = vec![
+            due(1),
+            event(2, "t1", Ev::SessionForked(Default::default())),
+        ];
+        let logs = BTreeMap::from([("p".to_string(), parent), ("p-fork".to_string(), fork)]);
+        let records = Records {
+            reminders: BTreeMap::from([("r1".to_string(), ("p".to_string(), false))]),
+            ..Default::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        assert!(check(&logs, &records, dir.path(), 1).is_empty());
+    }
+}
