@@ -341,7 +341,11 @@ async fn a_header_secret_goes_only_to_its_host_over_https() {
     }
     let bearer = format!("Bearer {VALUE}");
     for path in ["/user", "/again"] {
-        assert_eq!(authorization_of(&api_heads, path), [bearer.as_str()], "{path}");
+        assert_eq!(
+            authorization_of(&api_heads, path),
+            [bearer.as_str()],
+            "{path}"
+        );
     }
     assert!(authorization_of(&api_heads, "/tunnel").is_empty());
     assert!(authorization_of(&other_heads, "/other").is_empty());
