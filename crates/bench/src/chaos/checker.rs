@@ -263,6 +263,14 @@ pub fn check(
             }
         }
     }
+    for (from, fork) in &records.forks {
+        if !logs.contains_key(fork) {
+            found.push(violation(
+                "lost-fork",
+                format!("{from}: the acknowledged fork {fork} is not stored"),
+            ));
+        }
+    }
     // Reminders: each firing once; a one-shot reminder fired exactly once.
     for (reminder, firings) in &fired {
         let distinct: BTreeSet<&String> = firings.iter().collect();
@@ -537,6 +545,7 @@ mod tests {
             turns: vec![("s".into(), "t1".into()), ("s".into(), "lost".into())],
             answers: vec![("s".into(), "c9".into(), 1)],
             reminders: BTreeMap::from([("r1".to_string(), ("s".to_string(), false))]),
+            forks: vec![("s".into(), "s-fork1".into())],
             ..Default::default()
         };
         // a1 ran twice; a2 succeeded but is not in the file.
@@ -549,6 +558,7 @@ mod tests {
                 "gap-or-duplicate",
                 "lost-approval",
                 "lost-change",
+                "lost-fork",
                 "lost-message",
                 "ran-twice",
                 "reminder-count",
