@@ -256,14 +256,10 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
     if since_faults < Duration::from_secs(25) {
         tokio::time::sleep(Duration::from_secs(25) - since_faults).await;
     }
-    let _ = stop_person.send(true);
-    let _ = person.await;
-    let locks = checker::held_locks(&data.join("workspaces"));
     let records = checker::records(&ledger);
     let logs = checker::logs(&mut store).await?;
     let minutes = (started.elapsed().as_secs() / 60).max(1);
     let mut violations = checker::check(&logs, &records, &data.join("workspaces"), minutes);
-    violations.extend(locks);
     for (session, turn) in &open {
         violations.push(checker::Violation {
             kind: "stuck-turn",
@@ -284,6 +280,18 @@ async fn soak(bin: &Path, layout: Layout, settings: &Settings, seed: u64) -> any
             .await,
     );
     let answered_in = answered_at.elapsed();
+    // The person answered until now: a reminder's turn that began late
+    // may have asked for an approval the new turn would otherwise wait on.
+    let _ = stop_person.send(true);
+    let _ = person.await;
+    // A lock held now may belong to a call still finishing: held twice,
+    // 2 s apart, it is left behind.
+    let mut locks = checker::held_locks(&data.join("workspaces"));
+    if !locks.is_empty() {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        locks = checker::held_locks(&data.join("workspaces"));
+    }
+    violations.extend(locks);
     fleet.stop_all();
     tokio::time::sleep(Duration::from_secs(2)).await;
     violations.extend(checker::leftovers(&data));
