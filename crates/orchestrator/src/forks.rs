@@ -204,63 +204,95 @@ pub async fn fork(
             ))
         })?
     };
-    let session = deps
+    // The id is settled first: the fork's files go to its workspace before
+    // the store has it, and an existing session's files are never touched.
+    let new_id = if request.new_session_id.is_empty() {
+        uuid::Uuid::now_v7().to_string()
+    } else {
+        request.new_session_id.clone()
+    };
+    match deps
+        .store
+        .clone()
+        .get_session(spb::GetSessionRequest {
+            session_id: new_id.clone(),
+        })
+        .await
+    {
+        Ok(_) => {
+            return Err(Status::already_exists(format!(
+                "session {new_id} already exists; fork to another id"
+            )));
+        }
+        Err(status) if status.code() == tonic::Code::NotFound => {}
+        Err(status) => return Err(status),
+    }
+    let forked = spb::SessionForked {
+        from_session_id: request.session_id.clone(),
+        at_seq: at,
+    };
+    let prepared = prepare_fork(deps, settings, &new_id, kept, &snapshot_id, forked, by).await;
+    let (files_written, closed_open_turn, events) = match prepared {
+        Ok(prepared) => prepared,
+        Err(status) => {
+            // Nothing half made is left behind: files restored so far go.
+            if !snapshot_id.is_empty() {
+                let _ = deps.forget_session(&new_id).await;
+            }
+            return Err(status);
+        }
+    };
+    // The copy and the fork's own events in one transaction: a fork is
+    // stored whole or not at all, whenever this process stops.
+    let stored = deps
         .store
         .clone()
         .fork_session(spb::ForkSessionRequest {
             session_id: request.session_id.clone(),
             up_to_seq: at,
-            new_session_id: request.new_session_id.clone(),
+            new_session_id: new_id.clone(),
             project_dir,
+            events,
         })
-        .await?
-        .into_inner();
-    let forked = spb::SessionForked {
-        from_session_id: request.session_id.clone(),
-        at_seq: at,
-    };
-    let made = finish_fork(deps, settings, &session, kept, &snapshot_id, forked, by).await;
-    match made {
-        Ok((files_written, closed_open_turn)) => Ok(pb::ForkSessionResponse {
-            session: Some(session),
+        .await;
+    match stored {
+        Ok(session) => Ok(pb::ForkSessionResponse {
+            session: Some(session.into_inner()),
             snapshot_id,
             snapshot_seq,
             files_written,
             closed_open_turn,
         }),
         Err(status) => {
-            // Nothing half made is left behind.
-            let _ = deps
-                .store
-                .clone()
-                .delete_session(spb::DeleteSessionRequest {
-                    session_id: session.id.clone(),
-                })
-                .await;
+            // The files restored for it go too.
+            if !snapshot_id.is_empty() {
+                let _ = deps.forget_session(&new_id).await;
+            }
             Err(status)
         }
     }
 }
 
-/// Records where the fork comes from and who made it, restores its
-/// workspace and closes a turn its log ended inside; returns the entries
-/// written and whether a turn was closed.
-async fn finish_fork(
+/// Restores the fork's workspace (session `new_id`, not stored yet) and
+/// works out its own first events: where it comes from and who made it,
+/// its files, a turn its log ended inside closed. Returns the entries
+/// written, whether a turn was closed, and the events.
+async fn prepare_fork(
     deps: &Deps,
     settings: &Settings,
-    session: &spb::Session,
+    new_id: &str,
     kept: &[spb::Event],
     snapshot_id: &str,
     forked: spb::SessionForked,
     by: Option<String>,
-) -> Result<(u64, bool), Status> {
+) -> Result<(u64, bool, Vec<spb::Event>), Status> {
     let mut files_written = 0;
     let mut state = settings.replayed(kept);
     let mut effects = state
         .step(Input::Noted(Kind::SessionForked(forked)))
         .unwrap_or_default();
     if !snapshot_id.is_empty() {
-        let restored = deps.restore(&session.id, snapshot_id).await.map_err(|s| {
+        let restored = deps.restore(new_id, snapshot_id).await.map_err(|s| {
             agentry_runtime::reasons::restated(
                 &s,
                 format!("cannot restore the fork's files: {}", s.message()),
@@ -312,16 +344,5 @@ async fn finish_fork(
             })
         })
         .collect();
-    if !events.is_empty() {
-        deps.store
-            .clone()
-            .append(spb::AppendRequest {
-                session_id: session.id.clone(),
-                expected_seq: session.event_count + 1,
-                events,
-                lease_epoch: 0,
-            })
-            .await?;
-    }
-    Ok((files_written, closed))
+    Ok((files_written, closed, events))
 }

@@ -101,22 +101,27 @@ impl Backend {
     }
 
     /// Copies a session's log up to `up_to_seq` (0: all) into a new one,
-    /// which works in `project_dir` (empty: a scratch workspace).
+    /// which works in `project_dir` (empty: a scratch workspace), and
+    /// appends the fork's own `events`, atomically.
     pub async fn fork_session(
         &self,
         id: String,
         up_to_seq: u64,
         new_id: String,
         project_dir: String,
+        events: Vec<Event>,
     ) -> Result<Session, StoreError> {
         match self {
             Backend::Sqlite(s) => {
                 blocking(s, move |s| {
-                    s.fork_session(&id, up_to_seq, &new_id, &project_dir)
+                    s.fork_session(&id, up_to_seq, &new_id, &project_dir, events)
                 })
                 .await
             }
-            Backend::Postgres(p) => p.fork_session(&id, up_to_seq, &new_id, &project_dir).await,
+            Backend::Postgres(p) => {
+                p.fork_session(&id, up_to_seq, &new_id, &project_dir, events)
+                    .await
+            }
         }
     }
 

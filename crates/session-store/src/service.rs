@@ -178,6 +178,7 @@ impl SessionStore for SessionStoreService {
                 req.up_to_seq,
                 req.new_session_id,
                 req.project_dir,
+                req.events,
             )
             .await
             .map_err(status_of)?;

@@ -249,7 +249,13 @@ async fn forks_copy_the_log_and_deletes_remove_it(replicas: &Replicas, n: u32) {
         .await
         .unwrap();
     let fork = store
-        .fork_session("src".into(), 2, "fork".into(), "/home/p/try-b".into())
+        .fork_session(
+            "src".into(),
+            2,
+            "fork".into(),
+            "/home/p/try-b".into(),
+            Vec::new(),
+        )
         .await
         .unwrap();
     assert_eq!(fork.forked_from, "src");
@@ -259,7 +265,7 @@ async fn forks_copy_the_log_and_deletes_remove_it(replicas: &Replicas, n: u32) {
     let (events, _) = store.read("fork".into(), 1, 0).await.unwrap();
     assert!(events.iter().all(|e| e.session_id == "fork"));
     let whole = store
-        .fork_session("src".into(), 0, String::new(), String::new())
+        .fork_session("src".into(), 0, String::new(), String::new(), Vec::new())
         .await
         .unwrap();
     assert_eq!(whole.event_count, 3);
@@ -267,13 +273,45 @@ async fn forks_copy_the_log_and_deletes_remove_it(replicas: &Replicas, n: u32) {
     assert!(whole.turn_open);
     assert!(matches!(
         store
-            .fork_session("src".into(), 9, "f2".into(), String::new())
+            .fork_session("src".into(), 9, "f2".into(), String::new(), Vec::new())
+            .await,
+        Err(StoreError::InvalidArgument(_))
+    ));
+    // The fork's own events follow the copy in the same transaction.
+    let own = store
+        .fork_session(
+            "src".into(),
+            2,
+            "own".into(),
+            String::new(),
+            vec![user("mine")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(own.event_count, 3);
+    let (events, _) = store.read("own".into(), 1, 0).await.unwrap();
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    assert!(events[2].session_id == "own" && events[2].time.is_some());
+    // An own event that cannot be stored leaves no fork at all.
+    assert!(matches!(
+        store
+            .fork_session(
+                "src".into(),
+                2,
+                "half".into(),
+                String::new(),
+                vec![user("fine"), pb::Event::default()],
+            )
             .await,
         Err(StoreError::InvalidArgument(_))
     ));
     assert!(matches!(
+        store.read("half".into(), 1, 0).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
         store
-            .fork_session("src".into(), 1, "fork".into(), String::new())
+            .fork_session("src".into(), 1, "fork".into(), String::new(), Vec::new())
             .await,
         Err(StoreError::AlreadyExists(_))
     ));

@@ -604,6 +604,7 @@ async fn fork_copies_the_log_up_to_a_seq() {
             client
                 .fork_session(ForkSessionRequest {
                     project_dir: String::new(),
+                    events: Vec::new(),
                     session_id: "src".into(),
                     up_to_seq,
                     new_session_id: new_id,
@@ -664,6 +665,7 @@ async fn fork_copies_the_log_up_to_a_seq() {
         client
             .fork_session(ForkSessionRequest {
                 project_dir: String::new(),
+                events: Vec::new(),
                 session_id: "missing".into(),
                 up_to_seq: 0,
                 new_session_id: "x".into(),
@@ -969,6 +971,7 @@ async fn data_survives_a_server_restart() {
     client
         .fork_session(ForkSessionRequest {
             project_dir: String::new(),
+            events: Vec::new(),
             session_id: "chat".into(),
             up_to_seq: 5,
             new_session_id: "chat-fork".into(),

@@ -341,13 +341,14 @@ impl PgStore {
     }
 
     /// Copies a session's events up to `up_to_seq` (0: all) into a new
-    /// session.
+    /// session, then appends the fork's own `events`, in one transaction.
     pub async fn fork_session(
         &self,
         id: &str,
         up_to_seq: u64,
         new_id: &str,
         project_dir: &str,
+        own: Vec<Event>,
     ) -> Result<Session, StoreError> {
         let new_id = new_session_id(new_id)?;
         let mut client = self.client().await?;
@@ -377,6 +378,10 @@ impl PgStore {
             })
             .collect();
         insert_events(&tx, &new_id, 0, &events, now).await?;
+        let own = crate::store::fork_events(&new_id, last, own, now)?;
+        if !own.is_empty() {
+            insert_events(&tx, &new_id, last, &own, now).await?;
+        }
         let session = session_in(&tx, &new_id).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(session)

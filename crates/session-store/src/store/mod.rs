@@ -132,6 +132,28 @@ pub(crate) fn new_session_id(id: &str) -> Result<String, StoreError> {
 
 /// Refuses an append no backend takes: empty, too large, or an event
 /// without a kind.
+/// A fork's own events, stamped to follow a copy of `copied` events of
+/// session `new_id` (checked like an append; none is fine).
+pub(crate) fn fork_events(
+    new_id: &str,
+    copied: u64,
+    mut events: Vec<Event>,
+    now: i64,
+) -> Result<Vec<Event>, StoreError> {
+    if events.is_empty() {
+        return Ok(events);
+    }
+    check_append(&events)?;
+    for (i, e) in events.iter_mut().enumerate() {
+        e.session_id = new_id.to_string();
+        e.seq = copied + 1 + i as u64;
+        if e.time.is_none() {
+            e.time = Some(timestamp_from_ms(now));
+        }
+    }
+    Ok(events)
+}
+
 pub(crate) fn check_append(events: &[Event]) -> Result<(), StoreError> {
     if events.is_empty() {
         return Err(StoreError::InvalidArgument(

@@ -138,15 +138,18 @@ impl Store {
         Ok(count as u64)
     }
 
-    /// Copies a session's events up to `up_to_seq` (0: all) into a new session.
+    /// Copies a session's events up to `up_to_seq` (0: all) into a new
+    /// session, then appends the fork's own `events`, in one transaction.
     pub fn fork_session(
         &self,
         id: &str,
         up_to_seq: u64,
         new_id: &str,
         project_dir: &str,
+        events: Vec<Event>,
     ) -> Result<Session, StoreError> {
         let new_id = super::new_session_id(new_id)?;
+        let own = events;
         let mut conn = self.writer();
         let tx = conn.transaction()?;
         let source = Self::session_in(&tx, id)?;
@@ -170,6 +173,10 @@ impl Store {
             })
             .collect();
         Self::insert_events(&tx, &new_id, 0, &renamed, now, self.touch())?;
+        let own = super::fork_events(&new_id, last, own, now)?;
+        if !own.is_empty() {
+            Self::insert_events(&tx, &new_id, last, &own, now, self.touch())?;
+        }
         let session = Self::session_in(&tx, &new_id)?;
         tx.commit()?;
         Ok(session)

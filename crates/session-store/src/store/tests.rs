@@ -220,13 +220,13 @@ fn delete_and_fork() {
     store
         .append("a", 1, vec![user("q"), delta("x"), delta("y")])
         .unwrap();
-    let fork = store.fork_session("a", 2, "f", "").unwrap();
+    let fork = store.fork_session("a", 2, "f", "", Vec::new()).unwrap();
     assert_eq!(fork.event_count, 2);
     assert_eq!(fork.forked_from, "a");
     let (events, _) = store.read("f", 1, 0).unwrap();
     assert!(events.iter().all(|e| e.session_id == "f"));
     assert!(matches!(
-        store.fork_session("a", 9, "g", "").unwrap_err(),
+        store.fork_session("a", 9, "g", "", Vec::new()).unwrap_err(),
         StoreError::InvalidArgument(_)
     ));
     assert_eq!(store.delete_session("a").unwrap(), 3);
