@@ -205,6 +205,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
         println!("\nfigures written to {}", path.display());
     }
+    // The soak fails the run once its figures are written.
+    if let Some(failed) = report
+        .get("chaos")
+        .and_then(|c| c["failed"].as_array())
+        .filter(|f| !f.is_empty())
+    {
+        anyhow::bail!("the chaos soak found violations on {failed:?}");
+    }
     Ok(())
 }
 

@@ -51,6 +51,8 @@ pub struct Records {
     /// Sessions working in a project directory, and which (two sessions
     /// share each: their changing calls take turns on its lock).
     pub projects: BTreeMap<String, std::path::PathBuf>,
+    /// When the latest one-shot reminder falls due.
+    pub latest_due: Option<std::time::Instant>,
     /// Turns a client saw finish.
     pub turns_finished: usize,
     /// Requests that failed (under faults, expected; never checked).
@@ -219,7 +221,9 @@ pub async fn drive_session(
         // Now and then: a reminder, a fork, a rewind.
         let roll = rng.below(100);
         if roll < 15 {
-            let due = chrono::Utc::now() + chrono::Duration::seconds(5 + rng.below(15) as i64);
+            let wait = 5 + rng.below(15);
+            let due = chrono::Utc::now() + chrono::Duration::seconds(wait as i64);
+            let due_at = std::time::Instant::now() + Duration::from_secs(wait);
             let request = schpb::CreateReminderRequest {
                 session_id: session.clone(),
                 due: due.to_rfc3339(),
@@ -232,7 +236,10 @@ pub async fn drive_session(
                 task: None,
             };
             if let Some(reminder) = within(scheduler.create_reminder(request)).await {
-                ledger.with(|r| r.reminders.insert(reminder.id, (session.clone(), false)));
+                ledger.with(|r| {
+                    r.reminders.insert(reminder.id, (session.clone(), false));
+                    r.latest_due = r.latest_due.max(Some(due_at));
+                });
             } else {
                 ledger.with(|r| r.failed_requests += 1);
             }
