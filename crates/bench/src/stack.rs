@@ -33,13 +33,16 @@ pub struct Stack {
     _config: tempfile::TempDir,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+/// A loopback port free now.
+pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn var(service: &str) -> String {
+/// The part of a service's environment variables that names it
+/// (`SESSION_STORE`).
+pub fn var(service: &str) -> String {
     service.replace('-', "_").to_uppercase()
 }
 

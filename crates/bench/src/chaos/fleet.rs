@@ -4,6 +4,7 @@
 //! be cut or slowed, and a process can be killed, restarted, paused and
 //! resumed, one at a time or several at once.
 
+use crate::stack::{free_port, var};
 use agentry_runtime::Auth;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -159,16 +160,6 @@ pub struct Fleet {
     /// Each process's log (`NAME.log`, kept across restarts).
     pub logs: PathBuf,
     pub auth: Auth,
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn var(service: &str) -> String {
-    service.replace('-', "_").to_uppercase()
 }
 
 /// The processes of a layout: (service, how many).
