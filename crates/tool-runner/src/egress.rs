@@ -763,14 +763,18 @@ async fn open_tls(
     tls: &tokio_rustls::TlsConnector,
     host: &str,
     tcp: tokio::net::TcpStream,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use std::io::{Error, ErrorKind};
     let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
-        .map_err(|e| e.to_string())?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(name, tcp)).await {
-        Ok(Ok(stream)) => Ok(stream),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the TLS handshake did not finish in time".into()),
-    }
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, e))?;
+    tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(name, tcp))
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::TimedOut,
+                "the TLS handshake did not finish in time",
+            )
+        })?
 }
 
 async fn connect_any(addrs: &[SocketAddr]) -> Option<tokio::net::TcpStream> {
