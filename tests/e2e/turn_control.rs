@@ -403,3 +403,50 @@ async fn cancel_kills_the_running_tool_and_the_session_carries_on() {
         .unwrap();
     assert_eq!(tool_msg["tool_call_id"], "long");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_a_spending_limit_stops_at_once_is_named_in_the_submit_answer() {
+    let cluster = Cluster::start().await.unwrap();
+    cluster.model.set_fallback(Fallback::Echo);
+    cluster.model.push(Reply::stream(vec![
+        agentry_testkit::fake_model::text("spent"),
+        agentry_testkit::fake_model::usage(500, 500),
+        agentry_testkit::fake_model::finish("stop"),
+    ]));
+    let mut client = cluster.orchestrator().await.unwrap();
+    let (session, mut events) = new_session(&mut client).await;
+    // A session limit of 10 tokens: the first turn spends past it.
+    let mut input = user("spend");
+    if let Some(pb::input::Kind::UserMessage(message)) = &mut input.kind {
+        message.budget = Some(agentry_proto::sessions::v1::Budget {
+            session_tokens: 10,
+            ..Default::default()
+        });
+    }
+    let first = client
+        .submit(pb::SubmitRequest {
+            session_id: session.id.clone(),
+            input: Some(input),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .turn_id;
+    until_finished(&mut events, &first).await;
+
+    // The next turn starts and stops at the limit within one step: the
+    // answer still names it, so the client can follow it.
+    let second = send(&mut client, &session.id, "again").await;
+    assert!(!second.is_empty(), "the answer names no turn");
+    assert_ne!(second, first);
+    let received = until_finished(&mut events, &second).await;
+    assert!(
+        received
+            .iter()
+            .any(|e| e.turn_id == second && matches!(e.kind, Some(Kind::BudgetExceeded(_)))),
+        "{:?}",
+        kinds(&received)
+    );
+    // It never reached the model: it ended in the step that started it.
+    assert_eq!(cluster.model.request_count(), 1);
+}

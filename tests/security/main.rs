@@ -12,6 +12,7 @@ mod support;
 
 mod auth;
 mod flood;
+mod huge_values;
 mod model_output;
 mod network;
 mod people;

@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod auth;
+pub mod bounded;
 pub mod config;
 pub mod datadir;
 pub mod images;

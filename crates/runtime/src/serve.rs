@@ -117,6 +117,8 @@ pub async fn serve(
     }
     let server = builder
         .trace_fn(crate::telemetry::server_span)
+        // Outermost: refusals of every layer within are bounded.
+        .layer(crate::bounded::BoundedStatusLayer)
         .layer(auth.layer())
         .add_routes(routes)
         .add_service(health)

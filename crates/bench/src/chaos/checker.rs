@@ -303,73 +303,82 @@ pub fn check(
     found
 }
 
-/// Sends every session a new turn; those that do not finish it within
-/// `limit`.
+/// How many sessions are asked at once: the check is whether each
+/// session answers, not how the fleet bears hundreds of turns started in
+/// the same instant.
+const ASKED_AT_ONCE: usize = 8;
+
+/// Sends every session a new turn, a few sessions at a time; those that do
+/// not finish it within `limit` of their input.
 pub async fn answers_new_turns(
     orchestrators: &[Channel],
     sessions: &[String],
     limit: Duration,
 ) -> Vec<Violation> {
-    let mut tasks = Vec::new();
-    for (i, session) in sessions.iter().enumerate() {
-        let mut client = OrchestratorClient::new(orchestrators[i % orchestrators.len()].clone());
-        let session = session.clone();
-        tasks.push(tokio::spawn(async move {
-            let started = Instant::now();
-            let outcome = tokio::time::timeout(limit, async {
-                let turn = client
-                    .submit(opb::SubmitRequest {
-                        session_id: session.clone(),
-                        input: Some(opb::Input {
-                            kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
-                                text: "are you there?".into(),
-                                approval_mode: spb::ApprovalMode::Policy as i32,
-                                ..Default::default()
-                            })),
-                        }),
-                    })
-                    .await?
-                    .into_inner()
-                    .turn_id;
-                let mut stream = client
-                    .subscribe(opb::SubscribeRequest {
-                        session_id: session.clone(),
-                        from_seq: 0,
-                        live_only: false,
-                    })
-                    .await?
-                    .into_inner();
-                while let Some(event) = stream.message().await? {
-                    if event.turn_id == turn && matches!(event.kind, Some(Ev::TurnFinished(_))) {
-                        return Ok::<_, tonic::Status>(());
-                    }
-                }
-                Err(tonic::Status::unavailable("the stream ended"))
+    use futures::StreamExt;
+    let asked = sessions.iter().enumerate().map(|(i, session)| {
+        let client = OrchestratorClient::new(orchestrators[i % orchestrators.len()].clone());
+        answers_new_turn(client, session.clone(), limit)
+    });
+    futures::stream::iter(asked)
+        .buffer_unordered(ASKED_AT_ONCE)
+        .filter_map(|v| async move { v })
+        .collect()
+        .await
+}
+
+async fn answers_new_turn(
+    mut client: OrchestratorClient<Channel>,
+    session: String,
+    limit: Duration,
+) -> Option<Violation> {
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(limit, async {
+        let submitted = client
+            .submit(opb::SubmitRequest {
+                session_id: session.clone(),
+                input: Some(opb::Input {
+                    kind: Some(opb::input::Kind::UserMessage(opb::UserInput {
+                        text: "are you there?".into(),
+                        approval_mode: spb::ApprovalMode::Policy as i32,
+                        ..Default::default()
+                    })),
+                }),
             })
-            .await;
-            match outcome {
-                Ok(Ok(())) => None,
-                Ok(Err(status)) => Some(violation(
-                    "no-answer",
-                    format!("{session}: a new turn failed: {}", status.message()),
-                )),
-                Err(_) => Some(violation(
-                    "no-answer",
-                    format!(
-                        "{session}: a new turn did not finish within {:?}",
-                        started.elapsed()
-                    ),
-                )),
+            .await?
+            .into_inner();
+        // From the input on: the rest of the log is not the question.
+        let mut stream = client
+            .subscribe(opb::SubscribeRequest {
+                session_id: session.clone(),
+                from_seq: submitted.seq,
+                live_only: false,
+            })
+            .await?
+            .into_inner();
+        while let Some(event) = stream.message().await? {
+            if event.turn_id == submitted.turn_id && matches!(event.kind, Some(Ev::TurnFinished(_)))
+            {
+                return Ok::<_, tonic::Status>(());
             }
-        }));
-    }
-    let mut found = Vec::new();
-    for task in tasks {
-        if let Ok(Some(v)) = task.await {
-            found.push(v);
         }
+        Err(tonic::Status::unavailable("the stream ended"))
+    })
+    .await;
+    match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(status)) => Some(violation(
+            "no-answer",
+            format!("{session}: a new turn failed: {}", status.message()),
+        )),
+        Err(_) => Some(violation(
+            "no-answer",
+            format!(
+                "{session}: a new turn did not finish within {:?}",
+                started.elapsed()
+            ),
+        )),
     }
-    found
 }
 
 /// Processes still working in the fleet's data directory after every

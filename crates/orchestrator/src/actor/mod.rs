@@ -292,7 +292,19 @@ impl Actor {
                 return Ok(());
             }
         };
-        let turn_id = self.state.turn_id().map(str::to_string).or(turn_before);
+        // The turn the input started or belongs to: the running one, or
+        // the one it was recorded in (a turn may start and end in the same
+        // step, refused at once by a spending limit).
+        let recorded = effects.iter().find_map(|effect| match effect {
+            Effect::Record { turn_id, .. } if !turn_id.is_empty() => Some(turn_id.clone()),
+            _ => None,
+        });
+        let turn_id = self
+            .state
+            .turn_id()
+            .map(str::to_string)
+            .or(recorded)
+            .or(turn_before);
         match self.run_effects_traced(effects).await {
             Ok(first_seq) => {
                 let turn_id = turn_id.unwrap_or_default();

@@ -45,6 +45,11 @@ impl ConfigSource {
     }
 }
 
+/// The environment variables the loader reads.
+pub fn env_vars() -> impl Iterator<Item = &'static str> {
+    ENV_KEYS.iter().map(|(var, _)| *var)
+}
+
 /// Environment variables and the key each one sets.
 const ENV_KEYS: &[(&str, &[&str])] = &[
     ("AGENTRY_DATA_DIR", &["data_dir"]),

@@ -986,7 +986,7 @@ pub use hooks::MAX_HOOK_TIMEOUT_SECS;
 mod mcp;
 pub use mcp::{MCP_SEPARATOR, McpConfig, McpServerConfig, check_server, read_servers_file};
 
-pub use load::ConfigSource;
+pub use load::{ConfigSource, env_vars};
 
 #[cfg(test)]
 mod tests;
