@@ -240,3 +240,28 @@ pub fn check(dir: &Path, input: &Input, report: &mut Report) -> anyhow::Result<(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn generated_layers_are_mostly_toml_and_both_load_and_are_refused() {
+        let generator = Generator::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut report = Report::default();
+        let mut toml_ok = 0;
+        for i in 0..300 {
+            let input = generator.input(&mut Rng::new(i));
+            if toml::from_str::<toml::Table>(&input.text).is_ok() {
+                toml_ok += 1;
+            }
+            check(dir.path(), &input, &mut report).unwrap();
+        }
+        assert!(toml_ok > 250, "{toml_ok} of 300 are TOML");
+        assert_eq!(report.inputs, 300);
+        assert!(report.loaded > 0 && report.refused > 0, "{report:?}");
+        assert!(report.findings.is_empty(), "{:?}", report.findings);
+    }
+}

@@ -450,7 +450,13 @@ async fn fuzz_rpc(
                     )
                 }
             })
-            .buffer_unordered(args.concurrency)
+            // A streamed answer is read for a moment, mostly waiting:
+            // more of them at once keep the cores busy.
+            .buffer_unordered(if method.server_streaming {
+                args.concurrency * 4
+            } else {
+                args.concurrency
+            })
             .collect()
             .await;
         for (k, outcome) in &outcomes {
@@ -785,4 +791,142 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("no findings");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use prost::Message;
+
+    fn method(schema: &Schema, label: &str) -> Method {
+        schema
+            .methods
+            .iter()
+            .find(|m| m.label() == label)
+            .cloned()
+            .unwrap()
+    }
+
+    #[test]
+    fn every_rpc_of_every_service_is_known() {
+        let schema = Schema::load().unwrap();
+        assert_eq!(schema.methods.len(), 51);
+        for label in [
+            "SessionStore.Append",
+            "ToolRunner.Execute",
+            "Scheduler.StreamDue",
+            "Orchestrator.Chat",
+        ] {
+            method(&schema, label);
+        }
+        let chat = method(&schema, "Orchestrator.Chat");
+        assert!(chat.client_streaming && chat.server_streaming);
+        assert_eq!(chat.path(), "/agentry.orchestrator.v1.Orchestrator/Chat");
+    }
+
+    #[test]
+    fn generated_inputs_are_mostly_well_formed_and_repeat_with_the_seed() {
+        let schema = Schema::load().unwrap();
+        let submit = method(&schema, "Orchestrator.Submit");
+        let pools = Pools {
+            session_ids: vec!["s1".into()],
+            ..Default::default()
+        };
+        let mut decoded = 0;
+        let mut with_message = 0;
+        let mut real_session = 0;
+        for i in 0..2000 {
+            let input = input(&schema, &submit, &pools, &[], 7, i);
+            assert_eq!(input, super::input(&schema, &submit, &pools, &[], 7, i));
+            if let Ok(request) = opb::SubmitRequest::decode(input[0].clone()) {
+                decoded += 1;
+                if matches!(
+                    request.input.and_then(|i| i.kind),
+                    Some(opb::input::Kind::UserMessage(_))
+                ) {
+                    with_message += 1;
+                }
+                if request.session_id == "s1" {
+                    real_session += 1;
+                }
+            }
+        }
+        // 70% are generated whole; some of the damaged ones still decode.
+        assert!(decoded > 1100, "{decoded} of 2000 decode");
+        assert!(with_message > 50, "{with_message} carry a message");
+        assert!(
+            real_session > 50,
+            "{real_session} name the session that exists"
+        );
+        let other_seed = input(&schema, &submit, &pools, &[], 8, 1);
+        let same_seed = input(&schema, &submit, &pools, &[], 7, 1);
+        assert_ne!(other_seed, same_seed);
+    }
+
+    #[test]
+    fn a_corpus_entry_is_replayed_before_generated_inputs() {
+        let schema = Schema::load().unwrap();
+        let get = method(&schema, "SessionStore.GetSession");
+        let dir = tempfile::tempdir().unwrap();
+        let entry = vec![Bytes::from_static(b"\x0a\x03abc"), Bytes::from_static(b"")];
+        let path = save(&dir.path().join("x"), &entry).unwrap();
+        assert!(path.exists());
+        let corpus = load_corpus(&dir.path().join("x"));
+        assert_eq!(corpus, vec![entry.clone()]);
+        let first = input(&schema, &get, &Pools::default(), &corpus, 1, 0);
+        assert_eq!(first, entry);
+    }
+
+    #[test]
+    fn answers_of_one_kind_have_one_shape_and_findings_are_judged() {
+        assert_eq!(
+            shape("session \"abc\" not found at seq 12"),
+            shape("session \"zz9\" not found at seq 7")
+        );
+        let timeout = Duration::from_secs(1);
+        assert!(judge(&Outcome::Ok, timeout).is_none());
+        assert!(
+            judge(
+                &Outcome::Status(Code::NotFound, "no such session".into()),
+                timeout
+            )
+            .is_none()
+        );
+        assert!(
+            judge(
+                &Outcome::Status(
+                    Code::Internal,
+                    "failed to decode Protobuf message: x".into()
+                ),
+                timeout
+            )
+            .is_none()
+        );
+        assert_eq!(judge(&Outcome::Hung, timeout).unwrap().0, "hang");
+        assert_eq!(
+            judge(&Outcome::Status(Code::InvalidArgument, " ".into()), timeout)
+                .unwrap()
+                .0,
+            "error without words"
+        );
+        assert_eq!(
+            judge(
+                &Outcome::Status(Code::Internal, "database exploded".into()),
+                timeout
+            )
+            .unwrap()
+            .0,
+            "internal error"
+        );
+        assert_eq!(
+            judge(
+                &Outcome::Status(Code::Unavailable, "h2 protocol error: http2 error".into()),
+                timeout
+            )
+            .unwrap()
+            .0,
+            "broken connection"
+        );
+    }
 }

@@ -61,7 +61,7 @@ pub enum Outcome {
 
 /// For a streaming answer: how long to read it before hanging up (a
 /// subscription to a live session never ends by itself).
-const STREAM_READ: Duration = Duration::from_millis(300);
+const STREAM_READ: Duration = Duration::from_millis(50);
 
 /// Sends `messages` (one for a unary or server-streaming method) to
 /// `method` over `channel`.

@@ -93,24 +93,53 @@ fn open_turns(events: &[spb::Event]) -> Vec<String> {
         .collect()
 }
 
+/// How long a session's log must stay still for an open turn to count as
+/// stuck rather than progressing.
+const STILL: Duration = Duration::from_secs(10);
+/// How much longer than the limit a progressing turn is watched.
+const PROGRESSING: Duration = Duration::from_secs(60);
+
 /// Waits until no turn is open anywhere (a person keeps answering), at
-/// most `limit`; the open turns left.
+/// most `limit`; the open turns left. A turn still open at `limit` whose
+/// session's log grew in the last 10 s is progressing (a person answering
+/// one call after another) rather than stuck: it is watched a minute more.
 pub async fn quiesce(
     store: &mut SessionStoreClient<Channel>,
     limit: Duration,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    let deadline = Instant::now() + limit;
+    let started = Instant::now();
+    let mut grew_at: BTreeMap<String, (usize, Instant)> = BTreeMap::new();
     loop {
         let logs = logs(store).await;
+        let now = Instant::now();
         let open: Vec<(String, String)> = match &logs {
-            Ok(logs) => logs
-                .iter()
-                .flat_map(|(s, events)| open_turns(events).into_iter().map(|t| (s.clone(), t)))
-                .collect(),
+            Ok(logs) => {
+                for (session, events) in logs {
+                    let seen = grew_at
+                        .entry(session.clone())
+                        .or_insert((events.len(), now));
+                    if seen.0 != events.len() {
+                        *seen = (events.len(), now);
+                    }
+                }
+                logs.iter()
+                    .flat_map(|(s, events)| open_turns(events).into_iter().map(|t| (s.clone(), t)))
+                    .collect()
+            }
             Err(_) => vec![("?".into(), "the store does not answer".into())],
         };
-        if open.is_empty() || Instant::now() >= deadline {
+        if open.is_empty() || now >= started + limit + PROGRESSING {
             return Ok(open);
+        }
+        if now >= started + limit {
+            let progressing = open.iter().any(|(session, _)| {
+                grew_at
+                    .get(session)
+                    .is_some_and(|(_, at)| now.duration_since(*at) < STILL)
+            });
+            if !progressing {
+                return Ok(open);
+            }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -139,6 +168,39 @@ fn token_of(arguments: &str) -> Option<(String, &'static str)> {
     Some((token, file))
 }
 
+/// The firings each reminder delivered, by reminder id, from the logs (a
+/// fork's copy of its parent's history not counted).
+pub fn firings(logs: &BTreeMap<String, Vec<spb::Event>>) -> BTreeMap<String, Vec<String>> {
+    let mut fired: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for events in logs.values() {
+        // A fork's log starts with a copy of its parent's: reminders fired
+        // there are the parent's.
+        let own_from = events
+            .iter()
+            .position(|e| matches!(e.kind, Some(Ev::SessionForked(_))))
+            .unwrap_or(0);
+        for e in &events[own_from..] {
+            if let Some(Ev::ReminderDue(r)) = &e.kind {
+                fired
+                    .entry(r.reminder_id.clone())
+                    .or_default()
+                    .push(r.firing_id.clone());
+            }
+        }
+    }
+    fired
+}
+
+/// One-shot reminders acknowledged to the clients that no log holds yet.
+pub fn reminders_waiting(logs: &BTreeMap<String, Vec<spb::Event>>, records: &Records) -> usize {
+    let fired = firings(logs);
+    records
+        .reminders
+        .iter()
+        .filter(|(id, (_, recurring))| !recurring && !fired.contains_key(*id))
+        .count()
+}
+
 /// Checks the logs and the workspaces against the records.
 pub fn check(
     logs: &BTreeMap<String, Vec<spb::Event>>,
@@ -147,7 +209,7 @@ pub fn check(
     recurring_minutes: u64,
 ) -> Vec<Violation> {
     let mut found = Vec::new();
-    let mut fired: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let fired = firings(logs);
     let forks: BTreeSet<&str> = records.forks.iter().map(|(_, f)| f.as_str()).collect();
     for (session, events) in logs {
         // Every seq once, from 1, in order; every event decodes.
@@ -179,29 +241,15 @@ pub fn check(
                 ));
             }
         }
-        // A fork's log starts with a copy of its parent's: reminders fired
-        // there are the parent's.
-        let own_from = events
-            .iter()
-            .position(|e| matches!(e.kind, Some(Ev::SessionForked(_))))
-            .unwrap_or(0);
         // Approvals: each acknowledged answer stored, none applied twice.
         let mut approved: BTreeMap<&str, usize> = BTreeMap::new();
         let mut decided: BTreeSet<&str> = BTreeSet::new();
-        for (i, e) in events.iter().enumerate() {
+        for e in events {
             if let Some(Ev::ApprovalDecided(d)) = &e.kind {
                 decided.insert(d.call_id.as_str());
                 if d.decision == spb::ApprovalDecision::Approve as i32 {
                     *approved.entry(d.call_id.as_str()).or_insert(0) += 1;
                 }
-            }
-            if let Some(Ev::ReminderDue(r)) = &e.kind
-                && i >= own_from
-            {
-                fired
-                    .entry(r.reminder_id.clone())
-                    .or_default()
-                    .push(r.firing_id.clone());
             }
         }
         for (call, n) in approved.iter().filter(|(_, n)| **n > 1) {
@@ -631,5 +679,10 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         assert!(check(&logs, &records, dir.path(), 1).is_empty());
+        assert_eq!(firings(&logs)["r1"], ["r1@1"]);
+        assert_eq!(reminders_waiting(&logs, &records), 0);
+        // A reminder only a fork's copy holds is still on its way.
+        let copied_only = BTreeMap::from([("p-fork".to_string(), logs["p-fork"].clone())]);
+        assert_eq!(reminders_waiting(&copied_only, &records), 1);
     }
 }
