@@ -8,7 +8,8 @@ up:
 # The whole test suite: every crate's tests (with a real model server:
 # llama.cpp built once into ~/.cache/agentry, about 8 minutes the first
 # time; the MCP servers and the protocol SDKs in virtualenvs from PyPI),
-# a 2-minute soak under faults on each layout (docs/reliability.md), then
+# a 2-minute soak under faults on each layout (docs/reliability.md), a
+# brief fuzzing of every RPC (docs/fuzzing.md), then
 # the Compose stack end to end (skipped with a message where
 # Docker is missing).
 test:
@@ -18,6 +19,9 @@ test:
 	cargo test --workspace
 	target/debug/agentry-bench --scenarios chaos --layout sqlite,postgres --minutes 2 \
 	  --chaos-sessions 50 --seed $${AGENTRY_CHAOS_SEED:-20261128}
+	cargo build -p agentry-fuzz
+	target/debug/agentry-fuzz --inputs 400 --config-inputs 5000 \
+	  --seed $${AGENTRY_FUZZ_SEED:-20261129}
 	docker/e2e.sh
 
 # What CI runs: formatting, lints, tests.

@@ -285,7 +285,19 @@ pub fn check(
                 on_disk.insert((token, file), n);
             }
         }
-        if !records.rewound.contains(session) && !forks.contains(session.as_str()) {
+        // A rewind takes changes back, and a fork starts from its parent's
+        // files at the fork point: their tokens may rightly be gone. The log
+        // says so even when the client never heard the answer (a fork or a
+        // rewind whose reply a fault cut, or a fork of a rewound session).
+        let rewound_or_forked = records.rewound.contains(session)
+            || forks.contains(session.as_str())
+            || events.iter().any(|e| {
+                matches!(
+                    e.kind,
+                    Some(Ev::SessionRewound(_)) | Some(Ev::SessionForked(_))
+                )
+            });
+        if !rewound_or_forked {
             let mut calls = BTreeMap::new();
             for e in events {
                 match &e.kind {
@@ -681,6 +693,25 @@ mod tests {
         assert!(check(&logs, &records, dir.path(), 1).is_empty());
         assert_eq!(firings(&logs)["r1"], ["r1@1"]);
         assert_eq!(reminders_waiting(&logs, &records), 0);
+        // A fork nobody heard about (its answer lost) whose parent was
+        // rewound: the calls taken back are not lost changes.
+        let unheard = BTreeMap::from([(
+            "q-fork".to_string(),
+            vec![
+                event(1, "t1", bash_call("c1", "tok1")),
+                event(2, "t1", result("c1")),
+                event(3, "t1", finished()),
+                event(4, "", Ev::SessionRewound(Default::default())),
+                event(5, "", Ev::SessionForked(Default::default())),
+            ],
+        )]);
+        assert!(check(&unheard, &Records::default(), dir.path(), 1).is_empty());
+        let mut plain = unheard.clone();
+        plain.get_mut("q-fork").unwrap().truncate(3);
+        assert_eq!(
+            kinds(&check(&plain, &Records::default(), dir.path(), 1)),
+            ["lost-change"]
+        );
         // A reminder only a fork's copy holds is still on its way.
         let copied_only = BTreeMap::from([("p-fork".to_string(), logs["p-fork"].clone())]);
         assert_eq!(reminders_waiting(&copied_only, &records), 1);
