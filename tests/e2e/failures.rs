@@ -326,3 +326,141 @@ async fn without_a_limit_model_calls_run_side_by_side() {
         cluster.model.most_in_flight()
     );
 }
+
+/// A sub-agent's task whose first events were stored but whose start was
+/// reported failed (the store's answer lost on a cut connection): the
+/// delegate call ended with an error, and nothing drives the task's turn.
+/// Recovery takes it up and cancels it instead of leaving it open.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_left_open_after_its_call_ended_is_cancelled_on_recovery() {
+    use agentry_proto::sessions::v1 as spb;
+    let mut cluster = Cluster::start_with(|config| {
+        config.agents.push(
+            serde_json::from_value(json!({
+                "name": "reader",
+                "description": "Reads files",
+                "system_prompt": "Read.",
+                "tools": ["read_file"],
+            }))
+            .unwrap(),
+        );
+    })
+    .await
+    .unwrap();
+    let mut store = cluster.store().await.unwrap();
+    let event = |turn: &str, kind: Kind| spb::Event {
+        turn_id: turn.to_string(),
+        kind: Some(kind),
+        ..Default::default()
+    };
+    let append = |session: &str, events: Vec<spb::Event>| spb::AppendRequest {
+        session_id: session.to_string(),
+        expected_seq: 1,
+        events,
+        lease_epoch: 0,
+    };
+    // The parent: its delegate call ended with an error.
+    let (parent, turn, call) = ("parent-1", "turn-1", "d1");
+    store
+        .create_session(spb::CreateSessionRequest {
+            session_id: parent.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let model = || {
+        Kind::ModelMessage(spb::ModelMessage {
+            finish_reason: "tool_calls".into(),
+            ..Default::default()
+        })
+    };
+    store
+        .append(append(
+            parent,
+            vec![
+                event(
+                    turn,
+                    Kind::UserMessage(spb::UserMessage {
+                        text: "delegate".into(),
+                        ..Default::default()
+                    }),
+                ),
+                event(turn, model()),
+                event(
+                    turn,
+                    Kind::ToolCallRequested(spb::ToolCallRequested {
+                        call_id: call.into(),
+                        tool: "delegate".into(),
+                        arguments_json: json!({"agent": "reader", "task": "read"}).to_string(),
+                        read_only: true,
+                        ..Default::default()
+                    }),
+                ),
+                event(
+                    turn,
+                    Kind::ToolResult(spb::ToolResult {
+                        call_id: call.into(),
+                        tool: "delegate".into(),
+                        output: "error: cannot start the task".into(),
+                        is_error: true,
+                        ..Default::default()
+                    }),
+                ),
+                event(turn, model()),
+                event(turn, Kind::TurnFinished(spb::TurnFinished::default())),
+            ],
+        ))
+        .await
+        .unwrap();
+    // Its task: stored, its turn open.
+    let child = agentry_orchestrator::agents::child_id(parent, turn, 1, call);
+    store
+        .create_session(spb::CreateSessionRequest {
+            session_id: child.clone(),
+            parent: Some(spb::SessionParent {
+                session_id: parent.into(),
+                call_id: call.into(),
+                agent: "reader".into(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    store
+        .append(append(
+            &child,
+            vec![event(
+                "task-turn",
+                Kind::UserMessage(spb::UserMessage {
+                    text: "read".into(),
+                    ..Default::default()
+                }),
+            )],
+        ))
+        .await
+        .unwrap();
+
+    cluster
+        .restart_service(agentry_testkit::cluster::Service::Orchestrator)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let log = read_log(&mut store, &child).await;
+        if let Some(done) = log.iter().find_map(|e| match &e.kind {
+            Some(Kind::TurnFinished(f)) if e.turn_id == "task-turn" => Some(f.clone()),
+            _ => None,
+        }) {
+            assert_eq!(done.outcome, TurnOutcome::Cancelled as i32, "{done:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the task's turn is still open: {:?}",
+            kinds(&log)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // The parent's log is left as it was.
+    assert_eq!(read_log(&mut store, parent).await.len(), 6);
+}

@@ -272,11 +272,15 @@ impl Sessions {
         };
         for session in sessions {
             // A sub-agent's task is taken up by its delegate call (run
-            // again, or ended: then the task is cancelled), not on its own.
+            // again, or ended: then the task is cancelled), not on its own;
+            // unless that call has already ended (the task's start failed
+            // after its first events were stored): nothing else would close
+            // the task's turn, so it is loaded here, and cancelled.
             if session
                 .parent
                 .as_ref()
                 .is_some_and(|p| !p.session_id.is_empty())
+                && !matches!(self.task_call_ended(&session.id).await, Ok(true))
             {
                 continue;
             }
