@@ -4,7 +4,7 @@
 //! loader must answer each with a configuration or an error that says
 //! something, without panicking or hanging.
 
-use crate::rng::Rng;
+use crate::rng::{Edges, Rng};
 use agentry_runtime::{Config, ConfigSource};
 use std::collections::BTreeMap;
 use std::path::Path;

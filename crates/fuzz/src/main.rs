@@ -518,25 +518,23 @@ async fn isolate_panics(
         wire::call(&target.channel, method, messages.clone(), timeout).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
         if panics() > before {
-            let message = PANICS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .last()
-                .cloned()
-                .unwrap_or_default();
-            report.find("panic", &message, Some(messages), dir);
+            report.find("panic", &last_panic(), Some(messages), dir);
             found = true;
         }
     }
     if !found {
-        let message = PANICS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .last()
-            .cloned()
-            .unwrap_or_default();
-        report.find("panic (input not isolated)", &message, None, dir);
+        report.find("panic (input not isolated)", &last_panic(), None, dir);
     }
+}
+
+/// The message of the latest panic.
+fn last_panic() -> String {
+    PANICS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .last()
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// After the inputs: every service still answers, every stored event

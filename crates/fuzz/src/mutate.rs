@@ -2,7 +2,7 @@
 //! garbage), and protobuf-level ones (two encodings of the same message
 //! concatenated merge into one, so an input grows by a generated part).
 
-use crate::rng::Rng;
+use crate::rng::{Edges, Rng};
 
 /// A changed copy of `input`; `extra` is another input of the same
 /// message to splice in.

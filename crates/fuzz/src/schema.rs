@@ -3,7 +3,7 @@
 //! random but well-formed protobuf encodings of any message from its
 //! descriptor (with the occasional malformed one, see [`crate::mutate`]).
 
-use crate::rng::Rng;
+use crate::rng::{Edges, Rng};
 use prost::Message;
 use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FieldDescriptorProto, FileDescriptorSet};

@@ -7,6 +7,7 @@
 //! Nothing but tests and benchmarks may depend on it.
 
 pub mod cluster;
+pub mod rng;
 
 pub use agentry_fakes::{FakeModel, Reply, fake_crawl4ai, fake_model, mcp_servers, postgres};
 pub use cluster::Cluster;
