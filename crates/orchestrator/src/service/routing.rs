@@ -271,6 +271,9 @@ impl Sessions {
             }
         };
         for session in sessions {
+            if self.is_loaded(&session.id) {
+                continue;
+            }
             // A sub-agent's task is taken up by its delegate call (run
             // again, or ended: then the task is cancelled), not on its own;
             // unless that call has already ended (the task's start failed
@@ -282,9 +285,6 @@ impl Sessions {
                 .is_some_and(|p| !p.session_id.is_empty())
                 && !matches!(self.task_call_ended(&session.id).await, Ok(true))
             {
-                continue;
-            }
-            if self.is_loaded(&session.id) {
                 continue;
             }
             match self.route(&session.id).await {
