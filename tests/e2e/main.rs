@@ -9,6 +9,7 @@ mod support;
 mod approvals;
 mod chat_turn;
 mod compaction;
+mod durable_writes;
 mod failures;
 mod mcp;
 mod notify;

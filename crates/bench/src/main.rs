@@ -250,11 +250,23 @@ fn goals(report: &serde_json::Map<String, Value>) -> Vec<Value> {
         goal(
             "one session growing to 2,000 messages vs a fresh session",
             Some(growing / fresh),
-            0.7,
+            0.9,
             true,
             "x",
         );
     }
+    let sequential = runs.iter().find(|r| {
+        r["mode"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("sequential"))
+    });
+    goal(
+        "durable commits per one-tool turn",
+        sequential.and_then(|r| r["commits_per_turn"].as_f64()),
+        3.0,
+        false,
+        "",
+    );
     // The goal is set for 1,000 sessions (or more).
     let widest = runs
         .iter()

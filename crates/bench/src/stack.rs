@@ -30,6 +30,8 @@ pub struct Stack {
     pub data: tempfile::TempDir,
     /// The services' tokens, read from the data dir once they are up.
     pub auth: Auth,
+    /// Where the session store serves its metrics.
+    store_metrics: String,
     _config: tempfile::TempDir,
 }
 
@@ -96,8 +98,15 @@ impl Stack {
             ));
             urls.insert(service, format!("http://127.0.0.1:{port}"));
         }
+        // The store's metrics, for the commits a turn costs.
+        let store_metrics = format!("127.0.0.1:{}", free_port()?);
+        env.push((
+            "AGENTRY_SESSION_STORE_METRICS_LISTEN".into(),
+            store_metrics.clone(),
+        ));
         env.extend(extra.iter().cloned());
         let mut stack = Stack {
+            store_metrics,
             children: Vec::new(),
             env: env.clone(),
             more_orchestrators: Vec::new(),
@@ -245,10 +254,43 @@ impl Stack {
         agentry_testkit::cluster::connect_as(&self.auth, &self.urls[service]).await
     }
 
+    /// The session store's append requests and durable commits so far
+    /// (from its metrics).
+    pub async fn store_writes(&self) -> anyhow::Result<StoreWrites> {
+        let url = format!("http://{}/metrics", self.store_metrics);
+        let text = reqwest::get(&url)
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .with_context(|| format!("cannot read the session store's metrics at {url}"))?
+            .text()
+            .await?;
+        let value = |name: &str| -> anyhow::Result<f64> {
+            text.lines()
+                .find_map(|line| {
+                    let (series, value) = line.split_once(' ')?;
+                    (series == name).then(|| value.trim().parse::<f64>().ok())?
+                })
+                .with_context(|| format!("the session store's metrics lack {name}"))
+        };
+        Ok(StoreWrites {
+            appends: value("agentry_store_appends_total").unwrap_or(0.0),
+            commits: value("agentry_store_commits_total")?,
+        })
+    }
+
     /// The workspace of a session.
     pub fn workspace(&self, session_id: &str) -> std::path::PathBuf {
         self.data.path().join("workspaces").join(session_id)
     }
+}
+
+/// Writes the session store has taken.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreWrites {
+    /// Append requests stored.
+    pub appends: f64,
+    /// Durable transactions (appends that arrive together share one).
+    pub commits: f64,
 }
 
 impl Drop for Stack {

@@ -125,6 +125,19 @@ impl Registry {
         self.add(name, help, labels, 1.0);
     }
 
+    /// Sets a counter to `total`, for a count kept elsewhere (it only grows).
+    pub fn set_total(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&str, &str)],
+        total: f64,
+    ) {
+        self.update(name, help, Kind::Counter, labels, |s| {
+            *s = Series::Value(total)
+        });
+    }
+
     /// Sets a gauge.
     pub fn set(&self, name: &'static str, help: &'static str, labels: &[(&str, &str)], value: f64) {
         self.update(name, help, Kind::Gauge, labels, |s| {

@@ -42,12 +42,21 @@ pub async fn run(
         shutdown.await;
         let _ = closing_tx.send(true);
     };
+    let backend = store.clone();
     let service = SessionStoreService::new(store, closing);
     let metrics = service.metrics.clone();
     let metrics_task =
-        agentry_runtime::metrics::spawn(metrics_listen, "session store", move || metrics.render())
-            .await
-            .map_err(RunError::Startup)?;
+        agentry_runtime::metrics::spawn(metrics_listen, "session store", move || {
+            metrics.set_total(
+                "agentry_store_commits_total",
+                "Durable append transactions committed (appends that arrive together share one).",
+                &[],
+                backend.commits() as f64,
+            );
+            metrics.render()
+        })
+        .await
+        .map_err(RunError::Startup)?;
     let service = SessionStoreServer::new(service)
         .max_decoding_message_size(agentry_runtime::MAX_MESSAGE_BYTES);
     let served = agentry_runtime::serve(

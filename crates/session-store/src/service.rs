@@ -210,6 +210,11 @@ impl SessionStore for SessionStoreService {
             started.elapsed(),
         );
         if result.is_ok() {
+            metrics.inc(
+                "agentry_store_appends_total",
+                "Appends stored (a commit may hold several).",
+                &[],
+            );
             metrics.add(
                 "agentry_store_events_appended_total",
                 "Events appended to session logs.",

@@ -265,11 +265,16 @@ async fn sequential_fresh(stack: &Stack, turns: usize) -> anyhow::Result<Value> 
     let client = stack.orchestrator().await?;
     let mut latencies = Vec::with_capacity(turns);
     let mut errors = 0;
+    let before = stack.store_writes().await?;
     for _ in 0..turns {
         let (l, e) = session_turns(client.clone(), stack, 1).await?;
         latencies.extend(l);
         errors += e;
     }
+    let after = stack.store_writes().await?;
+    // One turn at a time: every commit of the run belongs to a turn.
+    let commits_per_turn = (after.commits - before.commits) / turns.max(1) as f64;
+    let appends_per_turn = (after.appends - before.appends) / turns.max(1) as f64;
     let busy_secs = latencies.iter().sum::<f64>() / 1000.0;
     let count = latencies.len();
     let rate = count as f64 / busy_secs;
@@ -278,10 +283,15 @@ async fn sequential_fresh(stack: &Stack, turns: usize) -> anyhow::Result<Value> 
         "{:>12} {count:>7} {rate:>10.1} {p50:>9.2} {p99:>9.2} {max:>9.2} {errors:>7}",
         "1 (fresh)"
     );
+    println!(
+        "{:>12} durable commits per turn {commits_per_turn:.2} ({appends_per_turn:.2} appends)",
+        ""
+    );
     Ok(json!({
         "mode": "sequential, a fresh session per turn",
         "sessions": 1, "turns": count, "turns_per_sec": rate,
         "p50_ms": p50, "p99_ms": p99, "max_ms": max, "errors": errors,
+        "commits_per_turn": commits_per_turn, "appends_per_turn": appends_per_turn,
     }))
 }
 

@@ -18,6 +18,8 @@ use agentry_llm::{Message, ToolCall};
 use agentry_proto::sessions::v1 as pb;
 use std::collections::HashMap;
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -103,6 +105,67 @@ pub(crate) struct Actor {
     /// The person whose input is being handled: the events recording it
     /// carry their name.
     acting_for: Option<String>,
+    /// Events decided and not yet sent to the store, and effects waiting
+    /// for the events before them to be durable, in the order decided
+    /// (see [`Actor::pump`]).
+    queue: VecDeque<Queued>,
+    /// The append in flight (one at a time, so the log keeps the order).
+    writing: Option<Write>,
+    /// Events in the append in flight.
+    writing_events: u64,
+}
+
+/// A store append in flight; it yields its request back with the outcome.
+type Write = Pin<Box<dyn Future<Output = (pb::AppendRequest, Result<(), Broken>)> + Send>>;
+
+/// What the actor has decided and not yet done.
+enum Queued {
+    /// Events to append, with the span of the turn that recorded them.
+    Events(Vec<pb::Event>, Span),
+    /// An effect, with where in the turn it was decided.
+    Effect(Effect, Decided),
+}
+
+/// Where in its turn an effect was decided: a tool call started later
+/// still belongs there.
+#[derive(Clone)]
+pub(crate) struct Decided {
+    turn_id: String,
+    step: u32,
+    approval_mode: pb::ApprovalMode,
+    /// The turn's span: the work started belongs to the turn's trace.
+    span: Span,
+}
+
+/// Whether `effect` may start before the events decided ahead of it are
+/// durable: work without side effects (a model call, a read-only tool) may,
+/// as its outcome only ever follows those events in the log, and if the
+/// process dies meanwhile, recovery asks the model again and re-runs
+/// read-only calls. Anything else waits until the events before it are
+/// durable.
+fn overlaps(effect: &Effect) -> bool {
+    match effect {
+        Effect::CallModel { .. } | Effect::Summarise { .. } => true,
+        // Going on with a person's answers waits until they are stored.
+        Effect::RunTool {
+            read_only, resume, ..
+        } => *read_only && resume.is_none(),
+        // A person's commands: only once what led to them is stored.
+        Effect::Record { .. }
+        | Effect::StopAsking { .. }
+        | Effect::AbortInFlight
+        | Effect::RunHooks(_)
+        | Effect::WakeAt { .. }
+        | Effect::EndTask { .. } => false,
+    }
+}
+
+/// The outcome of the append in flight (never ready when there is none).
+async fn written(writing: &mut Option<Write>) -> (pb::AppendRequest, Result<(), Broken>) {
+    match writing {
+        Some(write) => write.await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The store could not record an event: the actor stops, and the session is
@@ -187,6 +250,9 @@ impl Actor {
             child,
             tasks: HashMap::new(),
             acting_for: None,
+            queue: VecDeque::new(),
+            writing: None,
+            writing_events: 0,
         };
         tokio::spawn(actor.run(commands));
         SessionHandle {
@@ -208,7 +274,7 @@ impl Actor {
                 Input::Interrupted
             };
             let effects = self.state.step(input).unwrap_or_default();
-            if let Err(Broken(status)) = self.run_effects_traced(effects).await {
+            if let Err(Broken(status)) = self.run_effects_traced(effects, true).await {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "cannot close the interrupted turn");
                 self.stopped(&status);
                 return;
@@ -235,9 +301,17 @@ impl Actor {
                             Ok(())
                         }
                     }
-                    None => break,
+                    None => {
+                        // Nothing decided is dropped: it is stored first.
+                        let flushed = self.flush().await;
+                        if flushed.is_ok() {
+                            break;
+                        }
+                        flushed
+                    }
                 },
                 Some(outcome) = self.outcomes.recv() => self.handle_outcome(outcome).await,
+                (request, result) = written(&mut self.writing) => self.written(request, result),
             };
             if let Err(Broken(status)) = result {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "session actor stopped: the session store refused an append");
@@ -305,7 +379,7 @@ impl Actor {
             .map(str::to_string)
             .or(recorded)
             .or(turn_before);
-        match self.run_effects_traced(effects).await {
+        match self.run_effects_traced(effects, true).await {
             Ok(first_seq) => {
                 let turn_id = turn_id.unwrap_or_default();
                 let _ = reply.send(Ok(Submitted {
@@ -336,7 +410,9 @@ impl Actor {
             self.fold_outcome(task, input, &mut effects);
             folded += 1;
         }
-        self.run_effects_traced(effects).await.map(|_| ())
+        // Not waited for: what the outcome decided is stored with whatever
+        // else is decided while the append before it runs.
+        self.run_effects_traced(effects, false).await.map(|_| ())
     }
 
     /// The span of the turn the state is in (or has just finished), started
@@ -361,20 +437,28 @@ impl Actor {
     }
 
     /// Runs effects inside the turn's span; the span ends with the turn.
-    async fn run_effects_traced(&mut self, effects: Vec<Effect>) -> Result<Option<u64>, Broken> {
+    /// With `wait`, returns once every event they record is durable.
+    async fn run_effects_traced(
+        &mut self,
+        effects: Vec<Effect>,
+        wait: bool,
+    ) -> Result<Option<u64>, Broken> {
         let span = self.turn_span();
-        let result = self.run_effects(effects).instrument(span).await;
+        let first_seq = self.decide(effects).instrument(span.clone()).await;
+        // A turn that may have changed files has ended: record them.
+        if self.state.is_idle() && self.files_changed {
+            self.files_changed = false;
+            if let Some(noted) = self.take_snapshot(pb::SnapshotPoint::TurnEnd).await {
+                self.decide(noted).instrument(span).await;
+            }
+        }
         if self.state.turn_id().is_none() {
             self.turn_span = None;
         }
-        // A turn that may have changed files has ended: record them.
-        if result.is_ok() && self.state.is_idle() && self.files_changed {
-            self.files_changed = false;
-            if let Some(noted) = self.take_snapshot(pb::SnapshotPoint::TurnEnd).await {
-                self.run_effects(noted).await?;
-            }
+        if wait {
+            self.flush().await?;
         }
-        result
+        Ok(first_seq)
     }
 
     /// Records the workspace; the effects that note it in the log (`None`
@@ -432,11 +516,21 @@ impl Actor {
         }
     }
 
-    /// Runs effects in order; consecutive records become one append.
-    /// Returns the seq of the first recorded event.
+    /// Runs effects in order and returns once every event they record is
+    /// durable, with the seq of the first one.
     async fn run_effects(&mut self, effects: Vec<Effect>) -> Result<Option<u64>, Broken> {
+        let first_seq = self.decide(effects).await;
+        self.flush().await?;
+        Ok(first_seq)
+    }
+
+    /// Takes effects in order: events are queued for the next append (all
+    /// that are decided while one append runs go together in the next),
+    /// work without side effects starts at once, anything else once the
+    /// events before it are durable. Returns the seq the first recorded
+    /// event will have.
+    async fn decide(&mut self, effects: Vec<Effect>) -> Option<u64> {
         let mut first_seq = None;
-        let mut batch: Vec<pb::Event> = Vec::new();
         let mut effects = VecDeque::from(effects);
         while let Some(effect) = effects.pop_front() {
             // The first model call looks for the session's instruction
@@ -480,80 +574,170 @@ impl Actor {
                 }
             }
             if let Effect::Record { turn_id, events } = effect {
-                let time = now();
-                for kind in &events {
-                    let pending = match kind {
-                        pb::event::Kind::ApprovalRequested(_) => 1.0,
-                        pb::event::Kind::ApprovalDecided(_) => -1.0,
-                        _ => 0.0,
-                    };
-                    if pending != 0.0 {
-                        crate::metrics::pending_approvals_changed(&self.deps.metrics, pending);
-                    }
-                    if let pb::event::Kind::LoopDetected(repeat) = kind {
-                        crate::metrics::loop_detected(&self.deps.metrics, repeat.stopped);
-                    }
-                    if let pb::event::Kind::TurnFinished(finished) = kind {
-                        let outcome = pb::TurnOutcome::try_from(finished.outcome)
-                            .map(|o| o.as_str_name())
-                            .unwrap_or("TURN_OUTCOME_UNSPECIFIED");
-                        Span::current().record("outcome", outcome);
-                        crate::metrics::turn_finished(&self.deps.metrics, outcome);
-                        if let Some(cost) = finished.cost {
-                            crate::metrics::turn_cost(&self.deps.metrics, cost, &finished.currency);
-                        }
-                    }
-                }
-                batch.extend(events.into_iter().map(|kind| pb::Event {
-                    turn_id: turn_id.clone(),
-                    time: Some(time),
-                    by: match &self.acting_for {
-                        Some(by) if records_input(&kind) => by.clone(),
-                        _ => String::new(),
-                    },
-                    kind: Some(kind),
-                    ..Default::default()
-                }));
+                first_seq.get_or_insert(self.next_seq + self.undurable());
+                self.record(turn_id, events);
                 continue;
             }
-            // Work without side effects (a model call, a read-only tool)
-            // starts now and overlaps the append of the events before it:
-            // its outcome is only handled after that append, and if the
-            // process dies in between, recovery asks the model again and
-            // re-runs read-only calls. Anything else waits until the events
-            // before it are durable.
-            let overlaps = match &effect {
-                Effect::CallModel { .. } | Effect::Summarise { .. } => true,
-                // Going on with a person's answers waits until they are
-                // stored.
-                Effect::RunTool {
-                    read_only, resume, ..
-                } => *read_only && resume.is_none(),
-                // A person's commands: only once what led to them is stored.
-                Effect::Record { .. }
-                | Effect::StopAsking { .. }
-                | Effect::AbortInFlight
-                | Effect::RunHooks(_)
-                | Effect::WakeAt { .. }
-                | Effect::EndTask { .. } => false,
+            let decided = Decided {
+                turn_id: self.state.turn_id().unwrap_or_default().to_string(),
+                step: self.state.turn.as_ref().map_or(0, |t| t.steps),
+                approval_mode: self
+                    .state
+                    .turn
+                    .as_ref()
+                    .map_or(pb::ApprovalMode::Policy, |t| t.approval_mode),
+                span: Span::current(),
             };
-            let mut waiting = Some(effect);
-            if overlaps && let Some(effect) = waiting.take() {
-                self.start_effect(effect, batch.len() as u64);
+            self.queue.push_back(Queued::Effect(effect, decided));
+            self.pump(false);
+        }
+        self.pump(true);
+        first_seq
+    }
+
+    /// Queues the events of one record effect for the next append.
+    fn record(&mut self, turn_id: String, events: Vec<pb::event::Kind>) {
+        let time = now();
+        for kind in &events {
+            let pending = match kind {
+                pb::event::Kind::ApprovalRequested(_) => 1.0,
+                pb::event::Kind::ApprovalDecided(_) => -1.0,
+                _ => 0.0,
+            };
+            if pending != 0.0 {
+                crate::metrics::pending_approvals_changed(&self.deps.metrics, pending);
             }
-            if !batch.is_empty() {
-                let seq = self.append(std::mem::take(&mut batch)).await?;
-                first_seq.get_or_insert(seq);
+            if let pb::event::Kind::LoopDetected(repeat) = kind {
+                crate::metrics::loop_detected(&self.deps.metrics, repeat.stopped);
             }
-            if let Some(effect) = waiting {
-                self.start_effect(effect, 0);
+            if let pb::event::Kind::TurnFinished(finished) = kind {
+                let outcome = pb::TurnOutcome::try_from(finished.outcome)
+                    .map(|o| o.as_str_name())
+                    .unwrap_or("TURN_OUTCOME_UNSPECIFIED");
+                Span::current().record("outcome", outcome);
+                crate::metrics::turn_finished(&self.deps.metrics, outcome);
+                if let Some(cost) = finished.cost {
+                    crate::metrics::turn_cost(&self.deps.metrics, cost, &finished.currency);
+                }
             }
         }
-        if !batch.is_empty() {
-            let seq = self.append(batch).await?;
-            first_seq.get_or_insert(seq);
+        let events = events.into_iter().map(|kind| pb::Event {
+            turn_id: turn_id.clone(),
+            time: Some(time),
+            by: match &self.acting_for {
+                Some(by) if records_input(&kind) => by.clone(),
+                _ => String::new(),
+            },
+            kind: Some(kind),
+            ..Default::default()
+        });
+        match self.queue.back_mut() {
+            Some(Queued::Events(queued, _)) => queued.extend(events),
+            _ => self
+                .queue
+                .push_back(Queued::Events(events.collect(), Span::current())),
         }
-        Ok(first_seq)
+    }
+
+    /// Events decided that are not durable yet (in flight or queued).
+    fn undurable(&self) -> u64 {
+        self.writing_events
+            + self
+                .queue
+                .iter()
+                .map(|queued| match queued {
+                    Queued::Events(events, _) => events.len() as u64,
+                    Queued::Effect(..) => 0,
+                })
+                .sum::<u64>()
+    }
+
+    /// Starts what may start: effects without side effects at once, the
+    /// others once every event decided before them is durable, in the
+    /// order decided; then, with `write` and no append in flight, the
+    /// events queued ahead of the first effect still waiting.
+    fn pump(&mut self, write: bool) {
+        let mut ahead = 0u64;
+        let mut i = 0;
+        while i < self.queue.len() {
+            let startable = match &self.queue[i] {
+                Queued::Events(events, _) => {
+                    ahead += events.len() as u64;
+                    i += 1;
+                    continue;
+                }
+                Queued::Effect(effect, _) => {
+                    overlaps(effect) || (ahead == 0 && self.writing.is_none())
+                }
+            };
+            if !startable {
+                break;
+            }
+            if let Some(Queued::Effect(effect, decided)) = self.queue.remove(i) {
+                let pending = self.writing_events + ahead;
+                self.start_effect(effect, decided, pending);
+            }
+        }
+        if !write || self.writing.is_some() {
+            return;
+        }
+        let mut batch: Vec<pb::Event> = Vec::new();
+        let mut span = None;
+        while let Some(Queued::Events(..)) = self.queue.front() {
+            if let Some(Queued::Events(events, recorded_in)) = self.queue.pop_front() {
+                span.get_or_insert(recorded_in);
+                batch.extend(events);
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let first = self.next_seq;
+        let count = batch.len() as u64;
+        let span = span.unwrap_or_else(Span::current);
+        let span =
+            tracing::info_span!(parent: &span, "store.append", events = count, first_seq = first);
+        let request = pb::AppendRequest {
+            session_id: self.session_id.clone(),
+            expected_seq: first,
+            events: batch,
+            lease_epoch: self.lease_epoch,
+        };
+        self.writing_events = count;
+        self.writing = Some(Box::pin(
+            append(self.deps.clone(), self.settings.store_retry_window, request).instrument(span),
+        ));
+    }
+
+    /// The append in flight has ended: its events are published and what
+    /// waited for them starts.
+    fn written(
+        &mut self,
+        request: pb::AppendRequest,
+        result: Result<(), Broken>,
+    ) -> Result<(), Broken> {
+        self.writing = None;
+        self.writing_events = 0;
+        result?;
+        let first = request.expected_seq;
+        self.next_seq += request.events.len() as u64;
+        self.deps
+            .live
+            .logged(&self.session_id, first, &request.events);
+        self.notify(first, &request.events);
+        self.pump(true);
+        Ok(())
+    }
+
+    /// Waits until everything decided is durable and every effect has
+    /// started.
+    async fn flush(&mut self) -> Result<(), Broken> {
+        self.pump(true);
+        while let Some(write) = self.writing.as_mut() {
+            let (request, result) = write.await;
+            self.written(request, result)?;
+        }
+        Ok(())
     }
 
     /// The effects that replace a model call about to start when the
@@ -617,15 +801,17 @@ impl Actor {
         }
     }
 
-    /// Starts `effect`; `pending` events decided before it are still being
-    /// appended.
-    fn start_effect(&mut self, effect: Effect, pending: u64) {
+    /// Starts `effect`, decided at `decided`; `pending` events decided
+    /// before it are not durable yet.
+    fn start_effect(&mut self, effect: Effect, decided: Decided, pending: u64) {
+        let span = decided.span.clone();
+        let _in_turn = span.enter();
         match effect {
             Effect::Record { .. } => {}
             Effect::CallModel { request } => {
                 // Its streamed text follows the last event decided before it.
                 let after_seq = self.next_seq - 1 + pending;
-                self.start_model_call(request, after_seq)
+                self.start_model_call(request, &decided.turn_id, after_seq)
             }
             Effect::Summarise { job, messages } => self.start_summary(job, messages),
             Effect::RunTool {
@@ -633,7 +819,7 @@ impl Actor {
                 read_only,
                 network,
                 resume,
-            } => self.start_tool_call(call, read_only, network, resume),
+            } => self.start_tool_call(call, decided, read_only, network, resume),
             Effect::StopAsking { call, resume_json } => self.stop_asking(call, resume_json),
             Effect::RunHooks(job) => self.start_hooks(*job),
             Effect::AbortInFlight => self.abort_in_flight(),
@@ -654,7 +840,6 @@ impl Actor {
         }
     }
 
-    /// Appends durably, retrying while the store is unreachable for a while.
     /// Tells the `[[notify]]` webhooks about what was just stored.
     fn notify(&self, first_seq: u64, events: &[pb::Event]) {
         if self.deps.notify_events.is_empty() {
@@ -667,95 +852,6 @@ impl Actor {
             self.state.turn_scheduled,
         );
         crate::notifications::send(&self.deps, notes);
-    }
-
-    async fn append(&mut self, events: Vec<pb::Event>) -> Result<u64, Broken> {
-        let first = self.next_seq;
-        let count = events.len() as u64;
-        let request = pb::AppendRequest {
-            session_id: self.session_id.clone(),
-            expected_seq: first,
-            events,
-            lease_epoch: self.lease_epoch,
-        };
-        let mut delay = Duration::from_millis(50);
-        let deadline = Instant::now() + self.settings.store_retry_window;
-        let span = tracing::info_span!("store.append", events = count, first_seq = first);
-        let mut retried = false;
-        loop {
-            let mut store = self.deps.store.clone();
-            let attempt = store.append(request.clone());
-            match attempt.instrument(span.clone()).await {
-                Ok(_) => {
-                    self.next_seq += count;
-                    self.deps
-                        .live
-                        .logged(&self.session_id, first, &request.events);
-                    self.notify(first, &request.events);
-                    return Ok(first);
-                }
-                Err(status)
-                    if status.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
-                {
-                    tracing::warn!(session_id = %self.session_id, error = %status.message(), "session store unavailable; retrying append");
-                    retried = true;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(1));
-                }
-                // An earlier attempt may have been stored, its answer lost:
-                // if the log holds exactly these events there, it was.
-                Err(status)
-                    if retried
-                        && status.code() == tonic::Code::FailedPrecondition
-                        && self.stored_already(&request).await =>
-                {
-                    tracing::info!(session_id = %self.session_id, first_seq = first, "an append whose answer was lost had been stored");
-                    self.next_seq += count;
-                    self.deps
-                        .live
-                        .logged(&self.session_id, first, &request.events);
-                    self.notify(first, &request.events);
-                    return Ok(first);
-                }
-                Err(status) => {
-                    return Err(Broken(agentry_runtime::reasons::restated(
-                        &status,
-                        format!(
-                            "cannot record events in the session store at {}: {}",
-                            self.deps.store_url,
-                            status.message()
-                        ),
-                    )));
-                }
-            }
-        }
-    }
-
-    /// Whether the log already holds `request`'s events at its seqs.
-    async fn stored_already(&self, request: &pb::AppendRequest) -> bool {
-        let read = self
-            .deps
-            .store
-            .clone()
-            .read(pb::ReadRequest {
-                session_id: request.session_id.clone(),
-                from_seq: request.expected_seq,
-                limit: request.events.len() as u32,
-            })
-            .await;
-        let Ok(page) = read.map(tonic::Response::into_inner) else {
-            return false;
-        };
-        page.events.len() == request.events.len()
-            && page
-                .events
-                .iter()
-                .zip(&request.events)
-                .all(|(stored, sent)| {
-                    stored.kind == sent.kind
-                        && stored.turn_id == sent.turn_id
-                        && stored.time == sent.time
-                })
     }
 
     /// Hands the reducer [`Input::Unpark`] at `at_ms` (a parked turn goes
@@ -779,12 +875,12 @@ impl Actor {
         (self.tasks_started, self.outcomes_tx.clone())
     }
 
-    fn start_model_call(&mut self, request: ModelRequest, after_seq: u64) {
+    fn start_model_call(&mut self, request: ModelRequest, turn_id: &str, after_seq: u64) {
         let (task, tx) = self.next_task();
         let deps = self.deps.clone();
         let live = model_call::LiveText {
             session_id: self.session_id.clone(),
-            turn_id: self.state.turn_id().unwrap_or_default().to_string(),
+            turn_id: turn_id.to_string(),
             after_seq,
             // An agent's own model, else the one the person switched to.
             model: self
@@ -889,6 +985,7 @@ impl Actor {
     fn start_tool_call(
         &mut self,
         call: ToolCall,
+        decided: Decided,
         read_only: bool,
         network: bool,
         resume: Option<pb::McpResume>,
@@ -897,8 +994,12 @@ impl Actor {
         let deps = self.deps.clone();
         let sessions = self.sessions.clone();
         let session_id = self.session_id.clone();
-        let step = self.state.turn.as_ref().map_or(0, |t| t.steps);
-        let turn_id = self.state.turn_id().unwrap_or_default().to_string();
+        let Decided {
+            turn_id,
+            step,
+            approval_mode,
+            ..
+        } = decided;
         if call.name == crate::agents::DELEGATE {
             let task = crate::agents::child_id(&self.session_id, &turn_id, step, &call.id);
             self.tasks.insert(call.id.clone(), task);
@@ -907,11 +1008,7 @@ impl Actor {
             workspace: self.workspace(),
             step,
             turn_id,
-            approval_mode: self
-                .state
-                .turn
-                .as_ref()
-                .map_or(pb::ApprovalMode::Policy, |t| t.approval_mode),
+            approval_mode,
         };
         let span = tracing::info_span!(
             "tool_call",
@@ -958,6 +1055,77 @@ impl Actor {
         );
         self.in_flight.insert(task, handle.abort_handle());
     }
+}
+
+/// Appends durably, retrying while the store is unreachable for up to
+/// `retry_window`; hands the request back with the outcome.
+async fn append(
+    deps: Arc<Deps>,
+    retry_window: Duration,
+    request: pb::AppendRequest,
+) -> (pb::AppendRequest, Result<(), Broken>) {
+    let mut delay = Duration::from_millis(50);
+    let deadline = Instant::now() + retry_window;
+    let mut retried = false;
+    loop {
+        let mut store = deps.store.clone();
+        let status = match store.append(request.clone()).await {
+            Ok(_) => return (request, Ok(())),
+            Err(status) => status,
+        };
+        let session_id = &request.session_id;
+        if status.code() == tonic::Code::Unavailable && Instant::now() < deadline {
+            tracing::warn!(%session_id, error = %status.message(), "session store unavailable; retrying append");
+            retried = true;
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+            continue;
+        }
+        // An earlier attempt may have been stored, its answer lost: if the
+        // log holds exactly these events there, it was.
+        if retried
+            && status.code() == tonic::Code::FailedPrecondition
+            && stored_already(&deps, &request).await
+        {
+            tracing::info!(%session_id, first_seq = request.expected_seq, "an append whose answer was lost had been stored");
+            return (request, Ok(()));
+        }
+        let broken = Broken(agentry_runtime::reasons::restated(
+            &status,
+            format!(
+                "cannot record events in the session store at {}: {}",
+                deps.store_url,
+                status.message()
+            ),
+        ));
+        return (request, Err(broken));
+    }
+}
+
+/// Whether the log already holds `request`'s events at its seqs.
+async fn stored_already(deps: &Deps, request: &pb::AppendRequest) -> bool {
+    let read = deps
+        .store
+        .clone()
+        .read(pb::ReadRequest {
+            session_id: request.session_id.clone(),
+            from_seq: request.expected_seq,
+            limit: request.events.len() as u32,
+        })
+        .await;
+    let Ok(page) = read.map(tonic::Response::into_inner) else {
+        return false;
+    };
+    page.events.len() == request.events.len()
+        && page
+            .events
+            .iter()
+            .zip(&request.events)
+            .all(|(stored, sent)| {
+                stored.kind == sent.kind
+                    && stored.turn_id == sent.turn_id
+                    && stored.time == sent.time
+            })
 }
 
 /// Counts a model or tool call in flight (the orchestrator's queue depth)

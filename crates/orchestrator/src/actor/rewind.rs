@@ -50,6 +50,8 @@ impl Actor {
         to_turn: u32,
         with_files: bool,
     ) -> Result<pb::RewindSessionResponse, RewindError> {
+        // The log read below holds everything decided so far.
+        self.flush().await?;
         if let Some(turn_id) = self.state.turn_id() {
             return Err(RewindError::Refused(Status::failed_precondition(format!(
                 "turn {turn_id} is running: cancel it (or let it finish), then rewind"
