@@ -67,7 +67,7 @@ async fn commits(metrics: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_one_tool_turn_takes_three_commits_when_the_store_is_slower_than_the_work() {
+async fn a_one_tool_turn_takes_at_most_three_commits_when_the_store_is_slower_than_the_work() {
     // Every request to the store waits 150 ms on the way: the model and the
     // read-only tool answer well within one append.
     let path = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -104,11 +104,17 @@ async fn a_one_tool_turn_takes_three_commits_when_the_store_is_slower_than_the_w
     let after = commits(&metrics).await;
     assert_eq!(finished(&received).outcome, TurnOutcome::Completed as i32);
 
-    // The message (stored before the submit is answered); the model's
-    // answer with its call; then the call's result, the second answer and
-    // the turn's end, all decided while the second append ran. One append
+    // The message (stored before the submit is answered); then the
+    // model's answer with its call, the call's result, the second answer
+    // and the turn's end, decided while an append ran or while the quick
+    // work they wait for was in flight: in one commit or two. One append
     // per step would take four.
-    assert_eq!(after - before, 3, "{:#?}", kinds(&received));
+    let commits = after - before;
+    assert!(
+        (2..=3).contains(&commits),
+        "{commits} commits: {:#?}",
+        kinds(&received)
+    );
 
     // Nothing is lost or reordered by writing ahead: the log holds every
     // event the client saw, in the same order, gap-free.

@@ -56,11 +56,14 @@ fn every_scenario_runs_on_a_small_load() {
     assert_eq!(figures["streaming"]["tokens"], 2000);
     assert!(figures["shell"]["ratio_sandbox_on"].as_f64().unwrap() > 0.0);
     assert!(figures["shell"]["ratio_sandbox_off"].as_f64().unwrap() > 0.0);
-    // The goals table: growing vs fresh, streaming and the shell with and
-    // without the sandbox, each with its figure (the concurrency goal is
-    // for 1,000 sessions, not run here).
+    // The goals table: growing vs fresh, commits per turn, streaming and
+    // the shell with and without the sandbox, each with its figure (the
+    // concurrency goal is for 1,000 sessions, not run here).
     let goals = figures["goals"].as_array().unwrap();
-    assert_eq!(goals.len(), 4, "{goals:?}");
+    assert_eq!(goals.len(), 5, "{goals:?}");
+    // Every turn is durable: at least its message and its end are commits.
+    let commits = runs[0]["commits_per_turn"].as_f64().unwrap();
+    assert!((1.0..=8.0).contains(&commits), "{commits}");
     for g in goals {
         assert!(g["value"].as_f64().unwrap().is_finite(), "{g}");
         assert!(g["met"].is_boolean(), "{g}");

@@ -16,10 +16,8 @@ use crate::reducer::{Catalog, Effect, Input, SessionState};
 use crate::settings::Settings;
 use agentry_llm::{Message, ToolCall};
 use agentry_proto::sessions::v1 as pb;
-use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -111,17 +109,50 @@ pub(crate) struct Actor {
     queue: VecDeque<Queued>,
     /// The append in flight (one at a time, so the log keeps the order).
     writing: Option<Write>,
-    /// Events in the append in flight.
-    writing_events: u64,
+    /// Events in the append in flight, in runs recorded in ordinary or
+    /// scheduled turns (for the webhooks).
+    writing_runs: Vec<(u64, bool)>,
+    /// Turns whose end is decided and not yet durable (with the seq their
+    /// `turn_finished` will have): if the store fails first, their
+    /// followers are told the turn ended.
+    ending: VecDeque<(u64, String)>,
+    /// Work without side effects in flight (model calls, read-only tool
+    /// calls), by task: its outcome is about to add events.
+    quick: HashSet<u64>,
+    /// Until when the queued events wait for that work before they are
+    /// written (see [`LINGER`]).
+    linger: Option<tokio::time::Instant>,
 }
 
-/// A store append in flight; it yields its request back with the outcome.
-type Write = Pin<Box<dyn Future<Output = (pb::AppendRequest, Result<(), Broken>)> + Send>>;
+/// When to write the queued events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum When {
+    /// Not now: more effects of the same step follow.
+    Later,
+    /// Now, unless work without side effects that will add events is in
+    /// flight: then up to [`LINGER`] later, so that its events go in the
+    /// same commit.
+    Soon,
+    /// Now.
+    Now,
+}
+
+/// How long decided events may wait for quick work in flight (a model
+/// call, a read-only tool) before they are written anyway. A model and a
+/// read-only tool that answer within it put a turn's whole middle into
+/// one commit; a slow model costs its events no more than this.
+const LINGER: Duration = Duration::from_millis(2);
+
+/// A store append in flight (its own task, so it goes out at once, even
+/// while the actor awaits something else); it yields its request back with
+/// the outcome.
+type Write = tokio::task::JoinHandle<(pb::AppendRequest, Result<(), Broken>)>;
 
 /// What the actor has decided and not yet done.
 enum Queued {
-    /// Events to append, with the span of the turn that recorded them.
-    Events(Vec<pb::Event>, Span),
+    /// Events to append, with the span of the turn that recorded them and
+    /// whether that turn was a scheduled run.
+    Events(Vec<pb::Event>, Span, bool),
     /// An effect, with where in the turn it was decided.
     Effect(Effect, Decided),
 }
@@ -161,12 +192,15 @@ fn overlaps(effect: &Effect) -> bool {
 }
 
 /// The outcome of the append in flight (never ready when there is none).
-async fn written(writing: &mut Option<Write>) -> (pb::AppendRequest, Result<(), Broken>) {
+async fn written(writing: &mut Option<Write>) -> Written {
     match writing {
         Some(write) => write.await,
         None => std::future::pending().await,
     }
 }
+
+/// How an append task ended.
+type Written = Result<(pb::AppendRequest, Result<(), Broken>), tokio::task::JoinError>;
 
 /// The store could not record an event: the actor stops, and the session is
 /// reloaded from its log on next use.
@@ -212,8 +246,15 @@ fn records_input(kind: &pb::event::Kind) -> bool {
 /// How long past its own timeout a hook's runner may take to answer.
 const HOOK_RPC_MARGIN_SECS: u64 = 10;
 
-/// How many ready outcomes are folded into one store append at most.
+/// How many ready outcomes are handled in one go at most.
 const MAX_BATCH: usize = 512;
+
+/// How many events one append carries at most.
+const MAX_APPEND: usize = 512;
+
+/// How many decided events may wait for the store before the actor stops
+/// taking outcomes until they are stored.
+const MAX_UNDURABLE: u64 = 2048;
 
 impl Actor {
     /// Starts the actor of a session whose log holds `event_count` events.
@@ -252,7 +293,10 @@ impl Actor {
             acting_for: None,
             queue: VecDeque::new(),
             writing: None,
-            writing_events: 0,
+            writing_runs: Vec::new(),
+            ending: VecDeque::new(),
+            quick: HashSet::new(),
+            linger: None,
         };
         tokio::spawn(actor.run(commands));
         SessionHandle {
@@ -281,6 +325,7 @@ impl Actor {
             }
         }
         loop {
+            let linger = self.linger;
             let result = tokio::select! {
                 command = commands.recv() => match command.map(|c| *c) {
                     Some(Command::Input { input, by, reply }) => {
@@ -311,7 +356,14 @@ impl Actor {
                     }
                 },
                 Some(outcome) = self.outcomes.recv() => self.handle_outcome(outcome).await,
-                (request, result) = written(&mut self.writing) => self.written(request, result),
+                done = written(&mut self.writing) => self.written(done),
+                () = tokio::time::sleep_until(linger.unwrap_or_else(tokio::time::Instant::now)),
+                    if linger.is_some() =>
+                {
+                    self.linger = None;
+                    self.pump(When::Now);
+                    Ok(())
+                }
             };
             if let Err(Broken(status)) = result {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "session actor stopped: the session store refused an append");
@@ -323,14 +375,27 @@ impl Actor {
     }
 
     /// The actor stops because the log cannot be written: the followers of
-    /// a running turn are told it ended (live: it cannot be logged), so no
-    /// client waits for it forever. The next input starts a new actor,
-    /// which closes the turn in the log.
+    /// a running turn, and of a turn whose end was decided but not stored,
+    /// are told it ended (live: it cannot be logged), so no client waits
+    /// for it forever. The next input starts a new actor, which closes the
+    /// turn in the log.
     fn stopped(&mut self, status: &Status) {
         self.abort_in_flight();
-        let Some(turn_id) = self.state.turn_id().map(str::to_string) else {
-            return;
-        };
+        if let Some(write) = self.writing.take() {
+            write.abort();
+        }
+        let mut turns: Vec<String> = self.ending.drain(..).map(|(_, turn)| turn).collect();
+        if let Some(turn_id) = self.state.turn_id() {
+            turns.push(turn_id.to_string());
+        }
+        turns.dedup();
+        for turn_id in turns {
+            self.announce_failed(turn_id, status);
+        }
+    }
+
+    /// Tells the followers of `turn_id` that it ended as the store failed.
+    fn announce_failed(&self, turn_id: String, status: &Status) {
         self.deps.live.publish(pb::Event {
             session_id: self.session_id.clone(),
             seq: self.next_seq.saturating_sub(1),
@@ -355,6 +420,13 @@ impl Actor {
         input: Input,
         reply: oneshot::Sender<Result<Submitted, Status>>,
     ) -> Result<(), Broken> {
+        // A person's input is taken as the old one-step-at-a-time actor took
+        // it: after everything decided before it is stored and started (a
+        // cancel then aborts every call already started).
+        if let Err(Broken(status)) = self.flush().await {
+            let _ = reply.send(Err(status.clone()));
+            return Err(Broken(status));
+        }
         // A cancel ends the turn it belongs to: remember which.
         let turn_before = self.state.turn_id().map(str::to_string);
         let effects = match self.state.step(input) {
@@ -411,8 +483,13 @@ impl Actor {
             folded += 1;
         }
         // Not waited for: what the outcome decided is stored with whatever
-        // else is decided while the append before it runs.
-        self.run_effects_traced(effects, false).await.map(|_| ())
+        // else is decided while the append before it runs; unless the store
+        // has fallen far behind, then the actor waits for it.
+        self.run_effects_traced(effects, false).await?;
+        if self.undurable() > MAX_UNDURABLE {
+            self.flush().await?;
+        }
+        Ok(())
     }
 
     /// The span of the turn the state is in (or has just finished), started
@@ -445,9 +522,11 @@ impl Actor {
     ) -> Result<Option<u64>, Broken> {
         let span = self.turn_span();
         let first_seq = self.decide(effects).instrument(span.clone()).await;
-        // A turn that may have changed files has ended: record them.
+        // A turn that may have changed files has ended: record them, once
+        // whatever the turn's end started (an abort of its calls) has run.
         if self.state.is_idle() && self.files_changed {
             self.files_changed = false;
+            self.flush().await?;
             if let Some(noted) = self.take_snapshot(pb::SnapshotPoint::TurnEnd).await {
                 self.decide(noted).instrument(span).await;
             }
@@ -507,6 +586,7 @@ impl Actor {
         }
         if finishes_task {
             self.in_flight.remove(&task);
+            self.quick.remove(&task);
         }
     }
 
@@ -514,6 +594,7 @@ impl Actor {
         for (_, handle) in self.in_flight.drain() {
             handle.abort();
         }
+        self.quick.clear();
     }
 
     /// Runs effects in order and returns once every event they record is
@@ -589,9 +670,9 @@ impl Actor {
                 span: Span::current(),
             };
             self.queue.push_back(Queued::Effect(effect, decided));
-            self.pump(false);
+            self.pump(When::Later);
         }
-        self.pump(true);
+        self.pump(When::Soon);
         first_seq
     }
 
@@ -621,6 +702,13 @@ impl Actor {
                 }
             }
         }
+        let scheduled = self.state.turn_scheduled;
+        let first = self.next_seq + self.undurable();
+        for (i, kind) in events.iter().enumerate() {
+            if matches!(kind, pb::event::Kind::TurnFinished(_)) {
+                self.ending.push_back((first + i as u64, turn_id.clone()));
+            }
+        }
         let events = events.into_iter().map(|kind| pb::Event {
             turn_id: turn_id.clone(),
             time: Some(time),
@@ -632,21 +720,21 @@ impl Actor {
             ..Default::default()
         });
         match self.queue.back_mut() {
-            Some(Queued::Events(queued, _)) => queued.extend(events),
+            Some(Queued::Events(queued, _, run)) if *run == scheduled => queued.extend(events),
             _ => self
                 .queue
-                .push_back(Queued::Events(events.collect(), Span::current())),
+                .push_back(Queued::Events(events.collect(), Span::current(), scheduled)),
         }
     }
 
     /// Events decided that are not durable yet (in flight or queued).
     fn undurable(&self) -> u64 {
-        self.writing_events
+        self.writing_runs.iter().map(|(n, _)| n).sum::<u64>()
             + self
                 .queue
                 .iter()
                 .map(|queued| match queued {
-                    Queued::Events(events, _) => events.len() as u64,
+                    Queued::Events(events, ..) => events.len() as u64,
                     Queued::Effect(..) => 0,
                 })
                 .sum::<u64>()
@@ -654,14 +742,14 @@ impl Actor {
 
     /// Starts what may start: effects without side effects at once, the
     /// others once every event decided before them is durable, in the
-    /// order decided; then, with `write` and no append in flight, the
-    /// events queued ahead of the first effect still waiting.
-    fn pump(&mut self, write: bool) {
+    /// order decided; then, as `when` says and when no append is in flight,
+    /// writes the events queued ahead of the first effect still waiting.
+    fn pump(&mut self, when: When) {
         let mut ahead = 0u64;
         let mut i = 0;
         while i < self.queue.len() {
             let startable = match &self.queue[i] {
-                Queued::Events(events, _) => {
+                Queued::Events(events, ..) => {
                     ahead += events.len() as u64;
                     i += 1;
                     continue;
@@ -674,19 +762,37 @@ impl Actor {
                 break;
             }
             if let Some(Queued::Effect(effect, decided)) = self.queue.remove(i) {
-                let pending = self.writing_events + ahead;
+                let pending = self.writing_runs.iter().map(|(n, _)| n).sum::<u64>() + ahead;
                 self.start_effect(effect, decided, pending);
             }
         }
-        if !write || self.writing.is_some() {
+        if when == When::Later || self.writing.is_some() {
             return;
         }
+        // Quick work in flight will add events: they may share this commit,
+        // unless an effect waits for these events to be durable.
+        let waiting = self.queue.iter().any(|q| matches!(q, Queued::Effect(..)));
+        if when == When::Soon && !self.quick.is_empty() && !waiting && !self.queue.is_empty() {
+            let now = tokio::time::Instant::now();
+            let until = *self.linger.get_or_insert(now + LINGER);
+            if now < until {
+                return;
+            }
+        }
+        self.linger = None;
         let mut batch: Vec<pb::Event> = Vec::new();
+        let mut runs = Vec::new();
         let mut span = None;
-        while let Some(Queued::Events(..)) = self.queue.front() {
-            if let Some(Queued::Events(events, recorded_in)) = self.queue.pop_front() {
-                span.get_or_insert(recorded_in);
-                batch.extend(events);
+        while batch.len() < MAX_APPEND
+            && let Some(Queued::Events(events, recorded_in, scheduled)) = self.queue.front_mut()
+        {
+            // At most MAX_APPEND events per append: the rest stay queued.
+            let take = events.len().min(MAX_APPEND - batch.len());
+            span.get_or_insert_with(|| recorded_in.clone());
+            runs.push((take as u64, *scheduled));
+            batch.extend(events.drain(..take));
+            if events.is_empty() {
+                self.queue.pop_front();
             }
         }
         if batch.is_empty() {
@@ -703,39 +809,55 @@ impl Actor {
             events: batch,
             lease_epoch: self.lease_epoch,
         };
-        self.writing_events = count;
-        self.writing = Some(Box::pin(
+        self.writing_runs = runs;
+        self.writing = Some(tokio::spawn(
             append(self.deps.clone(), self.settings.store_retry_window, request).instrument(span),
         ));
     }
 
     /// The append in flight has ended: its events are published and what
     /// waited for them starts.
-    fn written(
-        &mut self,
-        request: pb::AppendRequest,
-        result: Result<(), Broken>,
-    ) -> Result<(), Broken> {
+    fn written(&mut self, done: Written) -> Result<(), Broken> {
         self.writing = None;
-        self.writing_events = 0;
+        let runs = std::mem::take(&mut self.writing_runs);
+        let (request, result) = done.map_err(|e| {
+            Broken(Status::internal(format!(
+                "an append to the session store did not finish: {e}"
+            )))
+        })?;
         result?;
         let first = request.expected_seq;
         self.next_seq += request.events.len() as u64;
+        while self
+            .ending
+            .front()
+            .is_some_and(|(seq, _)| *seq < self.next_seq)
+        {
+            self.ending.pop_front();
+        }
         self.deps
             .live
             .logged(&self.session_id, first, &request.events);
-        self.notify(first, &request.events);
-        self.pump(true);
+        let mut at = 0usize;
+        for (count, scheduled) in runs {
+            let end = at + count as usize;
+            if let Some(events) = request.events.get(at..end) {
+                self.notify(first + at as u64, events, scheduled);
+            }
+            at = end;
+        }
+        self.pump(When::Soon);
         Ok(())
     }
 
     /// Waits until everything decided is durable and every effect has
     /// started.
     async fn flush(&mut self) -> Result<(), Broken> {
-        self.pump(true);
+        self.pump(When::Now);
         while let Some(write) = self.writing.as_mut() {
-            let (request, result) = write.await;
-            self.written(request, result)?;
+            let done = write.await;
+            self.written(done)?;
+            self.pump(When::Now);
         }
         Ok(())
     }
@@ -806,6 +928,8 @@ impl Actor {
     fn start_effect(&mut self, effect: Effect, decided: Decided, pending: u64) {
         let span = decided.span.clone();
         let _in_turn = span.enter();
+        let started = self.tasks_started;
+        let quick = overlaps(&effect);
         match effect {
             Effect::Record { .. } => {}
             Effect::CallModel { request } => {
@@ -838,19 +962,18 @@ impl Actor {
                 }
             }
         }
+        // The task the quick work runs as (it was given the next id).
+        if quick && self.tasks_started > started {
+            self.quick.insert(self.tasks_started);
+        }
     }
 
     /// Tells the `[[notify]]` webhooks about what was just stored.
-    fn notify(&self, first_seq: u64, events: &[pb::Event]) {
+    fn notify(&self, first_seq: u64, events: &[pb::Event], scheduled: bool) {
         if self.deps.notify_events.is_empty() {
             return;
         }
-        let notes = crate::notifications::of(
-            &self.session_id,
-            first_seq,
-            events,
-            self.state.turn_scheduled,
-        );
+        let notes = crate::notifications::of(&self.session_id, first_seq, events, scheduled);
         crate::notifications::send(&self.deps, notes);
     }
 
