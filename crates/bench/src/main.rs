@@ -67,6 +67,12 @@ struct Args {
     /// Pages watching one session in the gateway scenario
     #[arg(long, default_value_t = 100)]
     watchers: usize,
+    /// Stored sessions of the large scenario
+    #[arg(long, default_value_t = 10_000)]
+    large_sessions: usize,
+    /// Events of the large scenario's long session
+    #[arg(long, default_value_t = 100_000)]
+    long_events: usize,
     /// Write the figures as JSON here
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -112,6 +118,8 @@ pub enum Scenario {
     ScaleOut,
     /// Many console pages on one session: the gateway's added delay
     Gateway,
+    /// 10,000 stored sessions listed; the first turn of a 100,000-event session
+    Large,
     /// A soak under random faults, checked for lost or repeated work
     Chaos,
 }
@@ -180,6 +188,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Project => scenarios::project(&bin).await?,
             Scenario::ScaleOut => scenarios::scale_out(&bin, args.turns, &args.sessions).await?,
             Scenario::Gateway => scenarios::gateway(&bin, args.watchers).await?,
+            Scenario::Large => {
+                scenarios::large(&bin, args.large_sessions, args.long_events).await?
+            }
             Scenario::Chaos => {
                 chaos::chaos(
                     &bin,
@@ -288,6 +299,36 @@ fn goals(report: &serde_json::Map<String, Value>) -> Vec<Value> {
             "x",
         );
     }
+    let large = report.get("large");
+    let large_sessions = large
+        .and_then(|l| l["sessions"].as_u64())
+        .unwrap_or_default();
+    goal(
+        &format!("list, first page, {large_sessions} sessions stored (gRPC, p50)"),
+        large.and_then(|l| l["list_p50_ms"].as_f64()),
+        20.0,
+        false,
+        "ms",
+    );
+    goal(
+        &format!("console's list, first page, {large_sessions} sessions stored (p50)"),
+        large.and_then(|l| l["console_list_p50_ms"].as_f64()),
+        20.0,
+        false,
+        "ms",
+    );
+    goal(
+        &format!(
+            "first turn of a {}-event session after a restart starts",
+            large
+                .and_then(|l| l["long_session_events"].as_u64())
+                .unwrap_or_default()
+        ),
+        large.and_then(|l| l["first_turn_started_ms"].as_f64()),
+        100.0,
+        false,
+        "ms",
+    );
     let gateway = report.get("gateway");
     goal(
         &format!(

@@ -32,14 +32,31 @@ pub struct Stack {
     pub auth: Auth,
     /// Where the session store serves its metrics.
     store_metrics: String,
+    /// The `agentry` binary the services run.
+    bin: std::path::PathBuf,
     _config: tempfile::TempDir,
 }
 
-/// A loopback port free now.
+/// A loopback port free now, below the kernel's ephemeral range: a service
+/// started (or restarted) on it later does not find it taken by one of the
+/// many outgoing connections, whose ports come from that range.
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut last = None;
+    for _ in 0..200 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let port = 20_000 + (hasher.finish() % 12_000) as u16;
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
+            Ok(_) => return Ok(port),
+            Err(e) => last = Some(e),
+        }
+    }
+    anyhow::bail!(
+        "no free loopback port below the ephemeral range: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )
 }
 
 /// The part of a service's environment variables that names it
@@ -106,6 +123,7 @@ impl Stack {
         ));
         env.extend(extra.iter().cloned());
         let mut stack = Stack {
+            bin: bin.to_path_buf(),
             store_metrics,
             children: Vec::new(),
             env: env.clone(),
@@ -116,18 +134,7 @@ impl Stack {
             _config: config,
         };
         for &service in services {
-            let mut cmd = Command::new(bin);
-            cmd.args(["serve", service])
-                .env_remove("RUST_LOG")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit());
-            for (k, v) in &env {
-                cmd.env(k, v);
-            }
-            let child = cmd
-                .spawn()
-                .with_context(|| format!("cannot start {} serve {service}", bin.display()))?;
+            let child = stack.spawn(service)?;
             stack.children.push((service, child));
         }
         for &service in services {
@@ -141,6 +148,37 @@ impl Stack {
             );
         }
         Ok(stack)
+    }
+
+    /// Starts `agentry serve <service>` with the stack's environment.
+    fn spawn(&self, service: &'static str) -> anyhow::Result<Child> {
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(["serve", service])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.spawn()
+            .with_context(|| format!("cannot start {} serve {service}", self.bin.display()))
+    }
+
+    /// Kills a service and starts it again on the same address and data;
+    /// waits until it answers.
+    pub async fn restart(&mut self, service: &'static str) -> anyhow::Result<()> {
+        let i = self
+            .children
+            .iter()
+            .position(|(name, _)| *name == service)
+            .with_context(|| format!("the {service} is not running"))?;
+        let (_, mut child) = self.children.remove(i);
+        let _ = child.kill();
+        let _ = child.wait();
+        let child = self.spawn(service)?;
+        self.children.push((service, child));
+        self.wait_for(service).await
     }
 
     /// Starts one more orchestrator (another port, the same services and
@@ -239,6 +277,23 @@ impl Stack {
             .collect()
     }
 
+    /// CPU time each service has used so far, in ms.
+    pub fn cpu_ms(&self) -> BTreeMap<&'static str, f64> {
+        self.children
+            .iter()
+            .filter_map(|(name, c)| crate::stats::cpu_ms(c.id()).map(|ms| (*name, ms)))
+            .collect()
+    }
+
+    /// Bytes of the session store's database on disk (with its WAL).
+    pub fn store_bytes(&self) -> u64 {
+        ["sessions.db", "sessions.db-wal"]
+            .iter()
+            .filter_map(|f| std::fs::metadata(self.data.path().join(f)).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
     /// A new connection to the orchestrator (one per 100 sessions: each
     /// HTTP/2 connection carries a bounded number of streams), with the
     /// client token as the CLI has.
@@ -275,6 +330,7 @@ impl Stack {
         Ok(StoreWrites {
             appends: value("agentry_store_appends_total").unwrap_or(0.0),
             commits: value("agentry_store_commits_total")?,
+            events: value("agentry_store_events_appended_total").unwrap_or(0.0),
         })
     }
 
@@ -291,6 +347,8 @@ pub struct StoreWrites {
     pub appends: f64,
     /// Durable transactions (appends that arrive together share one).
     pub commits: f64,
+    /// Events appended.
+    pub events: f64,
 }
 
 impl Drop for Stack {

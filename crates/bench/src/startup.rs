@@ -42,9 +42,7 @@ pub async fn startup(bin: &Path) -> anyhow::Result<Value> {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    crate::stack::free_port()
 }
 
 /// One start: milliseconds until every service serves.

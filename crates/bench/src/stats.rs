@@ -30,6 +30,18 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// CPU time a process has used so far (user and system), in ms.
+pub fn cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's name (which may hold spaces), from
+    // the third: utime and stime are the 14th and 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // Linux reports them in clock ticks of 1/100 s (USER_HZ).
+    Some(ticks * 10.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,6 +54,18 @@ mod tests {
         let (p50, _, max) = summary(&mut v);
         assert_eq!((p50, max), (51.0, 100.0));
         assert!(percentile(&mut [], 50.0).is_nan());
+    }
+
+    #[test]
+    fn reads_this_process_cpu_time() {
+        let before = cpu_ms(std::process::id()).unwrap_or(f64::NAN);
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(60) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        let after = cpu_ms(std::process::id()).unwrap_or(f64::NAN);
+        assert!(x > 0 && after > before, "{before} → {after}");
     }
 
     #[test]

@@ -327,7 +327,11 @@ impl Fleet {
                 .as_mut()
                 && let Some(status) = child.try_wait()?
             {
-                anyhow::bail!("{} exited ({status})", proc.name);
+                anyhow::bail!(
+                    "{} exited ({status}); the last lines of its log:\n{}",
+                    proc.name,
+                    self.log_tail(proc, 20)
+                );
             }
             if self.serving(proc).await {
                 return Ok(started.elapsed());

@@ -266,15 +266,31 @@ async fn sequential_fresh(stack: &Stack, turns: usize) -> anyhow::Result<Value> 
     let mut latencies = Vec::with_capacity(turns);
     let mut errors = 0;
     let before = stack.store_writes().await?;
+    let cpu_before = stack.cpu_ms();
+    let bytes_before = stack.store_bytes();
     for _ in 0..turns {
         let (l, e) = session_turns(client.clone(), stack, 1).await?;
         latencies.extend(l);
         errors += e;
     }
     let after = stack.store_writes().await?;
+    let per_turn = |x: f64| x / turns.max(1) as f64;
     // One turn at a time: every commit of the run belongs to a turn.
-    let commits_per_turn = (after.commits - before.commits) / turns.max(1) as f64;
-    let appends_per_turn = (after.appends - before.appends) / turns.max(1) as f64;
+    let commits_per_turn = per_turn(after.commits - before.commits);
+    let appends_per_turn = per_turn(after.appends - before.appends);
+    let events_per_turn = per_turn(after.events - before.events);
+    // The store's file grows by pages: over hundreds of turns, a fair
+    // reading of the bytes an event takes (indexes included).
+    let bytes = stack.store_bytes().saturating_sub(bytes_before) as f64;
+    let bytes_per_event = bytes / (after.events - before.events).max(1.0);
+    let cpu_per_turn: serde_json::Map<String, Value> = stack
+        .cpu_ms()
+        .into_iter()
+        .map(|(service, ms)| {
+            let spent = ms - cpu_before.get(service).copied().unwrap_or(0.0);
+            (service.to_string(), json!(per_turn(spent)))
+        })
+        .collect();
     let busy_secs = latencies.iter().sum::<f64>() / 1000.0;
     let count = latencies.len();
     let rate = count as f64 / busy_secs;
@@ -284,14 +300,22 @@ async fn sequential_fresh(stack: &Stack, turns: usize) -> anyhow::Result<Value> 
         "1 (fresh)"
     );
     println!(
-        "{:>12} durable commits per turn {commits_per_turn:.2} ({appends_per_turn:.2} appends)",
+        "{:>12} durable commits per turn {commits_per_turn:.2} ({appends_per_turn:.2} appends, \
+         {events_per_turn:.1} events, ~{bytes_per_event:.0} bytes stored per event)",
         ""
+    );
+    println!(
+        "{:>12} CPU ms per turn by service: {}",
+        "",
+        Value::Object(cpu_per_turn.clone())
     );
     Ok(json!({
         "mode": "sequential, a fresh session per turn",
         "sessions": 1, "turns": count, "turns_per_sec": rate,
         "p50_ms": p50, "p99_ms": p99, "max_ms": max, "errors": errors,
         "commits_per_turn": commits_per_turn, "appends_per_turn": appends_per_turn,
+        "events_per_turn": events_per_turn, "bytes_per_event": bytes_per_event,
+        "cpu_ms_per_turn": cpu_per_turn,
     }))
 }
 
@@ -426,12 +450,14 @@ pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
 }
 
 mod gateway;
+mod large;
 mod scale;
 mod state;
 mod tools;
 mod workspace;
 
 pub use gateway::gateway;
+pub use large::large;
 pub use scale::scale_out;
 pub use state::{idle, lateness, reminders, store};
 pub use tools::shell;
