@@ -41,13 +41,9 @@ pub struct Stack {
 /// started (or restarted) on it later does not find it taken by one of the
 /// many outgoing connections, whose ports come from that range.
 pub fn free_port() -> anyhow::Result<u16> {
-    use std::hash::{BuildHasher, Hasher};
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut last = None;
     for _ in 0..200 {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let port = 20_000 + (hasher.finish() % 12_000) as u16;
+        let port = agentry_testkit::cluster::port_below_ephemeral();
         match std::net::TcpListener::bind(("127.0.0.1", port)) {
             Ok(_) => return Ok(port),
             Err(e) => last = Some(e),
@@ -150,8 +146,9 @@ impl Stack {
         Ok(stack)
     }
 
-    /// Starts `agentry serve <service>` with the stack's environment.
-    fn spawn(&self, service: &'static str) -> anyhow::Result<Child> {
+    /// Starts `agentry serve <service>` with the stack's environment and
+    /// `more`.
+    fn spawn_with(&self, service: &'static str, more: &[(&str, &str)]) -> anyhow::Result<Child> {
         let mut cmd = Command::new(&self.bin);
         cmd.args(["serve", service])
             .env_remove("RUST_LOG")
@@ -161,8 +158,16 @@ impl Stack {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
+        for (k, v) in more {
+            cmd.env(k, v);
+        }
         cmd.spawn()
             .with_context(|| format!("cannot start {} serve {service}", self.bin.display()))
+    }
+
+    /// Starts `agentry serve <service>` with the stack's environment.
+    fn spawn(&self, service: &'static str) -> anyhow::Result<Child> {
+        self.spawn_with(service, &[])
     }
 
     /// Kills a service and starts it again on the same address and data;
@@ -183,22 +188,18 @@ impl Stack {
 
     /// Starts one more orchestrator (another port, the same services and
     /// environment, advertising its own URL) and waits until it answers.
-    pub async fn add_orchestrator(&mut self, bin: &Path) -> anyhow::Result<String> {
+    pub async fn add_orchestrator(&mut self) -> anyhow::Result<String> {
         let port = free_port()?;
         let url = format!("http://127.0.0.1:{port}");
-        let mut cmd = Command::new(bin);
-        cmd.args(["serve", "orchestrator"])
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        cmd.env("AGENTRY_ORCHESTRATOR_LISTEN", format!("127.0.0.1:{port}"))
-            .env("AGENTRY_ORCHESTRATOR_URL", &url)
-            .env("AGENTRY_ORCHESTRATOR_ADVERTISE_URL", &url);
-        let mut child = cmd.spawn()?;
+        let listen = format!("127.0.0.1:{port}");
+        let mut child = self.spawn_with(
+            "orchestrator",
+            &[
+                ("AGENTRY_ORCHESTRATOR_LISTEN", &listen),
+                ("AGENTRY_ORCHESTRATOR_URL", &url),
+                ("AGENTRY_ORCHESTRATOR_ADVERTISE_URL", &url),
+            ],
+        )?;
         let endpoint = self.auth.endpoint(&url)?;
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         while endpoint.connect().await.is_err() {

@@ -243,14 +243,9 @@ impl Drop for Cluster {
 /// restart one), no port-0 bind elsewhere can be handed the same port in
 /// between.
 pub async fn bind_below_ephemeral() -> anyhow::Result<TcpListener> {
-    use std::hash::{BuildHasher, Hasher};
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut last = None;
     for _ in 0..200 {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let port = 20_000 + (hasher.finish() % 12_000) as u16;
-        match TcpListener::bind(("127.0.0.1", port)).await {
+        match TcpListener::bind(("127.0.0.1", port_below_ephemeral())).await {
             Ok(listener) => return Ok(listener),
             Err(e) => last = Some(e),
         }
@@ -259,6 +254,16 @@ pub async fn bind_below_ephemeral() -> anyhow::Result<TcpListener> {
         "no free port below the ephemeral range: {}",
         last.map(|e| e.to_string()).unwrap_or_default()
     ))
+}
+
+/// A loopback port to try, below the kernel's ephemeral range (20000 to
+/// 31999), another at random on each call.
+pub fn port_below_ephemeral() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    20_000 + (hasher.finish() % 12_000) as u16
 }
 
 /// Binds `addr`, retrying briefly while a just-stopped server releases it.

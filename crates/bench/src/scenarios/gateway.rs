@@ -73,6 +73,31 @@ async fn watch(
     Ok(arrivals)
 }
 
+/// Logs in to the console with the client token, as a browser does; the
+/// session cookie.
+pub(super) async fn console_login(http: &reqwest::Client, stack: &Stack) -> anyhow::Result<String> {
+    let base = &stack.urls["gateway"];
+    let token = stack
+        .auth
+        .client_token()
+        .ok_or_else(|| anyhow::anyhow!("no client token"))?
+        .secret()
+        .to_string();
+    let login = http
+        .post(format!("{base}/api/login"))
+        .json(&json!({"token": token}))
+        .send()
+        .await?;
+    anyhow::ensure!(login.status().is_success(), "login: {}", login.status());
+    Ok(login
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .ok_or_else(|| anyhow::anyhow!("the login set no cookie"))?
+        .to_string())
+}
+
 /// `watchers` pages on one session while an answer of [`TOKENS`] tokens
 /// streams, one every 5 ms.
 pub async fn gateway(bin: &Path, watchers: usize) -> anyhow::Result<Value> {
@@ -114,25 +139,7 @@ pub async fn gateway(bin: &Path, watchers: usize) -> anyhow::Result<Value> {
         FILES.len()
     );
 
-    let token = stack
-        .auth
-        .client_token()
-        .ok_or_else(|| anyhow::anyhow!("no client token"))?
-        .secret()
-        .to_string();
-    let login = http
-        .post(format!("{base}/api/login"))
-        .json(&json!({"token": token}))
-        .send()
-        .await?;
-    anyhow::ensure!(login.status().is_success(), "login: {}", login.status());
-    let cookie = login
-        .headers()
-        .get("set-cookie")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .ok_or_else(|| anyhow::anyhow!("the login set no cookie"))?
-        .to_string();
+    let cookie = console_login(&http, &stack).await?;
 
     let mut client = stack.orchestrator().await?;
     let session = client

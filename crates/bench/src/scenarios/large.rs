@@ -204,25 +204,7 @@ fn one_turn(n: u64) -> [spb::Event; 3] {
 async fn console_list(stack: &Stack) -> anyhow::Result<(f64, f64)> {
     let base = stack.urls["gateway"].clone();
     let http = reqwest::Client::new();
-    let token = stack
-        .auth
-        .client_token()
-        .ok_or_else(|| anyhow::anyhow!("no client token"))?
-        .secret()
-        .to_string();
-    let login = http
-        .post(format!("{base}/api/login"))
-        .json(&json!({"token": token}))
-        .send()
-        .await?;
-    anyhow::ensure!(login.status().is_success(), "login: {}", login.status());
-    let cookie = login
-        .headers()
-        .get("set-cookie")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .ok_or_else(|| anyhow::anyhow!("the login set no cookie"))?
-        .to_string();
+    let cookie = super::gateway::console_login(&http, stack).await?;
     let mut times = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let at = Instant::now();

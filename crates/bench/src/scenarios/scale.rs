@@ -33,10 +33,10 @@ pub async fn scale_out(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::
                 ],
             )
             .await?;
-            let first = stack.add_orchestrator(bin).await?;
+            let first = stack.add_orchestrator().await?;
             let second = match mode {
                 "1" => None,
-                _ => Some(stack.add_orchestrator(bin).await?),
+                _ => Some(stack.add_orchestrator().await?),
             };
             let turns_each = (turns / n).max(2);
             // Where sessions are driven: the first replica, or both in turn.
