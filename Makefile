@@ -19,7 +19,6 @@ test:
 	cargo test --workspace
 	target/debug/agentry-bench --scenarios chaos --layout sqlite,postgres --minutes 2 \
 	  --chaos-sessions 50 --seed $${AGENTRY_CHAOS_SEED:-20261128}
-	cargo build -p agentry-fuzz
 	target/debug/agentry-fuzz --inputs 200 --config-inputs 2500 \
 	  --seed $${AGENTRY_FUZZ_SEED:-20261129}
 	docker/e2e.sh

@@ -706,6 +706,24 @@ async fn main() -> anyhow::Result<()> {
     }));
     let selected =
         |label: &str| args.rpc.is_empty() || args.rpc.iter().any(|r| label.contains(r.as_str()));
+    if let Some(unknown) = args.rpc.iter().find(|r| {
+        r.as_str() != "config"
+            && !schema
+                .methods
+                .iter()
+                .any(|m| m.label().contains(r.as_str()))
+    }) {
+        anyhow::bail!(
+            "no RPC's name contains {unknown:?}; `agentry-fuzz --list` prints them \
+             (`--rpc config` selects the config loader)"
+        );
+    }
+    if !args.corpus.is_dir() {
+        println!(
+            "agentry-fuzz: no corpus at {} (run from the repository's root, or pass --corpus)",
+            args.corpus.display()
+        );
+    }
     let mut reports = Vec::new();
     let mut total_findings = 0;
     for method in &schema.methods {
