@@ -53,17 +53,7 @@ async fn slow_store(listener: TcpListener, target: Arc<OnceLock<SocketAddr>>, de
 
 /// The store's durable commits so far, from its metrics page.
 async fn commits(metrics: &str) -> u64 {
-    let mut conn = TcpStream::connect(metrics).await.unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: store\r\n\r\n")
-        .await
-        .unwrap();
-    let mut page = String::new();
-    conn.read_to_string(&mut page).await.unwrap();
-    page.lines()
-        .find_map(|line| line.strip_prefix("agentry_store_commits_total "))
-        .and_then(|value| value.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no commit count on the store's metrics page:\n{page}"))
-        as u64
+    metric(metrics, "agentry_store_commits_total").await as u64
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -74,11 +64,7 @@ async fn a_one_tool_turn_takes_at_most_three_commits_when_the_store_is_slower_th
     let via = path.local_addr().unwrap();
     let target = Arc::new(OnceLock::new());
     tokio::spawn(slow_store(path, target.clone(), Duration::from_millis(150)));
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let metrics = metrics_addr();
     let metrics_listen = metrics.clone();
     let cluster = Cluster::start_with(move |c| {
         let _ = target.set(c.session_store.listen);

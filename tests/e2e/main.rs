@@ -19,4 +19,5 @@ mod skillsets;
 mod small_windows;
 mod text_calls;
 mod turn_control;
+mod unloading;
 mod web;

@@ -222,3 +222,28 @@ pub async fn until_approval(
     .expect("an approval request within 20 s");
     (found, seen)
 }
+
+/// A value on a service's metrics page at `addr` (`host:port`): the first
+/// series named `series` exactly (labels included, as the page writes them).
+pub async fn metric(addr: &str, series: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: metrics\r\n\r\n")
+        .await
+        .unwrap();
+    let mut page = String::new();
+    conn.read_to_string(&mut page).await.unwrap();
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {series} on the metrics page at {addr}:\n{page}"))
+}
+
+/// A loopback address nothing listens on now, for a metrics page.
+pub fn metrics_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}

@@ -12,9 +12,14 @@ pub const CALLS_IN_FLIGHT_HELP: &str = "Model and tool calls running now, by kin
 const PENDING_APPROVALS: &str = "agentry_pending_approvals";
 const PENDING_APPROVALS_HELP: &str = "Tool calls waiting for a person's decision.";
 
+const SESSIONS_LOADED: &str = "agentry_sessions_loaded";
+const SESSIONS_LOADED_HELP: &str =
+    "Sessions whose state this orchestrator holds in memory (an actor each).";
+
 /// Gauges that read 0 before anything happened.
 pub fn init(metrics: &Registry) {
     metrics.set(PENDING_APPROVALS, PENDING_APPROVALS_HELP, &[], 0.0);
+    metrics.set(SESSIONS_LOADED, SESSIONS_LOADED_HELP, &[], 0.0);
     for kind in ["model", "tool"] {
         metrics.set(
             CALLS_IN_FLIGHT,
@@ -23,6 +28,11 @@ pub fn init(metrics: &Registry) {
             0.0,
         );
     }
+}
+
+/// A session actor started (+) or ended (-).
+pub fn sessions_loaded_changed(metrics: &Registry, by: f64) {
+    metrics.shift(SESSIONS_LOADED, SESSIONS_LOADED_HELP, &[], by);
 }
 
 /// Approvals were requested (+) or decided (-).

@@ -30,6 +30,10 @@ pub struct Settings {
     pub store_retry_window: Duration,
     /// Sessions may bring MCP servers of their own (`mcp.session_servers`).
     pub session_mcp_servers: bool,
+    /// A session with nothing running is unloaded after this long
+    /// (`orchestrator.unload_idle_secs`; `None`: kept until the process
+    /// ends); its next input loads it again from its log.
+    pub unload_idle: Option<Duration>,
 }
 
 impl Settings {
@@ -44,6 +48,7 @@ impl Settings {
             agents: Agents::default(),
             store_retry_window: Duration::from_secs(10),
             session_mcp_servers: true,
+            unload_idle: None,
         }
     }
 
@@ -56,6 +61,8 @@ impl Settings {
         settings.plan_max_steps = config.agent.plan_max_steps;
         settings.agents = Agents::new(config.agents()?, config.agent.max_parallel_agents);
         settings.session_mcp_servers = config.mcp.session_servers;
+        settings.unload_idle = (config.orchestrator.unload_idle_secs > 0)
+            .then(|| Duration::from_secs(config.orchestrator.unload_idle_secs));
         Ok(settings)
     }
 

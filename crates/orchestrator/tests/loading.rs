@@ -307,6 +307,8 @@ async fn an_append_stored_with_its_answer_lost_counts_as_stored() {
         .iter()
         .filter_map(|e| match &e.kind {
             Some(spb::event::Kind::UserMessage(m)) => Some(m.text.clone()),
+            // Sent while the first turn still runs, it steers that turn.
+            Some(spb::event::Kind::SteeringQueued(q)) => Some(q.text.clone()),
             _ => None,
         })
         .collect();

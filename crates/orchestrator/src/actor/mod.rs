@@ -122,6 +122,25 @@ pub(crate) struct Actor {
     /// Until when the queued events wait for that work before they are
     /// written (see [`LINGER`]).
     linger: Option<tokio::time::Instant>,
+    /// When the actor last handled anything (for unloading an idle session).
+    active_at: tokio::time::Instant,
+}
+
+/// Counts the session actors running on this replica
+/// (`agentry_sessions_loaded`) for as long as it lives.
+struct Loaded(Arc<agentry_runtime::metrics::Registry>);
+
+impl Loaded {
+    fn new(metrics: Arc<agentry_runtime::metrics::Registry>) -> Self {
+        crate::metrics::sessions_loaded_changed(&metrics, 1.0);
+        Loaded(metrics)
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        crate::metrics::sessions_loaded_changed(&self.0, -1.0);
+    }
 }
 
 /// When to write the queued events.
@@ -297,8 +316,13 @@ impl Actor {
             ending: VecDeque::new(),
             quick: HashSet::new(),
             linger: None,
+            active_at: tokio::time::Instant::now(),
         };
-        tokio::spawn(actor.run(commands));
+        let loaded = Loaded::new(actor.deps.metrics.clone());
+        tokio::spawn(async move {
+            actor.run(commands).await;
+            drop(loaded);
+        });
         SessionHandle {
             commands: commands_tx,
         }
@@ -326,6 +350,12 @@ impl Actor {
         }
         loop {
             let linger = self.linger;
+            let unload_at = self
+                .settings
+                .unload_idle
+                .filter(|_| self.is_resting())
+                .and_then(|idle| self.active_at.checked_add(idle));
+            let mut unload = false;
             let result = tokio::select! {
                 command = commands.recv() => match command.map(|c| *c) {
                     Some(Command::Input { input, by, reply }) => {
@@ -364,14 +394,45 @@ impl Actor {
                     self.pump(When::Now);
                     Ok(())
                 }
+                () = tokio::time::sleep_until(unload_at.unwrap_or_else(tokio::time::Instant::now)),
+                    if unload_at.is_some() =>
+                {
+                    unload = true;
+                    Ok(())
+                }
             };
             if let Err(Broken(status)) = result {
                 tracing::error!(session_id = %self.session_id, error = %status.message(), "session actor stopped: the session store refused an append");
                 self.stopped(&status);
                 return;
             }
+            if unload {
+                // Inputs that reached the channel meanwhile are dropped
+                // unread: their senders see the actor gone and route them
+                // again, to an actor loaded afresh from the log, which
+                // holds everything this one decided.
+                commands.close();
+                drop(commands);
+                tracing::debug!(session_id = %self.session_id, "unloading the session: idle");
+                break;
+            }
+            self.active_at = tokio::time::Instant::now();
         }
         self.abort_in_flight();
+        self.sessions.unloaded(&self.session_id);
+    }
+
+    /// Whether nothing runs or waits here: no turn open, nothing in
+    /// flight, nothing decided and not yet stored. Such a session can be
+    /// unloaded and loaded again from its log without a difference.
+    fn is_resting(&self) -> bool {
+        self.state.is_idle()
+            && self.queue.is_empty()
+            && self.writing.is_none()
+            && self.in_flight.is_empty()
+            && self.tasks.is_empty()
+            && self.ending.is_empty()
+            && self.linger.is_none()
     }
 
     /// The actor stops because the log cannot be written: the followers of
@@ -566,6 +627,7 @@ impl Actor {
         let finishes_task = matches!(
             input,
             Input::ModelDone(_)
+                | Input::ModelUnreadable { .. }
                 | Input::ModelFailed { .. }
                 | Input::ModelTryLater(_)
                 | Input::Unpark

@@ -599,7 +599,9 @@ impl Orchestrator for Sessions {
         let forwarded = crate::cluster::was_forwarded(&request);
         let by = Principal::of(request.extensions()).cloned();
         let req = request.into_inner();
-        loop {
+        // One retry covers an actor that ended (idle, or store trouble)
+        // just as the rewind reached it.
+        for _ in 0..2 {
             let handle = match self.route(&req.session_id).await? {
                 Route::Here(handle) => handle,
                 Route::Elsewhere(url) => {
@@ -620,13 +622,15 @@ impl Orchestrator for Sessions {
             if handle.commands.send(command).await.is_err() {
                 continue; // The actor stopped: load the session again.
             }
-            return match answer.await {
-                Ok(result) => result.map(Response::new),
-                Err(_) => Err(Status::unavailable(
-                    "the session stopped during the rewind; look at it and try again",
-                )),
-            };
+            // No answer: the actor ended without reading it (it answers
+            // every rewind it starts, even one the store refuses).
+            if let Ok(result) = answer.await {
+                return result.map(Response::new);
+            }
         }
+        Err(Status::unavailable(
+            "the session stopped during the rewind; look at it and try again",
+        ))
     }
 
     async fn preview_call(

@@ -74,7 +74,24 @@ impl Sessions {
         if sessions.get(session_id).is_some_and(|s| {
             Arc::ptr_eq(s, slot)
                 && Arc::strong_count(s) == 2
-                && s.try_lock().is_ok_and(|h| h.is_none())
+                && s.try_lock()
+                    .is_ok_and(|h| h.as_ref().is_none_or(|h| h.commands.is_closed()))
+        }) {
+            sessions.remove(session_id);
+        }
+    }
+
+    /// Forgets the slot of a session whose actor ended after idling,
+    /// unless someone holds the slot (they are routing to it, see the
+    /// actor gone and load the session again) or it holds a newer actor.
+    pub(crate) fn unloaded(&self, session_id: &str) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        // Only the map's reference: routes clone the slot under this lock,
+        // so nobody is about to load into it.
+        if sessions.get(session_id).is_some_and(|s| {
+            Arc::strong_count(s) == 1
+                && s.try_lock()
+                    .is_ok_and(|h| h.as_ref().is_none_or(|h| h.commands.is_closed()))
         }) {
             sessions.remove(session_id);
         }

@@ -91,6 +91,10 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
         "AGENTRY_ORCHESTRATOR_ADVERTISE_URL",
         &["orchestrator", "advertise_url"],
     ),
+    (
+        "AGENTRY_ORCHESTRATOR_UNLOAD_IDLE_SECS",
+        &["orchestrator", "unload_idle_secs"],
+    ),
     ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
     ("AGENTRY_SESSION_STORE_LISTEN", &["session_store", "listen"]),
     (

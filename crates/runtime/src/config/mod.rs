@@ -531,6 +531,15 @@ pub struct OrchestratorConfig {
     /// (docs/operations.md, "Scaling out"); empty: one orchestrator.
     #[serde(default)]
     pub advertise_url: String,
+    /// Seconds a session with nothing running stays loaded (its state in
+    /// memory) after its last activity; its next input loads it again
+    /// from its log. 0: sessions stay loaded until the process ends.
+    #[serde(default = "default_unload_idle_secs")]
+    pub unload_idle_secs: u64,
+}
+
+fn default_unload_idle_secs() -> u64 {
+    600
 }
 
 /// Where a service listens and where others reach it.
