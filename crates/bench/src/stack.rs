@@ -278,12 +278,16 @@ impl Stack {
             .collect()
     }
 
-    /// CPU time each service has used so far, in ms.
+    /// CPU time each service has used so far, in ms (all its processes: two
+    /// orchestrators count as one entry).
     pub fn cpu_ms(&self) -> BTreeMap<&'static str, f64> {
-        self.children
-            .iter()
-            .filter_map(|(name, c)| crate::stats::cpu_ms(c.id()).map(|ms| (*name, ms)))
-            .collect()
+        let mut by_service = BTreeMap::new();
+        for (name, child) in &self.children {
+            if let Some(ms) = crate::stats::cpu_ms(child.id()) {
+                *by_service.entry(*name).or_insert(0.0) += ms;
+            }
+        }
+        by_service
     }
 
     /// Bytes of the session store's database on disk (with its WAL).
@@ -314,12 +318,26 @@ impl Stack {
     /// (from its metrics).
     pub async fn store_writes(&self) -> anyhow::Result<StoreWrites> {
         let url = format!("http://{}/metrics", self.store_metrics);
-        let text = reqwest::get(&url)
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .with_context(|| format!("cannot read the session store's metrics at {url}"))?
-            .text()
-            .await?;
+        // The metrics page may open a moment after the store answers gRPC.
+        let mut tries = 0;
+        let response = loop {
+            match reqwest::get(&url)
+                .await
+                .and_then(reqwest::Response::error_for_status)
+            {
+                Ok(response) => break response,
+                Err(e) if tries < 50 && e.is_connect() => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot read the session store's metrics at {url}")
+                    });
+                }
+            }
+        };
+        let text = response.text().await?;
         let value = |name: &str| -> anyhow::Result<f64> {
             text.lines()
                 .find_map(|line| {

@@ -42,6 +42,35 @@ pub fn cpu_ms(pid: u32) -> Option<f64> {
     Some(ticks * 10.0)
 }
 
+/// CPU time in ms of process `pid` and its children, those still running
+/// and those it has waited for (a server's connection processes: the
+/// PostgreSQL postmaster's backends come and go).
+pub fn tree_cpu_ms(pid: u32) -> Option<f64> {
+    let fields = |stat: &str| -> Option<Vec<f64>> {
+        let rest = &stat[stat.rfind(')')? + 2..];
+        // The state is not a number: keep the ppid onwards.
+        rest.split_whitespace()
+            .skip(1)
+            .take(14)
+            .map(|f| f.parse::<f64>().ok())
+            .collect()
+    };
+    // From the ppid (index 0): utime 10, stime 11, cutime 12, cstime 13.
+    let own = fields(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
+    let mut ticks = own.get(10..14)?.iter().sum::<f64>();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        if let Some(child) = fields(&stat)
+            && child.first() == Some(&f64::from(pid))
+        {
+            ticks += child.get(10..12).map_or(0.0, |t| t.iter().sum::<f64>());
+        }
+    }
+    Some(ticks * 10.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +95,35 @@ mod tests {
         }
         let after = cpu_ms(std::process::id()).unwrap_or(f64::NAN);
         assert!(x > 0 && after > before, "{before} → {after}");
+    }
+
+    #[test]
+    fn counts_the_cpu_of_children_running_and_waited_for() {
+        let spin = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done";
+        let before = tree_cpu_ms(std::process::id()).unwrap_or(f64::NAN);
+        // One child waited for here, one still running when measured.
+        let done = std::process::Command::new("sh").args(["-c", spin]).status();
+        assert!(done.is_ok_and(|s| s.success()));
+        let mut running = std::process::Command::new("sh")
+            .args(["-c", &format!("{spin}; sleep 5")])
+            .spawn()
+            .unwrap_or_else(|e| panic!("sh: {e}"));
+        let child_cpu = || cpu_ms(running.id()).unwrap_or(0.0);
+        let start = std::time::Instant::now();
+        while child_cpu() < 50.0 && start.elapsed() < std::time::Duration::from_secs(20) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let running_ms = child_cpu();
+        let after = tree_cpu_ms(std::process::id()).unwrap_or(f64::NAN);
+        let _ = running.kill();
+        let _ = running.wait();
+        assert!(running_ms >= 50.0, "the running child used {running_ms} ms");
+        // The waited-for child's time is in cutime; the running one's in
+        // its own stat: both count.
+        assert!(
+            after - before >= running_ms + 50.0,
+            "{before} -> {after} ({running_ms} running)"
+        );
     }
 
     #[test]

@@ -203,6 +203,14 @@ impl Postgres {
 
     /// Creates database `name` and returns its URL.
     pub fn create_database(&self, name: &str) -> String {
+        self.sql("postgres", &format!("CREATE DATABASE \"{name}\""));
+        self.url(name)
+    }
+
+    /// Runs `sql` in database `db` as the owner and returns its output,
+    /// unaligned and without headers (`psql -tA`): one row per line,
+    /// columns separated by `|`.
+    pub fn sql(&self, db: &str, sql: &str) -> String {
         let psql = self.bin.join("psql");
         let out = Command::new(psql)
             .args([
@@ -213,11 +221,12 @@ impl Postgres {
                 "-U",
                 "agentry",
                 "-d",
-                "postgres",
+                db,
+                "-tA",
                 "-v",
                 "ON_ERROR_STOP=1",
                 "-c",
-                &format!("CREATE DATABASE \"{name}\""),
+                sql,
             ])
             .env("PGPASSWORD", PASSWORD)
             .stdin(Stdio::null())
@@ -225,10 +234,21 @@ impl Postgres {
             .unwrap_or_else(|e| panic!("psql: {e}"));
         assert!(
             out.status.success(),
-            "CREATE DATABASE {name}: {}",
+            "{sql}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        self.url(name)
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The server's main process (the postmaster), while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// The server's log so far, for failure messages.

@@ -22,7 +22,8 @@ pub async fn scale_out(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::
     for &n in sessions {
         for mode in ["1", "2", "2, inputs forwarded"] {
             database += 1;
-            let url = server.create_database(&format!("bench{database}"));
+            let db = format!("bench{database}");
+            let url = server.create_database(&db);
             let mut stack = Stack::start_with(
                 bin,
                 &model.base_url(),
@@ -58,6 +59,7 @@ pub async fn scale_out(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::
                 (Some(second), "2, inputs forwarded") => Some(stack.orchestrator_at(second).await?),
                 _ => None,
             };
+            let cost_before = PgCost::read(&server, &db, &stack).await?;
             let started = Instant::now();
             let runs_of = (0..n).map(|i| {
                 let pool = &pools[i % pools.len()];
@@ -81,14 +83,96 @@ pub async fn scale_out(bin: &Path, turns: usize, sessions: &[usize]) -> anyhow::
                 }
             }
             let count = latencies.len();
+            let cost = PgCost::read(&server, &db, &stack)
+                .await?
+                .per_turn(&cost_before, count);
             let rate = count as f64 / elapsed;
             let (p50, p99, _) = summary(&mut latencies);
             println!("{mode:>28} {n:>9} {count:>7} {rate:>10.1} {p50:>9.2} {p99:>9.2} {errors:>7}");
+            println!(
+                "{:>28} per turn: {:.2} commits of appends, {:.0} bytes of WAL, {:.0} bytes of \
+                 tables and indexes; CPU ms {}",
+                "",
+                cost["commits"].as_f64().unwrap_or(f64::NAN),
+                cost["wal_bytes"].as_f64().unwrap_or(f64::NAN),
+                cost["database_bytes"].as_f64().unwrap_or(f64::NAN),
+                cost["cpu_ms"]
+            );
             runs.push(json!({
                 "orchestrators": mode, "sessions": n, "turns": count, "turns_per_sec": rate,
-                "p50_ms": p50, "p99_ms": p99, "errors": errors,
+                "p50_ms": p50, "p99_ms": p99, "errors": errors, "per_turn": cost,
             }));
         }
     }
     Ok(json!({"runs": runs}))
+}
+
+/// What the database has done so far: the session store's commits of
+/// appends (its own count: PostgreSQL's statistics lag by seconds, and its
+/// transaction ids count each append's savepoint too), the WAL written,
+/// the run's database's size, and CPU by process (the services, and
+/// PostgreSQL with its connection processes).
+struct PgCost {
+    commits: f64,
+    wal: f64,
+    size: f64,
+    cpu: std::collections::BTreeMap<String, f64>,
+}
+
+impl PgCost {
+    async fn read(
+        server: &agentry_testkit::postgres::Postgres,
+        db: &str,
+        stack: &Stack,
+    ) -> anyhow::Result<PgCost> {
+        let commits = stack.store_writes().await?.commits;
+        let row = server.sql(
+            db,
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0'), \
+             pg_database_size(current_database())",
+        );
+        let mut columns = row
+            .split('|')
+            .map(|c| c.trim().parse::<f64>().unwrap_or(f64::NAN));
+        let mut next = || columns.next().unwrap_or(f64::NAN);
+        let (wal, size) = (next(), next());
+        let mut cpu: std::collections::BTreeMap<String, f64> = stack
+            .cpu_ms()
+            .into_iter()
+            .map(|(service, ms)| (service.to_string(), ms))
+            .collect();
+        if let Some(ms) = server.pid().and_then(crate::stats::tree_cpu_ms) {
+            cpu.insert("postgresql".into(), ms);
+        }
+        // The clients driving the turns (this process): a machine's whole
+        // load per turn is the sum.
+        if let Some(ms) = crate::stats::cpu_ms(std::process::id()) {
+            cpu.insert("clients".into(), ms);
+        }
+        Ok(PgCost {
+            commits,
+            wal,
+            size,
+            cpu,
+        })
+    }
+
+    /// The cost of each of `turns` turns run between `before` and `self`.
+    fn per_turn(&self, before: &PgCost, turns: usize) -> Value {
+        let per = |x: f64| x / turns.max(1) as f64;
+        let cpu: serde_json::Map<String, Value> = self
+            .cpu
+            .iter()
+            .map(|(name, ms)| {
+                let spent = ms - before.cpu.get(name).copied().unwrap_or(0.0);
+                (name.clone(), json!((per(spent) * 100.0).round() / 100.0))
+            })
+            .collect();
+        json!({
+            "commits": per(self.commits - before.commits),
+            "wal_bytes": per(self.wal - before.wal),
+            "database_bytes": per(self.size - before.size),
+            "cpu_ms": cpu,
+        })
+    }
 }
