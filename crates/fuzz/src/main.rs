@@ -230,7 +230,15 @@ struct Target {
 }
 
 async fn start(method: &Method) -> anyhow::Result<Target> {
-    let cluster = Cluster::start().await?;
+    // The services' own bounds on waiting for an MCP server sit below the
+    // hang timeout: inputs name real programs (`bash` as a server), which
+    // never answer MCP's handshake, and the answer then comes at the
+    // service's bound, which is what is checked.
+    let cluster = Cluster::start_with(|c| {
+        c.mcp.init_timeout_secs = 2;
+        c.mcp.call_timeout_secs = 4;
+    })
+    .await?;
     cluster.model.set_fallback(fake_model::Fallback::Echo);
     cluster.model.forget_requests();
     let mut orchestrator = cluster.orchestrator().await?;
