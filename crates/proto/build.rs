@@ -8,6 +8,7 @@ const FILES: &[&str] = &[
     "agentry/errors/v1/errors.proto",
     "agentry/sessions/v1/events.proto",
     "agentry/sessions/v1/sessions.proto",
+    "agentry/sessions/v1/state.proto",
     "agentry/tools/v1/tools.proto",
     "agentry/scheduler/v1/scheduler.proto",
     "agentry/orchestrator/v1/orchestrator.proto",

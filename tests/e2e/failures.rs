@@ -358,6 +358,7 @@ async fn a_task_left_open_after_its_call_ended_is_cancelled_on_recovery() {
         expected_seq: 1,
         events,
         lease_epoch: 0,
+        ..Default::default()
     };
     // The parent: its delegate call ended with an error.
     let (parent, turn, call) = ("parent-1", "turn-1", "d1");

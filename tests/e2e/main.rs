@@ -8,6 +8,7 @@ mod support;
 
 mod approvals;
 mod chat_turn;
+mod checkpoints;
 mod compaction;
 mod durable_writes;
 mod failures;

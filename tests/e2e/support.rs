@@ -168,6 +168,7 @@ pub async fn read_log(
             session_id: session_id.to_string(),
             from_seq: 1,
             limit: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -210,6 +210,7 @@ async fn the_client_token_cannot_write_logs_run_tools_or_take_reminders() {
             session_id: session.id.clone(),
             from_seq: 1,
             limit: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -69,6 +69,7 @@ async fn releases_and_no_leak(cluster: &Cluster) -> Vec<(String, Vec<String>)> {
                 session_id: session.id.clone(),
                 from_seq: 1,
                 limit: 0,
+                ..Default::default()
             })
             .await
             .unwrap()

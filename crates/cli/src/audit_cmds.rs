@@ -133,6 +133,7 @@ async fn read_log(store: &mut Store, session_id: &str) -> anyhow::Result<Vec<spb
                 session_id: session_id.to_string(),
                 from_seq: from,
                 limit: 0,
+                ..Default::default()
             })
             .await
             .map_err(|s| status_error(&format!("cannot read session {session_id}"), s))?

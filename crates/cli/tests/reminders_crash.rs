@@ -120,6 +120,7 @@ async fn an_orchestrator_killed_during_delivery_leaves_exactly_one_copy() {
             session_id: session.id.clone(),
             from_seq: 1,
             limit: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

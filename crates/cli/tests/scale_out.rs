@@ -138,6 +138,7 @@ async fn log_of(cluster: &Cluster, session_id: &str) -> Vec<spb::Event> {
             session_id: session_id.into(),
             from_seq: 1,
             limit: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -206,6 +206,7 @@ async fn cron_schedules_run_with_no_client_and_their_runs_are_listed() {
             session_id: swept.session_id.clone(),
             from_seq: 1,
             limit: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

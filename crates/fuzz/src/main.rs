@@ -363,6 +363,7 @@ async fn read_all(
                 session_id: session.to_string(),
                 from_seq: from,
                 limit: 1000,
+                ..Default::default()
             })
             .await?
             .into_inner()

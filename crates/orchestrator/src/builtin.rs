@@ -495,6 +495,7 @@ async fn recall(deps: &Deps, session_id: &str, arguments: &str) -> Result<String
                 session_id: session_id.to_string(),
                 from_seq: from,
                 limit: limit as u32,
+                ..Default::default()
             })
             .await
             .map_err(|s| {

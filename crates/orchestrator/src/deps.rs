@@ -351,6 +351,7 @@ impl Deps {
                     session_id: session_id.to_string(),
                     from_seq: from,
                     limit: 0,
+                    ..Default::default()
                 })
                 .await
                 .map_err(|s| crate::service::store_status(&self.store_url, s))?
@@ -359,6 +360,39 @@ impl Deps {
             events.extend(page.events);
             if !page.has_more {
                 return Ok(events);
+            }
+        }
+    }
+
+    /// A session's checkpoint, when it has one, and the events of its log
+    /// after it (the whole log when it has none).
+    pub async fn read_after_checkpoint(
+        &self,
+        session_id: &str,
+    ) -> Result<(Option<spb::Checkpoint>, Vec<spb::Event>), Status> {
+        let mut events = Vec::new();
+        let mut checkpoint = None;
+        let mut from = 1;
+        loop {
+            let page = self
+                .store
+                .clone()
+                .read(spb::ReadRequest {
+                    session_id: session_id.to_string(),
+                    from_seq: from,
+                    limit: 0,
+                    from_checkpoint: from == 1,
+                })
+                .await
+                .map_err(|s| crate::service::store_status(&self.store_url, s))?
+                .into_inner();
+            from = page.next_seq;
+            if page.checkpoint.is_some() {
+                checkpoint = page.checkpoint;
+            }
+            events.extend(page.events);
+            if !page.has_more {
+                return Ok((checkpoint, events));
             }
         }
     }

@@ -35,6 +35,22 @@ pub fn sessions_loaded_changed(metrics: &Registry, by: f64) {
     metrics.shift(SESSIONS_LOADED, SESSIONS_LOADED_HELP, &[], by);
 }
 
+/// A session was loaded, from its checkpoint or from the start of its log
+/// (`from`), applying `events` events.
+pub fn session_loaded(metrics: &Registry, from: &str, events: u64) {
+    metrics.inc(
+        "agentry_session_loads_total",
+        "Sessions loaded into memory, by where their state came from: a checkpoint and the events after it, or the whole log.",
+        &[("from", from)],
+    );
+    metrics.add(
+        "agentry_session_load_events_total",
+        "Events read and applied to load sessions.",
+        &[],
+        events as f64,
+    );
+}
+
 /// Approvals were requested (+) or decided (-).
 pub fn pending_approvals_changed(metrics: &Registry, by: f64) {
     metrics.shift(PENDING_APPROVALS, PENDING_APPROVALS_HELP, &[], by);

@@ -34,6 +34,10 @@ pub struct Settings {
     /// (`orchestrator.unload_idle_secs`; `None`: kept until the process
     /// ends); its next input loads it again from its log.
     pub unload_idle: Option<Duration>,
+    /// An idle session writes a checkpoint once this many events were
+    /// appended since its last one (`orchestrator.checkpoint_every_events`;
+    /// 0: never).
+    pub checkpoint_every: u64,
 }
 
 impl Settings {
@@ -49,6 +53,7 @@ impl Settings {
             store_retry_window: Duration::from_secs(10),
             session_mcp_servers: true,
             unload_idle: None,
+            checkpoint_every: 0,
         }
     }
 
@@ -63,6 +68,7 @@ impl Settings {
         settings.session_mcp_servers = config.mcp.session_servers;
         settings.unload_idle = (config.orchestrator.unload_idle_secs > 0)
             .then(|| Duration::from_secs(config.orchestrator.unload_idle_secs));
+        settings.checkpoint_every = config.orchestrator.checkpoint_every_events;
         Ok(settings)
     }
 
@@ -86,21 +92,30 @@ impl Settings {
 
     /// The state a session's log gives, with these settings.
     pub fn replayed(&self, events: &[spb::Event]) -> SessionState {
-        SessionState::new(self.max_steps)
-            .with_policy(self.policy.clone())
-            .with_plan_max_steps(self.plan_max_steps)
-            .with_view(self.view())
-            .replayed(events)
+        self.fresh().replayed(events)
     }
 
     /// A sub-agent's session rebuilt from its log: the agent's view and
     /// step limit.
     pub fn replayed_as(&self, agent: &crate::agents::Agent, events: &[spb::Event]) -> SessionState {
+        self.fresh_as(agent).replayed(events)
+    }
+
+    /// A new session's state with these settings: what a replay starts from.
+    pub fn fresh(&self) -> SessionState {
+        SessionState::new(self.max_steps)
+            .with_policy(self.policy.clone())
+            .with_plan_max_steps(self.plan_max_steps)
+            .with_view(self.view())
+    }
+
+    /// [`Settings::fresh`] for a sub-agent's session: the agent's view and
+    /// step limit.
+    pub fn fresh_as(&self, agent: &crate::agents::Agent) -> SessionState {
         SessionState::new(agent.def.max_steps.unwrap_or(self.max_steps))
             .with_policy(self.policy.clone())
             .with_plan_max_steps(self.plan_max_steps)
             .with_view(Arc::new(agent.view(&self.view())))
-            .replayed(events)
     }
 }
 

@@ -153,6 +153,7 @@ impl SessionStore for GatedStore {
             events,
             next_seq,
             has_more: false,
+            ..Default::default()
         }))
     }
 

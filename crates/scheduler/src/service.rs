@@ -500,6 +500,7 @@ impl Core {
                     session_id: run.session_id.clone(),
                     from_seq,
                     limit: 1000,
+                    ..Default::default()
                 })
                 .await
             {

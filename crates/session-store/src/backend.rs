@@ -5,7 +5,7 @@
 
 use crate::pg::PgStore;
 use crate::store::{Change, Store, StoreError};
-use agentry_proto::sessions::v1::{Event, Session};
+use agentry_proto::sessions::v1::{Checkpoint, Event, Session};
 use std::sync::Arc;
 use tokio::sync::broadcast;
 
@@ -145,17 +145,45 @@ impl Backend {
         lease_epoch: u64,
         events: Vec<Event>,
     ) -> Result<Vec<Event>, StoreError> {
+        self.append_checkpointed(session_id, expected_seq, lease_epoch, events, None)
+            .await
+    }
+
+    /// [`Backend::append_leased`] with the session's state after one of
+    /// its events, stored in the same commit, replacing its earlier one.
+    pub async fn append_checkpointed(
+        &self,
+        session_id: String,
+        expected_seq: u64,
+        lease_epoch: u64,
+        events: Vec<Event>,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<Vec<Event>, StoreError> {
         match self {
             Backend::Sqlite(s) => {
                 blocking(s, move |s| {
-                    s.append_leased(&session_id, expected_seq, lease_epoch, events)
+                    s.append_checkpointed(
+                        &session_id,
+                        expected_seq,
+                        lease_epoch,
+                        events,
+                        checkpoint,
+                    )
                 })
                 .await
             }
             Backend::Postgres(p) => {
-                p.append_leased(&session_id, expected_seq, lease_epoch, events)
+                p.append_checkpointed(&session_id, expected_seq, lease_epoch, events, checkpoint)
                     .await
             }
+        }
+    }
+
+    /// The session's checkpoint, if it has one.
+    pub async fn checkpoint(&self, session_id: String) -> Result<Option<Checkpoint>, StoreError> {
+        match self {
+            Backend::Sqlite(s) => blocking(s, move |s| s.checkpoint(&session_id)).await,
+            Backend::Postgres(p) => p.checkpoint(&session_id).await,
         }
     }
 

@@ -195,11 +195,12 @@ impl SessionStore for SessionStoreService {
         let metrics = &self.metrics;
         let result = self
             .store
-            .append_leased(
+            .append_checkpointed(
                 req.session_id,
                 req.expected_seq,
                 req.lease_epoch,
                 req.events,
+                req.checkpoint,
             )
             .await;
         let outcome = if result.is_ok() { "ok" } else { "refused" };
@@ -232,7 +233,19 @@ impl SessionStore for SessionStoreService {
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let req = request.into_inner();
-        let from = req.from_seq.max(1);
+        let mut from = req.from_seq.max(1);
+        let checkpoint = if req.from_checkpoint {
+            self.store
+                .checkpoint(req.session_id.clone())
+                .await
+                .map_err(status_of)?
+                .filter(|checkpoint| checkpoint.seq >= from)
+        } else {
+            None
+        };
+        if let Some(checkpoint) = &checkpoint {
+            from = checkpoint.seq + 1;
+        }
         let (mut events, mut has_more) = self
             .store
             .read(req.session_id, from, req.limit)
@@ -241,7 +254,7 @@ impl SessionStore for SessionStoreService {
         // A page stays well under the largest message a client takes
         // (events with images can be megabytes each): at least one event,
         // the rest on the next page.
-        let mut bytes = 0usize;
+        let mut bytes = checkpoint.as_ref().map_or(0, prost::Message::encoded_len);
         if let Some(cut) = events.iter().position(|event| {
             bytes += prost::Message::encoded_len(event);
             bytes > MAX_PAGE_BYTES
@@ -255,6 +268,7 @@ impl SessionStore for SessionStoreService {
             events,
             next_seq,
             has_more,
+            checkpoint,
         }))
     }
 

@@ -544,6 +544,100 @@ async fn names_are_unique_checked_and_kept_with_the_project(replicas: &Replicas,
     );
 }
 
+async fn checkpoints_ride_with_appends(replicas: &Replicas, n: u32) {
+    let store = replicas(n).await;
+    store.create_session("c".into(), "".into()).await.unwrap();
+    let checkpoint = |seq: u64, state: &[u8]| pb::Checkpoint {
+        seq,
+        format: 1,
+        state: state.to_vec(),
+    };
+    assert_eq!(store.checkpoint("c".into()).await.unwrap(), None);
+    store
+        .append_checkpointed(
+            "c".into(),
+            1,
+            0,
+            vec![user("a"), finished()],
+            Some(checkpoint(2, b"two")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.checkpoint("c".into()).await.unwrap(),
+        Some(checkpoint(2, b"two"))
+    );
+    // One naming an event the log does not have is refused, and the
+    // events it came with are not stored.
+    for seq in [0, 5] {
+        let refused = store
+            .append_checkpointed(
+                "c".into(),
+                3,
+                0,
+                vec![user("b"), finished()],
+                Some(checkpoint(seq, b"x")),
+            )
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::InvalidArgument(_))),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(store.get_session("c".into()).await.unwrap().event_count, 2);
+    // A later one replaces it; an append without one leaves it.
+    store
+        .append_checkpointed(
+            "c".into(),
+            3,
+            0,
+            vec![user("b"), finished()],
+            Some(checkpoint(4, b"four")),
+        )
+        .await
+        .unwrap();
+    store.append("c".into(), 5, vec![user("c")]).await.unwrap();
+    assert_eq!(
+        store.checkpoint("c".into()).await.unwrap(),
+        Some(checkpoint(4, b"four"))
+    );
+
+    // Read from it: the checkpoint, then the events after it.
+    let (_closing_tx, closing) = tokio::sync::watch::channel(false);
+    let service = SessionStoreService::new(store.clone(), closing);
+    let read = |from_seq: u64, from_checkpoint: bool| {
+        service.read(tonic::Request::new(pb::ReadRequest {
+            session_id: "c".into(),
+            from_seq,
+            limit: 0,
+            from_checkpoint,
+        }))
+    };
+    let page = read(1, true).await.unwrap().into_inner();
+    assert_eq!(page.checkpoint, Some(checkpoint(4, b"four")));
+    assert_eq!(page.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [5]);
+    assert_eq!((page.next_seq, page.has_more), (6, false));
+    let page = read(1, false).await.unwrap().into_inner();
+    assert_eq!((page.checkpoint, page.events.len()), (None, 5));
+    // Asked from after the checkpoint: the events from there, no checkpoint.
+    let page = read(5, true).await.unwrap().into_inner();
+    assert_eq!((page.checkpoint, page.events.len()), (None, 1));
+
+    // A fork starts without one; a deleted session's goes with it.
+    store
+        .fork_session("c".into(), 0, "c-fork".into(), String::new(), Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(store.checkpoint("c-fork".into()).await.unwrap(), None);
+    store.delete_session("c".into()).await.unwrap();
+    assert!(matches!(
+        store.checkpoint("c".into()).await,
+        Err(StoreError::NotFound(_))
+    ));
+    store.create_session("c".into(), "".into()).await.unwrap();
+    assert_eq!(store.checkpoint("c".into()).await.unwrap(), None);
+}
+
 async fn run_contract(replicas: Replicas) {
     sessions_are_created_listed_and_refused_when_invalid(&replicas, 0).await;
     appends_are_gap_free_and_refused_out_of_order(&replicas, 1).await;
@@ -555,6 +649,7 @@ async fn run_contract(replicas: Replicas) {
     leases_fence_a_driver_that_lost_its_session(&replicas, 7).await;
     a_sub_agents_session_keeps_its_parent(&replicas, 8).await;
     names_are_unique_checked_and_kept_with_the_project(&replicas, 9).await;
+    checkpoints_ride_with_appends(&replicas, 10).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

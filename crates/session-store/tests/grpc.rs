@@ -184,6 +184,7 @@ async fn append(
             expected_seq,
             events,
             lease_epoch: 0,
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner().last_seq)
@@ -200,6 +201,7 @@ async fn read(
             session_id: id.into(),
             from_seq,
             limit,
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner())

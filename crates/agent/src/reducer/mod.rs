@@ -13,7 +13,8 @@
 //! Here: the state and its types; `step` (deciding), `apply` (the fold),
 //! `calls` (the tool-call lifecycle), `plan_calls` (plan mode's tools),
 //! `model` (each model call's exact request, and compaction), `catalog` (the
-//! tools offered, as recorded).
+//! tools offered, as recorded), `checkpoint` (the state written beside the
+//! log so that a load reads only the events after it).
 
 use crate::hooks::{HookEvent, HookJob, HookOutcome};
 use crate::plan::{Plan, PlanCall, Stage};
@@ -738,6 +739,7 @@ fn scheduled(call_id: &str, detail: impl Into<String>, allowed_by: pb::AllowedBy
 mod apply;
 mod calls;
 mod catalog;
+mod checkpoint;
 mod limits;
 mod loops;
 mod model;
@@ -746,6 +748,7 @@ mod questions;
 mod step;
 
 pub use catalog::{Catalog, Catalogs};
+pub use checkpoint::CHECKPOINT_FORMAT;
 
 impl SessionState {
     /// An idle session with an empty conversation that allows every call.

@@ -870,12 +870,47 @@ impl Session {
     /// session's policy and view (not in the log) and its catalog (which a
     /// `ToolsOffered` event in the log replaces), replayed.
     fn rebuilt(&self) -> SessionState {
+        self.fresh().replayed(&self.log)
+    }
+
+    /// A fresh state with this session's policy, view and catalog: what a
+    /// replay starts from.
+    fn fresh(&self) -> SessionState {
         let mut fresh = SessionState::new(self.max_steps)
             .with_policy(self.state.policy.0.clone())
             .with_plan_max_steps(self.state.plan_max_steps)
             .with_view(self.state.view.0.clone());
         fresh.catalog = self.state.catalog.clone();
-        fresh.replayed(&self.log)
+        fresh
+    }
+
+    /// Every checkpoint the log allows (after each event at which the
+    /// replayed state is idle), restored with the events after it, gives
+    /// the live state; one is refused only when a later rewind goes back
+    /// past it.
+    fn check_checkpoints(&self, what: &str) {
+        for at in 1..=self.log.len() {
+            let Some(checkpoint) = self.fresh().replayed(&self.log[..at]).checkpoint() else {
+                continue;
+            };
+            assert_eq!(checkpoint.seq, at as u64, "checkpoint after event {at}");
+            let after = &self.log[at..];
+            match self.fresh().resumed(&checkpoint, after) {
+                Some(resumed) => assert_eq!(
+                    resumed, self.state,
+                    "the checkpoint after event {at}, with the events after it, differs from \
+                     the live state after {what}"
+                ),
+                None => assert!(
+                    after.iter().any(|e| matches!(
+                        &e.kind,
+                        Some(pb::event::Kind::SessionRewound(r)) if r.to_seq < at as u64
+                    )),
+                    "the checkpoint after event {at} was refused after {what} with no rewind \
+                     past it"
+                ),
+            }
+        }
     }
 
     /// The session as a restarted orchestrator finds it: rebuilt from its log
@@ -919,6 +954,7 @@ impl Session {
             self.state,
             "replaying the log after {what} differs from the live state"
         );
+        self.check_checkpoints(&what);
         if self.state.policy == SessionState::new(1).policy
             && self.state.catalog.definitions.is_empty()
             && self.state.view == SessionState::new(1).view
@@ -949,6 +985,7 @@ mod approvals;
 mod approvers;
 mod basics;
 mod budgets;
+mod checkpoints;
 mod compaction;
 mod generate;
 mod hooks;

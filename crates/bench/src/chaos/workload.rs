@@ -446,6 +446,7 @@ pub async fn read_all(
                 session_id: session.to_string(),
                 from_seq: from,
                 limit: 1000,
+                ..Default::default()
             }),
         )
         .await

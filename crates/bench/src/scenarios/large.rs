@@ -112,6 +112,7 @@ pub async fn large(bin: &Path, sessions: usize, events: usize) -> anyhow::Result
                 expected_seq: seq,
                 events: batch,
                 lease_epoch: 0,
+                ..Default::default()
             })
             .await?;
         seq += count;

@@ -68,10 +68,21 @@ pub(crate) struct SessionHandle {
 /// small.
 type Outcome = Box<(u64, Input)>;
 
+/// Where a loaded session's log stands.
+pub(crate) struct LogPosition {
+    /// The seq of its last event (0: none yet).
+    pub log_len: u64,
+    /// The seq its stored checkpoint is at (0: none).
+    pub checkpointed_at: u64,
+}
+
 pub(crate) struct Actor {
     session_id: String,
     state: SessionState,
     next_seq: u64,
+    /// The seq of the session's latest checkpoint, stored or on its way
+    /// with the append in flight (0: none).
+    checkpointed_at: u64,
     /// The session's lease epoch this replica holds (0: no lease).
     lease_epoch: u64,
     deps: Arc<Deps>,
@@ -280,7 +291,7 @@ impl Actor {
     pub(crate) fn spawn(
         session_id: String,
         state: SessionState,
-        event_count: u64,
+        position: LogPosition,
         lease_epoch: u64,
         sessions: crate::service::Sessions,
         child: Option<Child>,
@@ -296,7 +307,8 @@ impl Actor {
             instructions_checked: false,
             session_id,
             state,
-            next_seq: event_count + 1,
+            next_seq: position.log_len + 1,
+            checkpointed_at: position.checkpointed_at,
             lease_epoch,
             deps,
             settings,
@@ -865,16 +877,41 @@ impl Actor {
         let span = span.unwrap_or_else(Span::current);
         let span =
             tracing::info_span!(parent: &span, "store.append", events = count, first_seq = first);
+        let checkpoint = self.checkpoint_after(first + count - 1);
         let request = pb::AppendRequest {
             session_id: self.session_id.clone(),
             expected_seq: first,
             events: batch,
             lease_epoch: self.lease_epoch,
+            checkpoint,
         };
         self.writing_runs = runs;
         self.writing = Some(tokio::spawn(
             append(self.deps.clone(), self.settings.store_retry_window, request).instrument(span),
         ));
+    }
+
+    /// The session's state as a checkpoint to store with the append that
+    /// ends at `last_seq`: when that append holds every event decided so
+    /// far (so the state is the one after it), the session is idle, and
+    /// enough events came since the last checkpoint
+    /// (`orchestrator.checkpoint_every_events`).
+    fn checkpoint_after(&mut self, last_seq: u64) -> Option<pb::Checkpoint> {
+        let every = self.settings.checkpoint_every;
+        if every == 0
+            || self.state.last_seq != last_seq
+            || last_seq.saturating_sub(self.checkpointed_at) < every
+        {
+            return None;
+        }
+        let checkpoint = self.state.checkpoint()?;
+        // A state too large for one message is not written: loads read
+        // the whole log, as without checkpoints.
+        if checkpoint.state.len() > agentry_runtime::MAX_MESSAGE_BYTES / 4 {
+            return None;
+        }
+        self.checkpointed_at = last_seq;
+        Some(checkpoint)
     }
 
     /// The append in flight has ended: its events are published and what
@@ -1296,6 +1333,7 @@ async fn stored_already(deps: &Deps, request: &pb::AppendRequest) -> bool {
             session_id: request.session_id.clone(),
             from_seq: request.expected_seq,
             limit: request.events.len() as u32,
+            ..Default::default()
         })
         .await;
     let Ok(page) = read.map(tonic::Response::into_inner) else {

@@ -118,6 +118,11 @@ impl Actor {
             Some(child) => self.settings.replayed_as(&child.agent, &events),
             None => self.settings.replayed(&events),
         };
+        // A checkpoint after the point rewound to no longer stands for the
+        // log's start: the next idle moment writes a new one.
+        if rewound.to_seq < self.checkpointed_at {
+            self.checkpointed_at = 0;
+        }
         self.offered = None;
         self.snapshotted_turn = None;
         self.files_changed = false;

@@ -155,14 +155,15 @@ impl Sessions {
             .sessions)
     }
 
-    /// Reads a session's log, replays it and starts its actor, which
-    /// appends with lease `lease_epoch` (0: no lease).
+    /// Reads a session's log (from its checkpoint, when it has a usable
+    /// one), replays it and starts its actor, which appends with lease
+    /// `lease_epoch` (0: no lease).
     pub(super) async fn load(
         &self,
         session_id: &str,
         lease_epoch: u64,
     ) -> Result<SessionHandle, Status> {
-        let events = self.read_log(session_id).await?;
+        let (checkpoint, after) = self.deps.read_after_checkpoint(session_id).await?;
         // A sub-agent's session runs as its agent, in its parent's
         // workspace (the id names it: only the delegate tool makes those).
         let child = if session_id.starts_with(crate::agents::TASK_PREFIX) {
@@ -208,9 +209,31 @@ impl Sessions {
         } else {
             None
         };
-        let state = match &child {
-            Some(child) => self.settings.replayed_as(&child.agent, &events),
-            None => self.settings.replayed(&events),
+        let fresh = match &child {
+            Some(child) => self.settings.fresh_as(&child.agent),
+            None => self.settings.fresh(),
+        };
+        let resumed = checkpoint.as_ref().and_then(|checkpoint| {
+            Some((fresh.clone().resumed(checkpoint, &after)?, checkpoint.seq))
+        });
+        let metrics = &self.deps.metrics;
+        let (state, log_len, checkpointed_at) = match (resumed, checkpoint) {
+            (Some((state, at)), _) => {
+                crate::metrics::session_loaded(metrics, "checkpoint", after.len() as u64);
+                let log_len = after.last().map_or(at, |e| e.seq);
+                (state, log_len, at)
+            }
+            (None, None) => {
+                crate::metrics::session_loaded(metrics, "log", after.len() as u64);
+                (fresh.replayed(&after), after.len() as u64, 0)
+            }
+            // A checkpoint that cannot stand for the log's start (a later
+            // rewind went back past it; other settings): the whole log.
+            (None, Some(_)) => {
+                let events = self.read_log(session_id).await?;
+                crate::metrics::session_loaded(metrics, "log", events.len() as u64);
+                (fresh.replayed(&events), events.len() as u64, 0)
+            }
         };
         // A task whose delegate call has ended (answered, refused, skipped
         // after a restart) does not go on by itself: it is cancelled instead
@@ -224,7 +247,10 @@ impl Sessions {
         let handle = Actor::spawn(
             session_id.to_string(),
             state,
-            events.len() as u64,
+            crate::actor::LogPosition {
+                log_len,
+                checkpointed_at,
+            },
             lease_epoch,
             self.clone(),
             child,

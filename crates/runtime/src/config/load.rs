@@ -95,6 +95,10 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
         "AGENTRY_ORCHESTRATOR_UNLOAD_IDLE_SECS",
         &["orchestrator", "unload_idle_secs"],
     ),
+    (
+        "AGENTRY_ORCHESTRATOR_CHECKPOINT_EVERY_EVENTS",
+        &["orchestrator", "checkpoint_every_events"],
+    ),
     ("AGENTRY_SESSION_STORE_URL", &["session_store", "url"]),
     ("AGENTRY_SESSION_STORE_LISTEN", &["session_store", "listen"]),
     (

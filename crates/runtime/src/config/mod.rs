@@ -536,10 +536,20 @@ pub struct OrchestratorConfig {
     /// from its log. 0: sessions stay loaded until the process ends.
     #[serde(default = "default_unload_idle_secs")]
     pub unload_idle_secs: u64,
+    /// Events appended since a session's last checkpoint after which its
+    /// next idle moment writes a new one (its state, in the same commit as
+    /// its events), so that loading it reads only the events after it. 0:
+    /// no checkpoints.
+    #[serde(default = "default_checkpoint_every_events")]
+    pub checkpoint_every_events: u64,
 }
 
 fn default_unload_idle_secs() -> u64 {
     600
+}
+
+fn default_checkpoint_every_events() -> u64 {
+    1000
 }
 
 /// Where a service listens and where others reach it.

@@ -21,7 +21,7 @@ use crate::store::{
     Change, MAX_APPEND_EVENTS, StoreError, Summary, fork_end, kind_name, ms_from_timestamp,
     new_session_id, now_ms, preview_of, read_window, timestamp_from_ms,
 };
-use agentry_proto::sessions::v1::{Event, Session};
+use agentry_proto::sessions::v1::{Checkpoint, Event, Session};
 use deadpool_postgres::{GenericClient, Pool};
 use prost::Message;
 use std::sync::Arc;
@@ -40,6 +40,7 @@ struct Queued {
     expected_seq: u64,
     lease_epoch: u64,
     events: Vec<Event>,
+    checkpoint: Option<Checkpoint>,
     reply: oneshot::Sender<Result<Vec<Event>, StoreError>>,
 }
 
@@ -407,6 +408,20 @@ impl PgStore {
         lease_epoch: u64,
         events: Vec<Event>,
     ) -> Result<Vec<Event>, StoreError> {
+        self.append_checkpointed(session_id, expected_seq, lease_epoch, events, None)
+            .await
+    }
+
+    /// [`PgStore::append_leased`] with the session's state after one of its
+    /// events, stored in the same commit, replacing its earlier checkpoint.
+    pub async fn append_checkpointed(
+        &self,
+        session_id: &str,
+        expected_seq: u64,
+        lease_epoch: u64,
+        events: Vec<Event>,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<Vec<Event>, StoreError> {
         crate::store::check_append(&events)?;
         let (reply, answer) = oneshot::channel();
         self.appends
@@ -415,6 +430,7 @@ impl PgStore {
                 expected_seq,
                 lease_epoch,
                 events,
+                checkpoint,
                 reply,
             })
             .await
@@ -437,6 +453,26 @@ impl PgStore {
         let (from, to, more) = read_window(from_seq, limit, session.event_count);
         let events = read_in(&client, session_id, from, to).await?;
         Ok((events, more))
+    }
+}
+
+impl PgStore {
+    /// The session's checkpoint, if it has one.
+    pub async fn checkpoint(&self, session_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let client = self.client().await?;
+        session_in(&client, session_id).await?;
+        let row = client
+            .query_opt(
+                "SELECT seq, format, state FROM checkpoints WHERE session_id = $1",
+                &[&session_id],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(row.map(|row| Checkpoint {
+            seq: row.get::<_, i64>(0) as u64,
+            format: row.get::<_, i64>(1) as u32,
+            state: row.get(2),
+        }))
     }
 }
 
@@ -584,6 +620,22 @@ async fn append_in(
     }
     insert_events(tx, &queued.session_id, count as u64, &events, now).await?;
     let last = actual + events.len() as u64 - 1;
+    if let Some(checkpoint) = &queued.checkpoint {
+        crate::store::check_checkpoint(checkpoint, last)?;
+        tx.execute(
+            "INSERT INTO checkpoints (session_id, seq, format, state) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (session_id) DO UPDATE
+             SET seq = EXCLUDED.seq, format = EXCLUDED.format, state = EXCLUDED.state",
+            &[
+                &queued.session_id,
+                &(checkpoint.seq as i64),
+                &(checkpoint.format as i64),
+                &checkpoint.state,
+            ],
+        )
+        .await
+        .map_err(db_error)?;
+    }
     tx.execute(
         "SELECT pg_notify($1, $2)",
         &[&CHANNEL, &format!("a {last} {}", queued.session_id)],

@@ -62,6 +62,15 @@ const MIGRATIONS: &[(i32, &str)] = &[
         "ALTER TABLE sessions ADD COLUMN cost DOUBLE PRECISION NOT NULL DEFAULT 0;
          ALTER TABLE sessions ADD COLUMN currency TEXT NOT NULL DEFAULT '';",
     ),
+    (
+        7,
+        "CREATE TABLE checkpoints (
+            session_id TEXT PRIMARY KEY REFERENCES sessions (id) ON DELETE CASCADE,
+            seq BIGINT NOT NULL,
+            format BIGINT NOT NULL,
+            state BYTEA NOT NULL
+         );",
+    ),
 ];
 
 /// The newest schema this build knows.

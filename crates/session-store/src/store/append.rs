@@ -5,7 +5,7 @@
 use super::{
     Change, Store, StoreError, kind_name, lock, ms_from_timestamp, now_ms, timestamp_from_ms,
 };
-use agentry_proto::sessions::v1::Event;
+use agentry_proto::sessions::v1::{Checkpoint, Event};
 use prost::Message;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::sync::atomic::Ordering;
@@ -20,6 +20,8 @@ pub(super) struct QueuedAppend {
     /// The caller's lease epoch; 0: none.
     lease_epoch: u64,
     events: Vec<Event>,
+    /// The session's state after one of the events, kept with them.
+    checkpoint: Option<Checkpoint>,
     /// Where its committer leaves the result.
     slot: Slot,
 }
@@ -45,6 +47,20 @@ impl Store {
         lease_epoch: u64,
         events: Vec<Event>,
     ) -> Result<Vec<Event>, StoreError> {
+        self.append_checkpointed(session_id, expected_seq, lease_epoch, events, None)
+    }
+
+    /// [`Store::append_leased`] with the session's state after one of its
+    /// events (see [`Checkpoint`]), stored in the same commit and
+    /// replacing the session's earlier checkpoint.
+    pub fn append_checkpointed(
+        &self,
+        session_id: &str,
+        expected_seq: u64,
+        lease_epoch: u64,
+        events: Vec<Event>,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<Vec<Event>, StoreError> {
         super::check_append(&events)?;
         let slot: Slot = Arc::default();
         lock(&self.queue).push(QueuedAppend {
@@ -52,6 +68,7 @@ impl Store {
             expected_seq,
             lease_epoch,
             events,
+            checkpoint,
             slot: slot.clone(),
         });
         // Wait for the writer. Whoever held it meanwhile may have committed
@@ -124,6 +141,10 @@ impl Store {
                     events,
                     now,
                 )?;
+                if let Some(checkpoint) = &queued.checkpoint {
+                    let last = events.last().map_or(0, |e| e.seq);
+                    Self::keep_checkpoint(&sp, &queued.session_id, checkpoint, last)?;
+                }
                 sp.commit()?;
                 Ok(events)
             });
@@ -196,6 +217,29 @@ impl Store {
         }
         Self::insert_events(tx, session_id, count as u64, &events, now, self.touch())?;
         Ok(events)
+    }
+
+    /// Replaces the session's checkpoint with `checkpoint`, whose seq must
+    /// be that of an event of the log (which ends at `last`).
+    fn keep_checkpoint(
+        tx: &Connection,
+        session_id: &str,
+        checkpoint: &Checkpoint,
+        last: u64,
+    ) -> Result<(), StoreError> {
+        super::check_checkpoint(checkpoint, last)?;
+        tx.prepare_cached(
+            "INSERT INTO checkpoints (session_id, seq, format, state) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (session_id) DO UPDATE
+             SET seq = excluded.seq, format = excluded.format, state = excluded.state",
+        )?
+        .execute(params![
+            session_id,
+            checkpoint.seq as i64,
+            checkpoint.format,
+            checkpoint.state
+        ])?;
+        Ok(())
     }
 
     pub(super) fn insert_events(

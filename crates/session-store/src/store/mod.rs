@@ -174,6 +174,20 @@ pub(crate) fn check_append(events: &[Event]) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// A checkpoint must name an event of the log, which ends at `last`.
+pub(crate) fn check_checkpoint(
+    checkpoint: &agentry_proto::sessions::v1::Checkpoint,
+    last: u64,
+) -> Result<(), StoreError> {
+    if checkpoint.seq == 0 || checkpoint.seq > last {
+        return Err(StoreError::InvalidArgument(format!(
+            "the checkpoint is after event {}, but the log's events are 1 to {last}",
+            checkpoint.seq
+        )));
+    }
+    Ok(())
+}
+
 /// The last seq a fork of session `id` (whose log ends at `event_count`)
 /// copies when asked for `up_to_seq` (0: all).
 pub(crate) fn fork_end(id: &str, up_to_seq: u64, event_count: u64) -> Result<u64, StoreError> {

@@ -1,8 +1,9 @@
 //! Reading a session's log: pages of events in seq order, decoded.
 
 use super::{Store, StoreError};
-use agentry_proto::sessions::v1::Event;
+use agentry_proto::sessions::v1::{Checkpoint, Event};
 use prost::Message;
+use rusqlite::OptionalExtension;
 use rusqlite::{Connection, params};
 
 impl Store {
@@ -19,6 +20,22 @@ impl Store {
         let (from, to, more) = super::read_window(from_seq, limit, session.event_count);
         let events = Self::read_in(&conn, session_id, from, to)?;
         Ok((events, more))
+    }
+
+    /// The session's checkpoint, if it has one.
+    pub fn checkpoint(&self, session_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let conn = self.reader();
+        Self::session_in(&conn, session_id)?;
+        Ok(conn
+            .prepare_cached("SELECT seq, format, state FROM checkpoints WHERE session_id = ?1")?
+            .query_row([session_id], |r| {
+                Ok(Checkpoint {
+                    seq: r.get::<_, i64>(0)? as u64,
+                    format: r.get(1)?,
+                    state: r.get(2)?,
+                })
+            })
+            .optional()?)
     }
 
     pub(super) fn read_in(

@@ -17,6 +17,8 @@
 //! - 4: the parent of a sub-agent's session (`parent_*`).
 //! - 5: the project directory a session works in (`project_dir`).
 //! - 6: a name people give a session (`name`, unique when set).
+//! - 7: what each session's turns cost (`cost`, `currency`).
+//! - 8: each session's latest checkpoint (`checkpoints`).
 
 use super::{StoreError, kind_name};
 use agentry_proto::sessions::v1::{Event, ReminderKind, event};
@@ -24,7 +26,7 @@ use prost::Message;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 /// The schema this build writes.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// One step of the schema.
 struct Migration {
@@ -71,7 +73,25 @@ const MIGRATIONS: &[Migration] = &[
         what: "what each session's turns cost",
         apply: add_costs,
     },
+    Migration {
+        version: 8,
+        what: "session checkpoints",
+        apply: add_checkpoints,
+    },
 ];
+
+/// Version 8: each session's latest checkpoint (its state after one of its
+/// events, as an orchestrator encodes it).
+fn add_checkpoints(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "CREATE TABLE checkpoints (
+            session_id TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            format INTEGER NOT NULL,
+            state BLOB NOT NULL
+         );",
+    )
+}
 
 /// Version 7: what a session's turns cost, and in which currency.
 fn add_costs(tx: &Transaction<'_>) -> rusqlite::Result<()> {

@@ -131,6 +131,7 @@ impl Store {
             return Err(StoreError::NotFound(id.to_string()));
         };
         tx.execute("DELETE FROM events WHERE session_id = ?1", [id])?;
+        tx.execute("DELETE FROM checkpoints WHERE session_id = ?1", [id])?;
         tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
         tx.commit()?;
         drop(conn);
