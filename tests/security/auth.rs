@@ -140,6 +140,7 @@ async fn the_client_token_cannot_write_logs_run_tools_or_take_reminders() {
                 ..Default::default()
             }],
             lease_epoch: 0,
+            checkpoint: None,
         };
         let appended = store.append(forged).await.map(|_| ());
         let deleted = store

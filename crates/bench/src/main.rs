@@ -11,7 +11,8 @@
 //! - `turns`: user message → `read_file` of a small file → result → answer;
 //!   one session sequentially, then N sessions at once;
 //! - `streaming`: 2,000 tokens at a fixed pace, read through Agentry versus
-//!   straight from the fake model;
+//!   straight from the fake model; then `--streams` sessions (100) streaming
+//!   at once, at 100 tokens/s each;
 //! - `shell`: `true` through the tool runner, with the OS sandbox and
 //!   without, versus a bare fork/exec;
 //! - `reminders`: lateness of reminders falling due among N pending;
@@ -64,6 +65,9 @@ struct Args {
     /// Idle sessions of the idle scenario
     #[arg(long, default_value_t = 1000)]
     idle_sessions: usize,
+    /// Sessions streaming at once in the streaming scenario's second part
+    #[arg(long, default_value_t = 100)]
+    streams: usize,
     /// Pages watching one session in the gateway scenario
     #[arg(long, default_value_t = 100)]
     watchers: usize,
@@ -178,7 +182,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for scenario in &args.scenarios {
         let figures = match scenario {
             Scenario::Turns => scenarios::turns(&bin, args.turns, &args.sessions).await?,
-            Scenario::Streaming => scenarios::streaming(&bin).await?,
+            Scenario::Streaming => scenarios::streaming(&bin, args.streams).await?,
             Scenario::Shell => scenarios::shell(&bin).await?,
             Scenario::Reminders => scenarios::reminders(&args.pending).await?,
             Scenario::Store => scenarios::store(&bin).await?,
@@ -319,7 +323,7 @@ fn goals(report: &serde_json::Map<String, Value>) -> Vec<Value> {
     );
     goal(
         &format!(
-            "first turn of a {}-event session after a restart starts",
+            "first turn of a {}-event session after a restart starts (from its checkpoint)",
             large
                 .and_then(|l| l["long_session_events"].as_u64())
                 .unwrap_or_default()
@@ -362,6 +366,19 @@ fn goals(report: &serde_json::Map<String, Value>) -> Vec<Value> {
         report
             .get("streaming")
             .and_then(|s| s["added_p99_ms"].as_f64()),
+        1.0,
+        false,
+        "ms",
+    );
+    let streaming = report.get("streaming");
+    goal(
+        &format!(
+            "streaming: delay added per token, p99, {} sessions streaming",
+            streaming
+                .and_then(|s| s["streams"].as_u64())
+                .unwrap_or_default()
+        ),
+        streaming.and_then(|s| s["load_added_p99_ms"].as_f64()),
         1.0,
         false,
         "ms",

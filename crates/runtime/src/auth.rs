@@ -586,7 +586,18 @@ impl Auth {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true);
+            .keep_alive_while_idle(true)
+            // HTTP/2 counts the streams this side had to reset because of
+            // frames it could not take (a frame for a stream it cancelled
+            // more than a second before arrives late on a busy machine)
+            // and, at 1,024 over a connection's life, closes the whole
+            // connection. A client of Agentry's services keeps one
+            // connection for many calls and cancels streams routinely
+            // (a page closed, a call stopped, a session unloaded), so it
+            // would end its own connection, and every call on it, after
+            // enough of them; the limit guards servers, and the services
+            // keep theirs.
+            .http2_max_local_error_reset_streams(None);
         if let Some(tls) = &self.0.tls {
             if !url.starts_with("https://") {
                 return Err(url_error(

@@ -96,43 +96,105 @@ pub async fn large(bin: &Path, sessions: usize, events: usize) -> anyhow::Result
     let started = Instant::now();
     let mut seq = 1u64;
     let mut turn = 0u64;
-    while (seq as usize) <= events {
-        let mut batch = Vec::with_capacity(APPEND_BATCH);
-        while batch.len() + 3 <= APPEND_BATCH && (seq as usize) + batch.len() <= events {
-            turn += 1;
-            batch.extend(one_turn(turn));
-        }
-        if batch.is_empty() {
-            break;
-        }
-        let count = batch.len() as u64;
-        store
-            .append(spb::AppendRequest {
-                session_id: long.id.clone(),
-                expected_seq: seq,
-                events: batch,
-                lease_epoch: 0,
-                ..Default::default()
-            })
-            .await?;
-        seq += count;
-    }
+    append_turns(&mut store, &long.id, &mut seq, &mut turn, events).await?;
     let logged = seq - 1;
     println!(
         "{logged} events ({turn} turns) written in {:.1} s",
         started.elapsed().as_secs_f64()
     );
 
-    // The orchestrator restarts: the session is no longer loaded.
+    // The orchestrator restarts: the session is no longer loaded, and the
+    // log written straight to the store has no checkpoint: the whole log
+    // is read.
+    let whole = turn_after_restart(&mut stack, &long.id, "and one more thing").await?;
+    println!(
+        "first turn after a restart, {logged}-event session, no checkpoint (the whole log \
+         read): started in {:.1} ms, finished in {:.1} ms; orchestrator RSS {:.1} → {:.1} MiB",
+        whole.started_ms, whole.finished_ms, whole.rss_before_mib, whole.rss_after_mib
+    );
+
+    // That turn's end stored a checkpoint; then as many events as may come
+    // after one before the next (`orchestrator.checkpoint_every_events`,
+    // 1,000 by default, less one), and the orchestrator restarts again.
+    let checkpoint = store
+        .read(spb::ReadRequest {
+            session_id: long.id.clone(),
+            from_seq: 1,
+            limit: 1,
+            from_checkpoint: true,
+        })
+        .await?
+        .into_inner()
+        .checkpoint
+        .ok_or_else(|| anyhow::anyhow!("the long session's turn stored no checkpoint"))?;
+    let mut seq = store
+        .get_session(spb::GetSessionRequest {
+            session_id: long.id.clone(),
+        })
+        .await?
+        .into_inner()
+        .event_count
+        + 1;
+    let after_checkpoint = seq - 1 - checkpoint.seq
+        + append_turns(&mut store, &long.id, &mut seq, &mut turn, APPEND_BATCH).await?;
+    let resumed = turn_after_restart(&mut stack, &long.id, "and another thing").await?;
+    println!(
+        "first turn after a restart, {}-event session, from its checkpoint (after event {}, \
+         {} bytes) and the {after_checkpoint} events after it: started in {:.1} ms, finished \
+         in {:.1} ms; orchestrator RSS {:.1} → {:.1} MiB",
+        seq - 1,
+        checkpoint.seq,
+        checkpoint.state.len(),
+        resumed.started_ms,
+        resumed.finished_ms,
+        resumed.rss_before_mib,
+        resumed.rss_after_mib
+    );
+    Ok(json!({
+        "sessions": sessions,
+        "list_p50_ms": list_p50, "list_p99_ms": list_p99,
+        "console_list_p50_ms": console_p50, "console_list_p99_ms": console_p99,
+        "long_session_events": logged,
+        "whole_log_turn_started_ms": whole.started_ms,
+        "whole_log_turn_finished_ms": whole.finished_ms,
+        "orchestrator_rss_before_mib": whole.rss_before_mib,
+        "orchestrator_rss_after_mib": whole.rss_after_mib,
+        "checkpoint_seq": checkpoint.seq,
+        "checkpoint_bytes": checkpoint.state.len(),
+        "events_after_checkpoint": after_checkpoint,
+        "first_turn_started_ms": resumed.started_ms,
+        "first_turn_finished_ms": resumed.finished_ms,
+    }))
+}
+
+/// A turn timed from its `Submit`.
+struct TimedTurn {
+    /// Until the `Submit` was answered (the session loaded, the message
+    /// stored).
+    started_ms: f64,
+    /// Until its `turn_finished`.
+    finished_ms: f64,
+    rss_before_mib: f64,
+    rss_after_mib: f64,
+}
+
+/// Restarts the orchestrator, then sends `text` to the session and times
+/// its turn.
+async fn turn_after_restart(
+    stack: &mut Stack,
+    session_id: &str,
+    text: &str,
+) -> anyhow::Result<TimedTurn> {
     stack.restart("orchestrator").await?;
     let pid = stack.pid("orchestrator").unwrap_or_default();
-    let rss_before = crate::stats::status_kib(pid, "VmRSS").unwrap_or(0);
+    let rss = || crate::stats::status_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
+    let rss_before_mib = rss();
     let mut client = stack.orchestrator().await?;
     let at = Instant::now();
-    let submitted = submit(&mut client, &long.id, "and one more thing").await?;
+    let submitted = submit(&mut client, session_id, text).await?;
     let started_ms = at.elapsed().as_secs_f64() * 1000.0;
     let turn_id = submitted.into_inner().turn_id;
-    let mut events_stream = follow(&mut client, &long.id).await?;
+    let mut events_stream = follow(&mut client, session_id).await?;
     let finished_ms = loop {
         let Some(event) = tokio::time::timeout(Duration::from_secs(60), events_stream.message())
             .await
@@ -154,22 +216,44 @@ pub async fn large(bin: &Path, sessions: usize, events: usize) -> anyhow::Result
             break at.elapsed().as_secs_f64() * 1000.0;
         }
     };
-    let rss_after = crate::stats::status_kib(pid, "VmRSS").unwrap_or(0);
-    println!(
-        "first turn after a restart, {logged}-event session: started in {started_ms:.1} ms, \
-         finished in {finished_ms:.1} ms; orchestrator RSS {:.1} → {:.1} MiB",
-        rss_before as f64 / 1024.0,
-        rss_after as f64 / 1024.0
-    );
-    Ok(json!({
-        "sessions": sessions,
-        "list_p50_ms": list_p50, "list_p99_ms": list_p99,
-        "console_list_p50_ms": console_p50, "console_list_p99_ms": console_p99,
-        "long_session_events": logged,
-        "first_turn_started_ms": started_ms, "first_turn_finished_ms": finished_ms,
-        "orchestrator_rss_before_mib": rss_before as f64 / 1024.0,
-        "orchestrator_rss_after_mib": rss_after as f64 / 1024.0,
-    }))
+    Ok(TimedTurn {
+        started_ms,
+        finished_ms,
+        rss_before_mib,
+        rss_after_mib: rss(),
+    })
+}
+
+/// Appends finished turns to the session, straight to the store, from
+/// `seq` on, until `events` more are written (whole turns: fewer when
+/// `events` is not a multiple of three); returns how many were written.
+async fn append_turns(
+    store: &mut SessionStoreClient<agentry_testkit::cluster::Channel>,
+    session_id: &str,
+    seq: &mut u64,
+    turn: &mut u64,
+    events: usize,
+) -> anyhow::Result<u64> {
+    let mut written = 0u64;
+    while (written as usize) + 3 <= events {
+        let mut batch = Vec::with_capacity(APPEND_BATCH);
+        while batch.len() + 3 <= APPEND_BATCH && (written as usize) + batch.len() + 3 <= events {
+            *turn += 1;
+            batch.extend(one_turn(*turn));
+        }
+        let count = batch.len() as u64;
+        store
+            .append(spb::AppendRequest {
+                session_id: session_id.to_string(),
+                expected_seq: *seq,
+                events: batch,
+                ..Default::default()
+            })
+            .await?;
+        *seq += count;
+        written += count;
+    }
+    Ok(written)
 }
 
 /// One finished turn's events: the person's message, the answer, the end.

@@ -404,9 +404,134 @@ fn lags(arrivals: &[Instant], sent: &[Instant]) -> Vec<f64> {
         .collect()
 }
 
+/// A paced reply whose tokens name their stream (`s{stream}t{i}`), so that
+/// streams running at once can be told apart.
+fn named_reply(stream: usize, n: usize, pace: Duration) -> Reply {
+    let mut chunks = Vec::with_capacity(2 * n + 1);
+    for i in 0..n {
+        chunks.push(fake_model::text(&format!("s{stream}t{i} ")));
+        chunks.push(fake_model::pause(pace));
+    }
+    chunks.push(fake_model::finish("stop"));
+    Reply::stream(chunks)
+}
+
+/// Each token's delay from the model's send to its reader, in ms, for
+/// tokens named as [`named_reply`] names them.
+fn named_lags(arrivals: &[(String, Instant)], sent: &[(String, Instant)]) -> Vec<f64> {
+    let sent: std::collections::HashMap<&str, Instant> =
+        sent.iter().map(|(text, at)| (text.trim(), *at)).collect();
+    arrivals
+        .iter()
+        .filter_map(|(token, at)| {
+            let sent = sent.get(token.as_str())?;
+            Some(at.saturating_duration_since(*sent).as_secs_f64() * 1000.0)
+        })
+        .collect()
+}
+
+/// `streams` streams of `tokens` tokens at once, read straight from the
+/// model: each token's arrival.
+async fn direct_arrivals_at_once(
+    model: &FakeModel,
+    streams: usize,
+    tokens: usize,
+    pace: Duration,
+) -> anyhow::Result<Vec<(String, Instant)>> {
+    for stream in 0..streams {
+        model.push(named_reply(stream, tokens, pace));
+    }
+    let http = reqwest::Client::new();
+    let readers = (0..streams).map(|_| {
+        let http = http.clone();
+        let url = format!("{}/chat/completions", model.base_url());
+        tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .json(&json!({"model": "fake-model", "stream": true,
+                              "messages": [{"role": "user", "content": "stream"}]}))
+                .send()
+                .await?;
+            let mut body = response.bytes_stream();
+            let mut arrivals = Vec::new();
+            let mut pending = String::new();
+            while let Some(chunk) = body.next().await {
+                let at = Instant::now();
+                pending.push_str(&String::from_utf8_lossy(&chunk?));
+                while let Some(end) = pending.find('\n') {
+                    let line: String = pending.drain(..=end).collect();
+                    if let Some(data) = line.trim().strip_prefix("data: ")
+                        && let Ok(v) = serde_json::from_str::<Value>(data)
+                        && let Some(text) = v["choices"][0]["delta"]["content"].as_str()
+                    {
+                        arrivals.extend(text.split_whitespace().map(|t| (t.to_string(), at)));
+                    }
+                }
+            }
+            anyhow::Ok(arrivals)
+        })
+    });
+    let mut arrivals = Vec::new();
+    for reader in futures::future::join_all(readers).await {
+        arrivals.extend(reader??);
+    }
+    Ok(arrivals)
+}
+
+/// `streams` sessions streaming `tokens` tokens each at once through
+/// Agentry: each token's arrival at its session's subscriber.
+async fn agentry_arrivals_at_once(
+    stack: &Stack,
+    model: &FakeModel,
+    streams: usize,
+    tokens: usize,
+    pace: Duration,
+) -> anyhow::Result<Vec<(String, Instant)>> {
+    let mut clients = Vec::new();
+    for _ in 0..streams.div_ceil(SESSIONS_PER_CONNECTION) {
+        clients.push(stack.orchestrator().await?);
+    }
+    let mut sessions = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let mut client = clients[i / SESSIONS_PER_CONNECTION].clone();
+        let session = client
+            .create_session(opb::CreateSessionRequest::default())
+            .await?
+            .into_inner();
+        let events = follow(&mut client, &session.id).await?;
+        sessions.push((client, session.id, events));
+    }
+    for stream in 0..streams {
+        model.push(named_reply(stream, tokens, pace));
+    }
+    let readers = sessions.into_iter().map(|(mut client, id, mut events)| {
+        tokio::spawn(async move {
+            submit(&mut client, &id, "stream").await?;
+            let mut arrivals = Vec::new();
+            while let Some(event) = events.next().await {
+                let at = Instant::now();
+                match event?.kind {
+                    Some(spb::event::Kind::ModelTextDelta(d)) => {
+                        arrivals.extend(d.text.split_whitespace().map(|t| (t.to_string(), at)));
+                    }
+                    Some(spb::event::Kind::TurnFinished(_)) => break,
+                    _ => {}
+                }
+            }
+            anyhow::Ok(arrivals)
+        })
+    });
+    let mut arrivals = Vec::new();
+    for reader in futures::future::join_all(readers).await {
+        arrivals.extend(reader??);
+    }
+    Ok(arrivals)
+}
+
 /// Streaming overhead: each token's delay from the model's send to the
-/// reader, straight from the model and through Agentry (durable deltas).
-pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
+/// reader, straight from the model and through Agentry (durable deltas);
+/// then with `streams` sessions streaming at once.
+pub async fn streaming(bin: &Path, streams: usize) -> anyhow::Result<Value> {
     const TOKENS: usize = 2000;
     let pace = Duration::from_millis(1);
     let model = FakeModel::start().await?;
@@ -440,7 +565,43 @@ pub async fn streaming(bin: &Path) -> anyhow::Result<Value> {
         v50 - d50,
         v99 - d99
     );
+
+    // Many sessions at once, each at a model's pace (100 tokens/s).
+    const LOAD_TOKENS: usize = 300;
+    let load_pace = Duration::from_millis(10);
+    println!(
+        "{streams} streams at once, {LOAD_TOKENS} tokens each, one every {} ms \
+         ({:.0} tokens/s in all):",
+        load_pace.as_millis(),
+        streams as f64 * 1000.0 / load_pace.as_millis() as f64
+    );
+    let _ = model.take_texts_sent();
+    let direct = direct_arrivals_at_once(&model, streams, LOAD_TOKENS, load_pace).await?;
+    let mut direct_lag = named_lags(&direct, &model.take_texts_sent());
+    let via = agentry_arrivals_at_once(&stack, &model, streams, LOAD_TOKENS, load_pace).await?;
+    let mut via_lag = named_lags(&via, &model.take_texts_sent());
+    let expected = streams * LOAD_TOKENS;
+    anyhow::ensure!(
+        direct_lag.len() == expected && via_lag.len() == expected,
+        "expected {expected} tokens, got {} directly and {} through Agentry",
+        direct_lag.len(),
+        via_lag.len()
+    );
+    let (ld50, ld99, ldmax) = summary(&mut direct_lag);
+    let (lv50, lv99, lvmax) = summary(&mut via_lag);
+    println!("  straight from the model {ld50:8.3} {ld99:8.3} {ldmax:8.3}");
+    println!("  through Agentry         {lv50:8.3} {lv99:8.3} {lvmax:8.3}");
+    println!(
+        "  added by Agentry        {:8.3} {:8.3}",
+        lv50 - ld50,
+        lv99 - ld99
+    );
     Ok(json!({
+        "streams": streams, "load_tokens": LOAD_TOKENS,
+        "load_pace_ms": load_pace.as_secs_f64() * 1000.0,
+        "load_direct_p50_ms": ld50, "load_direct_p99_ms": ld99, "load_direct_max_ms": ldmax,
+        "load_agentry_p50_ms": lv50, "load_agentry_p99_ms": lv99, "load_agentry_max_ms": lvmax,
+        "load_added_p50_ms": lv50 - ld50, "load_added_p99_ms": lv99 - ld99,
         "tokens": TOKENS, "pace_ms": pace.as_secs_f64() * 1000.0,
         "ttft_agentry_ms": ttft,
         "direct_p50_ms": d50, "direct_p99_ms": d99, "direct_max_ms": dmax,

@@ -72,6 +72,7 @@ pub async fn store(bin: &Path) -> anyhow::Result<Value> {
                                 ..Default::default()
                             }],
                             lease_epoch: 0,
+                            checkpoint: None,
                         })
                         .await?;
                     latencies.push(t.elapsed().as_secs_f64() * 1000.0);

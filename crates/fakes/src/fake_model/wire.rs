@@ -150,14 +150,16 @@ pub(super) async fn send_stream(
                 return;
             }
             other => {
-                let is_text = matches!(other, ChunkKind::Text(_));
                 for event in framer.events(&other) {
                     if !send(event).await {
                         return;
                     }
                 }
-                if is_text {
-                    shared.lock().text_sent.push(std::time::Instant::now());
+                if let ChunkKind::Text(text) = other {
+                    let at = std::time::Instant::now();
+                    let mut shared = shared.lock();
+                    shared.text_sent.push(at);
+                    shared.texts_sent.push((text, at));
                 }
             }
         }
