@@ -38,20 +38,6 @@ async fn until_unloaded(metrics: &str) {
     }
 }
 
-/// A series that may not be on the page yet (0 then).
-async fn count(metrics: &str, series: &str) -> f64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(metrics).await.unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: metrics\r\n\r\n")
-        .await
-        .unwrap();
-    let mut page = String::new();
-    conn.read_to_string(&mut page).await.unwrap();
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.trim().parse::<f64>().unwrap())
-}
-
 /// The session's stored checkpoint and the events the store reads after it.
 async fn stored_checkpoint(cluster: &Cluster, session_id: &str) -> (spb::Checkpoint, Vec<u64>) {
     let page = cluster
@@ -122,9 +108,9 @@ async fn a_session_loads_from_its_checkpoint_and_the_model_sees_the_same_convers
     // Unloaded, then loaded by the next message: from the checkpoint.
     until_unloaded(&metrics).await;
     cluster.model.push(Reply::text("third answer"));
-    let before = count(&metrics, FROM_CHECKPOINT).await;
+    let before = counted(&metrics, FROM_CHECKPOINT).await;
     converse(&mut client, &session.id, &mut events, &["one more"]).await;
-    assert_eq!(count(&metrics, FROM_CHECKPOINT).await, before + 1.0);
+    assert_eq!(counted(&metrics, FROM_CHECKPOINT).await, before + 1.0);
     // The model's request: the whole conversation, as it was before the
     // session left memory, then the new message.
     let last = cluster.model.requests().len() - 1;
@@ -170,10 +156,10 @@ async fn a_rewind_past_the_checkpoint_makes_the_next_load_read_the_whole_log() {
         .await
         .unwrap();
     until_unloaded(&metrics).await;
-    let before = count(&metrics, FROM_LOG).await;
+    let before = counted(&metrics, FROM_LOG).await;
     cluster.model.push(Reply::text("fourth answer"));
     converse(&mut client, &session.id, &mut events, &["four"]).await;
-    assert_eq!(count(&metrics, FROM_LOG).await, before + 1.0);
+    assert_eq!(counted(&metrics, FROM_LOG).await, before + 1.0);
     let last = cluster.model.requests().len() - 1;
     let contents = request_contents(&cluster, last);
     assert!(contents.iter().any(|c| c == "one"), "{contents:#?}");

@@ -227,6 +227,18 @@ pub async fn until_approval(
 /// A value on a service's metrics page at `addr` (`host:port`): the first
 /// series named `series` exactly (labels included, as the page writes them).
 pub async fn metric(addr: &str, series: &str) -> f64 {
+    let page = metrics_page(addr).await;
+    series_value(&page, series)
+        .unwrap_or_else(|| panic!("no {series} on the metrics page at {addr}:\n{page}"))
+}
+
+/// A counter's value on the metrics page at `addr`; 0 while it is not on
+/// the page (nothing counted yet).
+pub async fn counted(addr: &str, series: &str) -> f64 {
+    series_value(&metrics_page(addr).await, series).unwrap_or(0.0)
+}
+
+async fn metrics_page(addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
     conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: metrics\r\n\r\n")
@@ -234,10 +246,13 @@ pub async fn metric(addr: &str, series: &str) -> f64 {
         .unwrap();
     let mut page = String::new();
     conn.read_to_string(&mut page).await.unwrap();
+    page
+}
+
+fn series_value(page: &str, series: &str) -> Option<f64> {
     page.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|value| value.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no {series} on the metrics page at {addr}:\n{page}"))
 }
 
 /// A loopback address nothing listens on now, for a metrics page.
