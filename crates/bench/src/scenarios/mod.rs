@@ -405,9 +405,14 @@ fn lags(arrivals: &[Instant], sent: &[Instant]) -> Vec<f64> {
 }
 
 /// A paced reply whose tokens name their stream (`s{stream}t{i}`), so that
-/// streams running at once can be told apart.
-fn named_reply(stream: usize, n: usize, pace: Duration) -> Reply {
-    let mut chunks = Vec::with_capacity(2 * n + 1);
+/// streams running at once can be told apart. Its first token comes after
+/// `stream / streams` of the pace: the streams of independent sessions
+/// are not in step, and here they start together.
+fn named_reply(stream: usize, streams: usize, n: usize, pace: Duration) -> Reply {
+    let mut chunks = Vec::with_capacity(2 * n + 2);
+    chunks.push(fake_model::pause(
+        pace * stream as u32 / streams.max(1) as u32,
+    ));
     for i in 0..n {
         chunks.push(fake_model::text(&format!("s{stream}t{i} ")));
         chunks.push(fake_model::pause(pace));
@@ -439,7 +444,7 @@ async fn direct_arrivals_at_once(
     pace: Duration,
 ) -> anyhow::Result<Vec<(String, Instant)>> {
     for stream in 0..streams {
-        model.push(named_reply(stream, tokens, pace));
+        model.push(named_reply(stream, streams, tokens, pace));
     }
     let http = reqwest::Client::new();
     let readers = (0..streams).map(|_| {
@@ -502,7 +507,7 @@ async fn agentry_arrivals_at_once(
         sessions.push((client, session.id, events));
     }
     for stream in 0..streams {
-        model.push(named_reply(stream, tokens, pace));
+        model.push(named_reply(stream, streams, tokens, pace));
     }
     let readers = sessions.into_iter().map(|(mut client, id, mut events)| {
         tokio::spawn(async move {
@@ -578,7 +583,16 @@ pub async fn streaming(bin: &Path, streams: usize) -> anyhow::Result<Value> {
     let _ = model.take_texts_sent();
     let direct = direct_arrivals_at_once(&model, streams, LOAD_TOKENS, load_pace).await?;
     let mut direct_lag = named_lags(&direct, &model.take_texts_sent());
+    let cpu_before = stack.cpu_ms();
+    let own_before = crate::stats::cpu_ms(std::process::id()).unwrap_or(0.0);
+    let load_started = Instant::now();
     let via = agentry_arrivals_at_once(&stack, &model, streams, LOAD_TOKENS, load_pace).await?;
+    let load_secs = load_started.elapsed().as_secs_f64();
+    let own_ms = crate::stats::cpu_ms(std::process::id()).unwrap_or(0.0) - own_before;
+    let cpu_after = stack.cpu_ms();
+    let used = |name: &str| {
+        cpu_after.get(name).copied().unwrap_or(0.0) - cpu_before.get(name).copied().unwrap_or(0.0)
+    };
     let mut via_lag = named_lags(&via, &model.take_texts_sent());
     let expected = streams * LOAD_TOKENS;
     anyhow::ensure!(
@@ -596,7 +610,28 @@ pub async fn streaming(bin: &Path, streams: usize) -> anyhow::Result<Value> {
         lv50 - ld50,
         lv99 - ld99
     );
+    // What the machine spent, per token, while the sessions streamed
+    // through Agentry (this process is the model and the readers).
+    let tokens = expected as f64;
+    let orchestrator_us = used("orchestrator") * 1000.0 / tokens;
+    let others_us = ["session-store", "tool-runner", "scheduler"]
+        .iter()
+        .map(|name| used(name))
+        .sum::<f64>()
+        * 1000.0
+        / tokens;
+    let bench_us = own_ms * 1000.0 / tokens;
+    let cores = (used("orchestrator") + own_ms) / 1000.0 / load_secs;
+    println!(
+        "  CPU per token: orchestrator {orchestrator_us:.1} µs, other services \
+         {others_us:.1} µs, model and readers (this process) {bench_us:.1} µs; \
+         {cores:.2} of 2 cores busy over {load_secs:.1} s"
+    );
     Ok(json!({
+        "load_orchestrator_cpu_us_per_token": orchestrator_us,
+        "load_services_cpu_us_per_token": others_us,
+        "load_bench_cpu_us_per_token": bench_us,
+        "load_cores_busy": cores,
         "streams": streams, "load_tokens": LOAD_TOKENS,
         "load_pace_ms": load_pace.as_secs_f64() * 1000.0,
         "load_direct_p50_ms": ld50, "load_direct_p99_ms": ld99, "load_direct_max_ms": ldmax,
