@@ -35,6 +35,8 @@ fn every_scenario_runs_on_a_small_load() {
             "100",
             "--idle-sessions",
             "5",
+            "--streams",
+            "4",
             "--json",
         ])
         .arg(&json)
@@ -54,13 +56,21 @@ fn every_scenario_runs_on_a_small_load() {
         assert!(run["turns_per_sec"].as_f64().unwrap() > 0.0, "{run}");
     }
     assert_eq!(figures["streaming"]["tokens"], 2000);
+    assert_eq!(figures["streaming"]["streams"], 4);
+    assert!(
+        figures["streaming"]["load_orchestrator_cpu_us_per_token"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
     assert!(figures["shell"]["ratio_sandbox_on"].as_f64().unwrap() > 0.0);
     assert!(figures["shell"]["ratio_sandbox_off"].as_f64().unwrap() > 0.0);
-    // The goals table: growing vs fresh, commits per turn, streaming and
-    // the shell with and without the sandbox, each with its figure (the
-    // concurrency goal is for 1,000 sessions, not run here).
+    // The goals table: growing vs fresh, commits per turn, streaming (one
+    // session, and many at once) and the shell with and without the
+    // sandbox, each with its figure (the concurrency goal is for 1,000
+    // sessions, not run here).
     let goals = figures["goals"].as_array().unwrap();
-    assert_eq!(goals.len(), 5, "{goals:?}");
+    assert_eq!(goals.len(), 6, "{goals:?}");
     // Every turn is durable: at least its message and its end are commits.
     let commits = runs[0]["commits_per_turn"].as_f64().unwrap();
     assert!((1.0..=8.0).contains(&commits), "{commits}");

@@ -176,6 +176,12 @@ impl Fleet {
     ) -> anyhow::Result<Fleet> {
         let mut env = extra;
         env.push(("AGENTRY_DATA_DIR".into(), data.display().to_string()));
+        // Checkpoints every few turns, so that the loads after the faults
+        // read from them (and from the whole log after a rewind past one).
+        env.push((
+            "AGENTRY_ORCHESTRATOR_CHECKPOINT_EVERY_EVENTS".into(),
+            "20".into(),
+        ));
         env.push((
             "AGENTRY_LOG".into(),
             std::env::var("AGENTRY_BENCH_LOG").unwrap_or_else(|_| "error".into()),
