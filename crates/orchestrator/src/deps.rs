@@ -341,27 +341,7 @@ fn add_builtins(catalog: &mut Catalog) {
 impl Deps {
     /// A session's whole log.
     pub async fn read_log(&self, session_id: &str) -> Result<Vec<spb::Event>, Status> {
-        let mut events = Vec::new();
-        let mut from = 1;
-        loop {
-            let page = self
-                .store
-                .clone()
-                .read(spb::ReadRequest {
-                    session_id: session_id.to_string(),
-                    from_seq: from,
-                    limit: 0,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|s| crate::service::store_status(&self.store_url, s))?
-                .into_inner();
-            from = page.next_seq;
-            events.extend(page.events);
-            if !page.has_more {
-                return Ok(events);
-            }
-        }
+        Ok(self.read_pages(session_id, false).await?.1)
     }
 
     /// A session's checkpoint, when it has one, and the events of its log
@@ -369,6 +349,16 @@ impl Deps {
     pub async fn read_after_checkpoint(
         &self,
         session_id: &str,
+    ) -> Result<(Option<spb::Checkpoint>, Vec<spb::Event>), Status> {
+        self.read_pages(session_id, true).await
+    }
+
+    /// A session's log page by page, from its start or (`from_checkpoint`)
+    /// from after its checkpoint.
+    async fn read_pages(
+        &self,
+        session_id: &str,
+        from_checkpoint: bool,
     ) -> Result<(Option<spb::Checkpoint>, Vec<spb::Event>), Status> {
         let mut events = Vec::new();
         let mut checkpoint = None;
@@ -381,7 +371,7 @@ impl Deps {
                     session_id: session_id.to_string(),
                     from_seq: from,
                     limit: 0,
-                    from_checkpoint: from == 1,
+                    from_checkpoint: from_checkpoint && from == 1,
                 })
                 .await
                 .map_err(|s| crate::service::store_status(&self.store_url, s))?

@@ -339,9 +339,18 @@ fn paced_reply(n: usize, pace: Duration) -> Reply {
 
 /// Token arrival instants, read straight from the model.
 async fn direct_arrivals(model: &FakeModel) -> anyhow::Result<Vec<Instant>> {
-    let http = reqwest::Client::new();
+    let tokens = read_stream(reqwest::Client::new(), model.base_url()).await?;
+    Ok(tokens.into_iter().map(|(_, at)| at).collect())
+}
+
+/// Asks the model at `base_url` for a streamed answer and reads it: each
+/// token (word) of its text, with when it arrived.
+async fn read_stream(
+    http: reqwest::Client,
+    base_url: String,
+) -> anyhow::Result<Vec<(String, Instant)>> {
     let response = http
-        .post(format!("{}/chat/completions", model.base_url()))
+        .post(format!("{base_url}/chat/completions"))
         .json(&json!({"model": "fake-model", "stream": true,
                       "messages": [{"role": "user", "content": "stream"}]}))
         .send()
@@ -358,7 +367,7 @@ async fn direct_arrivals(model: &FakeModel) -> anyhow::Result<Vec<Instant>> {
                 && let Ok(v) = serde_json::from_str::<Value>(data)
                 && let Some(text) = v["choices"][0]["delta"]["content"].as_str()
             {
-                arrivals.extend(text.split_whitespace().map(|_| at));
+                arrivals.extend(text.split_whitespace().map(|t| (t.to_string(), at)));
             }
         }
     }
@@ -447,35 +456,7 @@ async fn direct_arrivals_at_once(
         model.push(named_reply(stream, streams, tokens, pace));
     }
     let http = reqwest::Client::new();
-    let readers = (0..streams).map(|_| {
-        let http = http.clone();
-        let url = format!("{}/chat/completions", model.base_url());
-        tokio::spawn(async move {
-            let response = http
-                .post(url)
-                .json(&json!({"model": "fake-model", "stream": true,
-                              "messages": [{"role": "user", "content": "stream"}]}))
-                .send()
-                .await?;
-            let mut body = response.bytes_stream();
-            let mut arrivals = Vec::new();
-            let mut pending = String::new();
-            while let Some(chunk) = body.next().await {
-                let at = Instant::now();
-                pending.push_str(&String::from_utf8_lossy(&chunk?));
-                while let Some(end) = pending.find('\n') {
-                    let line: String = pending.drain(..=end).collect();
-                    if let Some(data) = line.trim().strip_prefix("data: ")
-                        && let Ok(v) = serde_json::from_str::<Value>(data)
-                        && let Some(text) = v["choices"][0]["delta"]["content"].as_str()
-                    {
-                        arrivals.extend(text.split_whitespace().map(|t| (t.to_string(), at)));
-                    }
-                }
-            }
-            anyhow::Ok(arrivals)
-        })
-    });
+    let readers = (0..streams).map(|_| tokio::spawn(read_stream(http.clone(), model.base_url())));
     let mut arrivals = Vec::new();
     for reader in futures::future::join_all(readers).await {
         arrivals.extend(reader??);
