@@ -423,7 +423,6 @@ impl Actor {
                 // unread: their senders see the actor gone and route them
                 // again, to an actor loaded afresh from the log, which
                 // holds everything this one decided.
-                commands.close();
                 drop(commands);
                 tracing::debug!(session_id = %self.session_id, "unloading the session: idle");
                 break;

@@ -68,28 +68,27 @@ impl Sessions {
     /// exist, or another replica drives it), unless another caller has
     /// replaced it.
     pub(super) fn forget(&self, session_id: &str, slot: &SessionSlot) {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         // The map's reference and the caller's only: nobody else is about
         // to load into this slot.
-        if sessions.get(session_id).is_some_and(|s| {
-            Arc::ptr_eq(s, slot)
-                && Arc::strong_count(s) == 2
-                && s.try_lock()
-                    .is_ok_and(|h| h.as_ref().is_none_or(|h| h.commands.is_closed()))
-        }) {
-            sessions.remove(session_id);
-        }
+        self.remove_dead_slot(session_id, Some(slot), 2);
     }
 
     /// Forgets the slot of a session whose actor ended after idling,
     /// unless someone holds the slot (they are routing to it, see the
     /// actor gone and load the session again) or it holds a newer actor.
     pub(crate) fn unloaded(&self, session_id: &str) {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         // Only the map's reference: routes clone the slot under this lock,
         // so nobody is about to load into it.
+        self.remove_dead_slot(session_id, None, 1);
+    }
+
+    /// Removes a session's slot (only `slot`, when given) when `held` are
+    /// all the references to it and the actor it holds, if any, has ended.
+    fn remove_dead_slot(&self, session_id: &str, slot: Option<&SessionSlot>, held: usize) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         if sessions.get(session_id).is_some_and(|s| {
-            Arc::strong_count(s) == 1
+            slot.is_none_or(|slot| Arc::ptr_eq(s, slot))
+                && Arc::strong_count(s) == held
                 && s.try_lock()
                     .is_ok_and(|h| h.as_ref().is_none_or(|h| h.commands.is_closed()))
         }) {
