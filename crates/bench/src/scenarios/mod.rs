@@ -328,13 +328,7 @@ async fn turn_run_quiet(stack: &Stack) -> anyhow::Result<()> {
 
 /// The paced reply: `n` one-word tokens, `pace` apart.
 fn paced_reply(n: usize, pace: Duration) -> Reply {
-    let mut chunks = Vec::with_capacity(2 * n + 1);
-    for i in 0..n {
-        chunks.push(fake_model::text(&format!("t{i} ")));
-        chunks.push(fake_model::pause(pace));
-    }
-    chunks.push(fake_model::finish("stop"));
-    Reply::stream(chunks)
+    named_reply(0, 1, n, pace)
 }
 
 /// Token arrival instants, read straight from the model.
@@ -444,6 +438,17 @@ fn named_lags(arrivals: &[(String, Instant)], sent: &[(String, Instant)]) -> Vec
         .collect()
 }
 
+/// Every reader's arrivals, once all have ended.
+async fn gathered(
+    readers: impl Iterator<Item = tokio::task::JoinHandle<anyhow::Result<Vec<(String, Instant)>>>>,
+) -> anyhow::Result<Vec<(String, Instant)>> {
+    let mut arrivals = Vec::new();
+    for reader in futures::future::join_all(readers).await {
+        arrivals.extend(reader??);
+    }
+    Ok(arrivals)
+}
+
 /// `streams` streams of `tokens` tokens at once, read straight from the
 /// model: each token's arrival.
 async fn direct_arrivals_at_once(
@@ -457,11 +462,7 @@ async fn direct_arrivals_at_once(
     }
     let http = reqwest::Client::new();
     let readers = (0..streams).map(|_| tokio::spawn(read_stream(http.clone(), model.base_url())));
-    let mut arrivals = Vec::new();
-    for reader in futures::future::join_all(readers).await {
-        arrivals.extend(reader??);
-    }
-    Ok(arrivals)
+    gathered(readers).await
 }
 
 /// `streams` sessions streaming `tokens` tokens each at once through
@@ -507,11 +508,7 @@ async fn agentry_arrivals_at_once(
             anyhow::Ok(arrivals)
         })
     });
-    let mut arrivals = Vec::new();
-    for reader in futures::future::join_all(readers).await {
-        arrivals.extend(reader??);
-    }
-    Ok(arrivals)
+    gathered(readers).await
 }
 
 /// Streaming overhead: each token's delay from the model's send to the

@@ -297,9 +297,8 @@ struct Inner {
     paths: Vec<String>,
     fallback: Fallback,
     script_pos: usize,
-    /// When each text chunk of an OpenAI stream was handed to the server.
-    text_sent: Vec<std::time::Instant>,
-    /// The same, with each chunk's text.
+    /// Each text chunk of an OpenAI stream, with when it was handed to
+    /// the server.
     texts_sent: Vec<(String, std::time::Instant)>,
     /// The server it poses as when asked about its context window.
     server: ServerKind,
@@ -384,17 +383,16 @@ impl FakeModel {
     /// the HTTP server, in order; taking them clears the list. For latency
     /// measurements (what a client adds on top of the server).
     pub fn take_text_sent(&self) -> Vec<std::time::Instant> {
-        let mut shared = self.shared.lock();
-        shared.texts_sent.clear();
-        std::mem::take(&mut shared.text_sent)
+        self.take_texts_sent()
+            .into_iter()
+            .map(|(_, at)| at)
+            .collect()
     }
 
     /// [`FakeModel::take_text_sent`] with each chunk's text: for streams
     /// running at once, each with texts of its own.
     pub fn take_texts_sent(&self) -> Vec<(String, std::time::Instant)> {
-        let mut shared = self.shared.lock();
-        shared.text_sent.clear();
-        std::mem::take(&mut shared.texts_sent)
+        std::mem::take(&mut self.shared.lock().texts_sent)
     }
 
     /// The API root to configure OpenAI-compatible clients with: `http://127.0.0.1:PORT/v1`.

@@ -157,9 +157,7 @@ pub(super) async fn send_stream(
                 }
                 if let ChunkKind::Text(text) = other {
                     let at = std::time::Instant::now();
-                    let mut shared = shared.lock();
-                    shared.text_sent.push(at);
-                    shared.texts_sent.push((text, at));
+                    shared.lock().texts_sent.push((text, at));
                 }
             }
         }
