@@ -53,7 +53,7 @@ fn fail_for(spec: &Spec, message: &str) -> i32 {
     SETUP_FAILED
 }
 
-fn report(spec: &Spec, message: &str) {
+pub(crate) fn report(spec: &Spec, message: &str) {
     let Some(fd) = spec.report_fd else {
         eprintln!("agentry-sandbox: {message}");
         return;
@@ -113,6 +113,24 @@ pub fn run_main(args: &[String]) -> i32 {
         }
         // The spec is in the helper's environment (readable only by the
         // runner's own user, never on a command line).
+        // A session's sandbox: the spec in the environment, the control
+        // socket at its descriptor (see `session`).
+        [flag] if flag == "--session" => {
+            let spec: Spec = match std::env::var(SPEC_VARIABLE)
+                .map_err(|e| e.to_string())
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+            {
+                Ok(spec) => spec,
+                Err(e) => return fail(&format!("the spec in ${SPEC_VARIABLE} is not valid: {e}")),
+            };
+            if let Err(message) = keep_reports_private(&spec) {
+                return fail(&message);
+            }
+            return match crate::session::serve(&spec) {
+                Ok(status) => exit_like(status),
+                Err(message) => fail_for(&spec, &message),
+            };
+        }
         [flag] if flag == "--spec-env" => match std::env::var(SPEC_VARIABLE)
             .map_err(|e| e.to_string())
             .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
@@ -142,7 +160,9 @@ pub fn run_main(args: &[String]) -> i32 {
     }
 }
 
-fn supervise(spec: &Spec) -> Result<WaitStatus, String> {
+/// Blocks the signals the helper waits for (a child's end, the stop
+/// signals) and returns them, for `sigwait` or a signalfd.
+pub(crate) fn block_waited_signals() -> Result<SigSet, String> {
     let mut waited = SigSet::empty();
     waited.add(Signal::SIGCHLD);
     for s in STOP_SIGNALS {
@@ -151,6 +171,27 @@ fn supervise(spec: &Spec) -> Result<WaitStatus, String> {
     waited
         .thread_block()
         .map_err(|e| format!("cannot block signals: {e}"))?;
+    Ok(waited)
+}
+
+/// With `ignore`, children that end are reaped by the kernel (no zombie,
+/// no SIGCHLD); without, the default comes back.
+pub(crate) fn ignore_children(ignore: bool) -> Result<(), String> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, sigaction};
+    let action = if ignore {
+        SigAction::new(SigHandler::SigIgn, SaFlags::SA_NOCLDWAIT, SigSet::empty())
+    } else {
+        SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty())
+    };
+    // SAFETY: SIG_IGN and SIG_DFL run no code of ours in a signal context.
+    #[allow(unsafe_code)]
+    unsafe { sigaction(Signal::SIGCHLD, &action) }
+        .map(|_| ())
+        .map_err(|e| format!("cannot set how children are reaped: {e}"))
+}
+
+fn supervise(spec: &Spec) -> Result<WaitStatus, String> {
+    let waited = block_waited_signals()?;
     nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)
         .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
     nix::sys::prctl::set_child_subreaper(true)
@@ -171,7 +212,7 @@ fn supervise(spec: &Spec) -> Result<WaitStatus, String> {
         }
         _ => None,
     };
-    let child = spawn(spec)?;
+    let child = spawn(spec, Confinement::Build, None)?;
     if let Some((listener, socket)) = bridge {
         start_bridge(listener, &socket)?;
     }
@@ -215,7 +256,7 @@ fn start_bridge(listener: std::net::TcpListener, socket: &Path) -> Result<(), St
 }
 
 /// Reaps every exited child; returns the status of `main` once it exited.
-fn reap(main: Pid) -> Option<WaitStatus> {
+pub(crate) fn reap(main: Pid) -> Option<WaitStatus> {
     let mut status_of_main = None;
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
@@ -236,7 +277,7 @@ fn reap(main: Pid) -> Option<WaitStatus> {
 /// either a child of the helper or, once its parent died, reparented to it
 /// (the helper is a subreaper), so killing children until none are left
 /// reaches them all, `setsid` and double forks included.
-fn kill_tree(main: Pid, pid_namespace: bool) {
+pub(crate) fn kill_tree(main: Pid, pid_namespace: bool) {
     if pid_namespace {
         let _ = nix::sys::signal::kill(main, Signal::SIGKILL);
     }
@@ -294,7 +335,7 @@ fn children() -> Vec<Pid> {
         .collect()
 }
 
-fn enter_namespaces(root: bool) -> Result<(), String> {
+pub(crate) fn enter_namespaces(root: bool) -> Result<(), String> {
     use nix::sched::CloneFlags;
     let mut flags = CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWNET
@@ -336,8 +377,27 @@ fn enter_namespaces(root: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn spawn(spec: &Spec) -> Result<std::process::Child, String> {
+/// How the command's file-system view is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Confinement {
+    /// Built for this command alone (with the namespaces layer).
+    Build,
+    /// The session's view, already built: the command gets a fresh
+    /// `/tmp`, `/dev/shm`, HOME and `/proc` over it.
+    InSession,
+}
+
+/// Starts the command, confined, with its stdout and stderr either the
+/// helper's own or the given descriptors.
+pub(crate) fn spawn(
+    spec: &Spec,
+    confinement: Confinement,
+    output: Option<(std::process::Stdio, std::process::Stdio)>,
+) -> Result<std::process::Child, String> {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
+    if let Some((stdout, stderr)) = output {
+        cmd.stdout(stdout).stderr(stderr);
+    }
     cmd.args(&spec.argv[1..])
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -355,7 +415,7 @@ fn spawn(spec: &Spec) -> Result<std::process::Child, String> {
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
-            confine(&spec_for_child).map_err(|message| {
+            confine(&spec_for_child, confinement).map_err(|message| {
                 report(&spec_for_child, &message);
                 std::io::Error::from_raw_os_error(libc::EPERM)
             })
@@ -369,15 +429,20 @@ fn spawn(spec: &Spec) -> Result<std::process::Child, String> {
 }
 
 /// Everything the child does to itself before exec.
-fn confine(spec: &Spec) -> Result<(), String> {
+fn confine(spec: &Spec, confinement: Confinement) -> Result<(), String> {
     // A session of its own, without a controlling terminal: nothing the
     // command starts can open `/dev/tty` of the terminal the services run
     // in, type into it (TIOCSTI) or be signalled from it.
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     let mut read_write = spec.read_write.clone();
+    if confinement == Confinement::InSession {
+        crate::rootfs::refresh(spec)?;
+    }
     if spec.layers.namespaces {
-        crate::rootfs::enter(spec)?;
-        let _ = nix::unistd::sethostname("agentry-sandbox");
+        if confinement == Confinement::Build {
+            crate::rootfs::enter(spec)?;
+            let _ = nix::unistd::sethostname("agentry-sandbox");
+        }
         // Private to the call in the built view.
         for private in ["/tmp", "/dev/shm"] {
             if !read_write.iter().any(|p| p == Path::new(private)) {

@@ -55,10 +55,12 @@ pub mod helper;
 mod landlock_rules;
 mod locate;
 mod rootfs;
+pub mod session;
 mod syscalls;
 mod thread;
 
 pub use locate::{HELPER_NAME, find_helper, running_program_embeds_helper, started_as_helper};
+pub use session::{CommandSpec, Launched, SessionSandbox, Starting};
 pub use thread::{ThreadConfinement, run_confined};
 
 use serde::{Deserialize, Serialize};
@@ -131,6 +133,11 @@ pub struct Spec {
     /// prints can pass for one. Closed in the command.
     #[serde(default)]
     pub report_fd: Option<i32>,
+    /// With namespaces: a path where the command gets a fresh, empty,
+    /// private tmpfs as its HOME (a session's sandbox gives each command
+    /// its own there); `None`: HOME is one of the writable directories.
+    #[serde(default)]
+    pub home: Option<PathBuf>,
 }
 
 /// The descriptor a helper started through [`Reports::attach`] reports on.
@@ -143,6 +150,11 @@ pub enum HelperReport {
     /// The sandbox could not be set up (the helper then exits
     /// [`SETUP_FAILED`]); the command never ran.
     SetupFailed(String),
+    /// A command of a session's sandbox exited with this code.
+    Exited(i32),
+    /// A command of a session's sandbox was ended by this signal (SIGKILL
+    /// when it was stopped).
+    Signaled(i32),
 }
 
 /// The runner's end of a helper's report descriptor.
@@ -205,7 +217,7 @@ impl Reports {
             .lines()
             .find_map(|line| match serde_json::from_str(line) {
                 Ok(HelperReport::SetupFailed(why)) => Some(why),
-                Err(_) => None,
+                Ok(_) | Err(_) => None,
             })
     }
 }
@@ -427,6 +439,7 @@ pub fn probe(helper: &Path, workspace: &Path, user: Option<Ids>) -> Result<Repor
             stdin: false,
             report: true,
             report_fd: Some(REPORT_FD),
+            home: None,
         };
         use std::os::unix::process::CommandExt;
         let spawn_error = |source| SandboxError::Spawn {

@@ -22,7 +22,7 @@ static RUNNING_PROGRAM_EMBEDS_HELPER: AtomicBool = AtomicBool::new(false);
 /// change to what the runner sends, so that a helper built before the
 /// change is not taken for one that reads it. A helper also refuses a spec
 /// with fields it does not know.
-const SPEC_REVISION: u32 = 1;
+const SPEC_REVISION: u32 = 2;
 
 /// What `agentry-sandbox --version` prints: a helper that prints the same
 /// reads the runner's specs.

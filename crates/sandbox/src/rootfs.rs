@@ -52,7 +52,7 @@ enum Source {
     /// `/dev/null` over a hidden file.
     HiddenFile(OwnedFd),
     /// A fresh tmpfs with these options (`/tmp`, `/dev/shm`, `/dev`).
-    Tmpfs(&'static str),
+    Tmpfs(String),
     /// A fresh procfs.
     Proc,
 }
@@ -147,6 +147,79 @@ pub(crate) fn enter(spec: &Spec) -> Result<(), String> {
     })
 }
 
+/// A command of a session's sandbox, in the session's built view: a mount
+/// namespace and an IPC namespace of its own, a fresh `/tmp`, `/dev/shm`
+/// and HOME (empty, private, its identity's), and a `/proc` of its own pid
+/// namespace. The working directory is `spec.cwd` afterwards.
+pub(crate) fn refresh(spec: &Spec) -> Result<(), String> {
+    use nix::sched::CloneFlags;
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC)
+        .map_err(|e| format!("file-system view: cannot unshare mounts: {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("file-system view: cannot make mounts private: {e}"))?;
+    // What the view holds beneath `/tmp` or `/dev/shm` (a workspace under
+    // `/tmp`) is bound again over the fresh ones, and HOME is made anew;
+    // the descriptors are opened while the session's mounts are in sight.
+    let fresh = [Path::new("/tmp"), Path::new("/dev/shm")];
+    let again: Vec<Entry> = plan(spec)?
+        .into_iter()
+        .filter(|e| {
+            Some(&e.path) == spec.home.as_ref()
+                || fresh.iter().any(|f| e.path.starts_with(f) && e.path != *f)
+        })
+        .collect();
+    let modes = parent_modes(&again);
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for path in fresh {
+        mount(
+            Some("tmpfs"),
+            path,
+            Some("tmpfs"),
+            nosuid,
+            Some(TMPFS_OPTIONS),
+        )
+        .map_err(|e| err("cannot mount a tmpfs on", path, e))?;
+    }
+    let root = Path::new("/");
+    let mut read_only_mounts = Vec::new();
+    for entry in &again {
+        if place(root, entry, &modes)? {
+            read_only_mounts.push(entry.path.clone());
+        }
+    }
+    for path in read_only_mounts.iter().rev() {
+        remount_read_only(path)?;
+    }
+    mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        nosuid | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|e| err("cannot mount", Path::new("/proc"), e))?;
+    std::env::set_current_dir(&spec.cwd).map_err(|e| {
+        format!(
+            "file-system view: the working directory {} is not in the session's view ({e})",
+            spec.cwd.display()
+        )
+    })
+}
+
+/// The options of a command's HOME: empty, private, its identity's.
+fn home_options(spec: &Spec) -> String {
+    match spec.user {
+        Some(ids) => format!("mode=0700,size=1g,uid={},gid={}", ids.uid, ids.gid),
+        None => "mode=0700,size=1g".to_string(),
+    }
+}
+
 /// What goes where, parents before children.
 fn plan(spec: &Spec) -> Result<Vec<Entry>, String> {
     let mut entries: Vec<Entry> = Vec::new();
@@ -238,7 +311,7 @@ fn plan(spec: &Spec) -> Result<Vec<Entry>, String> {
     });
     entries.push(Entry {
         path: PathBuf::from("/dev"),
-        source: Source::Tmpfs("mode=0755,size=64k"),
+        source: Source::Tmpfs("mode=0755,size=64k".into()),
         is_dir: true,
     });
     for dev in DEVICES {
@@ -263,10 +336,18 @@ fn plan(spec: &Spec) -> Result<Vec<Entry>, String> {
             is_dir: false,
         });
     }
+    // A session's sandbox mounts each command's HOME here.
+    if let Some(home) = &spec.home {
+        entries.push(Entry {
+            path: home.clone(),
+            source: Source::Tmpfs(home_options(spec)),
+            is_dir: true,
+        });
+    }
     for private in ["/dev/shm", "/tmp"] {
         entries.push(Entry {
             path: PathBuf::from(private),
-            source: Source::Tmpfs(TMPFS_OPTIONS),
+            source: Source::Tmpfs(TMPFS_OPTIONS.into()),
             is_dir: true,
         });
     }
@@ -376,8 +457,14 @@ fn place(
             Ok(true)
         }
         Source::Tmpfs(options) => {
-            mount(Some("tmpfs"), &at, Some("tmpfs"), nosuid, Some(*options))
-                .map_err(|e| err("cannot mount a tmpfs on", &entry.path, e))?;
+            mount(
+                Some("tmpfs"),
+                &at,
+                Some("tmpfs"),
+                nosuid,
+                Some(options.as_str()),
+            )
+            .map_err(|e| err("cannot mount a tmpfs on", &entry.path, e))?;
             Ok(entry.path == Path::new("/dev"))
         }
         Source::Proc => {

@@ -20,6 +20,7 @@ pub mod projects;
 pub mod sandbox;
 pub mod secrets;
 pub mod service;
+pub mod session_sandbox;
 pub mod snapshots;
 pub mod tools;
 pub mod watchdog;

@@ -93,6 +93,8 @@ pub struct Sandbox {
     pub network_ca_file: Option<PathBuf>,
     /// The memory cap of each session's running commands together.
     pub memory: std::sync::Arc<crate::watchdog::MemoryWatch>,
+    /// The sessions' sandboxes bash commands are forked in.
+    pub sessions: std::sync::Arc<crate::session_sandbox::Sessions>,
 }
 
 /// The first Landlock ABI with TCP connect rules.
@@ -158,6 +160,7 @@ impl Sandbox {
             network_allow_hosts: Vec::new(),
             network_ca_file: None,
             memory: crate::watchdog::MemoryWatch::new(0),
+            sessions: crate::session_sandbox::Sessions::new(std::time::Duration::ZERO),
         }
     }
 
@@ -239,6 +242,9 @@ impl Sandbox {
             network_ca_file: (!t.sandbox.network_ca_file.is_empty())
                 .then(|| PathBuf::from(&t.sandbox.network_ca_file)),
             memory: crate::watchdog::MemoryWatch::new(l.session_memory_mib),
+            sessions: crate::session_sandbox::Sessions::new(std::time::Duration::from_secs(
+                t.sandbox.session_idle_secs,
+            )),
         };
         if t.sandbox.mode == "off" {
             tracing::warn!(
@@ -478,11 +484,34 @@ impl Sandbox {
             report: false,
             // Every helper the runner starts reports on its descriptor.
             report_fd: Some(agentry_sandbox::REPORT_FD),
+            home: None,
         }
     }
 }
 
 impl Sandbox {
+    /// Whether a bash command goes to its session's sandbox: the OS
+    /// sandbox with namespaces, sessions' sandboxes kept, and no network
+    /// (a call granted network gets a sandbox of its own, with its bridge
+    /// to the proxy).
+    pub fn in_session_sandbox(&self, network: bool) -> bool {
+        self.helper.is_some() && self.layers.namespaces && !network && self.sessions.enabled()
+    }
+
+    /// The spec of `workspace`'s session sandbox: the view, layers and
+    /// identity of its commands, and where each gets its fresh HOME.
+    pub fn session_spec(&self, workspace: &crate::workspace::Workspace, home: &Path) -> Spec {
+        let mut spec = self.spec(
+            workspace.who(),
+            vec!["true".into()],
+            workspace.root(),
+            workspace.tmp(),
+            None,
+        );
+        spec.home = Some(home.to_path_buf());
+        spec
+    }
+
     /// The `ulimit` prefix that applies the limits inside the command's
     /// shell when there is no helper (bash's `ulimit` calls setrlimit).
     pub fn ulimit_prefix(&self) -> String {

@@ -400,23 +400,225 @@ pub(crate) fn fresh_dir(
     Ok(dir)
 }
 
-async fn bash(
+/// A started bash command: its output, and how to wait for it and stop it.
+struct Started {
+    stdout: Box<dyn AsyncRead + Unpin + Send>,
+    stderr: Box<dyn AsyncRead + Unpin + Send>,
+    process: Process,
+    /// The process beneath which all the command's processes are, for the
+    /// memory watch, and whether it is a sandbox helper (stopped with
+    /// SIGTERM).
+    root: Option<(i32, bool)>,
+    /// The per-call HOME on disk (without a session's sandbox), removed
+    /// with the call.
+    _home: Option<tempfile::TempDir>,
+}
+
+/// How a started command is waited for and stopped.
+enum Process {
+    /// A process of the runner's: the helper, or bash without a sandbox.
+    Child {
+        guard: CallGuard,
+        reports: Option<agentry_sandbox::Reports>,
+    },
+    /// A command in its session's sandbox.
+    Session(SessionCall),
+}
+
+impl Process {
+    /// How the command ended; `None` once it was stopped.
+    async fn wait(&mut self) -> Option<std::io::Result<std::process::ExitStatus>> {
+        match self {
+            Process::Child { guard, .. } => match guard.child.as_mut() {
+                Some(child) => Some(child.wait().await),
+                None => None,
+            },
+            Process::Session(call) => Some(call.wait().await),
+        }
+    }
+
+    /// Ends everything the command started and waits for that (bounded).
+    async fn stop(&mut self) {
+        match self {
+            Process::Child { guard, .. } => guard.stop().await,
+            Process::Session(call) => call.stop().await,
+        }
+    }
+
+    /// Why the sandbox could not start the command, if that is how it
+    /// ended.
+    fn setup_failure(&self) -> Option<String> {
+        match self {
+            Process::Child { reports, .. } => reports.as_ref().and_then(|r| r.setup_failure()),
+            Process::Session(call) => call.failure.clone(),
+        }
+    }
+}
+
+/// A command sent to its session's sandbox: the socket its supervisor
+/// reports on. Dropping it (a cancelled call) stops the command.
+struct SessionCall {
+    reader: tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
+    writer: Option<tokio::net::unix::OwnedWriteHalf>,
+    /// A report line being read (kept across cancelled reads).
+    line: Vec<u8>,
+    /// How the command ended, once told.
+    ended: Option<std::process::ExitStatus>,
+    failure: Option<String>,
+    /// The session's sandbox, held while the command runs.
+    _lease: crate::session_sandbox::Lease,
+}
+
+impl SessionCall {
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        use std::os::unix::process::ExitStatusExt;
+        use tokio::io::AsyncBufReadExt;
+        if let Some(status) = self.ended {
+            return Ok(status);
+        }
+        loop {
+            self.line.clear();
+            let n = self.reader.read_until(b'\n', &mut self.line).await?;
+            let status = if n == 0 {
+                // The supervisor is gone without a word: the session's
+                // sandbox was ended (its memory cap, the runner dropping
+                // it), which killed the command.
+                ExitStatusExt::from_raw(libc_sigkill())
+            } else {
+                match agentry_sandbox::session::parse_report(&String::from_utf8_lossy(&self.line)) {
+                    Some(agentry_sandbox::HelperReport::Exited(code)) => {
+                        ExitStatusExt::from_raw((code & 0xff) << 8)
+                    }
+                    Some(agentry_sandbox::HelperReport::Signaled(signal)) => {
+                        ExitStatusExt::from_raw(signal & 0x7f)
+                    }
+                    Some(agentry_sandbox::HelperReport::SetupFailed(why)) => {
+                        self.failure.get_or_insert(why);
+                        ExitStatusExt::from_raw(agentry_sandbox::SETUP_FAILED << 8)
+                    }
+                    None => continue,
+                }
+            };
+            self.ended = Some(status);
+            return Ok(status);
+        }
+    }
+
+    async fn stop(&mut self) {
+        use tokio::io::AsyncWriteExt;
+        if let Some(mut writer) = self.writer.take() {
+            // Half-closing is the stop: the supervisor kills the command's
+            // processes, reports, and closes.
+            let _ = writer.shutdown().await;
+        }
+        if self.ended.is_none() {
+            let _ = tokio::time::timeout(STOP_GRACE, self.wait()).await;
+        }
+    }
+}
+
+/// SIGKILL's number, as a raw wait status.
+fn libc_sigkill() -> i32 {
+    nix::sys::signal::Signal::SIGKILL as i32
+}
+
+/// Starts `command` in the session's sandbox; `Ok(None)` when the session
+/// has none to use (the caller starts a sandbox for the call alone).
+async fn start_in_session(
     command: &str,
     call: &Call,
-    timeout: Duration,
-    limits: &Limits,
     sandbox: &Sandbox,
-) -> Result<ToolOutcome, ToolError> {
+) -> Result<Option<Started>, ToolError> {
+    use tokio::io::AsyncWriteExt;
     let workspace = &call.workspace;
-    let network = call.network.as_ref();
-    let sink = call.sink.clone();
-    let secret_env = &call.secret_env;
-    if command.trim().is_empty() {
-        return Err(ToolError::InvalidArguments(
-            "command must not be empty".into(),
-        ));
+    if !sandbox.in_session_sandbox(call.network.is_some()) {
+        return Ok(None);
     }
-    let session = workspace.session_id();
+    let sessions = sandbox.sessions.clone();
+    let mut fresh = false;
+    loop {
+        let lease = sessions.lease(sandbox, workspace, fresh).await?;
+        let mut launched = lease.launch();
+        // Many commands at once can fill the control socket for a moment.
+        for _ in 0..1000 {
+            match &launched {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    launched = lease.launch();
+                }
+                _ => break,
+            }
+        }
+        let launched = match launched {
+            Ok(launched) => launched,
+            // The session's sandbox is gone (killed over its memory cap,
+            // or it died): a new one, once.
+            Err(e) if !fresh => {
+                tracing::debug!(session_id = %workspace.session_id(), "a session's sandbox is gone ({e}); starting another");
+                fresh = true;
+                continue;
+            }
+            Err(e) => {
+                return Err(ToolError::Io(format!(
+                    "cannot send the command to the session's sandbox: {e}"
+                )));
+            }
+        };
+        let mut env = sandbox.environment(workspace.who(), workspace.tmp());
+        for (k, v) in std::iter::once(("HOME".to_string(), lease.home().display().to_string()))
+            .chain(call.secret_env.iter().cloned())
+        {
+            env.retain(|(name, _)| *name != k);
+            env.push((k, v));
+        }
+        let spec = agentry_sandbox::CommandSpec {
+            argv: vec!["bash".into(), "-c".into(), command.to_string()],
+            cwd: workspace.root().to_path_buf(),
+            env,
+            limits: sandbox.limits.clone(),
+        };
+        let io = |what: &str, e: std::io::Error| {
+            ToolError::Io(format!(
+                "cannot start the command in the session's sandbox: {what}: {e}"
+            ))
+        };
+        launched
+            .socket
+            .set_nonblocking(true)
+            .map_err(|e| io("socket", e))?;
+        let socket =
+            tokio::net::UnixStream::from_std(launched.socket).map_err(|e| io("socket", e))?;
+        let (reader, mut writer) = socket.into_split();
+        let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(launched.stdout)
+            .map_err(|e| io("stdout", e))?;
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(launched.stderr)
+            .map_err(|e| io("stderr", e))?;
+        writer
+            .write_all(&spec.line())
+            .await
+            .map_err(|e| io("sending the spec", e))?;
+        let root = Some((lease.helper_pid(), true));
+        return Ok(Some(Started {
+            stdout: Box::new(stdout),
+            stderr: Box::new(stderr),
+            process: Process::Session(SessionCall {
+                reader: tokio::io::BufReader::new(reader),
+                writer: Some(writer),
+                line: Vec::new(),
+                ended: None,
+                failure: None,
+                _lease: lease,
+            }),
+            root,
+            _home: None,
+        }));
+    }
+}
+
+/// Starts `command` in a sandbox of its own (the helper), or without the
+/// OS sandbox.
+fn start_alone(command: &str, call: &Call, sandbox: &Sandbox) -> Result<Started, ToolError> {
+    let workspace = &call.workspace;
     let home = fresh_dir(sandbox, workspace, ".home-", "the command's HOME")?;
     let launch = Launch {
         cwd: workspace.root().to_path_buf(),
@@ -426,11 +628,12 @@ async fn bash(
             home.path().to_path_buf(),
         ],
         env: std::iter::once(("HOME".to_string(), home.path().display().to_string()))
-            .chain(secret_env.iter().cloned())
+            .chain(call.secret_env.iter().cloned())
             .collect(),
         stdin: false,
     };
-    let (mut cmd, mut reports) = sandboxed_bash(sandbox, command, workspace, &launch, network)?;
+    let (mut cmd, mut reports) =
+        sandboxed_bash(sandbox, command, workspace, &launch, call.network.as_ref())?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -444,52 +647,81 @@ async fn bash(
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(nix::unistd::Pid::from_raw);
+    let missing = || ToolError::Io("bash started without its output pipes".into());
+    let stdout = child.stdout.take().ok_or_else(missing)?;
+    let stderr = child.stderr.take().ok_or_else(missing)?;
+    let helper = sandbox.helper.is_some();
+    Ok(Started {
+        stdout: Box::new(stdout),
+        stderr: Box::new(stderr),
+        process: Process::Child {
+            guard: CallGuard {
+                child: Some(child),
+                group,
+                helper,
+            },
+            reports,
+        },
+        root: group.map(|pid| (pid.as_raw(), helper)),
+        _home: Some(home),
+    })
+}
+
+async fn bash(
+    command: &str,
+    call: &Call,
+    timeout: Duration,
+    limits: &Limits,
+    sandbox: &Sandbox,
+) -> Result<ToolOutcome, ToolError> {
+    let workspace = &call.workspace;
+    let sink = call.sink.clone();
+    if command.trim().is_empty() {
+        return Err(ToolError::InvalidArguments(
+            "command must not be empty".into(),
+        ));
+    }
+    let session = workspace.session_id();
+    let started = match start_in_session(command, call, sandbox).await? {
+        Some(started) => started,
+        None => start_alone(command, call, sandbox)?,
+    };
+    let Started {
+        stdout,
+        stderr,
+        mut process,
+        root,
+        _home,
+    } = started;
     let (merged_tx, mut merged_rx) = mpsc::unbounded_channel();
-    let mut pumps = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        pumps.push(tokio::spawn(pump(
-            out,
+    let pumps = vec![
+        tokio::spawn(pump(
+            stdout,
             OutputStream::Stdout,
             sink.clone(),
             merged_tx.clone(),
-        )));
-    }
-    if let Some(err) = child.stderr.take() {
-        pumps.push(tokio::spawn(pump(
-            err,
-            OutputStream::Stderr,
-            sink,
-            merged_tx.clone(),
-        )));
-    }
+        )),
+        tokio::spawn(pump(stderr, OutputStream::Stderr, sink, merged_tx.clone())),
+    ];
     drop(merged_tx);
-    let watched = group.map(|pid| {
-        sandbox
-            .memory
-            .watch(session, pid.as_raw(), sandbox.helper.is_some())
-    });
-    let mut guard = CallGuard {
-        child: Some(child),
-        group,
-        helper: sandbox.helper.is_some(),
-    };
+    let watched = root.map(|(pid, helper)| sandbox.memory.watch(session, pid, helper));
     let mut output = CappedOutput::new(limits.max_output_bytes);
     let mut escaped = false;
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     let waited = loop {
-        let Some(child) = guard.child.as_mut() else {
-            break None;
-        };
         tokio::select! {
             Some(bytes) = merged_rx.recv() => output.push(&bytes),
-            status = child.wait() => break Some(status),
+            status = process.wait() => match status {
+                Some(status) => break Some(status),
+                None => break None,
+            },
             () = &mut deadline => break None,
         }
     };
     // Whatever happened, nothing the command started may outlive the call;
     // this also closes pipes that background processes still hold.
-    guard.stop().await;
+    process.stop().await;
     // A process that left the group may still hold the pipes open: give the
     // readers a moment to drain, then stop reading rather than wait for it.
     for mut p in pumps {
@@ -522,7 +754,7 @@ async fn bash(
             timed_out: false,
         });
     }
-    bash_outcome(waited, text, truncated, reports.as_ref(), timeout)
+    bash_outcome(waited, text, truncated, || process.setup_failure(), timeout)
 }
 
 /// What a finished (or stopped) bash command gives the model: its output
@@ -532,14 +764,14 @@ fn bash_outcome(
     waited: Option<std::io::Result<std::process::ExitStatus>>,
     mut text: String,
     truncated: bool,
-    reports: Option<&agentry_sandbox::Reports>,
+    setup_failure: impl FnOnce() -> Option<String>,
     timeout: Duration,
 ) -> Result<ToolOutcome, ToolError> {
     match waited {
         Some(Ok(status)) => {
             let code = status.code();
             if code == Some(agentry_sandbox::SETUP_FAILED)
-                && let Some(why) = reports.and_then(|r| r.setup_failure())
+                && let Some(why) = setup_failure()
             {
                 return Err(ToolError::Io(format!(
                     "the sandbox could not start the command: {why}"

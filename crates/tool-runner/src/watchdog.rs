@@ -145,7 +145,10 @@ impl MemoryWatch {
             Err(_) => return,
         };
         for (session, commands) in sessions {
-            let total: u64 = commands.iter().map(|w| tree_resident_bytes(w.root)).sum();
+            // Commands in the session's sandbox share one root (its
+            // helper): each tree is counted once.
+            let roots: std::collections::BTreeSet<i32> = commands.iter().map(|w| w.root).collect();
+            let total: u64 = roots.into_iter().map(tree_resident_bytes).sum();
             if total <= self.limit_bytes {
                 continue;
             }

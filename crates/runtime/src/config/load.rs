@@ -132,6 +132,10 @@ const ENV_KEYS: &[(&str, &[&str])] = &[
         &["tool_runner", "sandbox", "helper"],
     ),
     (
+        "AGENTRY_SANDBOX_SESSION_IDLE_SECS",
+        &["tool_runner", "sandbox", "session_idle_secs"],
+    ),
+    (
         "AGENTRY_TOOL_RUNNER_METRICS_LISTEN",
         &["tool_runner", "metrics_listen"],
     ),

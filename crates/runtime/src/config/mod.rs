@@ -667,6 +667,11 @@ pub struct SandboxConfig {
     pub session_uid_base: u32,
     /// How many uids sessions are spread over.
     pub session_uid_count: u32,
+    /// Seconds a session's sandbox (the namespaces and view its bash
+    /// commands are forked in) is kept after its last command; 0: a
+    /// sandbox per command.
+    #[serde(default = "default_session_idle_secs")]
+    pub session_idle_secs: u64,
     /// More directories commands may read (e.g. a toolchain under /srv).
     pub read_only: Vec<String>,
     /// Hosts (names or IP addresses) that calls granted network may reach
@@ -678,6 +683,10 @@ pub struct SandboxConfig {
     /// it opens HTTPS itself for a secret's header rule; empty: none.
     #[serde(default)]
     pub network_ca_file: String,
+}
+
+fn default_session_idle_secs() -> u64 {
+    300
 }
 
 /// Resource limits (setrlimit) of each command; 0 means unlimited.

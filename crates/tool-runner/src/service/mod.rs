@@ -412,6 +412,7 @@ impl ToolRunner for ToolRunnerService {
     ) -> Result<Response<pb::ForgetSessionResponse>, Status> {
         let session_id = request.into_inner().session_id;
         crate::workspace::check_session_id(&session_id).map_err(place_status)?;
+        self.inner.sandbox.sessions.forget(&session_id);
         let places = self.inner.places.clone();
         let removed = tokio::task::spawn_blocking(move || -> Result<bool, ToolError> {
             let root = places.root();

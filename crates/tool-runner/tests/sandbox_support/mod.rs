@@ -109,6 +109,11 @@ pub fn confined(root: &std::path::Path) -> Option<Sandbox> {
         report: Some(report),
         identity,
         hidden: vec![root.to_path_buf()],
+        // Bash commands go to their session's sandbox, as configured by
+        // default (`tool_runner.sandbox.session_idle_secs`).
+        sessions: agentry_tool_runner::session_sandbox::Sessions::new(
+            std::time::Duration::from_secs(300),
+        ),
         ..Sandbox::unconfined()
     })
 }

@@ -1,0 +1,499 @@
+//! A sandbox set up once per session: the namespaces and the built
+//! file-system view are made when the session runs its first command, and
+//! every later command of the session is forked from a small process that
+//! already lives inside them, instead of paying for them again.
+//!
+//! Three kinds of process, all running the helper program:
+//!
+//! - the **session helper** (`agentry-sandbox --session`), the runner's
+//!   child: it enters new user (when not root), pid, network, mount, IPC
+//!   and UTS namespaces and forks the session's first process; when that
+//!   process ends, or the helper is told to stop, every process of the
+//!   session is killed;
+//! - the **session's first process** (pid 1 of the session's pid
+//!   namespace): it builds the view (`rootfs`) and then only waits on its
+//!   control socket for commands; each one arrives as three descriptors
+//!   (the command's own socket, its stdout, its stderr), and it forks a
+//!   supervisor for it. It ends when the runner closes the control socket
+//!   (the runner dropped the session's sandbox, or died);
+//! - a **supervisor** per command: it reads the command's [`CommandSpec`]
+//!   from the command's socket, starts the command as pid 1 of a pid
+//!   namespace of its own, then waits for it; it writes how the command
+//!   ended on the socket as a [`HelperReport`] line, and kills every process
+//!   the command started when the command ends or the runner closes its
+//!   end (or half-closes it: a stop).
+//!
+//! What each command still gets of its own, as with a sandbox per command:
+//! a pid namespace (it sees no other command of the session, nor the
+//! session's processes), a mount namespace with a fresh `/tmp`,
+//! `/dev/shm`, HOME and `/proc`, an IPC namespace, its own session without
+//! a terminal, its own Landlock domain (so the signal and abstract-socket
+//! scopes separate it from every other command), the seccomp filter, the
+//! identity switch and the resource limits. What two commands of a session
+//! share: the view of the file system (the same read-only system
+//! directories and the same workspace and session temp dir, which they
+//! share anyway) and a network namespace that holds nothing but a downed
+//! loopback. Commands granted network do not come here: each gets a
+//! sandbox of its own with its bridge to the proxy.
+
+use crate::helper::{self, Confinement};
+use crate::{HelperReport, Limits, SETUP_FAILED, Spec};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
+    sendmsg, socketpair,
+};
+use nix::sys::wait::WaitStatus;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, IoSlice, IoSliceMut, Read};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+/// The descriptor on which a session helper gets its control socket.
+pub const CONTROL_FD: i32 = 4;
+
+/// The largest command spec a supervisor reads (a long heredoc included).
+const MAX_COMMAND_SPEC: u64 = 64 * 1024 * 1024;
+
+/// What the session's first process writes on the control socket once the
+/// view is built and it takes commands.
+const READY: &[u8] = b"ready";
+
+/// One command of a session: everything else (the view, the layers, the
+/// identity, the network) is the session's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandSpec {
+    /// The command and its arguments; `argv[0]` is looked up in PATH.
+    pub argv: Vec<String>,
+    /// The working directory, inside the session's view.
+    pub cwd: PathBuf,
+    /// The whole environment of the command.
+    pub env: Vec<(String, String)>,
+    /// Resource limits.
+    pub limits: Limits,
+}
+
+impl CommandSpec {
+    /// The spec as the one line a supervisor reads.
+    pub fn line(&self) -> Vec<u8> {
+        let mut line = serde_json::to_vec(self).unwrap_or_default();
+        line.push(b'\n');
+        line
+    }
+}
+
+/// The runner's end of a session's sandbox: where commands are sent.
+/// Dropping it ends the session's sandbox (a command still running is
+/// killed).
+#[derive(Debug)]
+pub struct SessionSandbox {
+    control: OwnedFd,
+}
+
+/// How a session helper is started: the program to spawn, the runner's
+/// end of its control socket, and its report descriptor.
+#[derive(Debug)]
+pub struct Starting {
+    /// The session helper, ready to spawn (stdio is the caller's to set).
+    pub command: std::process::Command,
+    /// The control socket, usable once the helper said it is ready.
+    pub sandbox: SessionSandbox,
+    /// Why it could not be set up, when it exits with [`SETUP_FAILED`];
+    /// call [`crate::Reports::started`] once the helper is spawned.
+    pub reports: crate::Reports,
+    /// The helper's end of the control socket: drop it once the helper is
+    /// spawned, so that the socket closes with the helper.
+    pub helper_end: OwnedFd,
+}
+
+/// The runner's end of one command sent to a session's sandbox.
+#[derive(Debug)]
+pub struct Launched {
+    /// Where the spec is written (one line, then nothing: shutting down
+    /// the writing half stops the command) and the [`HelperReport`]s are
+    /// read; closing it stops the command too.
+    pub socket: std::os::unix::net::UnixStream,
+    /// The command's standard output.
+    pub stdout: OwnedFd,
+    /// The command's standard error.
+    pub stderr: OwnedFd,
+}
+
+impl SessionSandbox {
+    /// How to start the session helper for `spec` (its `argv`, `cwd`,
+    /// `env`, `limits`, `stdin` and `proxy` are not used: those are each
+    /// command's, and commands of a session never get network).
+    pub fn starting(helper: &std::path::Path, spec: &Spec) -> std::io::Result<Starting> {
+        use std::os::unix::process::CommandExt;
+        let mut spec = spec.clone();
+        spec.argv = vec!["true".into()];
+        spec.report_fd = Some(crate::REPORT_FD);
+        spec.proxy = None;
+        spec.stdin = false;
+        let text = serde_json::to_string(&spec).map_err(std::io::Error::other)?;
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        let mut command = std::process::Command::new(helper);
+        command
+            .arg0(crate::HELPER_NAME)
+            .arg("--session")
+            .env_clear()
+            .env(crate::SPEC_VARIABLE, text)
+            .stdin(std::process::Stdio::null());
+        let reports = crate::Reports::attach(&mut command)?;
+        let raw = theirs.as_raw_fd();
+        // SAFETY: between fork and exec the closure makes one system call
+        // (dup2, or fcntl when the socket already has the number); it
+        // allocates nothing and takes no lock.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                let done = if raw == CONTROL_FD {
+                    libc::fcntl(raw, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(raw, CONTROL_FD)
+                };
+                if done < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(Starting {
+            command,
+            sandbox: SessionSandbox { control: ours },
+            reports,
+            helper_end: theirs,
+        })
+    }
+
+    /// Waits (blocking) up to `timeout` for the helper to say it takes
+    /// commands: `Ok(true)` when it did, `Ok(false)` when the socket closed
+    /// first (the helper failed: its reports say why), `Err(TimedOut)`.
+    pub fn wait_ready(&self, timeout: std::time::Duration) -> std::io::Result<bool> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            let millis = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(self.control.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(millis)) {
+                Err(nix::errno::Errno::EINTR) | Ok(0) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(_) => {}
+            }
+            let mut buf = [0u8; 16];
+            return match nix::sys::socket::recv(
+                self.control.as_raw_fd(),
+                &mut buf,
+                MsgFlags::MSG_DONTWAIT,
+            ) {
+                Ok(n) => Ok(n > 0 && &buf[..n] == READY),
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
+                Err(e) => Err(e.into()),
+            };
+        }
+    }
+
+    /// Sends one command: a socket of its own and two pipes go to the
+    /// session's first process, which forks its supervisor. The caller
+    /// writes `command.line()` on [`Launched::socket`].
+    pub fn launch(&self) -> std::io::Result<Launched> {
+        let (socket, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let (stdout, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (stderr, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let fds = [
+            theirs.as_raw_fd(),
+            stdout_w.as_raw_fd(),
+            stderr_w.as_raw_fd(),
+        ];
+        let rights = [ControlMessage::ScmRights(&fds)];
+        sendmsg::<()>(
+            self.control.as_raw_fd(),
+            &[IoSlice::new(b"c")],
+            &rights,
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            None,
+        )?;
+        Ok(Launched {
+            socket,
+            stdout,
+            stderr,
+        })
+    }
+}
+
+/// The end of one command, as its supervisor reports it.
+pub fn parse_report(line: &str) -> Option<HelperReport> {
+    serde_json::from_str(line.trim()).ok()
+}
+
+/// The session helper: `agentry-sandbox --session` with the spec in its
+/// environment and the control socket at [`CONTROL_FD`].
+pub(crate) fn serve(spec: &Spec) -> Result<WaitStatus, String> {
+    // SAFETY: CONTROL_FD is the control socket the runner gave this
+    // process (checked to be open right here); it is owned from now on.
+    #[allow(unsafe_code)]
+    let control = unsafe {
+        if libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC) < 0 {
+            return Err(format!(
+                "the control descriptor {CONTROL_FD} is not open: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        OwnedFd::from_raw_fd(CONTROL_FD)
+    };
+    if !spec.layers.namespaces {
+        return Err("a session's sandbox needs the namespaces layer".into());
+    }
+    let waited = helper::block_waited_signals()?;
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| format!("cannot become a subreaper: {e}"))?;
+    let root = nix::unistd::geteuid().is_root();
+    if spec.user.is_some() && !root {
+        return Err("a user to run as was given, but the helper is not root".into());
+    }
+    helper::enter_namespaces(root)?;
+    // SAFETY: the helper is single-threaded, so the child may do anything
+    // after fork; it never returns into the helper's code.
+    #[allow(unsafe_code)]
+    let first = match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let code = match first_process(spec, control) {
+                Ok(()) => 0,
+                Err(message) => {
+                    helper::report(spec, &message);
+                    SETUP_FAILED
+                }
+            };
+            std::process::exit(code);
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+        Err(e) => return Err(format!("cannot start the session's first process: {e}")),
+    };
+    drop(control);
+    loop {
+        let signal = waited.wait().map_err(|e| format!("sigwait: {e}"))?;
+        if signal == Signal::SIGCHLD {
+            if let Some(status) = helper::reap(first) {
+                helper::kill_tree(first, true);
+                return Ok(status);
+            }
+            continue;
+        }
+        let _ = nix::sys::signal::kill(first, Signal::SIGKILL);
+        helper::kill_tree(first, true);
+        return Ok(WaitStatus::Signaled(first, signal, false));
+    }
+}
+
+/// The session's first process: builds the view, says it is ready, then
+/// forks a supervisor per command until the control socket closes.
+fn first_process(spec: &Spec, control: OwnedFd) -> Result<(), String> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+    // Supervisors are reaped by the kernel; each restores the default.
+    helper::ignore_children(true)?;
+    SigSet::all()
+        .thread_unblock()
+        .map_err(|e| format!("cannot unblock signals: {e}"))?;
+    crate::rootfs::enter(spec)?;
+    let _ = nix::unistd::sethostname("agentry-sandbox");
+    nix::sys::socket::send(control.as_raw_fd(), READY, MsgFlags::MSG_NOSIGNAL)
+        .map_err(|e| format!("cannot tell the runner the session is ready: {e}"))?;
+    loop {
+        let mut byte = [0u8; 8];
+        let mut space = nix::cmsg_space!([RawFd; 3]);
+        let mut iov = [IoSliceMut::new(&mut byte)];
+        let received = match recvmsg::<()>(
+            control.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(format!("the control socket failed: {e}")),
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs().into_iter().flatten() {
+                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                        fds.extend(raw);
+                    }
+                }
+                (msg.bytes, fds)
+            }
+        };
+        let (bytes, raw) = received;
+        // SAFETY: the descriptors were just received with SCM_RIGHTS: this
+        // process owns them and nothing else refers to them.
+        #[allow(unsafe_code)]
+        let fds: Vec<OwnedFd> = raw
+            .into_iter()
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+            .collect();
+        if bytes == 0 && fds.is_empty() {
+            // The runner closed its end: the session's sandbox ends (its
+            // helper then kills whatever is left).
+            return Ok(());
+        }
+        let Ok([socket, stdout, stderr]) = <[OwnedFd; 3]>::try_from(fds) else {
+            continue;
+        };
+        // SAFETY: this process is single-threaded, so the child may do
+        // anything after fork; it never returns into this loop.
+        #[allow(unsafe_code)]
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => {
+                drop(control);
+                let code = supervise_command(spec, socket, stdout, stderr);
+                std::process::exit(code);
+            }
+            // The descriptors are the supervisor's now.
+            Ok(nix::unistd::ForkResult::Parent { .. }) => {}
+            Err(e) => {
+                write_report(
+                    &socket,
+                    &HelperReport::SetupFailed(format!("cannot fork a supervisor: {e}")),
+                );
+            }
+        }
+    }
+}
+
+fn write_report(socket: &OwnedFd, report: &HelperReport) {
+    let mut line = serde_json::to_vec(report).unwrap_or_default();
+    line.push(b'\n');
+    let _ = nix::sys::socket::send(socket.as_raw_fd(), &line, MsgFlags::MSG_NOSIGNAL);
+}
+
+/// A supervisor: reads the command's spec, runs it and reports its end;
+/// returns its own exit code.
+fn supervise_command(session: &Spec, socket: OwnedFd, stdout: OwnedFd, stderr: OwnedFd) -> i32 {
+    match run_command(session, &socket, stdout, stderr) {
+        Ok(report) => {
+            write_report(&socket, &report);
+            0
+        }
+        Err(message) => {
+            write_report(&socket, &HelperReport::SetupFailed(message));
+            SETUP_FAILED
+        }
+    }
+}
+
+fn run_command(
+    session: &Spec,
+    socket: &OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+) -> Result<HelperReport, String> {
+    helper::ignore_children(false)?;
+    let waited = helper::block_waited_signals()?;
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| format!("cannot become a subreaper: {e}"))?;
+    let command = read_command(socket)?;
+    if command.argv.is_empty() {
+        return Err("the command spec names no command".into());
+    }
+    let spec = command_in_session(session, command, socket.as_raw_fd());
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID)
+        .map_err(|e| format!("namespaces: cannot make the command's pid namespace: {e}"))?;
+    let child = helper::spawn(
+        &spec,
+        Confinement::InSession,
+        Some((stdout.into(), stderr.into())),
+    )?;
+    let main = nix::unistd::Pid::from_raw(i32::try_from(child.id()).map_err(|e| e.to_string())?);
+    drop(child);
+    let signals = nix::sys::signalfd::SignalFd::with_flags(
+        &waited,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+    )
+    .map_err(|e| format!("signalfd: {e}"))?;
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        let mut fds = [
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+            PollFd::new(socket.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(format!("poll: {e}")),
+            Ok(_) => {}
+        }
+        let stop = fds[1].any().unwrap_or(false);
+        while let Ok(Some(info)) = signals.read_signal() {
+            if info.ssi_signo == Signal::SIGCHLD as u32 {
+                if let Some(status) = helper::reap(main) {
+                    helper::kill_tree(main, true);
+                    return Ok(ended(status));
+                }
+            } else {
+                return Ok(stopped(main));
+            }
+        }
+        if stop {
+            // The runner closed or half-closed its end (nothing else is
+            // ever written after the spec): stop the command.
+            return Ok(stopped(main));
+        }
+    }
+}
+
+fn stopped(main: nix::unistd::Pid) -> HelperReport {
+    let _ = nix::sys::signal::kill(main, Signal::SIGKILL);
+    helper::kill_tree(main, true);
+    HelperReport::Signaled(Signal::SIGKILL as i32)
+}
+
+fn ended(status: WaitStatus) -> HelperReport {
+    match status {
+        WaitStatus::Exited(_, code) => HelperReport::Exited(code),
+        WaitStatus::Signaled(_, signal, _) => HelperReport::Signaled(signal as i32),
+        other => HelperReport::SetupFailed(format!("the command ended oddly: {other:?}")),
+    }
+}
+
+/// Reads the command's spec: one line.
+fn read_command(socket: &OwnedFd) -> Result<CommandSpec, String> {
+    let dup = socket
+        .try_clone()
+        .map_err(|e| format!("cannot read the command: {e}"))?;
+    let mut reader = std::io::BufReader::new(std::fs::File::from(dup).take(MAX_COMMAND_SPEC));
+    let mut line = Vec::new();
+    reader
+        .read_until(b'\n', &mut line)
+        .map_err(|e| format!("cannot read the command: {e}"))?;
+    if line.last() != Some(&b'\n') {
+        return Err("the command spec was cut short".into());
+    }
+    serde_json::from_slice(&line).map_err(|e| format!("the command spec is not valid: {e}"))
+}
+
+/// The full spec of a command of the session: the session's view, layers
+/// and identity, the command's own argv, directory, environment and
+/// limits, and a fresh HOME.
+fn command_in_session(session: &Spec, command: CommandSpec, socket: RawFd) -> Spec {
+    let mut read_write = session.read_write.clone();
+    read_write.extend(session.home.iter().cloned());
+    Spec {
+        argv: command.argv,
+        cwd: command.cwd,
+        env: command.env,
+        read_write,
+        limits: command.limits,
+        proxy: None,
+        stdin: false,
+        report: false,
+        report_fd: Some(socket),
+        ..session.clone()
+    }
+}
