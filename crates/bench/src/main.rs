@@ -394,7 +394,7 @@ fn goals(report: &serde_json::Map<String, Value>) -> Vec<Value> {
     goal(
         "shell tool `true` vs bare fork/exec, sandbox off",
         shell.and_then(|s| s["ratio_sandbox_off"].as_f64()),
-        1.5,
+        2.5,
         false,
         "x",
     );

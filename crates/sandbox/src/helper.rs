@@ -429,14 +429,14 @@ pub(crate) fn spawn(
 }
 
 /// Everything the child does to itself before exec.
-fn confine(spec: &Spec, confinement: Confinement) -> Result<(), String> {
+pub(crate) fn confine(spec: &Spec, confinement: Confinement) -> Result<(), String> {
     // A session of its own, without a controlling terminal: nothing the
     // command starts can open `/dev/tty` of the terminal the services run
     // in, type into it (TIOCSTI) or be signalled from it.
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     let mut read_write = spec.read_write.clone();
     if confinement == Confinement::InSession {
-        crate::rootfs::refresh(spec)?;
+        crate::rootfs::proc_of_command(spec)?;
     }
     if spec.layers.namespaces {
         if confinement == Confinement::Build {

@@ -147,10 +147,13 @@ pub(crate) fn enter(spec: &Spec) -> Result<(), String> {
     })
 }
 
-/// A command of a session's sandbox, in the session's built view: a mount
-/// namespace and an IPC namespace of its own, a fresh `/tmp`, `/dev/shm`
-/// and HOME (empty, private, its identity's), and a `/proc` of its own pid
-/// namespace. The working directory is `spec.cwd` afterwards.
+/// A command of a session's sandbox, in the session's built view, run by
+/// its supervisor before the command is forked: a mount namespace and an
+/// IPC namespace of their own (the supervisor's and the command's), a
+/// fresh `/tmp`, `/dev/shm` and HOME (empty, private, its identity's). The
+/// command mounts its `/proc` itself ([`proc_of_command`]). The supervisor
+/// holds these namespaces, so they are torn down when it exits, after it
+/// reported how the command ended, not on the command's way out.
 pub(crate) fn refresh(spec: &Spec) -> Result<(), String> {
     use nix::sched::CloneFlags;
     nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC)
@@ -196,11 +199,18 @@ pub(crate) fn refresh(spec: &Spec) -> Result<(), String> {
     for path in read_only_mounts.iter().rev() {
         remount_read_only(path)?;
     }
+    Ok(())
+}
+
+/// In the command of a session's sandbox, process 1 of its own pid
+/// namespace, between fork and exec: a `/proc` of that namespace, and the
+/// working directory.
+pub(crate) fn proc_of_command(spec: &Spec) -> Result<(), String> {
     mount(
         Some("proc"),
         "/proc",
         Some("proc"),
-        nosuid | MsFlags::MS_NOEXEC,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
     .map_err(|e| err("cannot mount", Path::new("/proc"), e))?;

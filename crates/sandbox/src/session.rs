@@ -3,7 +3,7 @@
 //! every later command of the session is forked from a small process that
 //! already lives inside them, instead of paying for them again.
 //!
-//! Three kinds of process, all running the helper program:
+//! The processes, all running the helper program:
 //!
 //! - the **session helper** (`agentry-sandbox --session`), the runner's
 //!   child: it enters new user (when not root), pid, network, mount, IPC
@@ -11,17 +11,22 @@
 //!   process ends, or the helper is told to stop, every process of the
 //!   session is killed;
 //! - the **session's first process** (pid 1 of the session's pid
-//!   namespace): it builds the view (`rootfs`) and then only waits on its
-//!   control socket for commands; each one arrives as three descriptors
-//!   (the command's own socket, its stdout, its stderr), and it forks a
-//!   supervisor for it. It ends when the runner closes the control socket
-//!   (the runner dropped the session's sandbox, or died);
-//! - a **supervisor** per command: it reads the command's [`CommandSpec`]
-//!   from the command's socket, starts the command as pid 1 of a pid
-//!   namespace of its own, then waits for it; it writes how the command
-//!   ended on the socket as a [`HelperReport`] line, and kills every process
-//!   the command started when the command ends or the runner closes its
-//!   end (or half-closes it: a stop).
+//!   namespace): it builds the view (`rootfs`) and then keeps one **spare
+//!   supervisor** ready, forking a new one each time one takes a command;
+//!   it ends when the runner closes the control socket (the runner dropped
+//!   the session's sandbox, or died);
+//! - a spare supervisor makes, before any command comes, the next
+//!   command's mount and IPC namespaces (with a fresh `/tmp`, `/dev/shm`
+//!   and HOME) and pid namespace, and forks the command's process into
+//!   them, which confines itself completely (Landlock, limits, identity,
+//!   seccomp) and waits. Then the supervisor takes one command from the
+//!   control socket (three descriptors: the command's own socket, its
+//!   stdout, its stderr), reads the [`CommandSpec`] from the command's
+//!   socket, and hands the output descriptors and the spec to the waiting
+//!   process, which execs the command. It supervises the command until it
+//!   ends, writes how as a [`HelperReport`] line on the command's socket,
+//!   and kills every process the command started when the runner closes
+//!   its end (or half-closes it: a stop).
 //!
 //! What each command still gets of its own, as with a sandbox per command:
 //! a pid namespace (it sees no other command of the session, nor the
@@ -36,8 +41,8 @@
 //! loopback. Commands granted network do not come here: each gets a
 //! sandbox of its own with its bridge to the proxy.
 
-use crate::helper::{self, Confinement};
-use crate::{HelperReport, Limits, SETUP_FAILED, Spec};
+use crate::helper;
+use crate::{HelperReport, SETUP_FAILED, Spec};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::socket::{
     AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
@@ -70,8 +75,6 @@ pub struct CommandSpec {
     pub cwd: PathBuf,
     /// The whole environment of the command.
     pub env: Vec<(String, String)>,
-    /// Resource limits.
-    pub limits: Limits,
 }
 
 impl CommandSpec {
@@ -121,9 +124,10 @@ pub struct Launched {
 }
 
 impl SessionSandbox {
-    /// How to start the session helper for `spec` (its `argv`, `cwd`,
-    /// `env`, `limits`, `stdin` and `proxy` are not used: those are each
-    /// command's, and commands of a session never get network).
+    /// How to start the session helper for `spec` (its `argv`, `env`,
+    /// `stdin` and `proxy` are not used: those are each command's, and
+    /// commands of a session never get network; its limits apply to every
+    /// command).
     pub fn starting(helper: &std::path::Path, spec: &Spec) -> std::io::Result<Starting> {
         use std::os::unix::process::CommandExt;
         let mut spec = spec.clone();
@@ -296,7 +300,9 @@ pub(crate) fn serve(spec: &Spec) -> Result<WaitStatus, String> {
 }
 
 /// The session's first process: builds the view, says it is ready, then
-/// forks a supervisor per command until the control socket closes.
+/// keeps one spare supervisor waiting for the next command (a new one as
+/// soon as one takes a command), until the runner closes the control
+/// socket.
 fn first_process(spec: &Spec, control: OwnedFd) -> Result<(), String> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
@@ -307,77 +313,68 @@ fn first_process(spec: &Spec, control: OwnedFd) -> Result<(), String> {
         .map_err(|e| format!("cannot unblock signals: {e}"))?;
     crate::rootfs::enter(spec)?;
     let _ = nix::unistd::sethostname("agentry-sandbox");
+    // A supervisor that took a command writes a byte here.
+    let (taken, taken_by) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("cannot make a pipe: {e}"))?;
+    fork_spare(spec, &control, &taken_by)?;
     nix::sys::socket::send(control.as_raw_fd(), READY, MsgFlags::MSG_NOSIGNAL)
         .map_err(|e| format!("cannot tell the runner the session is ready: {e}"))?;
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     loop {
-        let mut byte = [0u8; 8];
-        let mut space = nix::cmsg_space!([RawFd; 3]);
-        let mut iov = [IoSliceMut::new(&mut byte)];
-        let received = match recvmsg::<()>(
-            control.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
+        // The control socket is polled for its end only: commands on it
+        // are the spare's to take.
+        let mut fds = [
+            PollFd::new(control.as_fd(), PollFlags::empty()),
+            PollFd::new(taken.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(format!("the control socket failed: {e}")),
-            Ok(msg) => {
-                let mut fds = Vec::new();
-                for cmsg in msg.cmsgs().into_iter().flatten() {
-                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
-                        fds.extend(raw);
-                    }
-                }
-                (msg.bytes, fds)
-            }
-        };
-        let (bytes, raw) = received;
-        // SAFETY: the descriptors were just received with SCM_RIGHTS: this
-        // process owns them and nothing else refers to them.
-        #[allow(unsafe_code)]
-        let fds: Vec<OwnedFd> = raw
-            .into_iter()
-            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-            .collect();
-        if bytes == 0 && fds.is_empty() {
+            Err(e) => return Err(format!("poll: {e}")),
+            Ok(_) => {}
+        }
+        if fds[0].any().unwrap_or(false) {
             // The runner closed its end: the session's sandbox ends (its
             // helper then kills whatever is left).
             return Ok(());
         }
-        let Ok([socket, stdout, stderr]) = <[OwnedFd; 3]>::try_from(fds) else {
-            continue;
-        };
-        // SAFETY: this process is single-threaded, so the child may do
-        // anything after fork; it never returns into this loop.
-        #[allow(unsafe_code)]
-        match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => {
-                drop(control);
-                let code = supervise_command(spec, socket, stdout, stderr);
-                std::process::exit(code);
-            }
-            // The descriptors are the supervisor's now.
-            Ok(nix::unistd::ForkResult::Parent { .. }) => {}
-            Err(e) => {
-                write_report(
-                    &socket,
-                    &HelperReport::SetupFailed(format!("cannot fork a supervisor: {e}")),
-                );
+        if fds[1].any().unwrap_or(false) {
+            let mut bytes = [0u8; 64];
+            let n = nix::unistd::read(&taken, &mut bytes).unwrap_or(0);
+            for _ in 0..n {
+                fork_spare(spec, &control, &taken_by)?;
             }
         }
     }
 }
 
-fn write_report(socket: &OwnedFd, report: &HelperReport) {
-    let mut line = serde_json::to_vec(report).unwrap_or_default();
-    line.push(b'\n');
-    let _ = nix::sys::socket::send(socket.as_raw_fd(), &line, MsgFlags::MSG_NOSIGNAL);
+/// Forks a spare supervisor (see [`spare`]).
+fn fork_spare(spec: &Spec, control: &OwnedFd, taken_by: &OwnedFd) -> Result<(), String> {
+    // SAFETY: this process is single-threaded, so the child may do
+    // anything after fork; it never returns into the caller.
+    #[allow(unsafe_code)]
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => std::process::exit(spare(spec, control, taken_by)),
+        Ok(nix::unistd::ForkResult::Parent { .. }) => Ok(()),
+        Err(e) => Err(format!("cannot fork a supervisor: {e}")),
+    }
 }
 
-/// A supervisor: reads the command's spec, runs it and reports its end;
-/// returns its own exit code.
-fn supervise_command(session: &Spec, socket: OwnedFd, stdout: OwnedFd, stderr: OwnedFd) -> i32 {
-    match run_command(session, &socket, stdout, stderr) {
+/// A spare supervisor: it makes the next command's namespaces (mount and
+/// IPC, with a fresh `/tmp`, `/dev/shm` and HOME; pid) and its process,
+/// confined and waiting, before any command comes; then it takes one
+/// command from the control socket, tells the first process (which forks
+/// the next spare), hands the command to its waiting process, and
+/// supervises it. Returns its exit code.
+fn spare(spec: &Spec, control: &OwnedFd, taken_by: &OwnedFd) -> i32 {
+    let ready = prepare(spec);
+    let Some([socket, stdout, stderr]) = take_command(control) else {
+        // The runner closed the control socket: the session ends.
+        return 0;
+    };
+    let _ = nix::unistd::write(taken_by, b"t");
+    let report =
+        ready.and_then(|(waiting, link)| run_command(&socket, waiting, &link, stdout, stderr));
+    match report {
         Ok(report) => {
             write_report(&socket, &report);
             0
@@ -389,13 +386,201 @@ fn supervise_command(session: &Spec, socket: OwnedFd, stdout: OwnedFd, stderr: O
     }
 }
 
+/// Receives one command's descriptors from the control socket: its
+/// socket, stdout and stderr. `None` once the socket is closed.
+fn take_command(control: &OwnedFd) -> Option<[OwnedFd; 3]> {
+    loop {
+        let mut byte = [0u8; 8];
+        let mut space = nix::cmsg_space!([RawFd; 3]);
+        let mut iov = [IoSliceMut::new(&mut byte)];
+        let (bytes, raw) = match recvmsg::<()>(
+            control.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs().into_iter().flatten() {
+                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                        fds.extend(raw);
+                    }
+                }
+                (msg.bytes, fds)
+            }
+        };
+        // SAFETY: the descriptors were just received with SCM_RIGHTS: this
+        // process owns them and nothing else refers to them.
+        #[allow(unsafe_code)]
+        let fds: Vec<OwnedFd> = raw
+            .into_iter()
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+            .collect();
+        if bytes == 0 && fds.is_empty() {
+            return None;
+        }
+        if let Ok(fds) = <[OwnedFd; 3]>::try_from(fds) {
+            return Some(fds);
+        }
+    }
+}
+
+/// The next command's namespaces and its process, confined and waiting
+/// for the command on the returned link.
+fn prepare(session: &Spec) -> Result<(nix::unistd::Pid, OwnedFd), String> {
+    helper::ignore_children(false)?;
+    let _ = helper::block_waited_signals()?;
+    let mut spec = session.clone();
+    spec.read_write.extend(session.home.iter().cloned());
+    crate::rootfs::refresh(&spec)?;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID)
+        .map_err(|e| format!("namespaces: cannot make the command's pid namespace: {e}"))?;
+    let (link, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| format!("cannot make the command's link: {e}"))?;
+    // Opened before the command is confined.
+    let null =
+        std::fs::File::open("/dev/null").map_err(|e| format!("cannot open /dev/null: {e}"))?;
+    spec.report_fd = Some(theirs.as_raw_fd());
+    // SAFETY: this process is single-threaded, so the child may do
+    // anything after fork; it never returns into the caller.
+    #[allow(unsafe_code)]
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(link);
+            let code = match helper::confine(&spec, helper::Confinement::InSession) {
+                Ok(()) => wait_and_exec(&theirs, null),
+                Err(message) => {
+                    helper::report(&spec, &message);
+                    SETUP_FAILED
+                }
+            };
+            std::process::exit(code);
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => Ok((child, link)),
+        Err(e) => Err(format!("cannot start the command's process: {e}")),
+    }
+}
+
+/// In the command's confined process: waits for the command on `link`
+/// (its stdout and stderr, then its spec), then execs it. Returns an exit
+/// code only when it cannot.
+fn wait_and_exec(link: &OwnedFd, null: std::fs::File) -> i32 {
+    let Some((stdout, stderr)) = receive_output(link) else {
+        return 0;
+    };
+    let command = match read_command(link) {
+        Ok(command) => command,
+        Err(why) => {
+            let _ = nix::unistd::write(&stderr, format!("agentry-sandbox: {why}\n").as_bytes());
+            return SETUP_FAILED;
+        }
+    };
+    let _ = nix::unistd::dup2_stdin(&null);
+    let _ = nix::unistd::dup2_stdout(&stdout);
+    let _ = nix::unistd::dup2_stderr(&stderr);
+    drop((stdout, stderr, null));
+    let fail = |what: String| {
+        eprintln!("agentry-sandbox: {what}");
+        127
+    };
+    if let Err(e) = std::env::set_current_dir(&command.cwd) {
+        return fail(format!("cannot enter {}: {e}", command.cwd.display()));
+    }
+    let path = command
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or(crate::DEFAULT_PATH, |(_, v)| v.as_str());
+    let Some(program) = find_program(&command.argv[0], path) else {
+        return fail(format!("{}: command not found", command.argv[0]));
+    };
+    let cstring = |s: &str| std::ffi::CString::new(s).map_err(|e| e.to_string());
+    let argv: Result<Vec<_>, _> = command.argv.iter().map(|a| cstring(a)).collect();
+    let env: Result<Vec<_>, _> = command
+        .env
+        .iter()
+        .map(|(k, v)| cstring(&format!("{k}={v}")))
+        .collect();
+    let (Ok(argv), Ok(env), Ok(program)) = (argv, env, cstring(&program.to_string_lossy())) else {
+        return fail("the command holds a NUL byte".into());
+    };
+    let e = nix::unistd::execve(&program, &argv, &env).err();
+    fail(format!("cannot run {}: {e:?}", command.argv[0]))
+}
+
+/// The stdout and stderr of the command, sent by its supervisor; `None`
+/// when the supervisor went away first.
+fn receive_output(link: &OwnedFd) -> Option<(OwnedFd, OwnedFd)> {
+    loop {
+        let mut byte = [0u8; 1];
+        let mut space = nix::cmsg_space!([RawFd; 2]);
+        let mut iov = [IoSliceMut::new(&mut byte)];
+        let raw = match recvmsg::<()>(
+            link.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs().into_iter().flatten() {
+                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                        fds.extend(raw);
+                    }
+                }
+                fds
+            }
+        };
+        // SAFETY: the descriptors were just received with SCM_RIGHTS: this
+        // process owns them and nothing else refers to them.
+        #[allow(unsafe_code)]
+        let mut fds = raw
+            .into_iter()
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+        return Some((fds.next()?, fds.next()?));
+    }
+}
+
+/// `name` found in `path` the way a shell looks it up.
+fn find_program(name: &str, path: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if name.contains('/') {
+        return Some(PathBuf::from(name));
+    }
+    path.split(':')
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| std::path::Path::new(dir).join(name))
+        .find(|candidate| {
+            candidate
+                .metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+fn write_report(socket: &OwnedFd, report: &HelperReport) {
+    let mut line = serde_json::to_vec(report).unwrap_or_default();
+    line.push(b'\n');
+    let _ = nix::sys::socket::send(socket.as_raw_fd(), &line, MsgFlags::MSG_NOSIGNAL);
+}
+
+/// Hands the command to its waiting process and supervises it until it
+/// ends or the runner stops it.
 fn run_command(
-    session: &Spec,
     socket: &OwnedFd,
+    main: nix::unistd::Pid,
+    link: &OwnedFd,
     stdout: OwnedFd,
     stderr: OwnedFd,
 ) -> Result<HelperReport, String> {
-    helper::ignore_children(false)?;
     let waited = helper::block_waited_signals()?;
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| format!("cannot become a subreaper: {e}"))?;
@@ -403,16 +588,25 @@ fn run_command(
     if command.argv.is_empty() {
         return Err("the command spec names no command".into());
     }
-    let spec = command_in_session(session, command, socket.as_raw_fd());
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID)
-        .map_err(|e| format!("namespaces: cannot make the command's pid namespace: {e}"))?;
-    let child = helper::spawn(
-        &spec,
-        Confinement::InSession,
-        Some((stdout.into(), stderr.into())),
-    )?;
-    let main = nix::unistd::Pid::from_raw(i32::try_from(child.id()).map_err(|e| e.to_string())?);
-    drop(child);
+    let fds = [stdout.as_raw_fd(), stderr.as_raw_fd()];
+    let rights = [ControlMessage::ScmRights(&fds)];
+    let handed = sendmsg::<()>(
+        link.as_raw_fd(),
+        &[IoSlice::new(b"c")],
+        &rights,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .and_then(|_| write_all(link, &command.line()));
+    drop((stdout, stderr));
+    if let Err(e) = handed {
+        // The waiting process is gone: it could not be confined.
+        let _ = nix::sys::signal::kill(main, Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(main, None);
+        return Err(
+            setup_failure(link).unwrap_or_else(|| format!("the command's process is gone ({e})"))
+        );
+    }
     let signals = nix::sys::signalfd::SignalFd::with_flags(
         &waited,
         nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
@@ -432,8 +626,14 @@ fn run_command(
         let stop = fds[1].any().unwrap_or(false);
         while let Ok(Some(info)) = signals.read_signal() {
             if info.ssi_signo == Signal::SIGCHLD as u32 {
+                // Process 1 of its pid namespace: when it has ended, every
+                // other process of the namespace has too.
                 if let Some(status) = helper::reap(main) {
-                    helper::kill_tree(main, true);
+                    if matches!(status, WaitStatus::Exited(_, SETUP_FAILED))
+                        && let Some(why) = setup_failure(link)
+                    {
+                        return Ok(HelperReport::SetupFailed(why));
+                    }
                     return Ok(ended(status));
                 }
             } else {
@@ -448,9 +648,42 @@ fn run_command(
     }
 }
 
+/// Why the command's process could not be confined, if it said so.
+fn setup_failure(link: &OwnedFd) -> Option<String> {
+    let mut text = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = nix::sys::socket::recv(link.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+        if n == 0 || text.len() > 64 * 1024 {
+            break;
+        }
+        text.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|line| match parse_report(line) {
+            Some(HelperReport::SetupFailed(why)) => Some(why),
+            _ => None,
+        })
+}
+
+fn write_all(fd: &OwnedFd, mut bytes: &[u8]) -> nix::Result<()> {
+    while !bytes.is_empty() {
+        match nix::sys::socket::send(fd.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Kills the command, process 1 of its pid namespace, and with it every
+/// process of the namespace; returns once they are all gone. (The
+/// supervisor's `/proc` shows the command's namespace, not its own, so it
+/// waits for the command rather than list processes.)
 fn stopped(main: nix::unistd::Pid) -> HelperReport {
     let _ = nix::sys::signal::kill(main, Signal::SIGKILL);
-    helper::kill_tree(main, true);
+    while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(main, None) {}
     HelperReport::Signaled(Signal::SIGKILL as i32)
 }
 
@@ -476,24 +709,4 @@ fn read_command(socket: &OwnedFd) -> Result<CommandSpec, String> {
         return Err("the command spec was cut short".into());
     }
     serde_json::from_slice(&line).map_err(|e| format!("the command spec is not valid: {e}"))
-}
-
-/// The full spec of a command of the session: the session's view, layers
-/// and identity, the command's own argv, directory, environment and
-/// limits, and a fresh HOME.
-fn command_in_session(session: &Spec, command: CommandSpec, socket: RawFd) -> Spec {
-    let mut read_write = session.read_write.clone();
-    read_write.extend(session.home.iter().cloned());
-    Spec {
-        argv: command.argv,
-        cwd: command.cwd,
-        env: command.env,
-        read_write,
-        limits: command.limits,
-        proxy: None,
-        stdin: false,
-        report: false,
-        report_fd: Some(socket),
-        ..session.clone()
-    }
 }

@@ -5,8 +5,9 @@
 //! own.
 //!
 //! Invariants:
-//! - a session's sandbox is keyed by everything its view and identity
-//!   depend on (the workspace, its temp dir and their identity); when one
+//! - a session's sandbox is keyed by everything its view, identity and
+//!   limits depend on (the workspace, its temp dir, their identity, the
+//!   configured limits); when one
 //!   changes (a project opened, the workspace made again) a new one is
 //!   started and the old one ends with its last command;
 //! - it ends when idle for `tool_runner.sandbox.session_idle_secs`, when
@@ -42,6 +43,8 @@ struct Key {
     root: PathBuf,
     tmp: PathBuf,
     ids: Option<Ids>,
+    /// The limits of its commands (applied before each command arrives).
+    limits: agentry_sandbox::Limits,
     /// The workspace directory itself (device, inode): a workspace removed
     /// and made again is another directory, not bound in the old view.
     dir: (u64, u64),
@@ -152,6 +155,7 @@ impl Sessions {
             root: workspace.root().to_path_buf(),
             tmp: workspace.tmp().to_path_buf(),
             ids: sandbox.ids_of(workspace.who()),
+            limits: sandbox.limits.clone(),
             dir: (meta.dev(), meta.ino()),
         };
         if !fresh

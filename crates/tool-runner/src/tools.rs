@@ -575,7 +575,6 @@ async fn start_in_session(
             argv: vec!["bash".into(), "-c".into(), command.to_string()],
             cwd: workspace.root().to_path_buf(),
             env,
-            limits: sandbox.limits.clone(),
         };
         let io = |what: &str, e: std::io::Error| {
             ToolError::Io(format!(

@@ -10,10 +10,22 @@ pub(super) async fn execute_ok(
     tool: &str,
     args: Value,
 ) -> anyhow::Result<()> {
+    execute_in(runner, "bench-shell", i, tool, args).await
+}
+
+/// Runs one tool call of `session` to its result; fails unless it
+/// succeeded.
+async fn execute_in(
+    runner: &mut ToolRunnerClient<agentry_testkit::cluster::Channel>,
+    session: &str,
+    i: usize,
+    tool: &str,
+    args: Value,
+) -> anyhow::Result<()> {
     let mut stream = runner
         .execute(ExecuteRequest {
             call_id: format!("{tool}-{i}"),
-            session_id: "bench-shell".into(),
+            session_id: session.into(),
             tool: tool.into(),
             arguments_json: args.to_string(),
             timeout_ms: 0,
@@ -36,7 +48,15 @@ pub(super) async fn execute_ok(
 
 /// `bash` running `true` through the tool runner's `Execute`, `runs` times
 /// after a warm-up, in ms each.
-async fn shell_through(bin: &Path, sandbox: bool, runs: usize) -> anyhow::Result<Vec<f64>> {
+/// `true` through the runner `runs` times in one session (after ten to
+/// warm up), and the first command of `firsts` new sessions (with the
+/// sandbox: each starts its session's sandbox), in ms each.
+async fn shell_through(
+    bin: &Path,
+    sandbox: bool,
+    runs: usize,
+    firsts: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let extra = if sandbox {
         Vec::new()
     } else {
@@ -52,7 +72,14 @@ async fn shell_through(bin: &Path, sandbox: bool, runs: usize) -> anyhow::Result
             through.push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    Ok(through)
+    let mut first = Vec::with_capacity(firsts);
+    for i in 0..firsts {
+        let session = format!("bench-first-{i}");
+        let started = Instant::now();
+        execute_in(&mut runner, &session, 0, "bash", json!({"command": "true"})).await?;
+        first.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok((through, first))
 }
 
 /// A bare fork/exec of `program args`, `runs` times, in ms each.
@@ -76,8 +103,9 @@ async fn fork_exec(program: &str, args: &[&str], runs: usize) -> anyhow::Result<
 pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
     const RUNS: usize = 300;
     println!("\n== shell: `true`, {RUNS} runs each");
-    let mut sandboxed = shell_through(bin, true, RUNS).await?;
-    let mut plain = shell_through(bin, false, RUNS).await?;
+    const FIRSTS: usize = 30;
+    let (mut sandboxed, mut first) = shell_through(bin, true, RUNS, FIRSTS).await?;
+    let (mut plain, _) = shell_through(bin, false, RUNS, 0).await?;
     // A file tool: no process, but a thread of its own with the session's
     // identity and a Landlock domain.
     let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["tool-runner"]).await?;
@@ -119,6 +147,11 @@ pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
         "sandbox_off",
         "bash through the runner, sandbox off",
         &mut plain,
+    );
+    line(
+        "session_first",
+        "a session's first command, sandbox on",
+        &mut first,
     );
     line("read_file", "read_file through the runner", &mut read);
     let exec = line("fork_exec", "fork/exec of `true`", &mut bare);
