@@ -325,6 +325,20 @@ impl Sandbox {
                 crate::watchdog::SWEEP_EVERY.as_millis()
             ),
         });
+        if self.helper.is_some() && self.layers.namespaces {
+            lines.push(match self.sessions.idle() {
+                idle if idle.is_zero() => {
+                    "session sandboxes: none (tool_runner.sandbox.session_idle_secs = 0): a new \
+                     sandbox for every command"
+                        .to_string()
+                }
+                idle => format!(
+                    "session sandboxes: bash commands are forked from their session's sandbox, \
+                     kept {} s after its last command",
+                    idle.as_secs()
+                ),
+            });
+        }
         lines.push(match &self.identity {
             Identity::Runner => "identity: the runner's uid (the runner is not root)".to_string(),
             Identity::User { name, ids } => format!("identity: user {name} (uid {})", ids.uid),

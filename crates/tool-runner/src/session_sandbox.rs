@@ -106,6 +106,11 @@ impl Sessions {
         })
     }
 
+    /// How long a session's sandbox is kept after its last command.
+    pub fn idle(&self) -> Duration {
+        self.idle
+    }
+
     /// Whether commands go to sessions' sandboxes.
     pub fn enabled(&self) -> bool {
         !self.idle.is_zero()
