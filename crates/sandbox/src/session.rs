@@ -208,8 +208,8 @@ impl SessionSandbox {
     }
 
     /// Sends one command: a socket of its own and two pipes go to the
-    /// session's first process, which forks its supervisor. The caller
-    /// writes `command.line()` on [`Launched::socket`].
+    /// session's spare supervisor, which takes it. The caller writes
+    /// `command.line()` on [`Launched::socket`].
     pub fn launch(&self) -> std::io::Result<Launched> {
         let (socket, theirs) = std::os::unix::net::UnixStream::pair()?;
         let (stdout, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;

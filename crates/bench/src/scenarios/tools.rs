@@ -48,19 +48,31 @@ async fn execute_in(
 
 /// `bash` running `true` through the tool runner's `Execute`, `runs` times
 /// after a warm-up, in ms each.
+/// How the shell scenario's commands are confined.
+#[derive(Clone, Copy)]
+enum Confined {
+    /// The OS sandbox, forked from the session's sandbox (the default).
+    PerSession,
+    /// The OS sandbox, a new one per command (`session_idle_secs = 0`).
+    PerCommand,
+    /// No OS sandbox.
+    Off,
+}
+
 /// `true` through the runner `runs` times in one session (after ten to
 /// warm up), and the first command of `firsts` new sessions (with the
 /// sandbox: each starts its session's sandbox), in ms each.
 async fn shell_through(
     bin: &Path,
-    sandbox: bool,
+    sandbox: Confined,
     runs: usize,
     firsts: usize,
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
-    let extra = if sandbox {
-        Vec::new()
-    } else {
-        vec![("AGENTRY_SANDBOX".to_string(), "off".to_string())]
+    let variable = |name: &str, value: &str| vec![(name.to_string(), value.to_string())];
+    let extra = match sandbox {
+        Confined::PerSession => Vec::new(),
+        Confined::PerCommand => variable("AGENTRY_SANDBOX_SESSION_IDLE_SECS", "0"),
+        Confined::Off => variable("AGENTRY_SANDBOX", "off"),
     };
     let stack = Stack::start_with(bin, "http://127.0.0.1:9/v1", &["tool-runner"], &extra).await?;
     let mut runner = ToolRunnerClient::new(stack.as_service("tool-runner").await?);
@@ -104,8 +116,9 @@ pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
     const RUNS: usize = 300;
     println!("\n== shell: `true`, {RUNS} runs each");
     const FIRSTS: usize = 30;
-    let (mut sandboxed, mut first) = shell_through(bin, true, RUNS, FIRSTS).await?;
-    let (mut plain, _) = shell_through(bin, false, RUNS, 0).await?;
+    let (mut sandboxed, mut first) = shell_through(bin, Confined::PerSession, RUNS, FIRSTS).await?;
+    let (mut per_command, _) = shell_through(bin, Confined::PerCommand, RUNS, 0).await?;
+    let (mut plain, _) = shell_through(bin, Confined::Off, RUNS, 0).await?;
     // A file tool: no process, but a thread of its own with the session's
     // identity and a Landlock domain.
     let stack = Stack::start_only(bin, "http://127.0.0.1:9/v1", &["tool-runner"]).await?;
@@ -148,6 +161,11 @@ pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
         "bash through the runner, sandbox off",
         &mut plain,
     );
+    let alone = line(
+        "sandbox_per_command",
+        "sandbox on, one per command (before)",
+        &mut per_command,
+    );
     line(
         "session_first",
         "a session's first command, sandbox on",
@@ -162,12 +180,19 @@ pub async fn shell(bin: &Path) -> anyhow::Result<Value> {
         off / exec
     );
     println!(
-        "  of which: bash itself {:.2} ms, the runner (gRPC, limits, capture, quota) {:.2} ms, \
-         the sandbox's set-up {:.2} ms",
+        "  of which: bash itself {:.2} ms, the runner without the sandbox (gRPC, limits, \
+         capture, quota, its own fork) {:.2} ms; with the session's sandbox {:+.2} ms against \
+         that, with a sandbox per command {:+.2} ms",
         bash_exec - exec,
         off - bash_exec,
-        on - off
+        on - off,
+        alone - off
     );
+    println!(
+        "a sandbox per command instead (tool_runner.sandbox.session_idle_secs = 0): {:.2}x",
+        alone / exec
+    );
+    figures.insert("ratio_sandbox_per_command".into(), json!(alone / exec));
     figures.insert("runs".into(), json!(RUNS));
     figures.insert("ratio_sandbox_on".into(), json!(on / exec));
     figures.insert("ratio_sandbox_off".into(), json!(off / exec));
