@@ -169,27 +169,9 @@ impl Reports {
     /// [`REPORT_FD`]; put `report_fd: Some(REPORT_FD)` in its spec.
     pub fn attach(cmd: &mut std::process::Command) -> std::io::Result<Reports> {
         use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
-        let raw = write.as_raw_fd();
-        // SAFETY: between fork and exec the closure makes one or two
-        // system calls (dup2, or fcntl when the pipe already has the
-        // number); it allocates nothing and takes no lock.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(move || {
-                let done = if raw == REPORT_FD {
-                    libc::fcntl(raw, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(raw, REPORT_FD)
-                };
-                if done < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        give_fd_as(cmd, write.as_raw_fd(), REPORT_FD);
         Ok(Reports {
             read,
             write: Some(write),
@@ -219,6 +201,29 @@ impl Reports {
                 Ok(HelperReport::SetupFailed(why)) => Some(why),
                 Ok(_) | Err(_) => None,
             })
+    }
+}
+
+/// Makes `cmd`'s process get the descriptor `raw` (open in the runner,
+/// close-on-exec there) as `target`, kept open across its exec.
+pub(crate) fn give_fd_as(cmd: &mut std::process::Command, raw: i32, target: i32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure makes one system call
+    // (dup2, or fcntl when the descriptor already has the number); it
+    // allocates nothing and takes no lock.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            let done = if raw == target {
+                libc::fcntl(raw, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, target)
+            };
+            if done < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

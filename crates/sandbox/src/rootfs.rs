@@ -94,16 +94,7 @@ pub(crate) fn enter(spec: &Spec) -> Result<(), String> {
             spec.cwd.display()
         ));
     }
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("file-system view: cannot unshare mounts: {e}"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("file-system view: cannot make mounts private: {e}"))?;
+    private_mounts(nix::sched::CloneFlags::empty())?;
     let entries = plan(spec)?;
     // The host's directory modes, read while the host's /tmp is in sight.
     let modes = parent_modes(&entries);
@@ -155,17 +146,7 @@ pub(crate) fn enter(spec: &Spec) -> Result<(), String> {
 /// holds these namespaces, so they are torn down when it exits, after it
 /// reported how the command ended, not on the command's way out.
 pub(crate) fn refresh(spec: &Spec) -> Result<(), String> {
-    use nix::sched::CloneFlags;
-    nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC)
-        .map_err(|e| format!("file-system view: cannot unshare mounts: {e}"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("file-system view: cannot make mounts private: {e}"))?;
+    private_mounts(nix::sched::CloneFlags::CLONE_NEWIPC)?;
     // What the view holds beneath `/tmp` or `/dev/shm` (a workspace under
     // `/tmp`) is bound again over the fresh ones, and HOME is made anew;
     // the descriptors are opened while the session's mounts are in sight.
@@ -220,6 +201,21 @@ pub(crate) fn proc_of_command(spec: &Spec) -> Result<(), String> {
             spec.cwd.display()
         )
     })
+}
+
+/// A mount namespace of the calling process's own (and the namespaces
+/// of `more`), whose mounts are private to it.
+fn private_mounts(more: nix::sched::CloneFlags) -> Result<(), String> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS | more)
+        .map_err(|e| format!("file-system view: cannot unshare mounts: {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("file-system view: cannot make mounts private: {e}"))
 }
 
 /// The options of a command's HOME: empty, private, its identity's.

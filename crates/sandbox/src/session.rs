@@ -150,24 +150,7 @@ impl SessionSandbox {
             .env(crate::SPEC_VARIABLE, text)
             .stdin(std::process::Stdio::null());
         let reports = crate::Reports::attach(&mut command)?;
-        let raw = theirs.as_raw_fd();
-        // SAFETY: between fork and exec the closure makes one system call
-        // (dup2, or fcntl when the socket already has the number); it
-        // allocates nothing and takes no lock.
-        #[allow(unsafe_code)]
-        unsafe {
-            command.pre_exec(move || {
-                let done = if raw == CONTROL_FD {
-                    libc::fcntl(raw, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(raw, CONTROL_FD)
-                };
-                if done < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::give_fd_as(&mut command, theirs.as_raw_fd(), CONTROL_FD);
         Ok(Starting {
             command,
             sandbox: SessionSandbox { control: ours },
@@ -390,11 +373,26 @@ fn spare(spec: &Spec, control: &OwnedFd, taken_by: &OwnedFd) -> i32 {
 /// socket, stdout and stderr. `None` once the socket is closed.
 fn take_command(control: &OwnedFd) -> Option<[OwnedFd; 3]> {
     loop {
-        let mut byte = [0u8; 8];
-        let mut space = nix::cmsg_space!([RawFd; 3]);
+        let (bytes, fds) = receive_fds::<3>(control)?;
+        if bytes == 0 && fds.is_empty() {
+            return None;
+        }
+        if let Ok(fds) = <[OwnedFd; 3]>::try_from(fds) {
+            return Some(fds);
+        }
+    }
+}
+
+/// One message of a Unix socket with up to `N` descriptors: how many
+/// bytes it held, and the descriptors (owned, close-on-exec). `None` when
+/// the socket failed.
+fn receive_fds<const N: usize>(socket: &OwnedFd) -> Option<(usize, Vec<OwnedFd>)> {
+    loop {
+        let mut byte = [0u8; 1];
+        let mut space = nix::cmsg_space!([RawFd; N]);
         let mut iov = [IoSliceMut::new(&mut byte)];
         let (bytes, raw) = match recvmsg::<()>(
-            control.as_raw_fd(),
+            socket.as_raw_fd(),
             &mut iov,
             Some(&mut space),
             MsgFlags::MSG_CMSG_CLOEXEC,
@@ -414,16 +412,11 @@ fn take_command(control: &OwnedFd) -> Option<[OwnedFd; 3]> {
         // SAFETY: the descriptors were just received with SCM_RIGHTS: this
         // process owns them and nothing else refers to them.
         #[allow(unsafe_code)]
-        let fds: Vec<OwnedFd> = raw
+        let fds = raw
             .into_iter()
             .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
             .collect();
-        if bytes == 0 && fds.is_empty() {
-            return None;
-        }
-        if let Ok(fds) = <[OwnedFd; 3]>::try_from(fds) {
-            return Some(fds);
-        }
+        return Some((bytes, fds));
     }
 }
 
@@ -518,36 +511,9 @@ fn wait_and_exec(link: &OwnedFd, null: std::fs::File) -> i32 {
 /// The stdout and stderr of the command, sent by its supervisor; `None`
 /// when the supervisor went away first.
 fn receive_output(link: &OwnedFd) -> Option<(OwnedFd, OwnedFd)> {
-    loop {
-        let mut byte = [0u8; 1];
-        let mut space = nix::cmsg_space!([RawFd; 2]);
-        let mut iov = [IoSliceMut::new(&mut byte)];
-        let raw = match recvmsg::<()>(
-            link.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return None,
-            Ok(msg) => {
-                let mut fds = Vec::new();
-                for cmsg in msg.cmsgs().into_iter().flatten() {
-                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
-                        fds.extend(raw);
-                    }
-                }
-                fds
-            }
-        };
-        // SAFETY: the descriptors were just received with SCM_RIGHTS: this
-        // process owns them and nothing else refers to them.
-        #[allow(unsafe_code)]
-        let mut fds = raw
-            .into_iter()
-            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
-        return Some((fds.next()?, fds.next()?));
-    }
+    let (_, fds) = receive_fds::<2>(link)?;
+    let mut fds = fds.into_iter();
+    Some((fds.next()?, fds.next()?))
 }
 
 /// `name` found in `path` the way a shell looks it up.
