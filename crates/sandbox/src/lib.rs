@@ -171,6 +171,7 @@ impl Reports {
         use std::os::fd::AsRawFd;
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+        let write = above_given(write)?;
         give_fd_as(cmd, write.as_raw_fd(), REPORT_FD);
         Ok(Reports {
             read,
@@ -204,22 +205,25 @@ impl Reports {
     }
 }
 
+/// A copy of `fd` numbered above every descriptor the helper is given
+/// ([`REPORT_FD`], the session's control descriptor), so that placing one
+/// of them never overwrites another before it is placed.
+pub(crate) fn above_given(fd: std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 10)?)
+}
+
 /// Makes `cmd`'s process get the descriptor `raw` (open in the runner,
-/// close-on-exec there) as `target`, kept open across its exec.
+/// close-on-exec there, numbered above the given ones: [`above_given`]) as
+/// `target`, kept open across its exec.
 pub(crate) fn give_fd_as(cmd: &mut std::process::Command, raw: i32, target: i32) {
     use std::os::unix::process::CommandExt;
     // SAFETY: between fork and exec the closure makes one system call
-    // (dup2, or fcntl when the descriptor already has the number); it
-    // allocates nothing and takes no lock.
+    // (dup2: `raw` is never `target`, being above it); it allocates
+    // nothing and takes no lock.
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
-            let done = if raw == target {
-                libc::fcntl(raw, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(raw, target)
-            };
-            if done < 0 {
+            if libc::dup2(raw, target) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

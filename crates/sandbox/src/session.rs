@@ -150,6 +150,7 @@ impl SessionSandbox {
             .env(crate::SPEC_VARIABLE, text)
             .stdin(std::process::Stdio::null());
         let reports = crate::Reports::attach(&mut command)?;
+        let theirs = crate::above_given(theirs)?;
         crate::give_fd_as(&mut command, theirs.as_raw_fd(), CONTROL_FD);
         Ok(Starting {
             command,
