@@ -477,15 +477,17 @@ impl SessionCall {
             return Ok(status);
         }
         loop {
-            self.line.clear();
+            // A read cancelled half-way (the caller's select took another
+            // branch) left its bytes in `line`; this one goes on from them.
             let n = self.reader.read_until(b'\n', &mut self.line).await?;
+            let line = std::mem::take(&mut self.line);
             let status = if n == 0 {
                 // The supervisor is gone without a word: the session's
                 // sandbox was ended (its memory cap, the runner dropping
                 // it), which killed the command.
-                ExitStatusExt::from_raw(libc_sigkill())
+                ExitStatusExt::from_raw(nix::sys::signal::Signal::SIGKILL as i32)
             } else {
-                match agentry_sandbox::session::parse_report(&String::from_utf8_lossy(&self.line)) {
+                match agentry_sandbox::session::parse_report(&String::from_utf8_lossy(&line)) {
                     Some(agentry_sandbox::HelperReport::Exited(code)) => {
                         ExitStatusExt::from_raw((code & 0xff) << 8)
                     }
@@ -515,11 +517,6 @@ impl SessionCall {
             let _ = tokio::time::timeout(STOP_GRACE, self.wait()).await;
         }
     }
-}
-
-/// SIGKILL's number, as a raw wait status.
-fn libc_sigkill() -> i32 {
-    nix::sys::signal::Signal::SIGKILL as i32
 }
 
 /// Starts `command` in the session's sandbox; `Ok(None)` when the session
