@@ -204,13 +204,7 @@ async fn a_setsid_escape_is_killed_when_the_call_ends() {
     .await;
     assert_eq!(out.output, "started\n");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let survivors: Vec<String> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains("sleep 393"))
-        .collect();
+    let survivors = sandbox_support::processes_with("sleep 393");
     assert!(survivors.is_empty(), "{survivors:?}");
 }
 

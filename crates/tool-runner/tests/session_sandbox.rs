@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod sandbox_support;
-use sandbox_support::{bash, confined, open, workspace_root};
+use sandbox_support::{bash, confined, open, processes_with, workspace_root};
 
 use std::time::Duration;
 
@@ -25,17 +25,6 @@ fn with_namespaces(root: &std::path::Path) -> Option<agentry_tool_runner::sandbo
         return None;
     }
     Some(sandbox)
-}
-
-/// The pids of live processes whose command line holds `marker`.
-fn processes_with(marker: &str) -> Vec<String> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(marker))
-        .collect()
 }
 
 /// Two commands of one session run in the same session's sandbox (one is

@@ -117,3 +117,14 @@ pub fn confined(root: &std::path::Path) -> Option<Sandbox> {
         ..Sandbox::unconfined()
     })
 }
+
+/// The command lines of live processes that hold `marker`.
+pub fn processes_with(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(marker))
+        .collect()
+}
