@@ -212,7 +212,7 @@ fn supervise(spec: &Spec) -> Result<WaitStatus, String> {
         }
         _ => None,
     };
-    let child = spawn(spec, Confinement::Build, None)?;
+    let child = spawn(spec)?;
     if let Some((listener, socket)) = bridge {
         start_bridge(listener, &socket)?;
     }
@@ -382,22 +382,14 @@ pub(crate) fn enter_namespaces(root: bool) -> Result<(), String> {
 pub(crate) enum Confinement {
     /// Built for this command alone (with the namespaces layer).
     Build,
-    /// The session's view, already built: the command gets a fresh
-    /// `/tmp`, `/dev/shm`, HOME and `/proc` over it.
+    /// The session's view, already built, with a fresh `/tmp`, `/dev/shm`
+    /// and HOME made by the command's supervisor: the command mounts its
+    /// own `/proc`.
     InSession,
 }
 
-/// Starts the command, confined, with its stdout and stderr either the
-/// helper's own or the given descriptors.
-pub(crate) fn spawn(
-    spec: &Spec,
-    confinement: Confinement,
-    output: Option<(std::process::Stdio, std::process::Stdio)>,
-) -> Result<std::process::Child, String> {
+fn spawn(spec: &Spec) -> Result<std::process::Child, String> {
     let mut cmd = std::process::Command::new(&spec.argv[0]);
-    if let Some((stdout, stderr)) = output {
-        cmd.stdout(stdout).stderr(stderr);
-    }
     cmd.args(&spec.argv[1..])
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -415,7 +407,7 @@ pub(crate) fn spawn(
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
-            confine(&spec_for_child, confinement).map_err(|message| {
+            confine(&spec_for_child, Confinement::Build).map_err(|message| {
                 report(&spec_for_child, &message);
                 std::io::Error::from_raw_os_error(libc::EPERM)
             })

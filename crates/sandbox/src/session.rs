@@ -132,6 +132,7 @@ impl SessionSandbox {
         use std::os::unix::process::CommandExt;
         let mut spec = spec.clone();
         spec.argv = vec!["true".into()];
+        spec.env.clear();
         spec.report_fd = Some(crate::REPORT_FD);
         spec.proxy = None;
         spec.stdin = false;

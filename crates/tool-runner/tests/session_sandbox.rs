@@ -27,6 +27,20 @@ fn with_namespaces(root: &std::path::Path) -> Option<agentry_tool_runner::sandbo
     Some(sandbox)
 }
 
+/// Waits until `path` exists (a command running in the background made
+/// it), 10 s at most.
+async fn appears(path: &std::path::Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Two commands of one session run in the same session's sandbox (one is
 /// started), but each gets a fresh `/tmp`, `/dev/shm` and HOME, and files
 /// in the workspace and the session's temp dir carry over as they always
@@ -96,14 +110,7 @@ async fn commands_running_at_once_cannot_see_each_other() {
             .await
         })
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !ws.root().join("pid-of-holder").exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the first command never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    appears(&ws.root().join("pid-of-holder")).await;
     let looker = bash(
         &ws,
         &sandbox,
@@ -179,14 +186,7 @@ except OSError as e:
             .await
         })
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !ws.root().join("listening").exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the listener never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    appears(&ws.root().join("listening")).await;
     let caller = bash(
         &ws,
         &sandbox,
